@@ -1,0 +1,138 @@
+// KV chunk format (DESIGN §3). A chunk is ONE contiguous buffer: a 64-byte header
+// followed by the payload. Keeping header and payload together lets the store, the
+// disk tier and the wire move a chunk as a single slice with no re-packing.
+//
+// Header (little-endian):
+//   0  u32  magic 'KVC1'         24 u32 num_tokens
+//   4  u16  format version (1)   28 u32 reserved (0)
+//   6  u16  dtype (DType)        32 u64 key (chunk key, see keys.ts)
+//   8  u32  num_layers           40 u64 payload checksum (xxh64)
+//   12 u32  num_kv_heads         48 u64 payload length in bytes
+//   16 u32  head_dim             56 u64 reserved (0)
+//   20 u32  reserved (0)
+// Payload: [2 (K,V)][num_layers][num_tokens][num_kv_heads * head_dim] elements of dtype.
+import { checksum64 } from './keys.js';
+
+export const CHUNK_MAGIC = 0x3143564b; // 'KVC1' read as u32le
+export const CHUNK_VERSION = 1;
+export const HEADER_BYTES = 64;
+
+export enum DType {
+  f32 = 0,
+  f16 = 1,
+  bf16 = 2,
+}
+export const DTYPE_BYTES: Record<DType, number> = { [DType.f32]: 4, [DType.f16]: 2, [DType.bf16]: 2 };
+export const DTYPE_NAMES: Record<DType, string> = { [DType.f32]: 'f32', [DType.f16]: 'f16', [DType.bf16]: 'bf16' };
+
+/** The shape a model's KV has; two processes exchanging chunks must agree on it. */
+export interface KvLayout {
+  dtype: DType;
+  numLayers: number;
+  numKvHeads: number;
+  headDim: number;
+}
+
+export interface ChunkHeader extends KvLayout {
+  numTokens: number;
+  key: string;
+  checksum: bigint;
+  payloadBytes: number;
+}
+
+export class ChunkFormatError extends Error {
+  override name = 'ChunkFormatError';
+}
+
+export function payloadBytes(l: KvLayout, numTokens: number): number {
+  return 2 * l.numLayers * numTokens * l.numKvHeads * l.headDim * DTYPE_BYTES[l.dtype];
+}
+
+export function chunkBytes(l: KvLayout, numTokens: number): number {
+  return HEADER_BYTES + payloadBytes(l, numTokens);
+}
+
+export function sameLayout(a: KvLayout, b: KvLayout): boolean {
+  return a.dtype === b.dtype && a.numLayers === b.numLayers && a.numKvHeads === b.numKvHeads && a.headDim === b.headDim;
+}
+
+export function describeLayout(l: KvLayout): string {
+  return `${DTYPE_NAMES[l.dtype] ?? `dtype#${l.dtype}`} layers=${l.numLayers} kv_heads=${l.numKvHeads} head_dim=${l.headDim}`;
+}
+
+/**
+ * Writes the header into `buf[0..64)` for a payload already present at `buf[64..)`, computing the checksum.
+ * The caller fills the payload in place (e.g. the engine copying its paged KV), then seals: no extra copy.
+ */
+export function sealChunk(buf: Uint8Array, layout: KvLayout, numTokens: number, key: string): Uint8Array {
+  const plen = payloadBytes(layout, numTokens);
+  if (buf.byteLength < HEADER_BYTES + plen) throw new ChunkFormatError(`buffer of ${buf.byteLength} bytes is too small for a chunk of ${HEADER_BYTES + plen}`);
+  const view = buf.subarray(0, HEADER_BYTES + plen);
+  const dv = new DataView(view.buffer, view.byteOffset, HEADER_BYTES);
+  dv.setUint32(0, CHUNK_MAGIC, true);
+  dv.setUint16(4, CHUNK_VERSION, true);
+  dv.setUint16(6, layout.dtype, true);
+  dv.setUint32(8, layout.numLayers, true);
+  dv.setUint32(12, layout.numKvHeads, true);
+  dv.setUint32(16, layout.headDim, true);
+  dv.setUint32(20, 0, true);
+  dv.setUint32(24, numTokens, true);
+  dv.setUint32(28, 0, true);
+  dv.setBigUint64(32, BigInt('0x' + key), true);
+  dv.setBigUint64(40, checksum64(view.subarray(HEADER_BYTES)), true);
+  dv.setBigUint64(48, BigInt(plen), true);
+  dv.setBigUint64(56, 0n, true);
+  return view;
+}
+
+/** Allocates a chunk buffer, copies `payload` in and seals it. */
+export function encodeChunk(layout: KvLayout, numTokens: number, key: string, payload: Uint8Array): Uint8Array {
+  const buf = new Uint8Array(HEADER_BYTES + payload.byteLength);
+  buf.set(payload, HEADER_BYTES);
+  return sealChunk(buf, layout, numTokens, key);
+}
+
+/** Parses and sanity-checks the header (no checksum work). Throws ChunkFormatError. */
+export function readHeader(buf: Uint8Array): ChunkHeader {
+  if (buf.byteLength < HEADER_BYTES) throw new ChunkFormatError(`truncated chunk: ${buf.byteLength} bytes, header needs ${HEADER_BYTES}`);
+  const dv = new DataView(buf.buffer, buf.byteOffset, HEADER_BYTES);
+  if (dv.getUint32(0, true) !== CHUNK_MAGIC) throw new ChunkFormatError('not a KV chunk (bad magic)');
+  const version = dv.getUint16(4, true);
+  if (version !== CHUNK_VERSION) throw new ChunkFormatError(`unsupported chunk format version ${version} (this build reads ${CHUNK_VERSION})`);
+  const dtype = dv.getUint16(6, true) as DType;
+  if (!(dtype in DTYPE_BYTES)) throw new ChunkFormatError(`unknown dtype code ${dtype}`);
+  const h: ChunkHeader = {
+    dtype,
+    numLayers: dv.getUint32(8, true),
+    numKvHeads: dv.getUint32(12, true),
+    headDim: dv.getUint32(16, true),
+    numTokens: dv.getUint32(24, true),
+    key: dv.getBigUint64(32, true).toString(16).padStart(16, '0'),
+    checksum: dv.getBigUint64(40, true),
+    payloadBytes: Number(dv.getBigUint64(48, true)),
+  };
+  if (h.payloadBytes !== payloadBytes(h, h.numTokens)) {
+    throw new ChunkFormatError(`chunk header is inconsistent: payload ${h.payloadBytes} bytes, shape implies ${payloadBytes(h, h.numTokens)}`);
+  }
+  return h;
+}
+
+/**
+ * Full check used on every hop between processes and every disk read: header, length, checksum
+ * and (when given) the expected key. Returns the header; throws ChunkFormatError on any mismatch.
+ */
+export function verifyChunk(buf: Uint8Array, expectedKey?: string): ChunkHeader {
+  const h = readHeader(buf);
+  if (buf.byteLength !== HEADER_BYTES + h.payloadBytes) {
+    throw new ChunkFormatError(`truncated or padded chunk ${h.key}: ${buf.byteLength} bytes, expected ${HEADER_BYTES + h.payloadBytes}`);
+  }
+  if (expectedKey !== undefined && h.key !== expectedKey) throw new ChunkFormatError(`chunk key mismatch: expected ${expectedKey}, found ${h.key}`);
+  const sum = checksum64(buf.subarray(HEADER_BYTES));
+  if (sum !== h.checksum) throw new ChunkFormatError(`checksum mismatch for chunk ${h.key}`);
+  return h;
+}
+
+/** The payload bytes of a chunk buffer, as a view (no copy). */
+export function chunkPayload(buf: Uint8Array): Uint8Array {
+  return buf.subarray(HEADER_BYTES);
+}

@@ -1,0 +1,189 @@
+// Cache instance configuration (spec §2.4, YAML at $KVC_CONFIG_FILE) and the engine's
+// transfer-connector JSON (spec §2.5). Both are validated up front: a wrong type or value
+// stops start-up with one message naming the file, the key, what was expected and what
+// was found. Unknown keys are a warning (a typo should not silently do nothing).
+import { readFileSync } from 'node:fs';
+import { parse as parseYaml } from 'yaml';
+import { z } from 'zod';
+import { describeValue } from './errors.js';
+import { fieldPath } from './validate.js';
+
+export class ConfigError extends Error {
+  override name = 'ConfigError';
+}
+
+const hostPort = z
+  .string()
+  .regex(/^[^\s:]+:\d{1,5}$/, 'expected "host:port"')
+  .refine((s) => {
+    const p = Number(s.slice(s.lastIndexOf(':') + 1));
+    return p > 0 && p < 65536;
+  }, 'expected a port between 1 and 65535');
+const port = z.number().int('expected an integer port').min(1).max(65535);
+const gib = z.number().min(0, 'expected a size in GiB >= 0').refine(Number.isFinite, 'expected a finite number');
+
+export const XFER_BACKENDS = ['tcp'] as const;
+
+export const cacheConfigSchema = z.strictObject({
+  chunk_size: z.number().int('expected an integer number of tokens').min(1).max(1 << 20).default(256),
+  local_cpu: z.boolean().default(true),
+  max_local_cpu_size: gib.default(5),
+  max_local_disk_size: gib.default(0),
+  local_disk: z.string().min(1).nullable().default(null),
+  remote_url: z.string().nullable().default(null),
+  enable_controller: z.boolean().default(false),
+  kvc_instance_id: z.string().min(1).default('kvc_default_instance'),
+  controller_url: hostPort.nullable().default(null),
+  kvc_worker_port: port.nullable().default(null),
+  distributed_url: hostPort.nullable().default(null),
+  enable_xfer: z.boolean().default(false),
+  enable_xpyd: z.boolean().default(false),
+  xfer_role: z.enum(['sender', 'receiver']).nullable().default(null),
+  xfer_proxy_host: z.string().min(1).nullable().default(null),
+  xfer_proxy_port: port.nullable().default(null),
+  xfer_peer_host: z.string().min(1).nullable().default(null),
+  xfer_peer_init_port: port.nullable().default(null),
+  xfer_peer_alloc_port: port.nullable().default(null),
+  xfer_buffer_size: z.number().int('expected an integer number of bytes').min(1 << 20, 'expected at least 1 MiB').default(1 << 30),
+  xfer_buffer_device: z.string().min(1).default('cpu'),
+  xfer_backends: z.array(z.string()).default(['tcp']),
+});
+
+export type CacheConfig = z.infer<typeof cacheConfigSchema>;
+export const CACHE_CONFIG_KEYS = Object.keys(cacheConfigSchema.shape);
+
+/** Cross-field rules that a per-key schema cannot express. Returns [key, problem] or null. */
+function crossCheck(c: CacheConfig): [string, string] | null {
+  if (c.enable_controller && !c.controller_url) return ['controller_url', 'required when enable_controller is true'];
+  if (c.enable_controller && c.kvc_worker_port === null) return ['kvc_worker_port', 'required when enable_controller is true'];
+  if (c.max_local_disk_size > 0 && !c.local_disk) return ['local_disk', 'required (a directory) when max_local_disk_size > 0'];
+  if (c.enable_xfer) {
+    if (!c.xfer_role) return ['xfer_role', 'required ("sender" or "receiver") when enable_xfer is true'];
+    if (c.xfer_role === 'sender') {
+      if (!c.xfer_proxy_host) return ['xfer_proxy_host', 'required for xfer_role "sender"'];
+      if (c.xfer_proxy_port === null) return ['xfer_proxy_port', 'required for xfer_role "sender"'];
+    } else {
+      if (!c.xfer_peer_host) return ['xfer_peer_host', 'required for xfer_role "receiver"'];
+      if (c.xfer_peer_init_port === null) return ['xfer_peer_init_port', 'required for xfer_role "receiver"'];
+      if (c.xfer_peer_alloc_port === null) return ['xfer_peer_alloc_port', 'required for xfer_role "receiver"'];
+      const bad = c.xfer_backends.find((b) => !(XFER_BACKENDS as readonly string[]).includes(b));
+      if (bad !== undefined) return ['xfer_backends', `unknown backend "${bad}"; supported: ${XFER_BACKENDS.join(', ')}`];
+    }
+  }
+  return null;
+}
+
+export interface Loaded<T> {
+  config: T;
+  warnings: string[];
+}
+
+function validateObject<S extends z.ZodObject>(schema: S, raw: unknown, source: string): Loaded<z.infer<S>> {
+  const warnings: string[] = [];
+  if (raw === null || raw === undefined) raw = {};
+  if (typeof raw !== 'object' || Array.isArray(raw)) {
+    throw new ConfigError(`${source}: expected a mapping of keys to values, found ${describeValue(raw)}`);
+  }
+  const known = new Set(Object.keys(schema.shape));
+  const obj: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(raw as Record<string, unknown>)) {
+    if (known.has(k)) obj[k] = v;
+    else warnings.push(`${source}: unknown key "${k}" ignored`);
+  }
+  const r = schema.safeParse(obj);
+  if (!r.success) {
+    const issue = r.error.issues[0]!;
+    const found = issue.path.length ? obj[issue.path[0] as string] : obj;
+    throw new ConfigError(`${source}: key "${fieldPath(issue.path)}": ${issue.message}; found ${describeValue(found)}`);
+  }
+  return { config: r.data as z.infer<S>, warnings };
+}
+
+/** Validates an already-parsed cache configuration object. `source` names it in messages. */
+export function validateCacheConfig(raw: unknown, source = 'cache config'): Loaded<CacheConfig> {
+  const loaded = validateObject(cacheConfigSchema, raw, source);
+  const bad = crossCheck(loaded.config);
+  if (bad) throw new ConfigError(`${source}: key "${bad[0]}": ${bad[1]}`);
+  return loaded;
+}
+
+/** Reads and validates the YAML file at `path`. */
+export function loadCacheConfig(path: string): Loaded<CacheConfig> {
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (e) {
+    throw new ConfigError(`${path}: cannot read cache configuration (${(e as Error).message})`);
+  }
+  let raw: unknown;
+  try {
+    raw = parseYaml(text);
+  } catch (e) {
+    throw new ConfigError(`${path}: not valid YAML (${(e as Error).message.split('\n')[0]})`);
+  }
+  return validateCacheConfig(raw, path);
+}
+
+/** Reads $KVC_CONFIG_FILE (or `fallback` when unset). */
+export function cacheConfigFromEnv(env: NodeJS.ProcessEnv = process.env): Loaded<CacheConfig> {
+  const p = env.KVC_CONFIG_FILE;
+  if (!p) return validateCacheConfig({}, 'default cache config (KVC_CONFIG_FILE unset)');
+  return loadCacheConfig(p);
+}
+
+export const GiB = 1024 ** 3;
+export const gibToBytes = (g: number) => Math.floor(g * GiB);
+
+// ---- connector JSON (spec §2.5) --------------------------------------------------------------
+
+export const connectorConfigSchema = z.strictObject({
+  kv_connector: z.literal('KvcConnectorV1', 'expected "KvcConnectorV1"'),
+  kv_role: z.enum(['kv_both', 'kv_producer', 'kv_consumer']),
+  kv_connector_extra_config: z
+    .strictObject({
+      discard_partial_chunks: z.boolean().default(false),
+      kvc_rpc_port: z.string().min(1).optional(),
+      skip_last_n_tokens: z.number().int('expected an integer').min(0).default(0),
+    })
+    .default({ discard_partial_chunks: false, skip_last_n_tokens: 0 }),
+});
+export type ConnectorConfig = z.infer<typeof connectorConfigSchema>;
+
+export function parseConnectorConfig(json: string, source = '--kv-transfer-config'): Loaded<ConnectorConfig> {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(json);
+  } catch (e) {
+    throw new ConfigError(`${source}: not valid JSON (${(e as Error).message})`);
+  }
+  const warnings: string[] = [];
+  if (raw && typeof raw === 'object' && !Array.isArray(raw)) {
+    const o = { ...(raw as Record<string, unknown>) };
+    for (const k of Object.keys(o)) {
+      if (!(k in connectorConfigSchema.shape)) {
+        warnings.push(`${source}: unknown key "${k}" ignored`);
+        delete o[k];
+      }
+    }
+    const extra = o.kv_connector_extra_config;
+    if (extra && typeof extra === 'object' && !Array.isArray(extra)) {
+      const e = { ...(extra as Record<string, unknown>) };
+      for (const k of Object.keys(e)) {
+        if (!['discard_partial_chunks', 'kvc_rpc_port', 'skip_last_n_tokens'].includes(k)) {
+          warnings.push(`${source}: unknown key "kv_connector_extra_config.${k}" ignored`);
+          delete e[k];
+        }
+      }
+      o.kv_connector_extra_config = e;
+    }
+    raw = o;
+  }
+  const r = connectorConfigSchema.safeParse(raw);
+  if (!r.success) {
+    const issue = r.error.issues[0]!;
+    let found: unknown = raw;
+    for (const p of issue.path) found = (found as Record<string, unknown> | undefined)?.[p as string];
+    throw new ConfigError(`${source}: key "${fieldPath(issue.path)}": ${issue.message}; found ${describeValue(found)}`);
+  }
+  return { config: r.data, warnings };
+}

@@ -1,0 +1,55 @@
+// The storage contract of a cache instance. A chunk is always the single buffer defined in
+// src/common/chunk.ts (64-byte header + payload); backends store it byte for byte.
+import type { ChunkKey } from '../common/keys.js';
+
+export const LOCATIONS = ['LocalCPUBackend', 'LocalDiskBackend'] as const;
+export type LocationName = (typeof LOCATIONS)[number];
+
+export function isLocationName(s: string): s is LocationName {
+  return (LOCATIONS as readonly string[]).includes(s);
+}
+
+/** Thrown when a put cannot make room because everything that remains is pinned (or the chunk exceeds capacity). */
+export class StoreFullError extends Error {
+  override name = 'StoreFullError';
+}
+
+/** Admission/eviction notices, batched per call; the controller client forwards them. */
+export interface KeyEvent {
+  location: LocationName;
+  keys: ChunkKey[];
+}
+
+export interface BackendStats {
+  location: LocationName;
+  capacityBytes: number;
+  usedBytes: number;
+  chunks: number;
+  pinned: number;
+}
+
+/** One storage location. All methods are safe to call concurrently. */
+export interface StorageBackend {
+  readonly location: LocationName;
+  readonly capacityBytes: number;
+  has(key: ChunkKey): boolean;
+  /** Number of bytes of the stored chunk (header included), or -1. */
+  sizeOf(key: ChunkKey): number;
+  /**
+   * Stores a copy of `chunk` (evicting least-recently-used unpinned chunks as needed).
+   * Resolves once the chunk is durable in this location. Returns the keys evicted to make room.
+   * Throws StoreFullError when room cannot be made without evicting pinned chunks.
+   */
+  put(key: ChunkKey, chunk: Uint8Array): Promise<ChunkKey[]>;
+  /** Copies the chunk into `dest` (or a new buffer) and returns that view, or null if absent/corrupt. */
+  get(key: ChunkKey, dest?: Uint8Array): Promise<Uint8Array | null>;
+  pin(key: ChunkKey): boolean;
+  unpin(key: ChunkKey): boolean;
+  isPinned(key: ChunkKey): boolean;
+  remove(key: ChunkKey): Promise<boolean>;
+  /** Removes every chunk, pinned ones included; returns the removed keys. */
+  clear(): Promise<ChunkKey[]>;
+  keys(): ChunkKey[];
+  stats(): BackendStats;
+  close(): Promise<void>;
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env node
+// The `kvc` command. Each subcommand lives in its own file beside this one and is
+// registered here, so `kvc --help` lists everything the stack can run.
+import { Command } from 'commander';
+import { registerKeys } from './keys.js';
+
+const program = new Command();
+program
+  .name('kvc')
+  .description('KV-cache-centric LLM serving: cache instances, controller, xfer transfer, engine, proxy')
+  .version('0.1.0')
+  .showHelpAfterError();
+
+registerKeys(program);
+
+program.parseAsync(process.argv).catch((err: unknown) => {
+  process.stderr.write(`kvc: ${err instanceof Error ? err.message : String(err)}\n`);
+  process.exit(1);
+});

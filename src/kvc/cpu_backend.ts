@@ -1,0 +1,126 @@
+// LocalCPUBackend: chunks in this process's memory, bounded by max_local_cpu_size.
+// Memory comes from a BufferPool (grown on demand, recycled on eviction); eviction is
+// LRU over unpinned chunks. All operations are synchronous inside, so each one is atomic
+// with respect to the event loop; the async signatures match the StorageBackend contract.
+import type { ChunkKey } from '../common/keys.js';
+import { BufferPool, sizeClass } from './buffer_pool.js';
+import { LruIndex, type Entry } from './lru_index.js';
+import { StoreFullError, type BackendStats, type StorageBackend } from './types.js';
+
+interface CpuEntry extends Entry {
+  /** The pooled buffer (size class); the chunk occupies its first `length` bytes. */
+  buf: Uint8Array;
+  length: number;
+}
+
+export class LocalCPUBackend implements StorageBackend {
+  readonly location = 'LocalCPUBackend' as const;
+  private readonly index = new LruIndex<CpuEntry>();
+  private readonly pool: BufferPool;
+
+  constructor(readonly capacityBytes: number) {
+    this.pool = new BufferPool(capacityBytes);
+  }
+
+  has(key: ChunkKey): boolean {
+    return this.index.get(key) !== undefined;
+  }
+
+  sizeOf(key: ChunkKey): number {
+    return this.index.get(key)?.length ?? -1;
+  }
+
+  /**
+   * Zero-copy access to a stored chunk for in-process readers (engine import, xfer send).
+   * The view is valid only until control returns to the event loop (an eviction may recycle it).
+   */
+  peek(key: ChunkKey): Uint8Array | null {
+    const e = this.index.touch(key);
+    return e ? e.buf.subarray(0, e.length) : null;
+  }
+
+  async put(key: ChunkKey, chunk: Uint8Array): Promise<ChunkKey[]> {
+    return this.putSync(key, chunk);
+  }
+
+  putSync(key: ChunkKey, chunk: Uint8Array): ChunkKey[] {
+    if (this.index.touch(key)) return []; // same key ⇒ same prefix ⇒ same bytes
+    const cls = sizeClass(chunk.byteLength);
+    if (cls > this.capacityBytes) {
+      throw new StoreFullError(`chunk ${key} (${chunk.byteLength} bytes) is larger than LocalCPUBackend capacity (${this.capacityBytes} bytes)`);
+    }
+    const victims = this.index.victims(cls, this.capacityBytes);
+    if (victims === null) {
+      throw new StoreFullError(
+        `LocalCPUBackend is full: ${this.index.bytes} of ${this.capacityBytes} bytes used and ${this.index.pinnedCount} pinned chunk(s) cannot be evicted to store chunk ${key}`,
+      );
+    }
+    for (const v of victims) this.pool.release(this.index.delete(v)!.buf);
+    const buf = this.pool.acquire(cls);
+    if (!buf) throw new StoreFullError(`LocalCPUBackend could not allocate ${cls} bytes within its budget`); // unreachable by construction
+    buf.set(chunk, 0);
+    this.index.add(key, { buf, length: chunk.byteLength, bytes: cls, pinned: false });
+    return victims;
+  }
+
+  async get(key: ChunkKey, dest?: Uint8Array): Promise<Uint8Array | null> {
+    return this.getSync(key, dest);
+  }
+
+  getSync(key: ChunkKey, dest?: Uint8Array): Uint8Array | null {
+    const e = this.index.touch(key);
+    if (!e) return null;
+    const out = dest ?? new Uint8Array(Buffer.allocUnsafeSlow(e.length).buffer, 0, e.length);
+    if (out.byteLength < e.length) throw new RangeError(`destination of ${out.byteLength} bytes is too small for chunk ${key} (${e.length} bytes)`);
+    out.set(e.buf.subarray(0, e.length), 0);
+    return out.subarray(0, e.length);
+  }
+
+  pin(key: ChunkKey): boolean {
+    return this.index.setPinned(key, true);
+  }
+
+  unpin(key: ChunkKey): boolean {
+    return this.index.setPinned(key, false);
+  }
+
+  isPinned(key: ChunkKey): boolean {
+    return this.index.get(key)?.pinned ?? false;
+  }
+
+  async remove(key: ChunkKey): Promise<boolean> {
+    const e = this.index.delete(key);
+    if (e) this.pool.release(e.buf);
+    return !!e;
+  }
+
+  async clear(): Promise<ChunkKey[]> {
+    const keys = this.index.keys();
+    for (const k of keys) this.pool.release(this.index.delete(k)!.buf);
+    this.pool.trim();
+    return keys;
+  }
+
+  keys(): ChunkKey[] {
+    return this.index.keys();
+  }
+
+  stats(): BackendStats {
+    return {
+      location: this.location,
+      capacityBytes: this.capacityBytes,
+      usedBytes: this.index.bytes,
+      chunks: this.index.size,
+      pinned: this.index.pinnedCount,
+    };
+  }
+
+  /** Memory the pool holds, including idle recycled buffers (for metrics). */
+  heldBytes(): number {
+    return this.pool.heldBytes;
+  }
+
+  async close(): Promise<void> {
+    await this.clear();
+  }
+}

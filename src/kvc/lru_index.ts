@@ -1,0 +1,89 @@
+// Recency-ordered index shared by the storage backends: a Map keeps insertion order,
+// so "touch" is delete + set and the least recently used entry is the first one.
+// Pinned entries stay in the map but are skipped when choosing victims.
+import type { ChunkKey } from '../common/keys.js';
+
+export interface Entry {
+  bytes: number;
+  pinned: boolean;
+}
+
+export class LruIndex<E extends Entry> {
+  private readonly map = new Map<ChunkKey, E>();
+  private _bytes = 0;
+  private _pinned = 0;
+
+  get size(): number {
+    return this.map.size;
+  }
+  get bytes(): number {
+    return this._bytes;
+  }
+  get pinnedCount(): number {
+    return this._pinned;
+  }
+
+  get(key: ChunkKey): E | undefined {
+    return this.map.get(key);
+  }
+
+  /** Looks up and marks as most recently used. */
+  touch(key: ChunkKey): E | undefined {
+    const e = this.map.get(key);
+    if (e) {
+      this.map.delete(key);
+      this.map.set(key, e);
+    }
+    return e;
+  }
+
+  add(key: ChunkKey, e: E): void {
+    const old = this.map.get(key);
+    if (old) this.delete(key);
+    this.map.set(key, e);
+    this._bytes += e.bytes;
+    if (e.pinned) this._pinned++;
+  }
+
+  delete(key: ChunkKey): E | undefined {
+    const e = this.map.get(key);
+    if (!e) return undefined;
+    this.map.delete(key);
+    this._bytes -= e.bytes;
+    if (e.pinned) this._pinned--;
+    return e;
+  }
+
+  setPinned(key: ChunkKey, pinned: boolean): boolean {
+    const e = this.map.get(key);
+    if (!e) return false;
+    if (e.pinned !== pinned) this._pinned += pinned ? 1 : -1;
+    e.pinned = pinned;
+    return true;
+  }
+
+  /**
+   * Chooses least-recently-used unpinned victims whose removal brings bytes + need
+   * within capacity. Returns null when that is impossible (the rest is pinned).
+   */
+  victims(need: number, capacity: number): ChunkKey[] | null {
+    let excess = this._bytes + need - capacity;
+    if (excess <= 0) return [];
+    const out: ChunkKey[] = [];
+    for (const [k, e] of this.map) {
+      if (e.pinned) continue;
+      out.push(k);
+      excess -= e.bytes;
+      if (excess <= 0) return out;
+    }
+    return null;
+  }
+
+  keys(): ChunkKey[] {
+    return [...this.map.keys()];
+  }
+
+  entries(): IterableIterator<[ChunkKey, E]> {
+    return this.map.entries();
+  }
+}

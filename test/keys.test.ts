@@ -1,0 +1,76 @@
+// Chunk keys (DESIGN §2): agreement across processes, sensitivity to seed/model/chunk size,
+// partial-chunk handling both ways.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { chunkKeys, seedFromEnv } from '../src/common/keys.js';
+import { CLI } from './helpers/proc.js';
+
+const tokens = Array.from({ length: 10 }, (_, i) => 1000 + i * 7);
+
+function cliKeys(seed: string, args: string[]): string {
+  return execFileSync(process.execPath, [CLI, 'keys', ...args, ...tokens.map(String)], {
+    env: { ...process.env, PYTHONHASHSEED: seed },
+    encoding: 'utf8',
+  });
+}
+
+test('two processes with the same PYTHONHASHSEED derive identical keys', () => {
+  const a = cliKeys('0', ['--model', 'builtin:tiny', '--chunk-size', '4']);
+  const b = cliKeys('0', ['--model', 'builtin:tiny', '--chunk-size', '4']);
+  assert.equal(a, b);
+  const lines = a.trim().split('\n').map((l) => l.split('\t'));
+  assert.deepEqual(lines.map((l) => [l[0], l[1]]), [['0', '4'], ['1', '4'], ['2', '2']]);
+  for (const l of lines) assert.match(l[2]!, /^[0-9a-f]{16}$/);
+  // The in-process derivation agrees with the CLI's.
+  const inProc = chunkKeys(tokens, { modelId: 'builtin:tiny', chunkSize: 4, seed: 0n });
+  assert.deepEqual(inProc.map((s) => s.key), lines.map((l) => l[2]));
+});
+
+test('another seed, model or chunk size gives different keys', () => {
+  const base = chunkKeys(tokens, { modelId: 'm', chunkSize: 4, seed: 0n }).map((s) => s.key);
+  const seed = chunkKeys(tokens, { modelId: 'm', chunkSize: 4, seed: 1n }).map((s) => s.key);
+  const model = chunkKeys(tokens, { modelId: 'm2', chunkSize: 4, seed: 0n }).map((s) => s.key);
+  const size = chunkKeys(tokens, { modelId: 'm', chunkSize: 5, seed: 0n }).map((s) => s.key);
+  for (const other of [seed, model, size]) for (const k of other) assert.ok(!base.includes(k));
+  const otherSeedCli = cliKeys('7', ['--model', 'm', '--chunk-size', '4']).trim().split('\n').map((l) => l.split('\t')[2]);
+  assert.notDeepEqual(otherSeedCli, base);
+});
+
+test('keys chain: a chunk key depends on the whole prefix', () => {
+  const a = chunkKeys([1, 2, 3, 4, 5, 6, 7, 8], { modelId: 'm', chunkSize: 4, seed: 0n });
+  const b = chunkKeys([9, 2, 3, 4, 5, 6, 7, 8], { modelId: 'm', chunkSize: 4, seed: 0n });
+  assert.notEqual(a[1]!.key, b[1]!.key, 'same second chunk after a different first chunk must differ');
+  const prefix = chunkKeys([1, 2, 3, 4, 5, 6], { modelId: 'm', chunkSize: 4, seed: 0n });
+  assert.equal(prefix[0]!.key, a[0]!.key, 'a shared first chunk has the same key');
+});
+
+test('partial last chunk: kept by default, dropped with discardPartialChunks', () => {
+  const keep = chunkKeys(tokens, { modelId: 'm', chunkSize: 4, seed: 0n });
+  const drop = chunkKeys(tokens, { modelId: 'm', chunkSize: 4, seed: 0n, discardPartialChunks: true });
+  assert.equal(keep.length, 3);
+  assert.deepEqual([keep[2]!.start, keep[2]!.end], [8, 10]);
+  assert.equal(drop.length, 2);
+  assert.deepEqual(drop.map((s) => s.key), keep.slice(0, 2).map((s) => s.key));
+  assert.equal(chunkKeys(tokens.slice(0, 8), { modelId: 'm', chunkSize: 4, seed: 0n, discardPartialChunks: true }).length, 2);
+  assert.equal(chunkKeys([], { modelId: 'm', chunkSize: 4, seed: 0n }).length, 0);
+  const cli = cliKeys('0', ['--model', 'm', '--chunk-size', '4', '--discard-partial-chunks']).trim().split('\n');
+  assert.equal(cli.length, 2);
+});
+
+test('PYTHONHASHSEED parsing: unset is 0, garbage is refused', () => {
+  assert.equal(seedFromEnv({}), 0n);
+  assert.equal(seedFromEnv({ PYTHONHASHSEED: '42' }), 42n);
+  assert.throws(() => seedFromEnv({ PYTHONHASHSEED: 'random' }), /PYTHONHASHSEED must be a non-negative integer/);
+});
+
+test('kvc keys rejects bad arguments with a clear message', () => {
+  assert.throws(
+    () => execFileSync(process.execPath, [CLI, 'keys', '--model', 'm', '--chunk-size', '0', '1'], { encoding: 'utf8', stdio: 'pipe' }),
+    (e: any) => /--chunk-size: expected a positive integer/.test(String(e.stderr)),
+  );
+  assert.throws(
+    () => execFileSync(process.execPath, [CLI, 'keys', '--model', 'm', '1', 'x'], { encoding: 'utf8', stdio: 'pipe' }),
+    (e: any) => /token #1: expected a non-negative 32-bit integer/.test(String(e.stderr)),
+  );
+});

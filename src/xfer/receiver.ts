@@ -1,0 +1,582 @@
+// xfer receiver (decoder side, DESIGN §6).
+//
+// Two listeners:
+//   init port  — a sender connects, says HELLO with its KV layout / chunk size / model, and is
+//                refused with a clear message when that differs from ours. An accepted
+//                connection gets a session id and then carries the sender's DATA frames
+//                (chunk bytes) and our ACKs.
+//   alloc port — ALLOC {session, req_id, chunks:[[key, bytes]]} reserves buffer space for a
+//                request's chunks. Keys we already hold (or are already receiving) are
+//                reported in `have` so they are not sent twice. When the buffer is full the
+//                request waits (FIFO) up to the sender's wait_ms, then is refused.
+//
+// Memory: chunks are entries shared by reservations (refcounted). Space is accounted in
+// bytes at reservation time, bounded by xfer_buffer_size; the memory itself comes from a
+// BufferPool that grows on demand and recycles buffers, so an idle receiver costs nothing
+// and a busy one writes into warm pages.
+//
+// Consumer API (the engine's kv_consumer): lookup(keys), take(keys, reqId?) → leading ready
+// chunks + release(), release(reqId). Reservations never taken expire after ttlMs.
+import net from 'node:net';
+import { randomBytes } from 'node:crypto';
+import { EventEmitter } from 'node:events';
+import { BufferPool, sizeClass } from '../kvc/buffer_pool.js';
+import { verifyChunk, describeLayout, DTYPE_BYTES, HEADER_BYTES, type KvLayout } from '../common/chunk.js';
+import { logger } from '../common/log.js';
+import {
+  FrameParser,
+  FrameType,
+  ProtocolError,
+  PROTOCOL_VERSION,
+  writeFrame,
+  type AllocMeta,
+  type DataMeta,
+  type HelloMeta,
+} from './protocol.js';
+
+const log = logger('xfer-recv');
+
+export interface ReceiverOptions {
+  host: string;
+  initPort: number;
+  allocPort: number;
+  /** xfer_buffer_size: upper bound of reserved bytes. */
+  bufferBytes: number;
+  layout: KvLayout;
+  chunkSize: number;
+  modelId: string;
+  receiverId?: string;
+  /** Reservations not taken within this time are freed (default 120 s). */
+  ttlMs?: number;
+  /** Upper bound on how long an ALLOC may wait for space, whatever the sender asks (default 30 s). */
+  maxAllocWaitMs?: number;
+  /** A sender whose HELLO does not arrive within this time is dropped (default 10 s). */
+  helloTimeoutMs?: number;
+}
+
+type EntryState = 'pending' | 'ready';
+
+/** One chunk held (or being received) by the receiver; shared by every reservation naming its key. */
+interface Entry {
+  key: string;
+  /** Accounted bytes (size class of the chunk length). */
+  cost: number;
+  /** Exact chunk length announced at reservation time. */
+  bytes: number;
+  state: EntryState;
+  buf: Uint8Array | null;
+  refs: number;
+  /** Session currently streaming into buf (so a cut connection can fail it). */
+  writer: string | null;
+  waiters: (() => void)[];
+}
+
+interface Reservation {
+  reqId: string;
+  keys: string[];
+  /** the entries this reservation holds a reference on (not looked up by key: a failed key may be re-reserved) */
+  entries: Entry[];
+  createdAt: number;
+  session: string;
+  claimed: boolean;
+}
+
+interface AllocWaiter {
+  meta: AllocMeta;
+  need: number;
+  deadline: number;
+  reply: (r: { ok: boolean; have?: string[]; error?: string }) => void;
+  timer: NodeJS.Timeout;
+}
+
+export interface ReceiverStats {
+  capacityBytes: number;
+  reservedBytes: number;
+  /** memory actually held by the buffer pool (grows on demand) */
+  poolBytes: number;
+  reservations: number;
+  entries: number;
+  readyEntries: number;
+  chunksReceived: number;
+  bytesReceived: number;
+  chunksRejected: number;
+  allocRefused: number;
+  reservationsExpired: number;
+  sessions: number;
+}
+
+/** What take() hands the consumer: leading ready chunks; views stay valid until release(). */
+export interface Taken {
+  keys: string[];
+  chunks: Uint8Array[];
+  numTokens: number;
+  release(): void;
+}
+
+export class XferReceiver extends EventEmitter {
+  readonly receiverId: string;
+  private readonly pool: BufferPool;
+  private readonly entries = new Map<string, Entry>();
+  private readonly reservations = new Map<string, Reservation>();
+  private readonly sessions = new Map<string, net.Socket>();
+  private readonly allocQueue: AllocWaiter[] = [];
+  private reserved = 0;
+  private readonly counters = { chunksReceived: 0, bytesReceived: 0, chunksRejected: 0, allocRefused: 0, reservationsExpired: 0 };
+  private initServer: net.Server | null = null;
+  private allocServer: net.Server | null = null;
+  private sweepTimer: NodeJS.Timeout | null = null;
+  private readonly sockets = new Set<net.Socket>();
+  private readonly ttlMs: number;
+  private readonly maxAllocWaitMs: number;
+  private readonly helloTimeoutMs: number;
+  private readonly maxChunkBytes: number;
+
+  private constructor(readonly opts: ReceiverOptions) {
+    super();
+    this.receiverId = opts.receiverId ?? `recv-${randomBytes(4).toString('hex')}`;
+    this.ttlMs = opts.ttlMs ?? 120_000;
+    this.maxAllocWaitMs = opts.maxAllocWaitMs ?? 30_000;
+    this.helloTimeoutMs = opts.helloTimeoutMs ?? 10_000;
+    // Pool budget = accounted capacity: reservations are accounted in size classes, so the
+    // pool can always satisfy an entry that fits the reservation budget.
+    const l = opts.layout;
+    this.maxChunkBytes = HEADER_BYTES + 2 * l.numLayers * opts.chunkSize * l.numKvHeads * l.headDim * DTYPE_BYTES[l.dtype];
+    // Slack of a few chunks: a buffer whose reservation expired mid-transfer is returned
+    // only when its last byte has arrived, while its bytes are already free for others.
+    this.pool = new BufferPool(opts.bufferBytes + 4 * sizeClass(this.maxChunkBytes));
+  }
+
+  /** Starts both listeners; rejects (e.g. port in use) with a message naming the port. */
+  static async start(opts: ReceiverOptions): Promise<XferReceiver> {
+    const r = new XferReceiver(opts);
+    try {
+      r.initServer = await listen(opts.host, opts.initPort, 'xfer_peer_init_port', (s) => r.onInitConnection(s));
+      r.allocServer = await listen(opts.host, opts.allocPort, 'xfer_peer_alloc_port', (s) => r.onAllocConnection(s));
+    } catch (e) {
+      await r.close();
+      throw e;
+    }
+    const every = Math.max(50, Math.min(5000, Math.floor(r.ttlMs / 4)));
+    r.sweepTimer = setInterval(() => r.expire(), every);
+    r.sweepTimer.unref();
+    log.info(
+      `receiver ${r.receiverId} listening on ${opts.host} init ${opts.initPort} alloc ${opts.allocPort}; ` +
+        `buffer ${opts.bufferBytes} bytes (grown on demand); ${describeLayout(opts.layout)} chunk_size=${opts.chunkSize} model=${opts.modelId}`,
+    );
+    return r;
+  }
+
+  // ---- consumer API ----------------------------------------------------------------------
+
+  /** Number of leading keys whose chunks are here, complete and verified. */
+  lookup(keys: readonly string[]): number {
+    let n = 0;
+    for (const k of keys) {
+      if (this.entries.get(k)?.state !== 'ready') break;
+      n++;
+    }
+    return n;
+  }
+
+  /**
+   * Hands out the leading ready chunks for `keys`, holding them until release(). The
+   * reservation made for this request (by `reqId`, or else the oldest unclaimed one whose
+   * keys are all among `keys`) is claimed and freed by release() too. When some leading
+   * chunk is still arriving, waits up to `waitMs` for it.
+   */
+  async take(keys: readonly string[], reqId?: string, waitMs = 0): Promise<Taken> {
+    const deadline = Date.now() + waitMs;
+    for (const k of keys) {
+      const e = this.entries.get(k);
+      if (!e || e.state === 'ready') {
+        if (!e) break;
+        continue;
+      }
+      const left = deadline - Date.now();
+      if (left <= 0) break;
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, left);
+        e.waiters.push(() => {
+          clearTimeout(t);
+          resolve();
+        });
+      });
+      if (this.entries.get(k)?.state !== 'ready') break;
+    }
+    let res: Reservation | undefined;
+    if (reqId !== undefined) res = this.reservations.get(reqId);
+    if (!res) {
+      const set = new Set(keys);
+      for (const r of this.reservations.values()) {
+        if (!r.claimed && r.keys.every((k) => set.has(k))) {
+          res = r;
+          break;
+        }
+      }
+    }
+    if (res) res.claimed = true;
+    const held: Entry[] = [];
+    let numTokens = 0;
+    for (const k of keys) {
+      const e = this.entries.get(k);
+      if (!e || e.state !== 'ready') break;
+      e.refs++;
+      held.push(e);
+      numTokens += new DataView(e.buf!.buffer, e.buf!.byteOffset + 24, 4).getUint32(0, true);
+    }
+    let released = false;
+    const claimed = res;
+    return {
+      keys: held.map((e) => e.key),
+      chunks: held.map((e) => e.buf!.subarray(0, e.bytes)),
+      numTokens,
+      release: () => {
+        if (released) return;
+        released = true;
+        for (const e of held) this.unref(e);
+        if (claimed && this.reservations.get(claimed.reqId) === claimed) this.dropReservation(claimed);
+        this.pumpAllocQueue();
+      },
+    };
+  }
+
+  /** Frees a request's reservation (e.g. the consumer decided not to use it). */
+  release(reqId: string): boolean {
+    const r = this.reservations.get(reqId);
+    if (!r) return false;
+    this.dropReservation(r);
+    this.pumpAllocQueue();
+    return true;
+  }
+
+  stats(): ReceiverStats {
+    let ready = 0;
+    for (const e of this.entries.values()) if (e.state === 'ready') ready++;
+    return {
+      capacityBytes: this.opts.bufferBytes,
+      reservedBytes: this.reserved,
+      poolBytes: this.pool.heldBytes,
+      reservations: this.reservations.size,
+      entries: this.entries.size,
+      readyEntries: ready,
+      ...this.counters,
+      sessions: this.sessions.size,
+    };
+  }
+
+  async close(): Promise<void> {
+    if (this.sweepTimer) clearInterval(this.sweepTimer);
+    for (const w of this.allocQueue.splice(0)) {
+      clearTimeout(w.timer);
+      w.reply({ ok: false, error: 'receiver is shutting down' });
+    }
+    for (const s of this.sockets) s.destroy();
+    await Promise.all([closeServer(this.initServer), closeServer(this.allocServer)]);
+  }
+
+  // ---- accounting ------------------------------------------------------------------------
+
+  private unref(e: Entry): void {
+    e.refs--;
+    if (e.refs > 0) return;
+    if (this.entries.get(e.key) === e) this.entries.delete(e.key);
+    this.reserved -= e.cost;
+    e.cost = 0;
+    // Bytes may still be streaming into the buffer: the DATA handler returns it when done.
+    if (e.buf && e.writer === null) {
+      this.pool.release(e.buf);
+      e.buf = null;
+    }
+    for (const w of e.waiters.splice(0)) w();
+  }
+
+  private dropReservation(r: Reservation): void {
+    this.reservations.delete(r.reqId);
+    for (const e of r.entries) this.unref(e);
+  }
+
+  /** A chunk that failed (corrupt, cut, refused) leaves the index at once: never served. */
+  private failEntry(e: Entry, why: string): void {
+    if (this.entries.get(e.key) !== e) {
+      // already out of the index (its reservation went away): just give the memory back
+      if (e.buf) this.pool.release(e.buf);
+      e.buf = null;
+      e.writer = null;
+      return;
+    }
+    log.warn(`chunk ${e.key} discarded: ${why}`);
+    this.entries.delete(e.key);
+    this.reserved -= e.cost;
+    if (e.buf) this.pool.release(e.buf);
+    e.buf = null;
+    e.cost = 0; // refs from reservations still point at it; they find the key gone
+    e.writer = null;
+    for (const w of e.waiters.splice(0)) w();
+    this.pumpAllocQueue();
+  }
+
+  private expire(): void {
+    const now = Date.now();
+    let n = 0;
+    for (const r of [...this.reservations.values()]) {
+      if (!r.claimed && now - r.createdAt > this.ttlMs) {
+        this.dropReservation(r);
+        n++;
+      }
+    }
+    if (n) {
+      this.counters.reservationsExpired += n;
+      log.warn(`${n} reservation(s) expired unused after ${this.ttlMs} ms`);
+      this.pumpAllocQueue();
+    }
+  }
+
+  /** Space a reservation for `meta` still needs (keys not already held). */
+  private needFor(meta: AllocMeta): number {
+    let need = 0;
+    const seen = new Set<string>();
+    for (const [k, b] of meta.chunks) {
+      if (this.entries.has(k) || seen.has(k)) continue;
+      seen.add(k);
+      need += sizeClass(b);
+    }
+    return need;
+  }
+
+  private tryReserve(meta: AllocMeta): { ok: true; have: string[] } | null {
+    if (this.reserved + this.needFor(meta) > this.opts.bufferBytes) return null;
+    const have: string[] = [];
+    const keys: string[] = [];
+    const held: Entry[] = [];
+    for (const [k, b] of meta.chunks) {
+      if (keys.includes(k)) continue;
+      keys.push(k);
+      let e = this.entries.get(k);
+      if (e) {
+        have.push(k);
+      } else {
+        e = { key: k, cost: sizeClass(b), bytes: b, state: 'pending', buf: null, refs: 0, writer: null, waiters: [] };
+        this.entries.set(k, e);
+        this.reserved += e.cost;
+      }
+      e.refs++;
+      held.push(e);
+    }
+    this.reservations.set(meta.req_id, { reqId: meta.req_id, keys, entries: held, createdAt: Date.now(), session: meta.session, claimed: false });
+    return { ok: true, have };
+  }
+
+  private pumpAllocQueue(): void {
+    while (this.allocQueue.length) {
+      const w = this.allocQueue[0]!;
+      if (this.reservations.has(w.meta.req_id)) {
+        this.allocQueue.shift();
+        clearTimeout(w.timer);
+        w.reply({ ok: false, error: `req_id "${w.meta.req_id}" already has a reservation` });
+        continue;
+      }
+      const r = this.tryReserve(w.meta);
+      if (!r) return; // FIFO: later requests do not overtake a waiting one
+      this.allocQueue.shift();
+      clearTimeout(w.timer);
+      w.reply(r);
+    }
+  }
+
+  private validateAlloc(m: any): string | null {
+    if (typeof m.id !== 'number') return 'alloc: "id" must be a number';
+    if (typeof m.session !== 'string' || !this.sessions.has(m.session)) return 'alloc: unknown "session" (handshake on the init port first)';
+    if (typeof m.req_id !== 'string' || !m.req_id) return 'alloc: "req_id" must be a non-empty string';
+    if (!Array.isArray(m.chunks) || m.chunks.length === 0) return 'alloc: "chunks" must be a non-empty array of [key, bytes]';
+    for (const c of m.chunks) {
+      if (!Array.isArray(c) || typeof c[0] !== 'string' || !/^[0-9a-f]{16}$/.test(c[0])) return 'alloc: each chunk key must be 16 lowercase hex digits';
+      if (!Number.isInteger(c[1]) || c[1] <= HEADER_BYTES || c[1] > this.maxChunkBytes) {
+        return `alloc: chunk ${c[0]} size ${c[1]} is outside (${HEADER_BYTES}, ${this.maxChunkBytes}] for this layout and chunk size`;
+      }
+    }
+    if (typeof m.wait_ms !== 'number' || m.wait_ms < 0) return 'alloc: "wait_ms" must be a number >= 0';
+    return null;
+  }
+
+  private handleAlloc(meta: AllocMeta, reply: (r: { ok: boolean; have?: string[]; error?: string }) => void): void {
+    const bad = this.validateAlloc(meta);
+    if (bad) return reply({ ok: false, error: bad });
+    if (this.reservations.has(meta.req_id) || this.allocQueue.some((w) => w.meta.req_id === meta.req_id)) {
+      return reply({ ok: false, error: `req_id "${meta.req_id}" already has a reservation` });
+    }
+    const need = this.needFor(meta);
+    if (need > this.opts.bufferBytes) {
+      this.counters.allocRefused++;
+      return reply({ ok: false, error: `request needs ${need} bytes, more than the whole receiver buffer (${this.opts.bufferBytes})` });
+    }
+    if (this.allocQueue.length === 0) {
+      const r = this.tryReserve(meta);
+      if (r) return reply(r);
+    }
+    const waitMs = Math.min(meta.wait_ms, this.maxAllocWaitMs);
+    const w: AllocWaiter = {
+      meta,
+      need,
+      deadline: Date.now() + waitMs,
+      reply,
+      timer: setTimeout(() => {
+        const i = this.allocQueue.indexOf(w);
+        if (i >= 0) this.allocQueue.splice(i, 1);
+        this.counters.allocRefused++;
+        const msg = `receiver buffer full: request ${meta.req_id} needs ${need} bytes, ${this.reserved} of ${this.opts.bufferBytes} reserved, waited ${waitMs} ms`;
+        log.warn(msg);
+        reply({ ok: false, error: msg });
+        this.pumpAllocQueue();
+      }, waitMs),
+    };
+    this.allocQueue.push(w);
+  }
+
+  // ---- connections -----------------------------------------------------------------------
+
+  private track(sock: net.Socket): void {
+    this.sockets.add(sock);
+    sock.setNoDelay(true);
+    sock.on('error', (e) => log.debug(`connection from ${sock.remoteAddress}:${sock.remotePort}: ${e.message}`));
+    sock.on('close', () => this.sockets.delete(sock));
+  }
+
+  private onAllocConnection(sock: net.Socket): void {
+    this.track(sock);
+    const parser = new FrameParser(0, () => null, (type, meta) => {
+      if (type !== FrameType.Alloc) throw new ProtocolError(`unexpected frame type ${type} on the alloc port`);
+      this.handleAlloc(meta as AllocMeta, (r) => {
+        if (!sock.destroyed) writeFrame(sock, FrameType.AllocReply, { id: (meta as AllocMeta).id, ...r });
+      });
+    });
+    sock.on('data', (d) => {
+      try {
+        parser.push(d);
+      } catch (e) {
+        log.warn(`alloc connection from ${sock.remoteAddress}: ${(e as Error).message}; closing it`);
+        sock.destroy();
+      }
+    });
+  }
+
+  private checkHello(m: any): string | null {
+    if (m.version !== PROTOCOL_VERSION) return `incompatible sender: protocol version ${m.version}, receiver speaks ${PROTOCOL_VERSION}`;
+    const l = this.opts.layout;
+    const theirs: KvLayout = { dtype: m.dtype, numLayers: m.num_layers, numKvHeads: m.num_kv_heads, headDim: m.head_dim };
+    const problems: string[] = [];
+    if (m.model_id !== this.opts.modelId) problems.push(`model "${m.model_id}" (receiver serves "${this.opts.modelId}")`);
+    if (m.chunk_size !== this.opts.chunkSize) problems.push(`chunk_size ${m.chunk_size} (receiver uses ${this.opts.chunkSize})`);
+    if (theirs.dtype !== l.dtype || theirs.numLayers !== l.numLayers || theirs.numKvHeads !== l.numKvHeads || theirs.headDim !== l.headDim) {
+      problems.push(`KV layout ${describeLayout(theirs)} (receiver has ${describeLayout(l)})`);
+    }
+    return problems.length ? `incompatible sender ${m.sender_id ?? '?'}: ${problems.join('; ')}` : null;
+  }
+
+  private onInitConnection(sock: net.Socket): void {
+    this.track(sock);
+    let session: string | null = null;
+    const helloTimer = setTimeout(() => {
+      log.warn(`init connection from ${sock.remoteAddress}: no handshake within ${this.helloTimeoutMs} ms; closing it`);
+      sock.destroy();
+    }, this.helloTimeoutMs);
+    /** Where the DATA body goes: the pending entry's pooled buffer, or nowhere (dropped). */
+    let target: Entry | null = null;
+    const sink = (type: FrameType, meta: any, bodyLen: number): Uint8Array | null => {
+      target = null;
+      if (type !== FrameType.Data || !session) return null;
+      const m = meta as DataMeta;
+      const res = typeof m.req_id === 'string' ? this.reservations.get(m.req_id) : undefined;
+      const e = typeof m.key === 'string' ? this.entries.get(m.key) : undefined;
+      if (!res || !e || !res.entries.includes(e) || e.state !== 'pending' || e.writer !== null || bodyLen !== e.bytes) return null;
+      const buf = this.pool.acquire(e.bytes);
+      if (!buf) return null; // cannot happen while accounting holds; treated as a rejected chunk
+      e.buf = buf;
+      e.writer = session;
+      target = e;
+      return buf;
+    };
+    const parser = new FrameParser(this.maxChunkBytes, sink, (type, meta, body, bodyLen) => {
+      if (type === FrameType.Hello) {
+        if (session) throw new ProtocolError('second HELLO on one connection');
+        clearTimeout(helloTimer);
+        const bad = this.checkHello(meta as HelloMeta);
+        if (bad) {
+          log.warn(`refused: ${bad}`);
+          writeFrame(sock, FrameType.HelloReply, { ok: false, error: bad });
+          sock.end();
+          return;
+        }
+        session = randomBytes(8).toString('hex');
+        this.sessions.set(session, sock);
+        log.info(`sender ${(meta as HelloMeta).sender_id} connected from ${sock.remoteAddress}:${sock.remotePort} (session ${session})`);
+        writeFrame(sock, FrameType.HelloReply, { ok: true, session, receiver_id: this.receiverId });
+        return;
+      }
+      if (!session) throw new ProtocolError('expected HELLO first');
+      if (type !== FrameType.Data) throw new ProtocolError(`unexpected frame type ${type} on the init port`);
+      const m = meta as DataMeta;
+      const ack = (ok: boolean, error?: string) => {
+        if (!sock.destroyed) writeFrame(sock, FrameType.Ack, { req_id: m.req_id, key: m.key, ok, ...(error ? { error } : {}) });
+      };
+      const e = target;
+      target = null;
+      if (!e || !body) {
+        this.counters.chunksRejected++;
+        const cur = typeof m.key === 'string' ? this.entries.get(m.key) : undefined;
+        return ack(false, cur?.state === 'ready' ? 'already held' : `no reservation expects chunk ${m.key} of ${bodyLen} bytes for request ${m.req_id}`);
+      }
+      e.writer = null;
+      if (this.entries.get(e.key) !== e) {
+        // reservation dropped (expired / released) while the bytes were arriving
+        if (e.buf) this.pool.release(e.buf);
+        e.buf = null;
+        this.counters.chunksRejected++;
+        return ack(false, 'reservation expired while receiving');
+      }
+      try {
+        verifyChunk(body, e.key);
+      } catch (err) {
+        this.counters.chunksRejected++;
+        this.failEntry(e, (err as Error).message);
+        return ack(false, (err as Error).message);
+      }
+      e.state = 'ready';
+      this.counters.chunksReceived++;
+      this.counters.bytesReceived += bodyLen;
+      for (const w of e.waiters.splice(0)) w();
+      const res = this.reservations.get(m.req_id);
+      // 'complete' (reqId, keys): every chunk of the reservation is here and verified.
+      if (res && res.entries.every((x) => x.state === 'ready' && this.entries.get(x.key) === x)) this.emit('complete', res.reqId, res.keys);
+      ack(true);
+    });
+    sock.on('data', (d) => {
+      try {
+        parser.push(d);
+      } catch (err) {
+        log.warn(`init connection from ${sock.remoteAddress}: ${(err as Error).message}; closing it`);
+        sock.destroy();
+      }
+    });
+    sock.on('close', () => {
+      clearTimeout(helloTimer);
+      if (session) this.sessions.delete(session);
+      // A transfer cut mid-chunk is never used: the half-written entry leaves the index.
+      const t = target as Entry | null;
+      if (t && t.writer === session && session !== null) this.failEntry(t, 'connection closed in the middle of the chunk');
+    });
+  }
+}
+
+function listen(host: string, port: number, what: string, onConn: (s: net.Socket) => void): Promise<net.Server> {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer(onConn);
+    srv.once('error', (e: NodeJS.ErrnoException) =>
+      reject(new Error(`xfer receiver cannot listen on ${host}:${port} (${what}): ${e.code === 'EADDRINUSE' ? 'port already in use' : e.message}`)),
+    );
+    srv.listen(port, host, () => resolve(srv));
+  });
+}
+
+function closeServer(s: net.Server | null): Promise<void> {
+  return new Promise((r) => (s ? s.close(() => r()) : r()));
+}

@@ -1,0 +1,221 @@
+// xfer library: handshake, reservations, dedup, backpressure, TTL, exact accounting, notices.
+// Sender and receiver talk over real loopback TCP; cross-process cases are in xfer-procs.test.ts.
+import { test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { Pull } from 'zeromq';
+import { DType, chunkBytes, verifyChunk, type KvLayout } from '../src/common/chunk.js';
+import { validateCacheConfig } from '../src/common/config.js';
+import { freePortRange } from '../src/common/ports.js';
+import { XferReceiver, XferSender, createXfer, decodeNotice, type DisaggSpec, type OutChunk } from '../src/xfer/index.js';
+import { syntheticChunk, syntheticKey } from '../src/xfer/peer.js';
+
+const layout: KvLayout = { dtype: DType.f32, numLayers: 2, numKvHeads: 2, headDim: 8 };
+const CHUNK = 16;
+const MODEL = 'builtin-test';
+const FULL = chunkBytes(layout, CHUNK); // 4160 bytes
+
+const closers: (() => unknown)[] = [];
+after(async () => {
+  for (const c of closers.reverse()) await c();
+});
+
+async function receiver(extra: Partial<Parameters<typeof XferReceiver.start>[0]> = {}) {
+  const port = await freePortRange(2);
+  const r = await XferReceiver.start({
+    host: '127.0.0.1',
+    initPort: port,
+    allocPort: port + 1,
+    bufferBytes: 1 << 20,
+    layout,
+    chunkSize: CHUNK,
+    modelId: MODEL,
+    ...extra,
+  });
+  closers.push(() => r.close());
+  const spec = (req_id: string): DisaggSpec => ({ req_id, receiver_host: '127.0.0.1', receiver_init_port: port, receiver_alloc_port: port + 1 });
+  return { r, spec };
+}
+
+function sender(extra: Partial<ConstructorParameters<typeof XferSender>[0]> = {}) {
+  const s = new XferSender({ layout, chunkSize: CHUNK, modelId: MODEL, bufferBytes: 1 << 20, ...extra });
+  closers.push(() => s.close());
+  return s;
+}
+
+function chunks(seed: number, tokens: number[], keyOf = (i: number) => syntheticKey(seed, i)): OutChunk[] {
+  return tokens.map((n, i) => ({ key: keyOf(i), numTokens: n, data: syntheticChunk(layout, n, keyOf(i), seed * 1000 + i) }));
+}
+
+test('handshake: a sender with another layout, chunk size or model is refused with a clear message', async () => {
+  const { r, spec } = await receiver();
+  const bad = sender({ layout: { ...layout, numLayers: 4 }, chunkSize: 32 });
+  const res = await bad.send(spec('bad-1'), chunks(1, [CHUNK]));
+  assert.equal(res.ok, false);
+  assert.match(res.error!, /refused the handshake: incompatible sender/);
+  assert.match(res.error!, /chunk_size 32 \(receiver uses 16\)/);
+  assert.match(res.error!, /layers=4/);
+  const other = sender({ modelId: 'other-model' });
+  const res2 = await other.send(spec('bad-2'), chunks(1, [CHUNK]));
+  assert.match(res2.error!, /model "other-model" \(receiver serves "builtin-test"\)/);
+  assert.equal(r.stats().reservedBytes, 0);
+});
+
+test('chunks arrive verified in order; keys the receiver holds are not sent twice', async () => {
+  const { r, spec } = await receiver();
+  const s = sender();
+  const a = chunks(7, [CHUNK, CHUNK, 5]);
+  const resA = await s.send(spec('req-a'), a);
+  assert.equal(resA.ok, true, resA.error);
+  assert.deepEqual([resA.sent, resA.skipped, resA.numTokens], [3, 0, 37]);
+  // req-b shares the first two chunks (same prefix), then diverges
+  const b = [...a.slice(0, 2), ...chunks(8, [9], () => syntheticKey(8, 99))];
+  const resB = await s.send(spec('req-b'), b);
+  assert.equal(resB.ok, true, resB.error);
+  assert.deepEqual([resB.sent, resB.skipped], [1, 2]);
+  assert.equal(r.lookup(a.map((c) => c.key)), 3);
+  assert.equal(r.lookup(b.map((c) => c.key)), 3);
+  const takenA = await r.take(a.map((c) => c.key), 'req-a');
+  assert.equal(takenA.numTokens, 37);
+  takenA.chunks.forEach((c, i) => {
+    verifyChunk(c, a[i]!.key);
+    assert.deepEqual(c, a[i]!.data);
+  });
+  takenA.release();
+  // shared chunks survive until req-b is consumed too
+  assert.equal(r.lookup(b.map((c) => c.key)), 3);
+  const takenB = await r.take(b.map((c) => c.key)); // found by keys, no req_id
+  assert.equal(takenB.keys.length, 3);
+  takenB.release();
+  assert.deepEqual([r.stats().reservedBytes, r.stats().reservations, r.stats().entries], [0, 0, 0]);
+  assert.ok(r.stats().poolBytes > 0 && r.stats().poolBytes <= 8 * FULL, 'memory grows on demand, only what was used');
+});
+
+test('a full receiver buffer makes the sender wait up to its deadline, then give up; freed space lets a waiter in', async () => {
+  const { r, spec } = await receiver({ bufferBytes: 1 << 20 });
+  const perChunk = FULL; // size class rounding: 4160 → 8192 accounted
+  const n = Math.floor((1 << 20) / 8192);
+  const s = sender({ allocWaitMs: 300 });
+  const big = await s.send(spec('fill'), chunks(3, Array(n).fill(CHUNK)));
+  assert.equal(big.ok, true, big.error);
+  assert.equal(r.stats().reservedBytes, n * 8192);
+  const t0 = Date.now();
+  const late = await s.send(spec('late'), chunks(4, [CHUNK]));
+  assert.equal(late.ok, false);
+  assert.ok(Date.now() - t0 >= 280, 'waited for the deadline');
+  assert.match(late.error!, /receiver buffer full: request late needs 8192 bytes/);
+  // now a waiting sender gets in as soon as space is released
+  const s2 = sender({ allocWaitMs: 5000 });
+  const waiting = s2.send(spec('waiter'), chunks(5, [CHUNK]));
+  await new Promise((res) => setTimeout(res, 100));
+  assert.equal(r.release('fill'), true);
+  const w = await waiting;
+  assert.equal(w.ok, true, w.error);
+  assert.equal(r.lookup([syntheticKey(5, 0)]), 1);
+  r.release('waiter');
+  assert.equal(r.stats().reservedBytes, 0);
+  assert.ok(perChunk > 0);
+});
+
+test('reservations never consumed expire after the TTL', async () => {
+  const { r, spec } = await receiver({ ttlMs: 300 });
+  const s = sender();
+  const res = await s.send(spec('forgotten'), chunks(9, [CHUNK, CHUNK]));
+  assert.equal(res.ok, true, res.error);
+  assert.ok(r.stats().reservedBytes > 0);
+  const deadline = Date.now() + 3000;
+  while (r.stats().reservedBytes > 0 && Date.now() < deadline) await new Promise((res2) => setTimeout(res2, 50));
+  assert.equal(r.stats().reservedBytes, 0);
+  assert.equal(r.stats().reservationsExpired, 1);
+  assert.equal(r.lookup([syntheticKey(9, 0)]), 0);
+});
+
+test('exact accounting: after 1000 requests (taken, released, shared, refused, expired) no byte is reserved', async () => {
+  const { r, spec } = await receiver({ bufferBytes: 2 << 20, ttlMs: 400 });
+  const senders = [sender(), sender(), sender()];
+  const N = 1000;
+  let ok = 0;
+  const run = async (i: number) => {
+    const s = senders[i % senders.length]!;
+    // prompts share prefixes in groups of 10: dedup and refcounting get exercised
+    const group = Math.floor(i / 10);
+    const keys = (j: number) => (j < 2 ? syntheticKey(100000 + group, j) : syntheticKey(200000 + i, j));
+    const cs = chunks(group, [CHUNK, CHUNK, 1 + (i % CHUNK)], keys);
+    // every 50th request is sent twice under one req_id (refused the second time)
+    const res = await s.send(spec(`r${i}`), cs);
+    if (i % 50 === 0) assert.equal((await s.send(spec(`r${i}`), cs)).ok, false);
+    if (res.ok) ok++;
+    if (i % 7 === 3) return; // never consumed: must expire
+    const t = await r.take(cs.map((c) => c.key), `r${i}`, 2000);
+    if (i % 2 === 0) assert.equal(t.keys.length, 3);
+    t.release();
+    if (i % 11 === 0) t.release(); // double release is harmless
+  };
+  for (let i = 0; i < N; i += 20) await Promise.all(Array.from({ length: 20 }, (_, j) => run(i + j)));
+  assert.equal(ok, N);
+  const deadline = Date.now() + 5000;
+  while ((r.stats().reservedBytes > 0 || r.stats().reservations > 0) && Date.now() < deadline) await new Promise((res) => setTimeout(res, 50));
+  const st = r.stats();
+  assert.deepEqual([st.reservedBytes, st.reservations, st.entries], [0, 0, 0]);
+  assert.ok(st.reservationsExpired > 0);
+  assert.ok(st.poolBytes <= (2 << 20) + 4 * 8192, 'memory stays within the buffer bound');
+});
+
+test('the notice {req_id, prefiller, num_chunks, num_tokens, ok} reaches the proxy PULL after the ack', async () => {
+  const { spec } = await receiver();
+  const proxyPort = await freePortRange(1);
+  const pull = new Pull({ linger: 0, receiveTimeout: 5000 });
+  await pull.bind(`tcp://127.0.0.1:${proxyPort}`);
+  closers.push(() => pull.close());
+  const s = sender({ proxyHost: '127.0.0.1', proxyPort, senderId: 'prefiller-0' });
+  const res = await s.send(spec('note-1'), chunks(11, [CHUNK, 3]));
+  assert.equal(res.ok, true);
+  assert.equal(res.notified, true);
+  const [msg] = await pull.receive();
+  assert.deepEqual(decodeNotice(msg!), { req_id: 'note-1', prefiller: 'prefiller-0', num_chunks: 2, num_tokens: 19, ok: true });
+  // a receiver that is down: the notice says so, and send() still answers promptly
+  const dead = await s.send({ ...spec('note-2'), receiver_init_port: 1, receiver_alloc_port: 2 }, chunks(12, [CHUNK]));
+  assert.equal(dead.ok, false);
+  const n2 = decodeNotice((await pull.receive())[0]!);
+  assert.equal(n2.req_id, 'note-2');
+  assert.equal(n2.ok, false);
+  assert.match(n2.error!, /cannot connect to receiver_init_port 127\.0\.0\.1:1/);
+});
+
+test('bad disagg_spec fields are named; a receiver cannot be asked for more than its buffer', async () => {
+  const { spec } = await receiver({ bufferBytes: 1 << 20 });
+  const s = sender();
+  const r1 = await s.send({ ...spec('x'), receiver_init_port: 70000 }, chunks(1, [CHUNK]));
+  assert.match(r1.error!, /disagg_spec\.receiver_init_port: expected a port/);
+  const r2 = await s.send({ ...spec(''), req_id: '' }, chunks(1, [CHUNK]));
+  assert.match(r2.error!, /disagg_spec\.req_id/);
+  const huge = await s.send(spec('huge'), chunks(2, Array(200).fill(CHUNK)));
+  assert.match(huge.error!, /more than the whole receiver buffer/);
+  const wrongSize = await s.send(spec('ws'), [{ key: syntheticKey(1, 0), numTokens: 4, data: syntheticChunk(layout, 5, syntheticKey(1, 0), 1) }]);
+  assert.match(wrongSize.error!, /but 4 tokens of this layout make/);
+});
+
+test('createXfer: cuda buffer device falls back to host memory with a warning; unknown backend stops start-up', async () => {
+  const port = await freePortRange(2);
+  const base = { enable_xfer: true, xfer_role: 'receiver', xfer_peer_host: '127.0.0.1', xfer_peer_init_port: port, xfer_peer_alloc_port: port + 1 };
+  const cfg = validateCacheConfig({ ...base, xfer_buffer_device: 'cuda', xfer_buffer_size: 2147483648 }).config;
+  const lines: string[] = [];
+  const orig = process.stderr.write.bind(process.stderr);
+  (process.stderr as any).write = (s: string) => (lines.push(String(s)), true);
+  let x;
+  try {
+    x = await createXfer(cfg, { layout, chunkSize: CHUNK, modelId: MODEL });
+  } finally {
+    (process.stderr as any).write = orig;
+  }
+  assert.equal(x?.role, 'receiver');
+  if (x?.role === 'receiver') {
+    closers.push(() => x.receiver.close());
+    // 2 GiB configured, nothing preallocated
+    assert.equal(x.receiver.stats().capacityBytes, 2147483648);
+    assert.equal(x.receiver.stats().poolBytes, 0);
+  }
+  assert.equal(lines.filter((l) => /xfer_buffer_device "cuda".*host memory/.test(l)).length, 1);
+  const senderCfg = validateCacheConfig({ enable_xfer: true, xfer_role: 'sender', xfer_proxy_host: '127.0.0.1', xfer_proxy_port: 7500, xfer_backends: ['rdma'] }).config;
+  await assert.rejects(createXfer(senderCfg, { layout, chunkSize: CHUNK, modelId: MODEL }), /xfer_backends": unknown backend "rdma"; supported: tcp/);
+  assert.equal(await createXfer(validateCacheConfig({}).config, { layout, chunkSize: CHUNK, modelId: MODEL }), null);
+});

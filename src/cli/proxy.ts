@@ -1,0 +1,86 @@
+// `kvc proxy`: the disaggregated-prefill proxy (spec §4.3, DESIGN §8). See docs/proxy.md.
+import type { Command } from 'commander';
+import { logger } from '../common/log.js';
+import { ProxyServer } from '../proxy/server.js';
+import { parsePort, parseTopology, TopologyError } from '../proxy/topology.js';
+
+const log = logger('proxy');
+
+function seconds(flag: string, v: string): number {
+  const n = Number(v);
+  if (!Number.isFinite(n) || n <= 0) throw new TopologyError(`${flag}: expected a number of seconds > 0, found "${v}"`);
+  return Math.round(n * 1000);
+}
+
+export function registerProxy(program: Command): void {
+  program
+    .command('proxy')
+    .description('disaggregated-prefill proxy: prefill on a prefiller (round-robin), decode and stream from a decoder')
+    .option('--host <host>', 'address to listen on', '127.0.0.1')
+    .option('--port <port>', 'HTTP port', '9100')
+    .option('--prefiller-host <hosts>', 'prefiller host(s), comma-separated', '127.0.0.1')
+    .option('--prefiller-port <ports>', 'prefiller port(s), comma-separated; one port + --num-prefillers N = N consecutive ports', '7100')
+    .option('--num-prefillers <n>', 'number of prefillers (XPYD)')
+    .option('--decoder-host <hosts>', 'decoder host(s), comma-separated', '127.0.0.1')
+    .option('--decoder-port <ports>', 'decoder port(s), comma-separated; one port + --num-decoders N = N consecutive ports', '7200')
+    .option('--num-decoders <n>', 'number of decoders')
+    .option('--decoder-init-port <ports>', "decoders' xfer receiver init port(s); one value = consecutive ports per decoder", '7300')
+    .option('--decoder-alloc-port <ports>', "decoders' xfer receiver alloc port(s); one value = consecutive ports per decoder", '7400')
+    .option('--proxy-host <host>', 'address of the xfer notify port (prefillers push transfer-done notices here)', '127.0.0.1')
+    .option('--proxy-port <port>', 'xfer notify port', '7500')
+    .option('--prefill-timeout <s>', 'seconds a prefiller may take to answer before the next one is tried', '120')
+    .option('--decode-timeout <s>', "seconds until the decoder's response starts (a non-streamed one: ends)", '300')
+    .option('--idle-timeout <s>', "longest silence in the decoder's stream, seconds", '60')
+    .option('--tokenize-timeout <s>', 'seconds for the tokenize call', '10')
+    .option('--health-interval <s>', 'seconds between backend health probes', '2')
+    .option('--stats-interval <s>', 'seconds between TTFT statistics lines', '5')
+    .action(async (o: Record<string, string>) => {
+      let server: ProxyServer;
+      try {
+        const topology = parseTopology({
+          prefillerHost: o.prefillerHost!,
+          prefillerPort: o.prefillerPort!,
+          numPrefillers: o.numPrefillers,
+          decoderHost: o.decoderHost!,
+          decoderPort: o.decoderPort!,
+          numDecoders: o.numDecoders,
+          decoderInitPort: o.decoderInitPort!,
+          decoderAllocPort: o.decoderAllocPort!,
+        });
+        server = new ProxyServer({
+          host: o.host!,
+          port: parsePort(o.port!, '--port'),
+          topology,
+          notify: { host: o.proxyHost!, port: parsePort(o.proxyPort!, '--proxy-port') },
+          timeouts: {
+            tokenizeMs: seconds('--tokenize-timeout', o.tokenizeTimeout!),
+            prefillMs: seconds('--prefill-timeout', o.prefillTimeout!),
+            decodeMs: seconds('--decode-timeout', o.decodeTimeout!),
+            idleMs: seconds('--idle-timeout', o.idleTimeout!),
+          },
+          healthIntervalMs: seconds('--health-interval', o.healthInterval!),
+          statsIntervalMs: seconds('--stats-interval', o.statsInterval!),
+        });
+        await server.start();
+        log.info(
+          `listening on http://${o.host}:${server.port}; prefillers ${server.prefillers.map((b) => b.url).join(', ')}; ` +
+            `decoders ${topology.decoders.map((d) => `http://${d.host}:${d.port} (xfer ${d.initPort}/${d.allocPort})`).join(', ')}; ` +
+            `xfer notify tcp://${o.proxyHost}:${o.proxyPort}`,
+        );
+      } catch (e) {
+        process.stderr.write(`kvc proxy: ${(e as Error).message}\n`);
+        process.exit(2);
+      }
+      let stopping = false;
+      const stop = (sig: string) => {
+        if (stopping) return;
+        stopping = true;
+        log.info(`${sig}: stopping`);
+        const t = setTimeout(() => process.exit(0), 5_000);
+        t.unref();
+        void server.stop().finally(() => process.exit(0));
+      };
+      process.on('SIGINT', () => stop('SIGINT'));
+      process.on('SIGTERM', () => stop('SIGTERM'));
+    });
+}

@@ -1,0 +1,90 @@
+// Prometheus metrics of the proxy (GET /metrics). The end-to-end TTFT is the time from the
+// client's request arriving to the first token written back to it (first content SSE event,
+// or the whole body for a non-streamed request); the prefill time is the prefiller's answer.
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+
+const latencyBuckets = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120];
+
+export class ProxyMetrics {
+  readonly registry = new Registry();
+  readonly requests = new Counter({
+    name: 'kvc_proxy_requests_total',
+    help: 'Client requests by endpoint and HTTP status',
+    labelNames: ['endpoint', 'status'] as const,
+    registers: [this.registry],
+  });
+  readonly ttft = new Histogram({
+    name: 'kvc_proxy_ttft_seconds',
+    help: 'End-to-end time to first token as the client received it',
+    labelNames: ['endpoint'] as const,
+    buckets: latencyBuckets,
+    registers: [this.registry],
+  });
+  readonly e2e = new Histogram({
+    name: 'kvc_proxy_request_duration_seconds',
+    help: 'End-to-end request duration',
+    labelNames: ['endpoint'] as const,
+    buckets: latencyBuckets,
+    registers: [this.registry],
+  });
+  readonly prefill = new Histogram({
+    name: 'kvc_proxy_prefill_seconds',
+    help: 'Prefill-node TTFT: time until the prefiller answered (KV transferred)',
+    labelNames: ['prefiller'] as const,
+    buckets: latencyBuckets,
+    registers: [this.registry],
+  });
+  readonly prefillFailures = new Counter({
+    name: 'kvc_proxy_prefill_failures_total',
+    help: 'Prefiller calls that failed (refused, 5xx, timed out) and were retried elsewhere',
+    labelNames: ['prefiller'] as const,
+    registers: [this.registry],
+  });
+  readonly decoderOnly = new Counter({
+    name: 'kvc_proxy_decoder_only_total',
+    help: 'Requests prefilled by the decoder itself because no prefiller was available',
+    registers: [this.registry],
+  });
+  readonly decoderFailures = new Counter({
+    name: 'kvc_proxy_decoder_failures_total',
+    help: 'Decoder calls that failed (answered 502 to the client)',
+    labelNames: ['decoder'] as const,
+    registers: [this.registry],
+  });
+  readonly backendUp = new Gauge({
+    name: 'kvc_proxy_backend_up',
+    help: '1 when the backend is considered healthy',
+    labelNames: ['role', 'backend'] as const,
+    registers: [this.registry],
+  });
+  readonly inFlight = new Gauge({
+    name: 'kvc_proxy_requests_in_flight',
+    help: 'Client requests being served',
+    registers: [this.registry],
+  });
+  readonly cancelled = new Counter({
+    name: 'kvc_proxy_client_disconnects_total',
+    help: 'Requests whose client disconnected before the end; upstream work was cancelled',
+    registers: [this.registry],
+  });
+  readonly notices = new Counter({
+    name: 'kvc_proxy_xfer_notices_total',
+    help: 'xfer transfer-done notices received on the notify port',
+    labelNames: ['ok'] as const,
+    registers: [this.registry],
+  });
+  readonly transferredTokens = new Counter({
+    name: 'kvc_proxy_xfer_tokens_total',
+    help: 'Prompt tokens whose KV the prefillers reported transferred',
+    registers: [this.registry],
+  });
+  readonly transferredChunks = new Counter({
+    name: 'kvc_proxy_xfer_chunks_total',
+    help: 'KV chunks the prefillers reported transferred',
+    registers: [this.registry],
+  });
+
+  constructor() {
+    collectDefaultMetrics({ register: this.registry, prefix: 'kvc_proxy_' });
+  }
+}

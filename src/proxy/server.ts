@@ -1,0 +1,169 @@
+// The proxy process: HTTP front (completions, chat, models, health, metrics), the xfer notify
+// port, the backend health loop and the 5-second TTFT statistics.
+import type { FastifyInstance } from 'fastify';
+import { createHttpServer } from '../common/http.js';
+import { upstreamFailed } from '../common/errors.js';
+import { logger } from '../common/log.js';
+import { Backend, RoundRobin } from './backend.js';
+import { Flow, type Timeouts } from './flow.js';
+import { ProxyMetrics } from './metrics.js';
+import { NotifyReceiver, type XferNotice } from './notify.js';
+import { TtftStats } from './stats.js';
+import type { DecoderEndpoint, Topology } from './topology.js';
+import { BackendFailure, PassThrough, call } from './upstream.js';
+
+const log = logger('proxy');
+
+export interface ProxyOptions {
+  host: string;
+  port: number;
+  topology: Topology;
+  /** xfer notify PULL socket; null disables it (unit tests without xfer). */
+  notify: { host: string; port: number } | null;
+  timeouts: Timeouts;
+  healthIntervalMs: number;
+  statsIntervalMs: number;
+  /** Where the statistics lines go (stdout by default). */
+  statsSink?: (line: string) => void;
+}
+
+export const DEFAULT_TIMEOUTS: Timeouts = { tokenizeMs: 10_000, prefillMs: 120_000, decodeMs: 300_000, idleMs: 60_000 };
+
+export class ProxyServer {
+  readonly app: FastifyInstance;
+  readonly metrics = new ProxyMetrics();
+  readonly prefillers: Backend[];
+  readonly decoders: Backend[];
+  readonly stats: TtftStats;
+  private notifyRx: NotifyReceiver | null = null;
+  private timers: NodeJS.Timeout[] = [];
+  private probing = new Set<Backend>();
+  private decoderEp = new Map<Backend, DecoderEndpoint>();
+  /** Recent notices by req_id, for the log line of a failed transfer. */
+  readonly notices = { ok: 0, failed: 0 };
+
+  constructor(readonly opts: ProxyOptions) {
+    this.prefillers = opts.topology.prefillers.map((e, i) => new Backend('prefiller', i, e));
+    this.decoders = opts.topology.decoders.map((e, i) => {
+      const b = new Backend('decoder', i, e);
+      this.decoderEp.set(b, e);
+      return b;
+    });
+    for (const b of [...this.prefillers, ...this.decoders]) this.metrics.backendUp.labels(b.role, b.name).set(1);
+    this.stats = new TtftStats(this.prefillers.map((p) => p.name));
+    const flow = new Flow({
+      prefillers: new RoundRobin(this.prefillers),
+      decoders: new RoundRobin(this.decoders),
+      decoderEndpoint: (b) => this.decoderEp.get(b)!,
+      metrics: this.metrics,
+      stats: this.stats,
+      timeouts: opts.timeouts,
+      onBackendDown: (b, reason) => {
+        this.metrics.backendUp.labels(b.role, b.name).set(0);
+        log.warn(`${b.name} marked down: ${reason}`);
+      },
+    });
+    this.app = createHttpServer({ name: 'proxy' });
+    this.app.post('/v1/completions', (req, reply) => flow.handle('completion', req, reply));
+    this.app.post('/v1/chat/completions', (req, reply) => flow.handle('chat', req, reply));
+    this.app.get('/v1/models', async (_req, reply) => this.models(reply));
+    this.app.get('/health', async (_req, reply) => {
+      const anyDecoder = this.decoders.some((d) => d.up);
+      const allUp = anyDecoder && this.prefillers.every((p) => p.up) && this.decoders.every((d) => d.up);
+      void reply.code(anyDecoder ? 200 : 503).send({
+        status: allUp ? 'ok' : anyDecoder ? 'degraded' : 'unavailable',
+        prefillers: this.prefillers.map((b) => b.status()),
+        decoders: this.decoders.map((b) => b.status()),
+        xfer_notices: this.notices,
+      });
+    });
+    this.app.get('/metrics', async (_req, reply) => {
+      void reply.header('content-type', this.metrics.registry.contentType).send(await this.metrics.registry.metrics());
+    });
+  }
+
+  /** The model list of the first backend that answers (decoders first: they serve the output). */
+  private async models(reply: import('fastify').FastifyReply): Promise<void> {
+    let last = 'no backend configured';
+    for (const b of [...this.decoders.filter((d) => d.up), ...this.prefillers.filter((p) => p.up)]) {
+      try {
+        const res = await call(b, { method: 'GET', path: '/v1/models', headersTimeoutMs: 5_000, bodyTimeoutMs: 5_000 });
+        void reply.header('content-type', 'application/json').send(Buffer.from(await res.body.arrayBuffer()));
+        return;
+      } catch (err) {
+        if (err instanceof PassThrough) throw upstreamFailed(`${b.name} answered ${err.status} to GET /v1/models`);
+        last = (err as Error).message;
+      }
+    }
+    throw upstreamFailed(`no backend answered GET /v1/models: ${last}`);
+  }
+
+  private onNotice(n: XferNotice): void {
+    this.metrics.notices.labels(n.ok ? 'true' : 'false').inc();
+    if (n.ok) {
+      this.notices.ok++;
+      if (n.num_tokens) this.metrics.transferredTokens.inc(n.num_tokens);
+      if (n.num_chunks) this.metrics.transferredChunks.inc(n.num_chunks);
+      log.debug(`xfer ${n.req_id}: ${n.num_chunks ?? '?'} chunks, ${n.num_tokens ?? '?'} tokens from ${n.prefiller ?? '?'}`);
+    } else {
+      this.notices.failed++;
+      log.warn(`xfer ${n.req_id} from ${n.prefiller ?? '?'} failed: ${n.error ?? 'no reason given'} (the decoder recomputes)`);
+    }
+  }
+
+  /** Probes every backend's GET /health; two failed probes in a row mark it down, one success brings it back. */
+  private probeAll(): void {
+    for (const b of [...this.prefillers, ...this.decoders]) {
+      if (this.probing.has(b)) continue;
+      this.probing.add(b);
+      const timeout = Math.max(1_000, Math.min(5_000, this.opts.healthIntervalMs * 2));
+      call(b, { method: 'GET', path: '/health', headersTimeoutMs: timeout, bodyTimeoutMs: timeout })
+        .then(async (res) => {
+          await res.body.dump();
+          if (b.markUp()) {
+            this.metrics.backendUp.labels(b.role, b.name).set(1);
+            log.info(`${b.name} is back up`);
+          }
+        })
+        .catch((err: unknown) => {
+          const reason = err instanceof BackendFailure || err instanceof PassThrough ? err.message : String(err);
+          b.probeFailures++;
+          if ((!b.up || b.probeFailures >= 2) && b.markDown(`health probe: ${reason}`)) {
+            this.metrics.backendUp.labels(b.role, b.name).set(0);
+            log.warn(`${b.name} marked down: health probe: ${reason}`);
+          }
+        })
+        .finally(() => this.probing.delete(b));
+    }
+  }
+
+  async start(): Promise<void> {
+    if (this.opts.notify) {
+      this.notifyRx = new NotifyReceiver((n) => this.onNotice(n));
+      await this.notifyRx.bind(this.opts.notify.host, this.opts.notify.port);
+    }
+    try {
+      await this.app.listen({ host: this.opts.host, port: this.opts.port });
+    } catch (e) {
+      this.notifyRx?.close();
+      throw new Error(`cannot listen on ${this.opts.host}:${this.opts.port} (--host/--port): ${(e as Error).message}`);
+    }
+    const sink = this.opts.statsSink ?? ((line: string) => log.info(line));
+    const intervalS = Math.round(this.opts.statsIntervalMs / 100) / 10;
+    this.timers.push(setInterval(() => this.stats.flush(intervalS).forEach(sink), this.opts.statsIntervalMs));
+    this.timers.push(setInterval(() => this.probeAll(), this.opts.healthIntervalMs));
+    for (const t of this.timers) t.unref();
+  }
+
+  get port(): number {
+    const a = this.app.server.address();
+    return typeof a === 'object' && a ? a.port : this.opts.port;
+  }
+
+  async stop(): Promise<void> {
+    for (const t of this.timers) clearInterval(t);
+    this.notifyRx?.close();
+    await this.app.close();
+    await Promise.all([...this.prefillers, ...this.decoders].map((b) => b.close()));
+  }
+}

@@ -1,0 +1,72 @@
+// TTFT statistics of the prefill node (spec §4.3 rule 5): the proxy records, per prefiller,
+// how long the prefiller took to answer (its answer is the first token, after the KV transfer)
+// and prints every 5 s the number of requests and the average, median and 99th percentile
+// in milliseconds. In 1P1D there is one line; in XPYD one line per prefiller.
+//
+// Each line covers the requests finished since the previous print (so it reflects current
+// load) and also gives the running total.
+
+export interface Summary {
+  count: number;
+  avg: number;
+  median: number;
+  p99: number;
+}
+
+/** Nearest-rank percentile of an ascending array (q in 0..100). */
+export function percentile(sorted: number[], q: number): number {
+  if (sorted.length === 0) return NaN;
+  const rank = Math.ceil((q / 100) * sorted.length);
+  return sorted[Math.min(sorted.length - 1, Math.max(0, rank - 1))]!;
+}
+
+export function summarize(samples: number[]): Summary {
+  if (samples.length === 0) return { count: 0, avg: NaN, median: NaN, p99: NaN };
+  const s = [...samples].sort((a, b) => a - b);
+  const avg = s.reduce((a, b) => a + b, 0) / s.length;
+  const mid = s.length >> 1;
+  const median = s.length % 2 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2;
+  return { count: s.length, avg, median, p99: percentile(s, 99) };
+}
+
+const ms = (v: number) => (Number.isNaN(v) ? '-' : v.toFixed(1));
+
+export class TtftStats {
+  private window = new Map<string, number[]>();
+  private totals = new Map<string, number>();
+
+  /** `node` names the prefill node ("decoder-only" when no prefiller was left). */
+  constructor(readonly nodes: string[]) {
+    for (const n of nodes) {
+      this.window.set(n, []);
+      this.totals.set(n, 0);
+    }
+  }
+
+  record(node: string, ttftMs: number): void {
+    if (!this.window.has(node)) {
+      this.window.set(node, []);
+      this.totals.set(node, 0);
+    }
+    this.window.get(node)!.push(ttftMs);
+    this.totals.set(node, this.totals.get(node)! + 1);
+  }
+
+  /** The stats lines for the interval since the last call; empties the window. */
+  flush(intervalS: number): string[] {
+    const lines: string[] = [];
+    for (const [node, samples] of this.window) {
+      const s = summarize(samples);
+      lines.push(formatStatsLine(node, s, this.totals.get(node)!, intervalS));
+      samples.length = 0;
+    }
+    return lines;
+  }
+}
+
+export function formatStatsLine(node: string, s: Summary, total: number, intervalS: number): string {
+  return (
+    `TTFT ${node}: ${s.count} requests in last ${intervalS}s (total ${total}), ` +
+    `avg ${ms(s.avg)} ms, median ${ms(s.median)} ms, p99 ${ms(s.p99)} ms`
+  );
+}

@@ -1,0 +1,131 @@
+// Turns the proxy's comma-list flags into concrete backend addresses.
+//
+// The flags follow the pairing rules of issue 6 so that the same command line works for
+// one machine and for many:
+//   one host  + one port   + --num N  → N consecutive ports on that host (7100, 7101, …)
+//   one host  + many ports            → that host with each port
+//   many hosts + one port             → each host with that same port
+//   many hosts + many ports (same count) → paired one to one
+// A count given with --num-* must agree with the lists; anything else is an error that
+// names the flags, because a silently wrong topology sends KV to the wrong decoder.
+
+export class TopologyError extends Error {
+  override name = 'TopologyError';
+}
+
+export interface Endpoint {
+  host: string;
+  port: number;
+}
+
+export interface DecoderEndpoint extends Endpoint {
+  /** xfer receiver ports on the decoder's host (DESIGN §6). */
+  initPort: number;
+  allocPort: number;
+}
+
+export function splitList(value: string, flag: string): string[] {
+  const items = value.split(',').map((s) => s.trim());
+  if (items.some((s) => s === '')) throw new TopologyError(`${flag}: empty item in "${value}"`);
+  return items;
+}
+
+export function parsePort(s: string, flag: string): number {
+  if (!/^\d+$/.test(s)) throw new TopologyError(`${flag}: "${s}" is not a port number`);
+  const p = Number(s);
+  if (p < 1 || p > 65535) throw new TopologyError(`${flag}: port ${p} is outside 1..65535`);
+  return p;
+}
+
+function parseCount(n: string | number | undefined, flag: string): number | undefined {
+  if (n === undefined) return undefined;
+  const v = typeof n === 'number' ? n : Number(n);
+  if (!Number.isInteger(v) || v < 1 || v > 1024) throw new TopologyError(`${flag}: expected an integer 1..1024, found "${n}"`);
+  return v;
+}
+
+/**
+ * Pairs hosts with ports. `ports` is a list of numbers: a single port plus a count expands
+ * to consecutive ports; a single port with many hosts is shared.
+ */
+export function pairEndpoints(
+  hostsArg: string,
+  portsArg: string,
+  countArg: string | number | undefined,
+  flags: { host: string; port: string; num: string },
+): Endpoint[] {
+  const hosts = splitList(hostsArg, flags.host);
+  const ports = splitList(portsArg, flags.port).map((p) => parsePort(p, flags.port));
+  const count = parseCount(countArg, flags.num);
+  let out: Endpoint[];
+  if (hosts.length === 1 && ports.length === 1) {
+    const n = count ?? 1;
+    if (ports[0]! + n - 1 > 65535) throw new TopologyError(`${flags.port}: ${n} consecutive ports from ${ports[0]} exceed 65535`);
+    out = Array.from({ length: n }, (_, i) => ({ host: hosts[0]!, port: ports[0]! + i }));
+  } else if (hosts.length === 1) {
+    out = ports.map((port) => ({ host: hosts[0]!, port }));
+  } else if (ports.length === 1) {
+    out = hosts.map((host) => ({ host, port: ports[0]! }));
+  } else if (hosts.length === ports.length) {
+    out = hosts.map((host, i) => ({ host, port: ports[i]! }));
+  } else {
+    throw new TopologyError(
+      `${flags.host} lists ${hosts.length} hosts and ${flags.port} lists ${ports.length} ports; ` +
+        `give one host, one port, or the same number of each`,
+    );
+  }
+  if (count !== undefined && count !== out.length) {
+    throw new TopologyError(`${flags.num} is ${count} but ${flags.host}/${flags.port} describe ${out.length} backends`);
+  }
+  const seen = new Set<string>();
+  for (const e of out) {
+    const k = `${e.host}:${e.port}`;
+    if (seen.has(k)) throw new TopologyError(`${flags.host}/${flags.port}: ${k} is listed twice`);
+    seen.add(k);
+  }
+  return out;
+}
+
+/** One port per decoder: a single value expands to consecutive ports, a list must match. */
+function perDecoderPorts(arg: string, n: number, flag: string): number[] {
+  const ports = splitList(arg, flag).map((p) => parsePort(p, flag));
+  if (ports.length === 1) return Array.from({ length: n }, (_, i) => ports[0]! + i);
+  if (ports.length !== n) throw new TopologyError(`${flag} lists ${ports.length} ports for ${n} decoders`);
+  return ports;
+}
+
+export interface TopologyArgs {
+  prefillerHost: string;
+  prefillerPort: string;
+  numPrefillers?: string | number;
+  decoderHost: string;
+  decoderPort: string;
+  numDecoders?: string | number;
+  decoderInitPort: string;
+  decoderAllocPort: string;
+}
+
+export interface Topology {
+  prefillers: Endpoint[];
+  decoders: DecoderEndpoint[];
+}
+
+export function parseTopology(a: TopologyArgs): Topology {
+  const prefillers = pairEndpoints(a.prefillerHost, a.prefillerPort, a.numPrefillers, {
+    host: '--prefiller-host',
+    port: '--prefiller-port',
+    num: '--num-prefillers',
+  });
+  const dec = pairEndpoints(a.decoderHost, a.decoderPort, a.numDecoders, {
+    host: '--decoder-host',
+    port: '--decoder-port',
+    num: '--num-decoders',
+  });
+  const init = perDecoderPorts(a.decoderInitPort, dec.length, '--decoder-init-port');
+  const alloc = perDecoderPorts(a.decoderAllocPort, dec.length, '--decoder-alloc-port');
+  const decoders = dec.map((d, i) => ({ ...d, initPort: init[i]!, allocPort: alloc[i]! }));
+  for (const d of decoders) {
+    if (d.initPort === d.allocPort) throw new TopologyError(`decoder ${d.host}:${d.port}: init and alloc port are both ${d.initPort}`);
+  }
+  return { prefillers, decoders };
+}

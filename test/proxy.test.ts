@@ -1,0 +1,342 @@
+// Proxy unit tests against in-test upstreams (bench/_proxy-stub.ts): topology flags, routing
+// and the request rewrite, round-robin, prefiller failover (error, refused, timeout) and
+// recovery, all-prefillers-down fallback, decoder failure → 502, client disconnect, the
+// notify port, metrics and the statistics lines.
+import { test, before, after, describe } from 'node:test';
+import assert from 'node:assert/strict';
+import { Push } from 'zeromq';
+import { encode } from '@msgpack/msgpack';
+import { freePortRange } from '../src/common/ports.js';
+import { ProxyServer } from '../src/proxy/server.js';
+import { parseTopology, pairEndpoints, TopologyError } from '../src/proxy/topology.js';
+import { formatStatsLine, percentile, summarize, TtftStats } from '../src/proxy/stats.js';
+import { startStubEngine, stubWords, type StubEngine } from '../bench/_proxy-stub.js';
+
+describe('topology flags', () => {
+  const f = { host: '--h', port: '--p', num: '--n' };
+  test('one host + one port + count → consecutive ports', () => {
+    assert.deepEqual(pairEndpoints('a', '7100', '3', f).map((e) => `${e.host}:${e.port}`), ['a:7100', 'a:7101', 'a:7102']);
+  });
+  test('one host, many ports; many hosts, one port; one to one', () => {
+    assert.deepEqual(pairEndpoints('a', '1,5', undefined, f).map((e) => `${e.host}:${e.port}`), ['a:1', 'a:5']);
+    assert.deepEqual(pairEndpoints('a,b', '9', undefined, f).map((e) => `${e.host}:${e.port}`), ['a:9', 'b:9']);
+    assert.deepEqual(pairEndpoints('a,b', '1,2', 2, f).map((e) => `${e.host}:${e.port}`), ['a:1', 'b:2']);
+  });
+  test('mismatches are errors naming the flags', () => {
+    assert.throws(() => pairEndpoints('a,b', '1,2,3', undefined, f), /--h lists 2 hosts and --p lists 3 ports/);
+    assert.throws(() => pairEndpoints('a', '1,2', 3, f), /--n is 3 but/);
+    assert.throws(() => pairEndpoints('a', 'x', undefined, f), TopologyError);
+    assert.throws(() => pairEndpoints('a', '70000', undefined, f), /outside 1..65535/);
+    assert.throws(() => pairEndpoints('a,a', '1', undefined, f), /listed twice/);
+    assert.throws(() => pairEndpoints('a', '1', '0', f), /--n: expected an integer/);
+  });
+  test('decoder init/alloc ports: one value expands per decoder, a list must match', () => {
+    const t = parseTopology({
+      prefillerHost: '127.0.0.1', prefillerPort: '7100', numPrefillers: 2,
+      decoderHost: '127.0.0.1', decoderPort: '7200', numDecoders: 2,
+      decoderInitPort: '7300', decoderAllocPort: '7400,7410',
+    });
+    assert.equal(t.prefillers.length, 2);
+    assert.deepEqual(t.decoders.map((d) => [d.port, d.initPort, d.allocPort]), [[7200, 7300, 7400], [7201, 7301, 7410]]);
+    assert.throws(
+      () => parseTopology({ prefillerHost: 'a', prefillerPort: '1', decoderHost: 'a', decoderPort: '2', numDecoders: 2, decoderInitPort: '1,2,3', decoderAllocPort: '5' }),
+      /--decoder-init-port lists 3 ports for 2 decoders/,
+    );
+  });
+});
+
+describe('TTFT statistics', () => {
+  test('percentile, median, average', () => {
+    const s = summarize([5, 1, 3, 2, 4]);
+    assert.deepEqual(s, { count: 5, avg: 3, median: 3, p99: 5 });
+    assert.equal(summarize([1, 2, 3, 4]).median, 2.5);
+    const hundred = Array.from({ length: 100 }, (_, i) => i + 1);
+    assert.equal(percentile(hundred, 99), 99);
+    assert.equal(percentile(hundred, 50), 50);
+    assert.equal(summarize([]).count, 0);
+  });
+  test('one line per prefiller with count, avg, median, p99 in ms; window resets', () => {
+    const st = new TtftStats(['prefiller-0', 'prefiller-1']);
+    st.record('prefiller-0', 10);
+    st.record('prefiller-0', 30);
+    st.record('prefiller-1', 7.25);
+    const lines = st.flush(5);
+    assert.deepEqual(lines, [
+      'TTFT prefiller-0: 2 requests in last 5s (total 2), avg 20.0 ms, median 20.0 ms, p99 30.0 ms',
+      'TTFT prefiller-1: 1 requests in last 5s (total 1), avg 7.3 ms, median 7.3 ms, p99 7.3 ms',
+    ]);
+    assert.match(st.flush(5)[0]!, /0 requests in last 5s \(total 2\), avg - ms, median - ms, p99 - ms/);
+    assert.equal(formatStatsLine('x', summarize([1]), 1, 5), 'TTFT x: 1 requests in last 5s (total 1), avg 1.0 ms, median 1.0 ms, p99 1.0 ms');
+  });
+});
+
+describe('proxy against stub engines', () => {
+  let P: StubEngine[] = [];
+  let D: StubEngine[] = [];
+  let proxy: ProxyServer;
+  let base = '';
+  let notifyPort = 0;
+  const statsLines: string[] = [];
+
+  const post = async (path: string, body: unknown, signal?: AbortSignal) => {
+    const r = await fetch(base + path, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: signal ?? AbortSignal.timeout(10_000) });
+    return { status: r.status, text: await r.text(), type: r.headers.get('content-type') ?? '' };
+  };
+  const completions = (stub: StubEngine) => stub.requests.filter((r) => r.path !== '/tokenize');
+  const reset = () => {
+    for (const s of [...P, ...D]) {
+      s.requests.length = 0;
+      s.mode = 'ok';
+      s.delayMs = 0;
+    }
+  };
+  const waitUntil = async (cond: () => boolean | Promise<boolean>, ms: number, what: string) => {
+    const end = Date.now() + ms;
+    while (Date.now() < end) {
+      if (await cond()) return;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    assert.fail(`timed out after ${ms} ms waiting for ${what}`);
+  };
+
+  before(async () => {
+    P = [await startStubEngine('p0'), await startStubEngine('p1')];
+    D = [await startStubEngine('d0'), await startStubEngine('d1')];
+    const ports = await freePortRange(2);
+    notifyPort = ports + 1;
+    proxy = new ProxyServer({
+      host: '127.0.0.1',
+      port: ports,
+      topology: {
+        prefillers: P.map((s) => ({ host: '127.0.0.1', port: s.port })),
+        decoders: D.map((s, i) => ({ host: '127.0.0.1', port: s.port, initPort: 7300 + i, allocPort: 7400 + i })),
+      },
+      notify: { host: '127.0.0.1', port: notifyPort },
+      timeouts: { tokenizeMs: 2_000, prefillMs: 800, decodeMs: 2_000, idleMs: 2_000 },
+      healthIntervalMs: 150,
+      statsIntervalMs: 300,
+      statsSink: (l) => statsLines.push(l),
+    });
+    await proxy.start();
+    base = `http://127.0.0.1:${proxy.port}`;
+  });
+  after(async () => {
+    await proxy?.stop();
+    for (const s of [...P, ...D]) await s.close().catch(() => undefined);
+  });
+
+  test('non-streamed completion: prefiller gets max_tokens=1/stream=false/disagg_spec, decoder the original request', async () => {
+    reset();
+    const r = await post('/v1/completions', { model: 'stub', prompt: 'hello there world', max_tokens: 5, stream_options: { include_usage: true }, kv_transfer_params: { evil: true } });
+    assert.equal(r.status, 200, r.text);
+    const j = JSON.parse(r.text);
+    assert.equal(j.choices[0].text, stubWords('hello there world', 5).join(''));
+    assert.equal(j.usage.completion_tokens, 5);
+    const all = [...P, ...D];
+    const pre = all.flatMap((s) => completions(s).filter((q) => q.body.max_tokens === 1).map((q) => ({ s, q })));
+    assert.equal(pre.length, 1);
+    const pb = pre[0]!.q.body;
+    assert.equal(pb.stream, false);
+    assert.equal(pb.stream_options, undefined);
+    const spec = (pb.kv_transfer_params as any).disagg_spec;
+    assert.match(spec.req_id, /^kvc-/);
+    assert.equal(spec.receiver_host, '127.0.0.1');
+    const dec = D.find((d) => completions(d).length === 1)!;
+    assert.ok(dec, 'one decoder got the request');
+    const di = D.indexOf(dec);
+    assert.equal(spec.receiver_init_port, 7300 + di);
+    assert.equal(spec.receiver_alloc_port, 7400 + di);
+    const db = completions(dec)[0]!.body;
+    assert.equal(db.max_tokens, 5);
+    assert.deepEqual((db.kv_transfer_params as any).disagg_spec, spec, 'decoder gets the same disagg_spec');
+    assert.equal((db.kv_transfer_params as any).evil, undefined, "client's kv_transfer_params are dropped");
+    assert.equal(dec.requests.filter((q) => q.path === '/tokenize').length, 1, 'tokenized on the decoder');
+  });
+
+  test('streamed completion and chat relay the SSE unchanged', async () => {
+    reset();
+    const r = await post('/v1/completions', { model: 'stub', prompt: 'abc', max_tokens: 3, stream: true });
+    assert.equal(r.status, 200);
+    assert.match(r.type, /text\/event-stream/);
+    const events = r.text.split('\n\n').filter(Boolean);
+    assert.equal(events.at(-1), 'data: [DONE]');
+    const text = events.slice(0, 3).map((e) => JSON.parse(e.slice(6)).choices[0].text).join('');
+    assert.equal(text, stubWords('abc', 3).join(''));
+    const msgs = [{ role: 'user', content: 'hi' }];
+    const c = await post('/v1/chat/completions', { model: 'stub', messages: msgs, max_tokens: 2, stream: true });
+    assert.equal(c.status, 200);
+    const ev = c.text.split('\n\n').filter(Boolean);
+    assert.equal(ev.at(-1), 'data: [DONE]');
+    assert.equal(JSON.parse(ev[0]!.slice(6)).object, 'chat.completion.chunk');
+    const nc = await post('/v1/chat/completions', { model: 'stub', messages: msgs, max_tokens: 2 });
+    assert.equal(JSON.parse(nc.text).choices[0].message.content, stubWords(JSON.stringify(msgs), 2).join(''));
+  });
+
+  test('round-robin over prefillers and decoders', async () => {
+    reset();
+    for (let i = 0; i < 4; i++) assert.equal((await post('/v1/completions', { prompt: `p ${i}`, max_tokens: 2 })).status, 200);
+    assert.deepEqual(P.map((p) => completions(p).length), [2, 2]);
+    assert.deepEqual(D.map((d) => completions(d).length), [2, 2]);
+    // Consecutive requests alternate.
+    const firstP = completions(P[0]!).map((q) => q.body.prompt);
+    assert.ok(firstP[0] === 'p 0' ? firstP[1] === 'p 2' : firstP[0] === 'p 1' && firstP[1] === 'p 3', `p0 got ${firstP}`);
+  });
+
+  test('a failing prefiller is skipped, marked down and probed back', async () => {
+    reset();
+    P[0]!.mode = 'error';
+    for (let i = 0; i < 4; i++) assert.equal((await post('/v1/completions', { prompt: `f ${i}`, max_tokens: 2 })).status, 200);
+    const h = await (await fetch(base + '/health')).json() as any;
+    assert.equal(h.prefillers[0].up, false);
+    assert.equal(h.status, 'degraded');
+    assert.match(h.prefillers[0].last_error, /HTTP 500/);
+    assert.equal(P[1]!.requests.length, 4, 'every request prefilled on the healthy one');
+    P[0]!.mode = 'ok';
+    await waitUntil(() => proxy.prefillers[0]!.up, 3_000, 'prefiller-0 back up');
+    P[0]!.requests.length = 0;
+    for (let i = 0; i < 2; i++) assert.equal((await post('/v1/completions', { prompt: `g ${i}`, max_tokens: 2 })).status, 200);
+    assert.equal(completions(P[0]!).length, 1, 'recovered prefiller used again');
+  });
+
+  test('a prefiller that hangs times out and the next one serves', async () => {
+    reset();
+    P[0]!.mode = 'hang';
+    P[1]!.mode = 'ok';
+    const t = Date.now();
+    const rs = await Promise.all([0, 1].map((i) => post('/v1/completions', { prompt: `h ${i}`, max_tokens: 2 })));
+    assert.deepEqual(rs.map((r) => r.status), [200, 200]);
+    assert.ok(Date.now() - t < 5_000);
+    const m = await (await fetch(base + '/metrics')).text();
+    assert.match(m, /kvc_proxy_prefill_failures_total\{prefiller="prefiller-0\([^)]*\)"\} [1-9]/);
+    P[0]!.mode = 'ok';
+    await waitUntil(() => proxy.prefillers[0]!.up, 3_000, 'prefiller-0 back up');
+  });
+
+  test('no prefiller left: the decoder prefills alone and the request succeeds', async () => {
+    reset();
+    P[0]!.mode = 'error';
+    P[1]!.mode = 'error';
+    const r = await post('/v1/completions', { prompt: 'alone', max_tokens: 3 });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(JSON.parse(r.text).choices[0].text, stubWords('alone', 3).join(''));
+    const dreq = D.flatMap(completions);
+    assert.equal(dreq.length, 1);
+    assert.equal(dreq[0]!.body.kv_transfer_params, undefined, 'no transfer announced to the decoder');
+    const m = await (await fetch(base + '/metrics')).text();
+    assert.match(m, /kvc_proxy_decoder_only_total [1-9]/);
+    P[0]!.mode = 'ok';
+    P[1]!.mode = 'ok';
+    await waitUntil(() => proxy.prefillers.every((p) => p.up), 3_000, 'prefillers back up');
+  });
+
+  test('a failed decoder gives a 502 JSON error', async () => {
+    reset();
+    D[0]!.mode = 'error';
+    D[1]!.mode = 'error';
+    const r = await post('/v1/completions', { prompt: 'x', max_tokens: 2 });
+    assert.equal(r.status, 502);
+    const j = JSON.parse(r.text);
+    assert.equal(j.error.type, 'upstream_error');
+    assert.match(j.error.message, /decoder-\d.*HTTP 500/);
+    const s = await post('/v1/completions', { prompt: 'x', max_tokens: 2, stream: true });
+    assert.equal(s.status, 502);
+    assert.match(s.type, /application\/json/);
+    D[0]!.mode = 'ok';
+    D[1]!.mode = 'ok';
+    await waitUntil(() => proxy.decoders.every((d) => d.up), 3_000, 'decoders back up');
+  });
+
+  test('a closed decoder port (refused) is skipped at tokenize time', async () => {
+    reset();
+    const spare = await startStubEngine('spare');
+    const port = spare.port;
+    await spare.close();
+    const lone = new ProxyServer({
+      host: '127.0.0.1', port: 0,
+      topology: { prefillers: [{ host: '127.0.0.1', port: P[0]!.port }], decoders: [{ host: '127.0.0.1', port, initPort: 1, allocPort: 2 }] },
+      notify: null, timeouts: { tokenizeMs: 1_000, prefillMs: 1_000, decodeMs: 1_000, idleMs: 1_000 }, healthIntervalMs: 10_000, statsIntervalMs: 10_000,
+    });
+    await lone.start();
+    try {
+      const r = await fetch(`http://127.0.0.1:${lone.port}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: 'x' }) });
+      assert.equal(r.status, 502);
+      const j = await r.json() as any;
+      assert.match(j.error.message, /no decoder answered.*ECONNREFUSED/);
+      const h = await fetch(`http://127.0.0.1:${lone.port}/health`);
+      assert.equal(h.status, 503);
+    } finally {
+      await lone.stop();
+    }
+  });
+
+  test('bad requests are 400 naming the field; upstream 4xx pass through', async () => {
+    reset();
+    let r = await post('/v1/completions', { max_tokens: 2 });
+    assert.equal(r.status, 400);
+    assert.match(JSON.parse(r.text).error.message, /`prompt`/);
+    r = await post('/v1/chat/completions', { messages: 'hi' });
+    assert.equal(r.status, 400);
+    assert.match(JSON.parse(r.text).error.message, /`messages`/);
+    r = await post('/v1/completions', { prompt: 'a', stream: 'yes' });
+    assert.match(JSON.parse(r.text).error.message, /`stream`/);
+    const raw = await fetch(base + '/v1/completions', { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"prompt": ' });
+    assert.equal(raw.status, 400);
+    assert.equal((await fetch(base + '/nope')).status, 404);
+    const long = Array.from({ length: 3000 }, () => 'w').join(' ');
+    r = await post('/v1/completions', { prompt: long });
+    assert.equal(r.status, 400);
+    assert.match(JSON.parse(r.text).error.message, /3000 tokens exceed the model's context of 2048/);
+    assert.equal(P.flatMap(completions).length, 0, 'nothing reached a prefiller');
+    // The engine's own 400 (here from the prefiller) reaches the client unchanged.
+    r = await post('/v1/completions', { prompt: 'a', max_tokens: -1 });
+    assert.equal(r.status, 400);
+    assert.match(JSON.parse(r.text).error.message, /`max_tokens`/);
+    r = await post('/v1/completions', { prompt: 'a', temperature: -1 });
+    assert.equal(r.status, 400);
+    assert.match(JSON.parse(r.text).error.message, /`temperature`: expected a number >= 0/);
+    assert.equal(D.flatMap(completions).length, 0, 'the decoder was not asked');
+  });
+
+  test('a client that disconnects cancels the upstream call', async () => {
+    reset();
+    for (const p of P) p.aborted = 0;
+    P[0]!.delayMs = 600;
+    P[1]!.delayMs = 600;
+    const ac = new AbortController();
+    const pending = post('/v1/completions', { prompt: 'bye', max_tokens: 2 }, ac.signal).catch((e) => e);
+    await waitUntil(() => P.some((p) => completions(p).length > 0), 2_000, 'prefill started');
+    ac.abort();
+    await pending;
+    await waitUntil(() => P[0]!.aborted + P[1]!.aborted === 1, 2_000, 'prefiller saw the cancel');
+    await new Promise((r) => setTimeout(r, 800));
+    assert.equal(D.flatMap(completions).length, 0, 'decoder never called');
+    const m = await (await fetch(base + '/metrics')).text();
+    assert.match(m, /kvc_proxy_client_disconnects_total [1-9]/);
+  });
+
+  test('models, health, metrics with end-to-end TTFT, stats lines, xfer notices', async () => {
+    reset();
+    const models = await (await fetch(base + '/v1/models')).json() as any;
+    assert.equal(models.data[0].id, 'stub');
+    const h = await fetch(base + '/health');
+    assert.equal(h.status, 200);
+    const hj = await h.json() as any;
+    assert.equal(hj.prefillers.length, 2);
+    assert.equal(hj.decoders.length, 2);
+    const push = new Push();
+    push.connect(`tcp://127.0.0.1:${notifyPort}`);
+    await push.send(encode({ req_id: 'kvc-x', prefiller: 'p0', num_chunks: 2, num_tokens: 300, ok: true }));
+    await push.send(encode({ req_id: 'kvc-y', prefiller: 'p0', num_chunks: 0, num_tokens: 0, ok: false, error: 'buffer full' }));
+    await push.send(Buffer.from('not msgpack at all \xff'));
+    await waitUntil(() => proxy.notices.ok === 1 && proxy.notices.failed === 1, 3_000, 'notices received');
+    push.close();
+    const m = await (await fetch(base + '/metrics')).text();
+    assert.match(m, /kvc_proxy_ttft_seconds_count\{endpoint="\/v1\/completions"\} [1-9]/);
+    assert.match(m, /kvc_proxy_xfer_tokens_total 300/);
+    assert.match(m, /kvc_proxy_backend_up\{role="prefiller",backend="prefiller-0/);
+    statsLines.length = 0;
+    await post('/v1/completions', { prompt: 'stats', max_tokens: 1 });
+    await waitUntil(() => statsLines.some((l) => /requests in last 0.3s/.test(l) && / 1 requests/.test(l)), 3_000, 'stats line');
+    assert.ok(statsLines.some((l) => /^TTFT prefiller-\d\(127\.0\.0\.1:\d+\): 1 requests in last 0\.3s \(total \d+\), avg [\d.]+ ms, median [\d.]+ ms, p99 [\d.]+ ms$/.test(l)), statsLines.join('\n'));
+  });
+});

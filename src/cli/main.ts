@@ -3,6 +3,8 @@
 // registered here, so `kvc --help` lists everything the stack can run.
 import { Command } from 'commander';
 import { registerKeys } from './keys.js';
+import { registerController } from './controller.js';
+import { registerProxy } from './proxy.js';
 
 const program = new Command();
 program
@@ -12,6 +14,8 @@ program
   .showHelpAfterError();
 
 registerKeys(program);
+registerController(program);
+registerProxy(program);
 
 program.parseAsync(process.argv).catch((err: unknown) => {
   process.stderr.write(`kvc: ${err instanceof Error ? err.message : String(err)}\n`);

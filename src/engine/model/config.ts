@@ -1,0 +1,124 @@
+// Model configuration: the subset of a Hugging Face LlamaForCausalLM `config.json` that the
+// CPU engine needs, parsed and validated up front so that a bad checkpoint fails at load time
+// with a message naming the file and the key, never mid-request.
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+
+export interface ModelConfig {
+  vocabSize: number;
+  dim: number;
+  numLayers: number;
+  numHeads: number;
+  numKvHeads: number;
+  headDim: number;
+  hiddenDim: number;
+  ropeTheta: number;
+  normEps: number;
+  maxPositionEmbeddings: number;
+  tieWordEmbeddings: boolean;
+  bosTokenId: number | null;
+  /** All ids that end generation (HF allows a list). The first is the canonical one. */
+  eosTokenIds: number[];
+  eosTokenId: number | null;
+}
+
+export class ModelConfigError extends Error {
+  override name = 'ModelConfigError';
+}
+
+type Json = Record<string, unknown>;
+
+function need(raw: Json, file: string, key: string): unknown {
+  if (!(key in raw) || raw[key] === null || raw[key] === undefined) throw new ModelConfigError(`${file}: missing required key "${key}"`);
+  return raw[key];
+}
+
+function posInt(v: unknown, file: string, key: string): number {
+  if (typeof v !== 'number' || !Number.isInteger(v) || v <= 0) throw new ModelConfigError(`${file}: "${key}" must be a positive integer, got ${JSON.stringify(v)}`);
+  return v;
+}
+
+function posNum(v: unknown, file: string, key: string): number {
+  if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) throw new ModelConfigError(`${file}: "${key}" must be a positive number, got ${JSON.stringify(v)}`);
+  return v;
+}
+
+function tokenId(v: unknown, file: string, key: string, vocab: number): number {
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < 0 || v >= vocab) {
+    throw new ModelConfigError(`${file}: "${key}" must be a token id in [0, ${vocab}), got ${JSON.stringify(v)}`);
+  }
+  return v;
+}
+
+/** Validates an already-parsed config.json object. `file` is only used in error messages. */
+export function parseModelConfig(raw: unknown, file = 'config.json'): ModelConfig {
+  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw new ModelConfigError(`${file}: expected a JSON object`);
+  const r = raw as Json;
+  const archs = r.architectures;
+  if (archs !== undefined && (!Array.isArray(archs) || !archs.some((a) => typeof a === 'string' && /Llama|Mistral|Qwen2ForCausalLM/.test(a)))) {
+    throw new ModelConfigError(`${file}: "architectures" is ${JSON.stringify(archs)}; this engine computes the Llama architecture (LlamaForCausalLM)`);
+  }
+  if (r.model_type !== undefined && r.model_type !== 'llama' && r.model_type !== 'mistral') {
+    throw new ModelConfigError(`${file}: "model_type" is ${JSON.stringify(r.model_type)}; only "llama" is supported`);
+  }
+  const vocabSize = posInt(need(r, file, 'vocab_size'), file, 'vocab_size');
+  const dim = posInt(need(r, file, 'hidden_size'), file, 'hidden_size');
+  const hiddenDim = posInt(need(r, file, 'intermediate_size'), file, 'intermediate_size');
+  const numLayers = posInt(need(r, file, 'num_hidden_layers'), file, 'num_hidden_layers');
+  const numHeads = posInt(need(r, file, 'num_attention_heads'), file, 'num_attention_heads');
+  const numKvHeads = r.num_key_value_heads === undefined || r.num_key_value_heads === null ? numHeads : posInt(r.num_key_value_heads, file, 'num_key_value_heads');
+  if (numHeads % numKvHeads !== 0) throw new ModelConfigError(`${file}: "num_attention_heads" (${numHeads}) must be a multiple of "num_key_value_heads" (${numKvHeads})`);
+  let headDim: number;
+  if (r.head_dim === undefined || r.head_dim === null) {
+    if (dim % numHeads !== 0) throw new ModelConfigError(`${file}: "hidden_size" (${dim}) is not divisible by "num_attention_heads" (${numHeads}) and no "head_dim" is given`);
+    headDim = dim / numHeads;
+  } else headDim = posInt(r.head_dim, file, 'head_dim');
+  if (headDim % 2 !== 0) throw new ModelConfigError(`${file}: "head_dim" must be even for rotary embeddings, got ${headDim}`);
+  const ropeTheta = r.rope_theta === undefined ? 10000 : posNum(r.rope_theta, file, 'rope_theta');
+  if (r.rope_scaling !== undefined && r.rope_scaling !== null) {
+    throw new ModelConfigError(`${file}: "rope_scaling" is not supported by this engine (got ${JSON.stringify(r.rope_scaling)})`);
+  }
+  const normEps = r.rms_norm_eps === undefined ? 1e-6 : posNum(r.rms_norm_eps, file, 'rms_norm_eps');
+  const maxPositionEmbeddings = r.max_position_embeddings === undefined ? 2048 : posInt(r.max_position_embeddings, file, 'max_position_embeddings');
+  const tie = r.tie_word_embeddings === undefined ? false : r.tie_word_embeddings;
+  if (typeof tie !== 'boolean') throw new ModelConfigError(`${file}: "tie_word_embeddings" must be a boolean, got ${JSON.stringify(tie)}`);
+  if (r.hidden_act !== undefined && r.hidden_act !== 'silu') throw new ModelConfigError(`${file}: "hidden_act" must be "silu", got ${JSON.stringify(r.hidden_act)}`);
+  const bosTokenId = r.bos_token_id === undefined || r.bos_token_id === null ? null : tokenId(r.bos_token_id, file, 'bos_token_id', vocabSize);
+  let eosTokenIds: number[] = [];
+  if (Array.isArray(r.eos_token_id)) eosTokenIds = r.eos_token_id.map((v, i) => tokenId(v, file, `eos_token_id[${i}]`, vocabSize));
+  else if (r.eos_token_id !== undefined && r.eos_token_id !== null) eosTokenIds = [tokenId(r.eos_token_id, file, 'eos_token_id', vocabSize)];
+  return {
+    vocabSize,
+    dim,
+    numLayers,
+    numHeads,
+    numKvHeads,
+    headDim,
+    hiddenDim,
+    ropeTheta,
+    normEps,
+    maxPositionEmbeddings,
+    tieWordEmbeddings: tie,
+    bosTokenId,
+    eosTokenIds,
+    eosTokenId: eosTokenIds[0] ?? null,
+  };
+}
+
+/** Reads and validates `<dir>/config.json`. */
+export async function loadModelConfig(dir: string): Promise<ModelConfig> {
+  const file = join(dir, 'config.json');
+  let text: string;
+  try {
+    text = await readFile(file, 'utf8');
+  } catch (e) {
+    throw new ModelConfigError(`${file}: cannot read model config (${(e as Error).message})`);
+  }
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch (e) {
+    throw new ModelConfigError(`${file}: not valid JSON (${(e as Error).message})`);
+  }
+  return parseModelConfig(raw, file);
+}

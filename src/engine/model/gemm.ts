@@ -1,0 +1,228 @@
+// Matrix multiply for the model's linear layers: out[m][n] = sum_k a[m][k] * W[n][k], W in the
+// Hugging Face [out][in] layout, pre-transposed once at load to Wt [k][nPad].
+//
+// Determinism contract (shared by both implementations, and tested bitwise):
+//   every output element is a single f32 accumulator, starting at 0, updated as
+//   acc = f32(acc + f32(a[m][k] * Wt[k][n])) for k ascending.
+// Nothing depends on M, on the row's position in the batch or on how columns are split, so a
+// row's result is the same alone or in any batch (batch invariance), and the WASM SIMD kernel
+// (vectorised over n, separate mul and add, no FMA) equals the plain-JS reference bit for bit.
+// (JS evaluates in f64; rounding the product and the sum to f32 each step gives exactly the f32
+// results, since f64 has more than 2*24+2 bits.)
+import { createRequire } from 'node:module';
+import { gemmWat, STRIP } from './gemm_wat.js';
+
+export interface Weight {
+  /** Input features (K) and output features (N) of the layer. */
+  readonly k: number;
+  readonly n: number;
+  /** N padded to the kernel's strip width; Wt rows have this stride. */
+  readonly nPad: number;
+  /** Byte offset of Wt in WASM memory (wasm kernel) … */
+  readonly ptr: number;
+  /** … or the Wt array itself (JS kernel). */
+  readonly data: Float32Array | null;
+}
+
+export interface Gemm {
+  readonly kind: 'wasm-simd' | 'js';
+  /** Copies a weight given as [n][k] (row-major, HF layout) into kernel layout. */
+  upload(w: Float32Array, n: number, k: number): Weight;
+  /** out[0..m*n) = a[0..m*k) · Wᵀ. */
+  matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void;
+}
+
+const padTo = (n: number, s: number) => Math.ceil(n / s) * s;
+
+function transposePadded(w: Float32Array, n: number, k: number, nPad: number, dest: Float32Array): void {
+  if (w.length !== n * k) throw new Error(`weight has ${w.length} values, expected ${n}x${k}`);
+  dest.fill(0, 0, k * nPad);
+  for (let i = 0; i < n; i++) {
+    const row = i * k;
+    for (let j = 0; j < k; j++) dest[j * nPad + i] = w[row + j]!;
+  }
+}
+
+function checkArgs(w: Weight, a: Float32Array, m: number, out: Float32Array): void {
+  if (a.length < m * w.k) throw new Error(`matmul: input holds ${a.length} values, ${m}x${w.k} needed`);
+  if (out.length < m * w.n) throw new Error(`matmul: output holds ${out.length} values, ${m}x${w.n} needed`);
+}
+
+/** Plain-JS kernel with the exact summation order of the WASM kernel (reference and fallback). */
+export class JsGemm implements Gemm {
+  readonly kind = 'js' as const;
+
+  upload(w: Float32Array, n: number, k: number): Weight {
+    const nPad = padTo(n, STRIP);
+    const data = new Float32Array(k * nPad);
+    transposePadded(w, n, k, nPad, data);
+    return { k, n, nPad, ptr: -1, data };
+  }
+
+  matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void {
+    checkArgs(w, a, m, out);
+    const wt = w.data!;
+    const { k: K, n: N, nPad } = w;
+    const fr = Math.fround;
+    for (let r = 0; r < m; r++) {
+      const c = out.subarray(r * N, r * N + N);
+      c.fill(0);
+      const ar = r * K;
+      for (let kk = 0; kk < K; kk++) {
+        const av = a[ar + kk]!;
+        const base = kk * nPad;
+        for (let j = 0; j < N; j++) c[j] = c[j]! + fr(av * wt[base + j]!);
+      }
+    }
+  }
+}
+
+interface GemmExports {
+  gemm(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
+}
+
+let wasmModulePromise: Promise<WebAssembly.Module> | null = null;
+
+/** Compiles the kernel's WAT (gemm_wat.ts) with wabt, once per process. */
+export function gemmModule(): Promise<WebAssembly.Module> {
+  wasmModulePromise ??= (async () => {
+    const require = createRequire(import.meta.url);
+    const wabtInit = require('wabt') as () => Promise<{ parseWat(f: string, s: string, o: object): { toBinary(o: object): { buffer: Uint8Array }; destroy(): void } }>;
+    const wabt = await wabtInit();
+    const mod = wabt.parseWat('gemm.wat', gemmWat(), { simd: true });
+    try {
+      const { buffer } = mod.toBinary({});
+      return await WebAssembly.compile(new Uint8Array(buffer));
+    } finally {
+      mod.destroy();
+    }
+  })();
+  return wasmModulePromise;
+}
+
+const PAGE = 65536;
+/** wasm32 addresses 4 GiB; stay clear of the top for scratch. */
+export const WASM_MAX_BYTES = 4 * 1024 * 1024 * 1024 - 256 * 1024 * 1024;
+
+/** WASM SIMD kernel. Weights live in the module's memory; inputs and outputs pass through scratch. */
+export class WasmGemm implements Gemm {
+  readonly kind = 'wasm-simd' as const;
+  private top = 64; // bump allocator; 0 stays unused
+  private scratchPtr = 0;
+  private scratchBytes = 0;
+  private f32: Float32Array;
+
+  private constructor(
+    private readonly mem: WebAssembly.Memory,
+    private readonly exp: GemmExports,
+  ) {
+    this.f32 = new Float32Array(mem.buffer);
+  }
+
+  static async create(): Promise<WasmGemm> {
+    const mod = await gemmModule();
+    const mem = new WebAssembly.Memory({ initial: 16, maximum: 65536 });
+    const inst = await WebAssembly.instantiate(mod, { env: { mem } });
+    return new WasmGemm(mem, inst.exports as unknown as GemmExports);
+  }
+
+  private alloc(bytes: number): number {
+    const ptr = padTo(this.top, 64);
+    const end = ptr + bytes;
+    if (end > WASM_MAX_BYTES) throw new Error(`WASM kernel memory exhausted (${end} bytes requested); use the JS kernel for models this large`);
+    const have = this.mem.buffer.byteLength;
+    if (end > have) this.mem.grow(Math.ceil((end - have) / PAGE));
+    this.top = end;
+    this.f32 = new Float32Array(this.mem.buffer);
+    return ptr;
+  }
+
+  upload(w: Float32Array, n: number, k: number): Weight {
+    const nPad = padTo(n, STRIP);
+    const ptr = this.alloc(k * nPad * 4);
+    transposePadded(w, n, k, nPad, this.f32.subarray(ptr / 4, ptr / 4 + k * nPad));
+    return { k, n, nPad, ptr, data: null };
+  }
+
+  matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void {
+    checkArgs(w, a, m, out);
+    if (m === 0) return;
+    const { k: K, n: N, nPad } = w;
+    const aBytes = padTo(m * K * 4, 64);
+    const need = aBytes + m * nPad * 4;
+    if (need > this.scratchBytes) {
+      this.scratchPtr = this.alloc(Math.max(need, this.scratchBytes * 2));
+      this.scratchBytes = Math.max(need, this.scratchBytes * 2);
+    }
+    const A = this.scratchPtr;
+    const C = A + aBytes;
+    const f32 = this.f32;
+    f32.set(a.subarray(0, m * K), A / 4);
+    this.exp.gemm(A, w.ptr, C, m, K, nPad, 0, m, 0, nPad);
+    const c0 = C / 4;
+    if (nPad === N) out.set(f32.subarray(c0, c0 + m * N));
+    else for (let r = 0; r < m; r++) out.set(f32.subarray(c0 + r * nPad, c0 + r * nPad + N), r * N);
+  }
+}
+
+/**
+ * The kernel for a model: WASM SIMD when the weights fit its 4 GiB address space, else JS.
+ * Both give bitwise identical results, so the choice never changes outputs.
+ */
+export async function createGemm(opts: { weightBytes?: number; prefer?: 'wasm' | 'js' } = {}): Promise<Gemm> {
+  const prefer = opts.prefer ?? (process.env.KVC_GEMM === 'js' ? 'js' : 'wasm');
+  if (prefer === 'js' || (opts.weightBytes ?? 0) > WASM_MAX_BYTES - 512 * 1024 * 1024) return new JsGemm();
+  try {
+    return await WasmGemm.create();
+  } catch {
+    return new JsGemm();
+  }
+}
+
+/** The textbook triple loop (i-k-j order) over Float32Arrays: the "plain JS" baseline. */
+export function plainJsMatmul(a: Float32Array, b: Float32Array, c: Float32Array, m: number, n: number, k: number): void {
+  c.fill(0, 0, m * n);
+  for (let i = 0; i < m; i++) {
+    for (let p = 0; p < k; p++) {
+      const av = a[i * k + p]!;
+      const bo = p * n;
+      const co = i * n;
+      for (let j = 0; j < n; j++) c[co + j] += av * b[bo + j]!;
+    }
+  }
+}
+
+function randomArray(len: number, seed: number): Float32Array {
+  const out = new Float32Array(len);
+  let s = seed >>> 0;
+  for (let i = 0; i < len; i++) {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    out[i] = s / 4294967296 - 0.5;
+  }
+  return out;
+}
+
+/**
+ * GEMM rates for the engine benchmark: the model's kernel (as prefill uses it) against the plain-JS
+ * triple loop, on the same M x N x K problem, GFLOP/s counting a multiply-add as 2 FLOPs.
+ */
+export async function measureGemm(m = 256, n = 768, k = 256, iters = 5): Promise<{ kernelGflops: number; jsGflops: number; kernel: string }> {
+  const flops = 2 * m * n * k;
+  const a = randomArray(m * k, 1);
+  const w = randomArray(n * k, 2);
+  const out = new Float32Array(m * n);
+  const gemm = await createGemm();
+  const wt = gemm.upload(w, n, k);
+  gemm.matmul(wt, a, m, out); // warm-up (JIT / tier-up)
+  let t = process.hrtime.bigint();
+  for (let i = 0; i < iters; i++) gemm.matmul(wt, a, m, out);
+  const kernelSec = Number(process.hrtime.bigint() - t) / 1e9;
+  const b = new Float32Array(k * n);
+  for (let i = 0; i < n; i++) for (let j = 0; j < k; j++) b[j * n + i] = w[i * k + j]!;
+  const c = new Float32Array(m * n);
+  plainJsMatmul(a, b, c, m, n, k);
+  t = process.hrtime.bigint();
+  for (let i = 0; i < iters; i++) plainJsMatmul(a, b, c, m, n, k);
+  const jsSec = Number(process.hrtime.bigint() - t) / 1e9;
+  return { kernelGflops: (flops * iters) / kernelSec / 1e9, jsGflops: (flops * iters) / jsSec / 1e9, kernel: gemm.kind };
+}

@@ -1,0 +1,191 @@
+// Paged KV cache: f32 K/V in fixed blocks of BLOCK_TOKENS positions, handed out from one pool
+// sized by a byte budget. A sequence owns a block table; positions map to (block, slot).
+// Block layout: [numLayers][2 (K,V)][BLOCK_TOKENS][numKvHeads*headDim], so one layer's keys of a
+// block are contiguous for attention. exportRange/importRange translate to and from the chunk
+// payload layout of src/common/chunk.ts, [2][numLayers][numTokens][numKvHeads*headDim] (f32),
+// copying the exact bytes: imported KV is bitwise what was computed.
+import { DType, type KvLayout } from '../../common/chunk.js';
+
+export const BLOCK_TOKENS = 16;
+
+export class KvCacheFullError extends Error {
+  override name = 'KvCacheFullError';
+}
+
+export class KvCacheError extends Error {
+  override name = 'KvCacheError';
+}
+
+interface SeqState {
+  blocks: number[];
+  /** Number of leading positions holding valid KV (written by forward or importRange). */
+  length: number;
+}
+
+export class PagedKvCache {
+  readonly layout: KvLayout;
+  readonly kvDim: number;
+  /** f32 elements in one block. */
+  readonly blockFloats: number;
+  readonly blockBytes: number;
+  readonly totalBlocks: number;
+  /** The whole pool; model.ts reads and writes it through blockTable(). */
+  readonly pool: Float32Array;
+  private readonly poolBytes: Uint8Array;
+  private readonly freeList: number[];
+  private readonly seqs = new Map<string | number, SeqState>();
+
+  constructor(shape: { numLayers: number; numKvHeads: number; headDim: number }, budgetBytes: number) {
+    this.layout = { dtype: DType.f32, numLayers: shape.numLayers, numKvHeads: shape.numKvHeads, headDim: shape.headDim };
+    this.kvDim = shape.numKvHeads * shape.headDim;
+    this.blockFloats = shape.numLayers * 2 * BLOCK_TOKENS * this.kvDim;
+    this.blockBytes = this.blockFloats * 4;
+    if (!Number.isFinite(budgetBytes) || budgetBytes < this.blockBytes) {
+      throw new KvCacheError(`KV cache budget of ${budgetBytes} bytes is smaller than one block (${this.blockBytes} bytes)`);
+    }
+    this.totalBlocks = Math.floor(budgetBytes / this.blockBytes);
+    // Zero-filled pages are only touched when used, so a generous budget costs no RSS up front.
+    this.pool = new Float32Array(this.totalBlocks * this.blockFloats);
+    this.poolBytes = new Uint8Array(this.pool.buffer);
+    // Pop from the end → blocks are handed out in ascending order.
+    this.freeList = Array.from({ length: this.totalBlocks }, (_, i) => this.totalBlocks - 1 - i);
+  }
+
+  get usedBlocks(): number {
+    return this.totalBlocks - this.freeList.length;
+  }
+  get freeBlocks(): number {
+    return this.freeList.length;
+  }
+  /** Positions the whole pool can hold. */
+  get capacityTokens(): number {
+    return this.totalBlocks * BLOCK_TOKENS;
+  }
+
+  static blocksFor(numTokens: number): number {
+    return Math.ceil(numTokens / BLOCK_TOKENS);
+  }
+
+  /** Blocks still missing for `seqId` (or a new sequence) to hold `numTokens` positions. */
+  blocksNeeded(numTokens: number, seqId?: string | number): number {
+    const have = seqId !== undefined ? (this.seqs.get(seqId)?.blocks.length ?? 0) : 0;
+    return Math.max(0, PagedKvCache.blocksFor(numTokens) - have);
+  }
+
+  /** True if `numTokens` positions (total, for `seqId` if it exists) fit in the free blocks. */
+  canAllocate(numTokens: number, seqId?: string | number): boolean {
+    return this.blocksNeeded(numTokens, seqId) <= this.freeList.length;
+  }
+
+  has(seqId: string | number): boolean {
+    return this.seqs.has(seqId);
+  }
+
+  /** Valid (written) positions of a sequence; 0 if unknown. */
+  length(seqId: string | number): number {
+    return this.seqs.get(seqId)?.length ?? 0;
+  }
+
+  /** Ensures `seqId` has room for `numTokens` positions in total (grow only). Throws KvCacheFullError. */
+  allocate(seqId: string | number, numTokens: number): void {
+    if (!Number.isInteger(numTokens) || numTokens < 0) throw new KvCacheError(`allocate: numTokens must be a non-negative integer, got ${numTokens}`);
+    let s = this.seqs.get(seqId);
+    const need = this.blocksNeeded(numTokens, seqId);
+    if (need > this.freeList.length) {
+      throw new KvCacheFullError(`KV cache full: sequence ${seqId} needs ${need} more blocks, ${this.freeList.length} of ${this.totalBlocks} free`);
+    }
+    if (!s) {
+      s = { blocks: [], length: 0 };
+      this.seqs.set(seqId, s);
+    }
+    for (let i = 0; i < need; i++) s.blocks.push(this.freeList.pop()!);
+  }
+
+  /** Releases every block of the sequence (no-op for an unknown id). */
+  free(seqId: string | number): void {
+    const s = this.seqs.get(seqId);
+    if (!s) return;
+    for (let i = s.blocks.length - 1; i >= 0; i--) this.freeList.push(s.blocks[i]!);
+    this.seqs.delete(seqId);
+  }
+
+  /** The block table of a sequence (pool block indices); throws if unknown. */
+  blockTable(seqId: string | number): readonly number[] {
+    const s = this.seqs.get(seqId);
+    if (!s) throw new KvCacheError(`unknown sequence ${seqId}`);
+    return s.blocks;
+  }
+
+  /** Records that positions [0, length) hold valid KV (called by the model after writing). */
+  setLength(seqId: string | number, length: number): void {
+    const s = this.seqs.get(seqId);
+    if (!s) throw new KvCacheError(`unknown sequence ${seqId}`);
+    if (length > s.blocks.length * BLOCK_TOKENS) throw new KvCacheError(`sequence ${seqId}: length ${length} exceeds its ${s.blocks.length} blocks`);
+    s.length = length;
+  }
+
+  /** Float offset in `pool` of K (kv=0) or V (kv=1) of `layer` at `pos`. */
+  offset(blocks: readonly number[], layer: number, kv: 0 | 1, pos: number): number {
+    const b = blocks[pos >> 4];
+    if (b === undefined) throw new KvCacheError(`position ${pos} is beyond the allocated blocks`);
+    return b * this.blockFloats + ((layer * 2 + kv) * BLOCK_TOKENS + (pos & 15)) * this.kvDim;
+  }
+
+  /** Chunk payload bytes for `numTokens` positions. */
+  payloadBytes(numTokens: number): number {
+    return 2 * this.layout.numLayers * numTokens * this.kvDim * 4;
+  }
+
+  /**
+   * Copies positions [start, end) of `seqId` into `dest` in chunk payload layout
+   * [2][numLayers][end-start][kvDim] f32 LE. `dest` may be any byte view (no alignment needed).
+   */
+  exportRange(seqId: string | number, start: number, end: number, dest: Uint8Array): void {
+    const s = this.seqs.get(seqId);
+    if (!s) throw new KvCacheError(`exportRange: unknown sequence ${seqId}`);
+    if (!(Number.isInteger(start) && Number.isInteger(end) && 0 <= start && start < end && end <= s.length)) {
+      throw new KvCacheError(`exportRange: range [${start}, ${end}) is not within the ${s.length} valid positions of sequence ${seqId}`);
+    }
+    const n = end - start;
+    if (dest.byteLength < this.payloadBytes(n)) throw new KvCacheError(`exportRange: destination holds ${dest.byteLength} bytes, ${this.payloadBytes(n)} needed`);
+    const rowBytes = this.kvDim * 4;
+    const L = this.layout.numLayers;
+    for (let kv = 0; kv < 2; kv++) {
+      for (let l = 0; l < L; l++) {
+        let d = (kv * L + l) * n * rowBytes;
+        for (let p = start; p < end; p++, d += rowBytes) {
+          const o = this.offset(s.blocks, l, kv as 0 | 1, p) * 4;
+          dest.set(this.poolBytes.subarray(o, o + rowBytes), d);
+        }
+      }
+    }
+  }
+
+  /**
+   * Writes `numTokens` positions starting at `start` from a chunk payload. The sequence must
+   * already have valid KV up to `start` (imports extend a prefix) and is grown as needed.
+   */
+  importRange(seqId: string | number, start: number, payload: Uint8Array, numTokens: number): void {
+    if (!Number.isInteger(numTokens) || numTokens <= 0) throw new KvCacheError(`importRange: numTokens must be a positive integer, got ${numTokens}`);
+    const cur = this.length(seqId);
+    if (!Number.isInteger(start) || start < 0 || start > cur) {
+      throw new KvCacheError(`importRange: start ${start} leaves a gap after the ${cur} valid positions of sequence ${seqId}`);
+    }
+    if (payload.byteLength !== this.payloadBytes(numTokens)) {
+      throw new KvCacheError(`importRange: payload of ${payload.byteLength} bytes does not match ${numTokens} tokens (${this.payloadBytes(numTokens)} bytes)`);
+    }
+    this.allocate(seqId, start + numTokens);
+    const s = this.seqs.get(seqId)!;
+    const rowBytes = this.kvDim * 4;
+    const L = this.layout.numLayers;
+    for (let kv = 0; kv < 2; kv++) {
+      for (let l = 0; l < L; l++) {
+        let src = ((kv * L + l) * numTokens) * rowBytes;
+        for (let p = start; p < start + numTokens; p++, src += rowBytes) {
+          this.poolBytes.set(payload.subarray(src, src + rowBytes), this.offset(s.blocks, l, kv as 0 | 1, p) * 4);
+        }
+      }
+    }
+    s.length = Math.max(s.length, start + numTokens);
+  }
+}

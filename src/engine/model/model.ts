@@ -1,0 +1,342 @@
+// The Llama-architecture transformer computed on the CPU: RMSNorm, RoPE (HF rotate_half
+// convention), grouped-query attention over a paged KV cache, SwiGLU MLP, tied or untied LM head.
+//
+// Batch invariance (the engine's correctness contract): a row's result is bitwise identical
+// whatever else is in the batch and however its prompt was split or imported. Hence:
+//   * linear layers: one GEMM over all rows, each output element a fixed-order f32 dot (gemm.ts);
+//   * RMSNorm, RoPE, SiLU: per row, fixed order;
+//   * attention: per query row and head, a plain softmax over keys 0..pos in ascending order
+//     (no block-size-dependent online softmax), reading K/V back from the cache, so KV computed
+//     in an earlier call or imported from a chunk is used exactly as if computed now.
+import { basename, resolve } from 'node:path';
+import type { KvLayout } from '../../common/chunk.js';
+import { loadModelConfig, type ModelConfig } from './config.js';
+import { createGemm, type Gemm, type Weight } from './gemm.js';
+import { BLOCK_TOKENS, KvCacheFullError, PagedKvCache } from './kv_cache.js';
+import { SafetensorsCollection, SafetensorsError } from './safetensors.js';
+
+export interface Segment {
+  seqId: string | number;
+  tokens: number[];
+  /** Position of tokens[0]; positions [0, startPos) must already hold KV for this sequence. */
+  startPos: number;
+  /** Return the logits of this segment's last token. */
+  wantLogits: boolean;
+}
+
+export class ForwardError extends Error {
+  override name = 'ForwardError';
+}
+
+interface Layer {
+  attnNorm: Float32Array;
+  qkv: Weight; // rows [q (numHeads*headDim) | k (kvDim) | v (kvDim)]
+  o: Weight;
+  mlpNorm: Float32Array;
+  gateUp: Weight; // rows [gate (hiddenDim) | up (hiddenDim)]
+  down: Weight;
+}
+
+export interface LoadOptions {
+  /** Identity used in chunk keys; defaults to the directory's name. */
+  modelId?: string;
+  /** Force a kernel (tests); default: WASM SIMD when the weights fit, else JS. */
+  kernel?: 'wasm' | 'js';
+}
+
+export class LlamaModel {
+  readonly layout: KvLayout;
+  private ropeCos = new Float32Array(0);
+  private ropeSin = new Float32Array(0);
+  private ropeLen = 0;
+  private readonly invFreq: Float32Array;
+
+  private constructor(
+    readonly dir: string,
+    readonly modelId: string,
+    readonly config: ModelConfig,
+    readonly gemm: Gemm,
+    private readonly embed: Float32Array,
+    private readonly layers: Layer[],
+    private readonly finalNorm: Float32Array,
+    private readonly lmHead: Weight,
+  ) {
+    this.layout = { dtype: 0, numLayers: config.numLayers, numKvHeads: config.numKvHeads, headDim: config.headDim };
+    const half = config.headDim / 2;
+    this.invFreq = new Float32Array(half);
+    for (let i = 0; i < half; i++) this.invFreq[i] = 1 / Math.pow(config.ropeTheta, (2 * i) / config.headDim);
+  }
+
+  static async load(dir: string, opts: LoadOptions = {}): Promise<LlamaModel> {
+    const cfg = await loadModelConfig(dir);
+    const st = await SafetensorsCollection.openDir(dir);
+    const { dim, numHeads, numKvHeads, headDim, hiddenDim, vocabSize, numLayers } = cfg;
+    const qDim = numHeads * headDim;
+    const kvDim = numKvHeads * headDim;
+    const paramCount = vocabSize * dim * (cfg.tieWordEmbeddings ? 1 : 2) + numLayers * (dim * (qDim + 2 * kvDim) + qDim * dim + 3 * dim * hiddenDim);
+    const gemm = await createGemm({ weightBytes: paramCount * 4, ...(opts.kernel ? { prefer: opts.kernel } : {}) });
+    const vec = async (name: string, n: number) => (await st.get(name, [n])).data;
+    const cat = async (names: string[], rows: number[], cols: number) => {
+      const out = new Float32Array(rows.reduce((a, b) => a + b, 0) * cols);
+      let off = 0;
+      for (let i = 0; i < names.length; i++) {
+        const t = await st.get(names[i]!, [rows[i]!, cols]);
+        out.set(t.data, off);
+        off += t.data.length;
+      }
+      return out;
+    };
+    const embed = (await st.get('model.embed_tokens.weight', [vocabSize, dim])).data;
+    const layers: Layer[] = [];
+    for (let l = 0; l < numLayers; l++) {
+      const p = `model.layers.${l}.`;
+      const qkv = await cat([`${p}self_attn.q_proj.weight`, `${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`], [qDim, kvDim, kvDim], dim);
+      const gu = await cat([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [hiddenDim, hiddenDim], dim);
+      layers.push({
+        attnNorm: await vec(`${p}input_layernorm.weight`, dim),
+        qkv: gemm.upload(qkv, qDim + 2 * kvDim, dim),
+        o: gemm.upload((await st.get(`${p}self_attn.o_proj.weight`, [dim, qDim])).data, dim, qDim),
+        mlpNorm: await vec(`${p}post_attention_layernorm.weight`, dim),
+        gateUp: gemm.upload(gu, 2 * hiddenDim, dim),
+        down: gemm.upload((await st.get(`${p}mlp.down_proj.weight`, [dim, hiddenDim])).data, dim, hiddenDim),
+      });
+    }
+    for (const name of ['q_proj', 'k_proj', 'v_proj', 'o_proj']) {
+      if (st.has(`model.layers.0.self_attn.${name}.bias`)) throw new SafetensorsError(`${dir}: attention biases (${name}.bias) are not supported`);
+    }
+    const finalNorm = await vec('model.norm.weight', dim);
+    let lmHead: Weight;
+    if (cfg.tieWordEmbeddings || !st.has('lm_head.weight')) {
+      if (!cfg.tieWordEmbeddings) throw new SafetensorsError(`${dir}: missing tensor "lm_head.weight" (config.json has tie_word_embeddings=false)`);
+      lmHead = gemm.upload(embed, vocabSize, dim);
+    } else {
+      lmHead = gemm.upload((await st.get('lm_head.weight', [vocabSize, dim])).data, vocabSize, dim);
+    }
+    const abs = resolve(dir);
+    return new LlamaModel(abs, opts.modelId ?? basename(abs), cfg, gemm, embed, layers, finalNorm, lmHead);
+  }
+
+  /** A paged KV cache shaped for this model, bounded by `budgetBytes`. */
+  createKvCache(budgetBytes: number): PagedKvCache {
+    return new PagedKvCache(this.layout, budgetBytes);
+  }
+
+  private ensureRope(len: number): void {
+    if (len <= this.ropeLen) return;
+    const half = this.config.headDim / 2;
+    const n = Math.max(len, this.ropeLen * 2, 256);
+    const cos = new Float32Array(n * half);
+    const sin = new Float32Array(n * half);
+    for (let p = 0; p < n; p++) {
+      for (let i = 0; i < half; i++) {
+        const a = Math.fround(p * this.invFreq[i]!);
+        cos[p * half + i] = Math.cos(a);
+        sin[p * half + i] = Math.sin(a);
+      }
+    }
+    this.ropeCos = cos;
+    this.ropeSin = sin;
+    this.ropeLen = n;
+  }
+
+  private validate(segments: Segment[], kv: PagedKvCache): void {
+    const seen = new Set<string | number>();
+    const { vocabSize } = this.config;
+    let blocks = 0;
+    for (const [i, s] of segments.entries()) {
+      if (seen.has(s.seqId)) throw new ForwardError(`segments[${i}]: sequence ${s.seqId} appears twice in one forward call`);
+      seen.add(s.seqId);
+      if (!Array.isArray(s.tokens) || s.tokens.length === 0) throw new ForwardError(`segments[${i}].tokens must be a non-empty array`);
+      for (const t of s.tokens) {
+        if (!Number.isInteger(t) || t < 0 || t >= vocabSize) throw new ForwardError(`segments[${i}].tokens: ${t} is not a token id in [0, ${vocabSize})`);
+      }
+      const have = kv.length(s.seqId);
+      if (!Number.isInteger(s.startPos) || s.startPos < 0 || s.startPos > have) {
+        throw new ForwardError(`segments[${i}].startPos ${s.startPos} is invalid: sequence ${s.seqId} has KV for ${have} positions`);
+      }
+      blocks += kv.blocksNeeded(s.startPos + s.tokens.length, s.seqId);
+    }
+    if (blocks > kv.freeBlocks) throw new KvCacheFullError(`KV cache full: this batch needs ${blocks} more blocks, ${kv.freeBlocks} free`);
+  }
+
+  /**
+   * Runs the segments as one batch, writing their K/V into `kv`, and returns the logits
+   * (Float32Array of vocabSize) of the last token of each segment with wantLogits, in order.
+   */
+  forward(segments: Segment[], kv: PagedKvCache): Float32Array[] {
+    if (kv.kvDim !== this.config.numKvHeads * this.config.headDim || kv.layout.numLayers !== this.config.numLayers) {
+      throw new ForwardError('KV cache shape does not match the model');
+    }
+    this.validate(segments, kv);
+    if (segments.length === 0) return [];
+    const { dim, numLayers, numHeads, numKvHeads, headDim, hiddenDim, normEps } = this.config;
+    const qDim = numHeads * headDim;
+    const kvDim = numKvHeads * headDim;
+    const qkvDim = qDim + 2 * kvDim;
+    const half = headDim / 2;
+
+    // Row bookkeeping: row r belongs to segment rowSeg[r] at position rowPos[r].
+    let R = 0;
+    let maxPos = 0;
+    for (const s of segments) {
+      R += s.tokens.length;
+      maxPos = Math.max(maxPos, s.startPos + s.tokens.length);
+    }
+    this.ensureRope(maxPos);
+    const rowPos = new Int32Array(R);
+    const rowSeg = new Int32Array(R);
+    const tables: (readonly number[])[] = [];
+    const x = new Float32Array(R * dim);
+    {
+      let r = 0;
+      for (const [si, s] of segments.entries()) {
+        kv.allocate(s.seqId, s.startPos + s.tokens.length);
+        tables.push(kv.blockTable(s.seqId));
+        for (let i = 0; i < s.tokens.length; i++, r++) {
+          rowPos[r] = s.startPos + i;
+          rowSeg[r] = si;
+          const t = s.tokens[i]!;
+          x.set(this.embed.subarray(t * dim, t * dim + dim), r * dim);
+        }
+      }
+    }
+
+    const h = new Float32Array(R * dim);
+    const qkv = new Float32Array(R * qkvDim);
+    const attn = new Float32Array(R * qDim);
+    const proj = new Float32Array(R * dim);
+    const gu = new Float32Array(R * 2 * hiddenDim);
+    const act = new Float32Array(R * hiddenDim);
+    const pool = kv.pool;
+    const cos = this.ropeCos;
+    const sin = this.ropeSin;
+    const scale = 1 / Math.sqrt(headDim);
+    const group = numHeads / numKvHeads;
+    const scores = new Float64Array(maxPos);
+
+    for (let l = 0; l < numLayers; l++) {
+      const L = this.layers[l]!;
+      rmsNorm(x, L.attnNorm, h, R, dim, normEps);
+      this.gemm.matmul(L.qkv, h, R, qkv);
+
+      // RoPE on q and k, then store k and v into the cache.
+      for (let r = 0; r < R; r++) {
+        const base = r * qkvDim;
+        const cb = rowPos[r]! * half;
+        for (let hh = 0; hh < numHeads + numKvHeads; hh++) {
+          const o = base + hh * headDim;
+          for (let i = 0; i < half; i++) {
+            const x1 = qkv[o + i]!;
+            const x2 = qkv[o + i + half]!;
+            const c = cos[cb + i]!;
+            const s = sin[cb + i]!;
+            qkv[o + i] = Math.fround(x1 * c) - Math.fround(x2 * s);
+            qkv[o + i + half] = Math.fround(x2 * c) + Math.fround(x1 * s);
+          }
+        }
+        const blocks = tables[rowSeg[r]!]!;
+        const kOff = kv.offset(blocks, l, 0, rowPos[r]!);
+        const vOff = kv.offset(blocks, l, 1, rowPos[r]!);
+        pool.set(qkv.subarray(base + qDim, base + qDim + kvDim), kOff);
+        pool.set(qkv.subarray(base + qDim + kvDim, base + qkvDim), vOff);
+      }
+
+      // Attention: per row and head, softmax over keys 0..pos in ascending order.
+      const kvStride = BLOCK_TOKENS * kvDim; // K block -> V block of the same layer
+      for (let r = 0; r < R; r++) {
+        const pos = rowPos[r]!;
+        const blocks = tables[rowSeg[r]!]!;
+        const layerBase = l * 2 * kvStride;
+        for (let hh = 0; hh < numHeads; hh++) {
+          const qo = r * qkvDim + hh * headDim;
+          const ko = Math.floor(hh / group) * headDim;
+          let max = -Infinity;
+          for (let j = 0; j <= pos; j++) {
+            const kp = blocks[j >> 4]! * kv.blockFloats + layerBase + (j & 15) * kvDim + ko;
+            let d = 0;
+            for (let e = 0; e < headDim; e++) d += qkv[qo + e]! * pool[kp + e]!;
+            d *= scale;
+            scores[j] = d;
+            if (d > max) max = d;
+          }
+          let sum = 0;
+          for (let j = 0; j <= pos; j++) {
+            const e = Math.exp(scores[j]! - max);
+            scores[j] = e;
+            sum += e;
+          }
+          const out = r * qDim + hh * headDim;
+          const acc = new Float64Array(headDim);
+          for (let j = 0; j <= pos; j++) {
+            const vp = blocks[j >> 4]! * kv.blockFloats + layerBase + kvStride + (j & 15) * kvDim + ko;
+            const p = scores[j]!;
+            for (let e = 0; e < headDim; e++) acc[e] += p * pool[vp + e]!;
+          }
+          const inv = 1 / sum;
+          for (let e = 0; e < headDim; e++) attn[out + e] = acc[e]! * inv;
+        }
+      }
+
+      this.gemm.matmul(L.o, attn, R, proj);
+      for (let i = 0; i < R * dim; i++) x[i] = x[i]! + proj[i]!;
+
+      rmsNorm(x, L.mlpNorm, h, R, dim, normEps);
+      this.gemm.matmul(L.gateUp, h, R, gu);
+      for (let r = 0; r < R; r++) {
+        const gb = r * 2 * hiddenDim;
+        const ab = r * hiddenDim;
+        for (let i = 0; i < hiddenDim; i++) {
+          const g = gu[gb + i]!;
+          act[ab + i] = Math.fround(g / (1 + Math.exp(-g))) * gu[gb + hiddenDim + i]!;
+        }
+      }
+      this.gemm.matmul(L.down, act, R, proj);
+      for (let i = 0; i < R * dim; i++) x[i] = x[i]! + proj[i]!;
+    }
+
+    for (const s of segments) kv.setLength(s.seqId, s.startPos + s.tokens.length);
+
+    // LM head only for the rows asked.
+    const want: number[] = [];
+    {
+      let r = 0;
+      for (const s of segments) {
+        r += s.tokens.length;
+        if (s.wantLogits) want.push(r - 1);
+      }
+    }
+    if (want.length === 0) return [];
+    const sel = new Float32Array(want.length * dim);
+    want.forEach((r, i) => sel.set(x.subarray(r * dim, r * dim + dim), i * dim));
+    const normed = new Float32Array(want.length * dim);
+    rmsNorm(sel, this.finalNorm, normed, want.length, dim, normEps);
+    const V = this.config.vocabSize;
+    const logits = new Float32Array(want.length * V);
+    this.gemm.matmul(this.lmHead, normed, want.length, logits);
+    return want.map((_, i) => logits.slice(i * V, i * V + V));
+  }
+}
+
+/** out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, per row, fixed order. */
+function rmsNorm(x: Float32Array, w: Float32Array, out: Float32Array, rows: number, dim: number, eps: number): void {
+  for (let r = 0; r < rows; r++) {
+    const b = r * dim;
+    let ss = 0;
+    for (let i = 0; i < dim; i++) ss += x[b + i]! * x[b + i]!;
+    const s = Math.fround(1 / Math.sqrt(ss / dim + eps));
+    for (let i = 0; i < dim; i++) out[b + i] = Math.fround(x[b + i]! * s) * w[i]!;
+  }
+}
+
+/** Index of the largest logit (lowest index on ties): greedy decoding. */
+export function argmax(logits: Float32Array): number {
+  let best = 0;
+  let bv = -Infinity;
+  for (let i = 0; i < logits.length; i++) {
+    if (logits[i]! > bv) {
+      bv = logits[i]!;
+      best = i;
+    }
+  }
+  return best;
+}

@@ -1,0 +1,292 @@
+// Reader (and a small writer) for the safetensors format: u64le header length, a JSON header
+// mapping tensor names to {dtype, shape, data_offsets}, then the raw little-endian tensor bytes.
+// Tensors are read one at a time with positioned reads, so a multi-GB checkpoint is never held
+// in memory twice; F32, F16 and BF16 are converted to Float32Array on the way in.
+import { open, readFile, readdir, writeFile, rename, stat } from 'node:fs/promises';
+import type { FileHandle } from 'node:fs/promises';
+import { basename, join } from 'node:path';
+
+export type StDType = 'F32' | 'F16' | 'BF16';
+const DTYPE_SIZE: Record<StDType, number> = { F32: 4, F16: 2, BF16: 2 };
+
+export class SafetensorsError extends Error {
+  override name = 'SafetensorsError';
+}
+
+interface TensorEntry {
+  file: string;
+  dtype: StDType;
+  shape: number[];
+  /** Absolute byte offset of the data within the file. */
+  begin: number;
+  end: number;
+}
+
+export interface TensorData {
+  shape: number[];
+  dtype: StDType;
+  data: Float32Array;
+}
+
+// ---- half-precision conversions -------------------------------------------------------------
+
+const f32buf = new Float32Array(1);
+const u32buf = new Uint32Array(f32buf.buffer);
+
+export function f16ToF32(h: number): number {
+  const s = h & 0x8000 ? -1 : 1;
+  const e = (h >> 10) & 0x1f;
+  const m = h & 0x3ff;
+  if (e === 0) return s * m * 2 ** -24;
+  if (e === 31) return m ? NaN : s * Infinity;
+  return s * (1 + m / 1024) * 2 ** (e - 15);
+}
+
+/** Round-to-nearest-even f32 → f16 bits. */
+export function f32ToF16(v: number): number {
+  f32buf[0] = v;
+  const x = u32buf[0]!;
+  const sign = (x >>> 16) & 0x8000;
+  const exp = (x >>> 23) & 0xff;
+  let mant = x & 0x7fffff;
+  if (exp === 0xff) return sign | 0x7c00 | (mant ? 0x200 : 0);
+  let e = exp - 127 + 15;
+  if (e >= 31) return sign | 0x7c00;
+  if (e <= 0) {
+    if (e < -10) return sign;
+    mant |= 0x800000;
+    const shift = 14 - e;
+    let hm = mant >>> shift;
+    const rem = mant & ((1 << shift) - 1);
+    const half = 1 << (shift - 1);
+    if (rem > half || (rem === half && hm & 1)) hm++;
+    return sign | hm;
+  }
+  let hm = mant >>> 13;
+  const rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem === 0x1000 && hm & 1)) {
+    hm++;
+    if (hm === 0x400) {
+      hm = 0;
+      e++;
+      if (e >= 31) return sign | 0x7c00;
+    }
+  }
+  return sign | (e << 10) | hm;
+}
+
+/** Round-to-nearest-even f32 → bf16 bits. */
+export function f32ToBf16(v: number): number {
+  f32buf[0] = v;
+  const x = u32buf[0]!;
+  if ((x & 0x7f800000) === 0x7f800000 && x & 0x7fffff) return (x >>> 16) | 0x40;
+  return ((x + 0x7fff + ((x >>> 16) & 1)) >>> 16) & 0xffff;
+}
+
+function decode(bytes: Uint8Array, dtype: StDType, count: number): Float32Array {
+  const out = new Float32Array(count);
+  if (dtype === 'F32') {
+    new Uint8Array(out.buffer).set(bytes.subarray(0, count * 4));
+    return out;
+  }
+  const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  if (dtype === 'BF16') {
+    const bits = new Uint32Array(out.buffer);
+    for (let i = 0; i < count; i++) bits[i] = dv.getUint16(i * 2, true) << 16;
+    return out;
+  }
+  // F16: a 64K lookup table is cheaper than per-element math for large tensors.
+  const lut = f16Table();
+  for (let i = 0; i < count; i++) out[i] = lut[dv.getUint16(i * 2, true)]!;
+  return out;
+}
+
+let f16Lut: Float32Array | null = null;
+function f16Table(): Float32Array {
+  if (!f16Lut) {
+    f16Lut = new Float32Array(65536);
+    for (let i = 0; i < 65536; i++) f16Lut[i] = f16ToF32(i);
+  }
+  return f16Lut;
+}
+
+// ---- reading ---------------------------------------------------------------------------------
+
+async function readHeader(file: string): Promise<Map<string, TensorEntry>> {
+  let fh: FileHandle;
+  try {
+    fh = await open(file, 'r');
+  } catch (e) {
+    throw new SafetensorsError(`${file}: cannot open (${(e as Error).message})`);
+  }
+  try {
+    const size = (await fh.stat()).size;
+    const lenBuf = Buffer.alloc(8);
+    if (size < 8 || (await fh.read(lenBuf, 0, 8, 0)).bytesRead !== 8) throw new SafetensorsError(`${file}: truncated (no header length)`);
+    const hlen = Number(lenBuf.readBigUInt64LE(0));
+    if (hlen <= 0 || hlen > 100 * 1024 * 1024 || 8 + hlen > size) throw new SafetensorsError(`${file}: bad header length ${hlen} for a file of ${size} bytes`);
+    const hbuf = Buffer.alloc(hlen);
+    await fh.read(hbuf, 0, hlen, 8);
+    let header: Record<string, unknown>;
+    try {
+      header = JSON.parse(hbuf.toString('utf8')) as Record<string, unknown>;
+    } catch (e) {
+      throw new SafetensorsError(`${file}: header is not valid JSON (${(e as Error).message})`);
+    }
+    const out = new Map<string, TensorEntry>();
+    const dataStart = 8 + hlen;
+    for (const [name, v] of Object.entries(header)) {
+      if (name === '__metadata__') continue;
+      const t = v as { dtype?: unknown; shape?: unknown; data_offsets?: unknown };
+      if (typeof t.dtype !== 'string' || !Array.isArray(t.shape) || !Array.isArray(t.data_offsets) || t.data_offsets.length !== 2) {
+        throw new SafetensorsError(`${file}: tensor "${name}" has a malformed header entry`);
+      }
+      if (!(t.dtype in DTYPE_SIZE)) throw new SafetensorsError(`${file}: tensor "${name}" has dtype ${t.dtype}; supported: F32, F16, BF16`);
+      const dtype = t.dtype as StDType;
+      const shape = t.shape as number[];
+      const [b, e] = t.data_offsets as number[];
+      const count = shape.reduce((a, x) => a * x, 1);
+      if (typeof b !== 'number' || typeof e !== 'number' || e - b !== count * DTYPE_SIZE[dtype] || dataStart + e > size) {
+        throw new SafetensorsError(`${file}: tensor "${name}" offsets [${b}, ${e}) do not match shape [${shape}] ${dtype} or exceed the file`);
+      }
+      out.set(name, { file, dtype, shape, begin: dataStart + b, end: dataStart + e });
+    }
+    return out;
+  } finally {
+    await fh.close();
+  }
+}
+
+/** All tensors of a checkpoint directory (one file, an index of shards, or every *.safetensors). */
+export class SafetensorsCollection {
+  private constructor(
+    readonly dir: string,
+    private readonly entries: Map<string, TensorEntry>,
+  ) {}
+
+  static async openFiles(files: string[], dir = ''): Promise<SafetensorsCollection> {
+    const entries = new Map<string, TensorEntry>();
+    for (const f of files) {
+      for (const [name, e] of await readHeader(f)) {
+        if (entries.has(name)) throw new SafetensorsError(`tensor "${name}" appears in both ${basename(entries.get(name)!.file)} and ${basename(f)}`);
+        entries.set(name, e);
+      }
+    }
+    return new SafetensorsCollection(dir, entries);
+  }
+
+  static async openDir(dir: string): Promise<SafetensorsCollection> {
+    const indexFile = join(dir, 'model.safetensors.index.json');
+    let files: string[];
+    if (await exists(indexFile)) {
+      let index: { weight_map?: Record<string, string> };
+      try {
+        index = JSON.parse(await readFile(indexFile, 'utf8')) as typeof index;
+      } catch (e) {
+        throw new SafetensorsError(`${indexFile}: not valid JSON (${(e as Error).message})`);
+      }
+      if (!index.weight_map || typeof index.weight_map !== 'object') throw new SafetensorsError(`${indexFile}: missing "weight_map"`);
+      files = [...new Set(Object.values(index.weight_map))].map((f) => join(dir, f));
+    } else {
+      let names: string[];
+      try {
+        names = await readdir(dir);
+      } catch (e) {
+        throw new SafetensorsError(`${dir}: cannot list model directory (${(e as Error).message})`);
+      }
+      files = names.filter((n) => n.endsWith('.safetensors')).sort().map((n) => join(dir, n));
+    }
+    if (files.length === 0) throw new SafetensorsError(`${dir}: no *.safetensors files found`);
+    return SafetensorsCollection.openFiles(files, dir);
+  }
+
+  has(name: string): boolean {
+    return this.entries.has(name);
+  }
+
+  names(): string[] {
+    return [...this.entries.keys()];
+  }
+
+  shape(name: string): number[] | undefined {
+    return this.entries.get(name)?.shape;
+  }
+
+  /** Reads one tensor as f32. `expectShape` (if given) is checked with a clear error. */
+  async get(name: string, expectShape?: number[]): Promise<TensorData> {
+    const e = this.entries.get(name);
+    if (!e) throw new SafetensorsError(`${this.dir || 'checkpoint'}: missing tensor "${name}"`);
+    if (expectShape && (expectShape.length !== e.shape.length || expectShape.some((d, i) => d !== e.shape[i]))) {
+      throw new SafetensorsError(`${basename(e.file)}: tensor "${name}" has shape [${e.shape}], expected [${expectShape}]`);
+    }
+    const fh = await open(e.file, 'r');
+    try {
+      const bytes = new Uint8Array(e.end - e.begin);
+      let off = 0;
+      while (off < bytes.length) {
+        const { bytesRead } = await fh.read(bytes, off, bytes.length - off, e.begin + off);
+        if (bytesRead === 0) throw new SafetensorsError(`${e.file}: unexpected end of file reading "${name}"`);
+        off += bytesRead;
+      }
+      const count = e.shape.reduce((a, x) => a * x, 1);
+      return { shape: e.shape, dtype: e.dtype, data: decode(bytes, e.dtype, count) };
+    } finally {
+      await fh.close();
+    }
+  }
+}
+
+async function exists(p: string): Promise<boolean> {
+  try {
+    await stat(p);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+// ---- writing (built-in model, tests) --------------------------------------------------------
+
+export interface TensorToWrite {
+  name: string;
+  shape: number[];
+  data: Float32Array;
+  dtype: StDType;
+}
+
+export function encodeSafetensors(tensors: TensorToWrite[], metadata: Record<string, string> = {}): Uint8Array {
+  const header: Record<string, unknown> = { __metadata__: metadata };
+  let off = 0;
+  for (const t of tensors) {
+    const count = t.shape.reduce((a, x) => a * x, 1);
+    if (count !== t.data.length) throw new SafetensorsError(`tensor "${t.name}": shape [${t.shape}] holds ${count} values, data has ${t.data.length}`);
+    const n = count * DTYPE_SIZE[t.dtype];
+    header[t.name] = { dtype: t.dtype, shape: t.shape, data_offsets: [off, off + n] };
+    off += n;
+  }
+  let hjson = JSON.stringify(header);
+  hjson += ' '.repeat((8 - ((8 + Buffer.byteLength(hjson)) % 8)) % 8); // keep data 8-byte aligned
+  const hbytes = Buffer.from(hjson, 'utf8');
+  const out = new Uint8Array(8 + hbytes.length + off);
+  const dv = new DataView(out.buffer);
+  dv.setBigUint64(0, BigInt(hbytes.length), true);
+  out.set(hbytes, 8);
+  let p = 8 + hbytes.length;
+  for (const t of tensors) {
+    if (t.dtype === 'F32') {
+      out.set(new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength), p);
+      p += t.data.byteLength;
+    } else {
+      const conv = t.dtype === 'F16' ? f32ToF16 : f32ToBf16;
+      for (let i = 0; i < t.data.length; i++, p += 2) dv.setUint16(p, conv(t.data[i]!), true);
+    }
+  }
+  return out;
+}
+
+/** Writes a safetensors file atomically (temp file + rename). */
+export async function writeSafetensors(file: string, tensors: TensorToWrite[], metadata: Record<string, string> = {}): Promise<void> {
+  const tmp = `${file}.tmp-${process.pid}-${Date.now()}`;
+  await writeFile(tmp, encodeSafetensors(tensors, metadata));
+  await rename(tmp, file);
+}

@@ -1,0 +1,197 @@
+// Tokenizer: a checkpoint's tokenizer.json read by @huggingface/tokenizers, plus the chat template
+// from tokenizer_config.json rendered by @huggingface/jinja, plus an incremental decoder so that
+// streamed deltas never split a multi-byte character (byte-fallback tokens) or lose the leading
+// space that SentencePiece-style decoders strip from the first token of a string.
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
+import { Template } from '@huggingface/jinja';
+
+export class TokenizerError extends Error {
+  override name = 'TokenizerError';
+}
+
+/** A chat template could not be applied to the given messages (a client error: 400). */
+export class ChatTemplateError extends Error {
+  override name = 'ChatTemplateError';
+}
+
+export interface ChatMessage {
+  role: string;
+  content: string;
+}
+
+/** Llama-2 chat format, used when tokenizer_config.json carries no chat_template. */
+export const DEFAULT_CHAT_TEMPLATE =
+  "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = messages[0]['content'] %}" +
+  '{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}' +
+  '{% for message in loop_messages %}' +
+  "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}" +
+  "{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}" +
+  "{% else %}{% set content = message['content'] %}{% endif %}" +
+  "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}" +
+  "{% elif message['role'] == 'assistant' %}{{ ' ' + content.strip() + ' ' + eos_token }}{% endif %}" +
+  '{% endfor %}';
+
+async function readJson(file: string): Promise<Record<string, unknown>> {
+  let text: string;
+  try {
+    text = await readFile(file, 'utf8');
+  } catch (e) {
+    throw new TokenizerError(`${file}: cannot read (${(e as Error).message})`);
+  }
+  try {
+    return JSON.parse(text) as Record<string, unknown>;
+  } catch (e) {
+    throw new TokenizerError(`${file}: not valid JSON (${(e as Error).message})`);
+  }
+}
+
+function tokenContent(v: unknown): string | null {
+  if (typeof v === 'string') return v;
+  if (v && typeof v === 'object' && typeof (v as { content?: unknown }).content === 'string') return (v as { content: string }).content;
+  return null;
+}
+
+export class Tokenizer {
+  readonly bosTokenId: number | null;
+  readonly eosTokenId: number | null;
+  readonly bosToken: string | null;
+  readonly eosToken: string | null;
+  readonly addBosDefault: boolean;
+  readonly vocabSize: number;
+  private readonly template: Template;
+  private readonly specialIds: Set<number>;
+
+  private constructor(
+    private readonly hf: HfTokenizer,
+    config: Record<string, unknown>,
+    readonly chatTemplateSource: string,
+  ) {
+    this.bosToken = tokenContent(config.bos_token);
+    this.eosToken = tokenContent(config.eos_token);
+    this.bosTokenId = this.bosToken !== null ? (hf.token_to_id(this.bosToken) ?? null) : null;
+    this.eosTokenId = this.eosToken !== null ? (hf.token_to_id(this.eosToken) ?? null) : null;
+    this.addBosDefault = config.add_bos_token === undefined ? this.bosTokenId !== null : config.add_bos_token === true;
+    this.vocabSize = hf.get_vocab(true).size;
+    this.specialIds = new Set([...hf.get_added_tokens_decoder()].filter(([, t]) => t.special).map(([id]) => id));
+    try {
+      this.template = new Template(chatTemplateSource);
+    } catch (e) {
+      throw new TokenizerError(`chat_template does not parse: ${(e as Error).message}`);
+    }
+  }
+
+  /** Loads `<dir>/tokenizer.json` and `<dir>/tokenizer_config.json` (the latter optional). */
+  static async load(dir: string): Promise<Tokenizer> {
+    const tj = await readJson(join(dir, 'tokenizer.json'));
+    let cfg: Record<string, unknown> = {};
+    try {
+      cfg = await readJson(join(dir, 'tokenizer_config.json'));
+    } catch (e) {
+      if (!/cannot read/.test((e as Error).message)) throw e;
+    }
+    let hf: HfTokenizer;
+    try {
+      hf = new HfTokenizer(tj, cfg);
+    } catch (e) {
+      throw new TokenizerError(`${join(dir, 'tokenizer.json')}: unsupported tokenizer (${(e as Error).message})`);
+    }
+    let tpl = cfg.chat_template;
+    if (Array.isArray(tpl)) tpl = (tpl as { name?: string; template?: string }[]).find((t) => t.name === 'default')?.template;
+    return new Tokenizer(hf, cfg, typeof tpl === 'string' ? tpl : DEFAULT_CHAT_TEMPLATE);
+  }
+
+  /** Text → ids. Special-token text in the input (e.g. "<s>") maps to its id. */
+  encode(text: string, opts: { addBos?: boolean } = {}): number[] {
+    const ids = this.hf.encode(text, { add_special_tokens: false }).ids;
+    const addBos = opts.addBos ?? this.addBosDefault;
+    if (addBos && this.bosTokenId !== null && ids[0] !== this.bosTokenId) return [this.bosTokenId, ...ids];
+    return ids;
+  }
+
+  decode(ids: number[], opts: { skipSpecialTokens?: boolean } = {}): string {
+    return this.hf.decode(ids, { skip_special_tokens: opts.skipSpecialTokens ?? true });
+  }
+
+  isSpecial(id: number): boolean {
+    return this.specialIds.has(id);
+  }
+
+  /** Renders the chat template (with the generation prompt) into the prompt text. */
+  applyChatTemplate(messages: ChatMessage[], opts: { addGenerationPrompt?: boolean } = {}): string {
+    try {
+      return this.template.render({
+        messages,
+        bos_token: this.bosToken ?? '',
+        eos_token: this.eosToken ?? '',
+        add_generation_prompt: opts.addGenerationPrompt ?? true,
+      });
+    } catch (e) {
+      throw new ChatTemplateError(`messages: chat template failed: ${(e as Error).message}`);
+    }
+  }
+
+  /** Chat messages → prompt ids. The template supplies BOS itself, so none is added here. */
+  encodeChat(messages: ChatMessage[]): number[] {
+    const text = this.applyChatTemplate(messages);
+    const startsWithBos = this.bosToken !== null && this.bosToken !== '' && text.startsWith(this.bosToken);
+    return this.encode(text, { addBos: !startsWithBos && this.addBosDefault });
+  }
+
+  /** A streaming detokenizer for one sequence; `context` = prompt ids give correct leading spaces. */
+  streamDecoder(context: number[] = []): IncrementalDecoder {
+    return new IncrementalDecoder(this, context);
+  }
+}
+
+/**
+ * Incremental detokenization (the approach vLLM uses): decode a short window of previous tokens
+ * plus the new ones and emit only the text beyond the window's own decoding. Text ending in
+ * U+FFFD (an incomplete UTF-8 sequence from byte-fallback tokens) is held back until complete.
+ */
+export class IncrementalDecoder {
+  private ids: number[];
+  private prefixOffset: number;
+  private readOffset: number;
+  /** All text emitted so far. */
+  text = '';
+
+  constructor(
+    private readonly tok: Tokenizer,
+    context: number[] = [],
+  ) {
+    const ctx = context.filter((id) => !tok.isSpecial(id)).slice(-6);
+    this.ids = ctx;
+    this.prefixOffset = 0;
+    this.readOffset = ctx.length;
+  }
+
+  /** Adds generated ids; returns the new text they complete (possibly ''). */
+  push(...newIds: number[]): string {
+    let out = '';
+    for (const id of newIds) {
+      if (this.tok.isSpecial(id)) continue;
+      this.ids.push(id);
+      const prefix = this.tok.decode(this.ids.slice(this.prefixOffset, this.readOffset));
+      const full = this.tok.decode(this.ids.slice(this.prefixOffset));
+      if (full.length > prefix.length && !full.endsWith('\uFFFD')) {
+        out += full.slice(prefix.length);
+        this.prefixOffset = this.readOffset;
+        this.readOffset = this.ids.length;
+      }
+    }
+    this.text += out;
+    return out;
+  }
+
+  /** Whatever is still held back (an incomplete character at the very end), emitted as is. */
+  flush(): string {
+    const prefix = this.tok.decode(this.ids.slice(this.prefixOffset, this.readOffset));
+    const full = this.tok.decode(this.ids.slice(this.prefixOffset));
+    const rest = full.length > prefix.length ? full.slice(prefix.length) : '';
+    this.prefixOffset = this.readOffset = this.ids.length;
+    this.text += rest;
+    return rest;
+  }
+}

@@ -3,6 +3,7 @@
 // registered here, so `kvc --help` lists everything the stack can run.
 import { Command } from 'commander';
 import { registerKeys } from './keys.js';
+import { registerEngine } from './engine.js';
 import { registerController } from './controller.js';
 import { registerProxy } from './proxy.js';
 
@@ -14,6 +15,7 @@ program
   .showHelpAfterError();
 
 registerKeys(program);
+registerEngine(program);
 registerController(program);
 registerProxy(program);
 

@@ -1,0 +1,89 @@
+// `kvc engine`: the OpenAI-compatible CPU inference server (DESIGN §7).
+import type { Command } from 'commander';
+import { logger } from '../common/log.js';
+import { startEngine } from '../engine/server.js';
+
+const log = logger('engine');
+
+function posInt(flag: string, v: string | undefined): number | undefined {
+  if (v === undefined) return undefined;
+  if (!/^\d+$/.test(v) || Number(v) < 1) throw new Error(`${flag}: expected a positive integer, found "${v}"`);
+  return Number(v);
+}
+
+interface EngineFlags {
+  host: string;
+  port: string;
+  model: string;
+  servedModelName?: string;
+  maxModelLen?: string;
+  maxNumSeqs?: string;
+  maxNumBatchedTokens?: string;
+  maxQueueLen?: string;
+  kvCacheMemory?: string;
+  kvTransferConfig?: string;
+}
+
+export function registerEngine(program: Command): void {
+  program
+    .command('engine')
+    .description('serve a Llama-architecture model on the CPU with an OpenAI-compatible API')
+    .requiredOption('--port <port>', 'HTTP port')
+    .option('--host <host>', 'address to bind', '127.0.0.1')
+    .option('--model <model>', '"builtin:tiny" (random weights, generated at first use) or a Hugging Face checkpoint directory', 'builtin:tiny')
+    .option('--served-model-name <name>', 'model name clients send (default: the --model value)')
+    .option('--max-model-len <n>', 'longest prompt + completion in tokens (default: the model\'s max_position_embeddings)')
+    .option('--max-num-seqs <n>', 'sequences computed concurrently', '16')
+    .option('--max-num-batched-tokens <n>', 'tokens per engine step (prefill chunk + decode rows)', '512')
+    .option('--max-queue-len <n>', 'requests that may wait for a slot before new ones get 503', '1024')
+    .option('--kv-cache-memory <GiB>', 'paged KV budget in GiB (default: max-num-seqs full-length sequences, at most 4)')
+    .option('--kv-transfer-config <json>', 'connector JSON, e.g. {"kv_connector":"KvcConnectorV1","kv_role":"kv_both"}; the cache instance is read from $KVC_CONFIG_FILE')
+    .option('--enforce-eager', 'accepted for compatibility; the CPU engine has no graph mode (no effect)')
+    .option('--no-enable-prefix-caching', 'accepted for compatibility; prefix reuse is the connector\'s job here (no effect)')
+    .option('--disable-log-requests', 'accepted for compatibility; requests are not logged one by one (no effect)')
+    .action(async (f: EngineFlags) => {
+      const port = Number(f.port);
+      if (!/^\d+$/.test(f.port) || port < 1 || port > 65535) throw new Error(`--port: expected a port between 1 and 65535, found "${f.port}"`);
+      let kvCacheBytes: number | undefined;
+      if (f.kvCacheMemory !== undefined) {
+        const g = Number(f.kvCacheMemory);
+        if (!Number.isFinite(g) || g <= 0) throw new Error(`--kv-cache-memory: expected a size in GiB > 0, found "${f.kvCacheMemory}"`);
+        kvCacheBytes = Math.floor(g * 1024 ** 3);
+      }
+      const engine = await startEngine({
+        host: f.host,
+        port,
+        model: f.model,
+        servedModelName: f.servedModelName,
+        maxModelLen: posInt('--max-model-len', f.maxModelLen),
+        maxNumSeqs: posInt('--max-num-seqs', f.maxNumSeqs),
+        maxNumBatchedTokens: posInt('--max-num-batched-tokens', f.maxNumBatchedTokens),
+        maxQueue: posInt('--max-queue-len', f.maxQueueLen),
+        kvCacheBytes,
+        kvTransferConfig: f.kvTransferConfig,
+        processMetrics: true,
+      });
+      log.info(`serving "${engine.modelName}" (model id ${engine.modelId}, max_model_len ${engine.maxModelLen})`);
+      process.stdout.write(`engine listening on ${engine.url}\n`);
+      let stopping = false;
+      const stop = (sig: string) => {
+        if (stopping) return;
+        stopping = true;
+        log.info(`${sig}: shutting down`);
+        const force = setTimeout(() => {
+          log.error('shutdown took longer than 15 s; exiting');
+          process.exit(1);
+        }, 15_000);
+        force.unref();
+        engine.close().then(
+          () => process.exit(0),
+          (e: unknown) => {
+            log.error(`shutdown failed: ${(e as Error).message}`);
+            process.exit(1);
+          },
+        );
+      };
+      process.on('SIGTERM', () => stop('SIGTERM'));
+      process.on('SIGINT', () => stop('SIGINT'));
+    });
+}

@@ -1,0 +1,74 @@
+// Request schemas of the OpenAI-compatible endpoints. Unknown fields are ignored (clients
+// send many optional ones); known fields are type-checked and every violation becomes a 400
+// that names the field. Features this engine does not implement (n > 1, logprobs, penalties)
+// are refused explicitly rather than silently ignored.
+import { z } from 'zod';
+import { tokenIds } from '../common/validate.js';
+
+const tokenList = tokenIds.min(1, 'expected at least one token id');
+
+const samplingFields = {
+  model: z.string('expected a string').optional(),
+  max_tokens: z.number('expected an integer').int('expected an integer').min(1, 'expected an integer >= 1').nullish(),
+  temperature: z.number('expected a number').min(0, 'expected a number in [0, 2]').max(2, 'expected a number in [0, 2]').nullish(),
+  top_p: z.number('expected a number').gt(0, 'expected a number in (0, 1]').max(1, 'expected a number in (0, 1]').nullish(),
+  top_k: z.number('expected an integer').int('expected an integer').min(-1, 'expected -1 (off) or a positive integer').nullish(),
+  seed: z.number('expected an integer').int('expected an integer').nullish(),
+  stop: z.union([z.string(), z.array(z.string('expected a string')).max(16, 'expected at most 16 stop strings')], 'expected a string or an array of strings').nullish(),
+  stop_token_ids: z.array(z.number().int('expected an integer token id').min(0)).nullish(),
+  ignore_eos: z.boolean('expected a boolean').nullish(),
+  stream: z.boolean('expected a boolean').nullish(),
+  stream_options: z.object({ include_usage: z.boolean('expected a boolean').nullish() }, 'expected an object').nullish(),
+  n: z.literal(1, 'only n = 1 is supported').nullish(),
+  presence_penalty: z.literal(0, 'penalties are not supported (expected 0)').nullish(),
+  frequency_penalty: z.literal(0, 'penalties are not supported (expected 0)').nullish(),
+  kv_transfer_params: z.record(z.string(), z.unknown(), 'expected an object').nullish(),
+  user: z.string('expected a string').nullish(),
+};
+
+export const completionRequest = z.object({
+  ...samplingFields,
+  prompt: z.union([z.string(), tokenList, z.tuple([z.string()]), z.tuple([tokenList])], 'expected a string or an array of token ids (one prompt per request)'),
+  logprobs: z.null('logprobs are not supported').optional(),
+  echo: z.literal(false, 'echo is not supported').nullish(),
+  best_of: z.literal(1, 'best_of > 1 is not supported').nullish(),
+  suffix: z.null('suffix is not supported').optional(),
+});
+export type CompletionRequest = z.infer<typeof completionRequest>;
+
+const textPart = z.object({ type: z.literal('text', 'only text content parts are supported'), text: z.string('expected a string') });
+export const chatMessage = z.object({
+  role: z.enum(['system', 'developer', 'user', 'assistant', 'tool'], 'expected one of system, developer, user, assistant, tool'),
+  content: z.union([z.string(), z.array(textPart)], 'expected a string or an array of text parts').nullish(),
+});
+
+export const chatRequest = z.object({
+  ...samplingFields,
+  messages: z.array(chatMessage, 'expected an array of messages').min(1, 'expected at least one message'),
+  max_completion_tokens: z.number('expected an integer').int('expected an integer').min(1, 'expected an integer >= 1').nullish(),
+  logprobs: z.literal(false, 'logprobs are not supported').nullish(),
+  tools: z.array(z.unknown()).max(0, 'tools are not supported').nullish(),
+});
+export type ChatRequest = z.infer<typeof chatRequest>;
+
+export const tokenizePromptRequest = z.object({
+  model: z.string('expected a string').optional(),
+  prompt: z.string('expected a string'),
+  add_special_tokens: z.boolean('expected a boolean').optional(),
+});
+export const tokenizeChatRequest = z.object({
+  model: z.string('expected a string').optional(),
+  messages: z.array(chatMessage, 'expected an array of messages').min(1, 'expected at least one message'),
+});
+
+export const detokenizeRequest = z.object({
+  model: z.string('expected a string').optional(),
+  tokens: tokenIds,
+});
+
+/** Flattens a message's content (string or text parts) into the template's string form. */
+export function messageText(m: z.infer<typeof chatMessage>): string {
+  if (m.content === null || m.content === undefined) return '';
+  if (typeof m.content === 'string') return m.content;
+  return m.content.map((p) => p.text).join('');
+}

@@ -1,0 +1,228 @@
+// KvcConnectorV1: moves a prompt's KV between the engine's paged cache and the cache
+// instance (KvcStore) or a transfer plugin, keyed by chunk keys (DESIGN §2).
+//
+//  before prefill  the longest prefix of chunks found (received chunks first for kv_consumer,
+//                  then the store) is imported into the paged KV; only the rest is computed.
+//                  At least the last prompt token (and for consumers `skip_last_n_tokens`) is
+//                  always recomputed: its logits give the first output token.
+//  after prefill   chunks the store does not hold yet are exported from the paged KV, sealed
+//                  and stored (the partial last chunk too, unless discard_partial_chunks);
+//                  kv_producer also hands every chunk to the transfer plugin.
+//
+// Every loaded chunk is verified (checksum, key, layout, token count) before it is used: a
+// bad chunk ends the loaded prefix and the rest is computed, never served wrong.
+import { HEADER_BYTES, chunkBytes, describeLayout, payloadBytes, sameLayout, sealChunk, verifyChunk, type KvLayout } from '../common/chunk.js';
+import type { CacheConfig, ConnectorConfig } from '../common/config.js';
+import { chunkKeys, type ChunkSpan } from '../common/keys.js';
+import { logger } from '../common/log.js';
+import type { KvcStore } from '../kvc/store.js';
+import type { PagedKvCache } from './model/kv_cache.js';
+import type { EngineMetrics } from './metrics.js';
+import type { KvTransferPlugin, ReceivedKv, SealedChunk, TransferRequest } from './transfer.js';
+
+const log = logger('engine.connector');
+
+/** Bound on reading one chunk from the store (a disk tier that hangs must not hang a request). */
+const LOAD_TIMEOUT_MS = 30_000;
+
+export interface ConnectorRequest {
+  seqId: number;
+  requestId: string;
+  prompt: readonly number[];
+  kvTransferParams: Record<string, unknown> | undefined;
+  /** True once the client went away; loading stops at the next await. */
+  cancelled(): boolean;
+}
+
+export interface LoadResult {
+  /** Prompt tokens now present in the paged KV. */
+  tokens: number;
+  source: 'cache' | 'transfer' | 'none';
+}
+
+export interface ConnectorOptions {
+  config: ConnectorConfig;
+  cacheConfig: CacheConfig;
+  store: KvcStore;
+  modelId: string;
+  layout: KvLayout;
+  seed: bigint;
+  metrics: EngineMetrics;
+  transfer: KvTransferPlugin | null;
+}
+
+function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let t: NodeJS.Timeout;
+  return Promise.race([
+    p,
+    new Promise<T>((_, rej) => {
+      t = setTimeout(() => rej(new Error(`${what} timed out after ${ms} ms`)), ms);
+    }),
+  ]).finally(() => clearTimeout(t));
+}
+
+/** The first `keep` tokens of a chunk payload [2][L][n][kvDim], repacked as [2][L][keep][kvDim]. */
+function slicePayload(layout: KvLayout, payload: Uint8Array, n: number, keep: number): Uint8Array {
+  if (keep === n) return payload;
+  const row = payloadBytes(layout, 1) / (2 * layout.numLayers);
+  const out = new Uint8Array(payloadBytes(layout, keep));
+  for (let part = 0; part < 2 * layout.numLayers; part++) {
+    out.set(payload.subarray(part * n * row, (part * n + keep) * row), part * keep * row);
+  }
+  return out;
+}
+
+export class KvcConnectorV1 {
+  readonly role: ConnectorConfig['kv_role'];
+  readonly chunkSize: number;
+  readonly discardPartial: boolean;
+  readonly skipLastN: number;
+  readonly store: KvcStore;
+  readonly transfer: KvTransferPlugin | null;
+
+  constructor(private readonly o: ConnectorOptions) {
+    this.role = o.config.kv_role;
+    this.chunkSize = o.cacheConfig.chunk_size;
+    this.discardPartial = o.config.kv_connector_extra_config.discard_partial_chunks;
+    this.skipLastN = o.config.kv_connector_extra_config.skip_last_n_tokens;
+    this.store = o.store;
+    this.transfer = o.transfer;
+  }
+
+  spans(prompt: readonly number[]): ChunkSpan[] {
+    return chunkKeys(prompt, { modelId: this.o.modelId, chunkSize: this.chunkSize, seed: this.o.seed, discardPartialChunks: this.discardPartial });
+  }
+
+  private transferRequest(req: ConnectorRequest, spans: ChunkSpan[]): TransferRequest {
+    return { requestId: req.requestId, promptTokens: req.prompt, spans, kvTransferParams: req.kvTransferParams };
+  }
+
+  /** Checks a chunk against what the request expects; returns its payload or null (logged). */
+  private accept(buf: Uint8Array, span: ChunkSpan, from: string): Uint8Array | null {
+    try {
+      const h = verifyChunk(buf, span.key);
+      if (!sameLayout(h, this.o.layout)) {
+        log.warn(`chunk ${span.key} from ${from} has layout ${describeLayout(h)}, this engine uses ${describeLayout(this.o.layout)}; computing instead`);
+        return null;
+      }
+      if (h.numTokens !== span.end - span.start) {
+        log.warn(`chunk ${span.key} from ${from} holds ${h.numTokens} tokens, expected ${span.end - span.start}; computing instead`);
+        return null;
+      }
+      return buf.subarray(HEADER_BYTES);
+    } catch (e) {
+      log.warn(`chunk ${span.key} from ${from} rejected: ${(e as Error).message}; computing instead`);
+      return null;
+    }
+  }
+
+  /**
+   * Imports the longest usable prefix of the prompt's KV into `kv` for `req.seqId` (which must
+   * already hold room for the prompt). Never throws for a missing or bad chunk: it stops there.
+   */
+  async load(req: ConnectorRequest, kv: PagedKvCache): Promise<LoadResult> {
+    const spans = this.spans(req.prompt);
+    // Positions that may be imported: all but the recomputed tail.
+    const recompute = Math.max(1, this.role === 'kv_consumer' ? this.skipLastN : 0);
+    const maxLoad = req.prompt.length - recompute;
+    let received: ReceivedKv | null = null;
+    if (this.role === 'kv_consumer' && this.transfer?.received && spans.length && maxLoad > 0) {
+      try {
+        received = await withTimeout(this.transfer.received(this.transferRequest(req, spans)), LOAD_TIMEOUT_MS, 'transfer lookup');
+      } catch (e) {
+        log.warn(`request ${req.requestId}: transfer lookup failed (${(e as Error).message}); computing the prompt`);
+      }
+    }
+    let loaded = 0;
+    let fromTransfer = 0;
+    try {
+      for (const span of spans) {
+        if (span.start >= maxLoad || req.cancelled()) break;
+        let payload: Uint8Array | null = null;
+        let source: 'cache' | 'transfer' = 'cache';
+        if (received) {
+          const buf = await received.get(span.key);
+          if (buf) {
+            payload = this.accept(buf, span, 'transfer');
+            source = 'transfer';
+          }
+        }
+        if (!payload) {
+          // The CPU tier can be read in place: the import below copies synchronously.
+          const peeked = this.store.cpu()?.peek(span.key) ?? null;
+          const buf = peeked ?? (this.store.has(span.key) ? await withTimeout(this.store.get(span.key), LOAD_TIMEOUT_MS, `reading chunk ${span.key}`) : null);
+          if (buf) {
+            payload = this.accept(buf, span, 'cache');
+            source = 'cache';
+          }
+        }
+        if (!payload || req.cancelled()) break;
+        const n = span.end - span.start;
+        const keep = Math.min(n, maxLoad - span.start);
+        kv.importRange(req.seqId, span.start, slicePayload(this.o.layout, payload, n, keep), keep);
+        loaded = span.start + keep;
+        if (source === 'transfer') fromTransfer += keep;
+      }
+    } catch (e) {
+      log.warn(`request ${req.requestId}: loading KV stopped after ${loaded} tokens: ${(e as Error).message}`);
+    } finally {
+      received?.release();
+    }
+    if (loaded > 0 && !req.cancelled()) {
+      this.o.metrics.tokensLoaded.inc(loaded);
+      if (fromTransfer) this.o.metrics.tokensLoadedBySource.inc({ source: 'transfer' }, fromTransfer);
+      if (loaded - fromTransfer) this.o.metrics.tokensLoadedBySource.inc({ source: 'cache' }, loaded - fromTransfer);
+    }
+    return { tokens: loaded, source: loaded === 0 ? 'none' : fromTransfer > 0 ? 'transfer' : 'cache' };
+  }
+
+  /**
+   * Called right after the prompt's last token was computed, while the sequence still holds
+   * its KV: exports what must be stored or sent (synchronously), then stores and sends in the
+   * background. The promise resolves to the kv_transfer_params to answer with (if any); it
+   * never rejects.
+   */
+  save(req: ConnectorRequest, kv: PagedKvCache): Promise<Record<string, unknown> | undefined> {
+    const spans = this.spans(req.prompt);
+    const canStore = this.store.locations().length > 0;
+    const wantSend = this.role === 'kv_producer' && !!this.transfer?.send && req.kvTransferParams?.disagg_spec !== undefined;
+    const sealed: SealedChunk[] = [];
+    const toStore: SealedChunk[] = [];
+    try {
+      for (const span of spans) {
+        const stored = canStore && this.store.has(span.key);
+        if (stored && !wantSend) continue;
+        if (!canStore && !wantSend) break;
+        const n = span.end - span.start;
+        const buf = new Uint8Array(chunkBytes(this.o.layout, n));
+        kv.exportRange(req.seqId, span.start, span.end, buf.subarray(HEADER_BYTES));
+        const c: SealedChunk = { key: span.key, start: span.start, end: span.end, chunk: sealChunk(buf, this.o.layout, n, span.key) };
+        if (wantSend) sealed.push(c);
+        if (canStore && !stored) toStore.push(c);
+      }
+    } catch (e) {
+      log.warn(`request ${req.requestId}: exporting KV failed: ${(e as Error).message}`);
+      return Promise.resolve(undefined);
+    }
+    const storing = (async () => {
+      for (const c of toStore) {
+        try {
+          await this.store.put(c.key, c.chunk);
+          this.o.metrics.chunksSaved.inc();
+        } catch (e) {
+          log.warn(`request ${req.requestId}: chunk ${c.key} not stored: ${(e as Error).message}`);
+        }
+      }
+    })();
+    const sending = wantSend
+      ? this.transfer!.send!(this.transferRequest(req, spans), sealed).then(
+          (r) => r ?? undefined,
+          (e: unknown) => {
+            log.warn(`request ${req.requestId}: KV transfer failed (${(e as Error).message}); the decoder will compute the prompt`);
+            return undefined;
+          },
+        )
+      : Promise.resolve(undefined);
+    return Promise.all([storing, sending]).then(([, params]) => params);
+  }
+}

@@ -1,0 +1,33 @@
+// Loads what the engine serves: the model (built-in or a checkpoint directory) and its
+// tokenizer, through the same loader either way.
+import type { KvLayout } from '../common/chunk.js';
+import type { ModelConfig } from './model/config.js';
+import type { PagedKvCache } from './model/kv_cache.js';
+import { resolveModelDir } from './model/builtin.js';
+import { LlamaModel } from './model/model.js';
+import { Tokenizer } from './model/tokenizer.js';
+import type { ForwardSegment, Forwarder } from './scheduler.js';
+
+export interface EngineModel extends Forwarder {
+  dir: string;
+  /** Identity used in chunk keys (same model ⇒ same id on every engine). */
+  modelId: string;
+  config: ModelConfig;
+  layout: KvLayout;
+  tokenizer: Tokenizer;
+  llama: LlamaModel;
+}
+
+export async function loadEngineModel(spec: string): Promise<EngineModel> {
+  const dir = await resolveModelDir(spec);
+  const [llama, tokenizer] = await Promise.all([LlamaModel.load(dir), Tokenizer.load(dir)]);
+  return {
+    dir: llama.dir,
+    modelId: llama.modelId,
+    config: llama.config,
+    layout: llama.layout,
+    tokenizer,
+    llama,
+    forward: (segments: ForwardSegment[], kv: PagedKvCache) => llama.forward(segments, kv),
+  };
+}

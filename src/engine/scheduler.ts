@@ -1,0 +1,340 @@
+// Continuous batching over the paged KV cache.
+//
+// A request becomes a Sequence. Sequences wait in a FIFO queue (bounded: a full queue is a
+// 503) until a slot (--max-num-seqs) and room in the paged KV for prompt + max_tokens are
+// free; KV is reserved up front, so an admitted sequence always runs to completion and no
+// request ever fails for lack of memory. Each engine step builds ONE model forward over
+// the decode rows of every running sequence plus prefill chunks of sequences still reading
+// their prompt, within a token budget (--max-num-batched-tokens). Between steps the loop
+// yields to the event loop, so HTTP stays responsive while the model computes.
+//
+// The model's forward is batch-invariant (each row's arithmetic does not depend on what else
+// is in the batch), so greedy output is identical alone or among other requests, and a
+// prompt computed in chunks or loaded from the cache gives the same tokens.
+import { setImmediate as yieldToLoop } from 'node:timers/promises';
+import { unavailable } from '../common/errors.js';
+import { logger } from '../common/log.js';
+import type { KvcConnectorV1 } from './connector.js';
+import type { EngineMetrics } from './metrics.js';
+import type { PagedKvCache } from './model/kv_cache.js';
+import type { Sampler } from './sampler.js';
+
+const log = logger('engine.scheduler');
+
+export interface ForwardSegment {
+  seqId: number;
+  tokens: number[];
+  startPos: number;
+  wantLogits: boolean;
+}
+
+/** The part of the model the scheduler drives. */
+export interface Forwarder {
+  forward(segments: ForwardSegment[], kv: PagedKvCache): Float32Array[];
+}
+
+export type FinishReason = 'stop' | 'length' | 'abort' | 'error';
+
+export interface SequenceEvents {
+  /** A token was generated (called synchronously inside the step). */
+  onToken(token: number): void;
+  /** The sequence ended; its KV is already released. `error` is set for reason 'error'. */
+  onFinish(reason: FinishReason, error?: Error): void;
+}
+
+export interface SequenceInit {
+  requestId: string;
+  prompt: number[];
+  maxTokens: number;
+  sampler: Sampler;
+  /** Token ids that end generation (EOS); empty with ignore_eos. */
+  stopTokenIds: ReadonlySet<number>;
+  kvTransferParams: Record<string, unknown> | undefined;
+  events: SequenceEvents;
+}
+
+type State = 'waiting' | 'loading' | 'running' | 'finished';
+
+export class Sequence {
+  readonly id: number;
+  readonly arrival = performance.now();
+  readonly output: number[] = [];
+  state: State = 'waiting';
+  /** Prompt/output positions whose KV is in the paged cache. */
+  computed = 0;
+  /** Prompt tokens loaded (cache or transfer) rather than computed. */
+  loadedTokens = 0;
+  firstTokenAt = 0;
+  lastTokenAt = 0;
+  finishReason: FinishReason | null = null;
+  /** Settles when the connector has stored/sent this prompt's KV; resolves to kv_transfer_params to answer with. */
+  kvDone: Promise<Record<string, unknown> | undefined> = Promise.resolve(undefined);
+
+  constructor(
+    id: number,
+    readonly init: SequenceInit,
+  ) {
+    this.id = id;
+  }
+
+  get prompt(): number[] {
+    return this.init.prompt;
+  }
+  /** KV positions this sequence can ever need: the last sampled token is never fed back. */
+  get kvNeed(): number {
+    return this.init.prompt.length + this.init.maxTokens - 1;
+  }
+  get prefilling(): boolean {
+    return this.computed < this.init.prompt.length;
+  }
+}
+
+export interface SchedulerOptions {
+  model: Forwarder;
+  kv: PagedKvCache;
+  metrics: EngineMetrics;
+  connector: KvcConnectorV1 | null;
+  maxNumSeqs: number;
+  maxNumBatchedTokens: number;
+  maxQueue: number;
+}
+
+export class Scheduler {
+  private readonly waiting: Sequence[] = [];
+  /** Admitted sequences in admission order (loading or running). */
+  private readonly active: Sequence[] = [];
+  private nextId = 1;
+  private wake: (() => void) | null = null;
+  private closed = false;
+  private readonly done: Promise<void>;
+  /** Steps run so far (for tests and logs). */
+  steps = 0;
+
+  constructor(private readonly o: SchedulerOptions) {
+    this.done = this.loop();
+  }
+
+  /** Largest number of KV positions a single sequence can be given. */
+  get capacityTokens(): number {
+    return this.o.kv.capacityTokens;
+  }
+  get numWaiting(): number {
+    return this.waiting.length;
+  }
+  get numActive(): number {
+    return this.active.length;
+  }
+
+  /** Queues a request. Throws a 503 KvcError when the queue is full or the engine is stopping. */
+  submit(init: SequenceInit): Sequence {
+    if (this.closed) throw unavailable('the engine is shutting down');
+    if (this.waiting.length >= this.o.maxQueue) {
+      throw unavailable(`the engine's queue is full (${this.o.maxQueue} requests waiting); retry later`);
+    }
+    const seq = new Sequence(this.nextId++, init);
+    this.waiting.push(seq);
+    this.o.metrics.promptTokens.inc(init.prompt.length);
+    this.updateGauges();
+    this.poke();
+    return seq;
+  }
+
+  /** Ends a sequence early (client gone, stop string seen). Frees its KV at once. */
+  cancel(seq: Sequence, reason: FinishReason = 'abort'): void {
+    if (seq.state === 'finished') return;
+    if (seq.state === 'waiting') {
+      const i = this.waiting.indexOf(seq);
+      if (i >= 0) this.waiting.splice(i, 1);
+    }
+    // A loading sequence keeps its blocks until the load returns (it may be writing them).
+    this.finish(seq, reason, undefined, seq.state !== 'loading');
+  }
+
+  private finish(seq: Sequence, reason: FinishReason, err?: Error, freeNow = true): void {
+    if (seq.state === 'finished') return;
+    const wasLoading = seq.state === 'loading';
+    seq.state = 'finished';
+    seq.finishReason = reason;
+    const i = this.active.indexOf(seq);
+    if (i >= 0 && (freeNow || !wasLoading)) {
+      this.active.splice(i, 1);
+      this.o.kv.free(seq.id);
+    }
+    if (seq.firstTokenAt) this.o.metrics.e2e.observe((performance.now() - seq.arrival) / 1000);
+    this.updateGauges();
+    this.poke();
+    try {
+      seq.init.events.onFinish(reason, err);
+    } catch (e) {
+      log.error(`finish callback of ${seq.init.requestId} threw: ${(e as Error).message}`);
+    }
+  }
+
+  private poke(): void {
+    const w = this.wake;
+    this.wake = null;
+    w?.();
+  }
+
+  private updateGauges(): void {
+    const m = this.o.metrics;
+    m.running.set(this.active.length);
+    m.waiting.set(this.waiting.length);
+    m.kvBlocks.set({ state: 'used' }, this.o.kv.usedBlocks);
+    m.kvBlocks.set({ state: 'total' }, this.o.kv.totalBlocks);
+    m.kvUsage.set(this.o.kv.usedBlocks / this.o.kv.totalBlocks);
+  }
+
+  /** Moves waiting sequences in FIFO order into the active set while slots and KV allow. */
+  private admit(): void {
+    while (this.waiting.length && this.active.length < this.o.maxNumSeqs) {
+      const seq = this.waiting[0]!;
+      if (!this.o.kv.canAllocate(seq.kvNeed)) break; // FIFO: later requests do not overtake
+      this.waiting.shift();
+      this.o.kv.allocate(seq.id, seq.kvNeed);
+      this.active.push(seq);
+      const conn = this.o.connector;
+      if (!conn) {
+        seq.state = 'running';
+        continue;
+      }
+      seq.state = 'loading';
+      conn
+        .load(
+          { seqId: seq.id, requestId: seq.init.requestId, prompt: seq.prompt, kvTransferParams: seq.init.kvTransferParams, cancelled: () => seq.state === 'finished' },
+          this.o.kv,
+        )
+        .then(
+          (r) => r.tokens,
+          (e: unknown) => {
+            log.warn(`request ${seq.init.requestId}: KV load failed: ${(e as Error).message}`);
+            return 0;
+          },
+        )
+        .then((tokens) => {
+          if (seq.state === 'finished') {
+            // Cancelled while loading: release now that nothing writes the blocks any more.
+            const i = this.active.indexOf(seq);
+            if (i >= 0) this.active.splice(i, 1);
+            this.o.kv.free(seq.id);
+            this.updateGauges();
+          } else {
+            seq.computed = tokens;
+            seq.loadedTokens = tokens;
+            seq.state = 'running';
+          }
+          this.poke();
+        });
+    }
+    this.updateGauges();
+  }
+
+  private async loop(): Promise<void> {
+    while (!this.closed) {
+      this.admit();
+      const ran = this.step();
+      if (ran) {
+        // Let HTTP handlers, timers and store I/O run between steps.
+        await yieldToLoop();
+        continue;
+      }
+      if (this.closed) break;
+      await new Promise<void>((r) => {
+        this.wake = r;
+      });
+    }
+  }
+
+  /** Runs one forward over decode rows + prefill chunks. Returns false when there was nothing to run. */
+  private step(): boolean {
+    const segs: ForwardSegment[] = [];
+    const rows: { seq: Sequence; n: number; logits: boolean }[] = [];
+    let budget = this.o.maxNumBatchedTokens;
+    // Decode rows first: one token each, they keep inter-token latency low.
+    for (const seq of this.active) {
+      if (seq.state !== 'running' || seq.prefilling) continue;
+      const last = seq.output[seq.output.length - 1]!;
+      segs.push({ seqId: seq.id, tokens: [last], startPos: seq.computed, wantLogits: true });
+      rows.push({ seq, n: 1, logits: true });
+      budget--;
+    }
+    // Then prompt chunks, oldest request first, within what is left of the budget.
+    for (const seq of this.active) {
+      if (budget <= 0) break;
+      if (seq.state !== 'running' || !seq.prefilling) continue;
+      const n = Math.min(budget, seq.prompt.length - seq.computed);
+      const end = seq.computed + n;
+      const logits = end === seq.prompt.length;
+      segs.push({ seqId: seq.id, tokens: seq.prompt.slice(seq.computed, end), startPos: seq.computed, wantLogits: logits });
+      rows.push({ seq, n, logits });
+      budget -= n;
+    }
+    if (!segs.length) return false;
+    this.steps++;
+    let out: Float32Array[];
+    try {
+      out = this.o.model.forward(segs, this.o.kv);
+    } catch (e) {
+      // A bug in the model must not take the server down: fail the sequences of this step.
+      log.error(`forward failed: ${(e as Error).stack ?? (e as Error).message}`);
+      for (const r of rows) this.finish(r.seq, 'error', e as Error);
+      return true;
+    }
+    let li = 0;
+    for (const r of rows) {
+      const seq = r.seq;
+      const logits = r.logits ? out[li++] : undefined;
+      if (seq.state === 'finished') continue; // cancelled by a callback earlier in this loop
+      const wasPrefill = seq.prefilling;
+      seq.computed += r.n;
+      if (wasPrefill) this.o.metrics.tokensComputed.inc(r.n);
+      if (!logits) continue;
+      if (wasPrefill) {
+        this.o.metrics.prefillRequests.inc();
+        const conn = this.o.connector;
+        if (conn) {
+          seq.kvDone = conn.save(
+            { seqId: seq.id, requestId: seq.init.requestId, prompt: seq.prompt, kvTransferParams: seq.init.kvTransferParams, cancelled: () => seq.state === 'finished' },
+            this.o.kv,
+          );
+        }
+      }
+      this.emit(seq, seq.init.sampler.sample(logits));
+    }
+    return true;
+  }
+
+  private emit(seq: Sequence, token: number): void {
+    const now = performance.now();
+    const m = this.o.metrics;
+    if (!seq.firstTokenAt) {
+      seq.firstTokenAt = now;
+      m.ttft.observe((now - seq.arrival) / 1000);
+    } else {
+      m.itl.observe((now - seq.lastTokenAt) / 1000);
+    }
+    seq.lastTokenAt = now;
+    seq.output.push(token);
+    m.generatedTokens.inc();
+    try {
+      seq.init.events.onToken(token);
+    } catch (e) {
+      log.error(`token callback of ${seq.init.requestId} threw: ${(e as Error).message}`);
+      this.finish(seq, 'error', e as Error);
+      return;
+    }
+    if (seq.state === 'finished') return; // a stop string ended it inside the callback
+    if (seq.init.stopTokenIds.has(token)) this.finish(seq, 'stop');
+    else if (seq.output.length >= seq.init.maxTokens) this.finish(seq, 'length');
+  }
+
+  /** Stops admitting, aborts everything queued or running, and waits for the loop to exit. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    for (const seq of [...this.waiting]) this.cancel(seq, 'abort');
+    for (const seq of [...this.active]) this.cancel(seq, 'abort');
+    this.poke();
+    await this.done;
+  }
+}

@@ -1,0 +1,90 @@
+// Event records of asynchronous controller operations (move, copy, pin, unpin, clear):
+// pending → running → finished | failed. Finished and failed events are kept in a bounded
+// history (oldest completed dropped first); pending/running ones are never dropped.
+import { randomUUID } from 'node:crypto';
+
+export type EventStatus = 'pending' | 'running' | 'finished' | 'failed';
+export type EventKind = 'move' | 'copy' | 'pin' | 'unpin' | 'clear';
+
+export interface EventRecord {
+  event_id: string;
+  kind: EventKind;
+  status: EventStatus;
+  num_tokens: number;
+  /** Chunks the operation acts on (scheduled); `done_chunks` how many completed. */
+  num_chunks: number;
+  done_chunks: number;
+  error: string | null;
+  /** What was asked, echoed for the reader of GET /events/{id}. */
+  request: Record<string, unknown>;
+  created_at: string;
+  started_at: string | null;
+  finished_at: string | null;
+  duration_ms: number | null;
+}
+
+export class EventLog {
+  private readonly events = new Map<string, EventRecord>();
+  private readonly completed: string[] = [];
+  private readonly t0 = new Map<string, number>();
+  readonly counts: Record<EventStatus, number> = { pending: 0, running: 0, finished: 0, failed: 0 };
+
+  constructor(private readonly maxHistory = 10_000) {}
+
+  create(kind: EventKind, num_tokens: number, num_chunks: number, request: Record<string, unknown>): EventRecord {
+    const ev: EventRecord = {
+      event_id: `${kind}-${randomUUID()}`,
+      kind,
+      status: 'pending',
+      num_tokens,
+      num_chunks,
+      done_chunks: 0,
+      error: null,
+      request,
+      created_at: new Date().toISOString(),
+      started_at: null,
+      finished_at: null,
+      duration_ms: null,
+    };
+    this.events.set(ev.event_id, ev);
+    this.t0.set(ev.event_id, performance.now());
+    this.counts.pending++;
+    return ev;
+  }
+
+  get(id: string): EventRecord | undefined {
+    return this.events.get(id);
+  }
+
+  start(ev: EventRecord): void {
+    if (ev.status !== 'pending') return;
+    this.counts.pending--;
+    this.counts.running++;
+    ev.status = 'running';
+    ev.started_at = new Date().toISOString();
+  }
+
+  finish(ev: EventRecord, done_chunks: number): void {
+    this.complete(ev, 'finished', null);
+    ev.done_chunks = done_chunks;
+  }
+
+  fail(ev: EventRecord, error: string): void {
+    this.complete(ev, 'failed', error);
+  }
+
+  private complete(ev: EventRecord, status: 'finished' | 'failed', error: string | null): void {
+    if (ev.status === 'finished' || ev.status === 'failed') return;
+    this.counts[ev.status]--;
+    this.counts[status]++;
+    ev.status = status;
+    ev.error = error;
+    ev.started_at ??= new Date().toISOString();
+    ev.finished_at = new Date().toISOString();
+    const t = this.t0.get(ev.event_id);
+    ev.duration_ms = t === undefined ? null : Math.round((performance.now() - t) * 1000) / 1000;
+    this.t0.delete(ev.event_id);
+    this.completed.push(ev.event_id);
+    while (this.completed.length > this.maxHistory) this.events.delete(this.completed.shift()!);
+  }
+}

@@ -1,0 +1,283 @@
+// What the controller's HTTP operations do: resolve positions against the registry, compute
+// chunk keys from tokens (src/common/keys.ts, with the instance's model id and chunk size and
+// the controller's PYTHONHASHSEED), ask the source how much of it it holds (num_tokens), then
+// run the command asynchronously under an event.
+//
+// Safety of moves lives in the instance worker (src/kvc/worker_ops.ts): the source sends
+// chunks peer to peer, the destination verifies and stores each one and acknowledges it, and
+// the source deletes its copies only after EVERY chunk was acknowledged. Any failure leaves
+// the source as it was and marks the event failed.
+import { badRequest, conflict, KvcError, notFound } from '../common/errors.js';
+import { chunkKeys, type ChunkSpan } from '../common/keys.js';
+import { logger } from '../common/log.js';
+import { EventLog, type EventKind, type EventRecord } from './events.js';
+import type { Registry, WorkerRec } from './registry.js';
+import { callWorker, workerName } from './worker_rpc.js';
+
+const log = logger('controller.ops');
+
+export interface OperationTimeouts {
+  /** Deadline of a short command to a worker (lookup, pin, unpin, health). */
+  commandMs: number;
+  /** Deadline of a move/copy/clear executed by a worker. */
+  transferMs: number;
+}
+
+export interface LookupResult {
+  /** Longest match over all instances. */
+  num_tokens: number;
+  layout_info: Record<string, { location: string; matched_tokens: number; locations: Record<string, number> }>;
+}
+
+export class Operations {
+  constructor(
+    readonly registry: Registry,
+    readonly events: EventLog,
+    private readonly seed: bigint,
+    private readonly timeouts: OperationTimeouts,
+  ) {}
+
+  /** Workers of an instance, in worker id order; 404 when the instance is unknown. */
+  workersOf(instanceId: string, field: string): WorkerRec[] {
+    const byWorker = this.registry.instances.get(instanceId);
+    if (!byWorker || byWorker.size === 0) {
+      const known = [...this.registry.instances.keys()];
+      throw notFound(`${field}: unknown instance "${instanceId}" (registered: ${known.length ? known.join(', ') : 'none'})`, 'unknown_instance');
+    }
+    return [...byWorker.values()].sort((a, b) => a.workerId - b.workerId);
+  }
+
+  private checkLocation(workers: WorkerRec[], location: string, field: string): void {
+    for (const w of workers) {
+      if (!w.locations.includes(location)) {
+        throw notFound(`${field}: location "${location}" is not configured on instance "${w.instanceId}" (configured: ${w.locations.join(', ') || 'none'})`, 'unknown_location');
+      }
+    }
+  }
+
+  spans(w: WorkerRec, tokens: readonly number[]): ChunkSpan[] {
+    return chunkKeys(tokens, { modelId: w.modelId, chunkSize: w.chunkSize, seed: this.seed });
+  }
+
+  /** Tokens covered by the first `n` chunks. */
+  private tokensOf(spans: ChunkSpan[], n: number): number {
+    return n > 0 ? spans[n - 1]!.end : 0;
+  }
+
+  /** Asks every worker how many leading keys it holds in `location`; returns the minimum. */
+  private async heldPrefix(workers: WorkerRec[], keys: string[], location: string): Promise<number> {
+    const counts = await Promise.all(
+      workers.map((w) => callWorker<{ count: number }>(w, 'POST', '/lookup', { keys, location }, this.timeouts.commandMs)),
+    );
+    return Math.min(...counts.map((c) => c.count));
+  }
+
+  /** Runs `work` under `ev` in the background: running, then finished or failed. */
+  private runEvent(ev: EventRecord, work: () => Promise<number>): void {
+    this.events.start(ev);
+    void (async () => {
+      try {
+        const done = await work();
+        this.events.finish(ev, done);
+        log.info(`${ev.event_id} finished (${ev.num_tokens} tokens, ${done} chunks)`);
+      } catch (e) {
+        const msg = e instanceof KvcError ? e.message : (e as Error).message;
+        this.events.fail(ev, msg);
+        log.warn(`${ev.event_id} failed: ${msg}`);
+      }
+    })();
+  }
+
+  private finishedNow(kind: EventKind, request: Record<string, unknown>): EventRecord {
+    const ev = this.events.create(kind, 0, 0, request);
+    this.events.finish(ev, 0);
+    return ev;
+  }
+
+  async move(req: { old_position: [string, string]; new_position: [string, string]; tokens: number[]; copy: boolean }): Promise<{ event_id: string; num_tokens: number }> {
+    const [srcId, srcLoc] = req.old_position;
+    const [dstId, dstLoc] = req.new_position;
+    const kind: EventKind = req.copy ? 'copy' : 'move';
+    const srcWorkers = this.workersOf(srcId, 'old_position[0]');
+    this.checkLocation(srcWorkers, srcLoc, 'old_position[1]');
+    const dstWorkers = this.workersOf(dstId, 'new_position[0]');
+    this.checkLocation(dstWorkers, dstLoc, 'new_position[1]');
+    if (srcId === dstId && srcLoc === dstLoc) throw badRequest('new_position: equals old_position; nothing to move', 'same_position');
+    const cross = srcId !== dstId;
+    // Pair source and destination workers by worker id (tensor-parallel ranks hold matching shards).
+    const pairs = srcWorkers.map((s) => {
+      const d = dstWorkers.find((x) => x.workerId === s.workerId);
+      if (!d) throw conflict(`new_position[0]: instance "${dstId}" has no worker ${s.workerId} to receive the shard of instance "${srcId}"`, 'worker_mismatch');
+      if (d.modelId !== s.modelId || d.chunkSize !== s.chunkSize) {
+        throw conflict(`new_position[0]: instance "${dstId}" serves model "${d.modelId}" with chunk size ${d.chunkSize}, instance "${srcId}" model "${s.modelId}" with chunk size ${s.chunkSize}; their chunks are not interchangeable`, 'incompatible_instances');
+      }
+      if (cross && !d.distributedUrl) throw conflict(`new_position[0]: instance "${dstId}" has no distributed_url; it cannot receive chunks from another instance`, 'no_distributed_url');
+      return { s, d };
+    });
+    const request = { old_position: req.old_position, new_position: req.new_position, copy: req.copy, tokens: req.tokens.length };
+    if (req.tokens.length === 0) {
+      const ev = this.finishedNow(kind, request);
+      return { event_id: ev.event_id, num_tokens: 0 };
+    }
+    const spans = this.spans(srcWorkers[0]!, req.tokens);
+    const keys = spans.map((s) => s.key);
+    const n = await this.heldPrefix(srcWorkers, keys, srcLoc);
+    const numTokens = this.tokensOf(spans, n);
+    const ev = this.events.create(kind, numTokens, n, request);
+    if (n === 0) {
+      this.events.finish(ev, 0);
+      return { event_id: ev.event_id, num_tokens: 0 };
+    }
+    const moveKeys = keys.slice(0, n);
+    this.runEvent(ev, async () => {
+      const results = await Promise.all(
+        pairs.map(({ s, d }) =>
+          callWorker<{ moved: number }>(
+            s,
+            'POST',
+            '/move',
+            {
+              event_id: ev.event_id,
+              keys: moveKeys,
+              location: srcLoc,
+              copy: req.copy,
+              target: cross ? { instance_id: d.instanceId, location: dstLoc, distributed_url: d.distributedUrl } : { location: dstLoc },
+              deadline_ms: this.timeouts.transferMs,
+            },
+            // The worker enforces the deadline itself; allow it time to report the failure.
+            this.timeouts.transferMs + 5000,
+          ),
+        ),
+      );
+      return Math.min(...results.map((r) => r.moved));
+    });
+    return { event_id: ev.event_id, num_tokens: numTokens };
+  }
+
+  async pin(req: { tokens: number[]; instance_id: string; location: string }, unpin: boolean): Promise<{ event_id: string; num_tokens: number }> {
+    const workers = this.workersOf(req.instance_id, 'instance_id');
+    this.checkLocation(workers, req.location, 'location');
+    const kind: EventKind = unpin ? 'unpin' : 'pin';
+    const request = { instance_id: req.instance_id, location: req.location, tokens: req.tokens.length };
+    if (req.tokens.length === 0) {
+      const ev = this.finishedNow(kind, request);
+      return { event_id: ev.event_id, num_tokens: 0 };
+    }
+    const spans = this.spans(workers[0]!, req.tokens);
+    const keys = spans.map((s) => s.key);
+    const n = await this.heldPrefix(workers, keys, req.location);
+    const numTokens = this.tokensOf(spans, n);
+    const ev = this.events.create(kind, numTokens, n, request);
+    if (n === 0) {
+      this.events.finish(ev, 0);
+      return { event_id: ev.event_id, num_tokens: 0 };
+    }
+    this.runEvent(ev, async () => {
+      const results = await Promise.all(
+        workers.map((w) => callWorker<{ count: number }>(w, 'POST', unpin ? '/unpin' : '/pin', { keys: keys.slice(0, n), location: req.location }, this.timeouts.commandMs)),
+      );
+      return Math.min(...results.map((r) => r.count));
+    });
+    return { event_id: ev.event_id, num_tokens: numTokens };
+  }
+
+  clear(req: { instance_id: string; location: string }): { event_id: string; num_chunks: number } {
+    const workers = this.workersOf(req.instance_id, 'instance_id');
+    this.checkLocation(workers, req.location, 'location');
+    let chunks = 0;
+    for (const w of workers) chunks += this.registry.index.count(w.holders.get(req.location)!);
+    const ev = this.events.create('clear', 0, chunks, { instance_id: req.instance_id, location: req.location });
+    this.runEvent(ev, async () => {
+      const results = await Promise.all(
+        workers.map((w) => callWorker<{ removed: number }>(w, 'POST', '/clear', { location: req.location }, this.timeouts.transferMs)),
+      );
+      return results.reduce((a, r) => a + r.removed, 0);
+    });
+    return { event_id: ev.event_id, num_chunks: chunks };
+  }
+
+  /** Index-only lookup: per instance, the location with the longest cached prefix. */
+  lookup(tokens: readonly number[]): LookupResult {
+    const out: LookupResult = { num_tokens: 0, layout_info: {} };
+    if (tokens.length === 0) return out;
+    // Keys depend on (model, chunk size): compute them once per distinct pair among live workers.
+    const groups = new Map<string, WorkerRec>();
+    for (const w of this.registry.workers()) {
+      const g = `${w.chunkSize}\u0000${w.modelId}`;
+      if (!groups.has(g)) groups.set(g, w);
+    }
+    // instance → location → worker id → matched tokens
+    const matched = new Map<string, Map<string, Map<number, number>>>();
+    for (const rep of groups.values()) {
+      const spans = this.spans(rep, tokens);
+      this.registry.index.prefixMatches(
+        spans.map((s) => s.key),
+        (h, n) => {
+          const ref = this.registry.holder(h);
+          if (!ref || ref.worker.chunkSize !== rep.chunkSize || ref.worker.modelId !== rep.modelId) return;
+          let byLoc = matched.get(ref.worker.instanceId);
+          if (!byLoc) matched.set(ref.worker.instanceId, (byLoc = new Map()));
+          let byWorker = byLoc.get(ref.location);
+          if (!byWorker) byLoc.set(ref.location, (byWorker = new Map()));
+          byWorker.set(ref.worker.workerId, spans[n - 1]!.end);
+        },
+      );
+    }
+    for (const [instanceId, byLoc] of matched) {
+      const nWorkers = this.registry.instances.get(instanceId)?.size ?? 0;
+      const locations: Record<string, number> = {};
+      let best = '';
+      let bestTokens = 0;
+      for (const [loc, byWorker] of byLoc) {
+        // An instance holds a prefix only when every one of its workers holds its shard of it.
+        const t = byWorker.size < nWorkers ? 0 : Math.min(...byWorker.values());
+        if (t === 0) continue;
+        locations[loc] = t;
+        if (t > bestTokens) [best, bestTokens] = [loc, t];
+      }
+      if (bestTokens === 0) continue;
+      out.layout_info[instanceId] = { location: best, matched_tokens: bestTokens, locations };
+      out.num_tokens = Math.max(out.num_tokens, bestTokens);
+    }
+    return out;
+  }
+
+  async health(instanceId: string): Promise<Record<string, unknown>> {
+    const workers = this.workersOf(instanceId, 'instance_id');
+    const results = await Promise.all(
+      workers.map(async (w) => {
+        const t = performance.now();
+        const r = await callWorker<Record<string, unknown>>(w, 'GET', '/health', undefined, this.timeouts.commandMs);
+        return { worker_id: w.workerId, latency_ms: Math.round((performance.now() - t) * 1000) / 1000, ...r };
+      }),
+    );
+    return { instance_id: instanceId, healthy: true, workers: results };
+  }
+
+  queryInstance(ip: string): { ip: string; instance_ids: string[] } {
+    const ids = new Set<string>();
+    for (const w of this.registry.workers()) if (w.ip === ip) ids.add(w.instanceId);
+    if (ids.size === 0) throw notFound(`ip: no registered instance has a worker on "${ip}"`, 'unknown_instance');
+    return { ip, instance_ids: [...ids].sort() };
+  }
+
+  describeInstances(): Record<string, unknown>[] {
+    const now = Date.now();
+    return [...this.registry.instances.entries()].sort(([a], [b]) => a.localeCompare(b)).map(([id, byWorker]) => ({
+      instance_id: id,
+      workers: [...byWorker.values()].map((w) => ({
+        worker_id: w.workerId,
+        ip: w.ip,
+        worker_port: w.workerPort,
+        distributed_url: w.distributedUrl,
+        model_id: w.modelId,
+        chunk_size: w.chunkSize,
+        locations: Object.fromEntries([...w.holders].map(([loc, h]) => [loc, { chunks: this.registry.index.count(h) }])),
+        pid: w.pid,
+        registered_at: new Date(w.registeredAt).toISOString(),
+        last_heartbeat_ms_ago: now - w.lastSeen,
+        name: workerName(w),
+      })),
+    }));
+  }
+}

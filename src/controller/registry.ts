@@ -1,0 +1,234 @@
+// Instances, their workers and the global chunk index, fed by the monitor protocol.
+//
+// instance_id → worker_id → WorkerRec; each (worker, location) is a numbered holder in the
+// ChunkIndex. Messages are identified by the ZeroMQ routing id of the sending DEALER, which
+// is a random session id chosen at attach time: a restarted engine is a new session and
+// replaces the old registration of the same (instance_id, worker_id) at once.
+import { z } from 'zod';
+import { logger } from '../common/log.js';
+import { ChunkIndex } from './chunk_index.js';
+import { PROTOCOL_VERSION, type ControllerMsg, type KeyOp } from './protocol.js';
+
+const log = logger('controller.registry');
+
+export interface WorkerRec {
+  routingId: string;
+  instanceId: string;
+  workerId: number;
+  session: string;
+  ip: string;
+  workerPort: number;
+  distributedUrl: string | null;
+  chunkSize: number;
+  modelId: string;
+  seed: string;
+  locations: string[];
+  pid: number;
+  registeredAt: number;
+  lastSeen: number;
+  /** location → holder number in the index. */
+  holders: Map<string, number>;
+}
+
+export interface HolderRef {
+  worker: WorkerRec;
+  location: string;
+}
+
+const keyList = z.array(z.string());
+const registerSchema = z.object({
+  t: z.literal('register'),
+  v: z.number(),
+  instance_id: z.string().min(1).max(200),
+  worker_id: z.number().int().min(0),
+  session: z.string().min(1),
+  ip: z.string().min(1),
+  worker_port: z.number().int().min(1).max(65535),
+  distributed_url: z.string().nullable(),
+  chunk_size: z.number().int().min(1),
+  model_id: z.string().min(1),
+  seed: z.string(),
+  locations: z.array(z.string().min(1)),
+  pid: z.number().int(),
+});
+const syncSchema = z.object({ t: z.literal('sync'), location: z.string().min(1), keys: keyList, reset: z.boolean(), last: z.boolean() });
+const opsSchema = z.object({ t: z.literal('ops'), ops: z.array(z.tuple([z.union([z.literal(0), z.literal(1)]), z.string().min(1), keyList])) });
+
+export interface RegistryOptions {
+  heartbeatTimeoutMs: number;
+  /** The controller's PYTHONHASHSEED, compared with each instance's. */
+  seed: bigint;
+}
+
+export class Registry {
+  readonly index = new ChunkIndex();
+  readonly instances = new Map<string, Map<number, WorkerRec>>();
+  private readonly byRouting = new Map<string, WorkerRec>();
+  private readonly holderRefs = new Map<number, HolderRef>();
+  private nextHolder = 1;
+  /** Counters for /metrics. */
+  readonly stats = { admitted: 0, evicted: 0, synced: 0, reaped: 0, registrations: 0, badMessages: 0 };
+
+  constructor(private readonly opts: RegistryOptions) {}
+
+  get heartbeatIntervalMs(): number {
+    return Math.max(50, Math.floor(this.opts.heartbeatTimeoutMs / 4));
+  }
+
+  holder(h: number): HolderRef | undefined {
+    return this.holderRefs.get(h);
+  }
+
+  workers(): WorkerRec[] {
+    return [...this.byRouting.values()];
+  }
+
+  /** Handles one monitor message; returns the reply to send back, if any. */
+  handle(routingId: string, msg: Record<string, unknown>, now = Date.now()): ControllerMsg | null {
+    switch (msg.t) {
+      case 'register':
+        return this.register(routingId, msg, now);
+      case 'hb': {
+        const w = this.byRouting.get(routingId);
+        if (!w) return { t: 'reregister' };
+        w.lastSeen = now;
+        return { t: 'hb_ack' };
+      }
+      case 'sync': {
+        const w = this.byRouting.get(routingId);
+        if (!w) return { t: 'reregister' };
+        const r = syncSchema.safeParse(msg);
+        if (!r.success) return this.bad(routingId, 'sync', r.error.message);
+        w.lastSeen = now;
+        if (r.data.reset) this.dropHoldings(w);
+        this.index.addMany(r.data.keys, this.holderOf(w, r.data.location));
+        this.stats.synced += r.data.keys.length;
+        if (r.data.last) log.debug(`${w.instanceId}/${w.workerId}: sync of ${r.data.location} complete`);
+        return null;
+      }
+      case 'ops': {
+        const w = this.byRouting.get(routingId);
+        if (!w) return { t: 'reregister' };
+        // Validation of a whole batch costs about as much as applying it; ops frames are the hot
+        // path of ingest, so check the shape cheaply and element types while applying.
+        if (!Array.isArray(msg.ops)) return this.bad(routingId, 'ops', 'ops is not an array');
+        w.lastSeen = now;
+        for (const op of msg.ops as unknown[]) {
+          if (!Array.isArray(op) || op.length !== 3 || typeof op[1] !== 'string' || !Array.isArray(op[2]) || !op[2].every((k) => typeof k === 'string')) {
+            const r = opsSchema.safeParse({ t: 'ops', ops: [op] });
+            return this.bad(routingId, 'ops', r.success ? 'malformed op' : r.error.message);
+          }
+          const [kind, loc, keys] = op as KeyOp;
+          const h = this.holderOf(w, loc);
+          if (kind === 1) {
+            this.index.addMany(keys, h);
+            this.stats.admitted += keys.length;
+          } else {
+            this.index.removeMany(keys, h);
+            this.stats.evicted += keys.length;
+          }
+        }
+        return null;
+      }
+      case 'bye': {
+        const w = this.byRouting.get(routingId);
+        if (w) {
+          log.info(`${w.instanceId}/${w.workerId} signed off`);
+          this.dropWorker(w);
+        }
+        return null;
+      }
+      default:
+        return this.bad(routingId, String(msg.t), 'unknown message type');
+    }
+  }
+
+  private bad(routingId: string, what: string, why: string): ControllerMsg {
+    this.stats.badMessages++;
+    log.warn(`dropped malformed ${what} message from ${routingId}: ${why}`);
+    return { t: 'error', message: `malformed ${what} message: ${why}` };
+  }
+
+  private register(routingId: string, msg: Record<string, unknown>, now: number): ControllerMsg {
+    const r = registerSchema.safeParse(msg);
+    if (!r.success) return this.bad(routingId, 'register', r.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; '));
+    const m = r.data;
+    if (m.v !== PROTOCOL_VERSION) return { t: 'error', message: `monitor protocol version ${m.v} is not supported (controller speaks ${PROTOCOL_VERSION})` };
+    if (m.seed !== String(this.opts.seed)) {
+      log.warn(`${m.instance_id}/${m.worker_id} runs with PYTHONHASHSEED=${m.seed} but the controller has ${this.opts.seed}: lookups will not find its chunks; set the same seed everywhere`);
+    }
+    let byWorker = this.instances.get(m.instance_id);
+    const previous = byWorker?.get(m.worker_id) ?? this.byRouting.get(routingId);
+    if (previous) this.dropWorker(previous);
+    const w: WorkerRec = {
+      routingId,
+      instanceId: m.instance_id,
+      workerId: m.worker_id,
+      session: m.session,
+      ip: m.ip,
+      workerPort: m.worker_port,
+      distributedUrl: m.distributed_url,
+      chunkSize: m.chunk_size,
+      modelId: m.model_id,
+      seed: m.seed,
+      locations: m.locations,
+      pid: m.pid,
+      registeredAt: now,
+      lastSeen: now,
+      holders: new Map(),
+    };
+    for (const loc of m.locations) this.holderOf(w, loc);
+    if (!byWorker) this.instances.set(m.instance_id, (byWorker = new Map()));
+    byWorker.set(m.worker_id, w);
+    this.byRouting.set(routingId, w);
+    this.stats.registrations++;
+    log.info(
+      `registered ${m.instance_id}/${m.worker_id} (model ${m.model_id}, chunk ${m.chunk_size}, worker ${m.ip}:${m.worker_port}, ` +
+        `peer ${m.distributed_url ?? 'none'}, locations ${m.locations.join(',') || 'none'})${previous ? ', replacing its previous session' : ''}`,
+    );
+    return { t: 'welcome', heartbeat_interval_ms: this.heartbeatIntervalMs };
+  }
+
+  private holderOf(w: WorkerRec, location: string): number {
+    let h = w.holders.get(location);
+    if (h === undefined) {
+      h = this.nextHolder++;
+      w.holders.set(location, h);
+      this.holderRefs.set(h, { worker: w, location });
+      if (!w.locations.includes(location)) w.locations.push(location);
+    }
+    return h;
+  }
+
+  private dropHoldings(w: WorkerRec): void {
+    this.index.dropHolders(new Set(w.holders.values()));
+  }
+
+  dropWorker(w: WorkerRec): void {
+    this.dropHoldings(w);
+    for (const h of w.holders.values()) this.holderRefs.delete(h);
+    this.byRouting.delete(w.routingId);
+    const byWorker = this.instances.get(w.instanceId);
+    if (byWorker?.get(w.workerId) === w) {
+      byWorker.delete(w.workerId);
+      if (byWorker.size === 0) this.instances.delete(w.instanceId);
+    }
+  }
+
+  /** Drops every worker silent for longer than the heartbeat timeout; returns them. */
+  reap(now = Date.now()): WorkerRec[] {
+    const dead = this.workers().filter((w) => now - w.lastSeen > this.opts.heartbeatTimeoutMs);
+    for (const w of dead) {
+      log.warn(`reaping ${w.instanceId}/${w.workerId}: no heartbeat for ${now - w.lastSeen} ms (timeout ${this.opts.heartbeatTimeoutMs} ms); its ${this.chunkCount(w)} chunks leave the index`);
+      this.dropWorker(w);
+      this.stats.reaped++;
+    }
+    return dead;
+  }
+
+  chunkCount(w: WorkerRec): number {
+    let n = 0;
+    for (const h of w.holders.values()) n += this.index.count(h);
+    return n;
+  }
+}

@@ -1,0 +1,234 @@
+// The instance side of the controller (DESIGN §5), attached by the engine when the cache
+// YAML has enable_controller: true:
+//   - the worker command port (kvc_worker_port, HTTP; src/kvc/worker_server.ts),
+//   - the peer chunk server on distributed_url (src/kvc/worker_peer.ts),
+//   - a ZeroMQ DEALER to controller_url that registers, heartbeats, forwards the store's
+//     admit/evict events in ordered batches and sends the full key list after every
+//     (re)registration.
+//
+// Connection state: `registering` (register sent every heartbeat interval until a welcome)
+// → `live` (full sync, then batched ops and heartbeats). Missing heartbeat acks, a
+// `reregister` reply (controller restarted or reaped us) or an ops batch that could not be
+// queued all go back to `registering`: events are never dropped silently, they are covered
+// by the full sync that follows.
+import { randomBytes } from 'node:crypto';
+import type { FastifyInstance } from 'fastify';
+import { Dealer } from 'zeromq';
+import type { KvLayout } from '../common/chunk.js';
+import type { CacheConfig } from '../common/config.js';
+import { logger } from '../common/log.js';
+import { decodeMsg, encodeMsg, PROTOCOL_VERSION, SendQueue, SYNC_PART_KEYS, type InstanceMsg, type KeyOp } from '../controller/protocol.js';
+import type { KvcStore } from './store.js';
+import type { KeyEvent } from './types.js';
+import { parseHostPort, startPeerServer, type PeerServer } from './worker_peer.js';
+import { startWorkerServer } from './worker_server.js';
+
+const log = logger('kvc.controller_client');
+
+export interface AttachOptions {
+  modelId: string;
+  chunkSize: number;
+  seed: bigint;
+  /** KV layout of the engine's model; incoming chunks must match it. */
+  layout?: KvLayout | null;
+  /** Tensor-parallel rank; 0 for the single-process engine. */
+  workerId?: number;
+  /** How often ops are flushed (ms) and the largest batch (keys). */
+  flushMs?: number;
+  maxBatchKeys?: number;
+}
+
+export interface ControllerAttachment {
+  /** Signs off from the controller and stops the worker and peer servers. */
+  close(): Promise<void>;
+  /** For tests and logs: whether the controller has welcomed this worker. */
+  readonly state: 'registering' | 'live' | 'closed';
+  readonly workerPort: number;
+  readonly peerPort: number | null;
+}
+
+export async function attachController(store: KvcStore, cfg: CacheConfig, o: AttachOptions): Promise<ControllerAttachment> {
+  if (!cfg.controller_url) throw new Error('cache config: controller_url is required when enable_controller is true');
+  if (cfg.kvc_worker_port === null) throw new Error('cache config: kvc_worker_port is required when enable_controller is true');
+  const workerId = o.workerId ?? 0;
+  const peerAddr = cfg.distributed_url ? parseHostPort(cfg.distributed_url) : null;
+  // The worker port listens on the instance's own address: the host of distributed_url.
+  const ip = peerAddr?.host ?? '127.0.0.1';
+
+  let worker: FastifyInstance | null = null;
+  let peer: PeerServer | null = null;
+  try {
+    worker = await startWorkerServer(store, { instanceId: cfg.kvc_instance_id, workerId, modelId: o.modelId, chunkSize: o.chunkSize }, ip, cfg.kvc_worker_port);
+    if (peerAddr) peer = await startPeerServer(store, peerAddr.host, peerAddr.port, o.layout ?? null);
+  } catch (e) {
+    await worker?.close();
+    throw new Error(`cannot start the controller worker of instance "${cfg.kvc_instance_id}": ${(e as Error).message}`);
+  }
+
+  const session = randomBytes(8).toString('hex');
+  const sock = new Dealer({ routingId: session, linger: 0, immediate: true, sendHighWaterMark: 10_000, sendTimeout: 2000, reconnectInterval: 100, reconnectMaxInterval: 1000 });
+  sock.connect(`tcp://${cfg.controller_url}`);
+
+  type State = 'registering' | 'live' | 'closed';
+  let state = 'registering' as State;
+  const isClosed = () => state === 'closed';
+  let intervalMs = 1000;
+  let lastAck = Date.now();
+  let ops: KeyOp[] = [];
+  let opsKeys = 0;
+  let flushTimer: NodeJS.Timeout | null = null;
+  let registerInFlight = false;
+  const flushMs = o.flushMs ?? 20;
+  const maxBatch = o.maxBatchKeys ?? 16_384;
+
+  const toRegistering = (why: string) => {
+    if (state !== 'live') return;
+    log.warn(`controller connection lost (${why}); re-registering`);
+    state = 'registering';
+    ops = [];
+    opsKeys = 0;
+  };
+  const out = new SendQueue(
+    (f) => sock.send(f),
+    (e) => toRegistering(`send failed: ${(e as Error).message}`),
+  );
+  const send = (m: InstanceMsg) => out.send(encodeMsg(m));
+
+  // One register per heartbeat interval at most: several `reregister` replies arriving together
+  // (heartbeat, ops...) must not each start a registration and a full sync.
+  let lastRegisterAt = 0;
+  const register = () => {
+    if (state !== 'registering' || registerInFlight || Date.now() - lastRegisterAt < intervalMs) return;
+    registerInFlight = true;
+    lastRegisterAt = Date.now();
+    void send({
+      t: 'register',
+      v: PROTOCOL_VERSION,
+      instance_id: cfg.kvc_instance_id,
+      worker_id: workerId,
+      session,
+      ip,
+      worker_port: cfg.kvc_worker_port!,
+      distributed_url: cfg.distributed_url,
+      chunk_size: o.chunkSize,
+      model_id: o.modelId,
+      seed: String(o.seed),
+      locations: store.locations(),
+      pid: process.pid,
+    }).finally(() => (registerInFlight = false));
+  };
+
+  /** The snapshot is taken synchronously, so every later store event comes after it on the socket. */
+  const fullSync = () => {
+    ops = [];
+    opsKeys = 0;
+    const locs = store.locations();
+    let first = true;
+    if (locs.length === 0) return;
+    locs.forEach((loc, li) => {
+      const keys = store.keys(loc);
+      const parts = Math.max(1, Math.ceil(keys.length / SYNC_PART_KEYS));
+      for (let p = 0; p < parts; p++) {
+        void send({ t: 'sync', location: loc, keys: keys.slice(p * SYNC_PART_KEYS, (p + 1) * SYNC_PART_KEYS), reset: first, last: li === locs.length - 1 && p === parts - 1 });
+        first = false;
+      }
+    });
+  };
+
+  const flush = () => {
+    if (flushTimer) clearTimeout(flushTimer);
+    flushTimer = null;
+    if (state !== 'live' || ops.length === 0) return;
+    const batch = ops;
+    ops = [];
+    opsKeys = 0;
+    void send({ t: 'ops', ops: batch });
+  };
+
+  const onEvent = (kind: 0 | 1) => (e: KeyEvent) => {
+    if (state !== 'live' || e.keys.length === 0) return;
+    const last = ops[ops.length - 1];
+    // Merge with the previous op of the same kind and location; order across kinds is kept.
+    if (last && last[0] === kind && last[1] === e.location) for (const k of e.keys) last[2].push(k);
+    else ops.push([kind, e.location, e.keys.slice()]);
+    opsKeys += e.keys.length;
+    if (opsKeys >= maxBatch) flush();
+    else flushTimer ??= setTimeout(flush, flushMs);
+  };
+  const onAdmit = onEvent(1);
+  const onEvict = onEvent(0);
+  store.on('admit', onAdmit);
+  store.on('evict', onEvict);
+
+  let hbTimer: NodeJS.Timeout | null = null;
+  const tick = () => {
+    if (state === 'registering') register();
+    else if (state === 'live') {
+      if (Date.now() - lastAck > 3 * intervalMs + 1000) toRegistering(`no heartbeat ack for ${Date.now() - lastAck} ms`);
+      else void send({ t: 'hb' });
+    }
+  };
+  const restartHeartbeat = () => {
+    if (hbTimer) clearInterval(hbTimer);
+    hbTimer = setInterval(tick, intervalMs);
+    hbTimer.unref();
+  };
+  const receiving = (async () => {
+    try {
+      for await (const [body] of sock) {
+        const m = body ? decodeMsg(body) : null;
+        if (!m) continue;
+        if (m.t === 'welcome') {
+          intervalMs = typeof m.heartbeat_interval_ms === 'number' && m.heartbeat_interval_ms > 0 ? m.heartbeat_interval_ms : 1000;
+          lastAck = Date.now();
+          if (isClosed()) continue;
+          const was = state;
+          state = 'live';
+          fullSync();
+          log.info(`${was === 'live' ? 're-welcomed' : 'registered'} with controller ${cfg.controller_url} as ${cfg.kvc_instance_id}/${workerId}; full key sync sent`);
+          restartHeartbeat();
+        } else if (m.t === 'hb_ack') {
+          lastAck = Date.now();
+        } else if (m.t === 'reregister') {
+          if (state === 'live') {
+            log.info('controller does not know this worker (restarted or reaped it); re-registering');
+            state = 'registering';
+            ops = [];
+            opsKeys = 0;
+          }
+          register();
+        } else if (m.t === 'error') {
+          log.error(`controller refused a message: ${String(m.message)}`);
+        }
+      }
+    } catch (e) {
+      if (!isClosed()) log.error(`controller connection receive loop stopped: ${(e as Error).message}`);
+    }
+  })();
+
+  restartHeartbeat();
+  register();
+
+  return {
+    get state() {
+      return state;
+    },
+    workerPort: cfg.kvc_worker_port,
+    peerPort: peer?.port ?? null,
+    async close() {
+      if (state === 'closed') return;
+      const wasLive = state === 'live';
+      flush();
+      state = 'closed';
+      if (hbTimer) clearInterval(hbTimer);
+      if (flushTimer) clearTimeout(flushTimer);
+      store.off('admit', onAdmit);
+      store.off('evict', onEvict);
+      if (wasLive) await Promise.race([send({ t: 'bye' }), new Promise((r) => setTimeout(r, 500))]);
+      sock.close();
+      await receiving;
+      await worker?.close();
+      await peer?.close();
+    },
+  };
+}

@@ -1,0 +1,282 @@
+// Peer-to-peer chunk transfer between cache instances over `distributed_url` (DESIGN §5):
+// chunk bytes of a move/copy never pass through the controller.
+//
+// Wire format, both directions: frames of  u32le body_length | u8 type | body.
+//   sender → receiver  HELLO (1)  msgpack {v, location, count, from}
+//                      CHUNK (2)  16 ASCII hex key digits + the chunk buffer (header + payload)
+//   receiver → sender  HELLO_OK (0x81) msgpack {ok, error?}
+//                      ACK (0x82)      msgpack {key, ok, error?}  once the chunk is STORED
+// The receiver verifies every chunk (verifyChunk: header, length, key, checksum) and its layout
+// against the instance's own before storing it, and reads one chunk at a time (the socket is
+// paused while a chunk is being stored), which is the backpressure. The sender knows a move is
+// safe to complete only when it holds an ACK for every chunk.
+import net from 'node:net';
+import { decode, encode } from '@msgpack/msgpack';
+import { describeLayout, readHeader, sameLayout, verifyChunk, type KvLayout } from '../common/chunk.js';
+import { logger } from '../common/log.js';
+import type { KvcStore } from './store.js';
+import { isLocationName } from './types.js';
+
+const log = logger('kvc.peer');
+
+const HELLO = 1;
+const CHUNK = 2;
+const HELLO_OK = 0x81;
+const ACK = 0x82;
+const FRAME_HEAD = 5;
+const KEY_CHARS = 16;
+/** Upper bound of one frame body: refuses garbage lengths before allocating. */
+const MAX_BODY = 2 ** 31 - 1;
+
+function frame(type: number, body: Uint8Array): Buffer {
+  const head = Buffer.allocUnsafe(FRAME_HEAD);
+  head.writeUInt32LE(body.byteLength, 0);
+  head.writeUInt8(type, 4);
+  return Buffer.concat([head, body]);
+}
+
+function msgFrame(type: number, obj: unknown): Buffer {
+  return frame(type, encode(obj));
+}
+
+/**
+ * Incremental frame parser. A large body is copied straight into one reusable buffer (no
+ * concat of 32 MiB chunks). When the frame handler returns a promise, parsing stops until it
+ * settles (the body buffer is reused by the next frame) and later data waits in a backlog.
+ */
+class FrameReader {
+  private head = Buffer.alloc(0);
+  private body: Buffer | null = null;
+  private bodyLen = 0;
+  private got = 0;
+  private type = 0;
+  private scratch: Buffer = Buffer.alloc(0);
+  private busy = false;
+  private backlog: Buffer[] = [];
+
+  constructor(
+    private readonly onFrame: (type: number, body: Buffer) => void | Promise<void>,
+    private readonly onError: (e: Error) => void,
+  ) {}
+
+  push(data: Buffer): void {
+    if (this.busy) {
+      this.backlog.push(data);
+      return;
+    }
+    try {
+      this.consume(data);
+    } catch (e) {
+      this.onError(e as Error);
+    }
+  }
+
+  private consume(data: Buffer): void {
+    let off = 0;
+    while (off < data.length) {
+      if (!this.body) {
+        const need = FRAME_HEAD - this.head.length;
+        const take = Math.min(need, data.length - off);
+        this.head = this.head.length ? Buffer.concat([this.head, data.subarray(off, off + take)]) : Buffer.from(data.subarray(off, off + take));
+        off += take;
+        if (this.head.length < FRAME_HEAD) return;
+        this.bodyLen = this.head.readUInt32LE(0);
+        this.type = this.head.readUInt8(4);
+        this.head = Buffer.alloc(0);
+        if (this.bodyLen > MAX_BODY) throw new Error(`frame of ${this.bodyLen} bytes exceeds the limit`);
+        // Reuse the scratch buffer between chunks: fresh pages cost far more than the copy
+        // into them (first-touch page faults).
+        if (this.scratch.length < this.bodyLen) this.scratch = Buffer.allocUnsafeSlow(this.bodyLen);
+        this.body = this.scratch.subarray(0, this.bodyLen);
+        this.got = 0;
+      }
+      const take = Math.min(this.bodyLen - this.got, data.length - off);
+      data.copy(this.body, this.got, off, off + take);
+      this.got += take;
+      off += take;
+      if (this.got === this.bodyLen) {
+        const body = this.body;
+        this.body = null;
+        const r = this.onFrame(this.type, body);
+        if (r instanceof Promise) {
+          this.busy = true;
+          const rest = data.subarray(off);
+          void r.then(() => {
+            this.busy = false;
+            const queued = rest.length ? [rest, ...this.backlog] : this.backlog;
+            this.backlog = [];
+            for (const q of queued) this.push(q);
+          });
+          return;
+        }
+      }
+    }
+  }
+}
+
+export interface PeerServer {
+  readonly port: number;
+  close(): Promise<void>;
+}
+
+/** Receives chunks from other instances into `store`. `layout` (when known) must match every chunk. */
+export async function startPeerServer(store: KvcStore, host: string, port: number, layout: KvLayout | null): Promise<PeerServer> {
+  const sockets = new Set<net.Socket>();
+  const server = net.createServer((sock) => {
+    sockets.add(sock);
+    sock.setNoDelay(true);
+    let location: string | null = null;
+    // Frames are handled strictly in order; the socket is paused while one is stored.
+    const fail = (msg: string) => {
+      log.warn(`peer ${sock.remoteAddress}:${sock.remotePort}: ${msg}`);
+      sock.end(msgFrame(HELLO_OK, { ok: false, error: msg }));
+    };
+    const reader = new FrameReader((type, body) => {
+      if (type === HELLO) {
+        let hello: { location?: unknown };
+        try {
+          hello = decode(body) as { location?: unknown };
+        } catch {
+          return fail('malformed HELLO');
+        }
+        const loc = hello?.location;
+        if (typeof loc !== 'string' || !isLocationName(loc) || !store.locations().includes(loc)) {
+          return fail(`location "${String(loc)}" is not configured on this instance (configured: ${store.locations().join(', ') || 'none'})`);
+        }
+        location = loc;
+        sock.write(msgFrame(HELLO_OK, { ok: true }));
+        return;
+      }
+      if (type !== CHUNK || location === null) return fail(type === CHUNK ? 'CHUNK before HELLO' : `unknown frame type ${type}`);
+      const key = body.subarray(0, KEY_CHARS).toString('latin1');
+      const chunk = body.subarray(KEY_CHARS);
+      const loc = location;
+      sock.pause();
+      return (async () => {
+        let error: string | null = null;
+        try {
+          const h = verifyChunk(chunk, key);
+          if (layout && !sameLayout(h, layout)) throw new Error(`chunk layout ${describeLayout(h)} does not match this instance's ${describeLayout(layout)}`);
+          if (!isLocationName(loc)) throw new Error(`bad location ${loc}`);
+          // put copies the bytes into the store, so the reader may reuse its buffer afterwards.
+          await store.put(key, chunk, loc);
+        } catch (e) {
+          error = (e as Error).message;
+          log.warn(`refused chunk ${key}: ${error}`);
+        }
+        if (!sock.destroyed) {
+          sock.write(msgFrame(ACK, error ? { key, ok: false, error } : { key, ok: true }));
+          sock.resume();
+        }
+      })();
+    }, (e) => {
+      fail(e.message);
+      sock.destroy();
+    });
+    sock.on('data', (d: Buffer) => reader.push(d));
+    sock.on('error', () => {});
+    sock.on('close', () => sockets.delete(sock));
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(port, host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  const bound = (server.address() as net.AddressInfo).port;
+  return {
+    port: bound,
+    close: () =>
+      new Promise<void>((resolve) => {
+        for (const s of sockets) s.destroy();
+        server.close(() => resolve());
+      }),
+  };
+}
+
+export function parseHostPort(url: string): { host: string; port: number } {
+  const i = url.lastIndexOf(':');
+  const host = url.slice(0, i).replace(/^\[|\]$/g, '');
+  return { host, port: Number(url.slice(i + 1)) };
+}
+
+export interface SendOptions {
+  distributedUrl: string;
+  location: string;
+  from: string;
+  deadlineMs: number;
+  /** Returns the chunk bytes for a key (a view that stays valid until the write completes), or null. */
+  read: (key: string) => Promise<Uint8Array | null>;
+}
+
+/**
+ * Sends `keys` to the peer and resolves once every chunk is acknowledged as stored.
+ * Rejects on any refusal, a broken connection or the deadline; a rejection means the
+ * destination may hold some of the chunks but the caller must keep its own.
+ */
+export function sendChunks(keys: readonly string[], o: SendOptions): Promise<number> {
+  const { host, port } = parseHostPort(o.distributedUrl);
+  return new Promise<number>((resolve, reject) => {
+    const sock = net.connect({ host, port });
+    sock.setNoDelay(true);
+    let acked = 0;
+    let settled = false;
+    const done = (err: Error | null) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      sock.destroy();
+      if (err) reject(err);
+      else resolve(acked);
+    };
+    const timer = setTimeout(() => done(new Error(`transfer to ${o.distributedUrl} did not complete within ${o.deadlineMs} ms (${acked}/${keys.length} chunks stored)`)), o.deadlineMs);
+    const reader = new FrameReader((type, body) => {
+      let m: { ok?: boolean; error?: string; key?: string };
+      try {
+        m = decode(body) as typeof m;
+      } catch {
+        return done(new Error(`peer ${o.distributedUrl} sent a malformed reply`));
+      }
+      if (type === HELLO_OK) {
+        if (!m.ok) return done(new Error(`peer ${o.distributedUrl} refused the transfer: ${m.error}`));
+        void pump();
+        return;
+      }
+      if (type !== ACK) return done(new Error(`peer ${o.distributedUrl} sent unknown frame type ${type}`));
+      if (!m.ok) return done(new Error(`peer ${o.distributedUrl} did not store chunk ${m.key}: ${m.error}`));
+      acked++;
+      if (acked === keys.length) done(null);
+    }, (e) => done(e));
+    const writeAsync = (b: Uint8Array) =>
+      new Promise<void>((res, rej) => {
+        if (!sock.write(b, (e) => e && rej(e))) sock.once('drain', res);
+        else res();
+      });
+    const pump = async () => {
+      try {
+        for (const key of keys) {
+          if (settled) return;
+          const chunk = await o.read(key);
+          if (!chunk) throw new Error(`chunk ${key} is no longer in ${o.from}`);
+          readHeader(chunk);
+          const head = Buffer.allocUnsafe(FRAME_HEAD + KEY_CHARS);
+          head.writeUInt32LE(KEY_CHARS + chunk.byteLength, 0);
+          head.writeUInt8(CHUNK, 4);
+          head.write(key, FRAME_HEAD, 'latin1');
+          await writeAsync(head);
+          await writeAsync(chunk);
+        }
+      } catch (e) {
+        done(e as Error);
+      }
+    };
+    sock.on('connect', () => {
+      sock.write(msgFrame(HELLO, { v: 1, location: o.location, count: keys.length, from: o.from }));
+      if (keys.length === 0) done(null);
+    });
+    sock.on('data', (d: Buffer) => reader.push(d));
+    sock.on('error', (e) => done(new Error(`connection to peer ${o.distributedUrl} failed: ${e.message}`)));
+    sock.on('close', () => done(new Error(`peer ${o.distributedUrl} closed the connection after ${acked}/${keys.length} chunks were stored`)));
+  });
+}

@@ -1,0 +1,478 @@
+// Controller tests (issue 4, points 2–5): a real `kvc controller` process, cache instances
+// in process (KvcStore + attachController) and, where a process must die, in a child process
+// (this same file started with KVC_CTL_TEST_CHILD=1). Chunk sizes and layouts are tiny except
+// in the kill-mid-move test, which needs a transfer long enough to interrupt.
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
+import net from 'node:net';
+import { fileURLToPath } from 'node:url';
+import { Dealer } from 'zeromq';
+import { DType, encodeChunk, payloadBytes, verifyChunk, type KvLayout } from '../src/common/chunk.js';
+import { validateCacheConfig, type CacheConfig } from '../src/common/config.js';
+import { chunkKeys } from '../src/common/keys.js';
+import { freePortRange } from '../src/common/ports.js';
+import { encodeMsg, PROTOCOL_VERSION } from '../src/controller/protocol.js';
+import { attachController, type ControllerAttachment } from '../src/kvc/controller_client.js';
+import { KvcStore } from '../src/kvc/store.js';
+import { postJson, startKvc, tempDir, waitHttp, type Proc } from './helpers/proc.js';
+
+const MODEL = 'ctl-test-model';
+const CHUNK = 16;
+const LAYOUT: KvLayout = { dtype: DType.f32, numLayers: 2, numKvHeads: 2, headDim: 4 };
+
+/** Deterministic chunk for a span: payload bytes derived from the key. */
+function makeChunk(key: string, numTokens: number, layout = LAYOUT): Uint8Array {
+  const payload = new Uint8Array(payloadBytes(layout, numTokens));
+  const seed = parseInt(key.slice(0, 8), 16);
+  for (let i = 0; i < payload.length; i += 4096) payload[i] = (seed + i) & 0xff;
+  return encodeChunk(layout, numTokens, key, payload);
+}
+
+async function putPrompt(store: KvcStore, tokens: number[], loc?: 'LocalCPUBackend' | 'LocalDiskBackend', chunkSize = CHUNK, layout = LAYOUT) {
+  const spans = chunkKeys(tokens, { modelId: MODEL, chunkSize, seed: 0n });
+  for (const s of spans) await store.put(s.key, makeChunk(s.key, s.end - s.start, layout), loc);
+  return spans;
+}
+
+const range = (n: number, from = 0) => Array.from({ length: n }, (_, i) => from + i);
+
+async function waitUntil<T>(what: string, fn: () => Promise<T | undefined | false> | T | undefined | false, timeoutMs = 10_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let last: unknown;
+  while (Date.now() < deadline) {
+    try {
+      const v = await fn();
+      if (v) return v;
+    } catch (e) {
+      last = e;
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? ` (${(last as Error).message})` : ''}`);
+}
+
+interface Instance {
+  id: string;
+  store: KvcStore;
+  att: ControllerAttachment;
+  cfg: CacheConfig;
+  close(): Promise<void>;
+}
+
+async function startInstance(id: string, monitorPort: number, opts: { cpuGiB?: number; disk?: boolean; chunkSize?: number; layout?: KvLayout } = {}): Promise<Instance> {
+  const base = await freePortRange(2);
+  const diskDir = opts.disk ? tempDir('kvc-ctl-disk-') : null;
+  const { config: cfg } = validateCacheConfig({
+    chunk_size: opts.chunkSize ?? CHUNK,
+    local_cpu: true,
+    max_local_cpu_size: opts.cpuGiB ?? 0.01,
+    max_local_disk_size: diskDir ? 0.05 : 0,
+    local_disk: diskDir,
+    enable_controller: true,
+    kvc_instance_id: id,
+    controller_url: `127.0.0.1:${monitorPort}`,
+    kvc_worker_port: base,
+    distributed_url: `127.0.0.1:${base + 1}`,
+  });
+  const store = await KvcStore.create(cfg);
+  const att = await attachController(store, cfg, { modelId: MODEL, chunkSize: opts.chunkSize ?? CHUNK, seed: 0n, layout: opts.layout ?? LAYOUT });
+  return {
+    id,
+    store,
+    att,
+    cfg,
+    async close() {
+      await att.close();
+      await store.close();
+    },
+  };
+}
+
+// ---- child mode: a cache instance in its own process, so a test can SIGKILL it ----------------
+if (process.env.KVC_CTL_TEST_CHILD === '1') {
+  const layout = JSON.parse(process.env.KVC_CTL_LAYOUT!) as KvLayout;
+  const inst = await startInstance(process.env.KVC_CTL_ID!, Number(process.env.KVC_CTL_MONITOR), {
+    cpuGiB: Number(process.env.KVC_CTL_CPU_GIB),
+    chunkSize: Number(process.env.KVC_CTL_CHUNK),
+    layout,
+  });
+  inst.store.on('admit', (e) => process.stdout.write(`admitted ${e.keys.length}\n`));
+  await waitUntil('registration', () => inst.att.state === 'live');
+  process.stdout.write(`child ready ${inst.att.workerPort}\n`);
+} else {
+  registerTests();
+}
+
+function registerTests(): void {
+  let ctl: Proc;
+  let http: number;
+  let monitor: number;
+  let url: string;
+  const startController = async () => {
+    ctl = startKvc(['controller', '--port', String(http), '--monitor-port', String(monitor), '--heartbeat-timeout', '1', '--command-timeout', '1']);
+    await ctl.waitFor(/kvc controller ready/, 20_000);
+  };
+  const instances: Instance[] = [];
+  let A: Instance;
+  let B: Instance;
+
+  const lookup = async (tokens: number[]) => {
+    const r = await postJson(`${url}/lookup`, { tokens });
+    assert.equal(r.status, 200, JSON.stringify(r.json));
+    return r.json as { num_tokens: number; layout_info: Record<string, { location: string; matched_tokens: number; locations: Record<string, number> }> };
+  };
+  const waitEvent = async (event_id: string, timeoutMs = 20_000) =>
+    waitUntil(`event ${event_id}`, async () => {
+      const r = await postJson(`${url}/check_finish`, { event_id });
+      assert.equal(r.status, 200);
+      return r.json.status === 'finished' || r.json.status === 'failed' ? (await (await fetch(`${url}/events/${event_id}`)).json()) : undefined;
+    }, timeoutMs);
+
+  before(async () => {
+    http = await freePortRange(2);
+    monitor = http + 1;
+    url = `http://127.0.0.1:${http}`;
+    await startController();
+    A = await startInstance('inst-A', monitor, { disk: true });
+    B = await startInstance('inst-B', monitor);
+    instances.push(A, B);
+    await waitUntil('both registered', () => A.att.state === 'live' && B.att.state === 'live');
+  });
+
+  after(async () => {
+    for (const i of instances) await i.close().catch(() => {});
+    await ctl?.kill();
+  });
+
+  describe('registration and index', () => {
+    test('instances register with their addresses, locations and chunk counts', async () => {
+      const r = await (await fetch(`${url}/instances`)).json();
+      const ids = r.instances.map((i: { instance_id: string }) => i.instance_id);
+      assert.deepEqual(ids, ['inst-A', 'inst-B']);
+      const a = r.instances[0].workers[0];
+      assert.equal(a.worker_port, A.cfg.kvc_worker_port);
+      assert.equal(a.distributed_url, A.cfg.distributed_url);
+      assert.equal(a.model_id, MODEL);
+      assert.equal(a.chunk_size, CHUNK);
+      assert.deepEqual(Object.keys(a.locations).sort(), ['LocalCPUBackend', 'LocalDiskBackend']);
+    });
+
+    test('admits and evicts reach the index; lookup reports the chunk-aligned prefix per instance', async () => {
+      const tokens = range(40, 1000); // 2 full chunks + a partial one of 8 tokens
+      await putPrompt(A.store, tokens, 'LocalCPUBackend');
+      const got = await waitUntil('lookup on A', async () => {
+        const l = await lookup(tokens);
+        return l.layout_info['inst-A']?.matched_tokens === 40 ? l : undefined;
+      });
+      assert.deepEqual(got.layout_info['inst-A'], { location: 'LocalCPUBackend', matched_tokens: 40, locations: { LocalCPUBackend: 40 } });
+      assert.equal(got.layout_info['inst-B'], undefined);
+      // A longer prompt sharing the prefix matches the prefix only.
+      assert.equal((await lookup([...tokens.slice(0, 32), 7, 7, 7])).layout_info['inst-A']?.matched_tokens, 32);
+      // Evicting the second chunk cuts the prefix at the first.
+      const spans = chunkKeys(tokens, { modelId: MODEL, chunkSize: CHUNK, seed: 0n });
+      await A.store.remove(spans[1]!.key, 'LocalCPUBackend');
+      await waitUntil('evict reported', async () => (await lookup(tokens)).layout_info['inst-A']?.matched_tokens === 16);
+      await A.store.clear('LocalCPUBackend');
+      await waitUntil('clear reported', async () => (await lookup(tokens)).num_tokens === 0);
+      assert.deepEqual(await lookup([]), { num_tokens: 0, layout_info: {} });
+    });
+
+    test('query_instance, health, healthz and metrics', async () => {
+      const q = await postJson(`${url}/query_instance`, { ip: '127.0.0.1' });
+      assert.equal(q.status, 200);
+      assert.deepEqual(q.json.instance_ids, ['inst-A', 'inst-B']);
+      assert.equal((await postJson(`${url}/query_instance`, { ip: '10.9.9.9' })).status, 404);
+      const h = await postJson(`${url}/health`, { instance_id: 'inst-B' });
+      assert.equal(h.status, 200);
+      assert.equal(h.json.healthy, true);
+      assert.equal(h.json.workers[0].instance_id, 'inst-B');
+      assert.equal((await fetch(`${url}/healthz`)).status, 200);
+      const m = await (await fetch(`${url}/metrics`)).text();
+      assert.match(m, /kvc_controller_instances 2/);
+      assert.match(m, /kvc_controller_index_keys \d+/);
+      assert.match(m, /kvc_controller_events\{status="finished"\}/);
+    });
+  });
+
+  describe('HTTP errors', () => {
+    const cases: [string, unknown, number, RegExp][] = [
+      ['/move', { old_position: 'inst-A', new_position: ['inst-B', 'LocalCPUBackend'] }, 400, /old_position/],
+      ['/move', { old_position: ['inst-A'], new_position: ['inst-B', 'LocalCPUBackend'] }, 400, /old_position/],
+      ['/move', { old_position: ['inst-A', 5], new_position: ['inst-B', 'LocalCPUBackend'] }, 400, /old_position\[1\]/],
+      ['/move', { old_position: ['inst-A', 'LocalCPUBackend'] }, 400, /new_position/],
+      ['/move', { old_position: ['inst-A', 'LocalCPUBackend'], new_position: ['inst-B', 'LocalCPUBackend'], tokens: [1, 'x'] }, 400, /tokens\[1\]/],
+      ['/move', { old_position: ['inst-A', 'LocalCPUBackend'], new_position: ['inst-B', 'LocalCPUBackend'], tokens: [1.5] }, 400, /tokens\[0\]/],
+      ['/move', { old_position: ['inst-A', 'LocalCPUBackend'], new_position: ['inst-B', 'LocalCPUBackend'], copy: 'yes' }, 400, /copy/],
+      ['/move', { old_position: ['inst-A', 'LocalCPUBackend'], new_position: ['inst-A', 'LocalCPUBackend'], tokens: [1] }, 400, /new_position/],
+      ['/move', { old_position: ['nope', 'LocalCPUBackend'], new_position: ['inst-B', 'LocalCPUBackend'], tokens: [1] }, 404, /unknown instance "nope"/],
+      ['/move', { old_position: ['inst-A', 'LocalCPUBackend'], new_position: ['inst-B', 'LocalDiskBackend'], tokens: [1] }, 404, /location "LocalDiskBackend"/],
+      ['/move', { old_position: ['inst-A', 'GPU'], new_position: ['inst-B', 'LocalCPUBackend'], tokens: [1] }, 404, /old_position\[1\]/],
+      ['/pin', { instance_id: 'inst-A', location: 'LocalCPUBackend' }, 400, /tokens/],
+      ['/pin', { tokens: [1], location: 'LocalCPUBackend' }, 400, /instance_id/],
+      ['/pin', { tokens: [1], instance_id: 'inst-A' }, 400, /location/],
+      ['/pin', { tokens: [1], instance_id: 'ghost', location: 'LocalCPUBackend' }, 404, /ghost/],
+      ['/unpin', { tokens: [1], instance_id: 'inst-A', location: 'Nowhere' }, 404, /Nowhere/],
+      ['/lookup', { tokens: 'abc' }, 400, /tokens/],
+      ['/lookup', [1, 2], 400, /JSON object/],
+      ['/lookup', '{"tokens": [1,', 400, /malformed JSON/],
+      ['/clear', { instance_id: 'inst-A' }, 400, /location/],
+      ['/clear', { instance_id: 'ghost', location: 'LocalCPUBackend' }, 404, /ghost/],
+      ['/health', {}, 400, /instance_id/],
+      ['/health', { instance_id: 'ghost' }, 404, /ghost/],
+      ['/check_finish', { event_id: 'no-such-event' }, 404, /no-such-event/],
+      ['/check_finish', { event_id: 3 }, 400, /event_id/],
+      ['/query_instance', {}, 400, /ip/],
+    ];
+    for (const [path, body, status, re] of cases) {
+      test(`${path} ${typeof body === 'string' ? body : JSON.stringify(body)} → ${status}`, async () => {
+        const r = await postJson(`${url}${path}`, body);
+        assert.equal(r.status, status, JSON.stringify(r.json));
+        assert.match(r.json.error.message, re);
+        assert.equal(typeof r.json.error.type, 'string');
+      });
+    }
+    test('GET /events/{unknown} → 404 and unknown routes → 404', async () => {
+      const r = await fetch(`${url}/events/nope`);
+      assert.equal(r.status, 404);
+      assert.match((await r.json()).error.message, /nope/);
+      assert.equal((await fetch(`${url}/nothing-here`)).status, 404);
+    });
+    test('a worker that refuses connections → 503, one that never answers → 504; the controller survives', async () => {
+      const silent = net.createServer(() => {}); // accepts, never answers
+      const port = await freePortRange(2);
+      await new Promise<void>((r) => silent.listen(port, '127.0.0.1', r));
+      const ghosts: Dealer[] = [];
+      try {
+        for (const [id, wport] of [['refuses', port + 1], ['silent', port]] as const) {
+          const d = new Dealer({ routingId: `test-${id}`, linger: 0 });
+          d.connect(`tcp://127.0.0.1:${monitor}`);
+          ghosts.push(d);
+          await d.send(encodeMsg({ t: 'register', v: PROTOCOL_VERSION, instance_id: id, worker_id: 0, session: id, ip: '127.0.0.1', worker_port: wport, distributed_url: null, chunk_size: CHUNK, model_id: MODEL, seed: '0', locations: ['LocalCPUBackend'], pid: 1 }));
+          await d.receive();
+        }
+        const refused = await postJson(`${url}/pin`, { tokens: range(16), instance_id: 'refuses', location: 'LocalCPUBackend' });
+        assert.equal(refused.status, 503, JSON.stringify(refused.json));
+        assert.match(refused.json.error.message, /not reachable/);
+        const t0 = Date.now();
+        const slow = await postJson(`${url}/health`, { instance_id: 'silent' });
+        assert.equal(slow.status, 504, JSON.stringify(slow.json));
+        assert.ok(Date.now() - t0 < 5000);
+        assert.equal((await fetch(`${url}/healthz`)).status, 200);
+      } finally {
+        for (const d of ghosts) d.close();
+        silent.close();
+      }
+    });
+    test('malformed monitor messages are dropped without harm', async () => {
+      const d = new Dealer({ routingId: 'garbage', linger: 0 });
+      d.connect(`tcp://127.0.0.1:${monitor}`);
+      try {
+        await d.send(Buffer.from([0xc1, 0xff, 0x00]));
+        await d.send(encodeMsg({ t: 'register', v: PROTOCOL_VERSION } as never));
+        const [reply] = await d.receive();
+        assert.match(JSON.stringify(reply ? await import('@msgpack/msgpack').then((m) => m.decode(reply)) : null), /malformed register/);
+        assert.equal((await fetch(`${url}/healthz`)).status, 200);
+      } finally {
+        d.close();
+      }
+    });
+  });
+
+  describe('operations', () => {
+    test('empty tokens: num_tokens 0 and the event is already finished', async () => {
+      const r = await postJson(`${url}/move`, { old_position: ['inst-A', 'LocalCPUBackend'], new_position: ['inst-B', 'LocalCPUBackend'] });
+      assert.equal(r.status, 200);
+      assert.equal(r.json.num_tokens, 0);
+      assert.equal(typeof r.json.event_id, 'string');
+      const c = await postJson(`${url}/check_finish`, { event_id: r.json.event_id });
+      assert.equal(c.json.status, 'finished');
+    });
+
+    test('move within an instance: LocalCPUBackend → LocalDiskBackend', async () => {
+      const tokens = range(48, 5000);
+      const spans = await putPrompt(A.store, tokens, 'LocalCPUBackend');
+      await waitUntil('indexed', async () => (await lookup(tokens)).layout_info['inst-A']?.matched_tokens === 48);
+      const r = await postJson(`${url}/move`, { old_position: ['inst-A', 'LocalCPUBackend'], new_position: ['inst-A', 'LocalDiskBackend'], tokens, copy: false });
+      assert.equal(r.status, 200, JSON.stringify(r.json));
+      assert.deepEqual(Object.keys(r.json).sort(), ['event_id', 'num_tokens']);
+      assert.equal(r.json.num_tokens, 48);
+      const ev = await waitEvent(r.json.event_id);
+      assert.equal(ev.status, 'finished', ev.error);
+      assert.equal(ev.kind, 'move');
+      assert.ok(ev.started_at && ev.finished_at);
+      for (const s of spans) {
+        assert.equal(A.store.has(s.key, 'LocalCPUBackend'), false);
+        assert.equal(A.store.has(s.key, 'LocalDiskBackend'), true);
+      }
+      const l = await waitUntil('index moved', async () => {
+        const x = await lookup(tokens);
+        return x.layout_info['inst-A']?.location === 'LocalDiskBackend' && !x.layout_info['inst-A'].locations.LocalCPUBackend ? x : undefined;
+      });
+      assert.equal(l.layout_info['inst-A']!.matched_tokens, 48);
+    });
+
+    test('move across instances peer to peer: source emptied, destination verified, lookup shows only B', async () => {
+      const tokens = range(64, 9000);
+      const spans = await putPrompt(A.store, tokens, 'LocalCPUBackend');
+      // num_tokens counts only the prefix the source holds: ask for more tokens than it has.
+      const asked = [...tokens, ...range(16, 777)];
+      await waitUntil('indexed', async () => (await lookup(tokens)).layout_info['inst-A']?.matched_tokens === 64);
+      const r = await postJson(`${url}/move`, { old_position: ['inst-A', 'LocalCPUBackend'], new_position: ['inst-B', 'LocalCPUBackend'], tokens: asked });
+      assert.equal(r.status, 200, JSON.stringify(r.json));
+      assert.equal(r.json.num_tokens, 64);
+      const ev = await waitEvent(r.json.event_id);
+      assert.equal(ev.status, 'finished', ev.error);
+      for (const s of spans) {
+        assert.equal(A.store.has(s.key, 'LocalCPUBackend'), false);
+        const got = await B.store.get(s.key, undefined, 'LocalCPUBackend');
+        assert.ok(got);
+        verifyChunk(got, s.key);
+        assert.deepEqual(got, makeChunk(s.key, s.end - s.start));
+      }
+      await waitUntil('lookup shows only B', async () => {
+        const l = await lookup(tokens);
+        return !l.layout_info['inst-A'] && l.layout_info['inst-B']?.matched_tokens === 64;
+      });
+      // copy: true keeps the source.
+      const c = await postJson(`${url}/move`, { old_position: ['inst-B', 'LocalCPUBackend'], new_position: ['inst-A', 'LocalCPUBackend'], tokens, copy: true });
+      assert.equal(c.json.num_tokens, 64);
+      const cev = await waitEvent(c.json.event_id);
+      assert.equal(cev.status, 'finished', cev.error);
+      assert.equal(cev.kind, 'copy');
+      for (const s of spans) {
+        assert.ok(A.store.has(s.key, 'LocalCPUBackend'));
+        assert.ok(B.store.has(s.key, 'LocalCPUBackend'));
+      }
+      await waitUntil('lookup shows both', async () => {
+        const l = await lookup(tokens);
+        return l.layout_info['inst-A']?.matched_tokens === 64 && l.layout_info['inst-B']?.matched_tokens === 64;
+      });
+      // Nothing held: num_tokens 0, finished.
+      const none = await postJson(`${url}/move`, { old_position: ['inst-A', 'LocalCPUBackend'], new_position: ['inst-B', 'LocalCPUBackend'], tokens: range(32, 424242) });
+      assert.equal(none.json.num_tokens, 0);
+      assert.equal((await postJson(`${url}/check_finish`, { event_id: none.json.event_id })).json.status, 'finished');
+    });
+
+    test('pin keeps chunks through eviction pressure; unpin makes them evictable; clear empties a location', async () => {
+      await B.store.clear('LocalCPUBackend');
+      const tokens = range(32, 31337);
+      const spans = await putPrompt(B.store, tokens, 'LocalCPUBackend');
+      const p = await postJson(`${url}/pin`, { tokens, instance_id: 'inst-B', location: 'LocalCPUBackend' });
+      assert.equal(p.status, 200, JSON.stringify(p.json));
+      assert.deepEqual(Object.keys(p.json).sort(), ['event_id', 'num_tokens']);
+      assert.equal(p.json.num_tokens, 32);
+      assert.equal((await waitEvent(p.json.event_id)).status, 'finished');
+      for (const s of spans) assert.ok(B.store.isPinned(s.key, 'LocalCPUBackend'));
+      // Fill B's CPU tier (10 MiB) several times over with other prompts.
+      const big: KvLayout = { dtype: DType.f32, numLayers: 8, numKvHeads: 8, headDim: 64 }; // 256 KiB per 16 tokens... per chunk
+      for (let i = 0; i < 120; i++) {
+        const t = range(CHUNK, 100_000 + i * CHUNK);
+        const [s] = chunkKeys(t, { modelId: MODEL, chunkSize: CHUNK, seed: 0n });
+        await B.store.put(s!.key, makeChunk(s!.key, CHUNK, big), 'LocalCPUBackend');
+      }
+      for (const s of spans) assert.ok(B.store.has(s.key, 'LocalCPUBackend'), 'pinned chunk was evicted');
+      const u = await postJson(`${url}/unpin`, { tokens, instance_id: 'inst-B', location: 'LocalCPUBackend' });
+      assert.equal(u.json.num_tokens, 32);
+      assert.equal((await waitEvent(u.json.event_id)).status, 'finished');
+      for (let i = 0; i < 120; i++) {
+        const t = range(CHUNK, 900_000 + i * CHUNK);
+        const [s] = chunkKeys(t, { modelId: MODEL, chunkSize: CHUNK, seed: 0n });
+        await B.store.put(s!.key, makeChunk(s!.key, CHUNK, big), 'LocalCPUBackend');
+      }
+      assert.ok(spans.some((s) => !B.store.has(s.key, 'LocalCPUBackend')), 'unpinned chunks should be evictable');
+      const c = await postJson(`${url}/clear`, { instance_id: 'inst-B', location: 'LocalCPUBackend' });
+      assert.equal(c.status, 200);
+      assert.equal((await waitEvent(c.json.event_id)).status, 'finished');
+      assert.equal(B.store.keys('LocalCPUBackend').length, 0);
+      await waitUntil('index emptied for B', async () => {
+        const r = await (await fetch(`${url}/instances`)).json();
+        return r.instances.find((i: { instance_id: string }) => i.instance_id === 'inst-B').workers[0].locations.LocalCPUBackend.chunks === 0;
+      });
+    });
+  });
+
+  describe('failures', () => {
+    test('destination killed mid-move: source intact, event failed', async () => {
+      // 32 chunks of 4 MiB: long enough a transfer to interrupt after the first stored chunk.
+      const layout: KvLayout = { dtype: DType.f16, numLayers: 4, numKvHeads: 8, headDim: 128 };
+      const chunkSize = 256;
+      const src = await startInstance('inst-src', monitor, { cpuGiB: 0.25, chunkSize, layout });
+      instances.push(src);
+      const child: ChildProcess = spawn(process.execPath, [fileURLToPath(import.meta.url)], {
+        env: { ...process.env, KVC_CTL_TEST_CHILD: '1', KVC_CTL_ID: 'inst-dst', KVC_CTL_MONITOR: String(monitor), KVC_CTL_CPU_GIB: '0.25', KVC_CTL_CHUNK: String(chunkSize), KVC_CTL_LAYOUT: JSON.stringify(layout) },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      let out = '';
+      child.stdout!.on('data', (d) => (out += d));
+      child.stderr!.on('data', (d) => (out += d));
+      try {
+        await waitUntil('child instance ready', () => /child ready/.test(out), 20_000);
+        await waitUntil('src live', () => src.att.state === 'live');
+        const tokens = range(32 * chunkSize, 50_000);
+        const spans = await putPrompt(src.store, tokens, 'LocalCPUBackend', chunkSize, layout);
+        const r = await postJson(`${url}/move`, { old_position: ['inst-src', 'LocalCPUBackend'], new_position: ['inst-dst', 'LocalCPUBackend'], tokens, copy: false });
+        assert.equal(r.status, 200, JSON.stringify(r.json));
+        assert.equal(r.json.num_tokens, tokens.length);
+        await waitUntil('first chunk stored at the destination', () => /admitted/.test(out), 20_000);
+        child.kill('SIGKILL');
+        const ev = await waitEvent(r.json.event_id, 30_000);
+        assert.equal(ev.status, 'failed');
+        assert.match(ev.error, /inst-src|peer|closed|failed/);
+        for (const s of spans) assert.ok(src.store.has(s.key, 'LocalCPUBackend'), `source lost chunk ${s.index}`);
+        assert.equal((await lookup(tokens)).layout_info['inst-src']?.matched_tokens, tokens.length);
+      } finally {
+        if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+        await src.close();
+        instances.splice(instances.indexOf(src), 1);
+      }
+    });
+
+    test('a worker that stops heartbeating is reaped and its chunks leave the index', async () => {
+      const d = new Dealer({ routingId: 'test-reaped', linger: 0 });
+      d.connect(`tcp://127.0.0.1:${monitor}`);
+      try {
+        await d.send(encodeMsg({ t: 'register', v: PROTOCOL_VERSION, instance_id: 'doomed', worker_id: 0, session: 's', ip: '127.0.0.9', worker_port: 1, distributed_url: null, chunk_size: CHUNK, model_id: MODEL, seed: '0', locations: ['LocalCPUBackend'], pid: 1 }));
+        await d.receive();
+        const tokens = range(32, 60_000);
+        const keys = chunkKeys(tokens, { modelId: MODEL, chunkSize: CHUNK, seed: 0n }).map((s) => s.key);
+        await d.send(encodeMsg({ t: 'sync', location: 'LocalCPUBackend', keys, reset: true, last: true }));
+        await waitUntil('doomed indexed', async () => (await lookup(tokens)).layout_info.doomed?.matched_tokens === 32);
+        // No heartbeats from here on: reaped after the 1 s timeout.
+        await waitUntil('reaped', async () => {
+          const r = await (await fetch(`${url}/instances`)).json();
+          return !r.instances.some((i: { instance_id: string }) => i.instance_id === 'doomed');
+        }, 5000);
+        assert.deepEqual((await lookup(tokens)).layout_info, {});
+        assert.equal((await postJson(`${url}/health`, { instance_id: 'doomed' })).status, 404);
+      } finally {
+        d.close();
+      }
+      // The live instances kept heartbeating and are still there.
+      const r = await (await fetch(`${url}/instances`)).json();
+      assert.deepEqual(r.instances.map((i: { instance_id: string }) => i.instance_id), ['inst-A', 'inst-B']);
+    });
+
+    test('a restarted controller rebuilds its index from the instances, with no instance restarted', async () => {
+      const tokens = range(48, 70_000);
+      await putPrompt(B.store, tokens, 'LocalCPUBackend');
+      await waitUntil('indexed', async () => (await lookup(tokens)).layout_info['inst-B']?.matched_tokens === 48);
+      await ctl.kill('SIGKILL');
+      await startController();
+      await waitHttp(`${url}/healthz`, 10_000);
+      const l = await waitUntil('index rebuilt', async () => {
+        const x = await lookup(tokens);
+        return x.layout_info['inst-B']?.matched_tokens === 48 ? x : undefined;
+      }, 15_000);
+      assert.equal(l.num_tokens, 48);
+      await waitUntil('both instances back', async () => {
+        const r = await (await fetch(`${url}/instances`)).json();
+        return r.instances.length === 2;
+      });
+      // And operations work against the new controller.
+      const p = await postJson(`${url}/pin`, { tokens, instance_id: 'inst-B', location: 'LocalCPUBackend' });
+      assert.equal(p.json.num_tokens, 48);
+      assert.equal((await waitEvent(p.json.event_id)).status, 'finished');
+    });
+  });
+}

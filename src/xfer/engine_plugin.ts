@@ -1,0 +1,70 @@
+// The xfer plugin the engine loads for kv_producer / kv_consumer (src/engine/transfer.ts looks
+// for `createKvTransfer` in this module).
+//
+// kv_producer (xfer_role sender): after prefill the connector hands over the prompt's sealed
+//   chunks; they go to the receiver named by kv_transfer_params.disagg_spec, the proxy is
+//   notified, and only then does the engine answer the HTTP request.
+// kv_consumer (xfer_role receiver): before prefill the connector asks for the chunks received
+//   for this request (by disagg_spec.req_id, else by the prompt's keys); the engine imports the
+//   leading ones, recomputes the tail and releases the reservation.
+import { ConfigError } from '../common/config.js';
+import type { KvTransferPlugin, ReceivedKv, SealedChunk, TransferFactory, TransferRequest } from '../engine/transfer.js';
+import { createXfer, XferError, disaggSpecProblem, type DisaggSpec } from './index.js';
+
+/** How long a consumer waits for a chunk that is still arriving (the proxy normally calls after the ack). */
+const TAKE_WAIT_MS = 5000;
+
+function specOf(req: TransferRequest): unknown {
+  return req.kvTransferParams?.disagg_spec;
+}
+
+export const createKvTransfer: TransferFactory = async (ctx) => {
+  const want = ctx.role === 'kv_producer' ? 'sender' : ctx.role === 'kv_consumer' ? 'receiver' : null;
+  if (!want) throw new ConfigError(`kv_role ${ctx.role} does not transfer KV`);
+  if (ctx.cacheConfig.xfer_role !== want) {
+    throw new ConfigError(`key "xfer_role": kv_role ${ctx.role} needs xfer_role "${want}" in the cache config; found ${JSON.stringify(ctx.cacheConfig.xfer_role)}`);
+  }
+  const id = ctx.connectorConfig.kv_connector_extra_config.kvc_rpc_port ?? ctx.cacheConfig.kvc_instance_id;
+  const x = await createXfer(ctx.cacheConfig, { layout: ctx.layout, chunkSize: ctx.chunkSize, modelId: ctx.modelId, id });
+  if (!x) throw new ConfigError('key "enable_xfer": must be true for kv_producer / kv_consumer');
+
+  if (x.role === 'sender') {
+    const sender = x.sender;
+    const plugin: KvTransferPlugin = {
+      async send(req: TransferRequest, chunks: SealedChunk[]) {
+        const spec = specOf(req);
+        const bad = disaggSpecProblem(spec);
+        if (bad) throw new XferError(bad);
+        const res = await sender.send(
+          spec as DisaggSpec,
+          chunks.map((c) => ({ key: c.key, numTokens: c.end - c.start, data: c.chunk })),
+        );
+        // Reported back in the response's kv_transfer_params (the proxy forwards them to the decoder).
+        return { xfer: { ok: res.ok, chunks: res.sent + res.skipped, tokens: res.ok ? res.numTokens : 0, ms: res.ms, ...(res.error ? { error: res.error } : {}) } };
+      },
+      close: () => sender.close(),
+    };
+    return plugin;
+  }
+
+  const receiver = x.receiver;
+  const plugin: KvTransferPlugin = {
+    async received(req: TransferRequest): Promise<ReceivedKv | null> {
+      const spec = specOf(req) as Partial<DisaggSpec> | undefined;
+      const reqId = typeof spec?.req_id === 'string' && spec.req_id ? spec.req_id : undefined;
+      const taken = await receiver.take(
+        req.spans.map((s) => s.key),
+        reqId,
+        TAKE_WAIT_MS,
+      );
+      if (taken.keys.length === 0) {
+        taken.release(); // frees this request's reservation too: nothing usable arrived
+        return null;
+      }
+      const byKey = new Map(taken.keys.map((k, i) => [k, taken.chunks[i]!]));
+      return { get: (key) => byKey.get(key) ?? null, release: () => taken.release() };
+    },
+    close: () => receiver.close(),
+  };
+  return plugin;
+};

@@ -1,0 +1,49 @@
+// `kvc up`: a whole local disaggregated deployment in one command (see src/proxy/up.ts, docs/proxy.md).
+import type { Command } from 'commander';
+import { fileURLToPath } from 'node:url';
+import { dirname, join } from 'node:path';
+import { runUp } from '../proxy/up.js';
+
+const CLI = join(dirname(fileURLToPath(import.meta.url)), 'main.js');
+
+function int(flag: string, v: string): number {
+  if (!/^-?\d+$/.test(v.trim())) throw new Error(`${flag}: expected an integer, found "${v}"`);
+  return Number(v);
+}
+
+export function registerUp(program: Command): void {
+  program
+    .command('up')
+    .description('start a local disaggregated deployment: controller, X prefillers, Y decoders and the proxy')
+    .option('--prefillers <n>', 'number of prefiller engines (ports 7100+i)', '1')
+    .option('--decoders <n>', 'number of decoder engines (ports 7200+i)', '1')
+    .option('--model <model>', 'model of every engine', 'builtin:tiny')
+    .option('--port-offset <n>', 'added to every reference port (to run beside another deployment)', '0')
+    .option('--no-controller', 'do not start the controller; engines run with enable_controller: false')
+    .option('--log-dir <dir>', 'where per-process logs, generated configs and deployment.json go', 'kvc-logs')
+    .option('--startup-timeout <s>', 'seconds allowed for all processes to become healthy', '300')
+    .option('--config-only', 'write the cache YAML and connector JSON files and print the commands; start nothing')
+    .action(async (o: Record<string, string | boolean>) => {
+      let code: number;
+      try {
+        const t = Number(o.startupTimeout);
+        if (!Number.isFinite(t) || t <= 0) throw new Error(`--startup-timeout: expected seconds > 0, found "${o.startupTimeout}"`);
+        code = await runUp({
+          prefillers: int('--prefillers', String(o.prefillers)),
+          decoders: int('--decoders', String(o.decoders)),
+          model: String(o.model),
+          portOffset: int('--port-offset', String(o.portOffset)),
+          controller: o.controller !== false,
+          host: '127.0.0.1',
+          logDir: String(o.logDir),
+          startupTimeoutMs: t * 1000,
+          configOnly: o.configOnly === true,
+          cli: CLI,
+        });
+      } catch (e) {
+        process.stderr.write(`kvc up: ${(e as Error).message}\n`);
+        code = 2;
+      }
+      process.exit(code);
+    });
+}

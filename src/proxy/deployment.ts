@@ -1,0 +1,211 @@
+// The plan of a local disaggregated deployment (`kvc up`): which processes, on which ports,
+// with which cache YAML (spec §2.4) and connector JSON (spec §2.5). The values are the spec's
+// reference values; only ports shift with --port-offset. The same generator writes the files
+// committed under examples/1p1d and examples/2p2d, so the examples and `kvc up` cannot drift.
+import { stringify } from 'yaml';
+
+export interface PlanOptions {
+  prefillers: number;
+  decoders: number;
+  model: string;
+  portOffset: number;
+  controller: boolean;
+  host: string;
+}
+
+/** Reference ports (DESIGN §1) before --port-offset. */
+export const BASE_PORTS = {
+  prefiller: 7100,
+  decoder: 7200,
+  xferInit: 7300,
+  xferAlloc: 7400,
+  notify: 7500,
+  /** kvc_worker_port: prefillers 7700+i, decoders 7750+j. */
+  worker: 7700,
+  /** distributed_url: prefillers 7800+i, decoders 7850+j. */
+  distributed: 7800,
+  controller: 9000,
+  controllerMonitor: 9001,
+  proxy: 9100,
+} as const;
+
+/** Most engines of one role that the port layout leaves room for. */
+export const MAX_PER_ROLE = 50;
+
+export interface EngineSpec {
+  name: string;
+  role: 'prefiller' | 'decoder';
+  index: number;
+  port: number;
+  cacheConfig: Record<string, unknown>;
+  connector: Record<string, unknown>;
+}
+
+export interface PortUse {
+  port: number;
+  what: string;
+}
+
+export interface Plan {
+  opts: PlanOptions;
+  controller: { port: number; monitorPort: number } | null;
+  engines: EngineSpec[];
+  proxy: { port: number; notifyPort: number };
+  ports: PortUse[];
+}
+
+export function makePlan(o: PlanOptions): Plan {
+  if (!Number.isInteger(o.prefillers) || o.prefillers < 1 || o.prefillers > MAX_PER_ROLE) {
+    throw new Error(`--prefillers: expected an integer 1..${MAX_PER_ROLE}, found ${o.prefillers}`);
+  }
+  if (!Number.isInteger(o.decoders) || o.decoders < 1 || o.decoders > MAX_PER_ROLE) {
+    throw new Error(`--decoders: expected an integer 1..${MAX_PER_ROLE}, found ${o.decoders}`);
+  }
+  if (!Number.isInteger(o.portOffset) || o.portOffset < -7000 || BASE_PORTS.proxy + o.portOffset > 65535) {
+    throw new Error(`--port-offset: expected an integer that keeps every port in 1..65535, found ${o.portOffset}`);
+  }
+  const off = (p: number) => p + o.portOffset;
+  const h = o.host;
+  const xpyd = o.prefillers > 1 || o.decoders > 1;
+  const controllerMonitor = off(BASE_PORTS.controllerMonitor);
+  const notifyPort = off(BASE_PORTS.notify);
+  const ctl = (worker: number, distributed: number, id: string) => ({
+    enable_controller: o.controller,
+    kvc_instance_id: id,
+    ...(o.controller ? { controller_url: `${h}:${controllerMonitor}` } : {}),
+    kvc_worker_port: worker,
+    distributed_url: `${h}:${distributed}`,
+  });
+  const engines: EngineSpec[] = [];
+  for (let i = 0; i < o.prefillers; i++) {
+    const name = `prefiller-${i}`;
+    engines.push({
+      name,
+      role: 'prefiller',
+      index: i,
+      port: off(BASE_PORTS.prefiller + i),
+      cacheConfig: {
+        chunk_size: 256,
+        // Spec §2.4 reference: the 1p1d prefiller keeps a 5 GiB CPU cache, XpYd prefillers none.
+        local_cpu: !xpyd,
+        max_local_cpu_size: xpyd ? 0 : 5,
+        max_local_disk_size: 0,
+        ...ctl(off(BASE_PORTS.worker + i), off(BASE_PORTS.distributed + i), name),
+        enable_xfer: true,
+        enable_xpyd: true,
+        xfer_role: 'sender',
+        xfer_proxy_host: h,
+        xfer_proxy_port: notifyPort,
+        xfer_buffer_size: 1073741824,
+        xfer_buffer_device: 'cuda',
+      },
+      connector: {
+        kv_connector: 'KvcConnectorV1',
+        kv_role: 'kv_producer',
+        kv_connector_extra_config: { discard_partial_chunks: false, kvc_rpc_port: `producer${i + 1}` },
+      },
+    });
+  }
+  for (let j = 0; j < o.decoders; j++) {
+    const name = `decoder-${j}`;
+    engines.push({
+      name,
+      role: 'decoder',
+      index: j,
+      port: off(BASE_PORTS.decoder + j),
+      cacheConfig: {
+        chunk_size: 256,
+        local_cpu: false,
+        max_local_cpu_size: 0,
+        ...ctl(off(BASE_PORTS.worker + MAX_PER_ROLE + j), off(BASE_PORTS.distributed + MAX_PER_ROLE + j), name),
+        enable_xfer: true,
+        enable_xpyd: true,
+        xfer_role: 'receiver',
+        xfer_peer_host: h,
+        xfer_peer_init_port: off(BASE_PORTS.xferInit + j),
+        xfer_peer_alloc_port: off(BASE_PORTS.xferAlloc + j),
+        xfer_buffer_size: 2147483648,
+        xfer_buffer_device: 'cuda',
+        xfer_backends: ['tcp'],
+      },
+      connector: {
+        kv_connector: 'KvcConnectorV1',
+        kv_role: 'kv_consumer',
+        kv_connector_extra_config: { discard_partial_chunks: false, kvc_rpc_port: `consumer${j + 1}`, skip_last_n_tokens: 1 },
+      },
+    });
+  }
+  const controller = o.controller ? { port: off(BASE_PORTS.controller), monitorPort: controllerMonitor } : null;
+  const proxy = { port: off(BASE_PORTS.proxy), notifyPort };
+  const ports: PortUse[] = [];
+  if (controller) ports.push({ port: controller.port, what: 'controller HTTP' }, { port: controller.monitorPort, what: 'controller monitor' });
+  for (const e of engines) {
+    const c = e.cacheConfig;
+    ports.push({ port: e.port, what: `${e.name} HTTP` });
+    ports.push({ port: c.kvc_worker_port as number, what: `${e.name} kvc_worker_port` });
+    ports.push({ port: Number(String(c.distributed_url).split(':').pop()), what: `${e.name} distributed_url` });
+    if (e.role === 'decoder') {
+      ports.push({ port: c.xfer_peer_init_port as number, what: `${e.name} xfer init` });
+      ports.push({ port: c.xfer_peer_alloc_port as number, what: `${e.name} xfer alloc` });
+    }
+  }
+  ports.push({ port: proxy.port, what: 'proxy HTTP' }, { port: proxy.notifyPort, what: 'proxy xfer notify' });
+  for (const p of ports) {
+    if (p.port < 1 || p.port > 65535) throw new Error(`--port-offset ${o.portOffset} puts ${p.what} on port ${p.port}, outside 1..65535`);
+  }
+  return { opts: o, controller, engines, proxy, ports };
+}
+
+/** The cache YAML of one engine, with a header saying where it comes from. */
+export function cacheYaml(e: EngineSpec): string {
+  return `# ${e.name}: cache instance configuration (spec §2.4), generated by \`kvc up\`.\n` + stringify(e.cacheConfig);
+}
+
+export function connectorJson(e: EngineSpec): string {
+  return JSON.stringify(e.connector);
+}
+
+/** Arguments of `kvc engine` for one engine (spec §2.6 flags included). */
+export function engineArgs(plan: Plan, e: EngineSpec, connector: string): string[] {
+  return [
+    'engine',
+    '--host', plan.opts.host,
+    '--port', String(e.port),
+    '--model', plan.opts.model,
+    '--kv-transfer-config', connector,
+    '--enforce-eager',
+    '--no-enable-prefix-caching',
+    '--disable-log-requests',
+  ];
+}
+
+export function controllerArgs(plan: Plan): string[] {
+  const c = plan.controller!;
+  return ['controller', '--host', plan.opts.host, '--port', String(c.port), '--monitor-port', String(c.monitorPort)];
+}
+
+export function proxyArgs(plan: Plan): string[] {
+  const h = plan.opts.host;
+  const p = plan.engines.filter((e) => e.role === 'prefiller');
+  const d = plan.engines.filter((e) => e.role === 'decoder');
+  return [
+    'proxy',
+    '--host', h,
+    '--port', String(plan.proxy.port),
+    '--prefiller-host', h,
+    '--prefiller-port', String(p[0]!.port),
+    '--num-prefillers', String(p.length),
+    '--decoder-host', h,
+    '--decoder-port', String(d[0]!.port),
+    '--num-decoders', String(d.length),
+    '--decoder-init-port', String(d[0]!.cacheConfig.xfer_peer_init_port),
+    '--decoder-alloc-port', String(d[0]!.cacheConfig.xfer_peer_alloc_port),
+    '--proxy-host', h,
+    '--proxy-port', String(plan.proxy.notifyPort),
+  ];
+}
+
+/** Quotes an argument for a POSIX shell when needed. */
+export function shQuote(s: string): string {
+  return /^[\w@%+=:,./-]+$/.test(s) ? s : `'${s.replace(/'/g, `'\\''`)}'`;
+}

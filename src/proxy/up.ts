@@ -1,0 +1,233 @@
+// `kvc up`: one command for a whole local disaggregated deployment (issue 6, spec §2.6, §7).
+// Order: check every port → write configs → controller → engines (all at once) → proxy, each
+// waited on until healthy within a deadline. Everything runs with PYTHONHASHSEED=0 so chunk
+// keys agree across processes. Ctrl-C / SIGTERM stops all children (proxy first, controller last).
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { isPortFree } from '../common/ports.js';
+import {
+  cacheYaml,
+  connectorJson,
+  controllerArgs,
+  engineArgs,
+  makePlan,
+  proxyArgs,
+  shQuote,
+  type Plan,
+  type PlanOptions,
+} from './deployment.js';
+import { Child, StartError } from './supervisor.js';
+
+export interface UpOptions extends PlanOptions {
+  logDir: string;
+  startupTimeoutMs: number;
+  /** Write the configuration files and print the commands, start nothing. */
+  configOnly: boolean;
+  cli: string;
+}
+
+const out = (s: string) => process.stdout.write(s + '\n');
+const err = (s: string) => process.stderr.write(s + '\n');
+
+export interface WrittenFiles {
+  engines: { name: string; yaml: string; connector: string }[];
+}
+
+/** Writes <dir>/<engine>.yaml and <dir>/<engine>.connector.json for every engine. */
+export function writeConfigs(plan: Plan, dir: string): WrittenFiles {
+  mkdirSync(dir, { recursive: true });
+  const engines = plan.engines.map((e) => {
+    const yaml = join(dir, `${e.name}.yaml`);
+    const connector = join(dir, `${e.name}.connector.json`);
+    writeFileSync(yaml, cacheYaml(e));
+    writeFileSync(connector, connectorJson(e) + '\n');
+    return { name: e.name, yaml, connector };
+  });
+  return { engines };
+}
+
+/** The by-hand commands equivalent to `kvc up` (also used by the examples' READMEs). */
+export function handCommands(plan: Plan, configDir: string): string[] {
+  const lines: string[] = [];
+  if (plan.controller) lines.push(`PYTHONHASHSEED=0 kvc ${controllerArgs(plan).map(shQuote).join(' ')} &`);
+  for (const e of plan.engines) {
+    const args = engineArgs(plan, e, `$(cat ${join(configDir, `${e.name}.connector.json`)})`);
+    const quoted = args.map((a) => (a.startsWith('$(') ? `"${a}"` : shQuote(a)));
+    lines.push(`PYTHONHASHSEED=0 KVC_CONFIG_FILE=${join(configDir, `${e.name}.yaml`)} kvc ${quoted.join(' ')} &`);
+  }
+  lines.push(`PYTHONHASHSEED=0 kvc ${proxyArgs(plan).map(shQuote).join(' ')}`);
+  return lines;
+}
+
+export async function takenPorts(plan: Plan): Promise<string[]> {
+  const taken: string[] = [];
+  const seen = new Set<number>();
+  for (const p of plan.ports) {
+    if (seen.has(p.port)) {
+      taken.push(`${p.port} (${p.what}: used twice by the plan)`);
+      continue;
+    }
+    seen.add(p.port);
+    if (!(await isPortFree(p.port, plan.opts.host))) taken.push(`${p.port} (${p.what})`);
+  }
+  return taken;
+}
+
+/** Runs the deployment until a signal; resolves with the process exit code. */
+export async function runUp(o: UpOptions): Promise<number> {
+  const plan = makePlan(o);
+  const logDir = resolve(o.logDir);
+  if (o.configOnly) {
+    writeConfigs(plan, logDir);
+    out(`wrote ${plan.engines.length * 2} configuration files to ${logDir}`);
+    for (const l of handCommands(plan, logDir)) out(l);
+    return 0;
+  }
+  const taken = await takenPorts(plan);
+  if (taken.length) {
+    err(`kvc up: ports already in use, nothing started:\n  ${taken.join('\n  ')}\nfree them or pick another --port-offset`);
+    return 3;
+  }
+  const files = writeConfigs(plan, logDir);
+  const env = { ...process.env, PYTHONHASHSEED: '0' };
+  const host = plan.opts.host;
+  const children: Child[] = [];
+  let stopping: Promise<void> | null = null;
+  const stopAll = () => {
+    if (!stopping) {
+      stopping = (async () => {
+        // Proxy first (no new requests), then engines, controller last.
+        const proxy = children.filter((c) => c.name === 'proxy');
+        const engines = children.filter((c) => c.name !== 'proxy' && c.name !== 'controller');
+        const ctl = children.filter((c) => c.name === 'controller');
+        for (const group of [proxy, engines, ctl]) await Promise.all(group.map((c) => c.stop()));
+      })();
+    }
+    return stopping;
+  };
+  let signalled: string | null = null;
+  let wake: () => void = () => undefined;
+  const stopped = new Promise<void>((r) => (wake = r));
+  const onSignal = (sig: NodeJS.Signals) => {
+    if (signalled) return;
+    signalled = sig;
+    err(`kvc up: ${sig} received, stopping ${children.length} processes`);
+    wake();
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+
+  const deadline = Date.now() + o.startupTimeoutMs;
+  const launch = (c: Child) => {
+    children.push(c);
+    c.start();
+    return c;
+  };
+  // A signal during start-up interrupts the waits (one promise, its rejection always handled).
+  const interrupted = stopped.then(() => {
+    throw new StartError('interrupted');
+  });
+  interrupted.catch(() => undefined);
+  const guard = async (p: Promise<unknown>) => {
+    await Promise.race([p, interrupted]);
+  };
+  try {
+    out(`kvc up: ${plan.engines.filter((e) => e.role === 'prefiller').length} prefiller(s), ` +
+      `${plan.engines.filter((e) => e.role === 'decoder').length} decoder(s), model ${o.model}; logs and configs in ${logDir}`);
+    if (plan.controller) {
+      const c = launch(new Child({
+        name: 'controller',
+        args: controllerArgs(plan),
+        env,
+        logPath: join(logDir, 'controller.log'),
+        healthUrl: `http://${host}:${plan.controller.port}/healthz`,
+      }, o.cli));
+      await guard(c.waitHealthy(deadline));
+      out(`  controller  ready  http://${host}:${plan.controller.port} (monitor ${plan.controller.monitorPort})`);
+    }
+    const engines = plan.engines.map((e, i) =>
+      launch(new Child({
+        name: e.name,
+        args: engineArgs(plan, e, connectorJson(e)),
+        env: { ...env, KVC_CONFIG_FILE: files.engines[i]!.yaml },
+        logPath: join(logDir, `${e.name}.log`),
+        healthUrl: `http://${host}:${e.port}/health`,
+      }, o.cli)),
+    );
+    await guard(Promise.all(engines.map(async (c, i) => {
+      await c.waitHealthy(deadline);
+      out(`  ${c.name.padEnd(11)} ready  http://${host}:${plan.engines[i]!.port}`);
+    })));
+    const proxy = launch(new Child({
+      name: 'proxy',
+      args: proxyArgs(plan),
+      env,
+      logPath: join(logDir, 'proxy.log'),
+      healthUrl: `http://${host}:${plan.proxy.port}/health`,
+      // Echo the statistics lines of intervals that saw requests.
+      onLine: (l) => {
+        if (/TTFT .*: [1-9]\d* requests/.test(l)) out(l);
+      },
+    }, o.cli));
+    await guard(proxy.waitHealthy(deadline));
+  } catch (e) {
+    if (signalled) {
+      await stopAll();
+      return 0;
+    }
+    err(`kvc up: ${(e as Error).message}`);
+    err('kvc up: stopping the other processes');
+    await stopAll();
+    return 1;
+  }
+
+  const proxyUrl = `http://${host}:${plan.proxy.port}`;
+  let model = o.model;
+  try {
+    const r = await fetch(`${proxyUrl}/v1/models`, { signal: AbortSignal.timeout(5_000) });
+    const j = (await r.json()) as { data?: { id?: string }[] };
+    if (j.data?.[0]?.id) model = j.data[0].id;
+  } catch {
+    /* keep the --model name */
+  }
+  const state = {
+    started: new Date().toISOString(),
+    proxy: proxyUrl,
+    model,
+    controller: plan.controller ? `http://${host}:${plan.controller.port}` : null,
+    processes: children.map((c) => ({
+      name: c.name,
+      pid: c.pid,
+      log: c.spec.logPath,
+      url: c.spec.healthUrl.replace(/\/healthz?$/, ''),
+    })),
+  };
+  writeFileSync(join(logDir, 'deployment.json'), JSON.stringify(state, null, 2) + '\n');
+  out('');
+  out(`kvc up: ready. OpenAI-compatible endpoint: ${proxyUrl}/v1  (completions, chat/completions, models; /health, /metrics)`);
+  for (const c of children) out(`  ${c.name.padEnd(11)} pid ${String(c.pid).padEnd(7)} ${c.spec.healthUrl.replace(/\/healthz?$/, '').padEnd(24)} log ${c.spec.logPath}`);
+  out('Try:');
+  out(`  curl -N ${proxyUrl}/v1/completions -H 'Content-Type: application/json' \\`);
+  out(`    -d '${JSON.stringify({ model, prompt: 'The KV cache is', max_tokens: 32, temperature: 0, stream: true })}'`);
+  out('Ctrl-C stops everything.');
+
+  // Watch: an engine that dies is reported (the proxy routes around it); the proxy dying ends the run.
+  let proxyDied = false;
+  for (const c of children) {
+    void c.exited.then(() => {
+      if (c.stopping || signalled) return;
+      err(`kvc up: ${c.name} (pid ${c.pid}) ${c.describeExit()}; see its log: ${c.spec.logPath}`);
+      if (c.name === 'proxy') {
+        proxyDied = true;
+        wake();
+      }
+    });
+  }
+  await stopped;
+  process.off('SIGINT', onSignal);
+  process.off('SIGTERM', onSignal);
+  if (proxyDied) err('kvc up: the proxy is gone; stopping the deployment');
+  await stopAll();
+  out('kvc up: all processes stopped');
+  return proxyDied ? 1 : 0;
+}

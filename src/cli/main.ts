@@ -6,6 +6,7 @@ import { registerKeys } from './keys.js';
 import { registerEngine } from './engine.js';
 import { registerController } from './controller.js';
 import { registerProxy } from './proxy.js';
+import { registerUp } from './up.js';
 
 const program = new Command();
 program
@@ -18,6 +19,7 @@ registerKeys(program);
 registerEngine(program);
 registerController(program);
 registerProxy(program);
+registerUp(program);
 
 program.parseAsync(process.argv).catch((err: unknown) => {
   process.stderr.write(`kvc: ${err instanceof Error ? err.message : String(err)}\n`);

@@ -26,6 +26,8 @@ export interface BuiltinSpec {
   hiddenDim: number;
   vocabSize: number;
   maxPositionEmbeddings: number;
+  /** Std of the (tied) embedding; layer outputs are unit scale. */
+  embedStd: number;
 }
 
 export const BUILTIN_MODELS: Record<string, BuiltinSpec> = {
@@ -41,6 +43,7 @@ export const BUILTIN_MODELS: Record<string, BuiltinSpec> = {
     hiddenDim: 768,
     vocabSize: 32000,
     maxPositionEmbeddings: 4096,
+    embedStd: 0.2,
   },
 };
 
@@ -118,10 +121,10 @@ export function builtinTensors(spec: BuiltinSpec): TensorToWrite[] {
   const t: TensorToWrite[] = [];
   const add = (name: string, shape: number[], data: Float32Array) => t.push({ name, shape, data, dtype: 'F32' });
   const ones = (n: number) => new Float32Array(n).fill(1);
-  // Embeddings of unit scale. Layer weights with std ~ 1/sqrt(fan_in) keep every sublayer's
-  // output at the residual stream's scale, so attention and MLP really change the next-token
-  // distribution (with the usual 0.02 init, a random tied model just echoes its input token).
-  add('model.embed_tokens.weight', [vocabSize, dim], randn(rng, vocabSize * dim, 1));
+  // Small embeddings, layer weights with std ~ 1/sqrt(fan_in): the residual stream is soon
+  // dominated by what attention and the MLP computed, so the next token depends on context
+  // (with unit-scale tied embeddings a random model just echoes its input token forever).
+  add('model.embed_tokens.weight', [vocabSize, dim], randn(rng, vocabSize * dim, spec.embedStd));
   for (let l = 0; l < numLayers; l++) {
     const p = `model.layers.${l}.`;
     add(`${p}input_layernorm.weight`, [dim], ones(dim));

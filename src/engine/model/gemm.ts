@@ -30,6 +30,8 @@ export interface Gemm {
   upload(w: Float32Array, n: number, k: number): Weight;
   /** out[0..m*n) = a[0..m*k) · Wᵀ. */
   matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void;
+  /** out[m][n] = a[m][k] · b[k][n] for a transient b (attention), same summation order. */
+  matmulDense(a: Float32Array, m: number, k: number, b: Float32Array, n: number, out: Float32Array): void;
 }
 
 const padTo = (n: number, s: number) => Math.ceil(n / s) * s;
@@ -72,6 +74,20 @@ export class JsGemm implements Gemm {
         const av = a[ar + kk]!;
         const base = kk * nPad;
         for (let j = 0; j < N; j++) c[j] = c[j]! + fr(av * wt[base + j]!);
+      }
+    }
+  }
+
+  matmulDense(a: Float32Array, m: number, K: number, b: Float32Array, N: number, out: Float32Array): void {
+    const fr = Math.fround;
+    for (let r = 0; r < m; r++) {
+      const c = out.subarray(r * N, r * N + N);
+      c.fill(0);
+      const ar = r * K;
+      for (let kk = 0; kk < K; kk++) {
+        const av = a[ar + kk]!;
+        const base = kk * N;
+        for (let j = 0; j < N; j++) c[j] = c[j]! + fr(av * b[base + j]!);
       }
     }
   }
@@ -144,17 +160,49 @@ export class WasmGemm implements Gemm {
     return { k, n, nPad, ptr, data: null };
   }
 
+  private scratch(bytes: number): number {
+    if (bytes > this.scratchBytes) {
+      const size = Math.max(bytes, this.scratchBytes * 2);
+      this.scratchPtr = this.alloc(size);
+      this.scratchBytes = size;
+    }
+    return this.scratchPtr;
+  }
+
+  matmulDense(a: Float32Array, m: number, K: number, b: Float32Array, N: number, out: Float32Array): void {
+    if (m === 0 || N === 0) return;
+    if (K === 0) {
+      out.fill(0, 0, m * N);
+      return;
+    }
+    const nPad = padTo(N, STRIP);
+    const aBytes = padTo(m * K * 4, 64);
+    const bBytes = padTo(K * nPad * 4, 64);
+    const A = this.scratch(aBytes + bBytes + m * nPad * 4);
+    const B = A + aBytes;
+    const C = B + bBytes;
+    const f32 = this.f32;
+    f32.set(a.subarray(0, m * K), A / 4);
+    if (nPad === N) f32.set(b.subarray(0, K * N), B / 4);
+    else {
+      const b0 = B / 4;
+      for (let kk = 0; kk < K; kk++) {
+        f32.set(b.subarray(kk * N, kk * N + N), b0 + kk * nPad);
+        f32.fill(0, b0 + kk * nPad + N, b0 + (kk + 1) * nPad);
+      }
+    }
+    this.exp.gemm(A, B, C, m, K, nPad, 0, m, 0, nPad);
+    const c0 = C / 4;
+    if (nPad === N) out.set(f32.subarray(c0, c0 + m * N));
+    else for (let r = 0; r < m; r++) out.set(f32.subarray(c0 + r * nPad, c0 + r * nPad + N), r * N);
+  }
+
   matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void {
     checkArgs(w, a, m, out);
     if (m === 0) return;
     const { k: K, n: N, nPad } = w;
     const aBytes = padTo(m * K * 4, 64);
-    const need = aBytes + m * nPad * 4;
-    if (need > this.scratchBytes) {
-      this.scratchPtr = this.alloc(Math.max(need, this.scratchBytes * 2));
-      this.scratchBytes = Math.max(need, this.scratchBytes * 2);
-    }
-    const A = this.scratchPtr;
+    const A = this.scratch(aBytes + m * nPad * 4);
     const C = A + aBytes;
     const f32 = this.f32;
     f32.set(a.subarray(0, m * K), A / 4);

@@ -210,9 +210,6 @@ export class LlamaModel {
     const pool = kv.pool;
     const cos = this.ropeCos;
     const sin = this.ropeSin;
-    const scale = 1 / Math.sqrt(headDim);
-    const group = numHeads / numKvHeads;
-    const scores = new Float64Array(maxPos);
 
     for (let l = 0; l < numLayers; l++) {
       const L = this.layers[l]!;
@@ -241,41 +238,7 @@ export class LlamaModel {
         pool.set(qkv.subarray(base + qDim + kvDim, base + qkvDim), vOff);
       }
 
-      // Attention: per row and head, softmax over keys 0..pos in ascending order.
-      const kvStride = BLOCK_TOKENS * kvDim; // K block -> V block of the same layer
-      for (let r = 0; r < R; r++) {
-        const pos = rowPos[r]!;
-        const blocks = tables[rowSeg[r]!]!;
-        const layerBase = l * 2 * kvStride;
-        for (let hh = 0; hh < numHeads; hh++) {
-          const qo = r * qkvDim + hh * headDim;
-          const ko = Math.floor(hh / group) * headDim;
-          let max = -Infinity;
-          for (let j = 0; j <= pos; j++) {
-            const kp = blocks[j >> 4]! * kv.blockFloats + layerBase + (j & 15) * kvDim + ko;
-            let d = 0;
-            for (let e = 0; e < headDim; e++) d += qkv[qo + e]! * pool[kp + e]!;
-            d *= scale;
-            scores[j] = d;
-            if (d > max) max = d;
-          }
-          let sum = 0;
-          for (let j = 0; j <= pos; j++) {
-            const e = Math.exp(scores[j]! - max);
-            scores[j] = e;
-            sum += e;
-          }
-          const out = r * qDim + hh * headDim;
-          const acc = new Float64Array(headDim);
-          for (let j = 0; j <= pos; j++) {
-            const vp = blocks[j >> 4]! * kv.blockFloats + layerBase + kvStride + (j & 15) * kvDim + ko;
-            const p = scores[j]!;
-            for (let e = 0; e < headDim; e++) acc[e] += p * pool[vp + e]!;
-          }
-          const inv = 1 / sum;
-          for (let e = 0; e < headDim; e++) attn[out + e] = acc[e]! * inv;
-        }
-      }
+      this.attention(segments, tables, kv, l, qkv, attn);
 
       this.gemm.matmul(L.o, attn, R, proj);
       for (let i = 0; i < R * dim; i++) x[i] = x[i]! + proj[i]!;
@@ -315,7 +278,87 @@ export class LlamaModel {
     this.gemm.matmul(this.lmHead, normed, want.length, logits);
     return want.map((_, i) => logits.slice(i * V, i * V + V));
   }
+
+  /**
+   * Causal attention of every segment's rows for layer `l`, reading K/V back from the cache.
+   * Per segment and KV head, the query rows of the heads sharing that KV head are stacked and
+   * S = Q·Kᵀ and O = P·V run through the GEMM kernel (each element a fixed-order f32 dot over
+   * head_dim resp. key positions ascending). Softmax per query row is plain (max, exp, sum,
+   * normalise) over keys 0..pos; keys after pos get probability exactly 0.
+   */
+  private attention(segments: Segment[], tables: (readonly number[])[], kv: PagedKvCache, l: number, qkv: Float32Array, attn: Float32Array): void {
+    const { numHeads, numKvHeads, headDim } = this.config;
+    const qDim = numHeads * headDim;
+    const kvDim = numKvHeads * headDim;
+    const qkvDim = qDim + 2 * kvDim;
+    const group = numHeads / numKvHeads;
+    const scale = 1 / Math.sqrt(headDim);
+    const pool = kv.pool;
+    let row0 = 0;
+    for (const [si, seg] of segments.entries()) {
+      const T = seg.tokens.length;
+      const P = seg.startPos + T; // keys 0..P-1
+      const blocks = tables[si]!;
+      const kt = new Float32Array(headDim * P);
+      const v = new Float32Array(P * headDim);
+      for (let g = 0; g < numKvHeads; g++) {
+        // Gather this KV head's keys (transposed, [headDim][P]) and values ([P][headDim]).
+        for (let j = 0; j < P; j++) {
+          const kp = kv.offset(blocks, l, 0, j) + g * headDim;
+          const vp = kv.offset(blocks, l, 1, j) + g * headDim;
+          for (let e = 0; e < headDim; e++) kt[e * P + j] = pool[kp + e]!;
+          v.set(pool.subarray(vp, vp + headDim), j * headDim);
+        }
+        // Query rows in blocks to bound the score matrix.
+        for (let t0 = 0; t0 < T; t0 += ATTN_ROW_BLOCK) {
+          const t1 = Math.min(T, t0 + ATTN_ROW_BLOCK);
+          const M = (t1 - t0) * group;
+          const q = new Float32Array(M * headDim);
+          for (let t = t0; t < t1; t++) {
+            for (let hi = 0; hi < group; hi++) {
+              const src = (row0 + t) * qkvDim + (g * group + hi) * headDim;
+              q.set(qkv.subarray(src, src + headDim), ((t - t0) * group + hi) * headDim);
+            }
+          }
+          const sc = new Float32Array(M * P);
+          this.gemm.matmulDense(q, M, headDim, kt, P, sc);
+          for (let t = t0; t < t1; t++) {
+            const pos = seg.startPos + t;
+            for (let hi = 0; hi < group; hi++) {
+              const o = ((t - t0) * group + hi) * P;
+              let max = -Infinity;
+              for (let j = 0; j <= pos; j++) {
+                const d = sc[o + j]! * scale;
+                if (d > max) max = d;
+              }
+              let sum = 0;
+              for (let j = 0; j <= pos; j++) {
+                const e = Math.exp(sc[o + j]! * scale - max);
+                sc[o + j] = e;
+                sum += sc[o + j]!;
+              }
+              const inv = 1 / sum;
+              for (let j = 0; j <= pos; j++) sc[o + j] = sc[o + j]! * inv;
+              sc.fill(0, o + pos + 1, o + P);
+            }
+          }
+          const out = new Float32Array(M * headDim);
+          this.gemm.matmulDense(sc, M, P, v, headDim, out);
+          for (let t = t0; t < t1; t++) {
+            for (let hi = 0; hi < group; hi++) {
+              const src = ((t - t0) * group + hi) * headDim;
+              attn.set(out.subarray(src, src + headDim), (row0 + t) * qDim + (g * group + hi) * headDim);
+            }
+          }
+        }
+      }
+      row0 += T;
+    }
+  }
 }
+
+/** Query tokens per attention block (bounds the score matrix to ATTN_ROW_BLOCK*group*P floats). */
+const ATTN_ROW_BLOCK = 128;
 
 /** out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, per row, fixed order. */
 function rmsNorm(x: Float32Array, w: Float32Array, out: Float32Array, rows: number, dim: number, eps: number): void {

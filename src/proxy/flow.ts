@@ -43,14 +43,24 @@ export interface FlowDeps {
   onBackendDown: (b: Backend, reason: string) => void;
 }
 
+const isIds = (p: unknown): p is number[] =>
+  Array.isArray(p) && p.length > 0 && p.every((t) => Number.isInteger(t) && (t as number) >= 0);
+
+/** One prompt per request: a string or token ids, also as a one-element list (OpenAI's batch form). */
+export function promptForm(p: unknown): { text: string } | { ids: number[] } | null {
+  if (typeof p === 'string') return { text: p };
+  if (isIds(p)) return { ids: p };
+  if (Array.isArray(p) && p.length === 1) {
+    if (typeof p[0] === 'string') return { text: p[0] };
+    if (isIds(p[0])) return { ids: p[0] };
+  }
+  return null;
+}
+
 /** Checks the few fields the proxy itself relies on; the engine validates the rest. */
 export function checkRequest(kind: Kind, body: Record<string, unknown>): void {
   if (kind === 'completion') {
-    const p = body.prompt;
-    const ok =
-      typeof p === 'string' ||
-      (Array.isArray(p) && p.length > 0 && p.every((t) => Number.isInteger(t) && (t as number) >= 0));
-    if (!ok) throw badRequest('field `prompt`: expected a string or an array of token ids (one prompt per request)');
+    if (promptForm(body.prompt) === null) throw badRequest('field `prompt`: expected a string or an array of token ids (one prompt per request)');
   } else if (!Array.isArray(body.messages) || body.messages.length === 0) {
     throw badRequest('field `messages`: expected a non-empty array of messages');
   }
@@ -141,12 +151,13 @@ export class Flow {
     const candidates = this.d.decoders.order();
     if (candidates.length === 0) candidates.push(this.d.decoders.pick());
     const tokBody: Record<string, unknown> = { model: body.model };
-    if (kind === 'completion') tokBody.prompt = body.prompt;
-    else tokBody.messages = body.messages;
+    const form = kind === 'completion' ? promptForm(body.prompt) : null;
+    if (form && 'text' in form) tokBody.prompt = form.text;
+    if (kind === 'chat') tokBody.messages = body.messages;
     let last: BackendFailure | null = null;
     for (const dec of candidates) {
       try {
-        if (kind === 'completion' && Array.isArray(body.prompt)) return dec; // already token ids
+        if (form && 'ids' in form) return dec; // already token ids
         const r = (await callJson(dec, {
           method: 'POST',
           path: '/tokenize',

@@ -1,0 +1,200 @@
+// `kvc up` in 1P1D on the built-in model, with real processes on a test port offset:
+// the openai client through the proxy (completions and chat, streamed and not) gives the same
+// greedy output as a single engine; the decoder really loaded the prefiller's KV; statistics
+// lines, health, metrics; ports already taken are refused before anything starts; a process
+// that fails to start is named with its log and the rest is stopped; SIGTERM stops everything.
+// Also: the committed examples are exactly what `kvc up` generates.
+import { test, before, after, describe } from 'node:test';
+import assert from 'node:assert/strict';
+import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { join, dirname } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import OpenAI from 'openai';
+import { startKvc, tempDir, waitHttp, type Proc } from './helpers/proc.js';
+import { freePortRange, isPortFree } from '../src/common/ports.js';
+import { makePlan, cacheYaml, connectorJson, type PlanOptions } from '../src/proxy/deployment.js';
+import { takenPorts } from '../src/proxy/up.js';
+import { validateCacheConfig, parseConnectorConfig } from '../src/common/config.js';
+import { parse as parseYaml } from 'yaml';
+
+/** The repository root: the nearest parent of this compiled file holding package.json. */
+function findRoot(): string {
+  let d = dirname(fileURLToPath(import.meta.url));
+  while (!existsSync(join(d, 'package.json')) && dirname(d) !== d) d = dirname(d);
+  return d;
+}
+const repoRoot = findRoot();
+
+/** A --port-offset whose every port is free, away from the reference ports. */
+async function freeOffset(o: Omit<PlanOptions, 'portOffset'>): Promise<number> {
+  for (let i = 0; i < 50; i++) {
+    const off = 12000 + Math.floor(Math.random() * 400) * 100;
+    if ((await takenPorts(makePlan({ ...o, portOffset: off }))).length === 0) return off;
+  }
+  throw new Error('no free port offset found');
+}
+
+const alive = (pid: number) => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+describe('examples', () => {
+  for (const [dir, p, d] of [['1p1d', 1, 1], ['2p2d', 2, 2]] as const) {
+    test(`examples/${dir} holds exactly what kvc up generates, and it validates`, () => {
+      const plan = makePlan({ prefillers: p, decoders: d, model: 'builtin:tiny', portOffset: 0, controller: true, host: '127.0.0.1' });
+      const files = readdirSync(join(repoRoot, 'examples', dir)).filter((f) => f !== 'README.md').sort();
+      assert.deepEqual(files, plan.engines.flatMap((e) => [`${e.name}.connector.json`, `${e.name}.yaml`]).sort());
+      for (const e of plan.engines) {
+        const yaml = readFileSync(join(repoRoot, 'examples', dir, `${e.name}.yaml`), 'utf8');
+        assert.equal(yaml, cacheYaml(e));
+        const { config, warnings } = validateCacheConfig(parseYaml(yaml), e.name);
+        assert.deepEqual(warnings, []);
+        assert.equal(config.chunk_size, 256);
+        assert.equal(config.enable_controller, true);
+        assert.equal(config.controller_url, '127.0.0.1:9001');
+        assert.equal(config.xfer_buffer_device, 'cuda');
+        const conn = parseConnectorConfig(readFileSync(join(repoRoot, 'examples', dir, `${e.name}.connector.json`), 'utf8').trim()).config;
+        assert.equal(connectorJson(e), JSON.stringify(e.connector));
+        assert.equal(conn.kv_connector_extra_config.discard_partial_chunks, false);
+        if (e.role === 'prefiller') {
+          assert.equal(conn.kv_role, 'kv_producer');
+          assert.equal(config.xfer_role, 'sender');
+          assert.equal(config.xfer_proxy_port, 7500);
+          assert.equal(config.xfer_buffer_size, 1073741824);
+          assert.equal(config.local_cpu, p === 1);
+          assert.equal(config.max_local_cpu_size, p === 1 ? 5 : 0);
+        } else {
+          assert.equal(conn.kv_role, 'kv_consumer');
+          assert.equal(conn.kv_connector_extra_config.skip_last_n_tokens, 1);
+          assert.equal(config.xfer_role, 'receiver');
+          assert.equal(config.xfer_peer_init_port, 7300 + e.index);
+          assert.equal(config.xfer_peer_alloc_port, 7400 + e.index);
+          assert.equal(config.xfer_buffer_size, 2147483648);
+        }
+      }
+      const urls = plan.engines.map((e) => e.cacheConfig.distributed_url);
+      assert.equal(new Set(urls).size, urls.length, 'distributed_url distinct per instance');
+      const workers = plan.engines.map((e) => e.cacheConfig.kvc_worker_port);
+      assert.equal(new Set(workers).size, workers.length, 'kvc_worker_port distinct per instance');
+    });
+  }
+});
+
+describe('kvc up 1P1D (built-in model)', () => {
+  let up: Proc;
+  let ref: Proc;
+  let offset = 0;
+  let proxyUrl = '';
+  let refUrl = '';
+  let logDir = '';
+  let client: OpenAI;
+  let refClient: OpenAI;
+  const base = { prefillers: 1, decoders: 1, model: 'builtin:tiny', controller: true, host: '127.0.0.1' };
+
+  before(async () => {
+    offset = await freeOffset(base);
+    logDir = tempDir('kvc-up-');
+    up = startKvc(['up', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150']);
+    const refPort = await freePortRange(1, 40000, 50000);
+    ref = startKvc(['engine', '--port', String(refPort)]);
+    refUrl = `http://127.0.0.1:${refPort}`;
+    await up.waitFor(/kvc up: ready/, 170_000);
+    await waitHttp(`${refUrl}/health`, 120_000);
+    proxyUrl = `http://127.0.0.1:${9100 + offset}`;
+    client = new OpenAI({ baseURL: `${proxyUrl}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });
+    refClient = new OpenAI({ baseURL: `${refUrl}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });
+  });
+  after(async () => {
+    await up?.kill('SIGTERM');
+    await ref?.kill('SIGTERM');
+  });
+
+  test('ready output names every endpoint, log and a curl; deployment.json lists the pids', () => {
+    const o = up.output();
+    assert.match(o, new RegExp(`OpenAI-compatible endpoint: http://127\\.0\\.0\\.1:${9100 + offset}/v1`));
+    for (const n of ['controller', 'prefiller-0', 'decoder-0', 'proxy']) assert.match(o, new RegExp(`${n} +pid \\d+ .* log ${logDir}/${n}\\.log`));
+    assert.match(o, /curl -N http:\/\/127\.0\.0\.1:\d+\/v1\/completions/);
+    const dep = JSON.parse(readFileSync(join(logDir, 'deployment.json'), 'utf8'));
+    assert.equal(dep.processes.length, 4);
+    for (const p of dep.processes) assert.ok(alive(p.pid), `${p.name} alive`);
+    const yaml = parseYaml(readFileSync(join(logDir, 'decoder-0.yaml'), 'utf8'));
+    assert.equal(yaml.xfer_peer_init_port, 7300 + offset);
+    assert.equal(yaml.controller_url, `127.0.0.1:${9001 + offset}`);
+  });
+
+  const prompt = 'The proxy sends each prompt to a prefiller first, then a decoder continues it with the transferred cache.';
+
+  test('completions through the proxy equal a single engine (greedy, streamed and not)', async () => {
+    const req = { model: 'builtin:tiny', prompt, max_tokens: 12, temperature: 0 };
+    const want = await refClient.completions.create(req);
+    const got = await client.completions.create(req);
+    assert.equal(got.choices[0]!.text, want.choices[0]!.text);
+    assert.equal(got.usage?.prompt_tokens, want.usage?.prompt_tokens);
+    assert.equal(got.usage?.completion_tokens, 12);
+    // The decoder loaded the prefiller's KV instead of computing it (all but skip_last_n_tokens).
+    const cached = (got.usage as { prompt_tokens_details?: { cached_tokens?: number } }).prompt_tokens_details?.cached_tokens ?? 0;
+    assert.ok(cached > 0, `decoder loaded transferred KV (cached_tokens ${cached})`);
+    let streamed = '';
+    let events = 0;
+    for await (const ev of await client.completions.create({ ...req, stream: true })) {
+      streamed += ev.choices[0]?.text ?? '';
+      events++;
+    }
+    assert.equal(streamed, want.choices[0]!.text);
+    assert.ok(events >= 2, 'streamed in several events');
+  });
+
+  test('chat through the proxy equals a single engine (greedy, streamed and not)', async () => {
+    const req = { model: 'builtin:tiny', messages: [{ role: 'user' as const, content: 'Tell me about caches.' }], max_tokens: 10, temperature: 0 };
+    const want = await refClient.chat.completions.create(req);
+    const got = await client.chat.completions.create(req);
+    assert.equal(got.object, 'chat.completion');
+    assert.equal(got.choices[0]!.message.content, want.choices[0]!.message.content);
+    let streamed = '';
+    for await (const ev of await client.chat.completions.create({ ...req, stream: true })) streamed += ev.choices[0]?.delta?.content ?? '';
+    assert.equal(streamed, want.choices[0]!.message.content);
+  });
+
+  test('statistics lines reach kvc up output; health and metrics', async () => {
+    await up.waitFor(/TTFT prefiller-0\(127\.0\.0\.1:\d+\): [1-9]\d* requests in last 5s \(total \d+\), avg [\d.]+ ms, median [\d.]+ ms, p99 [\d.]+ ms/, 12_000);
+    const h = (await (await fetch(`${proxyUrl}/health`)).json()) as { status: string };
+    assert.equal(h.status, 'ok');
+    const m = await (await fetch(`${proxyUrl}/metrics`)).text();
+    assert.match(m, /kvc_proxy_ttft_seconds_count\{endpoint="\/v1\/completions"\} [1-9]/);
+    assert.match(m, /kvc_proxy_xfer_notices_total\{ok="true"\} [1-9]/, 'xfer notices arrive on the notify port');
+    const models = await client.models.list();
+    assert.equal(models.data[0]!.id, 'builtin:tiny');
+  });
+
+  test('a second kvc up on the same ports is refused before starting anything', async () => {
+    const second = startKvc(['up', '--port-offset', String(offset), '--log-dir', tempDir('kvc-up2-')]);
+    const code = await new Promise<number | null>((r) => second.child.once('exit', (c) => r(c)));
+    assert.equal(code, 3);
+    assert.match(second.output(), new RegExp(`ports already in use, nothing started:[\\s\\S]*${9100 + offset} \\(proxy HTTP\\)`));
+    assert.doesNotMatch(second.output(), /kvc up: ready/);
+  });
+
+  test('a process that fails to start is named with its log, and the rest is stopped', async () => {
+    const o2 = await freeOffset({ ...base, controller: false });
+    const dir = tempDir('kvc-upfail-');
+    const bad = startKvc(['up', '--port-offset', String(o2), '--log-dir', dir, '--no-controller', '--model', join(dir, 'no-such-model'), '--startup-timeout', '60']);
+    const code = await new Promise<number | null>((r) => bad.child.once('exit', (c) => r(c)));
+    assert.equal(code, 1);
+    assert.match(bad.output(), new RegExp(`(prefiller|decoder)-0 failed to start: exited with code \\d+\\n  log: ${dir}/(prefiller|decoder)-0\\.log`));
+    assert.match(bad.output(), /stopping the other processes/);
+    for (const p of makePlan({ ...base, controller: false, portOffset: o2 }).ports) assert.ok(await isPortFree(p.port), `port ${p.port} (${p.what}) released`);
+  });
+
+  test('SIGTERM stops every process', async () => {
+    const dep = JSON.parse(readFileSync(join(logDir, 'deployment.json'), 'utf8')) as { processes: { name: string; pid: number }[] };
+    const code = await up.kill('SIGTERM');
+    assert.equal(code, 0);
+    assert.match(up.output(), /kvc up: all processes stopped/);
+    for (const p of dep.processes) assert.equal(alive(p.pid), false, `${p.name} (pid ${p.pid}) stopped`);
+  });
+});

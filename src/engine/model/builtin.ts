@@ -33,7 +33,7 @@ export interface BuiltinSpec {
 export const BUILTIN_MODELS: Record<string, BuiltinSpec> = {
   tiny: {
     name: 'tiny',
-    version: 1,
+    version: 2,
     seed: 20240601,
     dim: 256,
     numLayers: 4,

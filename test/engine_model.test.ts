@@ -1,0 +1,210 @@
+// The model's correctness contract: batch invariance and determinism, bitwise. A row's logits
+// are identical alone or among other prefills and decodes, whether its prompt is computed in one
+// segment, in several, or partly imported from exported KV chunks; the WASM SIMD kernel equals
+// the plain-JS reference; the paged KV cache respects its budget.
+import { test, before } from 'node:test';
+import assert from 'node:assert/strict';
+import { ensureBuiltinModel } from '../src/engine/model/builtin.js';
+import { LlamaModel, argmax } from '../src/engine/model/model.js';
+import { JsGemm, WasmGemm, measureGemm } from '../src/engine/model/gemm.js';
+import { PagedKvCache, KvCacheFullError, BLOCK_TOKENS } from '../src/engine/model/kv_cache.js';
+import { encodeChunk, verifyChunk, chunkPayload, payloadBytes, DType } from '../src/common/chunk.js';
+
+let model: LlamaModel;
+const MiB = 1024 * 1024;
+
+function bitsEqual(a: Float32Array, b: Float32Array, what: string): void {
+  assert.equal(a.length, b.length, `${what}: lengths differ`);
+  const ua = new Uint32Array(a.buffer, a.byteOffset, a.length);
+  const ub = new Uint32Array(b.buffer, b.byteOffset, b.length);
+  for (let i = 0; i < ua.length; i++) {
+    if (ua[i] !== ub[i]) assert.fail(`${what}: element ${i} differs: ${a[i]} vs ${b[i]}`);
+  }
+}
+
+function prompt(n: number, salt: number): number[] {
+  return Array.from({ length: n }, (_, i) => 3 + ((i * 7919 + salt * 104729) % 31000));
+}
+
+before(async () => {
+  model = await LlamaModel.load(await ensureBuiltinModel('tiny'));
+});
+
+test('gemm: WASM SIMD kernel equals the JS reference bitwise and is batch invariant', async () => {
+  const js = new JsGemm();
+  const wa = await WasmGemm.create();
+  for (const [m, n, k] of [[1, 40, 7], [5, 33, 16], [9, 100, 64], [70, 64, 9], [131, 70, 33]] as const) {
+    const a = Float32Array.from({ length: m * k }, (_, i) => Math.sin(i * 1.7) * 3);
+    const w = Float32Array.from({ length: n * k }, (_, i) => Math.cos(i * 0.37));
+    const o1 = new Float32Array(m * n);
+    const o2 = new Float32Array(m * n);
+    js.matmul(js.upload(w, n, k), a, m, o1);
+    const ww = wa.upload(w, n, k);
+    wa.matmul(ww, a, m, o2);
+    bitsEqual(o1, o2, `matmul ${m}x${n}x${k}`);
+    // Each row alone gives the same bits as within the batch.
+    for (const r of [0, m - 1, m >> 1]) {
+      const one = new Float32Array(n);
+      wa.matmul(ww, a.subarray(r * k, r * k + k), 1, one);
+      bitsEqual(one, o2.subarray(r * n, r * n + n), `row ${r} of ${m}`);
+    }
+    const d1 = new Float32Array(m * n);
+    const d2 = new Float32Array(m * n);
+    const bt = new Float32Array(k * n);
+    for (let i = 0; i < n; i++) for (let j = 0; j < k; j++) bt[j * n + i] = w[i * k + j]!;
+    js.matmulDense(a, m, k, bt, n, d1);
+    wa.matmulDense(a, m, k, bt, n, d2);
+    bitsEqual(d1, o1, 'dense js');
+    bitsEqual(d2, o1, 'dense wasm');
+  }
+  const g = await measureGemm(64, 256, 256, 2);
+  assert.ok(g.kernelGflops > 0 && g.jsGflops > 0);
+});
+
+test('model: logits of a prompt are identical alone and in a mixed batch', () => {
+  const A = prompt(37, 1);
+  const B = prompt(20, 2);
+  const C = prompt(9, 3);
+  const kv1 = model.createKvCache(64 * MiB);
+  const alone = model.forward([{ seqId: 'a', tokens: A, startPos: 0, wantLogits: true }], kv1);
+  const next = argmax(alone[0]!);
+  const aloneDecode = model.forward([{ seqId: 'a', tokens: [next], startPos: A.length, wantLogits: true }], kv1);
+
+  const kv2 = model.createKvCache(64 * MiB);
+  model.forward([{ seqId: 'c', tokens: C, startPos: 0, wantLogits: false }], kv2);
+  // A's prefill batched with another prefill (no logits wanted) and another sequence's decode.
+  const batch = model.forward(
+    [
+      { seqId: 'b', tokens: B, startPos: 0, wantLogits: false },
+      { seqId: 'c', tokens: [5], startPos: C.length, wantLogits: true },
+      { seqId: 'a', tokens: A, startPos: 0, wantLogits: true },
+    ],
+    kv2,
+  );
+  assert.equal(batch.length, 2);
+  bitsEqual(batch[1]!, alone[0]!, 'prefill in batch vs alone');
+  // Decode step batched with 3 other decodes.
+  const batchDecode = model.forward(
+    [
+      { seqId: 'b', tokens: [7], startPos: B.length, wantLogits: true },
+      { seqId: 'a', tokens: [next], startPos: A.length, wantLogits: true },
+      { seqId: 'c', tokens: [9], startPos: C.length + 1, wantLogits: true },
+    ],
+    kv2,
+  );
+  bitsEqual(batchDecode[1]!, aloneDecode[0]!, 'decode in batch vs alone');
+});
+
+test('model: split prefill and imported KV give the same logits and the same KV', () => {
+  const P = prompt(53, 4);
+  const kvFull = model.createKvCache(64 * MiB);
+  const full = model.forward([{ seqId: 1, tokens: P, startPos: 0, wantLogits: true }], kvFull)[0]!;
+
+  // Three segments over three calls.
+  const kvSplit = model.createKvCache(64 * MiB);
+  model.forward([{ seqId: 1, tokens: P.slice(0, 5), startPos: 0, wantLogits: false }], kvSplit);
+  model.forward([{ seqId: 1, tokens: P.slice(5, 33), startPos: 5, wantLogits: true }], kvSplit);
+  const split = model.forward([{ seqId: 1, tokens: P.slice(33), startPos: 33, wantLogits: true }], kvSplit)[0]!;
+  bitsEqual(split, full, 'split prefill vs full');
+
+  // The KV written is identical too (export both and compare bytes).
+  const n = P.length;
+  const e1 = new Uint8Array(kvFull.payloadBytes(n));
+  const e2 = new Uint8Array(kvSplit.payloadBytes(n));
+  kvFull.exportRange(1, 0, n, e1);
+  kvSplit.exportRange(1, 0, n, e2);
+  assert.deepEqual(e1, e2);
+
+  // Export the first 32 positions as two sealed chunks, import them elsewhere, compute the rest.
+  const layout = kvFull.layout;
+  assert.equal(layout.dtype, DType.f32);
+  const chunks: Uint8Array[] = [];
+  for (const [s, e] of [[0, 16], [16, 32]] as const) {
+    const buf = new Uint8Array(64 + payloadBytes(layout, e - s));
+    kvFull.exportRange(1, s, e, buf.subarray(64));
+    chunks.push(encodeChunk(layout, e - s, (s + 1).toString(16).padStart(16, '0'), buf.subarray(64)));
+  }
+  const kvImp = model.createKvCache(64 * MiB);
+  kvImp.importRange('x', 0, chunkPayload(chunks[0]!), verifyChunk(chunks[0]!).numTokens);
+  kvImp.importRange('x', 16, chunkPayload(chunks[1]!), 16);
+  assert.equal(kvImp.length('x'), 32);
+  const imported = model.forward([{ seqId: 'x', tokens: P.slice(32), startPos: 32, wantLogits: true }], kvImp)[0]!;
+  bitsEqual(imported, full, 'imported prefix + rest vs full');
+
+  // Greedy continuation is deterministic and not a constant token.
+  const gen: number[] = [];
+  let logits = full;
+  for (let i = 0; i < 12; i++) {
+    const t = argmax(logits);
+    gen.push(t);
+    logits = model.forward([{ seqId: 1, tokens: [t], startPos: n + i, wantLogits: true }], kvFull)[0]!;
+  }
+  assert.ok(new Set(gen).size >= 4, `greedy output should vary, got ${gen}`);
+});
+
+test('model: the JS kernel path gives the same logits as WASM', async () => {
+  const jsModel = await LlamaModel.load(model.dir, { kernel: 'js' });
+  assert.equal(jsModel.gemm.kind, 'js');
+  assert.equal(model.gemm.kind, 'wasm-simd');
+  const P = prompt(11, 5);
+  const a = model.forward([{ seqId: 1, tokens: P, startPos: 0, wantLogits: true }], model.createKvCache(8 * MiB))[0]!;
+  const b = jsModel.forward([{ seqId: 1, tokens: P, startPos: 0, wantLogits: true }], jsModel.createKvCache(8 * MiB))[0]!;
+  bitsEqual(a, b, 'js vs wasm');
+});
+
+test('model: bad segments are rejected before anything is written', () => {
+  const kv = model.createKvCache(8 * MiB);
+  assert.throws(() => model.forward([{ seqId: 1, tokens: [], startPos: 0, wantLogits: true }], kv), /segments\[0\]\.tokens must be a non-empty array/);
+  assert.throws(() => model.forward([{ seqId: 1, tokens: [1, 32000], startPos: 0, wantLogits: true }], kv), /32000 is not a token id/);
+  assert.throws(() => model.forward([{ seqId: 1, tokens: [1], startPos: 3, wantLogits: true }], kv), /startPos 3 is invalid: sequence 1 has KV for 0 positions/);
+  assert.throws(
+    () =>
+      model.forward(
+        [
+          { seqId: 1, tokens: [1], startPos: 0, wantLogits: true },
+          { seqId: 1, tokens: [2], startPos: 0, wantLogits: true },
+        ],
+        kv,
+      ),
+    /appears twice/,
+  );
+  const small = model.createKvCache(4 * kv.blockBytes);
+  assert.throws(() => model.forward([{ seqId: 1, tokens: prompt(5 * BLOCK_TOKENS, 1), startPos: 0, wantLogits: true }], small), KvCacheFullError);
+  assert.equal(small.usedBlocks, 0);
+});
+
+test('kv cache: budget, growth, free, range checks', () => {
+  const kv = new PagedKvCache({ numLayers: 2, numKvHeads: 2, headDim: 4 }, 10 * 2 * 2 * BLOCK_TOKENS * 8 * 4 + 100);
+  assert.equal(kv.totalBlocks, 10);
+  assert.equal(kv.blockBytes, 2 * 2 * BLOCK_TOKENS * 8 * 4);
+  assert.ok(kv.canAllocate(160));
+  assert.ok(!kv.canAllocate(161));
+  kv.allocate('s', 17);
+  assert.equal(kv.usedBlocks, 2);
+  kv.allocate('s', 32); // still 2 blocks
+  assert.equal(kv.usedBlocks, 2);
+  assert.ok(kv.canAllocate(160, 's'));
+  assert.ok(!kv.canAllocate(145));
+  assert.throws(() => kv.allocate('t', 161), KvCacheFullError);
+  // import/export round trip through the chunk payload layout
+  const n = 20;
+  const payload = new Float32Array(2 * 2 * n * 8).map((_, i) => i + 0.5);
+  const bytes = new Uint8Array(payload.buffer);
+  kv.importRange('t', 0, bytes, n);
+  const out = new Uint8Array(bytes.length + 3).subarray(3); // unaligned destination
+  kv.exportRange('t', 0, n, out);
+  assert.deepEqual(out, bytes);
+  const part = new Uint8Array(kv.payloadBytes(5));
+  kv.exportRange('t', 10, 15, part);
+  const pf = new Float32Array(part.slice().buffer);
+  // layout [2][layers][tokens][kvDim]: V of layer 1, token 12, element 3
+  assert.equal(pf[((1 * 2 + 1) * 5 + 2) * 8 + 3], payload[((1 * 2 + 1) * n + 12) * 8 + 3]);
+  assert.throws(() => kv.exportRange('t', 0, 21, out), /not within the 20 valid positions/);
+  assert.throws(() => kv.importRange('u', 4, bytes, n), /leaves a gap/);
+  assert.throws(() => kv.importRange('u', 0, bytes.subarray(4), n), /does not match/);
+  kv.free('s');
+  kv.free('t');
+  kv.free('never');
+  assert.equal(kv.usedBlocks, 0);
+  assert.throws(() => new PagedKvCache({ numLayers: 2, numKvHeads: 2, headDim: 4 }, 10), /smaller than one block/);
+});

@@ -218,7 +218,7 @@ export class Flow {
       } catch (err) {
         if (!(err instanceof BackendFailure)) throw err;
         this.d.metrics.prefillFailures.labels(p.name).inc();
-        log.warn(`prefill ${reqId} on ${p.name} failed (${err.message}); trying the next prefiller`);
+        log.warn(`prefill ${reqId} failed: ${err.message}; trying the next prefiller`);
         this.down(p, err.message);
       }
     }

@@ -22,6 +22,8 @@ const LARGE_PER_REQ = 4; // 128 MiB per request
 const LARGE_REQS = 12; // 1.5 GiB measured
 const SMALL_PER_REQ = 8;
 const SMALL_REQS = 400;
+/** requests in flight at once on the sender (a busy prefiller overlaps requests) */
+const LANES = 2;
 
 // ---- raw TCP baseline: a sink process that reads and discards, a source that writes ---------
 
@@ -115,20 +117,20 @@ async function xferRun(layout: KvLayout, perReq: number, reqs: number, tag: stri
     host: '127.0.0.1',
     initPort: port,
     allocPort: port + 1,
-    bufferBytes: Math.max(64 << 20, 3 * perReq * chunk),
+    bufferBytes: Math.max(64 << 20, (LANES + 1) * perReq * chunk),
     layout,
     chunkSize: TOKENS,
     modelId: 'bench',
     autoRelease: true,
   });
-  const send = await startPeer({ role: 'sender', layout, chunkSize: TOKENS, modelId: 'bench', bufferBytes: Math.max(16 << 20, 2 * perReq * chunk) });
+  const send = await startPeer({ role: 'sender', layout, chunkSize: TOKENS, modelId: 'bench', bufferBytes: Math.max(16 << 20, LANES * perReq * chunk) });
   try {
     const specs = (n: number, p: string) =>
       Array.from({ length: n }, (_, i) => ({ req_id: `${tag}-${p}-${i}`, receiver_host: '127.0.0.1', receiver_init_port: port, receiver_alloc_port: port + 1 }));
     const tokens = Array(perReq).fill(TOKENS);
     // warm-up: first-touch of the receiver's pooled buffers and the connection
-    await send.call('sendRepeated', { specs: specs(2, 'warm'), tokens, seed: 1 });
-    const r = await send.call('sendRepeated', { specs: specs(reqs, 'run'), tokens, seed: 1000 });
+    await send.call('sendRepeated', { specs: specs(2 * LANES, 'warm'), tokens, seed: 1, lanes: LANES });
+    const r = await send.call('sendRepeated', { specs: specs(reqs, 'run'), tokens, seed: 1000, lanes: LANES });
     const st = await recv.call('stats');
     if (st.chunksRejected) throw new Error(`${st.chunksRejected} chunks rejected during the benchmark`);
     return { gbps: (r.bytes * 8) / r.seconds / 1e9, chunksPerS: r.chunks / r.seconds, bytes: r.bytes };
@@ -144,11 +146,12 @@ async function main(): Promise<void> {
   console.log(`xfer benchmark: sender and receiver in separate processes, loopback TCP`);
   console.log(`  large chunks: ${(large / 2 ** 20).toFixed(1)} MiB (Llama-3-8B shape), ${LARGE_PER_REQ} per request, ${LARGE_REQS} requests`);
   console.log(`  small chunks: ${(small / 2 ** 10).toFixed(1)} KiB (built-in model), ${SMALL_PER_REQ} per request, ${SMALL_REQS} requests`);
+  console.log(`  ${LANES} requests in flight on the sender; raw TCP and xfer runs interleaved, best of three each`);
   const total = large * LARGE_PER_REQ * LARGE_REQS;
-  // Interleave baseline and xfer, best of two each, so both see the same machine state.
+  // Interleave baseline and xfer, best of three each, so both see the same machine state.
   const tcp: number[] = [];
   const xf: number[] = [];
-  for (let i = 0; i < 2; i++) {
+  for (let i = 0; i < 3; i++) {
     tcp.push(await tcpBaseline(total, large));
     xf.push((await xferRun(LLAMA, LARGE_PER_REQ, LARGE_REQS, `l${i}`)).gbps);
   }

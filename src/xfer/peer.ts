@@ -94,22 +94,32 @@ async function main(): Promise<void> {
           return reply(m.id, await sender.send(m.spec as DisaggSpec, chunks));
         }
         if (m.op === 'sendRepeated') {
-          // Payloads built once (outside the timing), re-keyed per request.
+          // Payloads built once (outside the timing), re-keyed per request. `lanes` requests are
+          // in flight at once, as on a busy prefiller; each lane owns its buffers, since a buffer
+          // is re-keyed only after its previous request was acked.
           const tokens: number[] = m.tokens;
-          const bufs = tokens.map((n, i) => syntheticChunk(layout, n, syntheticKey(m.seed, i), m.seed * 1000 + i));
+          const lanes: number = m.lanes ?? 1;
+          const laneBufs = Array.from({ length: lanes }, (_, l) =>
+            tokens.map((n, i) => syntheticChunk(layout, n, syntheticKey(m.seed + l, i), m.seed * 1000 + l * 100 + i)),
+          );
           const t0 = process.hrtime.bigint();
           let bytes = 0;
           let chunks = 0;
-          for (let r = 0; r < m.specs.length; r++) {
-            const out: OutChunk[] = bufs.map((b, i) => {
-              const key = syntheticKey(m.seed + r + 1, i);
-              return { key, numTokens: tokens[i]!, data: () => (rekey(b, key), b) };
-            });
-            const res = await sender.send(m.specs[r], out);
-            if (!res.ok) throw new Error(res.error);
-            bytes += res.bytes;
-            chunks += res.sent;
-          }
+          let next = 0;
+          const lane = async (l: number) => {
+            const bufs = laneBufs[l]!;
+            for (let r = next++; r < m.specs.length; r = next++) {
+              const out: OutChunk[] = bufs.map((b, i) => {
+                const key = syntheticKey(m.seed + r + 1, i);
+                return { key, numTokens: tokens[i]!, data: () => (rekey(b, key), b) };
+              });
+              const res = await sender.send(m.specs[r], out);
+              if (!res.ok) throw new Error(res.error);
+              bytes += res.bytes;
+              chunks += res.sent;
+            }
+          };
+          await Promise.all(Array.from({ length: lanes }, (_, l) => lane(l)));
           const s = Number(process.hrtime.bigint() - t0) / 1e9;
           return reply(m.id, { bytes, chunks, seconds: s });
         }

@@ -126,6 +126,12 @@ export class FrameParser {
   private body: Uint8Array | null = null;
   private bodyFill = 0;
   private state: 'head' | 'meta' | 'body' = 'head';
+  /**
+   * Optional per-frame observer of the body bytes as they arrive (set by the sink, cleared at
+   * the end of the frame). The receiver hashes each piece while it is still in cache instead
+   * of re-reading the whole chunk from memory afterwards.
+   */
+  tap: ((piece: Uint8Array, offset: number) => void) | null = null;
 
   constructor(
     private readonly maxBody: number,
@@ -178,6 +184,7 @@ export class FrameParser {
       // body
       const n = Math.min(this.bodyLen - this.bodyFill, buf.length - off);
       if (this.body) this.body.set(buf.subarray(off, off + n), this.bodyFill);
+      if (this.tap) this.tap(buf.subarray(off, off + n), this.bodyFill);
       this.bodyFill += n;
       off += n;
       if (this.bodyFill === this.bodyLen) this.finishFrame();
@@ -195,6 +202,7 @@ export class FrameParser {
     }
     this.meta = null;
     this.bodyFill = 0;
+    this.tap = null;
     this.body = this.bodyLen > 0 ? this.sink(this.type, this.metaObj, this.bodyLen) : null;
     if (this.body && this.body.byteLength < this.bodyLen) throw new ProtocolError('body sink returned a buffer smaller than the body');
     this.state = 'body';
@@ -206,6 +214,7 @@ export class FrameParser {
     this.state = 'head';
     this.body = null;
     this.metaObj = null;
+    this.tap = null;
     this.onFrame(type, metaObj, body ? body.subarray(0, bodyLen) : null, bodyLen);
   }
 }

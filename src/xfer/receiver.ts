@@ -21,7 +21,8 @@ import net from 'node:net';
 import { randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import { BufferPool, sizeClass } from '../kvc/buffer_pool.js';
-import { verifyChunk, describeLayout, DTYPE_BYTES, HEADER_BYTES, type KvLayout } from '../common/chunk.js';
+import xxhash from 'xxhash-wasm';
+import { ChunkFormatError, readHeader, describeLayout, DTYPE_BYTES, HEADER_BYTES, type KvLayout } from '../common/chunk.js';
 import { logger } from '../common/log.js';
 import {
   FrameParser,
@@ -35,6 +36,20 @@ import {
 } from './protocol.js';
 
 const log = logger('xfer-recv');
+const { create64 } = await xxhash();
+
+/**
+ * verifyChunk (src/common/chunk.ts) with the payload checksum already computed while the bytes
+ * arrived: same checks (header, exact length, key, xxh64 of the payload), one pass less over memory.
+ */
+function verifyStreamed(buf: Uint8Array, expectedKey: string, payloadSum: bigint): void {
+  const h = readHeader(buf);
+  if (buf.byteLength !== HEADER_BYTES + h.payloadBytes) {
+    throw new ChunkFormatError(`truncated or padded chunk ${h.key}: ${buf.byteLength} bytes, expected ${HEADER_BYTES + h.payloadBytes}`);
+  }
+  if (h.key !== expectedKey) throw new ChunkFormatError(`chunk key mismatch: expected ${expectedKey}, found ${h.key}`);
+  if (payloadSum !== h.checksum) throw new ChunkFormatError(`checksum mismatch for chunk ${h.key}`);
+}
 
 export interface ReceiverOptions {
   host: string;
@@ -481,6 +496,7 @@ export class XferReceiver extends EventEmitter {
     }, this.helloTimeoutMs);
     /** Where the DATA body goes: the pending entry's pooled buffer, or nowhere (dropped). */
     let target: Entry | null = null;
+    let targetSum: ReturnType<typeof create64> | null = null;
     const sink = (type: FrameType, meta: any, bodyLen: number): Uint8Array | null => {
       target = null;
       if (type !== FrameType.Data || !session) return null;
@@ -493,6 +509,13 @@ export class XferReceiver extends EventEmitter {
       e.buf = buf;
       e.writer = session;
       target = e;
+      // Hash the payload piece by piece while it is hot in cache (see FrameParser.tap).
+      const hasher = create64();
+      targetSum = hasher;
+      parser.tap = (piece, off) => {
+        if (off + piece.length <= HEADER_BYTES) return;
+        hasher.update(off >= HEADER_BYTES ? piece : piece.subarray(HEADER_BYTES - off));
+      };
       return buf;
     };
     const parser = new FrameParser(this.maxChunkBytes, sink, (type, meta, body, bodyLen) => {
@@ -534,7 +557,7 @@ export class XferReceiver extends EventEmitter {
         return ack(false, 'reservation expired while receiving');
       }
       try {
-        verifyChunk(body, e.key);
+        verifyStreamed(body, e.key, targetSum!.digest());
       } catch (err) {
         this.counters.chunksRejected++;
         this.failEntry(e, (err as Error).message);

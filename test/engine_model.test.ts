@@ -107,6 +107,15 @@ test('model: split prefill and imported KV give the same logits and the same KV'
   const split = model.forward([{ seqId: 1, tokens: P.slice(33), startPos: 33, wantLogits: true }], kvSplit)[0]!;
   bitsEqual(split, full, 'split prefill vs full');
 
+  // Longer than one attention row block (128), split off the block grid.
+  const Q = prompt(300, 6);
+  const kvQ1 = model.createKvCache(64 * MiB);
+  const q1 = model.forward([{ seqId: 'q', tokens: Q, startPos: 0, wantLogits: true }], kvQ1)[0]!;
+  const kvQ2 = model.createKvCache(64 * MiB);
+  model.forward([{ seqId: 'q', tokens: Q.slice(0, 130), startPos: 0, wantLogits: false }], kvQ2);
+  const q2 = model.forward([{ seqId: 'q', tokens: Q.slice(130), startPos: 130, wantLogits: true }], kvQ2)[0]!;
+  bitsEqual(q2, q1, 'long split prefill vs full');
+
   // The KV written is identical too (export both and compare bytes).
   const n = P.length;
   const e1 = new Uint8Array(kvFull.payloadBytes(n));

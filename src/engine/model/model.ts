@@ -320,12 +320,15 @@ export class LlamaModel {
               q.set(qkv.subarray(src, src + headDim), ((t - t0) * group + hi) * headDim);
             }
           }
-          const sc = new Float32Array(M * P);
-          this.gemm.matmulDense(q, M, headDim, kt, P, sc);
+          // Keys after this block's last position are masked for all its rows: skip them.
+          // (Scores are independent per element, so this changes no value.)
+          const Pb = seg.startPos + t1;
+          const sc = new Float32Array(M * Pb);
+          this.gemm.matmulDense(q, M, headDim, Pb === P ? kt : compactColumns(kt, headDim, P, Pb), Pb, sc);
           for (let t = t0; t < t1; t++) {
             const pos = seg.startPos + t;
             for (let hi = 0; hi < group; hi++) {
-              const o = ((t - t0) * group + hi) * P;
+              const o = ((t - t0) * group + hi) * Pb;
               let max = -Infinity;
               for (let j = 0; j <= pos; j++) {
                 const d = sc[o + j]! * scale;
@@ -339,11 +342,11 @@ export class LlamaModel {
               }
               const inv = 1 / sum;
               for (let j = 0; j <= pos; j++) sc[o + j] = sc[o + j]! * inv;
-              sc.fill(0, o + pos + 1, o + P);
+              sc.fill(0, o + pos + 1, o + Pb);
             }
           }
           const out = new Float32Array(M * headDim);
-          this.gemm.matmulDense(sc, M, P, v, headDim, out);
+          this.gemm.matmulDense(sc, M, Pb, v, headDim, out);
           for (let t = t0; t < t1; t++) {
             for (let hi = 0; hi < group; hi++) {
               const src = ((t - t0) * group + hi) * headDim;
@@ -355,6 +358,13 @@ export class LlamaModel {
       row0 += T;
     }
   }
+}
+
+/** The first `cols` columns of a row-major [rows][stride] matrix. */
+function compactColumns(m: Float32Array, rows: number, stride: number, cols: number): Float32Array {
+  const out = new Float32Array(rows * cols);
+  for (let r = 0; r < rows; r++) out.set(m.subarray(r * stride, r * stride + cols), r * cols);
+  return out;
 }
 
 /** Query tokens per attention block (bounds the score matrix to ATTN_ROW_BLOCK*group*P floats). */

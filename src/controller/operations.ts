@@ -11,6 +11,7 @@ import { badRequest, conflict, KvcError, notFound } from '../common/errors.js';
 import { chunkKeys, type ChunkSpan } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import { EventLog, type EventKind, type EventRecord } from './events.js';
+import { keyHalves } from './keyer.js';
 import type { Registry, WorkerRec } from './registry.js';
 import { callWorker, workerName } from './worker_rpc.js';
 
@@ -209,9 +210,11 @@ export class Operations {
     // instance → location → worker id → matched tokens
     const matched = new Map<string, Map<string, Map<number, number>>>();
     for (const rep of groups.values()) {
-      const spans = this.spans(rep, tokens);
+      const k = keyHalves(tokens, rep.modelId, rep.chunkSize, this.seed);
       this.registry.index.prefixMatches(
-        spans.map((s) => s.key),
+        k.hi,
+        k.lo,
+        k.count,
         (h, n) => {
           const ref = this.registry.holder(h);
           if (!ref || ref.worker.chunkSize !== rep.chunkSize || ref.worker.modelId !== rep.modelId) return;
@@ -219,7 +222,7 @@ export class Operations {
           if (!byLoc) matched.set(ref.worker.instanceId, (byLoc = new Map()));
           let byWorker = byLoc.get(ref.location);
           if (!byWorker) byLoc.set(ref.location, (byWorker = new Map()));
-          byWorker.set(ref.worker.workerId, spans[n - 1]!.end);
+          byWorker.set(ref.worker.workerId, k.ends[n - 1]!);
         },
       );
     }

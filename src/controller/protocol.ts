@@ -40,14 +40,15 @@ export interface RegisterMsg {
 export interface SyncMsg {
   t: 'sync';
   location: string;
-  keys: string[];
+  /** Packed keys: 8 bytes each, big-endian (the bytes of the 16-digit hex key). */
+  keys: Uint8Array;
   /** True on the first part of a full sync: the controller forgets what it knew of this worker. */
   reset: boolean;
   last: boolean;
 }
 
-/** One ordered operation: [1 = admit | 0 = evict, location, keys]. */
-export type KeyOp = [0 | 1, string, string[]];
+/** One ordered operation: [1 = admit | 0 = evict, location, packed keys (see SyncMsg)]. */
+export type KeyOp = [0 | 1, string, Uint8Array];
 
 export interface OpsMsg {
   t: 'ops';
@@ -86,6 +87,19 @@ export function decodeMsg(frame: Uint8Array): Record<string, unknown> | null {
     /* malformed frame: the caller logs and drops it */
   }
   return null;
+}
+
+/** Hex keys → packed binary (8 bytes per key). */
+export function packKeys(keys: readonly string[]): Buffer {
+  return Buffer.from(keys.join(''), 'hex');
+}
+
+/** Packed binary → hex keys. */
+export function unpackKeys(packed: Uint8Array): string[] {
+  const b = Buffer.from(packed.buffer, packed.byteOffset, packed.byteLength);
+  const out: string[] = [];
+  for (let o = 0; o + 8 <= b.length; o += 8) out.push(b.toString('hex', o, o + 8));
+  return out;
 }
 
 /** Keys per sync part / per ops batch: keeps single frames well under a few MB. */

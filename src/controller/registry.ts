@@ -35,7 +35,7 @@ export interface HolderRef {
   location: string;
 }
 
-const keyList = z.array(z.string());
+const packed = z.instanceof(Uint8Array).refine((u) => u.byteLength % 8 === 0, 'expected packed 8-byte keys');
 const registerSchema = z.object({
   t: z.literal('register'),
   v: z.number(),
@@ -51,8 +51,8 @@ const registerSchema = z.object({
   locations: z.array(z.string().min(1)),
   pid: z.number().int(),
 });
-const syncSchema = z.object({ t: z.literal('sync'), location: z.string().min(1), keys: keyList, reset: z.boolean(), last: z.boolean() });
-const opsSchema = z.object({ t: z.literal('ops'), ops: z.array(z.tuple([z.union([z.literal(0), z.literal(1)]), z.string().min(1), keyList])) });
+const syncSchema = z.object({ t: z.literal('sync'), location: z.string().min(1), keys: packed, reset: z.boolean(), last: z.boolean() });
+const opsSchema = z.object({ t: z.literal('ops'), ops: z.array(z.tuple([z.union([z.literal(0), z.literal(1)]), z.string().min(1), packed])) });
 
 export interface RegistryOptions {
   heartbeatTimeoutMs: number;
@@ -101,8 +101,8 @@ export class Registry {
         if (!r.success) return this.bad(routingId, 'sync', r.error.message);
         w.lastSeen = now;
         if (r.data.reset) this.dropHoldings(w);
-        this.index.addMany(r.data.keys, this.holderOf(w, r.data.location));
-        this.stats.synced += r.data.keys.length;
+        this.index.addPacked(r.data.keys, this.holderOf(w, r.data.location));
+        this.stats.synced += r.data.keys.byteLength / 8;
         if (r.data.last) log.debug(`${w.instanceId}/${w.workerId}: sync of ${r.data.location} complete`);
         return null;
       }
@@ -114,18 +114,18 @@ export class Registry {
         if (!Array.isArray(msg.ops)) return this.bad(routingId, 'ops', 'ops is not an array');
         w.lastSeen = now;
         for (const op of msg.ops as unknown[]) {
-          if (!Array.isArray(op) || op.length !== 3 || typeof op[1] !== 'string' || !Array.isArray(op[2]) || !op[2].every((k) => typeof k === 'string')) {
+          if (!Array.isArray(op) || op.length !== 3 || (op[0] !== 0 && op[0] !== 1) || typeof op[1] !== 'string' || !(op[2] instanceof Uint8Array) || op[2].byteLength % 8 !== 0) {
             const r = opsSchema.safeParse({ t: 'ops', ops: [op] });
             return this.bad(routingId, 'ops', r.success ? 'malformed op' : r.error.message);
           }
           const [kind, loc, keys] = op as KeyOp;
           const h = this.holderOf(w, loc);
           if (kind === 1) {
-            this.index.addMany(keys, h);
-            this.stats.admitted += keys.length;
+            this.index.addPacked(keys, h);
+            this.stats.admitted += keys.byteLength / 8;
           } else {
-            this.index.removeMany(keys, h);
-            this.stats.evicted += keys.length;
+            this.index.removePacked(keys, h);
+            this.stats.evicted += keys.byteLength / 8;
           }
         }
         return null;

@@ -17,7 +17,7 @@ import { Dealer } from 'zeromq';
 import type { KvLayout } from '../common/chunk.js';
 import type { CacheConfig } from '../common/config.js';
 import { logger } from '../common/log.js';
-import { decodeMsg, encodeMsg, PROTOCOL_VERSION, SendQueue, SYNC_PART_KEYS, type InstanceMsg, type KeyOp } from '../controller/protocol.js';
+import { decodeMsg, encodeMsg, PROTOCOL_VERSION, packKeys, SendQueue, SYNC_PART_KEYS, type InstanceMsg, type KeyOp } from '../controller/protocol.js';
 import type { KvcStore } from './store.js';
 import type { KeyEvent } from './types.js';
 import { parseHostPort, startPeerServer, type PeerServer } from './worker_peer.js';
@@ -74,7 +74,8 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
   const isClosed = () => state === 'closed';
   let intervalMs = 1000;
   let lastAck = Date.now();
-  let ops: KeyOp[] = [];
+  /** Pending ops with hex keys; packed when flushed. */
+  let ops: [0 | 1, string, string[]][] = [];
   let opsKeys = 0;
   let flushTimer: NodeJS.Timeout | null = null;
   let registerInFlight = false;
@@ -129,7 +130,7 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
       const keys = store.keys(loc);
       const parts = Math.max(1, Math.ceil(keys.length / SYNC_PART_KEYS));
       for (let p = 0; p < parts; p++) {
-        void send({ t: 'sync', location: loc, keys: keys.slice(p * SYNC_PART_KEYS, (p + 1) * SYNC_PART_KEYS), reset: first, last: li === locs.length - 1 && p === parts - 1 });
+        void send({ t: 'sync', location: loc, keys: packKeys(keys.slice(p * SYNC_PART_KEYS, (p + 1) * SYNC_PART_KEYS)), reset: first, last: li === locs.length - 1 && p === parts - 1 });
         first = false;
       }
     });
@@ -142,7 +143,7 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
     const batch = ops;
     ops = [];
     opsKeys = 0;
-    void send({ t: 'ops', ops: batch });
+    void send({ t: 'ops', ops: batch.map(([k, loc, keys]): KeyOp => [k, loc, packKeys(keys)]) });
   };
 
   const onEvent = (kind: 0 | 1) => (e: KeyEvent) => {

@@ -1,0 +1,129 @@
+// Unit tests of the controller's index structures: the typed-array ChunkIndex against a
+// reference Map model under random admits/evicts/drops (including growth and deletions that
+// wrap around the table), prefix matching, the fast keyer against src/common/keys.ts, and
+// the event log's lifecycle and bounded history.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { chunkKeys } from '../src/common/keys.js';
+import { ChunkIndex } from '../src/controller/chunk_index.js';
+import { EventLog } from '../src/controller/events.js';
+import { halvesToHex, keyHalves } from '../src/controller/keyer.js';
+import { packKeys, unpackKeys } from '../src/controller/protocol.js';
+
+function rng(seed: number) {
+  let s = seed >>> 0;
+  return () => ((s = (Math.imul(s, 1664525) + 1013904223) >>> 0) / 2 ** 32);
+}
+
+test('ChunkIndex agrees with a reference model under random operations', () => {
+  const idx = new ChunkIndex();
+  const ref = new Map<string, Set<number>>();
+  const rand = rng(42);
+  // A small key universe forces collisions of operations on the same keys; some keys share
+  // their low half so that probe chains form and deletions must shift entries back.
+  const universe = Array.from({ length: 3000 }, (_, i) => (i % 7 === 0 ? `${randomBytes(4).toString('hex')}0000abcd` : randomBytes(8).toString('hex')));
+  for (let step = 0; step < 60_000; step++) {
+    const key = universe[Math.floor(rand() * universe.length)]!;
+    const holder = 1 + Math.floor(rand() * 4);
+    const set = ref.get(key) ?? new Set<number>();
+    if (rand() < 0.6) {
+      assert.equal(idx.add(key, holder), !set.has(holder));
+      set.add(holder);
+      ref.set(key, set);
+    } else {
+      assert.equal(idx.remove(key, holder), set.has(holder));
+      set.delete(holder);
+      if (set.size === 0) ref.delete(key);
+    }
+    if (step % 20_000 === 19_999) {
+      idx.dropHolders(new Set([2]));
+      for (const [k, s] of ref) {
+        s.delete(2);
+        if (s.size === 0) ref.delete(k);
+      }
+    }
+  }
+  assert.equal(idx.size, ref.size);
+  for (const k of universe) for (let h = 1; h <= 4; h++) assert.equal(idx.has(k, h), ref.get(k)?.has(h) ?? false, `${k} holder ${h}`);
+  for (let h = 1; h <= 4; h++) {
+    let n = 0;
+    for (const s of ref.values()) if (s.has(h)) n++;
+    assert.equal(idx.count(h), n, `count of holder ${h}`);
+  }
+});
+
+test('ChunkIndex grows past a million keys and ingests packed keys', () => {
+  const idx = new ChunkIndex();
+  const keys = Array.from({ length: 1_100_000 }, () => randomBytes(8).toString('hex'));
+  for (let o = 0; o < keys.length; o += 65_536) idx.addPacked(packKeys(keys.slice(o, o + 65_536)), 7);
+  assert.equal(idx.size, keys.length);
+  assert.equal(idx.count(7), keys.length);
+  assert.ok(idx.has(keys[123_456]!, 7));
+  idx.removePacked(packKeys(keys.slice(0, 100_000)), 7);
+  assert.equal(idx.size, 1_000_000);
+  assert.equal(idx.has(keys[5]!, 7), false);
+  assert.ok(idx.has(keys[100_000]!, 7));
+  assert.deepEqual(unpackKeys(packKeys(keys.slice(0, 3))), keys.slice(0, 3));
+});
+
+test('prefixMatches: per holder, the number of leading keys held', () => {
+  const tokens = Array.from({ length: 100 }, (_, i) => i * 3);
+  const k = keyHalves(tokens, 'm', 10, 0n);
+  const hex = Array.from({ length: k.count }, (_, i) => halvesToHex(k.hi[i]!, k.lo[i]!));
+  const idx = new ChunkIndex();
+  for (const h of hex.slice(0, 10)) idx.add(h, 1); // holder 1: all 10
+  for (const h of hex.slice(0, 4)) idx.add(h, 2); // holder 2: first 4
+  for (const h of [...hex.slice(0, 2), ...hex.slice(3, 10)]) idx.add(h, 3); // holder 3: gap at 2
+  for (const h of hex.slice(1)) idx.add(h, 4); // holder 4: misses the first → no match
+  const got = new Map<number, number>();
+  idx.prefixMatches(k.hi, k.lo, k.count, (h, n) => got.set(h, n));
+  assert.deepEqual([...got].sort(), [[1, 10], [2, 4], [3, 2]]);
+  const single = new ChunkIndex();
+  for (const h of hex.slice(0, 6)) single.add(h, 9);
+  const one: [number, number][] = [];
+  single.prefixMatches(k.hi, k.lo, k.count, (h, n) => one.push([h, n]));
+  assert.deepEqual(one, [[9, 6]]);
+});
+
+test('keyHalves produces exactly the keys of src/common/keys.ts', () => {
+  const rand = rng(7);
+  for (const chunkSize of [1, 16, 256]) {
+    for (const len of [0, 1, chunkSize - 1, chunkSize, 3 * chunkSize + 5]) {
+      if (len < 0) continue;
+      const tokens = Array.from({ length: len }, () => Math.floor(rand() * 2 ** 32));
+      for (const seed of [0n, 12345n]) {
+        const ref = chunkKeys(tokens, { modelId: 'model-x', chunkSize, seed });
+        const k = keyHalves(tokens, 'model-x', chunkSize, seed);
+        assert.equal(k.count, ref.length);
+        for (let i = 0; i < k.count; i++) {
+          assert.equal(halvesToHex(k.hi[i]!, k.lo[i]!), ref[i]!.key);
+          assert.equal(k.ends[i], ref[i]!.end);
+        }
+      }
+    }
+  }
+});
+
+test('EventLog: lifecycle, timing and bounded history', () => {
+  const log = new EventLog(3);
+  const a = log.create('move', 512, 2, {});
+  assert.equal(a.status, 'pending');
+  log.start(a);
+  assert.equal(a.status, 'running');
+  log.finish(a, 2);
+  assert.equal(a.status, 'finished');
+  assert.ok(a.finished_at && a.duration_ms !== null);
+  const b = log.create('pin', 0, 0, {});
+  log.fail(b, 'boom');
+  assert.equal(b.status, 'failed');
+  assert.equal(b.error, 'boom');
+  log.finish(b, 0); // a completed event does not change again
+  assert.equal(b.status, 'failed');
+  const running = log.create('copy', 1, 1, {});
+  log.start(running);
+  for (let i = 0; i < 5; i++) log.finish(log.create('pin', 1, 1, {}), 1);
+  assert.equal(log.get(a.event_id), undefined, 'oldest completed events leave the history');
+  assert.equal(log.get(running.event_id)?.status, 'running', 'running events are kept');
+  assert.deepEqual(log.counts, { pending: 0, running: 1, finished: 6, failed: 1 });
+});

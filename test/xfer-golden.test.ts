@@ -17,14 +17,14 @@ const procs: Proc[] = [];
 let pull: Pull | null = null;
 let base = 0;
 const url = (i: number) => `http://127.0.0.1:${base + i}`;
-// ports: base+0 kv_both, base+1 producer, base+2 consumer, base+3 init, base+4 alloc, base+5 proxy notify
+// ports: base+0 kv_both, base+1 producer, base+2 consumer, base+3 init, base+4 alloc, base+5 proxy notify, base+6 proxy HTTP
 
 function connector(role: string, extra: Record<string, unknown> = {}): string {
   return JSON.stringify({ kv_connector: 'KvcConnectorV1', kv_role: role, kv_connector_extra_config: { discard_partial_chunks: false, ...extra } });
 }
 
 before(async () => {
-  base = await freePortRange(6);
+  base = await freePortRange(7);
   const dir = tempDir('kvc-xfer-golden-');
   const yaml = (name: string, o: Record<string, unknown>) => {
     const p = join(dir, name);
@@ -126,4 +126,27 @@ test('a decoder request whose transfer never happened is computed locally with t
   assert.equal(dec.status, 200);
   assert.equal(dec.json.choices[0].text, single.json.choices[0].text);
   assert.equal(await transferLoaded(), before);
+});
+
+test('through the real proxy (1P1D): same greedy output as kv_both, KV loaded from the transfer', async () => {
+  // hand the notify port over from this test's PULL to the proxy's
+  pull?.close();
+  pull = null;
+  const proxy = startKvc([
+    'proxy', '--port', String(base + 6),
+    '--prefiller-port', String(base + 1), '--decoder-port', String(base + 2),
+    '--decoder-init-port', String(base + 3), '--decoder-alloc-port', String(base + 4),
+    '--proxy-port', String(base + 5),
+  ]);
+  procs.push(proxy);
+  await waitHttp(`${url(6)}/health`, 30_000);
+  const req = { model: 'builtin:tiny', prompt: 'the quick brown fox jumps over the lazy dog and keeps running far away', max_tokens: 8, temperature: 0, ignore_eos: true };
+  const single = await postJson(`${url(0)}/v1/completions`, req);
+  assert.equal(single.status, 200, JSON.stringify(single.json));
+  const n = single.json.usage.prompt_tokens as number;
+  const before = await transferLoaded();
+  const viaProxy = await postJson(`${url(6)}/v1/completions`, req);
+  assert.equal(viaProxy.status, 200, JSON.stringify(viaProxy.json));
+  assert.equal(viaProxy.json.choices[0].text, single.json.choices[0].text);
+  assert.equal((await transferLoaded()) - before, n - 1);
 });

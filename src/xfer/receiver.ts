@@ -195,8 +195,8 @@ export class XferReceiver extends EventEmitter {
 
   /**
    * Hands out the leading ready chunks for `keys`, holding them until release(). The
-   * reservation made for this request (by `reqId`, or else the oldest unclaimed one whose
-   * keys are all among `keys`) is claimed and freed by release() too. When some leading
+   * reservation made for this request (by `reqId`, or without a reqId the oldest unclaimed one
+   * whose keys are all among `keys`) is claimed and freed by release() too. When some leading
    * chunk is still arriving, waits up to `waitMs` for it.
    */
   async take(keys: readonly string[], reqId?: string, waitMs = 0): Promise<Taken> {
@@ -220,7 +220,10 @@ export class XferReceiver extends EventEmitter {
     }
     let res: Reservation | undefined;
     if (reqId !== undefined) res = this.reservations.get(reqId);
-    if (!res) {
+    if (!res && reqId === undefined) {
+      // No request id: claim the reservation made for this prompt. With an id that has no
+      // reservation, claim nothing (another request's reservation is not ours to free); the
+      // chunks themselves are content-addressed and usable either way.
       const set = new Set(keys);
       for (const r of this.reservations.values()) {
         if (!r.claimed && r.keys.every((k) => set.has(k))) {

@@ -2,6 +2,7 @@
 // Sender and receiver talk over real loopback TCP; cross-process cases are in xfer-procs.test.ts.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
+import net from 'node:net';
 import { Pull } from 'zeromq';
 import { DType, chunkBytes, verifyChunk, type KvLayout } from '../src/common/chunk.js';
 import { validateCacheConfig } from '../src/common/config.js';
@@ -218,4 +219,29 @@ test('createXfer: cuda buffer device falls back to host memory with a warning; u
   const senderCfg = validateCacheConfig({ enable_xfer: true, xfer_role: 'sender', xfer_proxy_host: '127.0.0.1', xfer_proxy_port: 7500, xfer_backends: ['rdma'] }).config;
   await assert.rejects(createXfer(senderCfg, { layout, chunkSize: CHUNK, modelId: MODEL }), /xfer_backends": unknown backend "rdma"; supported: tcp/);
   assert.equal(await createXfer(validateCacheConfig({}).config, { layout, chunkSize: CHUNK, modelId: MODEL }), null);
+});
+
+test('garbage on either port closes that connection only; the receiver keeps serving', async () => {
+  const { r, spec } = await receiver();
+  const { receiver_init_port: initPort, receiver_alloc_port: allocPort } = spec('x');
+  const junk = async (port: number, bytes: Buffer) => {
+    const s = net.connect(port, '127.0.0.1');
+    await new Promise<void>((res, rej) => s.once('connect', res).once('error', rej));
+    s.write(bytes);
+    await new Promise<void>((res) => {
+      const t = setTimeout(() => (s.destroy(), res()), 3000);
+      s.once('close', () => (clearTimeout(t), res()));
+    });
+    return s.destroyed;
+  };
+  assert.equal(await junk(initPort, Buffer.from('GET / HTTP/1.1\r\nHost: x\r\n\r\n')), true);
+  assert.equal(await junk(allocPort, Buffer.from([0x46, 0x58, 1, 3, 0xff, 0xff, 0xff, 0x7f, 0, 0, 0, 0])), true); // meta length 2 GiB
+  const hdr = Buffer.alloc(12);
+  hdr.writeUInt16LE(0x5846, 0);
+  hdr.writeUInt8(1, 2);
+  hdr.writeUInt8(5, 3); // DATA before HELLO
+  assert.equal(await junk(initPort, hdr), true);
+  const res = await sender().send(spec('after-junk'), chunks(21, [CHUNK]));
+  assert.equal(res.ok, true, res.error);
+  assert.equal(r.lookup([syntheticKey(21, 0)]), 1);
 });

@@ -201,7 +201,10 @@ export class Registry {
   }
 
   private dropHoldings(w: WorkerRec): void {
-    this.index.dropHolders(new Set(w.holders.values()));
+    // Dropping rebuilds the index table: skip it when the worker holds nothing (a first
+    // registration, or a re-sync right after one).
+    const held = new Set([...w.holders.values()].filter((h) => this.index.count(h) > 0));
+    this.index.dropHolders(held);
   }
 
   dropWorker(w: WorkerRec): void {

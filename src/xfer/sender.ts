@@ -114,13 +114,16 @@ class PeerLink {
 
   static async open(spec: DisaggSpec, hello: HelloMeta, timeoutMs: number, onClose: () => void): Promise<PeerLink> {
     const name = `${spec.receiver_host}:${spec.receiver_init_port}/${spec.receiver_alloc_port}`;
-    const [init, alloc] = await Promise.all([
+    const both = await Promise.allSettled([
       connect(spec.receiver_host, spec.receiver_init_port, timeoutMs, 'receiver_init_port'),
-      connect(spec.receiver_host, spec.receiver_alloc_port, timeoutMs, 'receiver_alloc_port').catch((e) => {
-        init.destroy();
-        throw e;
-      }),
+      connect(spec.receiver_host, spec.receiver_alloc_port, timeoutMs, 'receiver_alloc_port'),
     ]);
+    const failed = both.find((r) => r.status === 'rejected');
+    if (failed) {
+      for (const r of both) if (r.status === 'fulfilled') r.value.destroy();
+      throw failed.reason;
+    }
+    const [init, alloc] = both.map((r) => (r as PromiseFulfilledResult<net.Socket>).value) as [net.Socket, net.Socket];
     const link = new PeerLink(name, init, alloc, onClose);
     link.wire();
     const reply = await link.request<HelloReplyMeta>(timeoutMs, `handshake with receiver ${name}`, (p) => {
@@ -391,6 +394,9 @@ function connect(host: string, port: number, timeoutMs: number, what: string): P
     s.once('connect', () => {
       clearTimeout(t);
       s.removeAllListeners('error');
+      // Until PeerLink wires its handlers, an error must not become an uncaught exception;
+      // the 'close' that follows it is what PeerLink reacts to.
+      s.on('error', () => undefined);
       resolve(s);
     });
     s.once('error', (e: NodeJS.ErrnoException) => {

@@ -17,31 +17,31 @@ export interface KeyHalves {
   ends: Uint32Array;
 }
 
-const scratch = new Map<number, { bytes: Uint8Array; words: Uint32Array; view: DataView }>();
+// One growable scratch: [8 spare bytes][all tokens as uint32]. Chunk i is hashed in place as
+// the 8 bytes before its first token (overwritten with k_{i-1}; they belong to chunk i-1, which
+// is already hashed) followed by its tokens. The tokens go in with one TypedArray.set.
+let bytes = new Uint8Array(8 + 4 * 8192);
+let words = new Uint32Array(bytes.buffer);
+let view = new DataView(bytes.buffer);
 
 export function keyHalves(tokens: ArrayLike<number>, modelId: string, chunkSize: number, seed: bigint): KeyHalves {
   const n = tokens.length;
   const count = Math.ceil(n / chunkSize);
   const out: KeyHalves = { count, hi: new Uint32Array(count), lo: new Uint32Array(count), ends: new Uint32Array(count) };
   if (count === 0) return out;
-  let s = scratch.get(chunkSize);
-  if (!s) {
-    const bytes = new Uint8Array(8 + 4 * chunkSize);
-    s = { bytes, words: new Uint32Array(bytes.buffer), view: new DataView(bytes.buffer) };
-    scratch.set(chunkSize, s);
+  if (words.length < 2 + n) {
+    bytes = new Uint8Array(8 + 4 * n);
+    words = new Uint32Array(bytes.buffer);
+    view = new DataView(bytes.buffer);
   }
+  if (LITTLE_ENDIAN) words.set(tokens, 2);
+  else for (let t = 0; t < n; t++) view.setUint32(8 + 4 * t, tokens[t]! >>> 0, true);
   let prev = rootKey(seed, modelId);
   for (let i = 0; i < count; i++) {
     const start = i * chunkSize;
     const end = Math.min(n, start + chunkSize);
-    s.view.setBigUint64(0, prev, true);
-    if (LITTLE_ENDIAN) {
-      const w = s.words;
-      for (let t = start, j = 2; t < end; t++, j++) w[j] = tokens[t]!;
-    } else {
-      for (let t = start, o = 8; t < end; t++, o += 4) s.view.setUint32(o, tokens[t]! >>> 0, true);
-    }
-    prev = h64Raw(s.bytes.subarray(0, 8 + 4 * (end - start)));
+    view.setBigUint64(4 * start, prev, true);
+    prev = h64Raw(bytes.subarray(4 * start, 8 + 4 * end));
     out.hi[i] = Number(prev >> 32n);
     out.lo[i] = Number(prev & 0xffffffffn);
     out.ends[i] = end;

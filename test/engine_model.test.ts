@@ -57,6 +57,25 @@ test('gemm: WASM SIMD kernel equals the JS reference bitwise and is batch invari
     bitsEqual(d1, o1, 'dense js');
     bitsEqual(d2, o1, 'dense wasm');
   }
+  // Big enough to be split across the worker thread: still bitwise equal to the reference.
+  const two = await WasmGemm.create({ threads: 2 });
+  const one = await WasmGemm.create({ threads: 1 });
+  try {
+    const [m, n, k] = [37, 1000, 300];
+    const a = Float32Array.from({ length: m * k }, (_, i) => Math.sin(i * 0.77));
+    const w = Float32Array.from({ length: n * k }, (_, i) => Math.cos(i * 0.13));
+    const r0 = new Float32Array(m * n);
+    const r1 = new Float32Array(m * n);
+    const r2 = new Float32Array(m * n);
+    js.matmul(js.upload(w, n, k), a, m, r0);
+    one.matmul(one.upload(w, n, k), a, m, r1);
+    two.matmul(two.upload(w, n, k), a, m, r2);
+    bitsEqual(r1, r0, 'one thread');
+    bitsEqual(r2, r0, 'two threads');
+  } finally {
+    two.close();
+    one.close();
+  }
   const g = await measureGemm(64, 256, 256, 2);
   assert.ok(g.kernelGflops > 0 && g.jsGflops > 0);
 });

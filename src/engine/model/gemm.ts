@@ -10,6 +10,9 @@
 // (JS evaluates in f64; rounding the product and the sum to f32 each step gives exactly the f32
 // results, since f64 has more than 2*24+2 bits.)
 import { createRequire } from 'node:module';
+import { availableParallelism } from 'node:os';
+import { Worker } from 'node:worker_threads';
+import { CTL } from './gemm_ctl.js';
 import { gemmWat, STRIP } from './gemm_wat.js';
 
 export interface Weight {
@@ -105,7 +108,7 @@ export function gemmModule(): Promise<WebAssembly.Module> {
     const require = createRequire(import.meta.url);
     const wabtInit = require('wabt') as () => Promise<{ parseWat(f: string, s: string, o: object): { toBinary(o: object): { buffer: Uint8Array }; destroy(): void } }>;
     const wabt = await wabtInit();
-    const mod = wabt.parseWat('gemm.wat', gemmWat(), { simd: true });
+    const mod = wabt.parseWat('gemm.wat', gemmWat(), { simd: true, threads: true });
     try {
       const { buffer } = mod.toBinary({});
       return await WebAssembly.compile(new Uint8Array(buffer));
@@ -120,13 +123,24 @@ const PAGE = 65536;
 /** wasm32 addresses 4 GiB; stay clear of the top for scratch. */
 export const WASM_MAX_BYTES = 4 * 1024 * 1024 * 1024 - 256 * 1024 * 1024;
 
-/** WASM SIMD kernel. Weights live in the module's memory; inputs and outputs pass through scratch. */
+/** Below this many multiply-adds a call stays on one thread (hand-off costs ~tens of µs). */
+const SPLIT_MIN_MACS = 1 << 20;
+/** A worker that has not finished its half by then is considered broken. */
+const WORKER_TIMEOUT_MS = 30_000;
+
+/**
+ * WASM SIMD kernel. Weights live in the module's (shared) memory; inputs and outputs pass
+ * through scratch. Large calls split the columns with one worker thread.
+ */
 export class WasmGemm implements Gemm {
   readonly kind = 'wasm-simd' as const;
   private top = 64; // bump allocator; 0 stays unused
   private scratchPtr = 0;
   private scratchBytes = 0;
   private f32: Float32Array;
+  private worker: Worker | null = null;
+  private readonly ctl = new Int32Array(new SharedArrayBuffer(CTL.SIZE * 4));
+  private seq = 0;
 
   private constructor(
     private readonly mem: WebAssembly.Memory,
@@ -135,11 +149,88 @@ export class WasmGemm implements Gemm {
     this.f32 = new Float32Array(mem.buffer);
   }
 
-  static async create(): Promise<WasmGemm> {
+  /** `threads`: 1 or 2 (default: 2 when the machine has 2+ cores, unless KVC_GEMM_THREADS=1). */
+  static async create(opts: { threads?: number } = {}): Promise<WasmGemm> {
     const mod = await gemmModule();
-    const mem = new WebAssembly.Memory({ initial: 16, maximum: 65536 });
+    const mem = new WebAssembly.Memory({ initial: 16, maximum: 65536, shared: true });
     const inst = await WebAssembly.instantiate(mod, { env: { mem } });
-    return new WasmGemm(mem, inst.exports as unknown as GemmExports);
+    const g = new WasmGemm(mem, inst.exports as unknown as GemmExports);
+    const threads = opts.threads ?? (process.env.KVC_GEMM_THREADS === '1' ? 1 : Math.min(2, availableParallelism()));
+    if (threads >= 2) await g.startWorker(mod);
+    return g;
+  }
+
+  get threads(): number {
+    return this.worker ? 2 : 1;
+  }
+
+  private async startWorker(mod: WebAssembly.Module): Promise<void> {
+    const w = new Worker(new URL('./gemm_worker.js', import.meta.url), { workerData: { module: mod, memory: this.mem, ctl: this.ctl.buffer } });
+    try {
+      await new Promise<void>((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error('GEMM worker did not start within 10 s')), 10_000);
+        w.once('message', () => {
+          clearTimeout(timer);
+          resolve();
+        });
+        w.once('error', (e) => {
+          clearTimeout(timer);
+          reject(e);
+        });
+      });
+    } catch {
+      void w.terminate();
+      return; // single-threaded: same results, just slower
+    }
+    w.on('error', () => this.dropWorker());
+    w.on('exit', () => {
+      if (this.worker === w) this.worker = null;
+    });
+    w.unref(); // never keeps the process alive
+    this.worker = w;
+  }
+
+  private dropWorker(): void {
+    const w = this.worker;
+    this.worker = null;
+    Atomics.store(this.ctl, CTL.STOP, 1);
+    Atomics.notify(this.ctl, CTL.SEQ);
+    if (w) void w.terminate();
+  }
+
+  /** Stops the worker thread (the kernel keeps working single-threaded). */
+  close(): void {
+    this.dropWorker();
+  }
+
+  /** Runs the kernel over all of C, splitting the column strips with the worker when worth it. */
+  private run(A: number, W: number, C: number, m: number, K: number, nPad: number): void {
+    const strips = nPad / STRIP;
+    if (!this.worker || strips < 2 || m * K * nPad < SPLIT_MIN_MACS) {
+      this.exp.gemm(A, W, C, m, K, nPad, 0, m, 0, nPad);
+      return;
+    }
+    const split = Math.ceil(strips / 2) * STRIP;
+    const c = this.ctl;
+    const args = [A, W, C, m, K, nPad, 0, m, split, nPad];
+    for (let i = 0; i < args.length; i++) c[CTL.ARGS + i] = args[i]!;
+    const seq = (this.seq = (this.seq + 1) | 0);
+    Atomics.store(c, CTL.SEQ, seq);
+    Atomics.notify(c, CTL.SEQ);
+    this.exp.gemm(A, W, C, m, K, nPad, 0, m, 0, split);
+    const deadline = Date.now() + WORKER_TIMEOUT_MS;
+    for (;;) {
+      const done = Atomics.load(c, CTL.DONE);
+      if (done === seq) return;
+      const left = deadline - Date.now();
+      if (left <= 0) {
+        // Broken worker: compute its half here and continue single-threaded.
+        this.dropWorker();
+        this.exp.gemm(A, W, C, m, K, nPad, 0, m, split, nPad);
+        return;
+      }
+      Atomics.wait(c, CTL.DONE, done, Math.min(left, 1000));
+    }
   }
 
   private alloc(bytes: number): number {
@@ -191,7 +282,7 @@ export class WasmGemm implements Gemm {
         f32.fill(0, b0 + kk * nPad + N, b0 + (kk + 1) * nPad);
       }
     }
-    this.exp.gemm(A, B, C, m, K, nPad, 0, m, 0, nPad);
+    this.run(A, B, C, m, K, nPad);
     const c0 = C / 4;
     if (nPad === N) out.set(f32.subarray(c0, c0 + m * N));
     else for (let r = 0; r < m; r++) out.set(f32.subarray(c0 + r * nPad, c0 + r * nPad + N), r * N);
@@ -206,7 +297,7 @@ export class WasmGemm implements Gemm {
     const C = A + aBytes;
     const f32 = this.f32;
     f32.set(a.subarray(0, m * K), A / 4);
-    this.exp.gemm(A, w.ptr, C, m, K, nPad, 0, m, 0, nPad);
+    this.run(A, w.ptr, C, m, K, nPad);
     const c0 = C / 4;
     if (nPad === N) out.set(f32.subarray(c0, c0 + m * N));
     else for (let r = 0; r < m; r++) out.set(f32.subarray(c0 + r * nPad, c0 + r * nPad + N), r * N);

@@ -65,14 +65,14 @@ function kernel1x32(): string {
   return lines.join('\n');
 }
 
-/** The module: memory is imported so the host can size (and later share) it. */
+/** The module: shared memory is imported so a worker thread can run the same kernel on it. */
 export function gemmWat(): string {
   const v128Locals: string[] = [];
   for (let r = 0; r < 4; r++) for (let j = 0; j < 2; j++) v128Locals.push(`$a${r}${j}`);
   for (let j = 0; j < 8; j++) v128Locals.push(`$b${j}`);
   v128Locals.push('$w0', '$w1', '$x');
   return `(module
-  (import "env" "mem" (memory 1 65536))
+  (import "env" "mem" (memory 1 65536 shared))
   ;; gemm(A, Wt, C, M, K, N, m0, m1, n0, n1): rows [m0,m1) x columns [n0,n1) of C (n0, n1 multiples of ${STRIP})
   (func (export "gemm") (param $A i32) (param $W i32) (param $C i32) (param $M i32) (param $K i32) (param $N i32)
       (param $m0 i32) (param $m1 i32) (param $n0 i32) (param $n1 i32)

@@ -1,0 +1,12 @@
+// Layout of the Int32 control block shared by the main thread and the GEMM worker.
+export const CTL = {
+  /** Job counter: bumped by the main thread for each job. */
+  SEQ: 0,
+  /** Last job finished by the worker. */
+  DONE: 1,
+  /** Non-zero: the worker exits. */
+  STOP: 2,
+  /** 10 kernel arguments: A, W, C, M, K, N, m0, m1, n0, n1. */
+  ARGS: 4,
+  SIZE: 16,
+} as const;

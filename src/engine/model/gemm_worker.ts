@@ -1,0 +1,26 @@
+// Second GEMM thread. It instantiates the same kernel module on the same shared WASM memory and
+// computes the column range the main thread hands it through a small shared control block.
+// Splitting columns never changes any element's summation order, so results stay bitwise equal.
+import { parentPort, workerData } from 'node:worker_threads';
+import { CTL } from './gemm_ctl.js';
+
+const { module, memory, ctl } = workerData as { module: WebAssembly.Module; memory: WebAssembly.Memory; ctl: SharedArrayBuffer };
+const c = new Int32Array(ctl);
+const inst = new WebAssembly.Instance(module, { env: { mem: memory } });
+const gemm = inst.exports.gemm as (...args: number[]) => void;
+// Read the job counter BEFORE announcing readiness: the main thread posts the first job only
+// after 'ready', so that job is always seen as new.
+let seen = Atomics.load(c, CTL.SEQ);
+parentPort!.postMessage('ready');
+for (;;) {
+  // Bounded wait so a stop request is noticed even if no notify arrives.
+  Atomics.wait(c, CTL.SEQ, seen, 1000);
+  if (Atomics.load(c, CTL.STOP) !== 0) break;
+  const seq = Atomics.load(c, CTL.SEQ);
+  if (seq === seen) continue;
+  seen = seq;
+  const a = CTL.ARGS;
+  gemm(c[a]!, c[a + 1]!, c[a + 2]!, c[a + 3]!, c[a + 4]!, c[a + 5]!, c[a + 6]!, c[a + 7]!, c[a + 8]!, c[a + 9]!);
+  Atomics.store(c, CTL.DONE, seq);
+  Atomics.notify(c, CTL.DONE);
+}

@@ -1,0 +1,223 @@
+// `npm run bench -- proxy`
+// (a) The proxy alone, against a minimal stub upstream (bench/_proxy-stub.ts in its own process:
+//     tokenize, prefill, decode stream with fixed small payloads): requests/s the proxy sustains
+//     vs a client that drives the same three upstream calls itself, and the latency the proxy
+//     adds at concurrency 1 (p50/p99 of proxy minus direct).
+// (b) Real engines on the built-in model in 1P1D (`kvc up`): TTFT p50/p99 of streamed requests
+//     through the proxy vs direct to one plain engine.
+// Last line: {"bench":"proxy","proxy_rps":…,"direct_rps":…,"overhead_p50_ms":…,"overhead_p99_ms":…,
+//             "ttft_proxy_p50_ms":…,"ttft_direct_p50_ms":…}
+import { spawn, type ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { dirname, join } from 'node:path';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { performance } from 'node:perf_hooks';
+import { Pool } from 'undici';
+import { freePortRange } from '../src/common/ports.js';
+import { makePlan } from '../src/proxy/deployment.js';
+import { takenPorts } from '../src/proxy/up.js';
+import { percentile } from '../src/proxy/stats.js';
+import { startStubEngine } from './_proxy-stub.js';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const CLI = join(here, '..', 'src', 'cli', 'main.js');
+
+
+function spawnNode(args: string[], env: NodeJS.ProcessEnv = {}): { child: ChildProcess; waitFor: (re: RegExp, ms: number) => Promise<void> } {
+  const child = spawn(process.execPath, args, { env: { ...process.env, PYTHONHASHSEED: '0', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  child.stdout!.on('data', (d) => (out += d));
+  child.stderr!.on('data', (d) => (out += d));
+  return {
+    child,
+    waitFor: (re, ms) =>
+      new Promise((resolve, reject) => {
+        const end = Date.now() + ms;
+        const tick = () => {
+          if (re.test(out)) return resolve();
+          if (child.exitCode !== null) return reject(new Error(`process exited: ${out.slice(-2000)}`));
+          if (Date.now() > end) return reject(new Error(`timed out waiting for ${re}: ${out.slice(-2000)}`));
+          setTimeout(tick, 50);
+        };
+        tick();
+      }),
+  };
+}
+
+async function stop(c: ChildProcess): Promise<void> {
+  if (c.exitCode !== null || c.signalCode !== null) return;
+  const gone = new Promise((r) => c.once('exit', r));
+  c.kill('SIGTERM');
+  const t = setTimeout(() => c.kill('SIGKILL'), 10_000);
+  await gone;
+  clearTimeout(t);
+}
+
+const json = (o: unknown) => ({ 'content-type': 'application/json', body: JSON.stringify(o) });
+
+async function post(pool: Pool, path: string, body: unknown): Promise<Buffer> {
+  const { 'content-type': ct, body: b } = json(body);
+  const res = await pool.request({ method: 'POST', path, headers: { 'content-type': ct }, body: b, headersTimeout: 30_000, bodyTimeout: 30_000 });
+  const buf = Buffer.from(await res.body.arrayBuffer());
+  if (res.statusCode !== 200) throw new Error(`${path}: HTTP ${res.statusCode} ${buf.toString().slice(0, 200)}`);
+  return buf;
+}
+
+/** One request as the proxy does it, driven by the client itself: tokenize, prefill, decode stream. */
+async function directOnce(pool: Pool, i: number): Promise<void> {
+  const prompt = `request ${i} about caches`;
+  await post(pool, '/tokenize', { prompt });
+  await post(pool, '/v1/completions', { prompt, max_tokens: 1, stream: false, kv_transfer_params: { disagg_spec: { req_id: `r${i}`, receiver_host: '127.0.0.1', receiver_init_port: 1, receiver_alloc_port: 2 } } });
+  await post(pool, '/v1/completions', { prompt, max_tokens: 8, stream: true });
+}
+
+async function proxyOnce(pool: Pool, i: number): Promise<void> {
+  await post(pool, '/v1/completions', { prompt: `request ${i} about caches`, max_tokens: 8, stream: true });
+}
+
+async function throughput(fn: (i: number) => Promise<void>, concurrency: number, ms: number): Promise<number> {
+  let done = 0;
+  let i = 0;
+  const end = performance.now() + ms;
+  const t0 = performance.now();
+  await Promise.all(
+    Array.from({ length: concurrency }, async () => {
+      while (performance.now() < end) {
+        await fn(i++);
+        done++;
+      }
+    }),
+  );
+  return done / ((performance.now() - t0) / 1000);
+}
+
+async function latencies(fn: (i: number) => Promise<void>, n: number): Promise<number[]> {
+  const out: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const t = performance.now();
+    await fn(i);
+    out.push(performance.now() - t);
+  }
+  return out.sort((a, b) => a - b);
+}
+
+/** Streams a completion and returns the ms until the first content event. */
+async function ttft(pool: Pool, body: Record<string, unknown>): Promise<number> {
+  const t = performance.now();
+  const res = await pool.request({ method: 'POST', path: '/v1/completions', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...body, stream: true }), headersTimeout: 120_000, bodyTimeout: 120_000 });
+  if (res.statusCode !== 200) throw new Error(`HTTP ${res.statusCode}: ${await res.body.text()}`);
+  let first = NaN;
+  for await (const piece of res.body) {
+    if (Number.isNaN(first) && String(piece).includes('"text"')) first = performance.now() - t;
+  }
+  return first;
+}
+
+async function stubPart() {
+  const [stubPort, proxyPort, notifyPort] = [await freePortRange(1), await freePortRange(1), await freePortRange(1)];
+  const stub = spawnNode([fileURLToPath(import.meta.url), '--stub-server', String(stubPort)]);
+  const proxy = spawnNode([CLI, 'proxy', '--port', String(proxyPort), '--prefiller-port', String(stubPort), '--decoder-port', String(stubPort),
+    '--proxy-port', String(notifyPort), '--stats-interval', '3600']);
+  try {
+    await stub.waitFor(/stub listening/, 20_000);
+    await proxy.waitFor(/listening on/, 20_000);
+    const direct = new Pool(`http://127.0.0.1:${stubPort}`, { connections: 64 });
+    const viaProxy = new Pool(`http://127.0.0.1:${proxyPort}`, { connections: 64 });
+    const d = (i: number) => directOnce(direct, i);
+    const p = (i: number) => proxyOnce(viaProxy, i);
+    await throughput(d, 8, 1000); // warm-up
+    await throughput(p, 8, 1000);
+    const conc = 16;
+    const directRps = Math.max(await throughput(d, conc, 3000), await throughput(d, conc, 3000));
+    const proxyRps = Math.max(await throughput(p, conc, 3000), await throughput(p, conc, 3000));
+    const ld = await latencies(d, 500);
+    const lp = await latencies(p, 500);
+    await direct.close();
+    await viaProxy.close();
+    return {
+      directRps,
+      proxyRps,
+      directP50: percentile(ld, 50),
+      directP99: percentile(ld, 99),
+      proxyP50: percentile(lp, 50),
+      proxyP99: percentile(lp, 99),
+    };
+  } finally {
+    await stop(proxy.child);
+    await stop(stub.child);
+  }
+}
+
+async function realPart() {
+  let offset = 0;
+  const base = { prefillers: 1, decoders: 1, model: 'builtin:tiny', controller: false, host: '127.0.0.1' };
+  for (let i = 0; i < 50; i++) {
+    offset = 12000 + Math.floor(Math.random() * 400) * 100;
+    if ((await takenPorts(makePlan({ ...base, portOffset: offset }))).length === 0) break;
+  }
+  const logDir = mkdtempSync(join(tmpdir(), 'kvc-bench-proxy-'));
+  const up = spawnNode([CLI, 'up', '--no-controller', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150']);
+  const refPort = await freePortRange(1, 40000, 50000);
+  const ref = spawnNode([CLI, 'engine', '--port', String(refPort)]);
+  try {
+    await up.waitFor(/kvc up: ready/, 170_000);
+    await ref.waitFor(/listening/, 120_000);
+    const viaProxy = new Pool(`http://127.0.0.1:${9100 + offset}`, { connections: 4 });
+    const direct = new Pool(`http://127.0.0.1:${refPort}`, { connections: 4 });
+    const filler = Array.from({ length: 200 }, (_, k) => `token${k % 37}`).join(' ');
+    const body = (i: number) => ({ model: 'builtin:tiny', prompt: `${i} ${filler} ${i}`, max_tokens: 4, temperature: 0 });
+    for (let i = 0; i < 3; i++) {
+      await ttft(viaProxy, body(1000 + i));
+      await ttft(direct, body(2000 + i));
+    }
+    const tp: number[] = [];
+    const td: number[] = [];
+    for (let i = 0; i < 30; i++) {
+      // Interleaved so both see the same machine load; distinct prompts so nothing is cached.
+      tp.push(await ttft(viaProxy, body(i)));
+      td.push(await ttft(direct, body(100 + i)));
+    }
+    await viaProxy.close();
+    await direct.close();
+    tp.sort((a, b) => a - b);
+    td.sort((a, b) => a - b);
+    return { proxyP50: percentile(tp, 50), proxyP99: percentile(tp, 99), directP50: percentile(td, 50), directP99: percentile(td, 99), logDir };
+  } finally {
+    await stop(up.child);
+    await stop(ref.child);
+  }
+}
+
+async function main() {
+  const r2 = (v: number) => Math.round(v * 100) / 100;
+  console.log('proxy benchmark (a): proxy alone against a stub upstream (tokenize + prefill + streamed decode, fixed small payloads)');
+  const a = await stubPart();
+  console.log(`  direct client doing the 3 calls itself: ${a.directRps.toFixed(0)} req/s at concurrency 16; latency p50 ${a.directP50.toFixed(2)} ms, p99 ${a.directP99.toFixed(2)} ms`);
+  console.log(`  through the proxy:                      ${a.proxyRps.toFixed(0)} req/s at concurrency 16; latency p50 ${a.proxyP50.toFixed(2)} ms, p99 ${a.proxyP99.toFixed(2)} ms`);
+  console.log(`  proxy/direct throughput ${(a.proxyRps / a.directRps).toFixed(2)} (target >= 0.7); added latency p50 ${(a.proxyP50 - a.directP50).toFixed(2)} ms (target <= 1), p99 ${(a.proxyP99 - a.directP99).toFixed(2)} ms`);
+  if (process.argv.includes('--stub-only')) return;
+  console.log('proxy benchmark (b): real engines, built-in model, 1P1D via kvc up, ~200-token prompts, streamed, 30 requests each');
+  const b = await realPart();
+  console.log(`  TTFT through the proxy (prefiller + xfer + decoder): p50 ${b.proxyP50.toFixed(1)} ms, p99 ${b.proxyP99.toFixed(1)} ms`);
+  console.log(`  TTFT direct to one engine:                           p50 ${b.directP50.toFixed(1)} ms, p99 ${b.directP99.toFixed(1)} ms`);
+  console.log(
+    JSON.stringify({
+      bench: 'proxy',
+      proxy_rps: r2(a.proxyRps),
+      direct_rps: r2(a.directRps),
+      overhead_p50_ms: r2(a.proxyP50 - a.directP50),
+      overhead_p99_ms: r2(a.proxyP99 - a.directP99),
+      ttft_proxy_p50_ms: r2(b.proxyP50),
+      ttft_direct_p50_ms: r2(b.directP50),
+    }),
+  );
+}
+
+if (process.argv[2] === '--stub-server') {
+  // Child mode: serve the stub upstream until killed.
+  const s = await startStubEngine('stub', Number(process.argv[3]));
+  process.stdout.write(`stub listening ${s.port}\n`);
+} else {
+  await main();
+}

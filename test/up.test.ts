@@ -171,6 +171,21 @@ describe('kvc up 1P1D (built-in model)', () => {
     assert.equal(models.data[0]!.id, 'builtin:tiny');
   });
 
+  test('with its only prefiller killed (-9), the decoder prefills alone: same greedy output', async () => {
+    const dep = JSON.parse(readFileSync(join(logDir, 'deployment.json'), 'utf8')) as { processes: { name: string; pid: number }[] };
+    process.kill(dep.processes.find((p) => p.name === 'prefiller-0')!.pid, 'SIGKILL');
+    const req = { model: 'builtin:tiny', prompt: `${prompt} Without a prefiller.`, max_tokens: 8, temperature: 0 };
+    const want = await refClient.completions.create(req);
+    const got = await client.completions.create(req);
+    assert.equal(got.choices[0]!.text, want.choices[0]!.text);
+    let streamed = '';
+    for await (const ev of await client.completions.create({ ...req, stream: true })) streamed += ev.choices[0]?.text ?? '';
+    assert.equal(streamed, want.choices[0]!.text);
+    const m = await (await fetch(`${proxyUrl}/metrics`)).text();
+    assert.match(m, /kvc_proxy_decoder_only_total [1-9]/);
+    await up.waitFor(/prefiller-0 \(pid \d+\) killed by SIGKILL; see its log/, 5_000);
+  });
+
   test('a second kvc up on the same ports is refused before starting anything', async () => {
     const second = startKvc(['up', '--port-offset', String(offset), '--log-dir', tempDir('kvc-up2-')]);
     const code = await new Promise<number | null>((r) => second.child.once('exit', (c) => r(c)));

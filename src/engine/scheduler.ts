@@ -128,13 +128,15 @@ export class Scheduler {
   /** Queues a request. Throws a 503 KvcError when the queue is full or the engine is stopping. */
   submit(init: SequenceInit): Sequence {
     if (this.closed) throw unavailable('the engine is shutting down');
+    // Admit first, so that the queue bound counts only requests that really have to wait.
+    this.admit();
     if (this.waiting.length >= this.o.maxQueue) {
       throw unavailable(`the engine's queue is full (${this.o.maxQueue} requests waiting); retry later`);
     }
     const seq = new Sequence(this.nextId++, init);
     this.waiting.push(seq);
     this.o.metrics.promptTokens.inc(init.prompt.length);
-    this.updateGauges();
+    this.admit();
     this.poke();
     return seq;
   }

@@ -2,8 +2,13 @@
 // Failures map to the controller's own errors (DESIGN §9): the worker cannot be reached →
 // 503, it does not answer in time → 504, it answers with a 4xx → the same 4xx and message
 // (e.g. 404 unknown location), anything else → 502.
+import { Agent, request } from 'undici';
 import { KvcError, timedOut, unavailable, upstreamFailed } from '../common/errors.js';
 import type { WorkerRec } from './registry.js';
+
+// undici's own header/body timeouts (300 s by default) are switched off: every call carries
+// its deadline as an AbortSignal, so a long transfer is bounded by --transfer-timeout only.
+const agent = new Agent({ headersTimeout: 0, bodyTimeout: 0, keepAliveTimeout: 10_000, connect: { timeout: 5_000 } });
 
 export function workerName(w: WorkerRec): string {
   return `instance "${w.instanceId}" worker ${w.workerId} (${w.ip}:${w.workerPort})`;
@@ -11,40 +16,44 @@ export function workerName(w: WorkerRec): string {
 
 export async function callWorker<T>(w: WorkerRec, method: 'GET' | 'POST', path: string, body: unknown, deadlineMs: number): Promise<T> {
   const url = `http://${w.ip.includes(':') ? `[${w.ip}]` : w.ip}:${w.workerPort}${path}`;
-  let res: Response;
+  const signal = AbortSignal.timeout(deadlineMs);
+  let res: Awaited<ReturnType<typeof request>>;
   try {
-    res = await fetch(url, {
+    res = await request(url, {
       method,
       headers: body === undefined ? undefined : { 'content-type': 'application/json' },
       body: body === undefined ? undefined : JSON.stringify(body),
-      signal: AbortSignal.timeout(deadlineMs),
+      signal,
+      dispatcher: agent,
     });
   } catch (e) {
     const err = e as Error & { cause?: { code?: string; message?: string } };
-    if (err.name === 'TimeoutError' || err.name === 'AbortError') throw timedOut(`${workerName(w)} did not answer ${path} within ${deadlineMs} ms`);
-    throw unavailable(`${workerName(w)} is not reachable for ${path}: ${err.cause?.code ?? err.cause?.message ?? err.message}`);
+    if (signal.aborted) throw timedOut(`${workerName(w)} did not answer ${path} within ${deadlineMs} ms`);
+    const code = (err as { code?: string }).code ?? err.cause?.code;
+    throw unavailable(`${workerName(w)} is not reachable for ${path}: ${code ?? err.cause?.message ?? err.message}`);
   }
   let text: string;
   try {
-    text = await res.text();
+    text = await res.body.text();
   } catch (e) {
     const err = e as Error;
-    if (err.name === 'TimeoutError' || err.name === 'AbortError') throw timedOut(`${workerName(w)} did not finish answering ${path} within ${deadlineMs} ms`);
+    if (signal.aborted) throw timedOut(`${workerName(w)} did not finish answering ${path} within ${deadlineMs} ms`);
     throw upstreamFailed(`${workerName(w)} broke off its answer to ${path}: ${err.message}`);
   }
   let json: unknown;
   try {
     json = JSON.parse(text);
   } catch {
-    throw upstreamFailed(`${workerName(w)} answered ${path} with HTTP ${res.status} and a body that is not JSON`);
+    throw upstreamFailed(`${workerName(w)} answered ${path} with HTTP ${res.statusCode} and a body that is not JSON`);
   }
-  if (res.ok) return json as T;
+  const status = res.statusCode;
+  if (status >= 200 && status < 300) return json as T;
   const e = (json as { error?: { message?: string; type?: string; code?: string } }).error;
-  const message = `${workerName(w)}: ${e?.message ?? `HTTP ${res.status}`}`;
-  if (res.status >= 400 && res.status < 500) {
-    throw new KvcError(res.status, (e?.type as KvcError['type']) ?? 'invalid_request_error', message, e?.code ?? null);
+  const message = `${workerName(w)}: ${e?.message ?? `HTTP ${status}`}`;
+  if (status >= 400 && status < 500) {
+    throw new KvcError(status, (e?.type as KvcError['type']) ?? 'invalid_request_error', message, e?.code ?? null);
   }
-  if (res.status === 504) throw timedOut(message);
-  if (res.status === 503) throw unavailable(message);
+  if (status === 504) throw timedOut(message);
+  if (status === 503) throw unavailable(message);
   throw upstreamFailed(message);
 }

@@ -112,7 +112,16 @@ export class KvcConnectorV1 {
       return buf.subarray(HEADER_BYTES);
     } catch (e) {
       log.warn(`chunk ${span.key} from ${from} rejected: ${(e as Error).message}; computing instead`);
+      if (from === 'cache') this.dropCorrupt(span.key);
       return null;
+    }
+  }
+
+  /** Removes a chunk that failed verification from every location, so it is never read again. */
+  private dropCorrupt(key: string): void {
+    for (const loc of this.store.locations()) {
+      if (!this.store.has(key, loc)) continue;
+      this.store.remove(key, loc).catch((e: unknown) => log.warn(`could not drop corrupt chunk ${key} from ${loc}: ${(e as Error).message}`));
     }
   }
 

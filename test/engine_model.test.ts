@@ -8,6 +8,10 @@ import { ensureBuiltinModel } from '../src/engine/model/builtin.js';
 import { LlamaModel, argmax } from '../src/engine/model/model.js';
 import { JsGemm, WasmGemm, measureGemm } from '../src/engine/model/gemm.js';
 import { PagedKvCache, KvCacheFullError, BLOCK_TOKENS } from '../src/engine/model/kv_cache.js';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { writeSafetensors, f32ToBf16, type TensorToWrite } from '../src/engine/model/safetensors.js';
+import { tempDir } from './helpers/proc.js';
 import { encodeChunk, verifyChunk, chunkPayload, payloadBytes, DType } from '../src/common/chunk.js';
 
 let model: LlamaModel;
@@ -235,4 +239,80 @@ test('kv cache: budget, growth, free, range checks', () => {
   kv.free('never');
   assert.equal(kv.usedBlocks, 0);
   assert.throws(() => new PagedKvCache({ numLayers: 2, numKvHeads: 2, headDim: 4 }, 10), /smaller than one block/);
+});
+
+test('loader: an untied, sharded BF16 checkpoint equals its F32 copy', async () => {
+  // A small random Llama whose values are exactly representable in bf16, written twice:
+  // once as one F32 file, once as two BF16 shards with an index. Same logits, bit for bit.
+  const cfg = {
+    architectures: ['LlamaForCausalLM'],
+    vocab_size: 300,
+    hidden_size: 64,
+    intermediate_size: 96,
+    num_hidden_layers: 2,
+    num_attention_heads: 4,
+    num_key_value_heads: 1,
+    rms_norm_eps: 1e-5,
+    rope_theta: 500000,
+    tie_word_embeddings: false,
+    max_position_embeddings: 256,
+    bos_token_id: 1,
+    eos_token_id: 2,
+  };
+  let seed = 12345;
+  const rnd = (n: number, std: number) =>
+    Float32Array.from({ length: n }, () => {
+      seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+      const v = (seed / 4294967296 - 0.5) * 2 * std;
+      return new Float32Array(new Uint32Array([f32ToBf16(v) << 16]).buffer)[0]!;
+    });
+  const t: TensorToWrite[] = [];
+  const add = (name: string, shape: number[], std: number) => t.push({ name, shape, data: rnd(shape[0]! * (shape[1] ?? 1), std), dtype: 'F32' });
+  add('model.embed_tokens.weight', [300, 64], 0.5);
+  for (let l = 0; l < 2; l++) {
+    const p = `model.layers.${l}.`;
+    add(`${p}input_layernorm.weight`, [64], 1);
+    add(`${p}self_attn.q_proj.weight`, [64, 64], 0.2);
+    add(`${p}self_attn.k_proj.weight`, [16, 64], 0.2);
+    add(`${p}self_attn.v_proj.weight`, [16, 64], 0.2);
+    add(`${p}self_attn.o_proj.weight`, [64, 64], 0.2);
+    add(`${p}post_attention_layernorm.weight`, [64], 1);
+    add(`${p}mlp.gate_proj.weight`, [96, 64], 0.2);
+    add(`${p}mlp.up_proj.weight`, [96, 64], 0.2);
+    add(`${p}mlp.down_proj.weight`, [64, 96], 0.2);
+  }
+  add('model.norm.weight', [64], 1);
+  add('lm_head.weight', [300, 64], 0.2);
+  const f32Dir = tempDir();
+  const bfDir = tempDir();
+  for (const d of [f32Dir, bfDir]) writeFileSync(join(d, 'config.json'), JSON.stringify(cfg));
+  await writeSafetensors(join(f32Dir, 'model.safetensors'), t);
+  const half = Math.floor(t.length / 2);
+  const bf = t.map((x) => ({ ...x, dtype: 'BF16' as const }));
+  await writeSafetensors(join(bfDir, 'model-00001-of-00002.safetensors'), bf.slice(0, half));
+  await writeSafetensors(join(bfDir, 'model-00002-of-00002.safetensors'), bf.slice(half));
+  const weightMap: Record<string, string> = {};
+  bf.forEach((x, i) => (weightMap[x.name] = i < half ? 'model-00001-of-00002.safetensors' : 'model-00002-of-00002.safetensors'));
+  writeFileSync(join(bfDir, 'model.safetensors.index.json'), JSON.stringify({ metadata: {}, weight_map: weightMap }));
+
+  const m1 = await LlamaModel.load(f32Dir, { modelId: 'small' });
+  const m2 = await LlamaModel.load(bfDir);
+  assert.equal(m1.modelId, 'small');
+  assert.deepEqual(m2.layout, { dtype: DType.f32, numLayers: 2, numKvHeads: 1, headDim: 16 });
+  const P = [1, 5, 77, 200, 299, 3, 3, 42];
+  const a = m1.forward([{ seqId: 0, tokens: P, startPos: 0, wantLogits: true }], m1.createKvCache(MiB))[0]!;
+  const b = m2.forward([{ seqId: 0, tokens: P, startPos: 0, wantLogits: true }], m2.createKvCache(MiB))[0]!;
+  assert.equal(a.length, 300);
+  bitsEqual(a, b, 'bf16 shards vs f32');
+  assert.ok(a.some((x) => x !== a[0]));
+
+  // Missing lm_head with tie_word_embeddings=false is a clear load error.
+  const broken = tempDir();
+  writeFileSync(join(broken, 'config.json'), JSON.stringify(cfg));
+  await writeSafetensors(join(broken, 'model.safetensors'), t.filter((x) => x.name !== 'lm_head.weight'));
+  await assert.rejects(LlamaModel.load(broken), /missing tensor "lm_head.weight"/);
+  const badShape = tempDir();
+  writeFileSync(join(badShape, 'config.json'), JSON.stringify({ ...cfg, intermediate_size: 128 }));
+  await writeSafetensors(join(badShape, 'model.safetensors'), t);
+  await assert.rejects(LlamaModel.load(badShape), /tensor "model.layers.0.mlp.gate_proj.weight" has shape \[96,64\], expected \[128,64\]/);
 });

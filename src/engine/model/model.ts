@@ -50,6 +50,8 @@ export class LlamaModel {
   private ropeSin = new Float32Array(0);
   private ropeLen = 0;
   private readonly invFreq: Float32Array;
+  /** Reusable attention gather buffers (grown on demand). */
+  private readonly scratch: Float32Array[] = [new Float32Array(0), new Float32Array(0)];
 
   private constructor(
     readonly dir: string,
@@ -114,6 +116,11 @@ export class LlamaModel {
     }
     const abs = resolve(dir);
     return new LlamaModel(abs, opts.modelId ?? basename(abs), cfg, gemm, embed, layers, finalNorm, lmHead);
+  }
+
+  private scratchF32(i: number, n: number): Float32Array {
+    if (this.scratch[i]!.length < n) this.scratch[i] = new Float32Array(Math.max(n, this.scratch[i]!.length * 2));
+    return this.scratch[i]!;
   }
 
   /** A paged KV cache shaped for this model, bounded by `budgetBytes`. */
@@ -299,15 +306,20 @@ export class LlamaModel {
       const T = seg.tokens.length;
       const P = seg.startPos + T; // keys 0..P-1
       const blocks = tables[si]!;
-      const kt = new Float32Array(headDim * P);
-      const v = new Float32Array(P * headDim);
+      const kt = this.scratchF32(0, headDim * P);
+      const v = this.scratchF32(1, P * headDim);
+      const layerBase = l * 2 * BLOCK_TOKENS * kvDim; // K of this layer within a block; V follows
       for (let g = 0; g < numKvHeads; g++) {
-        // Gather this KV head's keys (transposed, [headDim][P]) and values ([P][headDim]).
+        // Gather this KV head's keys (transposed, [headDim][P]) and values ([P][headDim]),
+        // walking the block table directly (this runs for every decode step).
         for (let j = 0; j < P; j++) {
-          const kp = kv.offset(blocks, l, 0, j) + g * headDim;
-          const vp = kv.offset(blocks, l, 1, j) + g * headDim;
-          for (let e = 0; e < headDim; e++) kt[e * P + j] = pool[kp + e]!;
-          v.set(pool.subarray(vp, vp + headDim), j * headDim);
+          const kp = blocks[j >> 4]! * kv.blockFloats + layerBase + (j & 15) * kvDim + g * headDim;
+          const vp = kp + BLOCK_TOKENS * kvDim;
+          const vo = j * headDim;
+          for (let e = 0; e < headDim; e++) {
+            kt[e * P + j] = pool[kp + e]!;
+            v[vo + e] = pool[vp + e]!;
+          }
         }
         // Query rows in blocks to bound the score matrix.
         for (let t0 = 0; t0 < T; t0 += ATTN_ROW_BLOCK) {

@@ -1,0 +1,119 @@
+// `npm run bench -- engine`: the engine end to end over HTTP with the built-in model.
+//   prefill tokens/s   1024-token prompt, max_tokens 1 (time to first token)
+//   decode tokens/s    128 tokens at batch 1 and batch 8, measured as the difference between
+//                      128-token and 1-token requests (so prefill and HTTP cancel out)
+//   TTFT cold / warm   a 2048-token prompt, then the same prompt with its KV in LocalCPUBackend
+//   GEMM               the kernel prefill uses vs a plain-JS matmul, same shape, same run
+// Last line: one JSON object (see issue 3).
+import { validateCacheConfig } from '../src/common/config.js';
+import { measureGemm } from '../src/engine/model/gemm.js';
+import { startEngine, type Engine } from '../src/engine/server.js';
+
+const MODEL = 'builtin:tiny';
+const prompt = (n: number, salt: number) => Array.from({ length: n }, (_, i) => 1000 + ((i * 7919 + salt * 104729) % 30000));
+
+async function complete(e: Engine, p: number[], maxTokens: number): Promise<number> {
+  const t = performance.now();
+  const r = await fetch(`${e.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: MODEL, prompt: p, max_tokens: maxTokens, temperature: 0, ignore_eos: true }),
+    signal: AbortSignal.timeout(600_000),
+  });
+  const j = (await r.json()) as { usage?: { completion_tokens: number }; error?: { message: string } };
+  if (!r.ok) throw new Error(`HTTP ${r.status}: ${j.error?.message}`);
+  if (j.usage!.completion_tokens !== maxTokens) throw new Error(`expected ${maxTokens} tokens, got ${j.usage!.completion_tokens}`);
+  return performance.now() - t;
+}
+
+/** Time to the first streamed token. */
+async function ttft(e: Engine, p: number[]): Promise<number> {
+  const t = performance.now();
+  const r = await fetch(`${e.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: MODEL, prompt: p, max_tokens: 2, temperature: 0, ignore_eos: true, stream: true }),
+    signal: AbortSignal.timeout(600_000),
+  });
+  const reader = r.body!.getReader();
+  const dec = new TextDecoder();
+  let buf = '';
+  let first = 0;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += dec.decode(value, { stream: true });
+    if (!first && /"text":"[^"]/.test(buf)) first = performance.now() - t;
+  }
+  if (!first) throw new Error(`no token streamed: ${buf.slice(0, 300)}`);
+  return first;
+}
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+
+async function main(): Promise<void> {
+  const g = await measureGemm(512, 1536, 256, 5);
+  console.log(`GEMM 512x1536x256 (prefill's gate/up projection): kernel ${g.kernel} ${g.kernelGflops.toFixed(2)} GFLOP/s, plain JS ${g.jsGflops.toFixed(2)} GFLOP/s (x${(g.kernelGflops / g.jsGflops).toFixed(1)})`);
+
+  const e = await startEngine({
+    model: MODEL,
+    maxNumSeqs: 8,
+    maxNumBatchedTokens: 512,
+    kvTransferConfig: { kv_connector: 'KvcConnectorV1', kv_role: 'kv_both', kv_connector_extra_config: { discard_partial_chunks: false, skip_last_n_tokens: 0 } },
+    cacheConfig: validateCacheConfig({ chunk_size: 256, local_cpu: true, max_local_cpu_size: 2 }).config,
+  });
+  try {
+    // Warm-up: JIT and first-touch of buffers.
+    await complete(e, prompt(256, 99), 8);
+
+    const prefillRuns: number[] = [];
+    for (let i = 0; i < 3; i++) prefillRuns.push(await ttft(e, prompt(1024, 10 + i)));
+    const prefillMs = median(prefillRuns);
+    const prefillTps = 1024 / (prefillMs / 1000);
+    console.log(`prefill: 1024-token prompt, TTFT ${prefillMs.toFixed(0)} ms → ${prefillTps.toFixed(0)} tokens/s`);
+
+    const d1a = await complete(e, prompt(32, 20), 1);
+    const d1b = await complete(e, prompt(32, 21), 128);
+    const decodeTps = 127 / ((d1b - d1a) / 1000);
+    console.log(`decode batch 1: 128 tokens in ${d1b.toFixed(0)} ms (1 token: ${d1a.toFixed(0)} ms) → ${decodeTps.toFixed(1)} tokens/s`);
+
+    const wall = async (salt: number, maxTokens: number) => {
+      const t = performance.now();
+      await Promise.all(Array.from({ length: 8 }, (_, i) => complete(e, prompt(32, salt + i), maxTokens)));
+      return performance.now() - t;
+    };
+    const d8a = await wall(30, 1);
+    const d8b = await wall(40, 128);
+    const decodeTps8 = (8 * 127) / ((d8b - d8a) / 1000);
+    console.log(`decode batch 8: 8 x 128 tokens in ${d8b.toFixed(0)} ms (8 x 1 token: ${d8a.toFixed(0)} ms) → ${decodeTps8.toFixed(1)} tokens/s (x${(decodeTps8 / decodeTps).toFixed(1)} batch 1)`);
+
+    const long = prompt(2048, 77);
+    const cold = await ttft(e, long);
+    // The first request stored its chunks before answering; the second loads all but the last token.
+    const loadedBefore = (await e.metrics.tokensLoaded.get()).values[0]?.value ?? 0;
+    const warmRuns: number[] = [];
+    for (let i = 0; i < 3; i++) warmRuns.push(await ttft(e, long));
+    const warm = median(warmRuns);
+    const loaded = ((await e.metrics.tokensLoaded.get()).values[0]?.value ?? 0) - loadedBefore;
+    console.log(`TTFT 2048-token prompt: cold ${cold.toFixed(0)} ms, warm (LocalCPUBackend) ${warm.toFixed(1)} ms (x${(cold / warm).toFixed(0)}; ${loaded / warmRuns.length} tokens loaded per warm request)`);
+
+    const out = {
+      bench: 'engine',
+      prefill_tps: Math.round(prefillTps),
+      decode_tps: Number(decodeTps.toFixed(1)),
+      decode_tps_batch8: Number(decodeTps8.toFixed(1)),
+      ttft_cold_ms: Number(cold.toFixed(1)),
+      ttft_warm_ms: Number(warm.toFixed(1)),
+      kernel_gflops: Number(g.kernelGflops.toFixed(2)),
+      js_baseline_gflops: Number(g.jsGflops.toFixed(2)),
+    };
+    console.log(JSON.stringify(out));
+  } finally {
+    await e.close();
+  }
+}
+
+main().catch((err: unknown) => {
+  console.error(err);
+  process.exit(1);
+});

@@ -34,6 +34,25 @@ async function freeOffset(o: Omit<PlanOptions, 'portOffset'>): Promise<number> {
   throw new Error('no free port offset found');
 }
 
+/** Exit code of a started process, or a failure after `ms` (the process is then killed). */
+async function exitCode(p: Proc, ms: number): Promise<number | null> {
+  if (p.child.exitCode !== null) return p.child.exitCode;
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      new Promise<number | null>((r) => p.child.once('exit', (c) => r(c))),
+      new Promise<never>((_, rej) => {
+        timer = setTimeout(() => rej(new Error(`no exit within ${ms} ms; output:\n${p.output().slice(-3000)}`)), ms);
+      }),
+    ]);
+  } catch (e) {
+    await p.kill('SIGKILL');
+    throw e;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 const alive = (pid: number) => {
   try {
     process.kill(pid, 0);
@@ -188,7 +207,7 @@ describe('kvc up 1P1D (built-in model)', () => {
 
   test('a second kvc up on the same ports is refused before starting anything', async () => {
     const second = startKvc(['up', '--port-offset', String(offset), '--log-dir', tempDir('kvc-up2-')]);
-    const code = await new Promise<number | null>((r) => second.child.once('exit', (c) => r(c)));
+    const code = await exitCode(second, 30_000);
     assert.equal(code, 3);
     assert.match(second.output(), new RegExp(`ports already in use, nothing started:[\\s\\S]*${9100 + offset} \\(proxy HTTP\\)`));
     assert.doesNotMatch(second.output(), /kvc up: ready/);
@@ -198,7 +217,7 @@ describe('kvc up 1P1D (built-in model)', () => {
     const o2 = await freeOffset({ ...base, controller: false });
     const dir = tempDir('kvc-upfail-');
     const bad = startKvc(['up', '--port-offset', String(o2), '--log-dir', dir, '--no-controller', '--model', join(dir, 'no-such-model'), '--startup-timeout', '60']);
-    const code = await new Promise<number | null>((r) => bad.child.once('exit', (c) => r(c)));
+    const code = await exitCode(bad, 90_000);
     assert.equal(code, 1);
     assert.match(bad.output(), new RegExp(`(prefiller|decoder)-0 failed to start: exited with code \\d+\\n  log: ${dir}/(prefiller|decoder)-0\\.log`));
     assert.match(bad.output(), /stopping the other processes/);

@@ -111,6 +111,12 @@ describe('KvcConnectorV1 kv_both (real processes)', () => {
     const r = await postJson(`${url}/v1/completions`, { model: MODEL, prompt: ids(20, 3), max_tokens: 2, temperature: 0, kv_transfer_params: { note: 'kv_both ignores it' } });
     assert.equal(r.status, 200);
   });
+
+  it('SIGTERM shuts the engine down cleanly (store closed, exit code 0)', async () => {
+    const code = await cached.kill('SIGTERM');
+    assert.equal(code, 0);
+    assert.match(cached.output(), /SIGTERM: shutting down/);
+  });
 });
 
 describe('KvcConnectorV1 in process', () => {

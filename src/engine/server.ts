@@ -10,6 +10,7 @@ import { createHttpServer, requireObject } from '../common/http.js';
 import { seedFromEnv } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import { parseBody } from '../common/validate.js';
+import { attachController, type ControllerAttachment } from '../kvc/controller_client.js';
 import { KvcStore } from '../kvc/store.js';
 import { chatRequest, completionRequest, detokenizeRequest, messageText, tokenizeChatRequest, tokenizePromptRequest } from './api.js';
 import { KvcConnectorV1 } from './connector.js';
@@ -64,6 +65,8 @@ export interface Engine {
   connector: KvcConnectorV1 | null;
   cacheConfig: CacheConfig | null;
   connectorConfig: ConnectorConfig | null;
+  /** The controller attachment (cache YAML enable_controller), else null. */
+  controller: ControllerAttachment | null;
   metrics: EngineMetrics;
   scheduler: Scheduler;
   kv: PagedKvCache;
@@ -116,6 +119,7 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
   let store: KvcStore | null = null;
   let connector: KvcConnectorV1 | null = null;
   let transfer: KvTransferPlugin | null = null;
+  let controller: ControllerAttachment | null = null;
   if (connectorConfig) {
     if (opts.cacheConfig) cacheConfig = opts.cacheConfig;
     else {
@@ -134,6 +138,12 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
       } else {
         transfer = await factory({ role: connectorConfig.kv_role, cacheConfig, connectorConfig, layout: m.layout, modelId: m.modelId, chunkSize: cacheConfig.chunk_size, seed, store });
       }
+    }
+    if (cacheConfig.enable_controller) {
+      // Registers this cache instance with the controller (monitor port) and serves its worker
+      // and peer ports, so the controller can look up, move, copy, pin and clear our chunks.
+      controller = await attachController(store, cacheConfig, { modelId: m.modelId, chunkSize: cacheConfig.chunk_size, seed, layout: m.layout });
+      log.info(`cache instance ${cacheConfig.kvc_instance_id} attached to controller ${cacheConfig.controller_url} (worker port ${controller.workerPort})`);
     }
     connector = new KvcConnectorV1({ config: connectorConfig, cacheConfig, store, modelId: m.modelId, layout: m.layout, seed, metrics, transfer });
     log.info(
@@ -298,20 +308,26 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
     return body;
   });
 
-  const host = opts.host ?? '127.0.0.1';
-  await app.listen({ host, port: opts.port ?? 0 });
-  const addr = app.server.address();
-  const port = typeof addr === 'object' && addr ? addr.port : (opts.port ?? 0);
-  const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
-
   let closing: Promise<void> | null = null;
   const close = () =>
     (closing ??= (async () => {
       await scheduler.close();
       await app.close();
+      if (controller) await controller.close().catch((e: unknown) => log.warn(`detaching from the controller: ${(e as Error).message}`));
       if (transfer) await transfer.close().catch((e: unknown) => log.warn(`closing xfer: ${(e as Error).message}`));
       if (store) await store.close();
     })());
+
+  const host = opts.host ?? '127.0.0.1';
+  try {
+    await app.listen({ host, port: opts.port ?? 0 });
+  } catch (e) {
+    await close();
+    throw e;
+  }
+  const addr = app.server.address();
+  const port = typeof addr === 'object' && addr ? addr.port : (opts.port ?? 0);
+  const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
 
   return {
     url,
@@ -324,6 +340,7 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
     connector,
     cacheConfig,
     connectorConfig,
+    controller,
     metrics,
     scheduler,
     kv,

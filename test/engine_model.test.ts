@@ -6,7 +6,7 @@ import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
 import { ensureBuiltinModel } from '../src/engine/model/builtin.js';
 import { LlamaModel, argmax } from '../src/engine/model/model.js';
-import { JsGemm, WasmGemm, measureGemm } from '../src/engine/model/gemm.js';
+import { JsGemm, WasmGemm, measureGemm, expf32 } from '../src/engine/model/gemm.js';
 import { PagedKvCache, KvCacheFullError, BLOCK_TOKENS } from '../src/engine/model/kv_cache.js';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -79,6 +79,39 @@ test('gemm: WASM SIMD kernel equals the JS reference bitwise and is batch invari
   } finally {
     two.close();
     one.close();
+  }
+  // Attention core (Q·Kᵀ, softmax with the f32 polynomial exp, P·V): WASM == JS bitwise, and
+  // close to an f64 softmax.
+  for (let x = -90; x <= 0; x += 0.37) {
+    const e = Math.exp(Math.fround(x));
+    if (e > 1e-37) assert.ok(Math.abs(expf32(Math.fround(x)) - e) <= e * 2e-7, `expf32(${x})`);
+  }
+  for (const [M, hd, P] of [[1, 32, 32], [4, 32, 160], [9, 80, 64]] as const) {
+    const q = Float32Array.from({ length: M * hd }, (_, i) => Math.sin(i * 0.31) * 2);
+    const kt = Float32Array.from({ length: hd * P }, (_, i) => Math.cos(i * 0.7));
+    const v = Float32Array.from({ length: P * hd }, (_, i) => Math.sin(i * 1.3));
+    const lens = Int32Array.from({ length: M }, (_, r) => Math.max(1, P - ((r * 7) % P)));
+    const o1 = new Float32Array(M * hd);
+    const o2 = new Float32Array(M * hd);
+    js.attend(q, M, hd, kt, P, v, lens, 1 / Math.sqrt(hd), o1);
+    wa.attend(q, M, hd, kt, P, v, lens, 1 / Math.sqrt(hd), o2);
+    bitsEqual(o1, o2, `attend ${M}x${hd}x${P}`);
+    for (let r = 0; r < M; r++) {
+      const s: number[] = [];
+      for (let j = 0; j < lens[r]!; j++) {
+        let d = 0;
+        for (let e = 0; e < hd; e++) d += q[r * hd + e]! * kt[e * P + j]!;
+        s.push(d / Math.sqrt(hd));
+      }
+      const mx = Math.max(...s);
+      const ex = s.map((x) => Math.exp(x - mx));
+      const sum = ex.reduce((a, b) => a + b, 0);
+      for (let e = 0; e < hd; e++) {
+        let o = 0;
+        for (let j = 0; j < lens[r]!; j++) o += (ex[j]! / sum) * v[j * hd + e]!;
+        assert.ok(Math.abs(o - o1[r * hd + e]!) < 1e-5, `attend row ${r} col ${e}: ${o} vs ${o1[r * hd + e]}`);
+      }
+    }
   }
   const g = await measureGemm(64, 256, 256, 2);
   assert.ok(g.kernelGflops > 0 && g.jsGflops > 0);

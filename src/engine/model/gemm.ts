@@ -13,7 +13,7 @@ import { createRequire } from 'node:module';
 import { availableParallelism } from 'node:os';
 import { Worker } from 'node:worker_threads';
 import { CTL } from './gemm_ctl.js';
-import { gemmWat, STRIP } from './gemm_wat.js';
+import { EXP_CONSTS, gemmWat, STRIP } from './gemm_wat.js';
 
 export interface Weight {
   /** Input features (K) and output features (N) of the layer. */
@@ -35,6 +35,66 @@ export interface Gemm {
   matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void;
   /** out[m][n] = a[m][k] · b[k][n] for a transient b (attention), same summation order. */
   matmulDense(a: Float32Array, m: number, k: number, b: Float32Array, n: number, out: Float32Array): void;
+  /**
+   * Attention core for M query rows of one KV head: S = q·kt ([M][hd]·[hd][P]), row r softmaxed
+   * over its first lens[r] columns (scaled by `scale`, the rest set to 0), out = S·v ([P][hd]).
+   * P must be a multiple of STRIP (callers pad keys/values with zeros).
+   */
+  attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void;
+}
+
+// ---- softmax reference (mirrors the WASM "softmax" function in gemm_wat.ts bit for bit) ----
+
+const fr = Math.fround;
+const EC = {
+  lo: fr(EXP_CONSTS.lo),
+  log2e: fr(EXP_CONSTS.log2e),
+  half: fr(EXP_CONSTS.half),
+  c1: fr(EXP_CONSTS.c1),
+  c2: fr(EXP_CONSTS.c2),
+  p: EXP_CONSTS.p.map(fr),
+};
+const powBuf = new Int32Array(1);
+const powF = new Float32Array(powBuf.buffer);
+
+/** Cephes expf in f32, every operation rounded like the WASM kernel's. Valid for x <= 88. */
+export function expf32(x: number): number {
+  x = Math.max(x, EC.lo);
+  const fx = Math.floor(fr(fr(x * EC.log2e) + EC.half));
+  x = fr(x - fr(fx * EC.c1));
+  x = fr(x - fr(fx * EC.c2));
+  const z = fr(x * x);
+  let y = EC.p[0]!;
+  for (let i = 1; i < 6; i++) y = fr(fr(y * x) + EC.p[i]!);
+  y = fr(fr(fr(y * z) + x) + 1);
+  powBuf[0] = (fx + 127) << 23;
+  return fr(y * powF[0]!);
+}
+
+export function softmaxRowsJs(S: Float32Array, rows: number, stride: number, lens: Int32Array, scale: number): void {
+  const sc = fr(scale);
+  for (let r = 0; r < rows; r++) {
+    const p = r * stride;
+    const len = lens[r]!;
+    const len4 = len & ~3;
+    let m = -Infinity;
+    for (let j = 0; j < len; j++) m = Math.max(m, fr(S[p + j]! * sc));
+    const acc = [0, 0, 0, 0];
+    for (let j = 0; j < len4; j++) {
+      const e = expf32(fr(fr(S[p + j]! * sc) - m));
+      S[p + j] = e;
+      acc[j & 3] = fr(acc[j & 3]! + e);
+    }
+    let sum = fr(fr(acc[0]! + acc[1]!) + fr(acc[2]! + acc[3]!));
+    for (let j = len4; j < len; j++) {
+      const e = expf32(fr(fr(S[p + j]! * sc) - m));
+      S[p + j] = e;
+      sum = fr(sum + e);
+    }
+    const inv = fr(1 / sum);
+    for (let j = 0; j < len; j++) S[p + j] = fr(S[p + j]! * inv);
+    S.fill(0, p + len, p + stride);
+  }
 }
 
 const padTo = (n: number, s: number) => Math.ceil(n / s) * s;
@@ -81,6 +141,13 @@ export class JsGemm implements Gemm {
     }
   }
 
+  attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void {
+    const S = new Float32Array(M * P);
+    this.matmulDense(q, M, hd, kt, P, S);
+    softmaxRowsJs(S, M, P, lens, scale);
+    this.matmulDense(S, M, P, v, hd, out);
+  }
+
   matmulDense(a: Float32Array, m: number, K: number, b: Float32Array, N: number, out: Float32Array): void {
     const fr = Math.fround;
     for (let r = 0; r < m; r++) {
@@ -98,6 +165,7 @@ export class JsGemm implements Gemm {
 
 interface GemmExports {
   gemm(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
+  softmax(S: number, rows: number, stride: number, L: number, scale: number): void;
 }
 
 let wasmModulePromise: Promise<WebAssembly.Module> | null = null;
@@ -258,6 +326,36 @@ export class WasmGemm implements Gemm {
       this.scratchBytes = size;
     }
     return this.scratchPtr;
+  }
+
+  attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void {
+    if (M === 0) return;
+    if (P % STRIP !== 0) throw new Error(`attend: P=${P} must be a multiple of ${STRIP}`);
+    const hdPad = padTo(hd, STRIP);
+    const sz = (n: number) => padTo(n * 4, 64);
+    const Q = this.scratch(sz(M * hd) + sz(hd * P) + sz(M * P) + sz(P * hdPad) + sz(M * hdPad) + sz(M));
+    const KT = Q + sz(M * hd);
+    const S = KT + sz(hd * P);
+    const V = S + sz(M * P);
+    const O = V + sz(P * hdPad);
+    const L = O + sz(M * hdPad);
+    const f32 = this.f32;
+    f32.set(q.subarray(0, M * hd), Q / 4);
+    f32.set(kt.subarray(0, hd * P), KT / 4);
+    if (hdPad === hd) f32.set(v.subarray(0, P * hd), V / 4);
+    else {
+      for (let j = 0; j < P; j++) {
+        f32.set(v.subarray(j * hd, j * hd + hd), V / 4 + j * hdPad);
+        f32.fill(0, V / 4 + j * hdPad + hd, V / 4 + (j + 1) * hdPad);
+      }
+    }
+    new Int32Array(this.mem.buffer, L, M).set(lens.subarray(0, M));
+    this.run(Q, KT, S, M, hd, P);
+    this.exp.softmax(S, M, P, L, scale);
+    this.run(S, V, O, M, P, hdPad);
+    const o0 = O / 4;
+    if (hdPad === hd) out.set(f32.subarray(o0, o0 + M * hd));
+    else for (let r = 0; r < M; r++) out.set(f32.subarray(o0 + r * hdPad, o0 + r * hdPad + hd), r * hd);
   }
 
   matmulDense(a: Float32Array, m: number, K: number, b: Float32Array, N: number, out: Float32Array): void {

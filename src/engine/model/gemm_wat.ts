@@ -65,6 +65,141 @@ function kernel1x32(): string {
   return lines.join('\n');
 }
 
+
+// ---- softmax -------------------------------------------------------------------------------
+// exp is the Cephes expf polynomial evaluated in f32 with separate mul/add, so gemm.ts can
+// reproduce it bit for bit in JS. Constants are emitted as exact f32 bit patterns.
+export const EXP_CONSTS = {
+  lo: -87,
+  log2e: 1.44269504088896341,
+  half: 0.5,
+  c1: 0.693359375,
+  c2: -2.12194440e-4,
+  p: [1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1],
+  one: 1,
+};
+
+const bitsOf = (v: number) => '0x' + (new Uint32Array(new Float32Array([v]).buffer)[0]!).toString(16);
+const vc = (v: number) => `(v128.const i32x4 ${bitsOf(v)} ${bitsOf(v)} ${bitsOf(v)} ${bitsOf(v)})`;
+const sc = (v: number) => `(f32.reinterpret_i32 (i32.const ${bitsOf(v)}))`;
+
+/** exp of the v128 expression `x` (f32x4); uses locals $ex $efx $ey $ez. */
+function expV(x: string): string {
+  const C = EXP_CONSTS;
+  let y = vc(C.p[0]!);
+  const lines = [
+    `(local.set $ex (f32x4.max ${x} ${vc(C.lo)}))`,
+    `(local.set $efx (f32x4.floor (f32x4.add (f32x4.mul (local.get $ex) ${vc(C.log2e)}) ${vc(C.half)})))`,
+    `(local.set $ex (f32x4.sub (local.get $ex) (f32x4.mul (local.get $efx) ${vc(C.c1)})))`,
+    `(local.set $ex (f32x4.sub (local.get $ex) (f32x4.mul (local.get $efx) ${vc(C.c2)})))`,
+    `(local.set $ez (f32x4.mul (local.get $ex) (local.get $ex)))`,
+    `(local.set $ey ${y})`,
+  ];
+  for (let i = 1; i < C.p.length; i++) lines.push(`(local.set $ey (f32x4.add (f32x4.mul (local.get $ey) (local.get $ex)) ${vc(C.p[i]!)}))`);
+  lines.push(`(local.set $ey (f32x4.add (f32x4.add (f32x4.mul (local.get $ey) (local.get $ez)) (local.get $ex)) ${vc(C.one)}))`);
+  lines.push(`(f32x4.mul (local.get $ey) (i32x4.shl (i32x4.add (i32x4.trunc_sat_f32x4_s (local.get $efx)) (v128.const i32x4 127 127 127 127)) (i32.const 23)))`);
+  y = lines.join('\n');
+  return y;
+}
+
+/** Scalar twin of expV; uses locals $sx $sfx $sy $sz. */
+function expS(x: string): string {
+  const C = EXP_CONSTS;
+  const lines = [
+    `(local.set $sx (f32.max ${x} ${sc(C.lo)}))`,
+    `(local.set $sfx (f32.floor (f32.add (f32.mul (local.get $sx) ${sc(C.log2e)}) ${sc(C.half)})))`,
+    `(local.set $sx (f32.sub (local.get $sx) (f32.mul (local.get $sfx) ${sc(C.c1)})))`,
+    `(local.set $sx (f32.sub (local.get $sx) (f32.mul (local.get $sfx) ${sc(C.c2)})))`,
+    `(local.set $sz (f32.mul (local.get $sx) (local.get $sx)))`,
+    `(local.set $sy ${sc(C.p[0]!)})`,
+  ];
+  for (let i = 1; i < C.p.length; i++) lines.push(`(local.set $sy (f32.add (f32.mul (local.get $sy) (local.get $sx)) ${sc(C.p[i]!)}))`);
+  lines.push(`(local.set $sy (f32.add (f32.add (f32.mul (local.get $sy) (local.get $sz)) (local.get $sx)) ${sc(C.one)}))`);
+  lines.push(`(f32.mul (local.get $sy) (f32.reinterpret_i32 (i32.shl (i32.add (i32.trunc_f32_s (local.get $sfx)) (i32.const 127)) (i32.const 23))))`);
+  return lines.join('\n');
+}
+
+/**
+ * softmax(S, rows, stride, L, scale): for each row r, with len = L[r] (i32), in place:
+ *   x_j = f32(S[r][j] * scale); m = max_j x_j; e_j = exp(x_j - m) for j < len;
+ *   sum = ((l0 + l1) + (l2 + l3)) + e_{len4} + ... (lane l sums j = l mod 4 below len4 = len & ~3);
+ *   S[r][j] = e_j * f32(1 / sum) for j < len, 0 for len <= j < stride.
+ */
+function softmaxFunc(): string {
+  return `
+  (func (export "softmax") (param $S i32) (param $rows i32) (param $stride i32) (param $L i32) (param $scale f32)
+    (local $r i32) (local $p i32) (local $len i32) (local $len4 i32) (local $j i32) (local $m f32) (local $sum f32) (local $inv f32)
+    (local $sv v128) (local $mv v128) (local $acc v128) (local $e v128)
+    (local $ex v128) (local $efx v128) (local $ey v128) (local $ez v128)
+    (local $sx f32) (local $sfx f32) (local $sy f32) (local $sz f32) (local $se f32)
+    (local.set $sv (f32x4.splat (local.get $scale)))
+    (local.set $r (i32.const 0))
+    (block $rdone (loop $rloop
+      (br_if $rdone (i32.ge_u (local.get $r) (local.get $rows)))
+      (local.set $p (i32.add (local.get $S) (i32.shl (i32.mul (local.get $r) (local.get $stride)) (i32.const 2))))
+      (local.set $len (i32.load (i32.add (local.get $L) (i32.shl (local.get $r) (i32.const 2)))))
+      (local.set $len4 (i32.and (local.get $len) (i32.const -4)))
+      ;; max
+      (local.set $mv (f32x4.splat (f32.const -inf)))
+      (local.set $j (i32.const 0))
+      (block $d1 (loop $l1
+        (br_if $d1 (i32.ge_u (local.get $j) (local.get $len4)))
+        (local.set $mv (f32x4.max (local.get $mv) (f32x4.mul (v128.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))) (local.get $sv))))
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br $l1)))
+      (local.set $m (f32.max (f32.max (f32x4.extract_lane 0 (local.get $mv)) (f32x4.extract_lane 1 (local.get $mv)))
+                             (f32.max (f32x4.extract_lane 2 (local.get $mv)) (f32x4.extract_lane 3 (local.get $mv)))))
+      (block $d2 (loop $l2
+        (br_if $d2 (i32.ge_u (local.get $j) (local.get $len)))
+        (local.set $m (f32.max (local.get $m) (f32.mul (f32.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))) (local.get $scale))))
+        (local.set $j (i32.add (local.get $j) (i32.const 1)))
+        (br $l2)))
+      ;; exp and sum
+      (local.set $mv (f32x4.splat (local.get $m)))
+      (local.set $acc (v128.const i32x4 0 0 0 0))
+      (local.set $j (i32.const 0))
+      (block $d3 (loop $l3
+        (br_if $d3 (i32.ge_u (local.get $j) (local.get $len4)))
+        (local.set $e ${expV('(f32x4.sub (f32x4.mul (v128.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))) (local.get $sv)) (local.get $mv))')})
+        (v128.store (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2))) (local.get $e))
+        (local.set $acc (f32x4.add (local.get $acc) (local.get $e)))
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br $l3)))
+      (local.set $sum (f32.add (f32.add (f32x4.extract_lane 0 (local.get $acc)) (f32x4.extract_lane 1 (local.get $acc)))
+                               (f32.add (f32x4.extract_lane 2 (local.get $acc)) (f32x4.extract_lane 3 (local.get $acc)))))
+      (block $d4 (loop $l4
+        (br_if $d4 (i32.ge_u (local.get $j) (local.get $len)))
+        (local.set $se ${expS('(f32.sub (f32.mul (f32.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))) (local.get $scale)) (local.get $m))')})
+        (f32.store (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2))) (local.get $se))
+        (local.set $sum (f32.add (local.get $sum) (local.get $se)))
+        (local.set $j (i32.add (local.get $j) (i32.const 1)))
+        (br $l4)))
+      ;; normalise, zero the rest of the row
+      (local.set $inv (f32.div (f32.const 1) (local.get $sum)))
+      (local.set $mv (f32x4.splat (local.get $inv)))
+      (local.set $j (i32.const 0))
+      (block $d5 (loop $l5
+        (br_if $d5 (i32.ge_u (local.get $j) (local.get $len4)))
+        (v128.store (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))
+          (f32x4.mul (v128.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))) (local.get $mv)))
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br $l5)))
+      (block $d6 (loop $l6
+        (br_if $d6 (i32.ge_u (local.get $j) (local.get $len)))
+        (f32.store (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))
+          (f32.mul (f32.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))) (local.get $inv)))
+        (local.set $j (i32.add (local.get $j) (i32.const 1)))
+        (br $l6)))
+      (block $d7 (loop $l7
+        (br_if $d7 (i32.ge_u (local.get $j) (local.get $stride)))
+        (f32.store (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2))) (f32.const 0))
+        (local.set $j (i32.add (local.get $j) (i32.const 1)))
+        (br $l7)))
+      (local.set $r (i32.add (local.get $r) (i32.const 1)))
+      (br $rloop)))
+  )`;
+}
+
 /** The module: shared memory is imported so a worker thread can run the same kernel on it. */
 export function gemmWat(): string {
   const v128Locals: string[] = [];
@@ -113,5 +248,6 @@ export function gemmWat(): string {
       (local.set $mb (local.get $mEnd))
       (br $mloop)))
   )
+${softmaxFunc()}
 )`;
 }

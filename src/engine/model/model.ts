@@ -12,6 +12,7 @@ import { basename, resolve } from 'node:path';
 import type { KvLayout } from '../../common/chunk.js';
 import { loadModelConfig, type ModelConfig } from './config.js';
 import { createGemm, type Gemm, type Weight } from './gemm.js';
+import { STRIP } from './gemm_wat.js';
 import { BLOCK_TOKENS, KvCacheFullError, PagedKvCache } from './kv_cache.js';
 import { SafetensorsCollection, SafetensorsError } from './safetensors.js';
 
@@ -290,8 +291,9 @@ export class LlamaModel {
    * Causal attention of every segment's rows for layer `l`, reading K/V back from the cache.
    * Per segment and KV head, the query rows of the heads sharing that KV head are stacked and
    * S = Q·Kᵀ and O = P·V run through the GEMM kernel (each element a fixed-order f32 dot over
-   * head_dim resp. key positions ascending). Softmax per query row is plain (max, exp, sum,
-   * normalise) over keys 0..pos; keys after pos get probability exactly 0.
+   * head_dim resp. key positions ascending). Softmax per query row is plain (max, exp, sum with
+   * a fixed lane order, normalise; exp is a deterministic f32 polynomial, gemm.ts/gemm_wat.ts)
+   * over keys 0..pos, with no block-size-dependent online rescaling; later keys get exactly 0.
    */
   private attention(segments: Segment[], tables: (readonly number[])[], kv: PagedKvCache, l: number, qkv: Float32Array, attn: Float32Array): void {
     const { numHeads, numKvHeads, headDim } = this.config;
@@ -305,60 +307,44 @@ export class LlamaModel {
     for (const [si, seg] of segments.entries()) {
       const T = seg.tokens.length;
       const P = seg.startPos + T; // keys 0..P-1
+      const Ps = padTo(P, STRIP); // zero keys/values pad the kernel's column strips
       const blocks = tables[si]!;
-      const kt = this.scratchF32(0, headDim * P);
-      const v = this.scratchF32(1, P * headDim);
+      const kt = this.scratchF32(0, headDim * Ps);
+      const v = this.scratchF32(1, Ps * headDim);
       const layerBase = l * 2 * BLOCK_TOKENS * kvDim; // K of this layer within a block; V follows
       for (let g = 0; g < numKvHeads; g++) {
-        // Gather this KV head's keys (transposed, [headDim][P]) and values ([P][headDim]),
+        // Gather this KV head's keys (transposed, [headDim][Ps]) and values ([Ps][headDim]),
         // walking the block table directly (this runs for every decode step).
         for (let j = 0; j < P; j++) {
           const kp = blocks[j >> 4]! * kv.blockFloats + layerBase + (j & 15) * kvDim + g * headDim;
           const vp = kp + BLOCK_TOKENS * kvDim;
           const vo = j * headDim;
           for (let e = 0; e < headDim; e++) {
-            kt[e * P + j] = pool[kp + e]!;
+            kt[e * Ps + j] = pool[kp + e]!;
             v[vo + e] = pool[vp + e]!;
           }
         }
+        for (let e = 0; e < headDim; e++) kt.fill(0, e * Ps + P, (e + 1) * Ps);
+        v.fill(0, P * headDim, Ps * headDim);
         // Query rows in blocks to bound the score matrix.
         for (let t0 = 0; t0 < T; t0 += ATTN_ROW_BLOCK) {
           const t1 = Math.min(T, t0 + ATTN_ROW_BLOCK);
           const M = (t1 - t0) * group;
           const q = new Float32Array(M * headDim);
+          const lens = new Int32Array(M);
           for (let t = t0; t < t1; t++) {
             for (let hi = 0; hi < group; hi++) {
               const src = (row0 + t) * qkvDim + (g * group + hi) * headDim;
-              q.set(qkv.subarray(src, src + headDim), ((t - t0) * group + hi) * headDim);
+              const rowi = (t - t0) * group + hi;
+              q.set(qkv.subarray(src, src + headDim), rowi * headDim);
+              lens[rowi] = seg.startPos + t + 1; // causal: keys 0..pos
             }
           }
           // Keys after this block's last position are masked for all its rows: skip them.
-          // (Scores are independent per element, so this changes no value.)
-          const Pb = seg.startPos + t1;
-          const sc = new Float32Array(M * Pb);
-          this.gemm.matmulDense(q, M, headDim, Pb === P ? kt : compactColumns(kt, headDim, P, Pb), Pb, sc);
-          for (let t = t0; t < t1; t++) {
-            const pos = seg.startPos + t;
-            for (let hi = 0; hi < group; hi++) {
-              const o = ((t - t0) * group + hi) * Pb;
-              let max = -Infinity;
-              for (let j = 0; j <= pos; j++) {
-                const d = sc[o + j]! * scale;
-                if (d > max) max = d;
-              }
-              let sum = 0;
-              for (let j = 0; j <= pos; j++) {
-                const e = Math.exp(sc[o + j]! * scale - max);
-                sc[o + j] = e;
-                sum += sc[o + j]!;
-              }
-              const inv = 1 / sum;
-              for (let j = 0; j <= pos; j++) sc[o + j] = sc[o + j]! * inv;
-              sc.fill(0, o + pos + 1, o + Pb);
-            }
-          }
+          // (Each score is computed independently, so this changes no value.)
+          const Pb = padTo(seg.startPos + t1, STRIP);
           const out = new Float32Array(M * headDim);
-          this.gemm.matmulDense(sc, M, Pb, v, headDim, out);
+          this.gemm.attend(q, M, headDim, Pb === Ps ? kt : compactColumns(kt, headDim, Ps, Pb), Pb, v, lens, scale, out);
           for (let t = t0; t < t1; t++) {
             for (let hi = 0; hi < group; hi++) {
               const src = ((t - t0) * group + hi) * headDim;
@@ -371,6 +357,8 @@ export class LlamaModel {
     }
   }
 }
+
+const padTo = (n: number, s: number) => Math.ceil(n / s) * s;
 
 /** The first `cols` columns of a row-major [rows][stride] matrix. */
 function compactColumns(m: Float32Array, rows: number, stride: number, cols: number): Float32Array {

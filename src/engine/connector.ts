@@ -135,7 +135,9 @@ export class KvcConnectorV1 {
     const recompute = Math.max(1, this.role === 'kv_consumer' ? this.skipLastN : 0);
     const maxLoad = req.prompt.length - recompute;
     let received: ReceivedKv | null = null;
-    if (this.role === 'kv_consumer' && this.transfer?.received && spans.length && maxLoad > 0) {
+    // A consumer always asks, even when nothing can be imported (a prompt shorter than
+    // skip_last_n_tokens + 1): that claims and then releases the request's reservation.
+    if (this.role === 'kv_consumer' && this.transfer?.received) {
       try {
         received = await withTimeout(this.transfer.received(this.transferRequest(req, spans)), LOAD_TIMEOUT_MS, 'transfer lookup');
       } catch (e) {

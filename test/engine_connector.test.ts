@@ -137,6 +137,26 @@ describe('KvcConnectorV1 in process', () => {
     engines = [];
   });
 
+  it('LocalDiskBackend: KV saved by one engine is loaded by the next one after a restart', async () => {
+    const disk = tempDir('kvc-engine-disk-');
+    try {
+      const cfg = validateCacheConfig({ chunk_size: 16, local_cpu: false, max_local_disk_size: 0.01, local_disk: disk }).config;
+      const opts = { model: MODEL, maxModelLen: 256, kvTransferConfig: CONNECTOR, cacheConfig: cfg };
+      const prompt = ids(40, 6);
+      const a = await startEngine(opts);
+      const first = await complete(a.url, prompt);
+      assert.equal(first.cached, 0);
+      await a.close();
+      const b = await startEngine(opts);
+      engines.push(b);
+      const second = await complete(b.url, prompt);
+      assert.equal(second.cached, 39);
+      assert.equal(second.text, first.text);
+    } finally {
+      rmSync(disk, { recursive: true, force: true });
+    }
+  });
+
   it('discard_partial_chunks: the partial last chunk is neither stored nor loaded', async () => {
     const e = await start(true);
     const prompt = ids(40, 4);

@@ -152,7 +152,7 @@ export class KvcConnectorV1 {
         let payload: Uint8Array | null = null;
         let source: 'cache' | 'transfer' = 'cache';
         if (received) {
-          const buf = await received.get(span.key);
+          const buf = await withTimeout(Promise.resolve(received.get(span.key)), LOAD_TIMEOUT_MS, `receiving chunk ${span.key}`);
           if (buf) {
             payload = this.accept(buf, span, 'transfer');
             source = 'transfer';

@@ -76,6 +76,19 @@ test('gemm: WASM SIMD kernel equals the JS reference bitwise and is batch invari
     two.matmul(two.upload(w, n, k), a, m, r2);
     bitsEqual(r1, r0, 'one thread');
     bitsEqual(r2, r0, 'two threads');
+    // Many back-to-back split calls: whichever thread claims the second half, same bits.
+    const [m2, n2, k2] = [8, 1024, 256];
+    const a2 = Float32Array.from({ length: m2 * k2 }, (_, i) => Math.sin(i * 0.5));
+    const w2 = Float32Array.from({ length: n2 * k2 }, (_, i) => Math.cos(i * 0.21));
+    const ref = new Float32Array(m2 * n2);
+    one.matmul(one.upload(w2, n2, k2), a2, m2, ref);
+    const wt2 = two.upload(w2, n2, k2);
+    for (let i = 0; i < 150; i++) {
+      const o = new Float32Array(m2 * n2);
+      two.matmul(wt2, a2, m2, o);
+      bitsEqual(o, ref, `split call ${i}`);
+    }
+    assert.equal(two.threads, 2, 'the worker is still attached');
   } finally {
     two.close();
     one.close();

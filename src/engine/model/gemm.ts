@@ -286,6 +286,11 @@ export class WasmGemm implements Gemm {
     Atomics.store(c, CTL.SEQ, seq);
     Atomics.notify(c, CTL.SEQ);
     this.exp.gemm(A, W, C, m, K, nPad, 0, m, 0, split);
+    if (Atomics.compareExchange(c, CTL.CLAIM, (seq - 1) | 0, seq) === ((seq - 1) | 0)) {
+      // The worker has not picked the job up yet (busy machine): do its half here.
+      this.exp.gemm(A, W, C, m, K, nPad, 0, m, split, nPad);
+      return;
+    }
     const deadline = Date.now() + WORKER_TIMEOUT_MS;
     for (;;) {
       const done = Atomics.load(c, CTL.DONE);

@@ -6,6 +6,12 @@ export const CTL = {
   DONE: 1,
   /** Non-zero: the worker exits. */
   STOP: 2,
+  /**
+   * Last job claimed. Job s is claimable while CLAIM == s-1; whoever wins the compare-exchange
+   * (the worker, or the main thread once its own half is done) computes the second half. So a
+   * worker starved of CPU never makes a call slower than doing it all on the main thread.
+   */
+  CLAIM: 3,
   /** 10 kernel arguments: A, W, C, M, K, N, m0, m1, n0, n1. */
   ARGS: 4,
   SIZE: 16,

@@ -19,6 +19,7 @@ for (;;) {
   const seq = Atomics.load(c, CTL.SEQ);
   if (seq === seen) continue;
   seen = seq;
+  if (Atomics.compareExchange(c, CTL.CLAIM, (seq - 1) | 0, seq) !== ((seq - 1) | 0)) continue; // main took it
   const a = CTL.ARGS;
   gemm(c[a]!, c[a + 1]!, c[a + 2]!, c[a + 3]!, c[a + 4]!, c[a + 5]!, c[a + 6]!, c[a + 7]!, c[a + 8]!, c[a + 9]!);
   Atomics.store(c, CTL.DONE, seq);

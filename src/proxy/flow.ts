@@ -17,7 +17,7 @@ import type { Backend, RoundRobin } from './backend.js';
 import type { ProxyMetrics } from './metrics.js';
 import type { TtftStats } from './stats.js';
 import type { DecoderEndpoint } from './topology.js';
-import { BackendFailure, Cancelled, PassThrough, call, callJson } from './upstream.js';
+import { BackendFailure, Cancelled, CancelSignal, PassThrough, call, callJson } from './upstream.js';
 
 const log = logger('proxy');
 
@@ -90,7 +90,7 @@ export class Flow {
     const endpoint = PATHS[kind];
     const m = this.d.metrics;
     m.inFlight.inc();
-    const abort = new AbortController();
+    const abort = new CancelSignal();
     const onClose = () => {
       if (!reply.raw.writableFinished) {
         abort.abort();
@@ -105,11 +105,11 @@ export class Flow {
       // A client may not steer transfers: the proxy owns kv_transfer_params.
       delete body.kv_transfer_params;
       const stream = body.stream === true;
-      const decoder = await this.tokenize(kind, body, abort.signal);
-      const pre = await this.prefill(kind, body, decoder, abort.signal);
+      const decoder = await this.tokenize(kind, body, abort);
+      const pre = await this.prefill(kind, body, decoder, abort);
       this.d.stats.record(pre.prefiller ? pre.prefiller.name : 'decoder-only', pre.ms);
       if (pre.prefiller) m.prefill.labels(pre.prefiller.name).observe(pre.ms / 1000);
-      status = await this.decode(kind, body, stream, decoder, pre, reply, abort.signal, t0);
+      status = await this.decode(kind, body, stream, decoder, pre, reply, abort, t0);
     } catch (err) {
       status = this.fail(err, reply);
     } finally {
@@ -147,7 +147,7 @@ export class Flow {
    * decoder. The count lets a prompt longer than the model's context be refused before any
    * prefill work.
    */
-  private async tokenize(kind: Kind, body: Record<string, unknown>, signal: AbortSignal): Promise<Backend> {
+  private async tokenize(kind: Kind, body: Record<string, unknown>, signal: CancelSignal): Promise<Backend> {
     const candidates = this.d.decoders.order();
     if (candidates.length === 0) candidates.push(this.d.decoders.pick());
     const tokBody: Record<string, unknown> = { model: body.model };
@@ -181,7 +181,7 @@ export class Flow {
     throw last ? upstreamFailed(`no decoder answered: ${last.message}`) : unavailable('no decoder configured');
   }
 
-  private async prefill(kind: Kind, body: Record<string, unknown>, decoder: Backend, signal: AbortSignal): Promise<PrefillResult> {
+  private async prefill(kind: Kind, body: Record<string, unknown>, decoder: Backend, signal: CancelSignal): Promise<PrefillResult> {
     const ep = this.d.decoderEndpoint(decoder);
     for (const p of this.d.prefillers.order()) {
       const reqId = `kvc-${randomUUID()}`;
@@ -234,7 +234,7 @@ export class Flow {
     decoder: Backend,
     pre: PrefillResult,
     reply: FastifyReply,
-    signal: AbortSignal,
+    signal: CancelSignal,
     t0: number,
   ): Promise<number> {
     const ep = this.d.decoderEndpoint(decoder);

@@ -33,6 +33,8 @@ export interface Gemm {
   upload(w: Float32Array, n: number, k: number): Weight;
   /** out[0..m*n) = a[0..m*k) · Wᵀ. */
   matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void;
+  /** Releases threads (the kernel still works afterwards, single-threaded). */
+  close(): void;
   /** out[m][n] = a[m][k] · b[k][n] for a transient b (attention), same summation order. */
   matmulDense(a: Float32Array, m: number, k: number, b: Float32Array, n: number, out: Float32Array): void;
   /**
@@ -116,6 +118,8 @@ function checkArgs(w: Weight, a: Float32Array, m: number, out: Float32Array): vo
 /** Plain-JS kernel with the exact summation order of the WASM kernel (reference and fallback). */
 export class JsGemm implements Gemm {
   readonly kind = 'js' as const;
+
+  close(): void {}
 
   upload(w: Float32Array, n: number, k: number): Weight {
     const nPad = padTo(n, STRIP);
@@ -466,5 +470,6 @@ export async function measureGemm(m = 256, n = 768, k = 256, iters = 5): Promise
   t = process.hrtime.bigint();
   for (let i = 0; i < iters; i++) plainJsMatmul(a, b, c, m, n, k);
   const jsSec = Number(process.hrtime.bigint() - t) / 1e9;
+  gemm.close();
   return { kernelGflops: (flops * iters) / kernelSec / 1e9, jsGflops: (flops * iters) / jsSec / 1e9, kernel: gemm.kind };
 }

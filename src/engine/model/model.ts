@@ -124,6 +124,11 @@ export class LlamaModel {
     return this.scratch[i]!;
   }
 
+  /** Stops the kernel's worker thread (call on shutdown; forward still works, single-threaded). */
+  close(): void {
+    this.gemm.close();
+  }
+
   /** A paged KV cache shaped for this model, bounded by `budgetBytes`. */
   createKvCache(budgetBytes: number): PagedKvCache {
     return new PagedKvCache(this.layout, budgetBytes);

@@ -264,6 +264,23 @@ function registerTests(): void {
         silent.close();
       }
     });
+    test('a second instance with an instance id already in use elsewhere is refused', async () => {
+      const d = new Dealer({ routingId: 'test-duplicate', linger: 0 });
+      d.connect(`tcp://127.0.0.1:${monitor}`);
+      try {
+        await d.send(encodeMsg({ t: 'register', v: PROTOCOL_VERSION, instance_id: 'inst-A', worker_id: 0, session: 'dup', ip: '127.0.0.1', worker_port: 1, distributed_url: '127.0.0.1:2', chunk_size: CHUNK, model_id: MODEL, seed: '0', locations: ['LocalCPUBackend'], pid: 1 }));
+        const [reply] = await d.receive();
+        const { decode } = await import('@msgpack/msgpack');
+        const m = decode(reply!) as { t: string; message: string };
+        assert.equal(m.t, 'error');
+        assert.match(m.message, /already registered/);
+        const r = await (await fetch(`${url}/instances`)).json();
+        const a = r.instances.find((i: { instance_id: string }) => i.instance_id === 'inst-A');
+        assert.equal(a.workers[0].worker_port, A.cfg.kvc_worker_port, 'the live registration is kept');
+      } finally {
+        d.close();
+      }
+    });
     test('malformed monitor messages are dropped without harm', async () => {
       const d = new Dealer({ routingId: 'garbage', linger: 0 });
       d.connect(`tcp://127.0.0.1:${monitor}`);

@@ -158,7 +158,17 @@ export class Registry {
       log.warn(`${m.instance_id}/${m.worker_id} runs with PYTHONHASHSEED=${m.seed} but the controller has ${this.opts.seed}: lookups will not find its chunks; set the same seed everywhere`);
     }
     let byWorker = this.instances.get(m.instance_id);
-    const previous = byWorker?.get(m.worker_id) ?? this.byRouting.get(routingId);
+    const holder = byWorker?.get(m.worker_id);
+    // The same (instance_id, worker_id) from another address while the registered one is still
+    // heartbeating is a configuration error (two engines with one kvc_instance_id): refuse it
+    // rather than let the two replace each other forever. From the same address it is the
+    // engine restarted (a new session) and replaces the old registration at once.
+    if (holder && holder.routingId !== routingId && now - holder.lastSeen <= this.opts.heartbeatTimeoutMs &&
+        (holder.ip !== m.ip || holder.workerPort !== m.worker_port || holder.distributedUrl !== m.distributed_url)) {
+      log.warn(`refused registration of ${m.instance_id}/${m.worker_id} from ${m.ip}:${m.worker_port}: already registered from ${holder.ip}:${holder.workerPort}`);
+      return { t: 'error', message: `kvc_instance_id "${m.instance_id}" worker ${m.worker_id} is already registered from ${holder.ip}:${holder.workerPort} (distributed_url ${holder.distributedUrl ?? 'none'}); every instance needs its own kvc_instance_id` };
+    }
+    const previous = holder ?? this.byRouting.get(routingId);
     if (previous) this.dropWorker(previous);
     const w: WorkerRec = {
       routingId,

@@ -84,6 +84,25 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
   const env = opts.env ?? process.env;
   const modelSpec = opts.model ?? 'builtin:tiny';
   const modelName = opts.servedModelName ?? modelSpec;
+  // Configuration first: a bad flag or YAML fails before the model is loaded.
+  let connectorConfig: ConnectorConfig | null = null;
+  if (opts.kvTransferConfig !== undefined) {
+    if (typeof opts.kvTransferConfig === 'string') {
+      const loaded = parseConnectorConfig(opts.kvTransferConfig);
+      for (const w of loaded.warnings) log.warn(w);
+      connectorConfig = loaded.config;
+    } else connectorConfig = opts.kvTransferConfig;
+  }
+  let cacheConfig: CacheConfig | null = null;
+  if (connectorConfig) {
+    if (opts.cacheConfig) cacheConfig = opts.cacheConfig;
+    else {
+      const loaded = cacheConfigFromEnv(env);
+      for (const w of loaded.warnings) log.warn(w);
+      cacheConfig = loaded.config;
+    }
+  }
+
   const t0 = performance.now();
   const m = await loadEngineModel(modelSpec);
   const cfg = m.config;
@@ -106,50 +125,42 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
 
   const metrics = new EngineMetrics({ model: modelName }, opts.processMetrics ?? false);
 
-  // Connector and cache instance.
-  let connectorConfig: ConnectorConfig | null = null;
-  if (opts.kvTransferConfig !== undefined) {
-    if (typeof opts.kvTransferConfig === 'string') {
-      const loaded = parseConnectorConfig(opts.kvTransferConfig);
-      for (const w of loaded.warnings) log.warn(w);
-      connectorConfig = loaded.config;
-    } else connectorConfig = opts.kvTransferConfig;
-  }
-  let cacheConfig: CacheConfig | null = null;
   let store: KvcStore | null = null;
   let connector: KvcConnectorV1 | null = null;
   let transfer: KvTransferPlugin | null = null;
   let controller: ControllerAttachment | null = null;
-  if (connectorConfig) {
-    if (opts.cacheConfig) cacheConfig = opts.cacheConfig;
-    else {
-      const loaded = cacheConfigFromEnv(env);
-      for (const w of loaded.warnings) log.warn(w);
-      cacheConfig = loaded.config;
-    }
-    store = await KvcStore.create(cacheConfig);
-    const seed = seedFromEnv(env);
-    if (connectorConfig.kv_role !== 'kv_both') {
-      const factory = opts.transfer ?? (await loadDefaultTransferFactory());
-      if (!cacheConfig.enable_xfer) {
-        log.warn(`kv_role ${connectorConfig.kv_role} without enable_xfer in the cache config: no KV is transferred, prompts are computed here`);
-      } else if (!factory) {
-        log.warn(`kv_role ${connectorConfig.kv_role}: the xfer plugin is not available in this build; no KV is transferred`);
-      } else {
-        transfer = await factory({ role: connectorConfig.kv_role, cacheConfig, connectorConfig, layout: m.layout, modelId: m.modelId, chunkSize: cacheConfig.chunk_size, seed, store });
+  try {
+    if (connectorConfig && cacheConfig) {
+      store = await KvcStore.create(cacheConfig);
+      const seed = seedFromEnv(env);
+      if (connectorConfig.kv_role !== 'kv_both') {
+        const factory = opts.transfer ?? (await loadDefaultTransferFactory());
+        if (!cacheConfig.enable_xfer) {
+          log.warn(`kv_role ${connectorConfig.kv_role} without enable_xfer in the cache config: no KV is transferred, prompts are computed here`);
+        } else if (!factory) {
+          log.warn(`kv_role ${connectorConfig.kv_role}: the xfer plugin is not available in this build; no KV is transferred`);
+        } else {
+          transfer = await factory({ role: connectorConfig.kv_role, cacheConfig, connectorConfig, layout: m.layout, modelId: m.modelId, chunkSize: cacheConfig.chunk_size, seed, store });
+        }
       }
+      if (cacheConfig.enable_controller) {
+        // Registers this cache instance with the controller (monitor port) and serves its worker
+        // and peer ports, so the controller can look up, move, copy, pin and clear our chunks.
+        controller = await attachController(store, cacheConfig, { modelId: m.modelId, chunkSize: cacheConfig.chunk_size, seed, layout: m.layout });
+        log.info(`cache instance ${cacheConfig.kvc_instance_id} attached to controller ${cacheConfig.controller_url} (worker port ${controller.workerPort})`);
+      }
+      connector = new KvcConnectorV1({ config: connectorConfig, cacheConfig, store, modelId: m.modelId, layout: m.layout, seed, metrics, transfer });
+      log.info(
+        `connector KvcConnectorV1 role=${connectorConfig.kv_role} chunk_size=${cacheConfig.chunk_size} locations=${store.locations().join(',') || 'none'}` +
+          ` discard_partial_chunks=${connector.discardPartial} seed=${seed}${transfer ? ' xfer=on' : ''}`,
+      );
     }
-    if (cacheConfig.enable_controller) {
-      // Registers this cache instance with the controller (monitor port) and serves its worker
-      // and peer ports, so the controller can look up, move, copy, pin and clear our chunks.
-      controller = await attachController(store, cacheConfig, { modelId: m.modelId, chunkSize: cacheConfig.chunk_size, seed, layout: m.layout });
-      log.info(`cache instance ${cacheConfig.kvc_instance_id} attached to controller ${cacheConfig.controller_url} (worker port ${controller.workerPort})`);
-    }
-    connector = new KvcConnectorV1({ config: connectorConfig, cacheConfig, store, modelId: m.modelId, layout: m.layout, seed, metrics, transfer });
-    log.info(
-      `connector KvcConnectorV1 role=${connectorConfig.kv_role} chunk_size=${cacheConfig.chunk_size} locations=${store.locations().join(',') || 'none'}` +
-        ` discard_partial_chunks=${connector.discardPartial} seed=${seed}${transfer ? ' xfer=on' : ''}`,
-    );
+  } catch (e) {
+    // Start-up failed half way: release what was opened (ports, buffers) before reporting.
+    await controller?.close().catch(() => undefined);
+    await transfer?.close().catch(() => undefined);
+    await store?.close().catch(() => undefined);
+    throw e;
   }
 
   const scheduler = new Scheduler({ model: m, kv, metrics, connector, maxNumSeqs, maxNumBatchedTokens, maxQueue: opts.maxQueue ?? 1024 });
@@ -162,7 +173,7 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
   app.addHook('onResponse', async (req, reply) => {
     if ((req as FastifyRequest & { kvcCounted?: boolean }).kvcCounted) return;
     const endpoint = req.routeOptions.url ?? 'unknown';
-    const outcome = reply.statusCode < 400 ? 'ok' : reply.statusCode < 500 ? 'rejected' : 'error';
+    const outcome = reply.statusCode < 400 ? 'ok' : reply.statusCode < 500 || reply.statusCode === 503 ? 'rejected' : 'error';
     metrics.requests.inc({ endpoint, outcome });
   });
 

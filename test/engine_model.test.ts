@@ -6,7 +6,7 @@ import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
 import { ensureBuiltinModel } from '../src/engine/model/builtin.js';
 import { LlamaModel, argmax } from '../src/engine/model/model.js';
-import { JsGemm, WasmGemm, measureGemm, expf32 } from '../src/engine/model/gemm.js';
+import { JsGemm, WasmGemm, WasmGemmPool, measureGemm, expf32 } from '../src/engine/model/gemm.js';
 import { PagedKvCache, KvCacheFullError, BLOCK_TOKENS } from '../src/engine/model/kv_cache.js';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -351,6 +351,18 @@ test('loader: an untied, sharded BF16 checkpoint equals its F32 copy', async () 
   assert.equal(a.length, 300);
   bitsEqual(a, b, 'bf16 shards vs f32');
   assert.ok(a.some((x) => x !== a[0]));
+
+  // Weights spread over several WASM instances (how checkpoints beyond 4 GiB of f32 are held).
+  const m3 = await LlamaModel.load(bfDir, { wasmWeightCapBytes: 96 * 1024 });
+  try {
+    assert.ok(m3.gemm instanceof WasmGemmPool && m3.gemm.size >= 3, 'pooled kernel');
+    const c = m3.forward([{ seqId: 0, tokens: P, startPos: 0, wantLogits: true }], m3.createKvCache(MiB))[0]!;
+    bitsEqual(c, a, 'pooled WASM instances vs one');
+  } finally {
+    m3.close();
+  }
+  m1.close();
+  m2.close();
 
   // Missing lm_head with tie_word_embeddings=false is a clear load error.
   const broken = tempDir();

@@ -25,6 +25,8 @@ export interface Weight {
   readonly ptr: number;
   /** … or the Wt array itself (JS kernel). */
   readonly data: Float32Array | null;
+  /** Which WASM instance holds it (WasmGemmPool). */
+  readonly part: number;
 }
 
 export interface Gemm {
@@ -125,7 +127,7 @@ export class JsGemm implements Gemm {
     const nPad = padTo(n, STRIP);
     const data = new Float32Array(k * nPad);
     transposePadded(w, n, k, nPad, data);
-    return { k, n, nPad, ptr: -1, data };
+    return { k, n, nPad, ptr: -1, data, part: 0 };
   }
 
   matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void {
@@ -194,6 +196,8 @@ export function gemmModule(): Promise<WebAssembly.Module> {
 const PAGE = 65536;
 /** wasm32 addresses 4 GiB; stay clear of the top for scratch. */
 export const WASM_MAX_BYTES = 4 * 1024 * 1024 * 1024 - 256 * 1024 * 1024;
+/** Weights one instance takes; the rest of its address space is left for scratch. */
+export const WASM_WEIGHT_CAP = WASM_MAX_BYTES - 512 * 1024 * 1024;
 
 /** Below this many multiply-adds a call stays on one thread (hand-off costs ~tens of µs). */
 const SPLIT_MIN_MACS = 1 << 20;
@@ -211,6 +215,8 @@ export class WasmGemm implements Gemm {
   private scratchBytes = 0;
   private f32: Float32Array;
   private worker: Worker | null = null;
+  private weightBytes = 0;
+  private weightCap = WASM_WEIGHT_CAP;
   private readonly ctl = new Int32Array(new SharedArrayBuffer(CTL.SIZE * 4));
   private seq = 0;
 
@@ -221,12 +227,16 @@ export class WasmGemm implements Gemm {
     this.f32 = new Float32Array(mem.buffer);
   }
 
-  /** `threads`: 1 or 2 (default: 2 when the machine has 2+ cores, unless KVC_GEMM_THREADS=1). */
-  static async create(opts: { threads?: number } = {}): Promise<WasmGemm> {
+  /**
+   * `threads`: 1 or 2 (default: 2 when the machine has 2+ cores, unless KVC_GEMM_THREADS=1).
+   * `weightCapBytes`: weights this instance accepts (default: what wasm32 leaves after scratch).
+   */
+  static async create(opts: { threads?: number; weightCapBytes?: number } = {}): Promise<WasmGemm> {
     const mod = await gemmModule();
     const mem = new WebAssembly.Memory({ initial: 16, maximum: 65536, shared: true });
     const inst = await WebAssembly.instantiate(mod, { env: { mem } });
     const g = new WasmGemm(mem, inst.exports as unknown as GemmExports);
+    if (opts.weightCapBytes !== undefined) g.weightCap = Math.min(opts.weightCapBytes, WASM_WEIGHT_CAP);
     const threads = opts.threads ?? (process.env.KVC_GEMM_THREADS === '1' ? 1 : Math.min(2, availableParallelism()));
     if (threads >= 2) await g.startWorker(mod);
     return g;
@@ -321,11 +331,18 @@ export class WasmGemm implements Gemm {
     return ptr;
   }
 
+  /** Whether a weight of `n` x `k` still fits this instance's weight budget. */
+  canHold(n: number, k: number): boolean {
+    return this.weightBytes + k * padTo(n, STRIP) * 4 <= this.weightCap;
+  }
+
   upload(w: Float32Array, n: number, k: number): Weight {
     const nPad = padTo(n, STRIP);
+    if (!this.canHold(n, k)) throw new Error(`WASM kernel instance full: a ${n}x${k} weight does not fit its ${this.weightCap}-byte budget`);
+    this.weightBytes += k * nPad * 4;
     const ptr = this.alloc(k * nPad * 4);
     transposePadded(w, n, k, nPad, this.f32.subarray(ptr / 4, ptr / 4 + k * nPad));
-    return { k, n, nPad, ptr, data: null };
+    return { k, n, nPad, ptr, data: null, part: 0 };
   }
 
   private scratch(bytes: number): number {
@@ -412,14 +429,72 @@ export class WasmGemm implements Gemm {
 }
 
 /**
- * The kernel for a model: WASM SIMD when the weights fit its 4 GiB address space, else JS.
- * Both give bitwise identical results, so the choice never changes outputs.
+ * Weights spread over several WASM instances (each addresses at most 4 GiB), for checkpoints
+ * whose f32 weights exceed one. A weight is used by the instance that holds it; attention runs
+ * on the first. Same kernel everywhere, so the same bits as a single instance.
  */
-export async function createGemm(opts: { weightBytes?: number; prefer?: 'wasm' | 'js' } = {}): Promise<Gemm> {
+export class WasmGemmPool implements Gemm {
+  readonly kind = 'wasm-simd' as const;
+  private cur = 0;
+
+  constructor(private readonly parts: WasmGemm[]) {
+    if (parts.length === 0) throw new Error('WasmGemmPool needs at least one instance');
+  }
+
+  get size(): number {
+    return this.parts.length;
+  }
+
+  upload(w: Float32Array, n: number, k: number): Weight {
+    while (this.cur < this.parts.length && !this.parts[this.cur]!.canHold(n, k)) this.cur++;
+    const part = this.parts[this.cur];
+    if (!part) throw new Error(`WASM kernel pool full: no instance left for a ${n}x${k} weight`);
+    return { ...part.upload(w, n, k), part: this.cur };
+  }
+
+  matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void {
+    this.parts[w.part]!.matmul(w, a, m, out);
+  }
+
+  matmulDense(a: Float32Array, m: number, k: number, b: Float32Array, n: number, out: Float32Array): void {
+    this.parts[0]!.matmulDense(a, m, k, b, n, out);
+  }
+
+  attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void {
+    this.parts[0]!.attend(q, M, hd, kt, P, v, lens, scale, out);
+  }
+
+  close(): void {
+    for (const p of this.parts) p.close();
+  }
+}
+
+/**
+ * The kernel for a model: WASM SIMD (one instance, or a pool of them when the weights exceed
+ * one 4 GiB address space), else JS. All give bitwise identical results, so the choice never
+ * changes outputs. `weightCapBytes` (tests) lowers the per-instance weight budget.
+ */
+export async function createGemm(opts: { shapes?: [number, number][]; prefer?: 'wasm' | 'js'; weightCapBytes?: number } = {}): Promise<Gemm> {
   const prefer = opts.prefer ?? (process.env.KVC_GEMM === 'js' ? 'js' : 'wasm');
-  if (prefer === 'js' || (opts.weightBytes ?? 0) > WASM_MAX_BYTES - 512 * 1024 * 1024) return new JsGemm();
+  if (prefer === 'js') return new JsGemm();
+  const cap = Math.min(opts.weightCapBytes ?? WASM_WEIGHT_CAP, WASM_WEIGHT_CAP);
+  // Pack the weights (in upload order, first fit like WasmGemmPool.upload) to count instances.
+  let parts = 1;
+  let used = 0;
+  for (const [n, k] of opts.shapes ?? []) {
+    const b = k * padTo(n, STRIP) * 4;
+    if (b > cap) return new JsGemm(); // one weight larger than an address space
+    if (used + b > cap) {
+      parts++;
+      used = 0;
+    }
+    used += b;
+  }
   try {
-    return await WasmGemm.create();
+    if (parts === 1) return await WasmGemm.create(opts.weightCapBytes !== undefined ? { weightCapBytes: cap } : {});
+    const list: WasmGemm[] = [];
+    for (let i = 0; i < parts; i++) list.push(await WasmGemm.create({ weightCapBytes: cap, ...(i > 0 ? { threads: 1 } : {}) }));
+    return new WasmGemmPool(list);
   } catch {
     return new JsGemm();
   }

@@ -41,8 +41,10 @@ interface Layer {
 export interface LoadOptions {
   /** Identity used in chunk keys; defaults to the directory's name. */
   modelId?: string;
-  /** Force a kernel (tests); default: WASM SIMD when the weights fit, else JS. */
+  /** Force a kernel (tests); default: WASM SIMD (pooled beyond 4 GiB of weights). */
   kernel?: 'wasm' | 'js';
+  /** Per-WASM-instance weight budget (tests exercise the pool with a small one). */
+  wasmWeightCapBytes?: number;
 }
 
 export class LlamaModel {
@@ -76,8 +78,15 @@ export class LlamaModel {
     const { dim, numHeads, numKvHeads, headDim, hiddenDim, vocabSize, numLayers } = cfg;
     const qDim = numHeads * headDim;
     const kvDim = numKvHeads * headDim;
-    const paramCount = vocabSize * dim * (cfg.tieWordEmbeddings ? 1 : 2) + numLayers * (dim * (qDim + 2 * kvDim) + qDim * dim + 3 * dim * hiddenDim);
-    const gemm = await createGemm({ weightBytes: paramCount * 4, ...(opts.kernel ? { prefer: opts.kernel } : {}) });
+    // Weight shapes ([out, in]) in upload order: sizes the kernel (one WASM instance or a pool).
+    const shapes: [number, number][] = [];
+    for (let l = 0; l < numLayers; l++) shapes.push([qDim + 2 * kvDim, dim], [dim, qDim], [2 * hiddenDim, dim], [dim, hiddenDim]);
+    shapes.push([vocabSize, dim]);
+    const gemm = await createGemm({
+      shapes,
+      ...(opts.kernel ? { prefer: opts.kernel } : {}),
+      ...(opts.wasmWeightCapBytes !== undefined ? { weightCapBytes: opts.wasmWeightCapBytes } : {}),
+    });
     const vec = async (name: string, n: number) => (await st.get(name, [n])).data;
     const cat = async (names: string[], rows: number[], cols: number) => {
       const out = new Float32Array(rows.reduce((a, b) => a + b, 0) * cols);

@@ -421,18 +421,27 @@ function registerTests(): void {
         stdio: ['ignore', 'pipe', 'pipe'],
       });
       let out = '';
-      child.stdout!.on('data', (d) => (out += d));
+      let armed = false;
+      child.stdout!.on('data', (d) => {
+        out += d;
+        // Kill the destination the moment it reports its first stored chunk of the move: the
+        // remaining chunks cannot have been confirmed yet.
+        if (armed && /admitted/.test(out)) {
+          armed = false;
+          child.kill('SIGKILL');
+        }
+      });
       child.stderr!.on('data', (d) => (out += d));
       try {
         await waitUntil('child instance ready', () => /child ready/.test(out), 20_000);
         await waitUntil('src live', () => src.att.state === 'live');
         const tokens = range(32 * chunkSize, 50_000);
         const spans = await putPrompt(src.store, tokens, 'LocalCPUBackend', chunkSize, layout);
+        armed = true;
         const r = await postJson(`${url}/move`, { old_position: ['inst-src', 'LocalCPUBackend'], new_position: ['inst-dst', 'LocalCPUBackend'], tokens, copy: false });
         assert.equal(r.status, 200, JSON.stringify(r.json));
         assert.equal(r.json.num_tokens, tokens.length);
-        await waitUntil('first chunk stored at the destination', () => /admitted/.test(out), 20_000);
-        child.kill('SIGKILL');
+        await waitUntil('destination killed after its first stored chunk', () => child.signalCode === 'SIGKILL', 20_000);
         const ev = await waitEvent(r.json.event_id, 30_000);
         assert.equal(ev.status, 'failed');
         assert.match(ev.error, /inst-src|peer|closed|failed/);

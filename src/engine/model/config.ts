@@ -55,7 +55,7 @@ export function parseModelConfig(raw: unknown, file = 'config.json'): ModelConfi
   if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw new ModelConfigError(`${file}: expected a JSON object`);
   const r = raw as Json;
   const archs = r.architectures;
-  if (archs !== undefined && (!Array.isArray(archs) || !archs.some((a) => typeof a === 'string' && /Llama|Mistral|Qwen2ForCausalLM/.test(a)))) {
+  if (archs !== undefined && (!Array.isArray(archs) || !archs.some((a) => typeof a === 'string' && /^(Llama|Mistral)ForCausalLM$/.test(a)))) {
     throw new ModelConfigError(`${file}: "architectures" is ${JSON.stringify(archs)}; this engine computes the Llama architecture (LlamaForCausalLM)`);
   }
   if (r.model_type !== undefined && r.model_type !== 'llama' && r.model_type !== 'mistral') {

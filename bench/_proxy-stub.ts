@@ -5,7 +5,8 @@
 // told to fail (HTTP 500), hang, or be closed (connection refused).
 import Fastify, { type FastifyInstance } from 'fastify';
 
-export type StubMode = 'ok' | 'error' | 'hang';
+/** 'cut': a streamed answer breaks off after its first event (connection destroyed). */
+export type StubMode = 'ok' | 'error' | 'hang' | 'cut';
 
 export interface StubRequest {
   path: string;
@@ -56,7 +57,7 @@ export async function startStubEngine(name: string, port = 0, host = '127.0.0.1'
   const gate = async (): Promise<boolean> => {
     if (stub.delayMs) await new Promise((r) => setTimeout(r, stub.delayMs));
     if (stub.mode === 'hang') await new Promise((r) => setTimeout(r, 600_000).unref());
-    return stub.mode === 'ok';
+    return stub.mode === 'ok' || stub.mode === 'cut';
   };
   app.get('/health', async (_req, reply) => (stub.mode === 'ok' ? { status: 'ok' } : reply.code(503).send({ status: 'down' })));
   app.get('/v1/models', async () => ({ object: 'list', data: [{ id: 'stub', object: 'model', owned_by: name }] }));
@@ -96,6 +97,10 @@ export async function startStubEngine(name: string, port = 0, host = '127.0.0.1'
         ? { index: 0, delta: i === 0 ? { role: 'assistant', content: words[i] } : { content: words[i] }, finish_reason: i === words.length - 1 ? 'length' : null }
         : { index: 0, text: words[i], finish_reason: i === words.length - 1 ? 'length' : null, logprobs: null };
       reply.raw.write(`data: ${JSON.stringify({ id, object: chunkObject, created, model: 'stub', choices: [choice] })}\n\n`);
+      if (stub.mode === 'cut') {
+        setTimeout(() => reply.raw.destroy(), 20);
+        return;
+      }
     }
     reply.raw.end(`data: ${JSON.stringify({ id, object: chunkObject, created, model: 'stub', choices: [], usage })}\n\ndata: [DONE]\n\n`);
   };

@@ -246,6 +246,22 @@ describe('proxy against stub engines', () => {
     await waitUntil(() => proxy.decoders.every((d) => d.up), 3_000, 'decoders back up');
   });
 
+  test('a decoder stream that breaks off ends the client stream with an error event', async () => {
+    reset();
+    D[0]!.mode = 'cut';
+    D[1]!.mode = 'cut';
+    const r = await post('/v1/completions', { prompt: 'cut me', max_tokens: 4, stream: true });
+    assert.equal(r.status, 200);
+    const events = r.text.split('\n\n').filter(Boolean);
+    assert.equal(JSON.parse(events[0]!.slice(6)).choices[0].text, stubWords('cut me', 4)[0]);
+    const last = JSON.parse(events.at(-1)!.slice(6));
+    assert.equal(last.error.type, 'upstream_error');
+    assert.match(last.error.message, /stream broken/);
+    assert.ok(!r.text.includes('[DONE]'));
+    D[0]!.mode = 'ok';
+    D[1]!.mode = 'ok';
+  });
+
   test('a closed decoder port (refused) is skipped at tokenize time', async () => {
     reset();
     const spare = await startStubEngine('spare');

@@ -106,8 +106,22 @@ describe('engine batching (real process)', () => {
     ac.abort();
     await until('the sequence to be released', async () => (await metric(url, 'kvc_engine_num_requests_running')) === 0);
     await until('KV blocks to be free', async () => (await metric(url, 'kvc_engine_kv_cache_usage_ratio')) === 0);
-    const cancelled = await metric(url, 'kvc_engine_requests_total');
-    assert.ok(cancelled >= 1);
+    // Same for a non-streaming request whose client gives up.
+    const ac2 = new AbortController();
+    const pending = fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: MODEL, prompt: 'Another very long story', max_tokens: 400, ignore_eos: true, temperature: 0 }),
+      signal: ac2.signal,
+    }).catch(() => null);
+    await until('the request to run', async () => (await metric(url, 'kvc_engine_num_requests_running')) === 1);
+    ac2.abort();
+    await pending;
+    await until('the second sequence to be released', async () => (await metric(url, 'kvc_engine_num_requests_running')) === 0);
+    await until('KV blocks to be free again', async () => (await metric(url, 'kvc_engine_kv_cache_usage_ratio')) === 0);
+    const text = await (await fetch(`${url}/metrics`)).text();
+    const cancelled = /^kvc_engine_requests_total\{endpoint="\/v1\/completions",outcome="cancelled"[^}]*\} (\d+)$/m.exec(text);
+    assert.equal(Number(cancelled?.[1]), 2, 'both disconnected requests are counted as cancelled');
     // The engine keeps serving.
     assert.ok((await completionText(client, 'still alive?', false)).length > 0);
   });

@@ -17,7 +17,7 @@ import { DType, encodeChunk, payloadBytes, type KvLayout } from '../src/common/c
 import { validateCacheConfig } from '../src/common/config.js';
 import { chunkKeys } from '../src/common/keys.js';
 import { freePortRange } from '../src/common/ports.js';
-import { keyHalves } from '../src/controller/keyer.js';
+import { keyHalves } from '../src/common/keys.js';
 import { startController } from '../src/controller/server.js';
 import { encodeMsg, packKeys, PROTOCOL_VERSION, type KeyOp } from '../src/controller/protocol.js';
 import { attachController } from '../src/kvc/controller_client.js';
@@ -167,7 +167,7 @@ async function main(): Promise<void> {
     keyLat.push((performance.now() - t) * 1000);
   }
   // The index walk alone, keys precomputed: what the index itself costs.
-  const kh = keyHalves(prompt, MODEL, CHUNK, 0n);
+  const kh = keyHalves(prompt, { modelId: MODEL, chunkSize: CHUNK, seed: 0n });
   const walkLat: number[] = [];
   for (let i = 0; i < 20_000; i++) {
     const t = performance.now();

@@ -74,3 +74,42 @@ test('kvc keys rejects bad arguments with a clear message', () => {
     (e: any) => /token #1: expected a non-negative 32-bit integer/.test(String(e.stderr)),
   );
 });
+
+// An independent, deliberately naive rendering of the DESIGN §2 formula: one fresh buffer per
+// chunk, per-token writes. The fast in-place implementation must agree with it bit for bit.
+import xxhash from 'xxhash-wasm';
+import { keyHalves, halvesToHex } from '../src/common/keys.js';
+const { h64Raw } = await xxhash();
+function naiveKeys(tokens: number[], modelId: string, chunkSize: number, seed: bigint): string[] {
+  const name = Buffer.from(modelId, 'utf8');
+  const root = Buffer.alloc(8 + name.length);
+  root.writeBigUInt64LE(seed, 0);
+  name.copy(root, 8);
+  let prev = h64Raw(root);
+  const out: string[] = [];
+  for (let s = 0; s < tokens.length; s += chunkSize) {
+    const chunk = tokens.slice(s, s + chunkSize);
+    const b = Buffer.alloc(8 + 4 * chunk.length);
+    b.writeBigUInt64LE(prev, 0);
+    chunk.forEach((t, i) => b.writeUInt32LE(t, 8 + 4 * i));
+    prev = h64Raw(b);
+    out.push(prev.toString(16).padStart(16, '0'));
+  }
+  return out;
+}
+
+test('the fast key derivation equals the naive formula for many shapes, seeds and lengths', () => {
+  let x = 7;
+  const rand = () => ((x = (x * 1103515245 + 12345) >>> 0), x);
+  for (const chunkSize of [1, 3, 16, 256]) {
+    for (const len of [0, 1, chunkSize - 1, chunkSize, 3 * chunkSize + 5, 9000]) {
+      const tokens = Array.from({ length: Math.max(0, len) }, () => rand());
+      for (const seed of [0n, 12345n]) {
+        const ref = naiveKeys(tokens, 'model-x', chunkSize, seed);
+        assert.deepEqual(chunkKeys(tokens, { modelId: 'model-x', chunkSize, seed }).map((s) => s.key), ref);
+        const h = keyHalves(tokens, { modelId: 'model-x', chunkSize, seed });
+        assert.deepEqual(Array.from({ length: h.count }, (_, i) => halvesToHex(h.hi[i]!, h.lo[i]!)), ref);
+      }
+    }
+  }
+});

@@ -59,27 +59,63 @@ export function rootKey(seed: bigint, modelId: string): bigint {
   return k;
 }
 
-/**
- * Splits `tokens` into chunks and returns each chunk's span and key, in order.
- * Work is one hash over 8 + 4*chunkSize bytes per chunk, reusing one scratch buffer.
- */
-export function chunkKeys(tokens: ArrayLike<number>, p: KeyParams): ChunkSpan[] {
+/** Chunk keys as (hi, lo) 32-bit halves: the form the controller's typed-array index uses. */
+export interface KeyHalves {
+  /** Number of chunks. */
+  count: number;
+  hi: Uint32Array;
+  lo: Uint32Array;
+  /** Token offset where chunk i ends. */
+  ends: Uint32Array;
+}
+
+const LITTLE_ENDIAN = new Uint8Array(new Uint32Array([1]).buffer)[0] === 1;
+// One growable scratch: [8 spare bytes][all tokens as uint32]. Chunk i is hashed in place as the
+// 8 bytes just before its first token (overwritten with k_{i-1}; they belong to chunk i-1, which
+// is already hashed) followed by its tokens, so the tokens go in with one TypedArray.set and no
+// per-chunk copy. This is the hot path of /lookup (8192 tokens in ~20 µs).
+let scratch = new Uint8Array(8 + 4 * 8192);
+let words = new Uint32Array(scratch.buffer);
+let view = new DataView(scratch.buffer);
+
+/** Splits `tokens` into chunks and returns every chunk's key as 32-bit halves, in order. */
+export function keyHalves(tokens: ArrayLike<number>, p: KeyParams): KeyHalves {
   if (!Number.isInteger(p.chunkSize) || p.chunkSize <= 0) throw new Error(`chunkSize must be a positive integer, found ${p.chunkSize}`);
-  const out: ChunkSpan[] = [];
   const n = tokens.length;
   const full = Math.floor(n / p.chunkSize);
   const count = p.discardPartialChunks || n % p.chunkSize === 0 ? full : full + 1;
+  const out: KeyHalves = { count, hi: new Uint32Array(count), lo: new Uint32Array(count), ends: new Uint32Array(count) };
   if (count === 0) return out;
-  const scratch = Buffer.allocUnsafe(8 + 4 * p.chunkSize);
+  if (words.length < 2 + n) {
+    scratch = new Uint8Array(8 + 4 * n);
+    words = new Uint32Array(scratch.buffer);
+    view = new DataView(scratch.buffer);
+  }
+  if (LITTLE_ENDIAN) words.set(tokens, 2);
+  else for (let t = 0; t < n; t++) view.setUint32(8 + 4 * t, tokens[t]! >>> 0, true);
   let prev = rootKey(p.seed, p.modelId);
   for (let i = 0; i < count; i++) {
     const start = i * p.chunkSize;
     const end = Math.min(n, start + p.chunkSize);
-    scratch.writeBigUInt64LE(prev, 0);
-    let o = 8;
-    for (let t = start; t < end; t++, o += 4) scratch.writeUInt32LE(tokens[t]! >>> 0, o);
-    prev = h64Raw(scratch.subarray(0, o));
-    out.push({ index: i, start, end, key: toHex(prev) });
+    view.setBigUint64(4 * start, prev, true);
+    prev = h64Raw(scratch.subarray(4 * start, 8 + 4 * end));
+    out.hi[i] = Number(prev >> 32n);
+    out.lo[i] = Number(prev & 0xffffffffn);
+    out.ends[i] = end;
+  }
+  return out;
+}
+
+export function halvesToHex(hi: number, lo: number): ChunkKey {
+  return hi.toString(16).padStart(8, '0') + lo.toString(16).padStart(8, '0');
+}
+
+/** Splits `tokens` into chunks and returns each chunk's span and key (hex), in order. */
+export function chunkKeys(tokens: ArrayLike<number>, p: KeyParams): ChunkSpan[] {
+  const k = keyHalves(tokens, p);
+  const out: ChunkSpan[] = new Array(k.count);
+  for (let i = 0; i < k.count; i++) {
+    out[i] = { index: i, start: i * p.chunkSize, end: k.ends[i]!, key: halvesToHex(k.hi[i]!, k.lo[i]!) };
   }
   return out;
 }

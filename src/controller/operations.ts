@@ -11,7 +11,7 @@ import { badRequest, conflict, KvcError, notFound } from '../common/errors.js';
 import { chunkKeys, type ChunkSpan } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import { EventLog, type EventKind, type EventRecord } from './events.js';
-import { keyHalves } from './keyer.js';
+import { keyHalves } from '../common/keys.js';
 import type { Registry, WorkerRec } from './registry.js';
 import { callWorker, workerName } from './worker_rpc.js';
 
@@ -210,7 +210,7 @@ export class Operations {
     // instance → location → worker id → matched tokens
     const matched = new Map<string, Map<string, Map<number, number>>>();
     for (const rep of groups.values()) {
-      const k = keyHalves(tokens, rep.modelId, rep.chunkSize, this.seed);
+      const k = keyHalves(tokens, { modelId: rep.modelId, chunkSize: rep.chunkSize, seed: this.seed });
       this.registry.index.prefixMatches(
         k.hi,
         k.lo,

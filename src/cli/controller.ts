@@ -1,18 +1,8 @@
 // `kvc controller`: the cache controller (HTTP API on --port, monitor port for instances).
 import type { Command } from 'commander';
 import { startController } from '../controller/server.js';
+import { portFlag, secondsFlag } from './options.js';
 
-function intOpt(name: string, v: string, min: number, max: number): number {
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < min || n > max) throw new Error(`${name}: expected an integer between ${min} and ${max}, found "${v}"`);
-  return n;
-}
-
-function secondsOpt(name: string, v: string): number {
-  const n = Number(v);
-  if (!Number.isFinite(n) || n <= 0) throw new Error(`${name}: expected a positive number of seconds, found "${v}"`);
-  return Math.round(n * 1000);
-}
 
 export function registerController(program: Command): void {
   program
@@ -25,16 +15,16 @@ export function registerController(program: Command): void {
     .option('--command-timeout <seconds>', 'deadline of a short command to a worker (lookup, pin, health)', '5')
     .option('--transfer-timeout <seconds>', 'deadline of a move, copy or clear', '300')
     .action(async (opts: { host: string; port: string; monitorPort: string; heartbeatTimeout: string; commandTimeout: string; transferTimeout: string }) => {
-      const port = intOpt('--port', opts.port, 1, 65535);
-      const monitorPort = intOpt('--monitor-port', opts.monitorPort, 1, 65535);
+      const port = portFlag('--port', opts.port);
+      const monitorPort = portFlag('--monitor-port', opts.monitorPort);
       if (port === monitorPort) throw new Error('--port and --monitor-port must differ');
       const ctl = await startController({
         host: opts.host,
         port,
         monitorPort,
-        heartbeatTimeoutMs: secondsOpt('--heartbeat-timeout', opts.heartbeatTimeout),
-        commandTimeoutMs: secondsOpt('--command-timeout', opts.commandTimeout),
-        transferTimeoutMs: secondsOpt('--transfer-timeout', opts.transferTimeout),
+        heartbeatTimeoutMs: secondsFlag('--heartbeat-timeout', opts.heartbeatTimeout),
+        commandTimeoutMs: secondsFlag('--command-timeout', opts.commandTimeout),
+        transferTimeoutMs: secondsFlag('--transfer-timeout', opts.transferTimeout),
       });
       process.stdout.write(`kvc controller ready: http ${ctl.url} monitor tcp://${opts.host}:${monitorPort}\n`);
       let stopping = false;

@@ -2,14 +2,10 @@
 import type { Command } from 'commander';
 import { logger } from '../common/log.js';
 import { startEngine } from '../engine/server.js';
+import { optionalPositiveInt as posInt, portFlag } from './options.js';
 
 const log = logger('engine');
 
-function posInt(flag: string, v: string | undefined): number | undefined {
-  if (v === undefined) return undefined;
-  if (!/^\d+$/.test(v) || Number(v) < 1) throw new Error(`${flag}: expected a positive integer, found "${v}"`);
-  return Number(v);
-}
 
 interface EngineFlags {
   host: string;
@@ -42,8 +38,7 @@ export function registerEngine(program: Command): void {
     .option('--no-enable-prefix-caching', 'accepted for compatibility; prefix reuse is the connector\'s job here (no effect)')
     .option('--disable-log-requests', 'accepted for compatibility; requests are not logged one by one (no effect)')
     .action(async (f: EngineFlags) => {
-      const port = Number(f.port);
-      if (!/^\d+$/.test(f.port) || port < 1 || port > 65535) throw new Error(`--port: expected a port between 1 and 65535, found "${f.port}"`);
+      const port = portFlag('--port', f.port);
       let kvCacheBytes: number | undefined;
       if (f.kvCacheMemory !== undefined) {
         const g = Number(f.kvCacheMemory);

@@ -2,15 +2,11 @@
 import type { Command } from 'commander';
 import { logger } from '../common/log.js';
 import { ProxyServer } from '../proxy/server.js';
-import { parsePort, parseTopology, TopologyError } from '../proxy/topology.js';
+import { parsePort, parseTopology } from '../proxy/topology.js';
+import { secondsFlag as seconds } from './options.js';
 
 const log = logger('proxy');
 
-function seconds(flag: string, v: string): number {
-  const n = Number(v);
-  if (!Number.isFinite(n) || n <= 0) throw new TopologyError(`${flag}: expected a number of seconds > 0, found "${v}"`);
-  return Math.round(n * 1000);
-}
 
 export function registerProxy(program: Command): void {
   program

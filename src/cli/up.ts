@@ -3,13 +3,10 @@ import type { Command } from 'commander';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
 import { runUp } from '../proxy/up.js';
+import { intFlag as int, secondsFlag } from './options.js';
 
 const CLI = join(dirname(fileURLToPath(import.meta.url)), 'main.js');
 
-function int(flag: string, v: string): number {
-  if (!/^-?\d+$/.test(v.trim())) throw new Error(`${flag}: expected an integer, found "${v}"`);
-  return Number(v);
-}
 
 export function registerUp(program: Command): void {
   program
@@ -26,8 +23,7 @@ export function registerUp(program: Command): void {
     .action(async (o: Record<string, string | boolean>) => {
       let code: number;
       try {
-        const t = Number(o.startupTimeout);
-        if (!Number.isFinite(t) || t <= 0) throw new Error(`--startup-timeout: expected seconds > 0, found "${o.startupTimeout}"`);
+        const startupTimeoutMs = secondsFlag('--startup-timeout', String(o.startupTimeout));
         code = await runUp({
           prefillers: int('--prefillers', String(o.prefillers)),
           decoders: int('--decoders', String(o.decoders)),
@@ -36,7 +32,7 @@ export function registerUp(program: Command): void {
           controller: o.controller !== false,
           host: '127.0.0.1',
           logDir: String(o.logDir),
-          startupTimeoutMs: t * 1000,
+          startupTimeoutMs,
           configOnly: o.configOnly === true,
           cli: CLI,
         });

@@ -1,0 +1,31 @@
+// Parsing of numeric command-line flags, shared by every subcommand so that a bad value is
+// refused the same way everywhere: "<flag>: expected <what>, found "<value>"".
+
+/** An integer within [min, max]. */
+export function intFlag(flag: string, v: string, min = Number.MIN_SAFE_INTEGER, max = Number.MAX_SAFE_INTEGER): number {
+  const s = v.trim();
+  if (!/^-?\d+$/.test(s) || Number(s) < min || Number(s) > max) {
+    const range = min === Number.MIN_SAFE_INTEGER && max === Number.MAX_SAFE_INTEGER ? 'an integer' : `an integer between ${min} and ${max}`;
+    throw new Error(`${flag}: expected ${range}, found "${v}"`);
+  }
+  return Number(s);
+}
+
+/** An integer >= 1, or undefined when the flag was not given. */
+export function optionalPositiveInt(flag: string, v: string | undefined): number | undefined {
+  if (v === undefined) return undefined;
+  if (!/^\d+$/.test(v) || Number(v) < 1) throw new Error(`${flag}: expected a positive integer, found "${v}"`);
+  return Number(v);
+}
+
+/** A TCP port. */
+export function portFlag(flag: string, v: string): number {
+  return intFlag(flag, v, 1, 65535);
+}
+
+/** A number of seconds > 0, returned in milliseconds. */
+export function secondsFlag(flag: string, v: string): number {
+  const n = Number(v);
+  if (v.trim() === '' || !Number.isFinite(n) || n <= 0) throw new Error(`${flag}: expected a number of seconds > 0, found "${v}"`);
+  return Math.round(n * 1000);
+}

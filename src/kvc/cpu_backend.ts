@@ -106,13 +106,7 @@ export class LocalCPUBackend implements StorageBackend {
   }
 
   stats(): BackendStats {
-    return {
-      location: this.location,
-      capacityBytes: this.capacityBytes,
-      usedBytes: this.index.bytes,
-      chunks: this.index.size,
-      pinned: this.index.pinnedCount,
-    };
+    return this.index.stats(this.location, this.capacityBytes);
   }
 
   /** Memory the pool holds, including idle recycled buffers (for metrics). */

@@ -213,13 +213,7 @@ export class LocalDiskBackend implements StorageBackend {
   }
 
   stats(): BackendStats {
-    return {
-      location: this.location,
-      capacityBytes: this.capacityBytes,
-      usedBytes: this.index.bytes,
-      chunks: this.index.size,
-      pinned: this.index.pinnedCount,
-    };
+    return this.index.stats(this.location, this.capacityBytes);
   }
 
   /** Waits for queued writes; files are complete and renamed, so the tier survives a restart. */

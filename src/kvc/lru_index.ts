@@ -2,6 +2,7 @@
 // so "touch" is delete + set and the least recently used entry is the first one.
 // Pinned entries stay in the map but are skipped when choosing victims.
 import type { ChunkKey } from '../common/keys.js';
+import type { BackendStats, LocationName } from './types.js';
 
 export interface Entry {
   bytes: number;
@@ -85,5 +86,10 @@ export class LruIndex<E extends Entry> {
 
   entries(): IterableIterator<[ChunkKey, E]> {
     return this.map.entries();
+  }
+
+  /** The backend-level figures every location reports. */
+  stats(location: LocationName, capacityBytes: number): BackendStats {
+    return { location, capacityBytes, usedBytes: this._bytes, chunks: this.map.size, pinned: this._pinned };
   }
 }

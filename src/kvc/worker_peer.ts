@@ -6,18 +6,36 @@
 //                      CHUNK (2)  16 ASCII hex key digits + the chunk buffer (header + payload)
 //   receiver → sender  HELLO_OK (0x81) msgpack {ok, error?}
 //                      ACK (0x82)      msgpack {key, ok, error?}  once the chunk is STORED
-// The receiver verifies every chunk (verifyChunk: header, length, key, checksum) and its layout
+// The receiver verifies every chunk (header, length, key, checksum — the checksum hashed while the
+// bytes arrive, see FrameReader) and its layout
 // against the instance's own before storing it, and reads one chunk at a time (the socket is
 // paused while a chunk is being stored), which is the backpressure. The sender knows a move is
 // safe to complete only when it holds an ACK for every chunk.
 import net from 'node:net';
 import { decode, encode } from '@msgpack/msgpack';
-import { describeLayout, readHeader, sameLayout, verifyChunk, type KvLayout } from '../common/chunk.js';
+import xxhash from 'xxhash-wasm';
+import { ChunkFormatError, describeLayout, HEADER_BYTES, readHeader, sameLayout, type KvLayout } from '../common/chunk.js';
 import { logger } from '../common/log.js';
 import type { KvcStore } from './store.js';
 import { isLocationName } from './types.js';
 
 const log = logger('kvc.peer');
+const { create64 } = await xxhash();
+
+/**
+ * verifyChunk (src/common/chunk.ts) with the payload checksum computed while the bytes arrived
+ * (FrameReader hashes each piece as it copies it, while it is hot in cache): the same checks —
+ * header, exact length, key, xxh64 of the payload — without a second pass over 32 MiB.
+ */
+function verifyStreamed(buf: Uint8Array, expectedKey: string, payloadSum: bigint) {
+  const h = readHeader(buf);
+  if (buf.byteLength !== HEADER_BYTES + h.payloadBytes) {
+    throw new ChunkFormatError(`truncated or padded chunk ${h.key}: ${buf.byteLength} bytes, expected ${HEADER_BYTES + h.payloadBytes}`);
+  }
+  if (h.key !== expectedKey) throw new ChunkFormatError(`chunk key mismatch: expected ${expectedKey}, found ${h.key}`);
+  if (payloadSum !== h.checksum) throw new ChunkFormatError(`checksum mismatch for chunk ${h.key}`);
+  return h;
+}
 
 const HELLO = 1;
 const CHUNK = 2;
@@ -25,6 +43,8 @@ const HELLO_OK = 0x81;
 const ACK = 0x82;
 const FRAME_HEAD = 5;
 const KEY_CHARS = 16;
+/** Offset of the chunk payload inside a CHUNK body (key digits, then the 64-byte chunk header). */
+const PAYLOAD_AT = KEY_CHARS + HEADER_BYTES;
 /** Upper bound of one frame body: refuses garbage lengths before allocating. */
 const MAX_BODY = 2 ** 31 - 1;
 
@@ -71,9 +91,11 @@ class FrameReader {
   private scratch: Buffer = Buffer.alloc(0);
   private busy = false;
   private backlog: Buffer[] = [];
+  /** xxh64 of a CHUNK body's payload (bytes after the key and the chunk header), fed as bytes arrive. */
+  private hasher: ReturnType<typeof create64> | null = null;
 
   constructor(
-    private readonly onFrame: (type: number, body: Buffer) => void | Promise<void>,
+    private readonly onFrame: (type: number, body: Buffer, payloadSum: bigint | null) => void | Promise<void>,
     private readonly onError: (e: Error) => void,
   ) {}
 
@@ -124,15 +146,23 @@ class FrameReader {
         }
         this.body = this.scratch.subarray(0, this.bodyLen);
         this.got = 0;
+        this.hasher = this.type === CHUNK ? create64() : null;
       }
       const take = Math.min(this.bodyLen - this.got, data.length - off);
       data.copy(this.body, this.got, off, off + take);
+      if (this.hasher) {
+        // Hash the payload part of what was just copied, from the copy (still in cache).
+        const from = Math.max(this.got, PAYLOAD_AT);
+        if (from < this.got + take) this.hasher.update(this.body.subarray(from, this.got + take));
+      }
       this.got += take;
       off += take;
       if (this.got === this.bodyLen) {
         const body = this.body;
         this.body = null;
-        const r = this.onFrame(this.type, body);
+        const sum = this.hasher ? this.hasher.digest() : null;
+        this.hasher = null;
+        const r = this.onFrame(this.type, body, sum);
         if (r instanceof Promise) {
           this.busy = true;
           const rest = data.subarray(off);
@@ -167,7 +197,7 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
       log.warn(`peer ${sock.remoteAddress}:${sock.remotePort}: ${msg}`);
       sock.end(msgFrame(HELLO_OK, { ok: false, error: msg }));
     };
-    const reader = new FrameReader((type, body) => {
+    const reader = new FrameReader((type, body, payloadSum) => {
       if (type === HELLO) {
         let hello: { location?: unknown };
         try {
@@ -191,7 +221,8 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
       return (async () => {
         let error: string | null = null;
         try {
-          const h = verifyChunk(chunk, key);
+          if (payloadSum === null) throw new Error('chunk arrived without its checksum computed');
+          const h = verifyStreamed(chunk, key, payloadSum);
           if (layout && !sameLayout(h, layout)) throw new Error(`chunk layout ${describeLayout(h)} does not match this instance's ${describeLayout(layout)}`);
           if (!isLocationName(loc)) throw new Error(`bad location ${loc}`);
           // put copies the bytes into the store, so the reader may reuse its buffer afterwards.

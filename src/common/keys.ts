@@ -6,6 +6,9 @@
 // H is xxh64 (xxhash-wasm). Chaining makes a key identify the whole prefix up to and
 // including its chunk, so "longest cached prefix" is "first missing key".
 // Keys travel as 16-digit lowercase hex strings: a JS number cannot hold 64 bits.
+import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { dirname, join } from 'node:path';
 import xxhash from 'xxhash-wasm';
 
 const { h64Raw } = await xxhash();
@@ -59,6 +62,17 @@ export function rootKey(seed: bigint, modelId: string): bigint {
   return k;
 }
 
+// rootKey's cache is keyed by a string built from a BigInt: too slow for every lookup, so the
+// last (seed, model) pair's root is kept as halves (a controller sees one or two models).
+let lastRoot = { seed: -1n, modelId: '', hi: 0, lo: 0 };
+function rootHalves(seed: bigint, modelId: string): { hi: number; lo: number } {
+  if (lastRoot.seed !== seed || lastRoot.modelId !== modelId) {
+    const k = rootKey(seed, modelId);
+    lastRoot = { seed, modelId, hi: Number(k >> 32n), lo: Number(k & 0xffffffffn) };
+  }
+  return lastRoot;
+}
+
 /** Chunk keys as (hi, lo) 32-bit halves: the form the controller's typed-array index uses. */
 export interface KeyHalves {
   /** Number of chunks. */
@@ -69,38 +83,83 @@ export interface KeyHalves {
   ends: Uint32Array;
 }
 
+// The hot path of /lookup (8192 tokens → 32 chained keys). xxhash-wasm's h64Raw copies its input
+// into WASM memory and returns a BigInt on every call, which made key derivation ~20 µs of a ~21 µs
+// lookup. Instead we instantiate the same xxh64 WASM module (shipped in the package as
+// workerd/xxhash.wasm) a second time and write the tokens straight into its memory: layout
+// [8 spare bytes][all tokens as uint32le]; chunk i is hashed in place as the 8 bytes just before its
+// first token (overwritten with k_{i-1}; they belong to chunk i-1, already hashed) followed by its
+// tokens. No per-chunk copy, and the i64 result is split into halves through a BigUint64Array
+// instead of BigInt arithmetic. WASM memory is little-endian, as xxh64's input must be.
+interface RawXxh64 {
+  mem: WebAssembly.Memory;
+  xxh64(ptr: number, len: number, seed: bigint): bigint;
+}
+function loadRawXxh64(): RawXxh64 | null {
+  try {
+    const pkgMain = createRequire(import.meta.url).resolve('xxhash-wasm');
+    const bytes = readFileSync(join(dirname(pkgMain), '..', 'workerd', 'xxhash.wasm'));
+    const ex = new WebAssembly.Instance(new WebAssembly.Module(bytes), {}).exports as unknown as RawXxh64;
+    return ex.mem instanceof WebAssembly.Memory && typeof ex.xxh64 === 'function' ? ex : null;
+  } catch {
+    return null; // package layout changed: fall back to h64Raw (same values, slower)
+  }
+}
+const raw = loadRawXxh64();
+let words = new Uint32Array(raw ? raw.mem.buffer : new ArrayBuffer(8 + 4 * 8192));
+const result64 = new BigUint64Array(1);
+const result32 = new Uint32Array(result64.buffer);
 const LITTLE_ENDIAN = new Uint8Array(new Uint32Array([1]).buffer)[0] === 1;
-// One growable scratch: [8 spare bytes][all tokens as uint32]. Chunk i is hashed in place as the
-// 8 bytes just before its first token (overwritten with k_{i-1}; they belong to chunk i-1, which
-// is already hashed) followed by its tokens, so the tokens go in with one TypedArray.set and no
-// per-chunk copy. This is the hot path of /lookup (8192 tokens in ~20 µs).
-let scratch = new Uint8Array(8 + 4 * 8192);
-let words = new Uint32Array(scratch.buffer);
-let view = new DataView(scratch.buffer);
 
-/** Splits `tokens` into chunks and returns every chunk's key as 32-bit halves, in order. */
-export function keyHalves(tokens: ArrayLike<number>, p: KeyParams): KeyHalves {
+/**
+ * Splits `tokens` into chunks and returns every chunk's key as 32-bit halves, in order.
+ * `reuse`, when given, is filled and returned instead of allocating three typed arrays (its arrays
+ * are replaced only when too short): the /lookup hot path keeps one, since small off-heap typed
+ * arrays cost about as much to allocate and collect as hashing a quarter of the prompt.
+ */
+export function keyHalves(tokens: ArrayLike<number>, p: KeyParams, reuse?: KeyHalves): KeyHalves {
   if (!Number.isInteger(p.chunkSize) || p.chunkSize <= 0) throw new Error(`chunkSize must be a positive integer, found ${p.chunkSize}`);
   const n = tokens.length;
   const full = Math.floor(n / p.chunkSize);
   const count = p.discardPartialChunks || n % p.chunkSize === 0 ? full : full + 1;
-  const out: KeyHalves = { count, hi: new Uint32Array(count), lo: new Uint32Array(count), ends: new Uint32Array(count) };
-  if (count === 0) return out;
-  if (words.length < 2 + n) {
-    scratch = new Uint8Array(8 + 4 * n);
-    words = new Uint32Array(scratch.buffer);
-    view = new DataView(scratch.buffer);
+  let out: KeyHalves;
+  if (reuse) {
+    out = reuse;
+    out.count = count;
+    if (out.hi.length < count) [out.hi, out.lo, out.ends] = [new Uint32Array(count), new Uint32Array(count), new Uint32Array(count)];
+  } else {
+    out = { count, hi: new Uint32Array(count), lo: new Uint32Array(count), ends: new Uint32Array(count) };
   }
+  if (count === 0) return out;
+  const need = 8 + 4 * n;
+  if (raw) {
+    if (raw.mem.buffer.byteLength < need) raw.mem.grow(Math.ceil((need - raw.mem.buffer.byteLength) / 65536));
+    if (words.buffer !== raw.mem.buffer) words = new Uint32Array(raw.mem.buffer); // grow detaches the old view
+  } else if (words.byteLength < need) {
+    words = new Uint32Array(need / 4);
+  }
+  const le = LITTLE_ENDIAN ? null : new DataView(words.buffer);
   if (LITTLE_ENDIAN) words.set(tokens, 2);
-  else for (let t = 0; t < n; t++) view.setUint32(8 + 4 * t, tokens[t]! >>> 0, true);
-  let prev = rootKey(p.seed, p.modelId);
+  else for (let t = 0; t < n; t++) le!.setUint32(8 + 4 * t, tokens[t]! >>> 0, true);
+  const root = rootHalves(p.seed, p.modelId);
+  let ph = root.hi;
+  let pl = root.lo;
   for (let i = 0; i < count; i++) {
     const start = i * p.chunkSize;
     const end = Math.min(n, start + p.chunkSize);
-    view.setBigUint64(4 * start, prev, true);
-    prev = h64Raw(scratch.subarray(4 * start, 8 + 4 * end));
-    out.hi[i] = Number(prev >> 32n);
-    out.lo[i] = Number(prev & 0xffffffffn);
+    if (LITTLE_ENDIAN) {
+      words[start] = pl; // uint64le(k_{i-1}) as (lo, hi)
+      words[start + 1] = ph;
+    } else {
+      le!.setUint32(4 * start, pl, true);
+      le!.setUint32(4 * start + 4, ph, true);
+    }
+    if (raw) result64[0] = raw.xxh64(4 * start, 8 + 4 * (end - start), 0n);
+    else result64[0] = h64Raw(new Uint8Array(words.buffer, 4 * start, 8 + 4 * (end - start)));
+    pl = result32[LITTLE_ENDIAN ? 0 : 1]!;
+    ph = result32[LITTLE_ENDIAN ? 1 : 0]!;
+    out.hi[i] = ph;
+    out.lo[i] = pl;
     out.ends[i] = end;
   }
   return out;

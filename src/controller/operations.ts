@@ -11,7 +11,7 @@ import { badRequest, conflict, KvcError, notFound } from '../common/errors.js';
 import { chunkKeys, type ChunkSpan } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import { EventLog, type EventKind, type EventRecord } from './events.js';
-import { keyHalves } from '../common/keys.js';
+import { keyHalves, type KeyHalves } from '../common/keys.js';
 import type { Registry, WorkerRec } from './registry.js';
 import { callWorker, workerName } from './worker_rpc.js';
 
@@ -31,6 +31,9 @@ export interface LookupResult {
 }
 
 export class Operations {
+  /** lookup()'s key scratch: lookup is synchronous, so one buffer serves every call without garbage. */
+  private readonly lookupKeys: KeyHalves = { count: 0, hi: new Uint32Array(64), lo: new Uint32Array(64), ends: new Uint32Array(64) };
+
   constructor(
     readonly registry: Registry,
     readonly events: EventLog,
@@ -210,7 +213,7 @@ export class Operations {
     // instance → location → worker id → matched tokens
     const matched = new Map<string, Map<string, Map<number, number>>>();
     for (const rep of groups.values()) {
-      const k = keyHalves(tokens, { modelId: rep.modelId, chunkSize: rep.chunkSize, seed: this.seed });
+      const k = keyHalves(tokens, { modelId: rep.modelId, chunkSize: rep.chunkSize, seed: this.seed }, this.lookupKeys);
       this.registry.index.prefixMatches(
         k.hi,
         k.lo,

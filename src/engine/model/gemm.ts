@@ -201,6 +201,7 @@ export const WASM_WEIGHT_CAP = WASM_MAX_BYTES - 512 * 1024 * 1024;
 
 /** Below this many multiply-adds a call stays on one thread (hand-off costs ~tens of µs). */
 const SPLIT_MIN_MACS = 1 << 20;
+const CHUNKS_PER_CALL = 16;
 /** A worker that has not finished its half by then is considered broken. */
 const WORKER_TIMEOUT_MS = 30_000;
 
@@ -292,28 +293,33 @@ export class WasmGemm implements Gemm {
       this.exp.gemm(A, W, C, m, K, nPad, 0, m, 0, nPad);
       return;
     }
-    const split = Math.ceil(strips / 2) * STRIP;
     const c = this.ctl;
-    const args = [A, W, C, m, K, nPad, 0, m, split, nPad];
+    const args = [A, W, C, m, K, nPad, 0, m, 0, nPad];
     for (let i = 0; i < args.length; i++) c[CTL.ARGS + i] = args[i]!;
+    // ~16 chunks: fine enough to balance a late or preempted worker, coarse enough that the
+    // per-call overhead stays negligible.
+    const chunk = Math.ceil(strips / CHUNKS_PER_CALL) * STRIP;
+    c[CTL.CHUNK] = chunk;
+    Atomics.store(c, CTL.NEXT, 0);
     const seq = (this.seq = (this.seq + 1) | 0);
     Atomics.store(c, CTL.SEQ, seq);
     Atomics.notify(c, CTL.SEQ);
-    this.exp.gemm(A, W, C, m, K, nPad, 0, m, 0, split);
-    if (Atomics.compareExchange(c, CTL.CLAIM, (seq - 1) | 0, seq) === ((seq - 1) | 0)) {
-      // The worker has not picked the job up yet (busy machine): do its half here.
-      this.exp.gemm(A, W, C, m, K, nPad, 0, m, split, nPad);
-      return;
+    for (;;) {
+      const n0 = Atomics.add(c, CTL.NEXT, 1) * chunk;
+      if (n0 >= nPad) break;
+      this.exp.gemm(A, W, C, m, K, nPad, 0, m, n0, Math.min(n0 + chunk, nPad));
     }
+    // The worker never joined this job: every chunk was computed here.
+    if (Atomics.compareExchange(c, CTL.CLAIM, (seq - 1) | 0, seq) === ((seq - 1) | 0)) return;
     const deadline = Date.now() + WORKER_TIMEOUT_MS;
     for (;;) {
       const done = Atomics.load(c, CTL.DONE);
       if (done === seq) return;
       const left = deadline - Date.now();
       if (left <= 0) {
-        // Broken worker: compute its half here and continue single-threaded.
+        // Broken worker: recompute everything here (same bits) and continue single-threaded.
         this.dropWorker();
-        this.exp.gemm(A, W, C, m, K, nPad, 0, m, split, nPad);
+        this.exp.gemm(A, W, C, m, K, nPad, 0, m, 0, nPad);
         return;
       }
       Atomics.wait(c, CTL.DONE, done, Math.min(left, 1000));

@@ -14,5 +14,13 @@ export const CTL = {
   CLAIM: 3,
   /** 10 kernel arguments: A, W, C, M, K, N, m0, m1, n0, n1. */
   ARGS: 4,
+  /**
+   * Next column chunk to take (Atomics.add): both threads pull chunks of CHUNK columns from
+   * [n0, n1) until none is left, so a worker that wakes late still takes its share and a slow
+   * one never holds the main thread back. Which thread computes a column changes no bits.
+   */
+  NEXT: 14,
+  /** Columns per chunk (a multiple of the strip width). */
+  CHUNK: 15,
   SIZE: 16,
 } as const;

@@ -21,7 +21,14 @@ for (;;) {
   seen = seq;
   if (Atomics.compareExchange(c, CTL.CLAIM, (seq - 1) | 0, seq) !== ((seq - 1) | 0)) continue; // main took it
   const a = CTL.ARGS;
-  gemm(c[a]!, c[a + 1]!, c[a + 2]!, c[a + 3]!, c[a + 4]!, c[a + 5]!, c[a + 6]!, c[a + 7]!, c[a + 8]!, c[a + 9]!);
+  // Pull column chunks until none is left (the main thread pulls from the same counter).
+  const n1 = c[a + 9]!;
+  const chunk = c[CTL.CHUNK]!;
+  for (;;) {
+    const n0 = c[a + 8]! + Atomics.add(c, CTL.NEXT, 1) * chunk;
+    if (n0 >= n1) break;
+    gemm(c[a]!, c[a + 1]!, c[a + 2]!, c[a + 3]!, c[a + 4]!, c[a + 5]!, c[a + 6]!, c[a + 7]!, n0, Math.min(n0 + chunk, n1));
+  }
   Atomics.store(c, CTL.DONE, seq);
   Atomics.notify(c, CTL.DONE);
 }

@@ -28,6 +28,8 @@ export async function loadEngineModel(spec: string): Promise<EngineModel> {
     layout: llama.layout,
     tokenizer,
     llama,
-    forward: (segments: ForwardSegment[], kv: PagedKvCache) => llama.forward(segments, kv),
+    // The scheduler samples from the logits before its next step, so they may be views of the
+    // model's reused buffer (no fresh 128 KiB array per sequence and step).
+    forward: (segments: ForwardSegment[], kv: PagedKvCache) => llama.forward(segments, kv, { transientLogits: true }),
   };
 }

@@ -112,6 +112,17 @@ function transposePadded(w: Float32Array, n: number, k: number, nPad: number, de
   }
 }
 
+/** Wt packed in strips (the WASM kernel's weight layout): dest[s][k][j] = w[s*STRIP + j][k]. */
+function packStrips(w: Float32Array, n: number, k: number, nPad: number, dest: Float32Array): void {
+  if (w.length !== n * k) throw new Error(`weight has ${w.length} values, expected ${n}x${k}`);
+  dest.fill(0, 0, k * nPad);
+  for (let i = 0; i < n; i++) {
+    const row = i * k;
+    const base = (i - (i % STRIP)) * k + (i % STRIP);
+    for (let j = 0; j < k; j++) dest[base + j * STRIP] = w[row + j]!;
+  }
+}
+
 function checkArgs(w: Weight, a: Float32Array, m: number, out: Float32Array): void {
   if (a.length < m * w.k) throw new Error(`matmul: input holds ${a.length} values, ${m}x${w.k} needed`);
   if (out.length < m * w.n) throw new Error(`matmul: output holds ${out.length} values, ${m}x${w.n} needed`);
@@ -170,7 +181,10 @@ export class JsGemm implements Gemm {
 }
 
 interface GemmExports {
+  /** Dense Wt [K][N] (attention operands). */
   gemm(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
+  /** Strip-packed Wt (model weights); same arguments and bits as gemm. */
+  gemmp(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
   softmax(S: number, rows: number, stride: number, L: number, scale: number): void;
 }
 
@@ -286,14 +300,19 @@ export class WasmGemm implements Gemm {
     this.dropWorker();
   }
 
-  /** Runs the kernel over all of C, splitting the column strips with the worker when worth it. */
-  private run(A: number, W: number, C: number, m: number, K: number, nPad: number): void {
+  /**
+   * Runs the kernel over all of C, splitting the column strips with the worker when worth it.
+   * `packed`: W is a strip-packed weight (gemmp), else a dense [K][nPad] operand (gemm).
+   */
+  private run(A: number, W: number, C: number, m: number, K: number, nPad: number, packed: boolean): void {
     const strips = nPad / STRIP;
+    const gemm = packed ? this.exp.gemmp : this.exp.gemm;
     if (!this.worker || strips < 2 || m * K * nPad < SPLIT_MIN_MACS) {
-      this.exp.gemm(A, W, C, m, K, nPad, 0, m, 0, nPad);
+      gemm(A, W, C, m, K, nPad, 0, m, 0, nPad);
       return;
     }
     const c = this.ctl;
+    c[CTL.PACKED] = packed ? 1 : 0;
     const args = [A, W, C, m, K, nPad, 0, m, 0, nPad];
     for (let i = 0; i < args.length; i++) c[CTL.ARGS + i] = args[i]!;
     // ~16 chunks: fine enough to balance a late or preempted worker, coarse enough that the
@@ -307,7 +326,7 @@ export class WasmGemm implements Gemm {
     for (;;) {
       const n0 = Atomics.add(c, CTL.NEXT, 1) * chunk;
       if (n0 >= nPad) break;
-      this.exp.gemm(A, W, C, m, K, nPad, 0, m, n0, Math.min(n0 + chunk, nPad));
+      gemm(A, W, C, m, K, nPad, 0, m, n0, Math.min(n0 + chunk, nPad));
     }
     // The worker never joined this job: every chunk was computed here.
     if (Atomics.compareExchange(c, CTL.CLAIM, (seq - 1) | 0, seq) === ((seq - 1) | 0)) return;
@@ -319,7 +338,7 @@ export class WasmGemm implements Gemm {
       if (left <= 0) {
         // Broken worker: recompute everything here (same bits) and continue single-threaded.
         this.dropWorker();
-        this.exp.gemm(A, W, C, m, K, nPad, 0, m, 0, nPad);
+        gemm(A, W, C, m, K, nPad, 0, m, 0, nPad);
         return;
       }
       Atomics.wait(c, CTL.DONE, done, Math.min(left, 1000));
@@ -347,7 +366,7 @@ export class WasmGemm implements Gemm {
     if (!this.canHold(n, k)) throw new Error(`WASM kernel instance full: a ${n}x${k} weight does not fit its ${this.weightCap}-byte budget`);
     this.weightBytes += k * nPad * 4;
     const ptr = this.alloc(k * nPad * 4);
-    transposePadded(w, n, k, nPad, this.f32.subarray(ptr / 4, ptr / 4 + k * nPad));
+    packStrips(w, n, k, nPad, this.f32.subarray(ptr / 4, ptr / 4 + k * nPad));
     return { k, n, nPad, ptr, data: null, part: 0 };
   }
 
@@ -382,9 +401,9 @@ export class WasmGemm implements Gemm {
       }
     }
     new Int32Array(this.mem.buffer, L, M).set(lens.subarray(0, M));
-    this.run(Q, KT, S, M, hd, P);
+    this.run(Q, KT, S, M, hd, P, false);
     this.exp.softmax(S, M, P, L, scale);
-    this.run(S, V, O, M, P, hdPad);
+    this.run(S, V, O, M, P, hdPad, false);
     const o0 = O / 4;
     if (hdPad === hd) out.set(f32.subarray(o0, o0 + M * hd));
     else for (let r = 0; r < M; r++) out.set(f32.subarray(o0 + r * hdPad, o0 + r * hdPad + hd), r * hd);
@@ -412,7 +431,7 @@ export class WasmGemm implements Gemm {
         f32.fill(0, b0 + kk * nPad + N, b0 + (kk + 1) * nPad);
       }
     }
-    this.run(A, B, C, m, K, nPad);
+    this.run(A, B, C, m, K, nPad, false);
     const c0 = C / 4;
     if (nPad === N) out.set(f32.subarray(c0, c0 + m * N));
     else for (let r = 0; r < m; r++) out.set(f32.subarray(c0 + r * nPad, c0 + r * nPad + N), r * N);
@@ -427,7 +446,7 @@ export class WasmGemm implements Gemm {
     const C = A + aBytes;
     const f32 = this.f32;
     f32.set(a.subarray(0, m * K), A / 4);
-    this.run(A, w.ptr, C, m, K, nPad);
+    this.run(A, w.ptr, C, m, K, nPad, true);
     const c0 = C / 4;
     if (nPad === N) out.set(f32.subarray(c0, c0 + m * N));
     else for (let r = 0; r < m; r++) out.set(f32.subarray(c0 + r * nPad, c0 + r * nPad + N), r * N);

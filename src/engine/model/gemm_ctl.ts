@@ -22,5 +22,7 @@ export const CTL = {
   NEXT: 14,
   /** Columns per chunk (a multiple of the strip width). */
   CHUNK: 15,
-  SIZE: 16,
+  /** 1: the job's W is a strip-packed weight (kernel export gemmp), 0: dense (gemm). */
+  PACKED: 16,
+  SIZE: 17,
 } as const;

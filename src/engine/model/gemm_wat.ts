@@ -29,11 +29,11 @@ function kernel4x8(col: number): string {
   body.push(`(local.set $w0 (v128.load (local.get $wp)))`);
   body.push(`(local.set $w1 (v128.load offset=16 (local.get $wp)))`);
   for (let r = 0; r < 4; r++) {
-    body.push(`(local.set $x (f32x4.splat (f32.load (local.get $p${r}))))`);
+    body.push(`(local.set $x (v128.load32_splat (local.get $p${r})))`);
     for (let j = 0; j < 2; j++) body.push(`(local.set $a${r}${j} (f32x4.add (local.get $a${r}${j}) (f32x4.mul (local.get $x) (local.get $w${j}))))`);
     body.push(`(local.set $p${r} (i32.add (local.get $p${r}) (i32.const 4)))`);
   }
-  body.push(`(local.set $wp (i32.add (local.get $wp) (local.get $nb)))`);
+  body.push(`(local.set $wp (i32.add (local.get $wp) (local.get $ws)))`);
   body.push(`(local.set $k (i32.sub (local.get $k) (i32.const 1)))`);
   body.push(`(br_if $kl (local.get $k))`);
   lines.push(`(loop $kl ${body.join('\n')})`);
@@ -52,12 +52,12 @@ function kernel1x32(): string {
   lines.push(`(local.set $wp (local.get $wstrip))`);
   lines.push(`(local.set $k (local.get $K))`);
   const body: string[] = [];
-  body.push(`(local.set $x (f32x4.splat (f32.load (local.get $p0))))`);
+  body.push(`(local.set $x (v128.load32_splat (local.get $p0)))`);
   for (let j = 0; j < 8; j++) {
     body.push(`(local.set $b${j} (f32x4.add (local.get $b${j}) (f32x4.mul (local.get $x) (v128.load offset=${j * 16} (local.get $wp)))))`);
   }
   body.push(`(local.set $p0 (i32.add (local.get $p0) (i32.const 4)))`);
-  body.push(`(local.set $wp (i32.add (local.get $wp) (local.get $nb)))`);
+  body.push(`(local.set $wp (i32.add (local.get $wp) (local.get $ws)))`);
   body.push(`(local.set $k (i32.sub (local.get $k) (i32.const 1)))`);
   body.push(`(br_if $kl1 (local.get $k))`);
   lines.push(`(loop $kl1 ${body.join('\n')})`);
@@ -200,23 +200,35 @@ function softmaxFunc(): string {
   )`;
 }
 
-/** The module: shared memory is imported so a worker thread can run the same kernel on it. */
-export function gemmWat(): string {
+/**
+ * One GEMM entry point. `packed` selects the weight layout:
+ *   dense  Wt [K][N]: strip s starts at W + s*STRIP*4, rows STRIDE N*4 apart (attention's
+ *          transient operands, written per call);
+ *   packed Wt [N/STRIP][K][STRIP]: strip s is one contiguous K*STRIP*4-byte panel (the model's
+ *          weights, packed once at load), so a strip streams sequentially from memory instead of
+ *          touching K pages N*4 bytes apart. Decode (few rows) reads each weight once per step and
+ *          is bound by exactly that stream.
+ * The arithmetic, and so every result bit, is the same for both layouts.
+ */
+function gemmFunc(name: string, packed: boolean): string {
   const v128Locals: string[] = [];
   for (let r = 0; r < 4; r++) for (let j = 0; j < 2; j++) v128Locals.push(`$a${r}${j}`);
   for (let j = 0; j < 8; j++) v128Locals.push(`$b${j}`);
   v128Locals.push('$w0', '$w1', '$x');
-  return `(module
-  (import "env" "mem" (memory 1 65536 shared))
-  ;; gemm(A, Wt, C, M, K, N, m0, m1, n0, n1): rows [m0,m1) x columns [n0,n1) of C (n0, n1 multiples of ${STRIP})
-  (func (export "gemm") (param $A i32) (param $W i32) (param $C i32) (param $M i32) (param $K i32) (param $N i32)
+  const stripBase = packed
+    ? `(i32.add (local.get $W) (i32.mul (local.get $n) (local.get $kb)))`
+    : `(i32.add (local.get $W) (i32.shl (local.get $n) (i32.const 2)))`;
+  return `
+  ;; ${name}(A, Wt, C, M, K, N, m0, m1, n0, n1): rows [m0,m1) x columns [n0,n1) of C (n0, n1 multiples of ${STRIP})
+  (func (export "${name}") (param $A i32) (param $W i32) (param $C i32) (param $M i32) (param $K i32) (param $N i32)
       (param $m0 i32) (param $m1 i32) (param $n0 i32) (param $n1 i32)
-    (local $kb i32) (local $nb i32) (local $mb i32) (local $mEnd i32) (local $n i32) (local $m i32) (local $k i32)
+    (local $kb i32) (local $nb i32) (local $ws i32) (local $mb i32) (local $mEnd i32) (local $n i32) (local $m i32) (local $k i32)
     (local $arow i32) (local $crow i32) (local $wstrip i32) (local $wp i32) (local $cp i32)
     (local $p0 i32) (local $p1 i32) (local $p2 i32) (local $p3 i32)
     ${v128Locals.map((l) => `(local ${l} v128)`).join(' ')}
     (local.set $kb (i32.shl (local.get $K) (i32.const 2)))
     (local.set $nb (i32.shl (local.get $N) (i32.const 2)))
+    (local.set $ws ${packed ? `(i32.const ${STRIP * 4})` : '(local.get $nb)'})
     (local.set $mb (local.get $m0))
     (block $mdone (loop $mloop
       (br_if $mdone (i32.ge_u (local.get $mb) (local.get $m1)))
@@ -225,7 +237,7 @@ export function gemmWat(): string {
       (local.set $n (local.get $n0))
       (block $ndone (loop $nloop
         (br_if $ndone (i32.ge_u (local.get $n) (local.get $n1)))
-        (local.set $wstrip (i32.add (local.get $W) (i32.shl (local.get $n) (i32.const 2))))
+        (local.set $wstrip ${stripBase})
         (local.set $m (local.get $mb))
         ;; 4-row micro-kernels
         (block $r4done (loop $r4loop
@@ -247,7 +259,15 @@ export function gemmWat(): string {
         (br $nloop)))
       (local.set $mb (local.get $mEnd))
       (br $mloop)))
-  )
+  )`;
+}
+
+/** The module: shared memory is imported so a worker thread can run the same kernel on it. */
+export function gemmWat(): string {
+  return `(module
+  (import "env" "mem" (memory 1 65536 shared))
+${gemmFunc('gemm', false)}
+${gemmFunc('gemmp', true)}
 ${softmaxFunc()}
 )`;
 }

@@ -7,7 +7,9 @@ import { CTL } from './gemm_ctl.js';
 const { module, memory, ctl } = workerData as { module: WebAssembly.Module; memory: WebAssembly.Memory; ctl: SharedArrayBuffer };
 const c = new Int32Array(ctl);
 const inst = new WebAssembly.Instance(module, { env: { mem: memory } });
-const gemm = inst.exports.gemm as (...args: number[]) => void;
+type Kernel = (...args: number[]) => void;
+const dense = inst.exports.gemm as Kernel;
+const packed = inst.exports.gemmp as Kernel;
 // Read the job counter BEFORE announcing readiness: the main thread posts the first job only
 // after 'ready', so that job is always seen as new.
 let seen = Atomics.load(c, CTL.SEQ);
@@ -24,6 +26,7 @@ for (;;) {
   // Pull column chunks until none is left (the main thread pulls from the same counter).
   const n1 = c[a + 9]!;
   const chunk = c[CTL.CHUNK]!;
+  const gemm = c[CTL.PACKED] === 1 ? packed : dense;
   for (;;) {
     const n0 = c[a + 8]! + Atomics.add(c, CTL.NEXT, 1) * chunk;
     if (n0 >= n1) break;

@@ -25,6 +25,21 @@ export interface Segment {
   wantLogits: boolean;
 }
 
+export interface ForwardOptions {
+  /** Return logits as views of a reused buffer, valid until the next forward call. */
+  transientLogits?: boolean;
+}
+
+// Indices of the reusable activation buffers (LlamaModel.buf).
+const B_X = 0;
+const B_H = 1;
+const B_QKV = 2;
+const B_ATTN = 3;
+const B_PROJ = 4;
+const B_GU = 5;
+const B_ACT = 6;
+const B_LOGITS = 7;
+
 export class ForwardError extends Error {
   override name = 'ForwardError';
 }
@@ -55,6 +70,8 @@ export class LlamaModel {
   private readonly invFreq: Float32Array;
   /** Reusable attention gather buffers (grown on demand). */
   private readonly scratch: Float32Array[] = [new Float32Array(0), new Float32Array(0)];
+  /** Reusable activation buffers, indexed by the B_* constants (grown on demand). */
+  private readonly bufs: Float32Array[] = [];
 
   private constructor(
     readonly dir: string,
@@ -184,8 +201,10 @@ export class LlamaModel {
   /**
    * Runs the segments as one batch, writing their K/V into `kv`, and returns the logits
    * (Float32Array of vocabSize) of the last token of each segment with wantLogits, in order.
+   * With `transientLogits` they are views of a buffer the next call overwrites (the scheduler
+   * samples before its next step); otherwise they are the caller's own copies.
    */
-  forward(segments: Segment[], kv: PagedKvCache): Float32Array[] {
+  forward(segments: Segment[], kv: PagedKvCache, opts: ForwardOptions = {}): Float32Array[] {
     if (kv.kvDim !== this.config.numKvHeads * this.config.headDim || kv.layout.numLayers !== this.config.numLayers) {
       throw new ForwardError('KV cache shape does not match the model');
     }
@@ -208,7 +227,7 @@ export class LlamaModel {
     const rowPos = new Int32Array(R);
     const rowSeg = new Int32Array(R);
     const tables: (readonly number[])[] = [];
-    const x = new Float32Array(R * dim);
+    const x = this.buf(B_X, R * dim);
     {
       let r = 0;
       for (const [si, s] of segments.entries()) {
@@ -223,12 +242,14 @@ export class LlamaModel {
       }
     }
 
-    const h = new Float32Array(R * dim);
-    const qkv = new Float32Array(R * qkvDim);
-    const attn = new Float32Array(R * qDim);
-    const proj = new Float32Array(R * dim);
-    const gu = new Float32Array(R * 2 * hiddenDim);
-    const act = new Float32Array(R * hiddenDim);
+    // Activations live in buffers reused across calls: a fresh multi-megabyte array per call
+    // costs page faults on first touch (0.5 GB/s here), more than the decode step's own work.
+    const h = this.buf(B_H, R * dim);
+    const qkv = this.buf(B_QKV, R * qkvDim);
+    const attn = this.buf(B_ATTN, R * qDim);
+    const proj = this.buf(B_PROJ, R * dim);
+    const gu = this.buf(B_GU, R * 2 * hiddenDim);
+    const act = this.buf(B_ACT, R * hiddenDim);
     const pool = kv.pool;
     const cos = this.ropeCos;
     const sin = this.ropeSin;
@@ -291,14 +312,24 @@ export class LlamaModel {
       }
     }
     if (want.length === 0) return [];
-    const sel = new Float32Array(want.length * dim);
+    const sel = this.buf(B_H, want.length * dim);
     want.forEach((r, i) => sel.set(x.subarray(r * dim, r * dim + dim), i * dim));
-    const normed = new Float32Array(want.length * dim);
+    const normed = this.buf(B_PROJ, want.length * dim);
     rmsNorm(sel, this.finalNorm, normed, want.length, dim, normEps);
     const V = this.config.vocabSize;
-    const logits = new Float32Array(want.length * V);
+    const logits = this.buf(B_LOGITS, want.length * V);
     this.gemm.matmul(this.lmHead, normed, want.length, logits);
+    if (opts.transientLogits) return want.map((_, i) => logits.subarray(i * V, i * V + V));
     return want.map((_, i) => logits.slice(i * V, i * V + V));
+  }
+
+  /** Reusable scratch buffer `i` of at least n floats (contents unspecified). */
+  private buf(i: number, n: number): Float32Array {
+    const b = this.bufs[i];
+    if (b && b.length >= n) return b.subarray(0, n);
+    const grown = new Float32Array(Math.max(n, (b?.length ?? 0) * 2));
+    this.bufs[i] = grown;
+    return grown.subarray(0, n);
   }
 
   /**

@@ -130,6 +130,47 @@ test('gemm: WASM SIMD kernel equals the JS reference bitwise and is batch invari
   assert.ok(g.kernelGflops > 0 && g.jsGflops > 0);
 });
 
+test('attention over staged paged KV equals attend() on gathered operands, WASM and JS, bitwise', async () => {
+  const js = new JsGemm();
+  const wa = await WasmGemm.create({ threads: 1 });
+  try {
+    // A pool of 6 blocks [layers=2][K,V][16][kvDim]; the sequence owns blocks 4, 1, 3 (out of order).
+    const layers = 2;
+    const kvHeads = 3;
+    const hd = 20; // not a multiple of the strip: value columns are padded
+    const kvDim = kvHeads * hd;
+    const blockFloats = layers * 2 * BLOCK_TOKENS * kvDim;
+    const pool = Float32Array.from({ length: 6 * blockFloats }, (_, i) => Math.sin(i * 0.013) * 1.5);
+    const table = [4, 1, 3];
+    for (const [l, g, keys, M] of [[1, 2, 37, 5], [0, 0, 1, 1], [1, 1, 48, 8], [0, 2, 16, 3]] as const) {
+      const layerOffset = l * 2 * BLOCK_TOKENS * kvDim;
+      const Pb = Math.ceil(keys / 32) * 32;
+      // The operands attend() takes, gathered here the slow obvious way (zeros beyond `keys`).
+      const kt = new Float32Array(hd * Pb);
+      const v = new Float32Array(Pb * hd);
+      for (let j = 0; j < keys; j++) {
+        const base = table[Math.floor(j / BLOCK_TOKENS)]! * blockFloats + layerOffset + (j % BLOCK_TOKENS) * kvDim + g * hd;
+        for (let e = 0; e < hd; e++) {
+          kt[e * Pb + j] = pool[base + e]!;
+          v[j * hd + e] = pool[base + BLOCK_TOKENS * kvDim + e]!;
+        }
+      }
+      const q = Float32Array.from({ length: M * hd }, (_, i) => Math.cos(i * 0.29 + l));
+      const lens = Int32Array.from({ length: M }, (_, r) => Math.max(1, keys - r));
+      const want = new Float32Array(M * hd);
+      js.attend(q, M, hd, kt, Pb, v, lens, 0.25, want);
+      for (const [name, k] of [['js', js], ['wasm', wa]] as const) {
+        const got = new Float32Array(M * hd);
+        k.stageKv(pool, table, Math.ceil(keys / BLOCK_TOKENS), blockFloats, layerOffset, kvDim);
+        k.attendStaged(q, M, hd, g * hd, keys, lens, 0.25, got);
+        bitsEqual(got, want, `${name} staged attention l=${l} g=${g} keys=${keys}`);
+      }
+    }
+  } finally {
+    wa.close();
+  }
+});
+
 test('model: logits of a prompt are identical alone and in a mixed batch', () => {
   const A = prompt(37, 1);
   const B = prompt(20, 2);

@@ -45,6 +45,44 @@ export interface Gemm {
    * P must be a multiple of STRIP (callers pad keys/values with zeros).
    */
   attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void;
+  /**
+   * Stages one layer of a sequence's paged KV for attendStaged: for each of `nBlocks` cache
+   * blocks, the 2*BLOCK_TOKENS*kvDim floats (K slab, then V slab) at
+   * pool[blocks[b] * blockFloats + layerOffset]. Copied in bulk, once per sequence and layer.
+   */
+  stageKv(pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void;
+  /**
+   * attend() over the staged KV of one KV head (columns [off, off+hd) of each position), using
+   * its first `keys` positions (zero-padded to a multiple of STRIP). Same result bits as
+   * attend() given those keys/values and zeros as padding.
+   */
+  attendStaged(q: Float32Array, M: number, hd: number, off: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void;
+}
+
+/** Positions per cache block in staged KV (kv_cache.ts BLOCK_TOKENS). */
+const STAGE_BLOCK = 16;
+
+/** JS twin of the WASM gatherkv: kt [hd][Pb] transposed keys, v [Pb][hd] values, zero padding. */
+function gatherStagedJs(src: Float32Array, kvDim: number, off: number, hd: number, P: number, Pb: number, kt: Float32Array, v: Float32Array): void {
+  kt.fill(0, 0, hd * Pb);
+  v.fill(0, 0, Pb * hd);
+  const slab = STAGE_BLOCK * kvDim;
+  for (let j = 0; j < P; j++) {
+    const kp = (j >> 4) * 2 * slab + (j & 15) * kvDim + off;
+    const vp = kp + slab;
+    for (let e = 0; e < hd; e++) {
+      kt[e * Pb + j] = src[kp + e]!;
+      v[j * hd + e] = src[vp + e]!;
+    }
+  }
+}
+
+function stageInto(dest: Float32Array, destOff: number, pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void {
+  const slabs = 2 * STAGE_BLOCK * kvDim;
+  for (let b = 0; b < nBlocks; b++) {
+    const at = blocks[b]! * blockFloats + layerOffset;
+    dest.set(pool.subarray(at, at + slabs), destOff + b * slabs);
+  }
 }
 
 // ---- softmax reference (mirrors the WASM "softmax" function in gemm_wat.ts bit for bit) ----
@@ -158,6 +196,24 @@ export class JsGemm implements Gemm {
     }
   }
 
+  private staged = new Float32Array(0);
+  private stagedKvDim = 0;
+
+  stageKv(pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void {
+    const n = nBlocks * 2 * STAGE_BLOCK * kvDim;
+    if (this.staged.length < n) this.staged = new Float32Array(n);
+    this.stagedKvDim = kvDim;
+    stageInto(this.staged, 0, pool, blocks, nBlocks, blockFloats, layerOffset, kvDim);
+  }
+
+  attendStaged(q: Float32Array, M: number, hd: number, off: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
+    const Pb = padTo(keys, STRIP);
+    const kt = new Float32Array(hd * Pb);
+    const v = new Float32Array(Pb * hd);
+    gatherStagedJs(this.staged, this.stagedKvDim, off, hd, keys, Pb, kt, v);
+    this.attend(q, M, hd, kt, Pb, v, lens, scale, out);
+  }
+
   attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void {
     const S = new Float32Array(M * P);
     this.matmulDense(q, M, hd, kt, P, S);
@@ -186,6 +242,7 @@ interface GemmExports {
   /** Strip-packed Wt (model weights); same arguments and bits as gemm. */
   gemmp(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
   softmax(S: number, rows: number, stride: number, L: number, scale: number): void;
+  gatherkv(src: number, P: number, Pb: number, kvDim: number, off: number, hd: number, kt: number, v: number, hdPad: number): void;
 }
 
 let wasmModulePromise: Promise<WebAssembly.Module> | null = null;
@@ -379,6 +436,44 @@ export class WasmGemm implements Gemm {
     return this.scratchPtr;
   }
 
+  private stagePtr = 0;
+  private stageBytes = 0;
+  private stageKvDim = 0;
+
+  stageKv(pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void {
+    const bytes = nBlocks * 2 * STAGE_BLOCK * kvDim * 4;
+    if (bytes > this.stageBytes) {
+      const size = Math.max(bytes, this.stageBytes * 2);
+      this.stagePtr = this.alloc(size);
+      this.stageBytes = size;
+    }
+    this.stageKvDim = kvDim;
+    stageInto(this.f32, this.stagePtr / 4, pool, blocks, nBlocks, blockFloats, layerOffset, kvDim);
+  }
+
+  attendStaged(q: Float32Array, M: number, hd: number, off: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
+    if (M === 0) return;
+    const P = padTo(keys, STRIP);
+    const hdPad = padTo(hd, STRIP);
+    const sz = (n: number) => padTo(n * 4, 64);
+    const Q = this.scratch(sz(M * hd) + sz(hd * P) + sz(M * P) + sz(P * hdPad) + sz(M * hdPad) + sz(M));
+    const KT = Q + sz(M * hd);
+    const S = KT + sz(hd * P);
+    const V = S + sz(M * P);
+    const O = V + sz(P * hdPad);
+    const L = O + sz(M * hdPad);
+    const f32 = this.f32;
+    f32.set(q.subarray(0, M * hd), Q / 4);
+    new Int32Array(this.mem.buffer, L, M).set(lens.subarray(0, M));
+    this.exp.gatherkv(this.stagePtr, keys, P, this.stageKvDim, off, hd, KT, V, hdPad);
+    this.run(Q, KT, S, M, hd, P, false);
+    this.exp.softmax(S, M, P, L, scale);
+    this.run(S, V, O, M, P, hdPad, false);
+    const o0 = O / 4;
+    if (hdPad === hd) out.set(f32.subarray(o0, o0 + M * hd));
+    else for (let r = 0; r < M; r++) out.set(f32.subarray(o0 + r * hdPad, o0 + r * hdPad + hd), r * hd);
+  }
+
   attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void {
     if (M === 0) return;
     if (P % STRIP !== 0) throw new Error(`attend: P=${P} must be a multiple of ${STRIP}`);
@@ -487,6 +582,14 @@ export class WasmGemmPool implements Gemm {
 
   attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void {
     this.parts[0]!.attend(q, M, hd, kt, P, v, lens, scale, out);
+  }
+
+  stageKv(pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void {
+    this.parts[0]!.stageKv(pool, blocks, nBlocks, blockFloats, layerOffset, kvDim);
+  }
+
+  attendStaged(q: Float32Array, M: number, hd: number, off: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
+    this.parts[0]!.attendStaged(q, M, hd, off, keys, lens, scale, out);
   }
 
   close(): void {

@@ -12,7 +12,6 @@ import { basename, resolve } from 'node:path';
 import type { KvLayout } from '../../common/chunk.js';
 import { loadModelConfig, type ModelConfig } from './config.js';
 import { createGemm, type Gemm, type Weight } from './gemm.js';
-import { STRIP } from './gemm_wat.js';
 import { BLOCK_TOKENS, KvCacheFullError, PagedKvCache } from './kv_cache.js';
 import { SafetensorsCollection, SafetensorsError } from './safetensors.js';
 
@@ -68,8 +67,6 @@ export class LlamaModel {
   private ropeSin = new Float32Array(0);
   private ropeLen = 0;
   private readonly invFreq: Float32Array;
-  /** Reusable attention gather buffers (grown on demand). */
-  private readonly scratch: Float32Array[] = [new Float32Array(0), new Float32Array(0)];
   /** Reusable activation buffers, indexed by the B_* constants (grown on demand). */
   private readonly bufs: Float32Array[] = [];
 
@@ -143,11 +140,6 @@ export class LlamaModel {
     }
     const abs = resolve(dir);
     return new LlamaModel(abs, opts.modelId ?? basename(abs), cfg, gemm, embed, layers, finalNorm, lmHead);
-  }
-
-  private scratchF32(i: number, n: number): Float32Array {
-    if (this.scratch[i]!.length < n) this.scratch[i] = new Float32Array(Math.max(n, this.scratch[i]!.length * 2));
-    return this.scratch[i]!;
   }
 
   /** Stops the kernel's worker thread (call on shutdown; forward still works, single-threaded). */
@@ -347,30 +339,15 @@ export class LlamaModel {
     const qkvDim = qDim + 2 * kvDim;
     const group = numHeads / numKvHeads;
     const scale = 1 / Math.sqrt(headDim);
-    const pool = kv.pool;
     let row0 = 0;
     for (const [si, seg] of segments.entries()) {
       const T = seg.tokens.length;
       const P = seg.startPos + T; // keys 0..P-1
-      const Ps = padTo(P, STRIP); // zero keys/values pad the kernel's column strips
-      const blocks = tables[si]!;
-      const kt = this.scratchF32(0, headDim * Ps);
-      const v = this.scratchF32(1, Ps * headDim);
+      // This layer's K/V slabs of the sequence's blocks, copied to the kernel in bulk once;
+      // each KV head's operands are then gathered inside the kernel (this runs every decode step).
       const layerBase = l * 2 * BLOCK_TOKENS * kvDim; // K of this layer within a block; V follows
+      this.gemm.stageKv(kv.pool, tables[si]!, Math.ceil(P / BLOCK_TOKENS), kv.blockFloats, layerBase, kvDim);
       for (let g = 0; g < numKvHeads; g++) {
-        // Gather this KV head's keys (transposed, [headDim][Ps]) and values ([Ps][headDim]),
-        // walking the block table directly (this runs for every decode step).
-        for (let j = 0; j < P; j++) {
-          const kp = blocks[j >> 4]! * kv.blockFloats + layerBase + (j & 15) * kvDim + g * headDim;
-          const vp = kp + BLOCK_TOKENS * kvDim;
-          const vo = j * headDim;
-          for (let e = 0; e < headDim; e++) {
-            kt[e * Ps + j] = pool[kp + e]!;
-            v[vo + e] = pool[vp + e]!;
-          }
-        }
-        for (let e = 0; e < headDim; e++) kt.fill(0, e * Ps + P, (e + 1) * Ps);
-        v.fill(0, P * headDim, Ps * headDim);
         // Query rows in blocks to bound the score matrix.
         for (let t0 = 0; t0 < T; t0 += ATTN_ROW_BLOCK) {
           const t1 = Math.min(T, t0 + ATTN_ROW_BLOCK);
@@ -385,11 +362,10 @@ export class LlamaModel {
               lens[rowi] = seg.startPos + t + 1; // causal: keys 0..pos
             }
           }
-          // Keys after this block's last position are masked for all its rows: skip them.
-          // (Each score is computed independently, so this changes no value.)
-          const Pb = padTo(seg.startPos + t1, STRIP);
+          // Keys after this block's last position are masked for all its rows: they are not
+          // gathered (each score is computed independently, so this changes no value).
           const out = new Float32Array(M * headDim);
-          this.gemm.attend(q, M, headDim, Pb === Ps ? kt : compactColumns(kt, headDim, Ps, Pb), Pb, v, lens, scale, out);
+          this.gemm.attendStaged(q, M, headDim, g * headDim, seg.startPos + t1, lens, scale, out);
           for (let t = t0; t < t1; t++) {
             for (let hi = 0; hi < group; hi++) {
               const src = ((t - t0) * group + hi) * headDim;
@@ -401,15 +377,6 @@ export class LlamaModel {
       row0 += T;
     }
   }
-}
-
-const padTo = (n: number, s: number) => Math.ceil(n / s) * s;
-
-/** The first `cols` columns of a row-major [rows][stride] matrix. */
-function compactColumns(m: Float32Array, rows: number, stride: number, cols: number): Float32Array {
-  const out = new Float32Array(rows * cols);
-  for (let r = 0; r < rows; r++) out.set(m.subarray(r * stride, r * stride + cols), r * cols);
-  return out;
 }
 
 /** Query tokens per attention block (bounds the score matrix to ATTN_ROW_BLOCK*group*P floats). */

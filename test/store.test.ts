@@ -316,6 +316,8 @@ test('LocalDiskBackend restart: wrong magic, header/name key mismatch and bad na
   copyFileSync(join(dir, `${keyOf(1)}.kvc`), join(dir, `${keyOf(7)}.kvc`)); // chunk 1's bytes under key 7's name
   writeFileSync(join(dir, 'not-a-key.kvc'), makeChunk(keyOf(8), 8));
   writeFileSync(join(dir, `${keyOf(0)}.pin`), ''); // a pin marker whose chunk is gone
+  mkdirSync(join(dir, 'stray.kvc.tmp-1-1')); // not a file: cannot be removed, must not stop the open
+  writeFileSync(join(dir, 'stray.kvc.tmp-1-1', 'x'), 'x');
   const b = await LocalDiskBackend.open(dir, 8 * MiB);
   assert.deepEqual(b.keys().sort(), [keyOf(1), keyOf(2)]);
   const drops = new Map(b.droppedAtOpen.map((d) => [d.key, d.reason]));
@@ -323,7 +325,7 @@ test('LocalDiskBackend restart: wrong magic, header/name key mismatch and bad na
   assert.match(drops.get(keyOf(7)) ?? '', new RegExp(`header key ${keyOf(1)} does not match file name`));
   assert.match(drops.get('not-a-key') ?? '', /not a chunk key/);
   assert.equal(b.openProblems.length, 3);
-  assert.deepEqual(readdirSync(dir).sort(), [`${keyOf(1)}.kvc`, `${keyOf(2)}.kvc`], 'bad files and the orphan pin are deleted');
+  assert.deepEqual(readdirSync(dir).sort(), [`${keyOf(1)}.kvc`, `${keyOf(2)}.kvc`, 'stray.kvc.tmp-1-1'], 'bad files and the orphan pin are deleted');
   assert.equal(await b.get(keyOf(7)), null);
   await b.close();
 });

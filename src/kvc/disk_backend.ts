@@ -70,7 +70,7 @@ export class LocalDiskBackend implements StorageBackend {
     for (const name of names) {
       const path = join(this.dir, name);
       if (name.includes('.tmp-')) {
-        await fsp.rm(path, { force: true });
+        await this.rmLogged(path);
         continue;
       }
       if (name.endsWith('.pin')) {
@@ -102,12 +102,12 @@ export class LocalDiskBackend implements StorageBackend {
       } catch (e) {
         const reason = (e as Error).message;
         this.noteOpenDrop(name, key, reason);
-        await fsp.rm(path, { force: true }).catch((err: Error) => log.warn(`could not remove ${path}: ${err.message}`));
+        await this.rmLogged(path);
       }
     }
     found.sort((a, b) => a.mtime - b.mtime);
     for (const f of found) this.index.add(f.key, { bytes: f.bytes, pinned: pins.has(f.key) });
-    for (const p of pins) if (!this.index.get(p)) await fsp.rm(this.pinFile(p), { force: true });
+    for (const p of pins) if (!this.index.get(p)) await this.rmLogged(this.pinFile(p));
     // A smaller capacity than last time: drop the oldest unpinned chunks until it fits, or every
     // unpinned chunk when the pinned ones alone exceed it (pinned chunks are never evicted).
     const used = this.index.bytes;
@@ -138,15 +138,19 @@ export class LocalDiskBackend implements StorageBackend {
     return run;
   }
 
+  /** Removes a file if present; a failure (e.g. a directory by that name) is logged, never thrown. */
+  private async rmLogged(path: string): Promise<void> {
+    try {
+      await fsp.rm(path, { force: true });
+    } catch (e) {
+      log.warn(`could not remove ${path}: ${(e as Error).message}`);
+    }
+  }
+
   /** Removes a chunk's files (the index entry must already be gone). Failures are logged: the index is the truth. */
   private async unlinkFiles(key: ChunkKey): Promise<void> {
-    for (const f of [this.file(key), this.pinFile(key)]) {
-      try {
-        await fsp.rm(f, { force: true });
-      } catch (e) {
-        log.warn(`could not remove ${f}: ${(e as Error).message}`);
-      }
-    }
+    await this.rmLogged(this.file(key));
+    await this.rmLogged(this.pinFile(key));
   }
 
   /** Writes `data` to a new file at `path` and fsyncs it. */

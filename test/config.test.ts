@@ -67,6 +67,16 @@ test('a wrong type names the file, the key, what was expected and what was found
   assert.throws(() => validateCacheConfig({ local_cpu: 'yes' }), /key "local_cpu".*found the string "yes"/);
 });
 
+test('a bad value inside a nested key reports that value, not its container', () => {
+  const p = yaml('nested.yaml', 'xfer_backends: [1]\n');
+  assert.throws(() => loadCacheConfig(p), (e: Error) => {
+    assert.match(e.message, /key "xfer_backends\[0\]": .*found number 1$/);
+    assert.doesNotMatch(e.message, /array/);
+    return true;
+  });
+  assert.throws(() => validateCacheConfig({ xfer_backends: ['tcp', true] }), /key "xfer_backends\[1\]".*found (the )?boolean true/);
+});
+
 test('cross-key rules: receivers need ports, disk needs a directory, unknown backends refused', () => {
   assert.throws(() => validateCacheConfig({ enable_xfer: true, xfer_role: 'receiver', xfer_peer_host: 'h', xfer_peer_init_port: 1 }), /xfer_peer_alloc_port/);
   assert.throws(() => validateCacheConfig({ max_local_disk_size: 1 }), /key "local_disk": required/);

@@ -1,12 +1,13 @@
 // Cache instance storage: LocalCPUBackend, LocalDiskBackend and the tiered KvcStore.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { readdirSync, writeFileSync, readFileSync, truncateSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, readdirSync, writeFileSync, readFileSync, truncateSync, utimesSync } from 'node:fs';
 import { join } from 'node:path';
-import { DType, HEADER_BYTES, encodeChunk, payloadBytes } from '../src/common/chunk.js';
+import { ChunkFormatError, DType, HEADER_BYTES, encodeChunk, payloadBytes } from '../src/common/chunk.js';
 import { chunkKeys } from '../src/common/keys.js';
 import { KvcStore } from '../src/kvc/store.js';
 import { LocalCPUBackend } from '../src/kvc/cpu_backend.js';
+import { LocalDiskBackend } from '../src/kvc/disk_backend.js';
 import { StoreFullError, type KeyEvent } from '../src/kvc/types.js';
 import { tempDir } from './helpers/proc.js';
 
@@ -55,7 +56,7 @@ test('pinned chunks are never evicted; a put fails clearly when only pinned chun
   assert.equal(cpu.pin('ffffffffffffffff'), false, 'pinning an absent key reports false');
 });
 
-test('get copies into the caller buffer; buffers are recycled after eviction', async () => {
+test('LocalCPUBackend get copies into the caller buffer', async () => {
   const cpu = new LocalCPUBackend(2 * 36 * 1024);
   const c = makeChunk(keyOf(1), 7);
   await cpu.put(keyOf(1), c);
@@ -64,8 +65,88 @@ test('get copies into the caller buffer; buffers are recycled after eviction', a
   assert.equal(view!.buffer, dest.buffer);
   assert.deepEqual(view, c);
   await assert.rejects(cpu.get(keyOf(1), new Uint8Array(10)), RangeError);
-  for (let i = 2; i < 20; i++) await cpu.put(keyOf(i), makeChunk(keyOf(i), i));
-  assert.ok(cpu.heldBytes() <= 2 * 36 * 1024);
+});
+
+test('LocalCPUBackend pool: empty when idle, grows on demand, recycles freed buffers', async () => {
+  const CLASS = 36 * 1024; // size class of one test chunk (32 KiB + 64 B header, rounded to 4 KiB)
+  const cpu = new LocalCPUBackend(2 * CLASS);
+  assert.equal(cpu.heldBytes(), 0, 'a fresh backend holds no memory');
+  assert.equal(cpu.poolAllocations(), 0);
+  await cpu.put(keyOf(1), makeChunk(keyOf(1), 1));
+  assert.equal(cpu.heldBytes(), CLASS, 'one buffer after one chunk');
+  await cpu.put(keyOf(2), makeChunk(keyOf(2), 2));
+  assert.equal(cpu.heldBytes(), 2 * CLASS);
+  assert.equal(cpu.poolAllocations(), 2);
+  // Full: the next put evicts chunk 1 and must reuse its very buffer, not allocate.
+  const buf1 = cpu.peek(keyOf(1))!.buffer;
+  await cpu.get(keyOf(2)); // keep 2 most recently used
+  assert.deepEqual(await cpu.put(keyOf(3), makeChunk(keyOf(3), 3)), [keyOf(1)]);
+  assert.equal(cpu.peek(keyOf(3))!.buffer, buf1, "chunk 3 lives in chunk 1's recycled buffer");
+  assert.equal(cpu.poolAllocations(), 2, 'evict + put of the same size allocates nothing');
+  // remove frees a buffer; the next put of that size takes it back.
+  const buf2 = cpu.peek(keyOf(2))!.buffer;
+  assert.ok(await cpu.remove(keyOf(2)));
+  await cpu.put(keyOf(4), makeChunk(keyOf(4), 4));
+  assert.equal(cpu.peek(keyOf(4))!.buffer, buf2);
+  for (let i = 5; i < 30; i++) await cpu.put(keyOf(i), makeChunk(keyOf(i), i));
+  assert.equal(cpu.poolAllocations(), 2, 'a warm pool never allocates again for same-size chunks');
+  assert.equal(cpu.heldBytes(), 2 * CLASS);
+  assert.equal((await cpu.get(keyOf(29)))![HEADER_BYTES], 29, 'recycled buffers hold the new bytes');
+});
+
+test('a put whose chunk header does not carry its key is refused, in every location and in the store', async () => {
+  const good = makeChunk(keyOf(1), 1);
+  const wrongKey = makeChunk(keyOf(2), 2);
+  const cpu = new LocalCPUBackend(4 * 36 * 1024);
+  await assert.rejects(cpu.put(keyOf(1), wrongKey), (e: Error) => e instanceof ChunkFormatError && e.message.includes(`refusing chunk for key ${keyOf(1)}: its header carries key ${keyOf(2)}`));
+  const junk = new Uint8Array(good.byteLength).fill(0x55);
+  await assert.rejects(cpu.put(keyOf(1), junk), /refusing chunk for key 0000000000000001: not a KV chunk \(bad magic\)/);
+  await assert.rejects(cpu.put(keyOf(1), good.subarray(0, good.byteLength - 1)), /refusing chunk for key 0000000000000001: .*header implies/);
+  assert.equal(cpu.stats().chunks, 0);
+  const dir = tempDir();
+  const disk = await LocalDiskBackend.open(dir, 8 * MiB);
+  await assert.rejects(disk.put(keyOf(1), wrongKey), /its header carries key 0000000000000002/);
+  assert.deepEqual(readdirSync(dir), [], 'nothing was written');
+  const store = await KvcStore.create({ local_cpu: true, max_local_cpu_size: gib(MiB), max_local_disk_size: gib(8 * MiB), local_disk: tempDir() });
+  const admitted: string[] = [];
+  store.on('admit', (e) => admitted.push(...e.keys));
+  await assert.rejects(store.put(keyOf(1), wrongKey), ChunkFormatError);
+  await assert.rejects(store.put(keyOf(1), wrongKey, 'LocalDiskBackend'), ChunkFormatError);
+  assert.ok(!store.has(keyOf(1)) && !store.has(keyOf(2)));
+  assert.deepEqual(admitted, []);
+  assert.deepEqual(await store.put(keyOf(1), good), { stored: ['LocalCPUBackend', 'LocalDiskBackend'], failed: [], durable: true });
+  await store.close();
+  await disk.close();
+});
+
+test('lookupPrefixTokens: longest cached prefix in tokens, partial last chunk included', async () => {
+  const store = await KvcStore.create({ local_cpu: true, max_local_cpu_size: gib(MiB), max_local_disk_size: gib(8 * MiB), local_disk: tempDir() });
+  const p = { modelId: 'm', chunkSize: TOKENS, seed: 0n };
+  const tokens = Array.from({ length: 5 * TOKENS + 7 }, (_, i) => (i * 7) % 1000); // 5 full chunks + 7 tokens
+  const spans = chunkKeys(tokens, p);
+  assert.equal(spans.length, 6);
+  const put = async (i: number, loc?: 'LocalCPUBackend' | 'LocalDiskBackend') => {
+    const s = spans[i]!;
+    const n = s.end - s.start;
+    await store.put(s.key, encodeChunk(layout, n, s.key, new Uint8Array(payloadBytes(layout, n)).fill(i)), loc);
+  };
+  assert.equal(store.lookupPrefixTokens(tokens, p), 0, 'nothing cached');
+  for (let i = 0; i < 3; i++) await put(i);
+  assert.equal(store.lookupPrefixTokens(tokens, p), 3 * TOKENS);
+  await put(4); // chunk 3 missing: chunk 4 cannot extend the prefix
+  assert.equal(store.lookupPrefixTokens(tokens, p), 3 * TOKENS);
+  await put(3);
+  assert.equal(store.lookupPrefixTokens(tokens, p), 5 * TOKENS, 'every full chunk, not the missing partial one');
+  await put(5, 'LocalDiskBackend');
+  assert.equal(store.lookupPrefixTokens(tokens, p), tokens.length, 'the stored partial chunk counts its 7 tokens');
+  assert.equal(store.lookupPrefixTokens(tokens, p, 'LocalCPUBackend'), 5 * TOKENS, 'per location');
+  assert.equal(store.lookupPrefixTokens(tokens, { ...p, discardPartialChunks: true }), 5 * TOKENS, 'a discarded partial chunk is never matched');
+  assert.equal(store.lookupPrefixTokens(tokens.slice(0, 2 * TOKENS + 3), p), 2 * TOKENS, 'a shorter prompt keys its own partial chunk');
+  assert.equal(store.lookupPrefixTokens(tokens, { ...p, modelId: 'other' }), 0, 'another model shares nothing');
+  await store.remove(spans[1]!.key, 'LocalCPUBackend');
+  await store.remove(spans[1]!.key, 'LocalDiskBackend');
+  assert.equal(store.lookupPrefixTokens(tokens, p), TOKENS);
+  await store.close();
 });
 
 test('KvcStore: write-through, prefix lookup, admit/evict events, pin per location, clear', async () => {
@@ -76,7 +157,7 @@ test('KvcStore: write-through, prefix lookup, admit/evict events, pin per locati
   store.on('admit', (e) => events.push({ kind: 'admit', ...e }));
   store.on('evict', (e) => events.push({ kind: 'evict', ...e }));
   const keys = chunkKeys(Array.from({ length: 5 * TOKENS }, (_, i) => i), { modelId: 'm', chunkSize: TOKENS, seed: 0n }).map((s) => s.key);
-  for (let i = 0; i < 4; i++) assert.deepEqual(await store.put(keys[i]!, makeChunk(keys[i]!, i)), ['LocalCPUBackend', 'LocalDiskBackend']);
+  for (let i = 0; i < 4; i++) assert.deepEqual(await store.put(keys[i]!, makeChunk(keys[i]!, i)), { stored: ['LocalCPUBackend', 'LocalDiskBackend'], failed: [], durable: true });
   assert.equal(store.lookupPrefix(keys), 4);
   assert.equal(store.lookupPrefix(keys, 'LocalCPUBackend'), 0, 'chunk 0 was evicted from the 3-chunk CPU tier');
   assert.equal(store.lookupPrefix(keys, 'LocalDiskBackend'), 4);
@@ -155,4 +236,146 @@ test('a store with no locations refuses puts clearly', async () => {
   const store = await KvcStore.create({ local_cpu: false, max_local_cpu_size: 0, max_local_disk_size: 0, local_disk: null });
   assert.deepEqual(store.locations(), []);
   await assert.rejects(store.put(keyOf(1), makeChunk(keyOf(1), 1)), /no storage location/);
+});
+
+test('LocalDiskBackend: a chunk pinned while a put is in flight is never evicted by that put', async () => {
+  const dir = tempDir();
+  const size = makeChunk(keyOf(0), 0).byteLength;
+  const disk = await LocalDiskBackend.open(dir, 4 * size);
+  const evicted: string[] = [];
+  for (let i = 0; i < 4; i++) evicted.push(...(await disk.put(keyOf(i), makeChunk(keyOf(i), i))));
+  // A chunk twice the size needs two victims: the LRU ones are 0 and 1.
+  const big = encodeChunk(layout, 2 * TOKENS, keyOf(9), new Uint8Array(payloadBytes(layout, 2 * TOKENS)).fill(9));
+  let settled = false;
+  const putting = disk.put(keyOf(9), big).finally(() => (settled = true));
+  // Pin chunk 1 as soon as the put has started, and again at every turn of the event loop until
+  // it finishes: whenever pin() says yes, the chunk must survive.
+  let pinned = false;
+  await null;
+  do {
+    if (!pinned && disk.has(keyOf(1))) pinned = disk.pin(keyOf(1));
+    await new Promise(setImmediate);
+  } while (!settled);
+  evicted.push(...(await putting));
+  assert.ok(pinned, 'the pin landed while the put was in flight');
+  assert.ok(disk.has(keyOf(1)) && disk.isPinned(keyOf(1)), 'pinned chunk 1 is still indexed');
+  assert.ok(existsSync(join(dir, `${keyOf(1)}.kvc`)), 'and its file is still there');
+  assert.ok(!evicted.includes(keyOf(1)));
+  assert.deepEqual(evicted.sort(), [keyOf(0), keyOf(2)], 'the put took the next unpinned LRU chunk instead');
+  assert.ok(disk.stats().usedBytes <= 4 * size);
+  assert.deepEqual(await disk.get(keyOf(1)), makeChunk(keyOf(1), 1));
+  await disk.close();
+});
+
+test('LocalDiskBackend: a failed write evicts nothing; write-through says the chunk is not durable', async () => {
+  const dir = tempDir();
+  const size = makeChunk(keyOf(0), 0).byteLength;
+  const store = await KvcStore.create({ local_cpu: false, max_local_cpu_size: 0, max_local_disk_size: gib(3 * size), local_disk: dir });
+  const reported: string[] = [];
+  store.on('evict', (e) => reported.push(...e.keys));
+  for (let i = 0; i < 3; i++) await store.put(keyOf(i), makeChunk(keyOf(i), i));
+  // A directory where chunk 3's file must go: the rename into place fails (EISDIR), for real.
+  mkdirSync(join(dir, `${keyOf(3)}.kvc`));
+  writeFileSync(join(dir, `${keyOf(3)}.kvc`, 'x'), 'x');
+  const before = store.keys('LocalDiskBackend');
+  await assert.rejects(store.put(keyOf(3), makeChunk(keyOf(3), 3)));
+  const after = store.keys('LocalDiskBackend');
+  const dropped = before.filter((k) => !after.includes(k));
+  assert.deepEqual(dropped.filter((k) => !reported.includes(k)), [], 'every chunk that left the index was reported');
+  assert.deepEqual(after.sort(), [0, 1, 2].map(keyOf), 'a put that failed evicted nothing');
+  for (let i = 0; i < 3; i++) assert.deepEqual(await store.get(keyOf(i)), makeChunk(keyOf(i), i), `chunk ${i} still served`);
+  assert.ok(!readdirSync(dir).some((n) => n.includes('.tmp-')), 'no temporary file left behind');
+  await store.close();
+
+  // Same failure under write-through with a CPU tier: the put resolves (memory has it) but says
+  // which tier refused and that the chunk is not durable.
+  // (Reopening also shows that a directory named like a chunk is ignored, not indexed or deleted.)
+  const both = await KvcStore.create({ local_cpu: true, max_local_cpu_size: gib(MiB), max_local_disk_size: gib(3 * size), local_disk: dir });
+  assert.ok(existsSync(join(dir, `${keyOf(3)}.kvc`, 'x')));
+  assert.ok(!both.has(keyOf(3)));
+  const r = await both.put(keyOf(3), makeChunk(keyOf(3), 3));
+  assert.deepEqual(r.stored, ['LocalCPUBackend']);
+  assert.equal(r.durable, false);
+  assert.equal(r.failed.length, 1);
+  assert.equal(r.failed[0]!.location, 'LocalDiskBackend');
+  assert.match(r.failed[0]!.error, /EISDIR|directory/i);
+  assert.ok(!both.has(keyOf(3), 'LocalDiskBackend'));
+  const ok = await both.put(keyOf(4), makeChunk(keyOf(4), 4));
+  assert.deepEqual(ok, { stored: ['LocalCPUBackend', 'LocalDiskBackend'], failed: [], durable: true });
+  await both.close();
+});
+
+test('LocalDiskBackend restart: wrong magic, header/name key mismatch and bad names are deleted and reported', async () => {
+  const dir = tempDir();
+  const a = await LocalDiskBackend.open(dir, 8 * MiB);
+  for (let i = 0; i < 3; i++) await a.put(keyOf(i), makeChunk(keyOf(i), i));
+  await a.close();
+  const junk = readFileSync(join(dir, `${keyOf(0)}.kvc`));
+  junk.writeUInt32LE(0xdeadbeef, 0); // wrong magic, right length
+  writeFileSync(join(dir, `${keyOf(0)}.kvc`), junk);
+  copyFileSync(join(dir, `${keyOf(1)}.kvc`), join(dir, `${keyOf(7)}.kvc`)); // chunk 1's bytes under key 7's name
+  writeFileSync(join(dir, 'not-a-key.kvc'), makeChunk(keyOf(8), 8));
+  writeFileSync(join(dir, `${keyOf(0)}.pin`), ''); // a pin marker whose chunk is gone
+  mkdirSync(join(dir, 'stray.kvc.tmp-1-1')); // not a file: cannot be removed, must not stop the open
+  writeFileSync(join(dir, 'stray.kvc.tmp-1-1', 'x'), 'x');
+  const b = await LocalDiskBackend.open(dir, 8 * MiB);
+  assert.deepEqual(b.keys().sort(), [keyOf(1), keyOf(2)]);
+  const drops = new Map(b.droppedAtOpen.map((d) => [d.key, d.reason]));
+  assert.match(drops.get(keyOf(0)) ?? '', /bad magic/);
+  assert.match(drops.get(keyOf(7)) ?? '', new RegExp(`header key ${keyOf(1)} does not match file name`));
+  assert.match(drops.get('not-a-key') ?? '', /not a chunk key/);
+  assert.equal(b.openProblems.length, 3);
+  assert.deepEqual(readdirSync(dir).sort(), [`${keyOf(1)}.kvc`, `${keyOf(2)}.kvc`, 'stray.kvc.tmp-1-1'], 'bad files and the orphan pin are deleted');
+  assert.equal(await b.get(keyOf(7)), null);
+  await b.close();
+});
+
+test('LocalDiskBackend restart with a smaller capacity drops oldest unpinned chunks, or all of them when pins exceed it', async () => {
+  const dir = tempDir();
+  const size = makeChunk(keyOf(0), 0).byteLength;
+  const a = await LocalDiskBackend.open(dir, 6 * size);
+  for (let i = 0; i < 6; i++) await a.put(keyOf(i), makeChunk(keyOf(i), i));
+  assert.ok(a.pin(keyOf(0)) && a.pin(keyOf(4)));
+  await a.close();
+  // Recency after a restart comes from mtime: make it explicit (chunk i last used at t0 + i s).
+  const t0 = Date.now() / 1000 - 3600;
+  for (let i = 0; i < 6; i++) utimesSync(join(dir, `${keyOf(i)}.kvc`), t0 + i, t0 + i);
+  const b = await LocalDiskBackend.open(dir, 3 * size);
+  assert.deepEqual(b.keys().sort(), [0, 4, 5].map(keyOf), 'oldest unpinned 1, 2, 3 dropped; pinned 0 and 4 kept');
+  assert.deepEqual(b.droppedAtOpen.map((d) => d.key), [1, 2, 3].map(keyOf));
+  assert.match(b.droppedAtOpen[0]!.reason, /over capacity/);
+  assert.ok(b.stats().usedBytes <= 3 * size);
+  assert.ok(b.isPinned(keyOf(0)) && b.isPinned(keyOf(4)));
+  await b.close();
+  // Now the two pinned chunks alone exceed a one-chunk capacity: every unpinned chunk goes.
+  const c = await LocalDiskBackend.open(dir, size);
+  assert.deepEqual(c.keys().sort(), [0, 4].map(keyOf));
+  assert.deepEqual(c.droppedAtOpen.map((d) => d.key), [keyOf(5)]);
+  assert.ok(c.openProblems.some((p) => /pinned chunks use \d+ bytes, more than the capacity/.test(p)));
+  assert.deepEqual(readdirSync(dir).filter((n) => n.endsWith('.kvc')).sort(), [0, 4].map((i) => `${keyOf(i)}.kvc`));
+  await assert.rejects(c.put(keyOf(9), makeChunk(keyOf(9), 9)), StoreFullError);
+  await c.close();
+});
+
+test('LocalDiskBackend get copies into the caller buffer; an all-pinned put names the reason', async () => {
+  const dir = tempDir();
+  const size = makeChunk(keyOf(0), 0).byteLength;
+  const store = await KvcStore.create({ local_cpu: false, max_local_cpu_size: 0, max_local_disk_size: gib(2 * size), local_disk: dir });
+  await store.put(keyOf(1), makeChunk(keyOf(1), 1));
+  await store.put(keyOf(2), makeChunk(keyOf(2), 2));
+  const dest = new Uint8Array(size + 100).fill(0xee);
+  const view = await store.get(keyOf(1), dest, 'LocalDiskBackend');
+  assert.equal(view!.buffer, dest.buffer, 'the bytes land in the caller buffer');
+  assert.equal(view!.byteOffset, dest.byteOffset);
+  assert.deepEqual(view, makeChunk(keyOf(1), 1));
+  assert.equal(dest[size], 0xee, 'nothing written past the chunk');
+  await assert.rejects(store.get(keyOf(1), new Uint8Array(size - 1), 'LocalDiskBackend'), /destination of \d+ bytes is too small for chunk 0000000000000001/);
+  assert.ok(store.pin(keyOf(1), 'LocalDiskBackend') && store.pin(keyOf(2), 'LocalDiskBackend'));
+  await assert.rejects(store.put(keyOf(3), makeChunk(keyOf(3), 3)), (e: Error) => {
+    assert.ok(e instanceof StoreFullError);
+    assert.match(e.message, new RegExp(`^LocalDiskBackend is full: ${2 * size} of ${2 * size} bytes used and 2 pinned chunk\\(s\\) cannot be evicted to store chunk ${keyOf(3)}$`));
+    return true;
+  });
+  assert.ok(!existsSync(join(dir, `${keyOf(3)}.kvc`)));
+  await store.close();
 });

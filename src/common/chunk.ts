@@ -118,6 +118,26 @@ export function readHeader(buf: Uint8Array): ChunkHeader {
 }
 
 /**
+ * Cheap check (header and length, no checksum) that `buf` is a chunk for `key`: what a store does
+ * before accepting a put, so a chunk can never be filed under another prefix's key. The checksum is
+ * left to the hops that move bytes between processes and to disk reads (verifyChunk).
+ * Throws ChunkFormatError naming the key and what is wrong.
+ */
+export function checkChunkFor(buf: Uint8Array, key: string): ChunkHeader {
+  let h: ChunkHeader;
+  try {
+    h = readHeader(buf);
+  } catch (e) {
+    throw new ChunkFormatError(`refusing chunk for key ${key}: ${(e as Error).message}`);
+  }
+  if (h.key !== key) throw new ChunkFormatError(`refusing chunk for key ${key}: its header carries key ${h.key}`);
+  if (buf.byteLength !== HEADER_BYTES + h.payloadBytes) {
+    throw new ChunkFormatError(`refusing chunk for key ${key}: ${buf.byteLength} bytes, its header implies ${HEADER_BYTES + h.payloadBytes}`);
+  }
+  return h;
+}
+
+/**
  * Full check used on every hop between processes and every disk read: header, length, checksum
  * and (when given) the expected key. Returns the header; throws ChunkFormatError on any mismatch.
  */

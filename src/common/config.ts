@@ -6,7 +6,7 @@ import { readFileSync } from 'node:fs';
 import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 import { describeValue } from './errors.js';
-import { fieldPath } from './validate.js';
+import { fieldPath, valueAt } from './validate.js';
 
 export class ConfigError extends Error {
   override name = 'ConfigError';
@@ -93,7 +93,8 @@ function validateObject<S extends z.ZodObject>(schema: S, raw: unknown, source: 
   const r = schema.safeParse(obj);
   if (!r.success) {
     const issue = r.error.issues[0]!;
-    const found = issue.path.length ? obj[issue.path[0] as string] : obj;
+    // Walk the whole path: for `xfer_backends: [1]` the offending value is the element 1, not the array.
+    const found = valueAt(obj, issue.path);
     throw new ConfigError(`${source}: key "${fieldPath(issue.path)}": ${issue.message}; found ${describeValue(found)}`);
   }
   return { config: r.data as z.infer<S>, warnings };
@@ -181,8 +182,7 @@ export function parseConnectorConfig(json: string, source = '--kv-transfer-confi
   const r = connectorConfigSchema.safeParse(raw);
   if (!r.success) {
     const issue = r.error.issues[0]!;
-    let found: unknown = raw;
-    for (const p of issue.path) found = (found as Record<string, unknown> | undefined)?.[p as string];
+    const found = valueAt(raw, issue.path);
     throw new ConfigError(`${source}: key "${fieldPath(issue.path)}": ${issue.message}; found ${describeValue(found)}`);
   }
   return { config: r.data, warnings };

@@ -3,13 +3,14 @@
 import { z } from 'zod';
 import { badRequest, describeValue } from './errors.js';
 
-export function fieldPath(path: PropertyKey[]): string {
+export function fieldPath(path: readonly PropertyKey[]): string {
   let out = '';
   for (const p of path) out += typeof p === 'number' ? `[${p}]` : out ? `.${String(p)}` : String(p);
   return out || '(body)';
 }
 
-function valueAt(input: unknown, path: PropertyKey[]): unknown {
+/** The value at `path` (e.g. a zod issue's path) inside `input`, walking every element; undefined when absent. */
+export function valueAt(input: unknown, path: readonly PropertyKey[]): unknown {
   let cur: unknown = input;
   for (const p of path) {
     if (cur === null || typeof cur !== 'object') return undefined;

@@ -16,6 +16,8 @@ export class BufferPool {
   private freeBytes = 0;
   /** Bytes handed out and not yet returned. */
   private liveBytes = 0;
+  /** Buffers obtained from the allocator so far (a recycled buffer does not count): for metrics and tests. */
+  allocations = 0;
 
   constructor(readonly budgetBytes: number) {}
 
@@ -51,6 +53,7 @@ export class BufferPool {
       }
     }
     this.liveBytes += cls;
+    this.allocations++;
     // allocUnsafe: the chunk is written in full right after; zero-filling would double the cost.
     const b = Buffer.allocUnsafeSlow(cls);
     return new Uint8Array(b.buffer, b.byteOffset, cls);

@@ -2,6 +2,7 @@
 // Memory comes from a BufferPool (grown on demand, recycled on eviction); eviction is
 // LRU over unpinned chunks. All operations are synchronous inside, so each one is atomic
 // with respect to the event loop; the async signatures match the StorageBackend contract.
+import { checkChunkFor } from '../common/chunk.js';
 import type { ChunkKey } from '../common/keys.js';
 import { BufferPool, sizeClass } from './buffer_pool.js';
 import { LruIndex, type Entry } from './lru_index.js';
@@ -43,7 +44,13 @@ export class LocalCPUBackend implements StorageBackend {
     return this.putSync(key, chunk);
   }
 
+  /**
+   * Stores a copy of `chunk` under `key` and returns the keys evicted to make room.
+   * The chunk's header must carry `key` (ChunkFormatError otherwise: a chunk filed under another
+   * prefix's key would be served for the wrong prompt).
+   */
   putSync(key: ChunkKey, chunk: Uint8Array): ChunkKey[] {
+    checkChunkFor(chunk, key);
     if (this.index.touch(key)) return []; // same key ⇒ same prefix ⇒ same bytes
     const cls = sizeClass(chunk.byteLength);
     if (cls > this.capacityBytes) {
@@ -57,7 +64,9 @@ export class LocalCPUBackend implements StorageBackend {
     }
     for (const v of victims) this.pool.release(this.index.delete(v)!.buf);
     const buf = this.pool.acquire(cls);
-    if (!buf) throw new StoreFullError(`LocalCPUBackend could not allocate ${cls} bytes within its budget`); // unreachable by construction
+    // Unreachable by construction (the index counts exactly the pool's live bytes); the victims are
+    // already gone, so the error carries them for the store to report.
+    if (!buf) throw new StoreFullError(`LocalCPUBackend could not allocate ${cls} bytes within its budget`, victims);
     buf.set(chunk, 0);
     this.index.add(key, { buf, length: chunk.byteLength, bytes: cls, pinned: false });
     return victims;
@@ -112,6 +121,11 @@ export class LocalCPUBackend implements StorageBackend {
   /** Memory the pool holds, including idle recycled buffers (for metrics). */
   heldBytes(): number {
     return this.pool.heldBytes;
+  }
+
+  /** Buffers the pool has obtained from the allocator so far; recycling a freed buffer does not add one. */
+  poolAllocations(): number {
+    return this.pool.allocations;
   }
 
   async close(): Promise<void> {

@@ -1,16 +1,23 @@
 // LocalDiskBackend: one file per chunk under `local_disk`, bounded by max_local_disk_size.
 //
-// - Writes are atomic: the chunk goes to a temporary file that is renamed into place, so a
-//   reader or a restart never sees half a chunk.
+// - Writes are atomic and durable: the chunk goes to a temporary file that is fsynced, renamed
+//   into place, and the directory fsynced; only then does the put resolve. A reader or a restart
+//   never sees half a chunk, and an acknowledged chunk survives a restart.
+// - Eviction happens only once the new chunk is safely in place: victims are chosen and taken out
+//   of the index in one synchronous step after the write (so a pin() that landed during the write
+//   is honoured, and a pin() after it finds the victim already gone), then their files are removed.
+//   A put that fails has evicted nothing.
 // - The index is rebuilt from the directory at start (recency from mtime); a file whose
-//   header, length or name disagree is dropped and reported, never served.
+//   header, length or name disagree is dropped and reported, never served. If the capacity shrank,
+//   the oldest unpinned chunks are dropped until it fits (all of them if the pinned ones alone
+//   exceed it).
 // - The payload checksum is verified on every read; a corrupt file is deleted and reported.
 // - Pins persist as empty `<key>.pin` marker files, so a pinned chunk stays pinned across restarts.
 // Mutations are serialized by a small promise queue; reads run concurrently (a read racing
 // with an eviction simply misses).
 import { promises as fsp, mkdirSync, writeFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
-import { ChunkFormatError, HEADER_BYTES, readHeader, verifyChunk } from '../common/chunk.js';
+import { ChunkFormatError, HEADER_BYTES, checkChunkFor, readHeader, verifyChunk } from '../common/chunk.js';
 import type { ChunkKey } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import { LruIndex, type Entry } from './lru_index.js';
@@ -28,6 +35,12 @@ export class LocalDiskBackend implements StorageBackend {
   onDrop: (keys: ChunkKey[], reason: string) => void = () => {};
   /** Problems found while opening the directory (for logs and tests). */
   readonly openProblems: string[] = [];
+  /**
+   * Chunks found in the directory at open and deleted (bad file, or over a smaller capacity).
+   * The controller learns the surviving set from the full key list every instance sends on
+   * registration; this list is for logs, metrics and tests.
+   */
+  readonly droppedAtOpen: { key: string; reason: string }[] = [];
 
   private constructor(
     readonly dir: string,
@@ -57,7 +70,7 @@ export class LocalDiskBackend implements StorageBackend {
     for (const name of names) {
       const path = join(this.dir, name);
       if (name.includes('.tmp-')) {
-        await fsp.rm(path, { force: true });
+        await this.rmLogged(path);
         continue;
       }
       if (name.endsWith('.pin')) {
@@ -69,6 +82,13 @@ export class LocalDiskBackend implements StorageBackend {
       try {
         if (!KEY_RE.test(key)) throw new ChunkFormatError('file name is not a chunk key');
         const st = await fsp.stat(path);
+        if (!st.isFile()) {
+          // Not ours to delete (a directory or device named like a chunk): never indexed, left in place.
+          const msg = `ignored ${name}: not a regular file`;
+          this.openProblems.push(msg);
+          log.warn(msg);
+          continue;
+        }
         const fh = await fsp.open(path, 'r');
         try {
           const { bytesRead } = await fh.read(header, 0, HEADER_BYTES, 0);
@@ -80,21 +100,36 @@ export class LocalDiskBackend implements StorageBackend {
         }
         found.push({ key, bytes: st.size, mtime: st.mtimeMs });
       } catch (e) {
-        const msg = `dropped ${name}: ${(e as Error).message}`;
-        this.openProblems.push(msg);
-        log.warn(msg);
-        await fsp.rm(path, { force: true });
+        const reason = (e as Error).message;
+        this.noteOpenDrop(name, key, reason);
+        await this.rmLogged(path);
       }
     }
     found.sort((a, b) => a.mtime - b.mtime);
     for (const f of found) this.index.add(f.key, { bytes: f.bytes, pinned: pins.has(f.key) });
-    for (const p of pins) if (!this.index.get(p)) await fsp.rm(this.pinFile(p), { force: true });
-    // A smaller capacity than last time: evict the oldest unpinned chunks until it fits.
-    const victims = this.index.victims(0, this.capacityBytes) ?? [];
-    for (const v of victims) await this.unlinkEntry(v);
-    if (this.index.bytes > this.capacityBytes) {
-      this.openProblems.push(`pinned chunks use ${this.index.bytes} bytes, more than the capacity ${this.capacityBytes}`);
+    for (const p of pins) if (!this.index.get(p)) await this.rmLogged(this.pinFile(p));
+    // A smaller capacity than last time: drop the oldest unpinned chunks until it fits, or every
+    // unpinned chunk when the pinned ones alone exceed it (pinned chunks are never evicted).
+    const used = this.index.bytes;
+    if (used > this.capacityBytes) {
+      const victims = this.index.victims(0, this.capacityBytes) ?? this.index.unpinnedKeys();
+      for (const v of victims) this.index.delete(v);
+      for (const v of victims) {
+        this.noteOpenDrop(`${v}.kvc`, v, `over capacity: ${used} bytes on disk, capacity ${this.capacityBytes}`);
+        await this.unlinkFiles(v);
+      }
+      if (this.index.bytes > this.capacityBytes) {
+        this.openProblems.push(`pinned chunks use ${this.index.bytes} bytes, more than the capacity ${this.capacityBytes}; new puts fail until some are unpinned`);
+        log.warn(this.openProblems[this.openProblems.length - 1]!);
+      }
     }
+  }
+
+  private noteOpenDrop(name: string, key: string, reason: string): void {
+    const msg = `dropped ${name}: ${reason}`;
+    this.openProblems.push(msg);
+    this.droppedAtOpen.push({ key, reason });
+    log.warn(msg);
   }
 
   private serialize<T>(fn: () => Promise<T>): Promise<T> {
@@ -103,10 +138,54 @@ export class LocalDiskBackend implements StorageBackend {
     return run;
   }
 
-  private async unlinkEntry(key: ChunkKey): Promise<void> {
-    this.index.delete(key);
-    await fsp.rm(this.file(key), { force: true });
-    await fsp.rm(this.pinFile(key), { force: true });
+  /** Removes a file if present; a failure (e.g. a directory by that name) is logged, never thrown. */
+  private async rmLogged(path: string): Promise<void> {
+    try {
+      await fsp.rm(path, { force: true });
+    } catch (e) {
+      log.warn(`could not remove ${path}: ${(e as Error).message}`);
+    }
+  }
+
+  /** Removes a chunk's files (the index entry must already be gone). Failures are logged: the index is the truth. */
+  private async unlinkFiles(key: ChunkKey): Promise<void> {
+    await this.rmLogged(this.file(key));
+    await this.rmLogged(this.pinFile(key));
+  }
+
+  /** Writes `data` to a new file at `path` and fsyncs it. */
+  private async writeDurably(path: string, data: Uint8Array): Promise<void> {
+    const fh = await fsp.open(path, 'wx');
+    try {
+      await fh.writeFile(data);
+      await fh.datasync();
+    } finally {
+      await fh.close();
+    }
+  }
+
+  /** Makes a rename in the directory durable (a no-op where directories cannot be fsynced). */
+  private async syncDir(): Promise<void> {
+    let fh: fsp.FileHandle;
+    try {
+      fh = await fsp.open(this.dir, 'r');
+    } catch {
+      return;
+    }
+    try {
+      await fh.sync();
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code;
+      if (code !== 'EISDIR' && code !== 'EINVAL' && code !== 'EPERM') throw e;
+    } finally {
+      await fh.close();
+    }
+  }
+
+  private fullError(key: ChunkKey): StoreFullError {
+    return new StoreFullError(
+      `LocalDiskBackend is full: ${this.index.bytes} of ${this.capacityBytes} bytes used and ${this.index.pinnedCount} pinned chunk(s) cannot be evicted to store chunk ${key}`,
+    );
   }
 
   has(key: ChunkKey): boolean {
@@ -117,29 +196,43 @@ export class LocalDiskBackend implements StorageBackend {
     return this.index.get(key)?.bytes ?? -1;
   }
 
+  /**
+   * Stores `chunk` (whose header must carry `key`). Order: write a temporary file and fsync it,
+   * rename it into place and fsync the directory, then, in one synchronous step, choose the LRU
+   * victims, take them out of the index and index the new chunk; finally remove the victims'
+   * files. So a put that throws has evicted nothing, and a put that resolves is on disk. While a
+   * put is in flight the directory may hold one chunk more than the capacity; the index (what is
+   * served and counted) never exceeds it.
+   */
   put(key: ChunkKey, chunk: Uint8Array): Promise<ChunkKey[]> {
     return this.serialize(async () => {
+      checkChunkFor(chunk, key);
       if (this.index.touch(key)) return [];
       const size = chunk.byteLength;
       if (size > this.capacityBytes) {
         throw new StoreFullError(`chunk ${key} (${size} bytes) is larger than LocalDiskBackend capacity (${this.capacityBytes} bytes)`);
       }
-      const victims = this.index.victims(size, this.capacityBytes);
-      if (victims === null) {
-        throw new StoreFullError(
-          `LocalDiskBackend is full: ${this.index.bytes} of ${this.capacityBytes} bytes used and ${this.index.pinnedCount} pinned chunk(s) cannot be evicted to store chunk ${key}`,
-        );
-      }
-      for (const v of victims) await this.unlinkEntry(v);
+      if (this.index.victims(size, this.capacityBytes) === null) throw this.fullError(key); // don't write in vain
       const tmp = join(this.dir, `${key}.kvc.tmp-${process.pid}-${this.tmpSeq++}`);
+      const path = this.file(key);
       try {
-        await fsp.writeFile(tmp, chunk);
-        await fsp.rename(tmp, this.file(key));
+        await this.writeDurably(tmp, chunk);
+        await fsp.rename(tmp, path);
+        await this.syncDir();
       } catch (e) {
-        await fsp.rm(tmp, { force: true });
+        await fsp.rm(tmp, { force: true }).catch(() => undefined);
         throw e;
       }
+      // Commit (no await until the index is consistent again). Victims are chosen only now, so a
+      // chunk pinned while the file was being written is not among them.
+      const victims = this.index.victims(size, this.capacityBytes);
+      if (victims === null) {
+        await fsp.rm(path, { force: true }).catch(() => undefined);
+        throw this.fullError(key);
+      }
+      for (const v of victims) this.index.delete(v);
       this.index.add(key, { bytes: size, pinned: false });
+      for (const v of victims) await this.unlinkFiles(v);
       return victims;
     });
   }
@@ -168,8 +261,14 @@ export class LocalDiskBackend implements StorageBackend {
     } catch (err) {
       const reason = `corrupt chunk file ${key}.kvc: ${(err as Error).message}`;
       log.warn(`${reason}; dropped`);
-      await this.serialize(() => this.unlinkEntry(key));
-      this.onDrop([key], reason);
+      // Drop exactly the entry that was read (not one evicted and re-stored meanwhile), and report it once.
+      const dropped = await this.serialize(async () => {
+        if (this.index.get(key) !== e) return false;
+        this.index.delete(key);
+        await this.unlinkFiles(key);
+        return true;
+      });
+      if (dropped) this.onDrop([key], reason);
       return null;
     } finally {
       await fh.close();
@@ -194,8 +293,8 @@ export class LocalDiskBackend implements StorageBackend {
 
   remove(key: ChunkKey): Promise<boolean> {
     return this.serialize(async () => {
-      if (!this.index.get(key)) return false;
-      await this.unlinkEntry(key);
+      if (!this.index.delete(key)) return false;
+      await this.unlinkFiles(key);
       return true;
     });
   }
@@ -203,7 +302,8 @@ export class LocalDiskBackend implements StorageBackend {
   clear(): Promise<ChunkKey[]> {
     return this.serialize(async () => {
       const keys = this.index.keys();
-      for (const k of keys) await this.unlinkEntry(k);
+      for (const k of keys) this.index.delete(k);
+      for (const k of keys) await this.unlinkFiles(k);
       return keys;
     });
   }
@@ -216,7 +316,7 @@ export class LocalDiskBackend implements StorageBackend {
     return this.index.stats(this.location, this.capacityBytes);
   }
 
-  /** Waits for queued writes; files are complete and renamed, so the tier survives a restart. */
+  /** Waits for queued writes; every acknowledged chunk is fsynced and renamed, so the tier survives a restart. */
   async close(): Promise<void> {
     await this.serialize(async () => undefined);
   }

@@ -80,6 +80,13 @@ export class LruIndex<E extends Entry> {
     return null;
   }
 
+  /** Every unpinned key, least recently used first. */
+  unpinnedKeys(): ChunkKey[] {
+    const out: ChunkKey[] = [];
+    for (const [k, e] of this.map) if (!e.pinned) out.push(k);
+    return out;
+  }
+
   keys(): ChunkKey[] {
     return [...this.map.keys()];
   }

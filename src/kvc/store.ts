@@ -1,8 +1,9 @@
 // KvcStore: the tiered store of one cache instance over its configured locations
 // (LocalCPUBackend, LocalDiskBackend). It is what the engine connector, the controller
 // worker and xfer use; backends stay simple and the policies live here:
-//  - put without a location writes through to every configured location (a chunk
-//    acknowledged is then durable on disk too, when the disk tier is on);
+//  - put checks that the chunk's header carries the key it is stored under, then, without a
+//    location, writes through to every configured location; the result says which locations
+//    hold it and whether it is durable (on the disk tier: fsynced, survives a restart);
 //  - get reads the fastest location first and promotes a disk hit into CPU memory;
 //  - every admission and eviction is emitted as a batched {location, keys} event, which
 //    the controller client forwards so the global index stays exact.
@@ -10,13 +11,28 @@ import { EventEmitter } from 'node:events';
 import type { CacheConfig } from '../common/config.js';
 import { gibToBytes } from '../common/config.js';
 import { notFound } from '../common/errors.js';
-import type { ChunkKey } from '../common/keys.js';
+import { checkChunkFor } from '../common/chunk.js';
+import { halvesToHex, keyHalves, type ChunkKey, type KeyParams } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import { LocalCPUBackend } from './cpu_backend.js';
 import { LocalDiskBackend } from './disk_backend.js';
 import { LOCATIONS, StoreFullError, type BackendStats, type KeyEvent, type LocationName, type StorageBackend } from './types.js';
 
 const log = logger('kvc.store');
+
+/** What a put did, location by location. */
+export interface PutResult {
+  /** Locations that hold the chunk afterwards, fastest first. */
+  stored: LocationName[];
+  /** Locations that refused it (write-through only; with an explicit location a refusal throws). */
+  failed: { location: LocationName; error: string }[];
+  /**
+   * True when the chunk is on LocalDiskBackend (fsynced and renamed into place, so it survives a
+   * restart). False when the disk tier is not configured, was not targeted, or refused the chunk:
+   * then the chunk lives only in memory.
+   */
+  durable: boolean;
+}
 
 export interface StoreEvents {
   admit: [KeyEvent];
@@ -74,6 +90,22 @@ export class KvcStore extends EventEmitter<StoreEvents> {
     return n;
   }
 
+  /**
+   * The longest cached prefix of a token list, in tokens: the prompt is split and keyed exactly as
+   * the engine saves it (src/common/keys.ts, `p` = model, chunk size, seed, partial-chunk rule),
+   * and the result is where the last present leading chunk ends. A stored partial last chunk counts
+   * its own length, so a fully cached prompt returns `tokens.length`.
+   */
+  lookupPrefixTokens(tokens: ArrayLike<number>, p: KeyParams, loc?: LocationName): number {
+    const k = keyHalves(tokens, p);
+    let matched = 0;
+    for (let i = 0; i < k.count; i++) {
+      if (!this.has(halvesToHex(k.hi[i]!, k.lo[i]!), loc)) break;
+      matched = k.ends[i]!;
+    }
+    return matched;
+  }
+
   /** Size in bytes of a stored chunk (first location holding it), or -1. */
   sizeOf(key: ChunkKey, loc?: LocationName): number {
     for (const b of loc ? [this.backend(loc)] : this.backends.values()) {
@@ -84,15 +116,19 @@ export class KvcStore extends EventEmitter<StoreEvents> {
   }
 
   /**
-   * Stores `chunk` in `loc`, or in every configured location when `loc` is omitted.
-   * With an explicit location a failure throws. Write-through succeeds when at least one
-   * location stored the chunk (a full CPU tier does not lose a chunk the disk kept).
-   * Returns the locations that hold the chunk afterwards.
+   * Stores `chunk` under `key` in `loc`, or in every configured location when `loc` is omitted.
+   * The chunk's header must carry `key` (ChunkFormatError otherwise, before any location is touched).
+   * With an explicit location a refusal throws. Write-through resolves when at least one location
+   * stored the chunk (a CPU tier full of pinned chunks does not lose a chunk the disk kept) and throws
+   * the first error when none did; the result lists the refusals, and `durable` is false whenever the
+   * disk tier did not store it, so a caller never mistakes a memory-only copy for a durable one.
+   * Chunks evicted to make room are emitted as 'evict' (also when the put then fails).
    */
-  async put(key: ChunkKey, chunk: Uint8Array, loc?: LocationName): Promise<LocationName[]> {
+  async put(key: ChunkKey, chunk: Uint8Array, loc?: LocationName): Promise<PutResult> {
+    checkChunkFor(chunk, key);
     const targets = loc ? [this.backend(loc)] : [...this.backends.values()];
     if (targets.length === 0) throw new StoreFullError('no storage location is configured on this instance');
-    const stored: LocationName[] = [];
+    const result: PutResult = { stored: [], failed: [], durable: false };
     let firstError: unknown;
     for (const b of targets) {
       const had = b.has(key);
@@ -100,15 +136,22 @@ export class KvcStore extends EventEmitter<StoreEvents> {
         const evicted = await b.put(key, chunk);
         if (evicted.length) this.emit('evict', { location: b.location, keys: evicted });
         if (!had) this.emit('admit', { location: b.location, keys: [key] });
-        stored.push(b.location);
+        result.stored.push(b.location);
+        if (b.location === 'LocalDiskBackend') result.durable = true;
       } catch (e) {
+        if (e instanceof StoreFullError && e.evicted.length) this.emit('evict', { location: b.location, keys: e.evicted });
         if (loc) throw e;
         firstError ??= e;
-        log.debug(`write-through to ${b.location} failed for ${key}: ${(e as Error).message}`);
+        result.failed.push({ location: b.location, error: (e as Error).message });
       }
     }
-    if (!stored.length) throw firstError;
-    return stored;
+    if (!result.stored.length) throw firstError;
+    for (const f of result.failed) {
+      // A disk refusal means the chunk is not durable: worth an operator's attention.
+      if (f.location === 'LocalDiskBackend') log.warn(`chunk ${key} not written to LocalDiskBackend (kept only in memory): ${f.error}`);
+      else log.debug(`write-through to ${f.location} failed for ${key}: ${f.error}`);
+    }
+    return result;
   }
 
   /**

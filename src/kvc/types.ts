@@ -12,6 +12,13 @@ export function isLocationName(s: string): s is LocationName {
 /** Thrown when a put cannot make room because everything that remains is pinned (or the chunk exceeds capacity). */
 export class StoreFullError extends Error {
   override name = 'StoreFullError';
+  constructor(
+    message: string,
+    /** Chunks that had already left the location when the put failed (normally none); the store reports them. */
+    readonly evicted: ChunkKey[] = [],
+  ) {
+    super(message);
+  }
 }
 
 /** Admission/eviction notices, batched per call; the controller client forwards them. */
@@ -36,9 +43,12 @@ export interface StorageBackend {
   /** Number of bytes of the stored chunk (header included), or -1. */
   sizeOf(key: ChunkKey): number;
   /**
-   * Stores a copy of `chunk` (evicting least-recently-used unpinned chunks as needed).
-   * Resolves once the chunk is durable in this location. Returns the keys evicted to make room.
-   * Throws StoreFullError when room cannot be made without evicting pinned chunks.
+   * Stores a copy of `chunk`, whose header must carry `key` (ChunkFormatError otherwise), evicting
+   * least-recently-used unpinned chunks as needed. Resolves once the chunk is stored in this
+   * location: in memory for LocalCPUBackend; for LocalDiskBackend written, fsynced and renamed into
+   * place, so it survives a restart. Returns the keys evicted to make room.
+   * Throws StoreFullError when room cannot be made without evicting pinned chunks. A put that
+   * throws has evicted nothing, except the keys listed in `StoreFullError.evicted`.
    */
   put(key: ChunkKey, chunk: Uint8Array): Promise<ChunkKey[]>;
   /** Copies the chunk into `dest` (or a new buffer) and returns that view, or null if absent/corrupt. */

@@ -5,13 +5,13 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { mkdirSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, readdirSync, utimesSync, writeFileSync } from 'node:fs';
 import { join, dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseModelConfig, loadModelConfig, ModelConfigError } from '../src/engine/model/config.js';
 import { SafetensorsCollection, writeSafetensors, f32ToBf16, f32ToF16, f16ToF32 } from '../src/engine/model/safetensors.js';
 import { Tokenizer } from '../src/engine/model/tokenizer.js';
-import { ensureBuiltinModel, BUILTIN_MODELS, builtinDirName } from '../src/engine/model/builtin.js';
+import { ensureBuiltinModel, BUILTIN_MODELS, builtinDirName, cleanStaleBuiltinTemps, STALE_TMP_MS } from '../src/engine/model/builtin.js';
 import { tempDir } from './helpers/proc.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -183,4 +183,44 @@ test('builtin model: several processes generating at once agree on one complete 
     else process.env.KVC_CACHE_DIR = prev;
   }
   await assert.rejects(ensureBuiltinModel('huge'), /unknown built-in model "huge"/);
+});
+
+test('builtin model: KVC_CACHE_DIR comes from the env passed in; stale temp folders of dead processes are removed', async () => {
+  const cache = tempDir();
+  const root = join(cache, 'models');
+  const spec = BUILTIN_MODELS.tiny!;
+  // A finished model (only its config.json matters for the "already there" check).
+  mkdirSync(join(root, builtinDirName(spec)), { recursive: true });
+  writeFileSync(join(root, builtinDirName(spec), 'config.json'), '{}');
+  const old = (Date.now() - STALE_TMP_MS - 60_000) / 1000;
+  const mk = (name: string, age: number | null) => {
+    const d = join(root, name);
+    mkdirSync(d);
+    writeFileSync(join(d, 'model.safetensors'), 'partial');
+    if (age !== null) {
+      utimesSync(join(d, 'model.safetensors'), age, age);
+      utimesSync(d, age, age);
+    }
+    return d;
+  };
+  const deadPid = 2 ** 22 + 12345; // above Linux's pid_max: no such process
+  const staleDead = mk(`.${builtinDirName(spec)}.tmp-${deadPid}-abc123`, old);
+  const freshDead = mk(`.${builtinDirName(spec)}.tmp-${deadPid}-def456`, null);
+  const oldButAlive = mk(`.${builtinDirName(spec)}.tmp-${process.pid}-ghi789`, old);
+  const unrelated = mk('.something-else.tmp-1-x', old);
+  const prev = process.env.KVC_CACHE_DIR;
+  process.env.KVC_CACHE_DIR = tempDir(); // must NOT be used
+  try {
+    const dir = await ensureBuiltinModel('tiny', { KVC_CACHE_DIR: cache });
+    assert.equal(dir, join(root, builtinDirName(spec)));
+    assert.deepEqual(readdirSync(process.env.KVC_CACHE_DIR), [], 'process.env.KVC_CACHE_DIR untouched');
+  } finally {
+    if (prev === undefined) delete process.env.KVC_CACHE_DIR;
+    else process.env.KVC_CACHE_DIR = prev;
+  }
+  assert.equal(existsSync(staleDead), false, 'old temp dir of a dead process removed');
+  assert.equal(existsSync(freshDead), true, 'a recently written temp dir is kept (it may belong to another host)');
+  assert.equal(existsSync(oldButAlive), true, 'a temp dir whose process is alive is kept');
+  assert.equal(existsSync(unrelated), true, 'other names are never touched');
+  assert.deepEqual(await cleanStaleBuiltinTemps(root, Date.now() + 2 * STALE_TMP_MS), [`.${builtinDirName(spec)}.tmp-${deadPid}-def456`]);
 });

@@ -104,7 +104,7 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
   }
 
   const t0 = performance.now();
-  const m = await loadEngineModel(modelSpec);
+  const m = await loadEngineModel(modelSpec, env);
   const cfg = m.config;
   log.info(`model ${modelSpec} loaded in ${Math.round(performance.now() - t0)} ms (${cfg.numLayers} layers, dim ${cfg.dim}, ${cfg.numHeads} heads / ${cfg.numKvHeads} KV heads, vocab ${cfg.vocabSize})`);
 

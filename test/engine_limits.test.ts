@@ -1,0 +1,93 @@
+// Engine limits, in process: a small paged-KV budget (requests wait for memory and all
+// succeed; chat's default max_tokens fits the budget), prompts refused from their character
+// count before tokenizing, --max-num-batched-tokens vs --max-num-seqs at start-up, and a client
+// that is already gone when its request is submitted.
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { EventEmitter } from 'node:events';
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import { freePortRange } from '../src/common/ports.js';
+import { runGeneration, type GenerationRequest } from '../src/engine/generate.js';
+import { EngineMetrics } from '../src/engine/metrics.js';
+import { BUILTIN_MODELS, ensureBuiltinModel } from '../src/engine/model/builtin.js';
+import { BLOCK_TOKENS, PagedKvCache } from '../src/engine/model/kv_cache.js';
+import { Tokenizer } from '../src/engine/model/tokenizer.js';
+import { Scheduler, type ForwardSegment } from '../src/engine/scheduler.js';
+import { startEngine, type Engine } from '../src/engine/server.js';
+import { postJson, startKvc } from './helpers/proc.js';
+
+const MODEL = 'builtin:tiny';
+const tiny = BUILTIN_MODELS.tiny!;
+/** Bytes of one paged-KV block of the built-in model. */
+const BLOCK_BYTES = tiny.numLayers * 2 * BLOCK_TOKENS * tiny.numKvHeads * tiny.headDim * 4;
+
+async function metric(url: string, name: string): Promise<number> {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const m = new RegExp(`^${name}(?:\\{[^}]*\\})? ([0-9.e+-]+)$`, 'm').exec(text);
+  return m ? Number(m[1]) : NaN;
+}
+
+describe('generation with a client already gone', () => {
+  let tok: Tokenizer;
+  before(async () => {
+    tok = await Tokenizer.load(await ensureBuiltinModel('tiny'));
+  });
+
+  for (const stream of [false, true]) {
+    it(`a socket closed before the close listener is attached cancels the sequence (${stream ? 'stream' : 'JSON'})`, async () => {
+      const kv = new PagedKvCache({ numLayers: 1, numKvHeads: 1, headDim: 2 }, 64 * 1024);
+      const metrics = new EngineMetrics({ model: 'm' });
+      let forwards = 0;
+      const model = {
+        forward(segs: ForwardSegment[], cache: PagedKvCache) {
+          forwards++;
+          for (const s of segs) {
+            cache.allocate(s.seqId, s.startPos + s.tokens.length);
+            cache.setLength(s.seqId, s.startPos + s.tokens.length);
+          }
+          return segs.filter((s) => s.wantLogits).map(() => new Float32Array(tok.vocabSize).fill(0).fill(1, 500, 501));
+        },
+      };
+      const scheduler = new Scheduler({ model, kv, metrics, connector: null, maxNumSeqs: 4, maxNumBatchedTokens: 64, maxQueue: 8 });
+      // The socket closed while the body was read: 'close' already fired, nobody will emit it again.
+      const raw = Object.assign(new EventEmitter(), { destroyed: true, writableFinished: false, socket: null, writeHead() {}, write() {}, end() {} });
+      let sent: unknown = null;
+      const reply = {
+        raw,
+        hijack() {},
+        header() {
+          return reply;
+        },
+        send(b: unknown) {
+          sent = b;
+          return reply;
+        },
+      };
+      const g: GenerationRequest = {
+        kind: 'completion',
+        endpoint: '/v1/completions',
+        requestId: 'gone',
+        modelName: 'm',
+        prompt: [1, 500, 600],
+        maxTokens: 20,
+        sampling: { temperature: 0, topP: 1, topK: -1, seed: null },
+        stop: [],
+        stopTokenIds: new Set(),
+        kvTransferParams: undefined,
+        stream,
+        includeUsage: false,
+      };
+      try {
+        await runGeneration({ scheduler, tokenizer: tok, metrics }, g, {} as FastifyRequest, reply as unknown as FastifyReply);
+        assert.equal(forwards, 0, 'the sequence never ran');
+        assert.equal(sent, null, 'nothing answered to a closed socket');
+        assert.equal(kv.usedBlocks, 0);
+        assert.equal(scheduler.numActive + scheduler.numWaiting, 0);
+        const text = await metrics.registry.metrics();
+        assert.match(text, /kvc_engine_requests_total\{endpoint="\/v1\/completions",outcome="cancelled"[^}]*\} 1/);
+      } finally {
+        await scheduler.close();
+      }
+    });
+  }
+});

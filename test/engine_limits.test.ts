@@ -27,6 +27,17 @@ async function metric(url: string, name: string): Promise<number> {
   return m ? Number(m[1]) : NaN;
 }
 
+describe('engine start-up validation', () => {
+  it('--max-num-batched-tokens below --max-num-seqs is refused with a clear error (in process and CLI)', async () => {
+    await assert.rejects(startEngine({ model: MODEL, maxNumSeqs: 8, maxNumBatchedTokens: 4 }), /--max-num-batched-tokens \(4\) must be >= --max-num-seqs \(8\)/);
+    const port = await freePortRange(1);
+    const p = startKvc(['engine', '--port', String(port), '--model', MODEL, '--max-num-seqs', '8', '--max-num-batched-tokens', '4']);
+    const code = await new Promise<number | null>((r) => p.child.once('exit', (c) => r(c)));
+    assert.equal(code, 1);
+    assert.match(p.output(), /kvc: --max-num-batched-tokens \(4\) must be >= --max-num-seqs \(8\)/);
+  });
+});
+
 describe('generation with a client already gone', () => {
   let tok: Tokenizer;
   before(async () => {

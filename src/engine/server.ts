@@ -103,6 +103,18 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
     }
   }
 
+  const maxNumSeqs = opts.maxNumSeqs ?? 16;
+  if (!Number.isInteger(maxNumSeqs) || maxNumSeqs < 1) throw new Error(`--max-num-seqs: expected a positive integer, found ${maxNumSeqs}`);
+  const maxNumBatchedTokens = opts.maxNumBatchedTokens ?? 512;
+  if (!Number.isInteger(maxNumBatchedTokens) || maxNumBatchedTokens < 1) throw new Error(`--max-num-batched-tokens: expected a positive integer, found ${maxNumBatchedTokens}`);
+  if (maxNumBatchedTokens < maxNumSeqs) {
+    // Every running sequence's decode row takes one token of a step's budget: with fewer tokens
+    // than sequences, decode rows alone would overrun the budget and starve prefills.
+    throw new Error(
+      `--max-num-batched-tokens (${maxNumBatchedTokens}) must be >= --max-num-seqs (${maxNumSeqs}): each running sequence's decode row takes one token of every step's budget`,
+    );
+  }
+
   const t0 = performance.now();
   const m = await loadEngineModel(modelSpec, env);
   const cfg = m.config;
@@ -113,10 +125,6 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
   if (maxModelLen > cfg.maxPositionEmbeddings) {
     throw new Error(`--max-model-len ${maxModelLen} exceeds the model's max_position_embeddings (${cfg.maxPositionEmbeddings})`);
   }
-  const maxNumSeqs = opts.maxNumSeqs ?? 16;
-  if (!Number.isInteger(maxNumSeqs) || maxNumSeqs < 1) throw new Error(`--max-num-seqs: expected a positive integer, found ${maxNumSeqs}`);
-  const maxNumBatchedTokens = opts.maxNumBatchedTokens ?? 512;
-  if (!Number.isInteger(maxNumBatchedTokens) || maxNumBatchedTokens < 1) throw new Error(`--max-num-batched-tokens: expected a positive integer, found ${maxNumBatchedTokens}`);
   const tokenBytes = payloadBytes(m.layout, 1);
   const kvBytes = opts.kvCacheBytes ?? Math.min(4 * GiB, maxNumSeqs * (maxModelLen + 16) * tokenBytes);
   const kv = new PagedKvCache({ numLayers: cfg.numLayers, numKvHeads: cfg.numKvHeads, headDim: cfg.headDim }, kvBytes);

@@ -27,6 +27,74 @@ async function metric(url: string, name: string): Promise<number> {
   return m ? Number(m[1]) : NaN;
 }
 
+describe('engine with a small KV budget (in process)', () => {
+  const MAX_LEN = 256;
+  const BLOCKS = 8; // 128 positions, half of max_model_len
+  let e: Engine;
+
+  before(async () => {
+    e = await startEngine({ model: MODEL, maxModelLen: MAX_LEN, maxNumSeqs: 8, kvCacheBytes: BLOCKS * BLOCK_BYTES });
+    assert.equal(e.kv.capacityTokens, BLOCKS * BLOCK_TOKENS);
+  });
+
+  after(async () => {
+    await e?.close();
+  });
+
+  it('chat without max_tokens generates up to what the KV budget holds (not a 400 naming max_tokens)', async () => {
+    const messages = [{ role: 'user', content: 'Tell me everything.' }];
+    const r = await postJson(`${e.url}/v1/chat/completions`, { model: MODEL, messages, temperature: 0, ignore_eos: true });
+    assert.equal(r.status, 200, JSON.stringify(r.json));
+    const p = r.json.usage.prompt_tokens as number;
+    // prompt + max_tokens - 1 positions must fit the 128-position budget.
+    assert.equal(r.json.usage.completion_tokens, e.kv.capacityTokens + 1 - p);
+    assert.equal(r.json.choices[0].finish_reason, 'length');
+    // An explicit max_tokens beyond the budget is still refused, naming it.
+    const big = await postJson(`${e.url}/v1/chat/completions`, { model: MODEL, messages, max_tokens: MAX_LEN - p });
+    assert.equal(big.status, 400);
+    assert.match(big.json.error.message, /field `max_tokens`/);
+    assert.equal(big.json.error.code, 'kv_capacity_exceeded');
+    // A prompt that alone exceeds the budget (but not max_model_len) is refused naming the prompt.
+    const long = await postJson(`${e.url}/v1/completions`, { model: MODEL, prompt: Array.from({ length: 200 }, (_, i) => 1000 + i) });
+    assert.equal(long.status, 400);
+    assert.match(long.json.error.message, /field `prompt`.*KV cache holds 128 tokens/);
+    // Everything released.
+    assert.equal(await metric(e.url, 'kvc_engine_num_requests_running'), 0);
+    assert.equal(await metric(e.url, 'kvc_engine_kv_cache_usage_ratio'), 0);
+  });
+
+  it('requests beyond the KV budget wait for memory and all succeed with their alone output', async () => {
+    const prompts = ['The history of the city begins', 'In a distant galaxy', 'Recipe: take two eggs and', 'def fibonacci(n):'];
+    const body = (p: string) => ({ model: MODEL, prompt: p, max_tokens: 50, temperature: 0, ignore_eos: true });
+    const alone: string[] = [];
+    for (const p of prompts) alone.push((await postJson(`${e.url}/v1/completions`, body(p))).json.choices[0].text);
+    // Each request reserves ceil((prompt + 49) / 16) = 4 of the 8 blocks: two run, the others wait.
+    let peakWaiting = 0;
+    let peakRunning = 0;
+    const m = e.model;
+    const forward = m.forward;
+    m.forward = (segs: ForwardSegment[], kv: PagedKvCache) => {
+      peakWaiting = Math.max(peakWaiting, e.scheduler.numWaiting);
+      peakRunning = Math.max(peakRunning, e.scheduler.numActive);
+      assert.ok(kv.usedBlocks <= kv.totalBlocks);
+      return forward(segs, kv);
+    };
+    try {
+      const together = await Promise.all(prompts.map((p) => postJson(`${e.url}/v1/completions`, body(p))));
+      assert.deepEqual(together.map((r) => r.status), [200, 200, 200, 200]);
+      assert.deepEqual(together.map((r) => r.json.choices[0].text), alone);
+      assert.deepEqual(together.map((r) => r.json.usage.completion_tokens), [50, 50, 50, 50]);
+    } finally {
+      m.forward = forward;
+    }
+    assert.equal(peakRunning, 2, 'the KV budget admits two of these at a time');
+    assert.ok(peakWaiting >= 1, 'later requests waited for KV memory');
+    assert.equal(await metric(e.url, 'kvc_engine_num_requests_waiting'), 0);
+    assert.equal(await metric(e.url, 'kvc_engine_kv_cache_usage_ratio'), 0);
+  });
+
+});
+
 describe('engine start-up validation', () => {
   it('--max-num-batched-tokens below --max-num-seqs is refused with a clear error (in process and CLI)', async () => {
     await assert.rejects(startEngine({ model: MODEL, maxNumSeqs: 8, maxNumBatchedTokens: 4 }), /--max-num-batched-tokens \(4\) must be >= --max-num-seqs \(8\)/);

@@ -202,13 +202,20 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
       throw e;
     }
   };
-  /** Length rules shared by both generation endpoints; returns max_tokens to use. */
+  /**
+   * Length rules shared by both generation endpoints; returns max_tokens to use. Without an
+   * explicit max_tokens, `defaultMax` is further capped by what the paged KV can hold for this
+   * prompt (prompt + max_tokens - 1 positions), so a default never asks for more than exists.
+   */
   const plan = (prompt: number[], field: string, maxTokens: number | null | undefined, maxField: string, defaultMax: number): number => {
     if (prompt.length === 0) throw badRequest(`field \`${field}\`: the prompt is empty (0 tokens)`);
     if (prompt.length >= maxModelLen) {
       throw badRequest(`field \`${field}\`: the prompt has ${prompt.length} tokens; this model's maximum context length is ${maxModelLen} tokens, leaving no room to generate`, 'context_length_exceeded');
     }
-    const mt = maxTokens ?? defaultMax;
+    if (prompt.length > kv.capacityTokens) {
+      throw badRequest(`field \`${field}\`: the prompt has ${prompt.length} tokens; this engine's KV cache holds ${kv.capacityTokens} tokens`, 'kv_capacity_exceeded');
+    }
+    const mt = maxTokens ?? Math.min(defaultMax, kv.capacityTokens + 1 - prompt.length);
     if (prompt.length + mt > maxModelLen) {
       throw badRequest(
         `field \`${maxField}\`: ${mt} tokens requested with a ${prompt.length}-token prompt; this model's maximum context length is ${maxModelLen} tokens`,

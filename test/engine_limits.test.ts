@@ -93,6 +93,44 @@ describe('engine with a small KV budget (in process)', () => {
     assert.equal(await metric(e.url, 'kvc_engine_kv_cache_usage_ratio'), 0);
   });
 
+  it('a text prompt certainly longer than max_model_len is refused from its length, without tokenizing', async () => {
+    const tok = e.model.tokenizer;
+    const encode = tok.encode;
+    let calls = 0;
+    tok.encode = (text: string, opts?: { addBos?: boolean }) => {
+      calls++;
+      return encode.call(tok, text, opts);
+    };
+    try {
+      const huge = 'word '.repeat(200_000); // 1 M characters
+      const c = await postJson(`${e.url}/v1/completions`, { model: MODEL, prompt: huge, max_tokens: 1 });
+      assert.equal(c.status, 400);
+      assert.match(c.json.error.message, /field `prompt`: 1000000 characters are at least 62500 tokens/);
+      assert.equal(c.json.error.code, 'context_length_exceeded');
+      const chat = await postJson(`${e.url}/v1/chat/completions`, { model: MODEL, messages: [{ role: 'user', content: huge }] });
+      assert.equal(chat.status, 400);
+      assert.match(chat.json.error.message, /field `messages`: \d+ characters are at least \d+ tokens/);
+      const t = await postJson(`${e.url}/tokenize`, { model: MODEL, prompt: huge });
+      assert.equal(t.status, 400);
+      assert.match(t.json.error.message, /field `prompt`/);
+      const tc = await postJson(`${e.url}/tokenize`, { model: MODEL, messages: [{ role: 'user', content: huge }] });
+      assert.equal(tc.status, 400);
+      assert.match(tc.json.error.message, /field `messages`/);
+      assert.equal(calls, 0, 'nothing was tokenized');
+      // Below the bound the text is tokenized and the exact rules apply: /tokenize still counts a
+      // prompt a little over max_model_len; generation refuses it naming the prompt.
+      const over = 'a '.repeat(MAX_LEN + 10);
+      const t2 = await postJson(`${e.url}/tokenize`, { model: MODEL, prompt: over });
+      assert.equal(t2.status, 200);
+      assert.ok(t2.json.count > MAX_LEN);
+      const c2 = await postJson(`${e.url}/v1/completions`, { model: MODEL, prompt: over });
+      assert.equal(c2.status, 400);
+      assert.match(c2.json.error.message, /field `prompt`: the prompt has \d+ tokens/);
+      assert.equal(calls, 2);
+    } finally {
+      tok.encode = encode;
+    }
+  });
 });
 
 describe('engine start-up validation', () => {

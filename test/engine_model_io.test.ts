@@ -5,12 +5,12 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, readFileSync, readdirSync, utimesSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, readFileSync, readdirSync, utimesSync, writeFileSync } from 'node:fs';
 import { join, dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseModelConfig, loadModelConfig, ModelConfigError } from '../src/engine/model/config.js';
 import { SafetensorsCollection, writeSafetensors, f32ToBf16, f32ToF16, f16ToF32 } from '../src/engine/model/safetensors.js';
-import { Tokenizer } from '../src/engine/model/tokenizer.js';
+import { Tokenizer, maxCharsPerToken } from '../src/engine/model/tokenizer.js';
 import { ensureBuiltinModel, BUILTIN_MODELS, builtinDirName, cleanStaleBuiltinTemps, STALE_TMP_MS } from '../src/engine/model/builtin.js';
 import { tempDir } from './helpers/proc.js';
 
@@ -183,6 +183,34 @@ test('builtin model: several processes generating at once agree on one complete 
     else process.env.KVC_CACHE_DIR = prev;
   }
   await assert.rejects(ensureBuiltinModel('huge'), /unknown built-in model "huge"/);
+});
+
+test('tokenizer: a sound characters-per-token bound only for pipelines that never shrink the text', async () => {
+  const dir = await ensureBuiltinModel('tiny');
+  const tj = JSON.parse(readFileSync(join(dir, 'tokenizer.json'), 'utf8')) as Record<string, unknown>;
+  const max = maxCharsPerToken(tj);
+  assert.equal(max, 16, 'the longest Llama-2 piece is 16 characters (a run of ▁)');
+  const tok = await Tokenizer.load(dir);
+  assert.equal(tok.maxCharsPerToken, 16);
+  // The bound holds for texts built to be as cheap as possible in tokens.
+  for (const text of [' '.repeat(1000), 'the '.repeat(300), 'a'.repeat(500), '<s>'.repeat(50), 'x', '🙂'.repeat(40)]) {
+    const n = tok.encode(text, { addBos: false }).length;
+    assert.ok(tok.minTokens(text) <= n, `minTokens(${JSON.stringify(text.slice(0, 12))}…) = ${tok.minTokens(text)} > ${n}`);
+  }
+  assert.equal(tok.minTokens('a'.repeat(161)), 11);
+  // Pipelines that may drop or merge characters give no bound.
+  const withNorm = (n: unknown) => maxCharsPerToken({ ...tj, normalizer: n });
+  assert.equal(withNorm({ type: 'Strip', strip_left: true, strip_right: true }), null);
+  assert.equal(withNorm({ type: 'NFKC' }), null);
+  assert.equal(withNorm({ type: 'Replace', pattern: { String: '  ' }, content: ' ' }), null);
+  assert.equal(withNorm({ type: 'Replace', pattern: { Regex: '\\s+' }, content: ' ' }), null);
+  assert.equal(withNorm(null), 16);
+  assert.equal(maxCharsPerToken({ ...tj, pre_tokenizer: { type: 'Whitespace' } }), null);
+  assert.equal(maxCharsPerToken({ ...tj, pre_tokenizer: { type: 'Split', pattern: { String: ' ' }, behavior: 'Removed' } }), null);
+  assert.equal(maxCharsPerToken({ ...tj, pre_tokenizer: { type: 'Metaspace', replacement: '▁' } }), 16);
+  const model = tj.model as Record<string, unknown>;
+  assert.equal(maxCharsPerToken({ ...tj, model: { ...model, byte_fallback: false } }), null, 'fuse_unk without byte fallback: one <unk> may cover any run');
+  assert.equal(maxCharsPerToken({ ...tj, model: { ...model, type: 'Unigram' } }), null);
 });
 
 test('builtin model: KVC_CACHE_DIR comes from the env passed in; stale temp folders of dead processes are removed', async () => {

@@ -193,15 +193,35 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
       if (ids[i]! >= cfg.vocabSize) throw badRequest(`field \`${field}[${i}]\`: token id ${ids[i]} is out of range for a vocabulary of ${cfg.vocabSize}`);
     }
   };
-  const encodeChat = (messages: { role: string; content?: unknown }[]): number[] => {
+  /**
+   * Refuses text whose character count alone proves it has at least `limit` tokens, before
+   * spending the CPU on tokenizing it (tokenizer.minTokens is a sound lower bound, or 0).
+   */
+  const boundText = (text: string, field: string, limit: number, what: string) => {
+    const min = tok.minTokens(text);
+    if (min >= limit) {
+      throw badRequest(
+        `field \`${field}\`: ${text.length} characters are at least ${min} tokens; ${what} (this model's maximum context length is ${maxModelLen} tokens)`,
+        'context_length_exceeded',
+      );
+    }
+  };
+  /** Chat messages → prompt ids; refuses a rendered prompt that certainly reaches `limit` tokens. */
+  const encodeChat = (messages: { role: string; content?: unknown }[], limit: number, what: string): number[] => {
     const msgs: ChatMessage[] = messages.map((mm) => ({ role: mm.role, content: messageText(mm as Parameters<typeof messageText>[0]) }));
+    let text: string;
     try {
-      return tok.encodeChat(msgs);
+      text = tok.applyChatTemplate(msgs);
     } catch (e) {
       if (e instanceof ChatTemplateError) throw badRequest(`field \`messages\`: ${e.message.replace(/^messages: /, '')}`);
       throw e;
     }
+    boundText(text, 'messages', limit, what);
+    return tok.encodeChatText(text);
   };
+  /** Generation needs prompt < max_model_len; /tokenize only refuses what is beyond max_model_len. */
+  const GEN_LIMIT = 'leaving no room to generate';
+  const TOK_LIMIT = 'more than the model can take';
   /**
    * Length rules shared by both generation endpoints; returns max_tokens to use. Without an
    * explicit max_tokens, `defaultMax` is further capped by what the paged KV can hold for this
@@ -210,7 +230,7 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
   const plan = (prompt: number[], field: string, maxTokens: number | null | undefined, maxField: string, defaultMax: number): number => {
     if (prompt.length === 0) throw badRequest(`field \`${field}\`: the prompt is empty (0 tokens)`);
     if (prompt.length >= maxModelLen) {
-      throw badRequest(`field \`${field}\`: the prompt has ${prompt.length} tokens; this model's maximum context length is ${maxModelLen} tokens, leaving no room to generate`, 'context_length_exceeded');
+      throw badRequest(`field \`${field}\`: the prompt has ${prompt.length} tokens; this model's maximum context length is ${maxModelLen} tokens, ${GEN_LIMIT}`, 'context_length_exceeded');
     }
     if (prompt.length > kv.capacityTokens) {
       throw badRequest(`field \`${field}\`: the prompt has ${prompt.length} tokens; this engine's KV cache holds ${kv.capacityTokens} tokens`, 'kv_capacity_exceeded');
@@ -250,8 +270,10 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
     checkModel(b.model);
     const p = Array.isArray(b.prompt) && b.prompt.length === 1 && (typeof b.prompt[0] === 'string' || Array.isArray(b.prompt[0])) ? b.prompt[0]! : b.prompt;
     let prompt: number[];
-    if (typeof p === 'string') prompt = tok.encode(p);
-    else {
+    if (typeof p === 'string') {
+      boundText(p, 'prompt', maxModelLen, GEN_LIMIT);
+      prompt = tok.encode(p);
+    } else {
       prompt = p as number[];
       checkIds(prompt, 'prompt');
     }
@@ -277,7 +299,7 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
   app.post('/v1/chat/completions', async (req: FastifyRequest, reply: FastifyReply) => {
     const b = parseBody(chatRequest, requireObject(req.body));
     checkModel(b.model);
-    const prompt = encodeChat(b.messages);
+    const prompt = encodeChat(b.messages, maxModelLen, GEN_LIMIT);
     const field = b.max_completion_tokens != null ? 'max_completion_tokens' : 'max_tokens';
     const maxTokens = plan(prompt, 'messages', b.max_completion_tokens ?? b.max_tokens, field, maxModelLen - prompt.length);
     const g: GenerationRequest = {
@@ -304,10 +326,11 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
     if ('messages' in body) {
       const b = parseBody(tokenizeChatRequest, body);
       checkModel(b.model);
-      tokens = encodeChat(b.messages);
+      tokens = encodeChat(b.messages, maxModelLen + 1, TOK_LIMIT);
     } else {
       const b = parseBody(tokenizePromptRequest, body);
       checkModel(b.model);
+      boundText(b.prompt, 'prompt', maxModelLen + 1, TOK_LIMIT);
       tokens = tok.encode(b.prompt, b.add_special_tokens === false ? { addBos: false } : {});
     }
     return { tokens, count: tokens.length, max_model_len: maxModelLen };

@@ -185,6 +185,47 @@ test('builtin model: several processes generating at once agree on one complete 
   await assert.rejects(ensureBuiltinModel('huge'), /unknown built-in model "huge"/);
 });
 
+test('tokenizer: chat template from tokenizer_config.json, as a string and as a list of named templates', async () => {
+  const src = await ensureBuiltinModel('tiny');
+  const base = JSON.parse(readFileSync(join(src, 'tokenizer_config.json'), 'utf8')) as Record<string, unknown>;
+  const msgs = [
+    { role: 'system', content: 'Be brief.' },
+    { role: 'user', content: 'Hi' },
+  ];
+  const withConfig = async (cfg: Record<string, unknown>) => {
+    const dir = tempDir('kvc-tok-');
+    copyFileSync(join(src, 'tokenizer.json'), join(dir, 'tokenizer.json'));
+    writeFileSync(join(dir, 'tokenizer_config.json'), JSON.stringify({ ...base, ...cfg }));
+    return Tokenizer.load(dir);
+  };
+  // ChatML-style string template.
+  const chatml =
+    "{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}";
+  const t1 = await withConfig({ chat_template: chatml });
+  assert.equal(t1.chatTemplateSource, chatml);
+  assert.equal(t1.applyChatTemplate(msgs), '<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\n');
+  assert.equal(t1.applyChatTemplate(msgs, { addGenerationPrompt: false }), '<|system|>\nBe brief.\n<|user|>\nHi\n');
+  // No BOS in the rendered text: encodeChat adds it (add_bos_token), exactly once.
+  const ids = t1.encodeChat(msgs);
+  assert.equal(ids[0], 1);
+  assert.deepEqual(ids, t1.encode('<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\n'));
+  // A template that emits bos_token itself gets no second BOS.
+  const t2 = await withConfig({ chat_template: "{{ bos_token }}{% for m in messages %}{{ m['content'] }};{% endfor %}" });
+  const ids2 = t2.encodeChat(msgs);
+  assert.equal(ids2.filter((x) => x === 1).length, 1);
+  assert.deepEqual(ids2, t2.encode('Be brief.;Hi;', {}));
+  // List of named templates (transformers' format): "default" is the one used.
+  const t3 = await withConfig({
+    chat_template: [
+      { name: 'tool_use', template: 'TOOLS {{ messages[0].content }}' },
+      { name: 'default', template: "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}" },
+    ],
+  });
+  assert.equal(t3.applyChatTemplate(msgs), '[system] Be brief. [user] Hi ');
+  // A template that does not parse is a load error naming chat_template.
+  await assert.rejects(withConfig({ chat_template: '{% for m in messages %}' }), /chat_template does not parse/);
+});
+
 test('tokenizer: a sound characters-per-token bound only for pipelines that never shrink the text', async () => {
   const dir = await ensureBuiltinModel('tiny');
   const tj = JSON.parse(readFileSync(join(dir, 'tokenizer.json'), 'utf8')) as Record<string, unknown>;

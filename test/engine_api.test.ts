@@ -89,14 +89,22 @@ describe('engine API (real process)', () => {
     const b = await client.completions.create(req as OpenAI.CompletionCreateParamsNonStreaming);
     assert.equal(a.choices[0]!.text, b.choices[0]!.text);
     const text = a.choices[0]!.text;
-    // Use a piece of the generated text as a stop string: output must end right before it.
-    const cut = Math.floor(text.length / 2);
+    // Use a piece of the generated text as a stop string: output must end right before its
+    // first occurrence (the seed makes the text before it identical). Always checked: the first
+    // two non-blank characters after the first quarter (any two characters make a valid stop).
+    assert.ok(text.trim().length >= 4, `12 sampled tokens give some text (got ${JSON.stringify(text)})`);
+    let cut = Math.floor(text.length / 4);
+    while (cut < text.length - 2 && text[cut]!.trim() === '') cut++;
     const stop = text.slice(cut, cut + 2);
-    if (stop.trim().length === 2) {
-      const c = await client.completions.create({ ...(req as OpenAI.CompletionCreateParamsNonStreaming), stop: [stop] });
-      assert.equal(c.choices[0]!.finish_reason, 'stop');
-      assert.equal(c.choices[0]!.text, text.slice(0, text.indexOf(stop)));
-    }
+    assert.equal(stop.length, 2);
+    const c = await client.completions.create({ ...(req as OpenAI.CompletionCreateParamsNonStreaming), stop: [stop] });
+    assert.equal(c.choices[0]!.finish_reason, 'stop');
+    assert.equal(c.choices[0]!.text, text.slice(0, text.indexOf(stop)));
+    assert.ok(c.usage!.completion_tokens < 12, 'generation ended at the stop string');
+    // Streaming stops at the same place.
+    let streamed = '';
+    for await (const ch of await client.completions.create({ ...(req as OpenAI.CompletionCreateParamsNonStreaming), stop: [stop], stream: true })) streamed += ch.choices[0]?.text ?? '';
+    assert.equal(streamed, c.choices[0]!.text);
   });
 
   it('chat: non-streaming and streaming agree', async () => {
@@ -172,9 +180,15 @@ describe('engine API (real process)', () => {
     assert.match(detokBad.json.error.message, /tokens\[0\]/);
     // The openai client surfaces the same errors.
     await assert.rejects(client.completions.create({ model: 'nope', prompt: 'x' }), (e: unknown) => (e as { status?: number }).status === 404);
-    // The server is still healthy and holds no sequence.
+    // The server is still healthy and holds no sequence: nothing running or waiting, no KV in use.
     const h = await fetch(`${url}/health`);
     assert.equal(h.status, 200);
+    const metrics = await (await fetch(`${url}/metrics`)).text();
+    const gauge = (name: string) => Number(new RegExp(`^${name}(?:\\{[^}]*\\})? ([0-9.e+-]+)$`, 'm').exec(metrics)?.[1]);
+    assert.equal(gauge('kvc_engine_num_requests_running'), 0);
+    assert.equal(gauge('kvc_engine_num_requests_waiting'), 0);
+    assert.equal(gauge('kvc_engine_kv_cache_usage_ratio'), 0);
+    assert.equal(Number(/^kvc_engine_kv_cache_blocks\{[^}]*state="used"[^}]*\} (\d+)$/m.exec(metrics)?.[1]), 0);
   });
 
   it('/metrics exposes request, token, latency and KV figures', async () => {

@@ -107,9 +107,19 @@ describe('KvcConnectorV1 kv_both (real processes)', () => {
     assert.ok(lastCached > 16, `second chat request should load its prompt from the cache (cached_tokens=${lastCached})`);
   });
 
-  it('kv_transfer_params are accepted (and passed through) in kv_both', async () => {
-    const r = await postJson(`${url}/v1/completions`, { model: MODEL, prompt: ids(20, 3), max_tokens: 2, temperature: 0, kv_transfer_params: { note: 'kv_both ignores it' } });
-    assert.equal(r.status, 200);
+  it('kv_transfer_params are accepted and ignored in kv_both (same output, cache still used, none returned)', async () => {
+    const prompt = ids(20, 3);
+    const body = { model: MODEL, prompt, max_tokens: 4, temperature: 0, ignore_eos: true };
+    const truth = await postJson(`${plainUrl}/v1/completions`, body);
+    const withParams = await postJson(`${url}/v1/completions`, { ...body, kv_transfer_params: { note: 'kv_both ignores it', disagg_spec: { req_id: 'x' } } });
+    assert.equal(withParams.status, 200, JSON.stringify(withParams.json));
+    assert.equal(withParams.json.choices[0].text, truth.json.choices[0].text);
+    assert.equal(withParams.json.kv_transfer_params, undefined, 'kv_both sends nothing back');
+    // The KV was saved as usual: the same prompt again, with parameters, is a cache hit.
+    const again = await postJson(`${url}/v1/completions`, { ...body, kv_transfer_params: { note: 'again' } });
+    assert.equal(again.json.usage.prompt_tokens_details.cached_tokens, 19);
+    assert.equal(again.json.choices[0].text, truth.json.choices[0].text);
+    assert.equal(again.json.kv_transfer_params, undefined);
   });
 
   it('SIGTERM shuts the engine down cleanly (store closed, exit code 0)', async () => {

@@ -1,7 +1,8 @@
-// The model's correctness contract: batch invariance and determinism, bitwise. A row's logits
-// are identical alone or among other prefills and decodes, whether its prompt is computed in one
-// segment, in several, or partly imported from exported KV chunks; the WASM SIMD kernel equals
-// the plain-JS reference; the paged KV cache respects its budget.
+// The model's correctness contract: its logits equal an independent float64 reference forward
+// pass (below, written from the HF definition); batch invariance and determinism, bitwise: a
+// row's logits are identical alone or among other prefills and decodes, whether its prompt is
+// computed in one segment, in several, or partly imported from exported KV chunks; the WASM SIMD
+// kernel equals the plain-JS reference; the paged KV cache respects its budget.
 import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
 import { ensureBuiltinModel } from '../src/engine/model/builtin.js';
@@ -10,7 +11,7 @@ import { JsGemm, WasmGemm, WasmGemmPool, measureGemm, expf32 } from '../src/engi
 import { PagedKvCache, KvCacheFullError, BLOCK_TOKENS } from '../src/engine/model/kv_cache.js';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { writeSafetensors, f32ToBf16, type TensorToWrite } from '../src/engine/model/safetensors.js';
+import { SafetensorsCollection, writeSafetensors, f32ToBf16, type TensorToWrite } from '../src/engine/model/safetensors.js';
 import { tempDir } from './helpers/proc.js';
 import { encodeChunk, verifyChunk, chunkPayload, payloadBytes, DType } from '../src/common/chunk.js';
 
@@ -414,4 +415,221 @@ test('loader: an untied, sharded BF16 checkpoint equals its F32 copy', async () 
   writeFileSync(join(badShape, 'config.json'), JSON.stringify({ ...cfg, intermediate_size: 128 }));
   await writeSafetensors(join(badShape, 'model.safetensors'), t);
   await assert.rejects(LlamaModel.load(badShape), /tensor "model.layers.0.mlp.gate_proj.weight" has shape \[96,64\], expected \[128,64\]/);
+});
+
+// ---------------------------------------------------------------------------------------------
+// An independent float64 reference of the Llama forward pass, written from the Hugging Face
+// definition (LlamaRMSNorm, apply_rotary_pos_emb with rotate_half, repeat_kv, eager causal
+// softmax attention, LlamaMLP with SiLU, tied or untied lm_head), recomputing the whole sequence
+// for every position. Nothing here shares code with model.ts or the kernels.
+
+interface RefConfig {
+  vocab: number;
+  dim: number;
+  layers: number;
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+  hidden: number;
+  eps: number;
+  theta: number;
+  tied: boolean;
+}
+
+type Weights = (name: string) => Float32Array;
+
+/** y[j] = Σ_i W[j][i]·x[i] for W stored [out][in] (HF nn.Linear, no bias). */
+function linear64(W: Float32Array, x: Float64Array, out: number, inp: number): Float64Array {
+  const y = new Float64Array(out);
+  for (let j = 0; j < out; j++) {
+    let s = 0;
+    for (let i = 0; i < inp; i++) s += W[j * inp + i]! * x[i]!;
+    y[j] = s;
+  }
+  return y;
+}
+
+function rmsNorm64(x: Float64Array, w: Float32Array, eps: number): Float64Array {
+  let ss = 0;
+  for (const v of x) ss += v * v;
+  const inv = 1 / Math.sqrt(ss / x.length + eps);
+  return x.map((v, i) => v * inv * w[i]!);
+}
+
+/** HF apply_rotary_pos_emb on one head vector: x·cos + rotate_half(x)·sin, cos/sin = cat(freqs, freqs). */
+function rope64(x: Float64Array, pos: number, theta: number): Float64Array {
+  const d = x.length;
+  const half = d / 2;
+  const rot = new Float64Array(d); // rotate_half: cat(-x2, x1)
+  for (let i = 0; i < half; i++) {
+    rot[i] = -x[i + half]!;
+    rot[i + half] = x[i]!;
+  }
+  const out = new Float64Array(d);
+  for (let i = 0; i < d; i++) {
+    const invFreq = 1 / Math.pow(theta, (2 * (i % half)) / d);
+    const ang = pos * invFreq;
+    out[i] = x[i]! * Math.cos(ang) + rot[i]! * Math.sin(ang);
+  }
+  return out;
+}
+
+/** Logits (f64) at every position of `tokens`. */
+function referenceLogits(c: RefConfig, W: Weights, tokens: number[]): Float64Array[] {
+  const T = tokens.length;
+  const nRep = c.heads / c.kvHeads;
+  const emb = W('model.embed_tokens.weight');
+  let xs: Float64Array[] = tokens.map((t) => Float64Array.from(emb.subarray(t * c.dim, (t + 1) * c.dim)));
+  for (let l = 0; l < c.layers; l++) {
+    const p = `model.layers.${l}.`;
+    const hs = xs.map((x) => rmsNorm64(x, W(`${p}input_layernorm.weight`), c.eps));
+    const qs = hs.map((h) => linear64(W(`${p}self_attn.q_proj.weight`), h, c.heads * c.headDim, c.dim));
+    const ks = hs.map((h) => linear64(W(`${p}self_attn.k_proj.weight`), h, c.kvHeads * c.headDim, c.dim));
+    const vs = hs.map((h) => linear64(W(`${p}self_attn.v_proj.weight`), h, c.kvHeads * c.headDim, c.dim));
+    const head = (v: Float64Array, h: number) => v.slice(h * c.headDim, (h + 1) * c.headDim);
+    const qr = qs.map((q, t) => Array.from({ length: c.heads }, (_, h) => rope64(head(q, h), t, c.theta)));
+    const kr = ks.map((k, t) => Array.from({ length: c.kvHeads }, (_, h) => rope64(head(k, h), t, c.theta)));
+    const attnOut = xs.map(() => new Float64Array(c.heads * c.headDim));
+    for (let t = 0; t < T; t++) {
+      for (let h = 0; h < c.heads; h++) {
+        const g = Math.floor(h / nRep); // repeat_kv: KV head g serves query heads g·nRep … g·nRep+nRep-1
+        const scores: number[] = [];
+        for (let s = 0; s <= t; s++) {
+          let d = 0;
+          for (let e = 0; e < c.headDim; e++) d += qr[t]![h]![e]! * kr[s]![g]![e]!;
+          scores.push(d / Math.sqrt(c.headDim));
+        }
+        const mx = Math.max(...scores);
+        const ex = scores.map((v) => Math.exp(v - mx));
+        const sum = ex.reduce((a, b) => a + b, 0);
+        for (let s = 0; s <= t; s++) {
+          const v = head(vs[s]!, g);
+          for (let e = 0; e < c.headDim; e++) attnOut[t]![h * c.headDim + e]! += (ex[s]! / sum) * v[e]!;
+        }
+      }
+    }
+    xs = xs.map((x, t) => {
+      const o = linear64(W(`${p}self_attn.o_proj.weight`), attnOut[t]!, c.dim, c.heads * c.headDim);
+      const x1 = x.map((v, i) => v + o[i]!);
+      const h2 = rmsNorm64(x1, W(`${p}post_attention_layernorm.weight`), c.eps);
+      const gate = linear64(W(`${p}mlp.gate_proj.weight`), h2, c.hidden, c.dim);
+      const up = linear64(W(`${p}mlp.up_proj.weight`), h2, c.hidden, c.dim);
+      const act = gate.map((gv, i) => (gv / (1 + Math.exp(-gv))) * up[i]!);
+      const down = linear64(W(`${p}mlp.down_proj.weight`), act, c.dim, c.hidden);
+      return x1.map((v, i) => v + down[i]!);
+    });
+  }
+  const headW = c.tied ? emb : W('lm_head.weight');
+  return xs.map((x) => linear64(headW, rmsNorm64(x, W('model.norm.weight'), c.eps), c.vocab, c.dim));
+}
+
+function assertClose(got: Float32Array, ref: Float64Array, what: string, rel = 1e-4): void {
+  assert.equal(got.length, ref.length, `${what}: lengths differ`);
+  let scale = 0;
+  for (const v of ref) scale = Math.max(scale, Math.abs(v));
+  assert.ok(scale > 0.1, `${what}: reference logits are degenerate (max |logit| ${scale})`);
+  let worst = 0;
+  let at = 0;
+  for (let i = 0; i < ref.length; i++) {
+    const d = Math.abs(got[i]! - ref[i]!);
+    if (d > worst) [worst, at] = [d, i];
+  }
+  assert.ok(worst <= rel * scale, `${what}: logit ${at} is ${got[at]} vs reference ${ref[at]} (|diff| ${worst.toExponential(2)} > ${rel} x ${scale.toFixed(3)})`);
+}
+
+/** Writes a small random checkpoint (F32) with the given shape; returns its directory and tensors. */
+async function writeRefCheckpoint(c: RefConfig, seed: number): Promise<{ dir: string; W: Weights }> {
+  let st = seed >>> 0;
+  const uni = () => {
+    st = (Math.imul(st, 1664525) + 1013904223) >>> 0;
+    return st / 4294967296 - 0.5;
+  };
+  const tensors = new Map<string, Float32Array>();
+  const shapes = new Map<string, number[]>();
+  const add = (name: string, shape: number[], f: () => number) => {
+    shapes.set(name, shape);
+    tensors.set(name, Float32Array.from({ length: shape.reduce((a, b) => a * b, 1) }, f));
+  };
+  const qDim = c.heads * c.headDim;
+  const kvDim = c.kvHeads * c.headDim;
+  add('model.embed_tokens.weight', [c.vocab, c.dim], () => uni() * 2);
+  for (let l = 0; l < c.layers; l++) {
+    const p = `model.layers.${l}.`;
+    add(`${p}input_layernorm.weight`, [c.dim], () => 1 + uni() * 0.6); // not all ones: the weight must be applied
+    add(`${p}self_attn.q_proj.weight`, [qDim, c.dim], () => (uni() * 6) / Math.sqrt(c.dim)); // sharp attention
+    add(`${p}self_attn.k_proj.weight`, [kvDim, c.dim], () => (uni() * 6) / Math.sqrt(c.dim));
+    add(`${p}self_attn.v_proj.weight`, [kvDim, c.dim], () => (uni() * 3) / Math.sqrt(c.dim));
+    add(`${p}self_attn.o_proj.weight`, [c.dim, qDim], () => (uni() * 3) / Math.sqrt(qDim));
+    add(`${p}post_attention_layernorm.weight`, [c.dim], () => 1 + uni() * 0.6);
+    add(`${p}mlp.gate_proj.weight`, [c.hidden, c.dim], () => (uni() * 3) / Math.sqrt(c.dim));
+    add(`${p}mlp.up_proj.weight`, [c.hidden, c.dim], () => (uni() * 3) / Math.sqrt(c.dim));
+    add(`${p}mlp.down_proj.weight`, [c.dim, c.hidden], () => (uni() * 3) / Math.sqrt(c.hidden));
+  }
+  add('model.norm.weight', [c.dim], () => 1 + uni() * 0.6);
+  if (!c.tied) add('lm_head.weight', [c.vocab, c.dim], () => (uni() * 3) / Math.sqrt(c.dim));
+  const dir = tempDir('kvc-ref-model-');
+  writeFileSync(
+    join(dir, 'config.json'),
+    JSON.stringify({
+      architectures: ['LlamaForCausalLM'],
+      model_type: 'llama',
+      vocab_size: c.vocab,
+      hidden_size: c.dim,
+      intermediate_size: c.hidden,
+      num_hidden_layers: c.layers,
+      num_attention_heads: c.heads,
+      num_key_value_heads: c.kvHeads,
+      head_dim: c.headDim,
+      rms_norm_eps: c.eps,
+      rope_theta: c.theta,
+      tie_word_embeddings: c.tied,
+      max_position_embeddings: 512,
+      hidden_act: 'silu',
+    }),
+  );
+  await writeSafetensors(
+    join(dir, 'model.safetensors'),
+    [...tensors].map(([name, data]) => ({ name, shape: shapes.get(name)!, data, dtype: 'F32' as const })),
+  );
+  return { dir, W: (name) => tensors.get(name) ?? assert.fail(`no tensor ${name}`) };
+}
+
+/** Prefill of the first `split` tokens, then one decode step per remaining token; every logits row vs the reference. */
+function checkAgainstReference(m: LlamaModel, c: RefConfig, W: Weights, tokens: number[], split: number, what: string): void {
+  const ref = referenceLogits(c, W, tokens);
+  const kv = m.createKvCache(4 * MiB);
+  const pre = m.forward([{ seqId: 0, tokens: tokens.slice(0, split), startPos: 0, wantLogits: true }], kv)[0]!;
+  assertClose(pre, ref[split - 1]!, `${what}: prefill logits at position ${split - 1}`);
+  for (let t = split; t < tokens.length; t++) {
+    const got = m.forward([{ seqId: 0, tokens: [tokens[t]!], startPos: t, wantLogits: true }], kv)[0]!;
+    assertClose(got, ref[t]!, `${what}: decode logits at position ${t}`);
+  }
+  // Greedy choice agrees wherever the reference's top two logits are not a near tie.
+  const top2 = (r: Float64Array) => [...r].map((v, i) => [v, i] as const).sort((a, b) => b[0] - a[0]).slice(0, 2);
+  const [best, second] = top2(ref[split - 1]!);
+  if (best![0] - second![0] > 1e-3) assert.equal(argmax(pre), best![1], `${what}: greedy token`);
+}
+
+test('model: logits equal an independent float64 reference (untied GQA, tied with head_dim != dim/heads, built-in)', async () => {
+  const untied: RefConfig = { vocab: 300, dim: 64, layers: 2, heads: 4, kvHeads: 2, headDim: 16, hidden: 96, eps: 1e-5, theta: 10000, tied: false };
+  const tied: RefConfig = { vocab: 200, dim: 48, layers: 3, heads: 8, kvHeads: 2, headDim: 8, hidden: 80, eps: 1e-6, theta: 500000, tied: true };
+  const toks = (n: number, vocab: number, salt: number) => Array.from({ length: n }, (_, i) => (i * 37 + salt * 11 + ((i * i) % 13)) % vocab);
+  for (const [c, seed] of [[untied, 7], [tied, 99]] as const) {
+    const { dir, W } = await writeRefCheckpoint(c, seed);
+    for (const kernel of ['wasm', 'js'] as const) {
+      const m = await LlamaModel.load(dir, { kernel });
+      try {
+        checkAgainstReference(m, c, W, toks(40, c.vocab, seed), 33, `${c.tied ? 'tied' : 'untied'} ${kernel}`);
+      } finally {
+        m.close();
+      }
+    }
+  }
+  // The built-in model itself (8 heads over 2 KV heads, 32000-token tied head), read back from its files.
+  const cfg = model.config;
+  const st = await SafetensorsCollection.openDir(model.dir);
+  const cache = new Map<string, Float32Array>();
+  for (const name of st.names()) cache.set(name, (await st.get(name)).data);
+  const bc: RefConfig = { vocab: cfg.vocabSize, dim: cfg.dim, layers: cfg.numLayers, heads: cfg.numHeads, kvHeads: cfg.numKvHeads, headDim: cfg.headDim, hidden: cfg.hiddenDim, eps: cfg.normEps, theta: cfg.ropeTheta, tied: cfg.tieWordEmbeddings };
+  checkAgainstReference(model, bc, (n) => cache.get(n)!, prompt(12, 9), 10, 'builtin');
 });

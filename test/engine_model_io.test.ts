@@ -5,13 +5,13 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { mkdirSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, readFileSync, readdirSync, utimesSync, writeFileSync } from 'node:fs';
 import { join, dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseModelConfig, loadModelConfig, ModelConfigError } from '../src/engine/model/config.js';
 import { SafetensorsCollection, writeSafetensors, f32ToBf16, f32ToF16, f16ToF32 } from '../src/engine/model/safetensors.js';
-import { Tokenizer } from '../src/engine/model/tokenizer.js';
-import { ensureBuiltinModel, BUILTIN_MODELS, builtinDirName } from '../src/engine/model/builtin.js';
+import { Tokenizer, maxCharsPerToken } from '../src/engine/model/tokenizer.js';
+import { ensureBuiltinModel, BUILTIN_MODELS, builtinDirName, cleanStaleBuiltinTemps, STALE_TMP_MS } from '../src/engine/model/builtin.js';
 import { tempDir } from './helpers/proc.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -183,4 +183,113 @@ test('builtin model: several processes generating at once agree on one complete 
     else process.env.KVC_CACHE_DIR = prev;
   }
   await assert.rejects(ensureBuiltinModel('huge'), /unknown built-in model "huge"/);
+});
+
+test('tokenizer: chat template from tokenizer_config.json, as a string and as a list of named templates', async () => {
+  const src = await ensureBuiltinModel('tiny');
+  const base = JSON.parse(readFileSync(join(src, 'tokenizer_config.json'), 'utf8')) as Record<string, unknown>;
+  const msgs = [
+    { role: 'system', content: 'Be brief.' },
+    { role: 'user', content: 'Hi' },
+  ];
+  const withConfig = async (cfg: Record<string, unknown>) => {
+    const dir = tempDir('kvc-tok-');
+    copyFileSync(join(src, 'tokenizer.json'), join(dir, 'tokenizer.json'));
+    writeFileSync(join(dir, 'tokenizer_config.json'), JSON.stringify({ ...base, ...cfg }));
+    return Tokenizer.load(dir);
+  };
+  // ChatML-style string template.
+  const chatml =
+    "{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}";
+  const t1 = await withConfig({ chat_template: chatml });
+  assert.equal(t1.chatTemplateSource, chatml);
+  assert.equal(t1.applyChatTemplate(msgs), '<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\n');
+  assert.equal(t1.applyChatTemplate(msgs, { addGenerationPrompt: false }), '<|system|>\nBe brief.\n<|user|>\nHi\n');
+  // No BOS in the rendered text: encodeChat adds it (add_bos_token), exactly once.
+  const ids = t1.encodeChat(msgs);
+  assert.equal(ids[0], 1);
+  assert.deepEqual(ids, t1.encode('<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\n'));
+  // A template that emits bos_token itself gets no second BOS.
+  const t2 = await withConfig({ chat_template: "{{ bos_token }}{% for m in messages %}{{ m['content'] }};{% endfor %}" });
+  const ids2 = t2.encodeChat(msgs);
+  assert.equal(ids2.filter((x) => x === 1).length, 1);
+  assert.deepEqual(ids2, t2.encode('Be brief.;Hi;', {}));
+  // List of named templates (transformers' format): "default" is the one used.
+  const t3 = await withConfig({
+    chat_template: [
+      { name: 'tool_use', template: 'TOOLS {{ messages[0].content }}' },
+      { name: 'default', template: "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}" },
+    ],
+  });
+  assert.equal(t3.applyChatTemplate(msgs), '[system] Be brief. [user] Hi ');
+  // A template that does not parse is a load error naming chat_template.
+  await assert.rejects(withConfig({ chat_template: '{% for m in messages %}' }), /chat_template does not parse/);
+});
+
+test('tokenizer: a sound characters-per-token bound only for pipelines that never shrink the text', async () => {
+  const dir = await ensureBuiltinModel('tiny');
+  const tj = JSON.parse(readFileSync(join(dir, 'tokenizer.json'), 'utf8')) as Record<string, unknown>;
+  const max = maxCharsPerToken(tj);
+  assert.equal(max, 16, 'the longest Llama-2 piece is 16 characters (a run of ▁)');
+  const tok = await Tokenizer.load(dir);
+  assert.equal(tok.maxCharsPerToken, 16);
+  // The bound holds for texts built to be as cheap as possible in tokens.
+  for (const text of [' '.repeat(1000), 'the '.repeat(300), 'a'.repeat(500), '<s>'.repeat(50), 'x', '🙂'.repeat(40)]) {
+    const n = tok.encode(text, { addBos: false }).length;
+    assert.ok(tok.minTokens(text) <= n, `minTokens(${JSON.stringify(text.slice(0, 12))}…) = ${tok.minTokens(text)} > ${n}`);
+  }
+  assert.equal(tok.minTokens('a'.repeat(161)), 11);
+  // Pipelines that may drop or merge characters give no bound.
+  const withNorm = (n: unknown) => maxCharsPerToken({ ...tj, normalizer: n });
+  assert.equal(withNorm({ type: 'Strip', strip_left: true, strip_right: true }), null);
+  assert.equal(withNorm({ type: 'NFKC' }), null);
+  assert.equal(withNorm({ type: 'Replace', pattern: { String: '  ' }, content: ' ' }), null);
+  assert.equal(withNorm({ type: 'Replace', pattern: { Regex: '\\s+' }, content: ' ' }), null);
+  assert.equal(withNorm(null), 16);
+  assert.equal(maxCharsPerToken({ ...tj, pre_tokenizer: { type: 'Whitespace' } }), null);
+  assert.equal(maxCharsPerToken({ ...tj, pre_tokenizer: { type: 'Split', pattern: { String: ' ' }, behavior: 'Removed' } }), null);
+  assert.equal(maxCharsPerToken({ ...tj, pre_tokenizer: { type: 'Metaspace', replacement: '▁' } }), 16);
+  const model = tj.model as Record<string, unknown>;
+  assert.equal(maxCharsPerToken({ ...tj, model: { ...model, byte_fallback: false } }), null, 'fuse_unk without byte fallback: one <unk> may cover any run');
+  assert.equal(maxCharsPerToken({ ...tj, model: { ...model, type: 'Unigram' } }), null);
+});
+
+test('builtin model: KVC_CACHE_DIR comes from the env passed in; stale temp folders of dead processes are removed', async () => {
+  const cache = tempDir();
+  const root = join(cache, 'models');
+  const spec = BUILTIN_MODELS.tiny!;
+  // A finished model (only its config.json matters for the "already there" check).
+  mkdirSync(join(root, builtinDirName(spec)), { recursive: true });
+  writeFileSync(join(root, builtinDirName(spec), 'config.json'), '{}');
+  const old = (Date.now() - STALE_TMP_MS - 60_000) / 1000;
+  const mk = (name: string, age: number | null) => {
+    const d = join(root, name);
+    mkdirSync(d);
+    writeFileSync(join(d, 'model.safetensors'), 'partial');
+    if (age !== null) {
+      utimesSync(join(d, 'model.safetensors'), age, age);
+      utimesSync(d, age, age);
+    }
+    return d;
+  };
+  const deadPid = 2 ** 22 + 12345; // above Linux's pid_max: no such process
+  const staleDead = mk(`.${builtinDirName(spec)}.tmp-${deadPid}-abc123`, old);
+  const freshDead = mk(`.${builtinDirName(spec)}.tmp-${deadPid}-def456`, null);
+  const oldButAlive = mk(`.${builtinDirName(spec)}.tmp-${process.pid}-ghi789`, old);
+  const unrelated = mk('.something-else.tmp-1-x', old);
+  const prev = process.env.KVC_CACHE_DIR;
+  process.env.KVC_CACHE_DIR = tempDir(); // must NOT be used
+  try {
+    const dir = await ensureBuiltinModel('tiny', { KVC_CACHE_DIR: cache });
+    assert.equal(dir, join(root, builtinDirName(spec)));
+    assert.deepEqual(readdirSync(process.env.KVC_CACHE_DIR), [], 'process.env.KVC_CACHE_DIR untouched');
+  } finally {
+    if (prev === undefined) delete process.env.KVC_CACHE_DIR;
+    else process.env.KVC_CACHE_DIR = prev;
+  }
+  assert.equal(existsSync(staleDead), false, 'old temp dir of a dead process removed');
+  assert.equal(existsSync(freshDead), true, 'a recently written temp dir is kept (it may belong to another host)');
+  assert.equal(existsSync(oldButAlive), true, 'a temp dir whose process is alive is kept');
+  assert.equal(existsSync(unrelated), true, 'other names are never touched');
+  assert.deepEqual(await cleanStaleBuiltinTemps(root, Date.now() + 2 * STALE_TMP_MS), [`.${builtinDirName(spec)}.tmp-${deadPid}-def456`]);
 });

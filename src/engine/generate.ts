@@ -114,12 +114,15 @@ export async function runGeneration(ctx: GenerationContext, g: GenerationRequest
   });
 
   // A client that goes away (closed socket, aborted stream) cancels the sequence.
-  reply.raw.on('close', () => {
-    if (!reply.raw.writableFinished) {
-      clientGone = true;
-      ctx.scheduler.cancel(s, 'abort');
-    }
-  });
+  const onGone = () => {
+    if (clientGone || reply.raw.writableFinished) return;
+    clientGone = true;
+    ctx.scheduler.cancel(s, 'abort');
+  };
+  reply.raw.on('close', onGone);
+  // The socket may have closed between the body being read and the listener being attached
+  // (its 'close' event already fired): check now, or the sequence would run to the end unseen.
+  if (reply.raw.destroyed || reply.raw.socket?.destroyed === true) onGone();
 
   if (g.stream) {
     reply.hijack();

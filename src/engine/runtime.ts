@@ -18,8 +18,9 @@ export interface EngineModel extends Forwarder {
   llama: LlamaModel;
 }
 
-export async function loadEngineModel(spec: string): Promise<EngineModel> {
-  const dir = await resolveModelDir(spec);
+/** `env` supplies KVC_CACHE_DIR for built-in models (default process.env). */
+export async function loadEngineModel(spec: string, env: NodeJS.ProcessEnv = process.env): Promise<EngineModel> {
+  const dir = await resolveModelDir(spec, env);
   const [llama, tokenizer] = await Promise.all([LlamaModel.load(dir), Tokenizer.load(dir)]);
   return {
     dir: llama.dir,

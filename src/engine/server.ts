@@ -103,8 +103,20 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
     }
   }
 
+  const maxNumSeqs = opts.maxNumSeqs ?? 16;
+  if (!Number.isInteger(maxNumSeqs) || maxNumSeqs < 1) throw new Error(`--max-num-seqs: expected a positive integer, found ${maxNumSeqs}`);
+  const maxNumBatchedTokens = opts.maxNumBatchedTokens ?? 512;
+  if (!Number.isInteger(maxNumBatchedTokens) || maxNumBatchedTokens < 1) throw new Error(`--max-num-batched-tokens: expected a positive integer, found ${maxNumBatchedTokens}`);
+  if (maxNumBatchedTokens < maxNumSeqs) {
+    // Every running sequence's decode row takes one token of a step's budget: with fewer tokens
+    // than sequences, decode rows alone would overrun the budget and starve prefills.
+    throw new Error(
+      `--max-num-batched-tokens (${maxNumBatchedTokens}) must be >= --max-num-seqs (${maxNumSeqs}): each running sequence's decode row takes one token of every step's budget`,
+    );
+  }
+
   const t0 = performance.now();
-  const m = await loadEngineModel(modelSpec);
+  const m = await loadEngineModel(modelSpec, env);
   const cfg = m.config;
   log.info(`model ${modelSpec} loaded in ${Math.round(performance.now() - t0)} ms (${cfg.numLayers} layers, dim ${cfg.dim}, ${cfg.numHeads} heads / ${cfg.numKvHeads} KV heads, vocab ${cfg.vocabSize})`);
 
@@ -113,10 +125,6 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
   if (maxModelLen > cfg.maxPositionEmbeddings) {
     throw new Error(`--max-model-len ${maxModelLen} exceeds the model's max_position_embeddings (${cfg.maxPositionEmbeddings})`);
   }
-  const maxNumSeqs = opts.maxNumSeqs ?? 16;
-  if (!Number.isInteger(maxNumSeqs) || maxNumSeqs < 1) throw new Error(`--max-num-seqs: expected a positive integer, found ${maxNumSeqs}`);
-  const maxNumBatchedTokens = opts.maxNumBatchedTokens ?? 512;
-  if (!Number.isInteger(maxNumBatchedTokens) || maxNumBatchedTokens < 1) throw new Error(`--max-num-batched-tokens: expected a positive integer, found ${maxNumBatchedTokens}`);
   const tokenBytes = payloadBytes(m.layout, 1);
   const kvBytes = opts.kvCacheBytes ?? Math.min(4 * GiB, maxNumSeqs * (maxModelLen + 16) * tokenBytes);
   const kv = new PagedKvCache({ numLayers: cfg.numLayers, numKvHeads: cfg.numKvHeads, headDim: cfg.headDim }, kvBytes);
@@ -185,22 +193,49 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
       if (ids[i]! >= cfg.vocabSize) throw badRequest(`field \`${field}[${i}]\`: token id ${ids[i]} is out of range for a vocabulary of ${cfg.vocabSize}`);
     }
   };
-  const encodeChat = (messages: { role: string; content?: unknown }[]): number[] => {
+  /**
+   * Refuses text whose character count alone proves it has at least `limit` tokens, before
+   * spending the CPU on tokenizing it (tokenizer.minTokens is a sound lower bound, or 0).
+   */
+  const boundText = (text: string, field: string, limit: number, what: string) => {
+    const min = tok.minTokens(text);
+    if (min >= limit) {
+      throw badRequest(
+        `field \`${field}\`: ${text.length} characters are at least ${min} tokens; ${what} (this model's maximum context length is ${maxModelLen} tokens)`,
+        'context_length_exceeded',
+      );
+    }
+  };
+  /** Chat messages → prompt ids; refuses a rendered prompt that certainly reaches `limit` tokens. */
+  const encodeChat = (messages: { role: string; content?: unknown }[], limit: number, what: string): number[] => {
     const msgs: ChatMessage[] = messages.map((mm) => ({ role: mm.role, content: messageText(mm as Parameters<typeof messageText>[0]) }));
+    let text: string;
     try {
-      return tok.encodeChat(msgs);
+      text = tok.applyChatTemplate(msgs);
     } catch (e) {
       if (e instanceof ChatTemplateError) throw badRequest(`field \`messages\`: ${e.message.replace(/^messages: /, '')}`);
       throw e;
     }
+    boundText(text, 'messages', limit, what);
+    return tok.encodeChatText(text);
   };
-  /** Length rules shared by both generation endpoints; returns max_tokens to use. */
+  /** Generation needs prompt < max_model_len; /tokenize only refuses what is beyond max_model_len. */
+  const GEN_LIMIT = 'leaving no room to generate';
+  const TOK_LIMIT = 'more than the model can take';
+  /**
+   * Length rules shared by both generation endpoints; returns max_tokens to use. Without an
+   * explicit max_tokens, `defaultMax` is further capped by what the paged KV can hold for this
+   * prompt (prompt + max_tokens - 1 positions), so a default never asks for more than exists.
+   */
   const plan = (prompt: number[], field: string, maxTokens: number | null | undefined, maxField: string, defaultMax: number): number => {
     if (prompt.length === 0) throw badRequest(`field \`${field}\`: the prompt is empty (0 tokens)`);
     if (prompt.length >= maxModelLen) {
-      throw badRequest(`field \`${field}\`: the prompt has ${prompt.length} tokens; this model's maximum context length is ${maxModelLen} tokens, leaving no room to generate`, 'context_length_exceeded');
+      throw badRequest(`field \`${field}\`: the prompt has ${prompt.length} tokens; this model's maximum context length is ${maxModelLen} tokens, ${GEN_LIMIT}`, 'context_length_exceeded');
     }
-    const mt = maxTokens ?? defaultMax;
+    if (prompt.length > kv.capacityTokens) {
+      throw badRequest(`field \`${field}\`: the prompt has ${prompt.length} tokens; this engine's KV cache holds ${kv.capacityTokens} tokens`, 'kv_capacity_exceeded');
+    }
+    const mt = maxTokens ?? Math.min(defaultMax, kv.capacityTokens + 1 - prompt.length);
     if (prompt.length + mt > maxModelLen) {
       throw badRequest(
         `field \`${maxField}\`: ${mt} tokens requested with a ${prompt.length}-token prompt; this model's maximum context length is ${maxModelLen} tokens`,
@@ -235,8 +270,10 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
     checkModel(b.model);
     const p = Array.isArray(b.prompt) && b.prompt.length === 1 && (typeof b.prompt[0] === 'string' || Array.isArray(b.prompt[0])) ? b.prompt[0]! : b.prompt;
     let prompt: number[];
-    if (typeof p === 'string') prompt = tok.encode(p);
-    else {
+    if (typeof p === 'string') {
+      boundText(p, 'prompt', maxModelLen, GEN_LIMIT);
+      prompt = tok.encode(p);
+    } else {
       prompt = p as number[];
       checkIds(prompt, 'prompt');
     }
@@ -262,7 +299,7 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
   app.post('/v1/chat/completions', async (req: FastifyRequest, reply: FastifyReply) => {
     const b = parseBody(chatRequest, requireObject(req.body));
     checkModel(b.model);
-    const prompt = encodeChat(b.messages);
+    const prompt = encodeChat(b.messages, maxModelLen, GEN_LIMIT);
     const field = b.max_completion_tokens != null ? 'max_completion_tokens' : 'max_tokens';
     const maxTokens = plan(prompt, 'messages', b.max_completion_tokens ?? b.max_tokens, field, maxModelLen - prompt.length);
     const g: GenerationRequest = {
@@ -289,10 +326,11 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
     if ('messages' in body) {
       const b = parseBody(tokenizeChatRequest, body);
       checkModel(b.model);
-      tokens = encodeChat(b.messages);
+      tokens = encodeChat(b.messages, maxModelLen + 1, TOK_LIMIT);
     } else {
       const b = parseBody(tokenizePromptRequest, body);
       checkModel(b.model);
+      boundText(b.prompt, 'prompt', maxModelLen + 1, TOK_LIMIT);
       tokens = tok.encode(b.prompt, b.add_special_tokens === false ? { addBos: false } : {});
     }
     return { tokens, count: tokens.length, max_model_len: maxModelLen };

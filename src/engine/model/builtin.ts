@@ -7,7 +7,7 @@
 // Several engines may start at once (2P2D): each builds into its own temp directory and
 // renames it into place; rename of a directory is atomic, the loser discards its copy, and the
 // content is deterministic, so whoever wins, every engine loads identical weights.
-import { copyFile, mkdir, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { copyFile, mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { homedir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -47,8 +47,9 @@ export const BUILTIN_MODELS: Record<string, BuiltinSpec> = {
   },
 };
 
-export function builtinCacheRoot(): string {
-  return process.env.KVC_CACHE_DIR ? join(process.env.KVC_CACHE_DIR, 'models') : join(homedir(), '.cache', 'kvc', 'models');
+/** `$KVC_CACHE_DIR/models` (default `~/.cache/kvc/models`), read from `env` (default process.env). */
+export function builtinCacheRoot(env: NodeJS.ProcessEnv = process.env): string {
+  return env.KVC_CACHE_DIR ? join(env.KVC_CACHE_DIR, 'models') : join(homedir(), '.cache', 'kvc', 'models');
 }
 
 export function builtinDirName(spec: BuiltinSpec): string {
@@ -191,12 +192,69 @@ export async function writeBuiltinModel(spec: BuiltinSpec, dir: string): Promise
   await writeFile(join(dir, 'config.json'), JSON.stringify(builtinConfigJson(spec), null, 2) + '\n');
 }
 
-/** Returns the directory of built-in model `name`, generating it on first use (race-free). */
-export async function ensureBuiltinModel(name = 'tiny'): Promise<string> {
+/** A temp directory older than this whose process is gone is a leftover of a killed generation. */
+export const STALE_TMP_MS = 10 * 60 * 1000;
+
+/** True if a process with this pid exists (EPERM: it exists but belongs to someone else). */
+function pidAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/** Newest mtime of a directory and its direct entries (files being written touch only themselves). */
+async function newestMtime(dir: string): Promise<number> {
+  let t = (await stat(dir)).mtimeMs;
+  for (const name of await readdir(dir).catch(() => [] as string[])) {
+    const s = await stat(join(dir, name)).catch(() => null);
+    if (s) t = Math.max(t, s.mtimeMs);
+  }
+  return t;
+}
+
+/**
+ * Removes `.builtin-*.tmp-<pid>-*` directories left by generations that were killed half way:
+ * only those whose process no longer exists AND that nobody touched for STALE_TMP_MS (a live
+ * generation on this host keeps its pid; one on another host sharing the folder keeps writing).
+ * Returns the names removed.
+ */
+export async function cleanStaleBuiltinTemps(root: string, now = Date.now()): Promise<string[]> {
+  const removed: string[] = [];
+  let names: string[];
+  try {
+    names = await readdir(root);
+  } catch {
+    return removed;
+  }
+  for (const name of names) {
+    const m = /^\.builtin-.+\.tmp-(\d+)-[a-z0-9]*$/.exec(name);
+    if (!m) continue;
+    const dir = join(root, name);
+    try {
+      if (pidAlive(Number(m[1]))) continue;
+      if (now - (await newestMtime(dir)) < STALE_TMP_MS) continue;
+      await rm(dir, { recursive: true, force: true });
+      removed.push(name);
+    } catch {
+      // Raced with another cleaner or the owner: leave it.
+    }
+  }
+  return removed;
+}
+
+/**
+ * Returns the directory of built-in model `name`, generating it on first use (race-free).
+ * `env` supplies KVC_CACHE_DIR (default process.env).
+ */
+export async function ensureBuiltinModel(name = 'tiny', env: NodeJS.ProcessEnv = process.env): Promise<string> {
   const spec = BUILTIN_MODELS[name];
   if (!spec) throw new Error(`unknown built-in model "${name}" (available: ${Object.keys(BUILTIN_MODELS).join(', ')})`);
-  const root = builtinCacheRoot();
+  const root = builtinCacheRoot(env);
   const final = join(root, builtinDirName(spec));
+  await cleanStaleBuiltinTemps(root);
   if (await exists(join(final, 'config.json'))) return final;
   await mkdir(root, { recursive: true });
   const tmp = join(root, `.${builtinDirName(spec)}.tmp-${process.pid}-${Math.random().toString(36).slice(2)}`);
@@ -215,7 +273,7 @@ export async function ensureBuiltinModel(name = 'tiny'): Promise<string> {
 }
 
 /** `builtin:tiny` → the generated directory; anything else is taken as a checkpoint path. */
-export async function resolveModelDir(model: string): Promise<string> {
-  if (model.startsWith('builtin:')) return ensureBuiltinModel(model.slice('builtin:'.length));
+export async function resolveModelDir(model: string, env: NodeJS.ProcessEnv = process.env): Promise<string> {
+  if (model.startsWith('builtin:')) return ensureBuiltinModel(model.slice('builtin:'.length), env);
   return model;
 }

@@ -53,6 +53,70 @@ function tokenContent(v: unknown): string | null {
   return null;
 }
 
+type Json = Record<string, unknown>;
+
+/** A normalizer that never makes the text shorter (in UTF-16 units), or false. */
+function nonShrinkingNormalizer(n: unknown): boolean {
+  if (n === null || n === undefined) return true;
+  const o = n as Json;
+  switch (o.type) {
+    case 'Sequence':
+      return Array.isArray(o.normalizers) && o.normalizers.every(nonShrinkingNormalizer);
+    case 'Prepend':
+      return true;
+    case 'Replace': {
+      const pat = (o.pattern as Json | undefined)?.String;
+      return typeof pat === 'string' && typeof o.content === 'string' && o.content.length >= pat.length;
+    }
+    default:
+      // NFKC/NFKD (an astral letter can become one BMP letter), Lowercase, Strip, regex
+      // replacements...: may shrink the text, so no bound.
+      return false;
+  }
+}
+
+/** A pre-tokenizer that keeps every character (splits, maps to ≥ as many units), or false. */
+function nonShrinkingPreTokenizer(p: unknown): boolean {
+  if (p === null || p === undefined) return true;
+  const o = p as Json;
+  switch (o.type) {
+    case 'Sequence':
+      return Array.isArray(o.pretokenizers) && o.pretokenizers.every(nonShrinkingPreTokenizer);
+    case 'Metaspace': // spaces → ▁ (same length), optional prepended ▁
+    case 'ByteLevel': // one character per UTF-8 byte: never fewer than UTF-16 units
+    case 'Digits':
+      return true;
+    case 'Split':
+    case 'Punctuation':
+      return o.behavior !== 'Removed';
+    default:
+      return false; // Whitespace, WhitespaceSplit, Bert...: drop whitespace
+  }
+}
+
+/**
+ * The most UTF-16 units of input one token can stand for, when that is bounded: the pipeline
+ * never shrinks the text, the model is BPE, and an unknown character cannot fuse with its
+ * neighbours into one token. Then encode(text) has at least ceil(text.length / result) tokens.
+ * null when no such bound holds (the caller must tokenize to know).
+ */
+export function maxCharsPerToken(tj: Json): number | null {
+  if (!nonShrinkingNormalizer(tj.normalizer) || !nonShrinkingPreTokenizer(tj.pre_tokenizer)) return null;
+  const model = tj.model as Json | undefined;
+  if (!model || model.type !== 'BPE' || typeof model.vocab !== 'object' || model.vocab === null || Array.isArray(model.vocab)) return null;
+  const vocab = model.vocab as Record<string, unknown>;
+  if (model.fuse_unk === true) {
+    const allBytes = model.byte_fallback === true && Array.from({ length: 256 }, (_, b) => `<0x${b.toString(16).toUpperCase().padStart(2, '0')}>`).every((t) => t in vocab);
+    if (!allBytes) return null;
+  }
+  let max = 1;
+  for (const piece of Object.keys(vocab)) if (piece.length > max) max = piece.length;
+  for (const t of (tj.added_tokens as { content?: unknown }[] | undefined) ?? []) {
+    if (typeof t.content === 'string' && t.content.length > max) max = t.content.length;
+  }
+  return max;
+}
+
 export class Tokenizer {
   readonly bosTokenId: number | null;
   readonly eosTokenId: number | null;
@@ -60,6 +124,8 @@ export class Tokenizer {
   readonly eosToken: string | null;
   readonly addBosDefault: boolean;
   readonly vocabSize: number;
+  /** See maxCharsPerToken (null: no bound from the character count). */
+  readonly maxCharsPerToken: number | null;
   private readonly template: Template;
   private readonly specialIds: Set<number>;
 
@@ -67,7 +133,9 @@ export class Tokenizer {
     private readonly hf: HfTokenizer,
     config: Record<string, unknown>,
     readonly chatTemplateSource: string,
+    maxChars: number | null = null,
   ) {
+    this.maxCharsPerToken = maxChars;
     this.bosToken = tokenContent(config.bos_token);
     this.eosToken = tokenContent(config.eos_token);
     this.bosTokenId = this.bosToken !== null ? (hf.token_to_id(this.bosToken) ?? null) : null;
@@ -99,7 +167,15 @@ export class Tokenizer {
     }
     let tpl = cfg.chat_template;
     if (Array.isArray(tpl)) tpl = (tpl as { name?: string; template?: string }[]).find((t) => t.name === 'default')?.template;
-    return new Tokenizer(hf, cfg, typeof tpl === 'string' ? tpl : DEFAULT_CHAT_TEMPLATE);
+    return new Tokenizer(hf, cfg, typeof tpl === 'string' ? tpl : DEFAULT_CHAT_TEMPLATE, maxCharsPerToken(tj));
+  }
+
+  /**
+   * A lower bound on encode(text).length known from the character count alone, without
+   * tokenizing (0 when the tokenizer gives no such bound).
+   */
+  minTokens(text: string): number {
+    return this.maxCharsPerToken === null ? 0 : Math.ceil(text.length / this.maxCharsPerToken);
   }
 
   /** Text → ids. Special-token text in the input (e.g. "<s>") maps to its id. */
@@ -134,7 +210,11 @@ export class Tokenizer {
 
   /** Chat messages → prompt ids. The template supplies BOS itself, so none is added here. */
   encodeChat(messages: ChatMessage[]): number[] {
-    const text = this.applyChatTemplate(messages);
+    return this.encodeChatText(this.applyChatTemplate(messages));
+  }
+
+  /** A rendered chat prompt (applyChatTemplate) → ids, adding BOS only if the template did not. */
+  encodeChatText(text: string): number[] {
     const startsWithBos = this.bosToken !== null && this.bosToken !== '' && text.startsWith(this.bosToken);
     return this.encode(text, { addBos: !startsWithBos && this.addBosDefault });
   }

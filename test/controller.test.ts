@@ -15,6 +15,7 @@ import { freePortRange } from '../src/common/ports.js';
 import { encodeMsg, packKeys, PROTOCOL_VERSION } from '../src/controller/protocol.js';
 import { attachController, type ControllerAttachment } from '../src/kvc/controller_client.js';
 import { KvcStore } from '../src/kvc/store.js';
+import { WorkerOps } from '../src/kvc/worker_ops.js';
 import { postJson, startKvc, tempDir, waitHttp, type Proc } from './helpers/proc.js';
 
 const MODEL = 'ctl-test-model';
@@ -60,14 +61,14 @@ interface Instance {
   close(): Promise<void>;
 }
 
-async function startInstance(id: string, monitorPort: number, opts: { cpuGiB?: number; disk?: boolean; chunkSize?: number; layout?: KvLayout } = {}): Promise<Instance> {
+async function startInstance(id: string, monitorPort: number, opts: { cpuGiB?: number; disk?: boolean; diskGiB?: number; chunkSize?: number; layout?: KvLayout } = {}): Promise<Instance> {
   const base = await freePortRange(2);
   const diskDir = opts.disk ? tempDir('kvc-ctl-disk-') : null;
   const { config: cfg } = validateCacheConfig({
     chunk_size: opts.chunkSize ?? CHUNK,
     local_cpu: true,
     max_local_cpu_size: opts.cpuGiB ?? 0.01,
-    max_local_disk_size: diskDir ? 0.05 : 0,
+    max_local_disk_size: diskDir ? (opts.diskGiB ?? 0.05) : 0,
     local_disk: diskDir,
     enable_controller: true,
     kvc_instance_id: id,
@@ -406,6 +407,90 @@ function registerTests(): void {
         const r = await (await fetch(`${url}/instances`)).json();
         return r.instances.find((i: { instance_id: string }) => i.instance_id === 'inst-B').workers[0].locations.LocalCPUBackend.chunks === 0;
       });
+    });
+  });
+
+  describe('transfer safety', () => {
+    // 512 KiB chunks (16 tokens): a source with room for many, a destination with room for ~19.
+    const big: KvLayout = { dtype: DType.f32, numLayers: 8, numKvHeads: 8, headDim: 64 };
+    let S: Instance;
+    let D: Instance;
+    const workerUrl = (i: Instance) => `http://127.0.0.1:${i.cfg.kvc_worker_port}`;
+    const pinnedIn = (i: Instance, loc: 'LocalCPUBackend' | 'LocalDiskBackend') => i.store.stats().find((x) => x.location === loc)!.pinned;
+    const movesInFlight = async (i: Instance) => ((await (await fetch(`${workerUrl(i)}/health`)).json()) as { moves_in_flight: number }).moves_in_flight;
+
+    before(async () => {
+      S = await startInstance('inst-S', monitor, { cpuGiB: 0.06, disk: true, diskGiB: 0.005, layout: big });
+      D = await startInstance('inst-D', monitor, { cpuGiB: 0.01, layout: big });
+      instances.push(S, D);
+      await waitUntil('S and D live', () => S.att.state === 'live' && D.att.state === 'live');
+    });
+    after(async () => {
+      for (const i of [S, D]) {
+        await i?.close().catch(() => {});
+        if (i) instances.splice(instances.indexOf(i), 1);
+      }
+    });
+
+    test('the deadline passing before the delete phase keeps the source (in an instance and across instances)', async () => {
+      // A clock that jumps past the deadline the moment the destination stored the last chunk.
+      let t = 1_000_000;
+      const ops = new WorkerOps(S.store, 'inst-S', { now: () => t });
+      const local = await putPrompt(S.store, range(3 * CHUNK, 400_000), 'LocalCPUBackend', CHUNK, big);
+      const lastLocal = local.at(-1)!.key;
+      const onAdmit = (e: { location: string; keys: string[] }) => {
+        if (e.location === 'LocalDiskBackend' && e.keys.includes(lastLocal)) t += 10 * 60_000;
+      };
+      S.store.on('admit', onAdmit);
+      try {
+        await assert.rejects(
+          ops.move({ keys: local.map((s) => s.key), location: 'LocalCPUBackend', copy: false, target: { location: 'LocalDiskBackend' }, deadline_ms: 60_000 }),
+          /did not complete within 60000 ms \(before deleting the source\)/,
+        );
+      } finally {
+        S.store.off('admit', onAdmit);
+      }
+      for (const s of local) assert.ok(S.store.has(s.key, 'LocalCPUBackend'));
+      await S.store.clear('LocalDiskBackend');
+
+      const cross = await putPrompt(S.store, range(3 * CHUNK, 410_000), 'LocalCPUBackend', CHUNK, big);
+      const lastCross = cross.at(-1)!.key;
+      const onAdmitD = (e: { keys: string[] }) => {
+        if (e.keys.includes(lastCross)) t += 10 * 60_000;
+      };
+      D.store.on('admit', onAdmitD);
+      try {
+        await assert.rejects(
+          ops.move({ keys: cross.map((s) => s.key), location: 'LocalCPUBackend', copy: false, target: { location: 'LocalCPUBackend', distributed_url: D.cfg.distributed_url }, deadline_ms: 60_000 }),
+          /before deleting the source/,
+        );
+      } finally {
+        D.store.off('admit', onAdmitD);
+      }
+      for (const s of cross) assert.ok(S.store.has(s.key, 'LocalCPUBackend'));
+      await S.store.clear('LocalCPUBackend');
+    });
+
+    test('a move whose controller request goes away is cancelled and keeps its source', async () => {
+      await D.store.clear('LocalCPUBackend');
+      const spans = await putPrompt(S.store, range(12 * CHUNK, 500_000), 'LocalCPUBackend', CHUNK, big);
+      const keys = spans.map((s) => s.key);
+      const req = new AbortController();
+      // The controller's side of the request disappears as soon as the destination stored its first chunk.
+      const onAdmit = () => req.abort();
+      D.store.once('admit', onAdmit);
+      const sent = fetch(`${workerUrl(S)}/move`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ keys, location: 'LocalCPUBackend', copy: false, target: { location: 'LocalCPUBackend', distributed_url: D.cfg.distributed_url }, deadline_ms: 60_000 }),
+        signal: req.signal,
+      });
+      await assert.rejects(sent);
+      await waitUntil('the worker finished with the move', async () => (await movesInFlight(S)) === 0);
+      for (const s of spans) assert.ok(S.store.has(s.key, 'LocalCPUBackend'), `cancelled move deleted source chunk ${s.index}`);
+      await waitUntil('D unpinned', () => pinnedIn(D, 'LocalCPUBackend') === 0);
+      assert.equal(pinnedIn(S, 'LocalCPUBackend'), 0);
+      await S.store.clear('LocalCPUBackend');
     });
   });
 

@@ -148,7 +148,9 @@ export class Operations {
               target: cross ? { instance_id: d.instanceId, location: dstLoc, distributed_url: d.distributedUrl } : { location: dstLoc },
               deadline_ms: this.timeouts.transferMs,
             },
-            // The worker enforces the deadline itself; allow it time to report the failure.
+            // The worker enforces the deadline itself (and checks it, and that this request is
+            // still open, right before deleting the source); allow it time to report the failure.
+            // Giving up here closes the request, which cancels the move on the worker.
             this.timeouts.transferMs + 5000,
           ),
         ),

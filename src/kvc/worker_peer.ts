@@ -278,28 +278,34 @@ export interface SendOptions {
   deadlineMs: number;
   /** Returns the chunk bytes for a key (a view that stays valid until the write completes), or null. */
   read: (key: string) => Promise<Uint8Array | null>;
+  /** Aborting it fails the send at once (the controller's request went away). */
+  signal?: AbortSignal;
 }
 
 /**
  * Sends `keys` to the peer and resolves once every chunk is acknowledged as stored.
- * Rejects on any refusal, a broken connection or the deadline; a rejection means the
+ * Rejects on any refusal, a broken connection, an abort or the deadline; a rejection means the
  * destination may hold some of the chunks but the caller must keep its own.
  */
 export function sendChunks(keys: readonly string[], o: SendOptions): Promise<number> {
   const { host, port } = parseHostPort(o.distributedUrl);
   return new Promise<number>((resolve, reject) => {
+    if (o.signal?.aborted) return reject(new Error(`transfer to ${o.distributedUrl} cancelled before it started`));
     const sock = net.connect({ host, port });
     sock.setNoDelay(true);
     let acked = 0;
     let settled = false;
+    const onAbort = () => done(new Error(`transfer to ${o.distributedUrl} cancelled (${acked}/${keys.length} chunks stored)`));
     const done = (err: Error | null) => {
       if (settled) return;
       settled = true;
       clearTimeout(timer);
+      o.signal?.removeEventListener('abort', onAbort);
       sock.destroy();
       if (err) reject(err);
       else resolve(acked);
     };
+    o.signal?.addEventListener('abort', onAbort);
     const timer = setTimeout(() => done(new Error(`transfer to ${o.distributedUrl} did not complete within ${o.deadlineMs} ms (${acked}/${keys.length} chunks stored)`)), o.deadlineMs);
     const reader = new FrameReader((type, body) => {
       let m: { ok?: boolean; error?: string; key?: string };

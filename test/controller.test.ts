@@ -8,6 +8,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import net from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { Dealer } from 'zeromq';
+import { encode } from '@msgpack/msgpack';
 import { DType, encodeChunk, payloadBytes, verifyChunk, type KvLayout } from '../src/common/chunk.js';
 import { validateCacheConfig, type CacheConfig } from '../src/common/config.js';
 import { chunkKeys } from '../src/common/keys.js';
@@ -15,6 +16,7 @@ import { freePortRange } from '../src/common/ports.js';
 import { encodeMsg, packKeys, PROTOCOL_VERSION } from '../src/controller/protocol.js';
 import { attachController, type ControllerAttachment } from '../src/kvc/controller_client.js';
 import { KvcStore } from '../src/kvc/store.js';
+import { transferHolds } from '../src/kvc/transfer_holds.js';
 import { WorkerOps } from '../src/kvc/worker_ops.js';
 import { postJson, startKvc, tempDir, waitHttp, type Proc } from './helpers/proc.js';
 
@@ -432,6 +434,53 @@ function registerTests(): void {
       }
     });
 
+    test('a move bigger than the destination: refused, nothing lost, event failed, no pin left behind', async () => {
+      await D.store.clear('LocalCPUBackend');
+      // Some older chunks on D that LRU may evict: those are fine to lose.
+      await putPrompt(D.store, range(64, 123_000), 'LocalCPUBackend', CHUNK, big);
+      const tokens = range(40 * CHUNK, 200_000); // 40 chunks = 20 MiB, D holds ~10 MiB
+      const spans = await putPrompt(S.store, tokens, 'LocalCPUBackend', CHUNK, big);
+      await waitUntil('indexed', async () => (await lookup(tokens)).layout_info['inst-S']?.matched_tokens === tokens.length);
+      const r = await postJson(`${url}/move`, { old_position: ['inst-S', 'LocalCPUBackend'], new_position: ['inst-D', 'LocalCPUBackend'], tokens, copy: false });
+      assert.equal(r.status, 200, JSON.stringify(r.json));
+      assert.equal(r.json.num_tokens, tokens.length);
+      const ev = await waitEvent(r.json.event_id);
+      assert.equal(ev.status, 'failed', 'a move that did not fit cannot be reported finished');
+      assert.match(ev.error, /full|no room/);
+      for (const s of spans) {
+        assert.ok(S.store.has(s.key, 'LocalCPUBackend') || D.store.has(s.key, 'LocalCPUBackend'), `chunk ${s.index} is on neither side`);
+        assert.ok(S.store.has(s.key, 'LocalCPUBackend'), `failed move deleted source chunk ${s.index}`);
+      }
+      // D's transfer pins are released once the connection is gone.
+      await waitUntil('D unpinned', () => pinnedIn(D, 'LocalCPUBackend') === 0);
+      // A move that fits still works, byte for byte.
+      const fits = tokens.slice(0, 8 * CHUNK);
+      const ok = await postJson(`${url}/move`, { old_position: ['inst-S', 'LocalCPUBackend'], new_position: ['inst-D', 'LocalCPUBackend'], tokens: fits, copy: false });
+      const okEv = await waitEvent(ok.json.event_id);
+      assert.equal(okEv.status, 'finished', okEv.error);
+      for (const s of spans.slice(0, 8)) {
+        assert.equal(S.store.has(s.key, 'LocalCPUBackend'), false);
+        assert.deepEqual(await D.store.get(s.key, undefined, 'LocalCPUBackend'), makeChunk(s.key, CHUNK, big));
+      }
+      assert.equal(pinnedIn(D, 'LocalCPUBackend'), 0);
+      await S.store.clear('LocalCPUBackend');
+    });
+
+    test('a move inside an instance into a smaller disk tier: refused, source intact, no pin left behind', async () => {
+      const tokens = range(24 * CHUNK, 300_000); // 12 MiB into a ~5 MiB disk tier
+      const spans = await putPrompt(S.store, tokens, 'LocalCPUBackend', CHUNK, big);
+      await waitUntil('indexed', async () => (await lookup(tokens)).layout_info['inst-S']?.matched_tokens === tokens.length);
+      const r = await postJson(`${url}/move`, { old_position: ['inst-S', 'LocalCPUBackend'], new_position: ['inst-S', 'LocalDiskBackend'], tokens, copy: false });
+      assert.equal(r.json.num_tokens, tokens.length);
+      const ev = await waitEvent(r.json.event_id);
+      assert.equal(ev.status, 'failed');
+      assert.match(ev.error, /no room|full/);
+      for (const s of spans) assert.ok(S.store.has(s.key, 'LocalCPUBackend'), `failed move deleted source chunk ${s.index}`);
+      assert.equal(pinnedIn(S, 'LocalDiskBackend'), 0);
+      await S.store.clear('LocalDiskBackend');
+      await S.store.clear('LocalCPUBackend');
+    });
+
     test('the deadline passing before the delete phase keeps the source (in an instance and across instances)', async () => {
       // A clock that jumps past the deadline the moment the destination stored the last chunk.
       let t = 1_000_000;
@@ -491,6 +540,67 @@ function registerTests(): void {
       await waitUntil('D unpinned', () => pinnedIn(D, 'LocalCPUBackend') === 0);
       assert.equal(pinnedIn(S, 'LocalCPUBackend'), 0);
       await S.store.clear('LocalCPUBackend');
+    });
+
+    test('a memory-tier chunk stays pinned while its bytes wait on the socket, and is unpinned afterwards', async () => {
+      // A peer that accepts the transfer and then stops reading: the send stalls with a chunk queued.
+      const stalled = net.createServer((sock) => {
+        sock.once('data', () => {
+          const body = encode({ ok: true });
+          const head = Buffer.alloc(5);
+          head.writeUInt32LE(body.byteLength, 0);
+          head.writeUInt8(0x81, 4);
+          sock.write(Buffer.concat([head, body]));
+          sock.pause();
+        });
+        sock.on('error', () => {});
+      });
+      await new Promise<void>((r) => stalled.listen(0, '127.0.0.1', r));
+      const port = (stalled.address() as net.AddressInfo).port;
+      const spans = await putPrompt(S.store, range(40 * CHUNK, 600_000), 'LocalCPUBackend', CHUNK, big);
+      const keys = spans.map((s) => s.key);
+      const req = new AbortController();
+      const sent = fetch(`${workerUrl(S)}/move`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ keys, location: 'LocalCPUBackend', copy: true, target: { location: 'LocalCPUBackend', distributed_url: `127.0.0.1:${port}` }, deadline_ms: 60_000 }),
+        signal: req.signal,
+      }).catch((e: Error) => e);
+      try {
+        const queued = await waitUntil('a chunk held while queued', () => keys.find((k) => S.store.isPinned(k, 'LocalCPUBackend')));
+        // Eviction pressure: more than the whole CPU tier of other chunks (only microtasks run
+        // meanwhile, so the send cannot progress). The queued chunk must not be recycled.
+        for (let i = 0; i < 130; i++) await putPrompt(S.store, range(CHUNK, 700_000 + i * CHUNK), 'LocalCPUBackend', CHUNK, big);
+        assert.ok(S.store.has(queued, 'LocalCPUBackend'), 'a chunk being sent was evicted');
+        const bytes = await S.store.get(queued, undefined, 'LocalCPUBackend');
+        assert.deepEqual(bytes, makeChunk(queued, CHUNK, big));
+      } finally {
+        req.abort();
+        await sent;
+        stalled.close();
+      }
+      await waitUntil('the worker finished with the move', async () => (await movesInFlight(S)) === 0);
+      assert.equal(pinnedIn(S, 'LocalCPUBackend'), 0, 'the send left a chunk pinned');
+      assert.equal(transferHolds(S.store).size, 0);
+      await S.store.clear('LocalCPUBackend');
+    });
+
+    test('a pin asked while a transfer holds the chunk survives the end of the transfer', async () => {
+      const holds = transferHolds(D.store);
+      const [s] = await putPrompt(D.store, range(CHUNK, 800_000), 'LocalCPUBackend', CHUNK, big);
+      assert.ok(holds.hold(s!.key, 'LocalCPUBackend'));
+      new WorkerOps(D.store, 'inst-D').pin([s!.key], 'LocalCPUBackend', false);
+      holds.release(s!.key, 'LocalCPUBackend');
+      assert.ok(D.store.isPinned(s!.key, 'LocalCPUBackend'));
+      // And one that was not pinned before is unpinned when the hold ends.
+      const [u] = await putPrompt(D.store, range(CHUNK, 810_000), 'LocalCPUBackend', CHUNK, big);
+      holds.hold(u!.key, 'LocalCPUBackend');
+      holds.hold(u!.key, 'LocalCPUBackend');
+      holds.release(u!.key, 'LocalCPUBackend');
+      assert.ok(D.store.isPinned(u!.key, 'LocalCPUBackend'), 'still held by the second transfer');
+      holds.release(u!.key, 'LocalCPUBackend');
+      assert.equal(D.store.isPinned(u!.key, 'LocalCPUBackend'), false);
+      D.store.unpin(s!.key, 'LocalCPUBackend');
     });
   });
 

@@ -8,7 +8,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import net from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { Dealer } from 'zeromq';
-import { encode } from '@msgpack/msgpack';
+import { decode, encode } from '@msgpack/msgpack';
 import { DType, encodeChunk, payloadBytes, verifyChunk, type KvLayout } from '../src/common/chunk.js';
 import { validateCacheConfig, type CacheConfig } from '../src/common/config.js';
 import { chunkKeys } from '../src/common/keys.js';
@@ -18,6 +18,7 @@ import { attachController, type ControllerAttachment } from '../src/kvc/controll
 import { KvcStore } from '../src/kvc/store.js';
 import { transferHolds } from '../src/kvc/transfer_holds.js';
 import { WorkerOps } from '../src/kvc/worker_ops.js';
+import { startPeerServer } from '../src/kvc/worker_peer.js';
 import { postJson, startKvc, tempDir, waitHttp, type Proc } from './helpers/proc.js';
 
 const MODEL = 'ctl-test-model';
@@ -601,6 +602,63 @@ function registerTests(): void {
       holds.release(u!.key, 'LocalCPUBackend');
       assert.equal(D.store.isPinned(u!.key, 'LocalCPUBackend'), false);
       D.store.unpin(s!.key, 'LocalCPUBackend');
+    });
+
+    test('peer port: huge or premature frame headers close the connection without reserving memory; idle connections close', async () => {
+      const [host, port] = [D.cfg.distributed_url!.split(':')[0]!, Number(D.cfg.distributed_url!.split(':')[1])];
+      /** Sends `bytes`, then resolves with the error the peer names when it closes the connection. */
+      const probe = (bytes: Buffer) =>
+        new Promise<string>((resolve, reject) => {
+          const sock = net.connect({ host, port }, () => sock.write(bytes));
+          let got = Buffer.alloc(0);
+          sock.on('data', (d) => (got = Buffer.concat([got, d])));
+          sock.on('error', () => {});
+          sock.on('close', () => {
+            const errors: string[] = [];
+            for (let off = 0; off + 5 <= got.length; ) {
+              const len = got.readUInt32LE(off);
+              const m = decode(got.subarray(off + 5, off + 5 + len)) as { error?: string };
+              if (m.error) errors.push(m.error);
+              off += 5 + len;
+            }
+            resolve(errors.join('; '));
+          });
+          setTimeout(() => reject(new Error('the peer kept the connection open')), 10_000).unref();
+        });
+      const header = (len: number, type: number) => {
+        const h = Buffer.alloc(5);
+        h.writeUInt32LE(len, 0);
+        h.writeUInt8(type, 4);
+        return h;
+      };
+      const hello = encode({ v: 1, location: 'LocalCPUBackend', count: 1, from: 'test' });
+      const before = process.memoryUsage().arrayBuffers;
+      assert.match(await probe(header(2 ** 31 - 1, 1)), /HELLO frame of 2147483647 bytes exceeds 65536/);
+      assert.match(await probe(header(1000, 2)), /CHUNK before HELLO/);
+      assert.match(await probe(header(100, 9)), /unknown frame type 9/);
+      assert.match(await probe(Buffer.concat([header(hello.byteLength, 1), hello, header(2 ** 30, 2)])), /CHUNK frame of 1073741824 bytes exceeds the largest chunk/);
+      assert.ok(process.memoryUsage().arrayBuffers - before < 64 * 1024 * 1024, 'a frame header reserved memory');
+      // An idle connection is closed (a short idle limit on a second server of the same store).
+      const idle = await startPeerServer(D.store, '127.0.0.1', 0, { layout: big, chunkSize: CHUNK, idleMs: 200 });
+      try {
+        const closed = await new Promise<string>((resolve) => {
+          const sock = net.connect({ host: '127.0.0.1', port: idle.port });
+          let got = Buffer.alloc(0);
+          sock.on('data', (d) => (got = Buffer.concat([got, d])));
+          sock.on('error', () => {});
+          sock.on('close', () => resolve(got.length > 5 ? String((decode(got.subarray(5)) as { error?: string }).error) : ''));
+        });
+        assert.match(closed, /no traffic for 200 ms/);
+      } finally {
+        await idle.close();
+      }
+      // The instance keeps serving: a copy into D still completes.
+      const tokens = range(4 * CHUNK, 900_000);
+      await putPrompt(S.store, tokens, 'LocalCPUBackend', CHUNK, big);
+      await waitUntil('indexed', async () => (await lookup(tokens)).layout_info['inst-S']?.matched_tokens === tokens.length);
+      const c = await postJson(`${url}/move`, { old_position: ['inst-S', 'LocalCPUBackend'], new_position: ['inst-D', 'LocalCPUBackend'], tokens, copy: true });
+      const ev = await waitEvent(c.json.event_id);
+      assert.equal(ev.status, 'finished', ev.error);
     });
   });
 

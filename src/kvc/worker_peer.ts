@@ -16,10 +16,15 @@
 // ones: such a chunk is refused (no room) instead. COMMIT asks the receiver to confirm that it still
 // holds every chunk of the transfer; the holds are released after the answer (or when the
 // connection closes). The sender knows a move is safe to complete only when COMMIT_OK says so.
+//
+// Limits (a peer port is reachable by anything on the network): a control frame (HELLO, COMMIT,
+// every reply) is at most 64 KiB, a CHUNK frame at most the key plus the largest chunk of this
+// instance's layout and chunk size, and both are refused from the header, before any buffer is
+// reserved; CHUNK before HELLO is refused; a connection idle for `idleMs` is closed.
 import net from 'node:net';
 import { decode, encode } from '@msgpack/msgpack';
 import xxhash from 'xxhash-wasm';
-import { ChunkFormatError, describeLayout, HEADER_BYTES, readHeader, sameLayout, type KvLayout } from '../common/chunk.js';
+import { chunkBytes, ChunkFormatError, describeLayout, HEADER_BYTES, readHeader, sameLayout, type KvLayout } from '../common/chunk.js';
 import { logger } from '../common/log.js';
 import type { KvcStore } from './store.js';
 import { transferHolds } from './transfer_holds.js';
@@ -53,8 +58,12 @@ const FRAME_HEAD = 5;
 const KEY_CHARS = 16;
 /** Offset of the chunk payload inside a CHUNK body (key digits, then the 64-byte chunk header). */
 const PAYLOAD_AT = KEY_CHARS + HEADER_BYTES;
-/** Upper bound of one frame body: refuses garbage lengths before allocating. */
+/** Absolute upper bound of one frame body (a Buffer cannot be larger). */
 const MAX_BODY = 2 ** 31 - 1;
+/** Upper bound of a control frame body (HELLO, COMMIT and every reply). */
+export const MAX_CONTROL_BODY = 64 * 1024;
+/** A receiving connection with no traffic for this long is closed. */
+export const DEFAULT_PEER_IDLE_MS = 60_000;
 /** How many missing keys a COMMIT_OK names. */
 const NAMED_MISSING = 8;
 
@@ -104,9 +113,14 @@ class FrameReader {
   /** xxh64 of a CHUNK body's payload (bytes after the key and the chunk header), fed as bytes arrive. */
   private hasher: ReturnType<typeof create64> | null = null;
 
+  /**
+   * `refuse(type, length)` is asked as soon as a frame header is complete, before any buffer is
+   * reserved for the body: it returns why the frame is not acceptable, or null.
+   */
   constructor(
     private readonly onFrame: (type: number, body: Buffer, payloadSum: bigint | null) => void | Promise<void>,
     private readonly onError: (e: Error) => void,
+    private readonly refuse: (type: number, length: number) => string | null,
   ) {}
 
   push(data: Buffer): void {
@@ -147,7 +161,11 @@ class FrameReader {
         this.bodyLen = this.head.readUInt32LE(0);
         this.type = this.head.readUInt8(4);
         this.head = Buffer.alloc(0);
-        if (this.bodyLen > MAX_BODY) throw new Error(`frame of ${this.bodyLen} bytes exceeds the limit`);
+        const refused = this.bodyLen > MAX_BODY ? `frame of ${this.bodyLen} bytes exceeds the limit` : this.refuse(this.type, this.bodyLen);
+        if (refused) {
+          this.released = true; // nothing more is read from this peer
+          throw new Error(refused);
+        }
         // Reuse the scratch buffer between chunks: fresh pages cost far more than the copy
         // into them (first-touch page faults).
         if (this.scratch.length < this.bodyLen) {
@@ -195,14 +213,35 @@ export interface PeerServer {
   close(): Promise<void>;
 }
 
-/** Receives chunks from other instances into `store`. `layout` (when known) must match every chunk. */
-export async function startPeerServer(store: KvcStore, host: string, port: number, layout: KvLayout | null): Promise<PeerServer> {
+export interface PeerServerOptions {
+  /** The instance's KV layout: every chunk must match it. Null when unknown (no layout check). */
+  layout: KvLayout | null;
+  /** The instance's chunk size in tokens; with `layout` it bounds a CHUNK frame. */
+  chunkSize?: number;
+  /** A connection without traffic for this long is closed (default DEFAULT_PEER_IDLE_MS). */
+  idleMs?: number;
+}
+
+/** Largest CHUNK body this instance accepts: the key plus its largest possible chunk. */
+function maxChunkBody(store: KvcStore, o: PeerServerOptions): number {
+  if (o.layout && o.chunkSize && o.chunkSize > 0) return Math.min(MAX_BODY, KEY_CHARS + chunkBytes(o.layout, o.chunkSize));
+  // Layout unknown: no chunk can be larger than the largest location.
+  const cap = Math.max(0, ...store.stats().map((s) => s.capacityBytes));
+  return Math.min(MAX_BODY, KEY_CHARS + cap);
+}
+
+/** Receives chunks from other instances into `store`. */
+export async function startPeerServer(store: KvcStore, host: string, port: number, o: PeerServerOptions): Promise<PeerServer> {
+  const layout = o.layout;
+  const idleMs = o.idleMs ?? DEFAULT_PEER_IDLE_MS;
+  const chunkLimit = maxChunkBody(store, o);
   const holds = transferHolds(store);
   const sockets = new Set<net.Socket>();
   const server = net.createServer((sock) => {
     sockets.add(sock);
     sock.setNoDelay(true);
     let location: LocationName | null = null;
+    let storing = false;
     /** Keys stored (and held) for the transfer on this connection, until COMMIT or close. */
     let held: string[] = [];
     const releaseHolds = (loc: LocationName | null) => {
@@ -211,9 +250,26 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
     };
     const peerName = `${sock.remoteAddress}:${sock.remotePort}`;
     // Frames are handled strictly in order; the socket is paused while one is stored.
+    /** Names the reason to the peer and closes (a peer that keeps its side open is cut off shortly after). */
     const fail = (msg: string) => {
       log.warn(`peer ${peerName}: ${msg}`);
-      if (!sock.destroyed) sock.end(msgFrame(HELLO_OK, { ok: false, error: msg }));
+      if (sock.destroyed) return;
+      sock.end(msgFrame(HELLO_OK, { ok: false, error: msg }));
+      setTimeout(() => sock.destroy(), 1000).unref();
+    };
+    sock.setTimeout(idleMs);
+    sock.on('timeout', () => {
+      if (storing) return; // our own store is slow; the ACK written afterwards re-arms the timer
+      reader.release(); // nothing more is read from this peer
+      fail(`no traffic for ${idleMs} ms; connection closed`);
+    });
+    const refuse = (type: number, len: number): string | null => {
+      if (type === HELLO || type === COMMIT) return len > MAX_CONTROL_BODY ? `${type === HELLO ? 'HELLO' : 'COMMIT'} frame of ${len} bytes exceeds ${MAX_CONTROL_BODY}` : null;
+      if (type === CHUNK) {
+        if (location === null) return 'CHUNK before HELLO';
+        return len > chunkLimit ? `CHUNK frame of ${len} bytes exceeds the largest chunk this instance stores (${chunkLimit} bytes)` : null;
+      }
+      return `unknown frame type ${type}`;
     };
     const reader = new FrameReader((type, body, payloadSum) => {
       if (type === HELLO) {
@@ -254,6 +310,7 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
       const chunk = body.subarray(KEY_CHARS);
       const loc = location;
       sock.pause();
+      storing = true;
       return (async () => {
         let error: string | null = null;
         try {
@@ -272,15 +329,17 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
           error = (e as Error).message;
           log.warn(`refused chunk ${key}: ${error}`);
         }
+        storing = false;
         if (!sock.destroyed) {
           sock.write(msgFrame(ACK, error ? { key, ok: false, error } : { key, ok: true }));
           sock.resume();
         }
       })();
     }, (e) => {
+      // The reader stopped reading (a refused header): say why, then close.
+      sock.pause();
       fail(e.message);
-      sock.destroy();
-    });
+    }, refuse);
     sock.on('data', (d: Buffer) => reader.push(d));
     sock.on('error', () => {});
     sock.on('close', () => {
@@ -386,7 +445,7 @@ export function sendChunks(keys: readonly string[], o: SendOptions): Promise<num
       acked++;
       // Every chunk stored: ask the peer to confirm it still holds them all.
       if (acked === keys.length) sock.write(msgFrame(COMMIT, { count: keys.length }));
-    }, (e) => done(e));
+    }, (e) => done(e), (type, len) => (len > MAX_CONTROL_BODY ? `reply frame (type ${type}) of ${len} bytes exceeds ${MAX_CONTROL_BODY}` : null));
     const writeAsync = (b: Uint8Array, written?: () => void) =>
       new Promise<void>((res, rej) => {
         if (!sock.write(b, (e) => (written?.(), e && rej(e)))) sock.once('drain', res);

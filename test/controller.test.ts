@@ -192,10 +192,15 @@ function registerTests(): void {
       assert.equal(h.json.healthy, true);
       assert.equal(h.json.workers[0].instance_id, 'inst-B');
       assert.equal((await fetch(`${url}/healthz`)).status, 200);
+      // At least one finished event, so the finished count must be positive.
+      const e = await postJson(`${url}/move`, { old_position: ['inst-A', 'LocalCPUBackend'], new_position: ['inst-B', 'LocalCPUBackend'], tokens: [] });
+      assert.equal((await postJson(`${url}/check_finish`, { event_id: e.json.event_id })).json.status, 'finished');
       const m = await (await fetch(`${url}/metrics`)).text();
       assert.match(m, /kvc_controller_instances 2/);
       assert.match(m, /kvc_controller_index_keys \d+/);
-      assert.match(m, /kvc_controller_events\{status="finished"\}/);
+      const finished = /kvc_controller_events\{status="finished"\} (\d+)/.exec(m);
+      assert.ok(finished, 'finished event count is exported');
+      assert.ok(Number(finished[1]) >= 1, `finished event count ${finished[1]} should be positive`);
     });
   });
 

@@ -4,9 +4,10 @@
 // run the command asynchronously under an event.
 //
 // Safety of moves lives in the instance worker (src/kvc/worker_ops.ts): the source sends
-// chunks peer to peer, the destination verifies and stores each one and acknowledges it, and
-// the source deletes its copies only after EVERY chunk was acknowledged. Any failure leaves
-// the source as it was and marks the event failed.
+// chunks peer to peer, the destination verifies, stores and pins each one and acknowledges it,
+// then confirms at a final commit that it still holds every one; only then, and only if its
+// deadline has not passed and this controller's request is still open, does the source delete
+// its copies. Any failure leaves the source as it was and marks the event failed.
 import { badRequest, conflict, KvcError, notFound } from '../common/errors.js';
 import { chunkKeys, type ChunkSpan } from '../common/keys.js';
 import { logger } from '../common/log.js';
@@ -148,7 +149,9 @@ export class Operations {
               target: cross ? { instance_id: d.instanceId, location: dstLoc, distributed_url: d.distributedUrl } : { location: dstLoc },
               deadline_ms: this.timeouts.transferMs,
             },
-            // The worker enforces the deadline itself; allow it time to report the failure.
+            // The worker enforces the deadline itself (and checks it, and that this request is
+            // still open, right before deleting the source); allow it time to report the failure.
+            // Giving up here closes the request, which cancels the move on the worker.
             this.timeouts.transferMs + 5000,
           ),
         ),

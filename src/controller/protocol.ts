@@ -1,8 +1,10 @@
 // The monitor protocol between cache instances and the controller (DESIGN §5).
 //
 // Transport: ZeroMQ. The controller binds a ROUTER on --monitor-port; every cache worker
-// connects a DEALER whose routing id is "<instance_id>/<worker_id>/<session>". Each ZeroMQ
-// message is ONE frame holding a msgpack-encoded object with a `t` (type) field.
+// connects a DEALER whose routing id is its session: 16 random hex digits chosen at attach time
+// (src/kvc/controller_client.ts), so a restarted engine is a new connection. The instance id and
+// worker id travel in the `register` message, not in the routing id. Each ZeroMQ message is ONE
+// frame holding a msgpack-encoded object with a `t` (type) field.
 //
 // Instance → controller:
 //   register  identity + addresses + model/chunk size + locations; answered by `welcome`

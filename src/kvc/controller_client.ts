@@ -59,7 +59,7 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
   let peer: PeerServer | null = null;
   try {
     worker = await startWorkerServer(store, { instanceId: cfg.kvc_instance_id, workerId, modelId: o.modelId, chunkSize: o.chunkSize }, ip, cfg.kvc_worker_port);
-    if (peerAddr) peer = await startPeerServer(store, peerAddr.host, peerAddr.port, o.layout ?? null);
+    if (peerAddr) peer = await startPeerServer(store, peerAddr.host, peerAddr.port, { layout: o.layout ?? null, chunkSize: o.chunkSize });
   } catch (e) {
     await worker?.close();
     throw new Error(`cannot start the controller worker of instance "${cfg.kvc_instance_id}": ${(e as Error).message}`);

@@ -1,12 +1,17 @@
 // What an instance worker does when the controller asks: lookups, pins, clears and moves on
 // its own KvcStore. A move/copy is "copy everything, confirm everything, then delete": the
 // source removes its chunks only after the destination (another location here, or another
-// instance over distributed_url) has confirmed every one of them, so a failure at any point
-// leaves the source exactly as it was.
+// instance over distributed_url) has confirmed that it holds every one of them at the end of
+// the transfer, so a failure at any point leaves the source exactly as it was.
+//
+// The delete phase is the point of no return, and it is guarded: it starts only if the
+// command's deadline has not passed and the controller's request is still there (a controller
+// that gave up has already marked the event failed, so the source must then stay).
 import { conflict, KvcError, timedOut, upstreamFailed } from '../common/errors.js';
 import type { KvcStore } from './store.js';
+import { transferHolds, type TransferHolds } from './transfer_holds.js';
 import { StoreFullError, type LocationName } from './types.js';
-import { sendChunks } from './worker_peer.js';
+import { sendChunks, type OutgoingChunk } from './worker_peer.js';
 
 export interface MoveCommand {
   keys: string[];
@@ -16,11 +21,25 @@ export interface MoveCommand {
   deadline_ms: number;
 }
 
+export interface WorkerOpsOptions {
+  /** Clock for deadlines (tests inject one to pass a deadline at an exact point). */
+  now?: () => number;
+}
+
 export class WorkerOps {
+  private readonly holds: TransferHolds;
+  private readonly now: () => number;
+  /** Moves/copies currently executing (reported by GET /health). */
+  movesInFlight = 0;
+
   constructor(
     private readonly store: KvcStore,
     private readonly instanceId: string,
-  ) {}
+    o: WorkerOpsOptions = {},
+  ) {
+    this.holds = transferHolds(store);
+    this.now = o.now ?? Date.now;
+  }
 
   lookup(keys: string[], location: LocationName): number {
     this.store.backend(location);
@@ -33,8 +52,9 @@ export class WorkerOps {
     let n = 0;
     for (const k of keys) {
       if (!this.store.has(k, location)) continue;
-      if (unpin) this.store.unpin(k, location);
-      else this.store.pin(k, location);
+      // Through the hold registry: a chunk a transfer holds stays pinned until the transfer ends,
+      // and this request decides what it is afterwards.
+      this.holds.setPinned(k, location, !unpin);
       n++;
     }
     return n;
@@ -45,48 +65,110 @@ export class WorkerOps {
     return this.store.clear(location);
   }
 
-  /** Reads a chunk for sending: a zero-copy view from the CPU tier, a copy from elsewhere. */
-  private read(location: LocationName): (key: string) => Promise<Uint8Array | null> {
+  /**
+   * Reads a chunk for sending. From the CPU tier: a zero-copy view, with the chunk pinned until
+   * the socket has taken its bytes (an eviction would otherwise recycle the buffer under the
+   * send). From elsewhere: a copy.
+   */
+  private read(location: LocationName): (key: string) => Promise<OutgoingChunk | null> {
     const cpu = location === 'LocalCPUBackend' ? this.store.cpu() : undefined;
-    if (cpu) return async (key) => cpu.peek(key);
-    return (key) => this.store.get(key, undefined, location);
+    if (cpu) {
+      return async (key) => {
+        if (!this.holds.hold(key, location)) return null;
+        const bytes = cpu.peek(key);
+        if (!bytes) {
+          this.holds.release(key, location);
+          return null;
+        }
+        return { bytes, release: () => this.holds.release(key, location) };
+      };
+    }
+    return async (key) => {
+      const bytes = await this.store.get(key, undefined, location);
+      return bytes ? { bytes } : null;
+    };
   }
 
-  async move(cmd: MoveCommand): Promise<number> {
+  async move(cmd: MoveCommand, signal?: AbortSignal): Promise<number> {
+    this.movesInFlight++;
     try {
-      return await this.moveInner(cmd);
+      return await this.moveInner(cmd, signal);
     } catch (e) {
       if (e instanceof KvcError) throw e;
       if (e instanceof StoreFullError) throw conflict(`destination has no room: ${e.message}`, 'store_full');
       throw upstreamFailed(`move from instance "${this.instanceId}" ${cmd.location} failed, source kept intact: ${(e as Error).message}`);
+    } finally {
+      this.movesInFlight--;
     }
   }
 
-  private async moveInner(cmd: MoveCommand): Promise<number> {
+  /** Throws when the move must not go on: the controller's request went away, or the deadline passed. */
+  private checkAlive(cmd: MoveCommand, deadline: number, signal: AbortSignal | undefined, what: string): void {
+    if (signal?.aborted) {
+      throw timedOut(`move from instance "${this.instanceId}" ${cmd.location} cancelled ${what}: the controller's request went away; source kept intact`);
+    }
+    if (this.now() > deadline) {
+      throw timedOut(`move from instance "${this.instanceId}" ${cmd.location} did not complete within ${cmd.deadline_ms} ms (${what}); source kept intact`);
+    }
+  }
+
+  private async moveInner(cmd: MoveCommand, signal?: AbortSignal): Promise<number> {
     this.store.backend(cmd.location);
     for (const k of cmd.keys) {
       if (!this.store.has(k, cmd.location)) throw conflict(`chunk ${k} is no longer in ${cmd.location} of instance "${this.instanceId}"`, 'chunk_gone');
     }
-    const deadline = Date.now() + cmd.deadline_ms;
+    const deadline = this.now() + cmd.deadline_ms;
     if (cmd.target.distributed_url) {
+      // Resolves only once the peer confirmed (COMMIT_OK) that it holds every chunk.
       await sendChunks(cmd.keys, {
         distributedUrl: cmd.target.distributed_url,
         location: cmd.target.location,
         from: `${this.instanceId}/${cmd.location}`,
         deadlineMs: cmd.deadline_ms,
         read: this.read(cmd.location),
+        signal,
       });
+      await this.deleteSource(cmd, deadline, signal);
     } else {
-      const dst = this.store.backend(cmd.target.location).location;
+      await this.moveLocal(cmd, deadline, signal, () => this.deleteSource(cmd, deadline, signal));
+    }
+    return cmd.keys.length;
+  }
+
+  /** The delete phase of a move (nothing for a copy). */
+  private async deleteSource(cmd: MoveCommand, deadline: number, signal: AbortSignal | undefined): Promise<void> {
+    if (cmd.copy) return;
+    // Point of no return: the controller must still be waiting for this answer.
+    this.checkAlive(cmd, deadline, signal, 'before deleting the source');
+    for (const k of cmd.keys) await this.store.remove(k, cmd.location);
+  }
+
+  /**
+   * Copies the chunks into another location of this instance. Each stored chunk is held (pinned)
+   * there until every one is stored and checked, so a destination smaller than the move cannot
+   * evict the move's own earlier chunks: the put that finds no room fails instead. `commit` (the
+   * delete phase) runs while they are still held.
+   */
+  private async moveLocal(cmd: MoveCommand, deadline: number, signal: AbortSignal | undefined, commit: () => Promise<void>): Promise<void> {
+    const dst = this.store.backend(cmd.target.location).location;
+    const held: string[] = [];
+    try {
       for (const k of cmd.keys) {
-        if (Date.now() > deadline) throw timedOut(`move within instance "${this.instanceId}" did not complete within ${cmd.deadline_ms} ms`);
+        this.checkAlive(cmd, deadline, signal, `after ${held.length}/${cmd.keys.length} chunks`);
         const chunk = await this.store.get(k, undefined, cmd.location);
         if (!chunk) throw conflict(`chunk ${k} disappeared from ${cmd.location} during the move`, 'chunk_gone');
         await this.store.put(k, chunk, dst);
+        if (!this.holds.hold(k, dst)) throw conflict(`chunk ${k} was evicted from ${dst} right after it was stored`, 'chunk_gone');
+        held.push(k);
       }
+      // The destination must still hold every chunk before the source lets go of any.
+      const missing = cmd.keys.filter((k) => !this.store.has(k, dst));
+      if (missing.length) {
+        throw conflict(`${dst} of instance "${this.instanceId}" no longer holds ${missing.length} of the ${cmd.keys.length} chunks moved into it (first: ${missing[0]}); source kept intact`, 'chunk_gone');
+      }
+      await commit();
+    } finally {
+      for (const k of held) this.holds.release(k, dst);
     }
-    // Every chunk is confirmed at the destination: only now may the source let go.
-    if (!cmd.copy) for (const k of cmd.keys) await this.store.remove(k, cmd.location);
-    return cmd.keys.length;
   }
 }

@@ -37,6 +37,7 @@ export async function startWorkerServer(store: KvcStore, id: WorkerIdentity, hos
     model_id: id.modelId,
     chunk_size: id.chunkSize,
     locations: store.stats(),
+    moves_in_flight: ops.movesInFlight,
   }));
   app.post('/lookup', async (req) => {
     const b = parseBody(keysAt, requireObject(req.body));
@@ -54,9 +55,20 @@ export async function startWorkerServer(store: KvcStore, id: WorkerIdentity, hos
     const b = parseBody(z.object({ location }), requireObject(req.body));
     return { removed: await ops.clear(b.location) };
   });
-  app.post('/move', async (req) => {
+  app.post('/move', async (req, reply) => {
     const b = parseBody(moveSchema, requireObject(req.body));
-    return { moved: await ops.move(b) };
+    // The controller gives up on a move by dropping its request (its deadline): the move is then
+    // cancelled, and above all its source is not deleted afterwards (the event already says failed).
+    const cancel = new AbortController();
+    const onClose = () => {
+      if (!reply.raw.writableFinished) cancel.abort();
+    };
+    reply.raw.once('close', onClose);
+    try {
+      return { moved: await ops.move(b, cancel.signal) };
+    } finally {
+      reply.raw.off('close', onClose);
+    }
   });
   await app.listen({ host, port });
   return app;

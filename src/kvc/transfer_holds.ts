@@ -1,0 +1,86 @@
+// Temporary pins taken by chunk transfers (moves and copies), on top of the store's own pin flag.
+//
+// A destination pins every chunk of a transfer as soon as it is stored, so that storing the
+// later chunks of the same transfer cannot evict the earlier ones (LRU); a source pins a
+// memory-tier chunk while its bytes are queued on the socket, so that an eviction cannot recycle
+// the buffer under the send. When the transfer ends the hold is released, and the chunk is
+// unpinned again only if nobody else wanted it pinned: a chunk that was pinned before the first
+// hold, or that the controller pinned (WorkerOps.pin) while it was held, stays pinned.
+//
+// Holds are counted per (location, key): two transfers holding the same chunk do not unpin it
+// under each other. One registry per store (the peer server and the worker ops share it).
+import type { ChunkKey } from '../common/keys.js';
+import type { KvcStore } from './store.js';
+import type { LocationName } from './types.js';
+
+interface Hold {
+  count: number;
+  /** Whether the chunk must stay pinned once the last hold is released. */
+  keepPinned: boolean;
+}
+
+export class TransferHolds {
+  private readonly held = new Map<string, Hold>();
+
+  constructor(private readonly store: KvcStore) {}
+
+  private id(key: ChunkKey, loc: LocationName): string {
+    return `${loc}\u0000${key}`;
+  }
+
+  /** Pins `key` in `loc` for a transfer. False when the location does not hold the key (nothing held). */
+  hold(key: ChunkKey, loc: LocationName): boolean {
+    if (!this.store.has(key, loc)) return false;
+    const id = this.id(key, loc);
+    const h = this.held.get(id);
+    if (h) h.count++;
+    else {
+      this.held.set(id, { count: 1, keepPinned: this.store.isPinned(key, loc) });
+      this.store.pin(key, loc);
+    }
+    return true;
+  }
+
+  /** Gives back one hold; the last one unpins the chunk unless it was pinned for its own sake. */
+  release(key: ChunkKey, loc: LocationName): void {
+    const id = this.id(key, loc);
+    const h = this.held.get(id);
+    if (!h) return;
+    if (--h.count > 0) return;
+    this.held.delete(id);
+    if (!h.keepPinned) this.store.unpin(key, loc);
+  }
+
+  /**
+   * A pin or unpin asked for by the controller. A held chunk stays pinned until its transfers
+   * end; the request decides whether it stays pinned afterwards.
+   */
+  setPinned(key: ChunkKey, loc: LocationName, pinned: boolean): void {
+    const h = this.held.get(this.id(key, loc));
+    if (h) {
+      h.keepPinned = pinned;
+      this.store.pin(key, loc);
+      return;
+    }
+    if (pinned) this.store.pin(key, loc);
+    else this.store.unpin(key, loc);
+  }
+
+  isHeld(key: ChunkKey, loc: LocationName): boolean {
+    return this.held.has(this.id(key, loc));
+  }
+
+  /** Number of (location, key) pairs currently held (for tests and /health). */
+  get size(): number {
+    return this.held.size;
+  }
+}
+
+const registries = new WeakMap<KvcStore, TransferHolds>();
+
+/** The hold registry of `store` (created on first use). */
+export function transferHolds(store: KvcStore): TransferHolds {
+  let h = registries.get(store);
+  if (!h) registries.set(store, (h = new TransferHolds(store)));
+  return h;
+}

@@ -376,3 +376,20 @@ test('an ALLOC whose answer comes too late is withdrawn: its reservation does no
   assert.equal(r.stats().entries, 0);
   assert.equal(r.stats().reservationsExpired, 0);
 });
+
+test('after a burst the idle receiver gives its pool memory back', async () => {
+  const { r, spec } = await receiver({ ttlMs: 400 }); // sweeps every 100 ms
+  const s = sender();
+  const burst = await Promise.all(Array.from({ length: 8 }, (_, i) => s.send(spec(`burst-${i}`), chunks(60 + i, [CHUNK, CHUNK, CHUNK, CHUNK]))));
+  for (const b of burst) assert.equal(b.ok, true, b.error);
+  const peak = r.stats().poolBytes; // all 32 chunks live: nothing trimmable yet
+  assert.ok(peak >= 32 * 8192, `the burst's chunks are held in pooled buffers (${peak})`);
+  for (let i = 0; i < 8; i++) (await r.take([0, 1, 2, 3].map((j) => syntheticKey(60 + i, j)), `burst-${i}`)).release();
+  assert.equal(r.stats().reservedBytes, 0);
+  // released buffers are kept for reuse while busy, given back once idle (without the trim they stay at the peak)
+  await until(() => r.stats().poolBytes === 0, 'the pool to be trimmed');
+  // and it grows again on demand
+  const again = await s.send(spec('after-trim'), chunks(70, [CHUNK]));
+  assert.equal(again.ok, true, again.error);
+  assert.equal(r.lookup([syntheticKey(70, 0)]), 1);
+});

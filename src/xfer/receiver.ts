@@ -148,6 +148,9 @@ export class XferReceiver extends EventEmitter {
   private initServer: net.Server | null = null;
   private allocServer: net.Server | null = null;
   private sweepTimer: NodeJS.Timeout | null = null;
+  /** ALLOC / DATA frames seen; the sweep gives idle pool memory back when this did not move. */
+  private activity = 0;
+  private activityAtSweep = 0;
   private readonly sockets = new Set<net.Socket>();
   private readonly ttlMs: number;
   private readonly maxAllocWaitMs: number;
@@ -355,6 +358,14 @@ export class XferReceiver extends EventEmitter {
       log.warn(`${n} reservation(s) expired unused after ${this.ttlMs} ms`);
       this.pumpAllocQueue();
     }
+    // Idle since the last sweep (no ALLOC, no DATA): give the recycled buffers back, so a burst
+    // does not keep its peak memory for the life of the process. Live buffers are untouched.
+    if (this.activity === this.activityAtSweep && this.pool.heldBytes > this.pool.inUseBytes) {
+      const before = this.pool.heldBytes;
+      this.pool.trim();
+      log.debug(`idle: buffer pool trimmed from ${before} to ${this.pool.heldBytes} bytes`);
+    }
+    this.activityAtSweep = this.activity;
   }
 
   /**
@@ -469,6 +480,7 @@ export class XferReceiver extends EventEmitter {
   }
 
   private handleAlloc(meta: AllocMeta, reply: (r: { ok: boolean; have?: string[]; error?: string }) => void): void {
+    this.activity++;
     const bad = this.validateAlloc(meta);
     if (bad) return reply({ ok: false, error: bad });
     if (this.reservations.has(meta.req_id) || this.allocQueue.some((w) => w.meta.req_id === meta.req_id)) {
@@ -561,6 +573,7 @@ export class XferReceiver extends EventEmitter {
     const sink = (type: FrameType, meta: any, bodyLen: number): Uint8Array | null => {
       target = null;
       if (type !== FrameType.Data || !session) return null;
+      this.activity++;
       const m = meta as DataMeta;
       const res = typeof m.req_id === 'string' ? this.reservations.get(m.req_id) : undefined;
       const e = typeof m.key === 'string' ? this.entries.get(m.key) : undefined;

@@ -5,10 +5,14 @@
 // once, and produces exactly the output of an engine that computed everything.
 import { after, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { verifyChunk } from '../src/common/chunk.js';
-import { validateCacheConfig } from '../src/common/config.js';
+import { DType, verifyChunk } from '../src/common/chunk.js';
+import { parseConnectorConfig, validateCacheConfig } from '../src/common/config.js';
+import { KvcConnectorV1 } from '../src/engine/connector.js';
+import { EngineMetrics } from '../src/engine/metrics.js';
+import type { PagedKvCache } from '../src/engine/model/kv_cache.js';
+import type { KvcStore } from '../src/kvc/store.js';
 import { startEngine, type Engine } from '../src/engine/server.js';
-import type { KvTransferPlugin, SealedChunk, TransferRequest } from '../src/engine/transfer.js';
+import type { KvTransferPlugin, ReceivedKv, SealedChunk, TransferRequest } from '../src/engine/transfer.js';
 import { postJson } from './helpers/proc.js';
 
 const MODEL = 'builtin:tiny';
@@ -83,5 +87,35 @@ describe('kv_producer / kv_consumer plugin seam (in process)', () => {
     assert.match(m, /kvc_engine_tokens_loaded_by_source_total\{source="transfer"[^}]*\} 60/);
     // The consumer has no local location: it stored nothing.
     assert.equal(consumer.store!.locations().length, 0);
+  });
+});
+
+describe('kv_consumer transfer lookup past its timeout', () => {
+  it('chunks handed out after the timeout are released (the reservation is not left held)', async () => {
+    let resolveLookup!: (v: ReceivedKv) => void;
+    let releases = 0;
+    const plugin: KvTransferPlugin = {
+      received: () => new Promise<ReceivedKv>((r) => (resolveLookup = r)),
+      async close() {},
+    };
+    const store = { cpu: () => null, has: () => false, locations: () => [] } as unknown as KvcStore;
+    const c = new KvcConnectorV1({
+      config: parseConnectorConfig(JSON.stringify({ kv_connector: 'KvcConnectorV1', kv_role: 'kv_consumer', kv_connector_extra_config: { skip_last_n_tokens: 1 } })).config,
+      cacheConfig: validateCacheConfig({ chunk_size: 16 }).config,
+      store,
+      modelId: 'm',
+      layout: { dtype: DType.f32, numLayers: 1, numKvHeads: 1, headDim: 4 },
+      seed: 0n,
+      metrics: new EngineMetrics({ model: 'm' }),
+      transfer: plugin,
+      loadTimeoutMs: 50,
+    });
+    const res = await c.load({ seqId: 1, requestId: 'late-1', prompt: ids(40), kvTransferParams: undefined, cancelled: () => false }, null as unknown as PagedKvCache);
+    assert.deepEqual(res, { tokens: 0, source: 'none' }, 'the prompt is computed');
+    assert.equal(releases, 0);
+    // the plugin answers only now, long after the connector gave up: it must get its release
+    resolveLookup({ get: () => null, release: () => void releases++ });
+    await new Promise((r) => setImmediate(r)); // the release runs in the promise jobs before this
+    assert.equal(releases, 1);
   });
 });

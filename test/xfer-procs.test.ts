@@ -35,6 +35,9 @@ async function startPeer(cfg: Record<string, unknown>): Promise<Peer> {
   child.stderr!.on('data', (d) => (out += d));
   let next = 1;
   const waiting = new Map<number, (m: any) => void>();
+  child.once('exit', (code, sig) => {
+    for (const w of [...waiting.values()]) w({ ok: false, error: `peer exited (${code ?? sig})` });
+  });
   const ready = new Promise<any>((resolve, reject) => {
     const t = setTimeout(() => reject(new Error(`peer did not start in 10 s:\n${out}`)), 10_000);
     child.on('message', (m: any) => {
@@ -124,33 +127,41 @@ test('one sender process to several receiver processes', async () => {
 });
 
 /**
- * A TCP relay in front of a receiver's init port. `onByte(offset)` sees the sender → receiver
- * stream's absolute offsets: it can flip a byte or cut both connections.
+ * A TCP relay in front of a receiver's init port, watching the sender → receiver stream:
+ *   corruptAt  flips the byte at that absolute offset;
+ *   holdAt     forwards bytes up to that offset, then holds back the rest;
+ *   holdAfterData  forwards up to the end of that many whole DATA frames, then holds back the rest.
+ * Held bytes are never delivered; cut() closes both sides (a connection cut in flight).
  */
-async function relay(targetPort: number, mode: { corruptAt?: number; cutAt?: number }) {
+async function relay(targetPort: number, mode: { corruptAt?: number; holdAt?: number; holdAfterData?: number }) {
   const port = await freePortRange(1);
   const conns = new Set<net.Socket>();
   const srv = net.createServer((client) => {
     const upstream = net.connect(targetPort, '127.0.0.1');
     conns.add(client).add(upstream);
-    let seen = 0;
+    let seen = Buffer.alloc(0); // everything the sender wrote (small in these tests)
+    let forwarded = 0;
+    let limit = mode.holdAt ?? Infinity;
+    let scan = 0; // next frame header to look at
+    let dataFrames = 0;
     client.on('data', (d) => {
-      const start = seen;
-      seen += d.length;
-      if (mode.cutAt !== undefined && seen > mode.cutAt) {
-        upstream.write(d.subarray(0, mode.cutAt - start > 0 ? mode.cutAt - start : 0), () => {
-          upstream.destroy();
-          client.destroy();
-        });
-        mode.cutAt = undefined;
-        return;
-      }
-      if (mode.corruptAt !== undefined && mode.corruptAt >= start && mode.corruptAt < seen) {
+      const start = seen.length;
+      if (mode.corruptAt !== undefined && mode.corruptAt >= start && mode.corruptAt < start + d.length) {
         d = Buffer.from(d);
         d[mode.corruptAt - start] ^= 0xff;
         mode.corruptAt = undefined;
       }
-      upstream.write(d);
+      seen = Buffer.concat([seen, d]);
+      if (mode.holdAfterData !== undefined) {
+        while (limit === Infinity && seen.length >= scan + 12) {
+          const end = scan + 12 + seen.readUInt32LE(scan + 4) + seen.readUInt32LE(scan + 8);
+          if (seen[scan + 3] === 5 && ++dataFrames === mode.holdAfterData) limit = end;
+          scan = end;
+        }
+      }
+      const upTo = Math.min(seen.length, limit);
+      if (upTo > forwarded) upstream.write(seen.subarray(forwarded, upTo));
+      forwarded = Math.max(forwarded, upTo);
     });
     upstream.on('data', (d) => client.write(d));
     const close = () => {
@@ -161,11 +172,29 @@ async function relay(targetPort: number, mode: { corruptAt?: number; cutAt?: num
     upstream.on('close', close).on('error', close);
   });
   await new Promise<void>((r) => srv.listen(port, '127.0.0.1', () => r()));
-  cleanups.push(() => {
+  const cut = () => {
     for (const c of conns) c.destroy();
+  };
+  cleanups.push(() => {
+    cut();
     return new Promise((r) => srv.close(() => r(undefined)));
   });
-  return port;
+  return { port, cut };
+}
+
+/** Polls `cond` (async) until true; a generous bound turns a hang into a failure. */
+async function until(cond: () => Promise<boolean>, what: string, ms = 15_000): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!(await cond())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+/** `p`, or a failure naming `what` if it has not settled within `ms` (a generous bound, not a measurement). */
+function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let t!: NodeJS.Timeout;
+  return Promise.race([p, new Promise<T>((_, rej) => (t = setTimeout(() => rej(new Error(`${what}: still pending after ${ms} ms`)), ms)))]).finally(() => clearTimeout(t));
 }
 
 // HELLO frame ≈ 12 + ~110 bytes meta; the first DATA frame's body (4160 bytes) starts after ~60 more.
@@ -173,7 +202,7 @@ const INSIDE_FIRST_CHUNK = 1500;
 
 test('a chunk corrupted in flight is rejected by its checksum and never used', async () => {
   const { p: recv, port, spec } = await startReceiver();
-  const via = await relay(port, { corruptAt: INSIDE_FIRST_CHUNK });
+  const { port: via } = await relay(port, { corruptAt: INSIDE_FIRST_CHUNK });
   const s = await startSender('prefiller-c');
   const res = await s.call('send', { spec: spec('corrupt-1', via), seed: 5, tokens: [CHUNK, CHUNK] });
   assert.equal(res.ok, false);
@@ -194,21 +223,93 @@ test('a chunk corrupted in flight is rejected by its checksum and never used', a
 
 test('a transfer cut in flight is never used and leaves nothing reserved after release', async () => {
   const { p: recv, port, spec } = await startReceiver();
-  const via = await relay(port, { cutAt: INSIDE_FIRST_CHUNK + 4160 });
+  // the second chunk's body is cut ~1.5 KB in; the first chunk arrives whole before the cut
+  const via = await relay(port, { holdAt: INSIDE_FIRST_CHUNK + 4160 });
   const s = await startSender('prefiller-k');
-  const res = await s.call('send', { spec: spec('cut-1', via), seed: 6, tokens: [CHUNK, CHUNK, CHUNK] });
+  const sending = s.call('send', { spec: spec('cut-1', via.port), seed: 6, tokens: [CHUNK, CHUNK, CHUNK] });
+  const keys = [0, 1, 2].map((j) => syntheticKey(6, j));
+  await until(async () => (await recv.call('lookup', { keys })) === 1, 'the first chunk');
+  via.cut();
+  const res = await sending;
   assert.equal(res.ok, false);
   assert.match(res.error, /connection to receiver .* lost/);
-  const keys = [0, 1, 2].map((j) => syntheticKey(6, j));
-  // the first chunk may have made it whole (and verified); the cut one and after never count
-  const have = await recv.call('lookup', { keys });
-  assert.ok(have <= 1, `at most the chunk before the cut is usable, found ${have}`);
+  // exactly the chunk before the cut is usable; the cut one and the one after never count
+  assert.equal(await recv.call('lookup', { keys }), 1);
   const t = await recv.call('take', { keys, reqId: 'cut-1' });
-  assert.equal(t.keys.length, have);
+  assert.deepEqual(t, { keys: [keys[0]], numTokens: CHUNK });
   const st = await recv.call('stats');
   assert.deepEqual([st.reservedBytes, st.reservations], [0, 0]);
   // the sender reconnects on demand for the next request
   const next = await s.call('send', { spec: spec('cut-2'), seed: 6, tokens: [CHUNK, CHUNK, CHUNK] });
   assert.equal(next.ok, true, next.error);
   assert.deepEqual((await recv.call('take', { keys, reqId: 'cut-2' })).keys, keys);
+});
+
+test('a sender process killed between two whole chunks: consumers waiting for the rest wake at once with the usable prefix', async () => {
+  const { p: recv, port, spec } = await startReceiver();
+  const via = await relay(port, { holdAfterData: 1 }); // chunk 0 goes through whole, nothing of chunk 1
+  const a = await startSender('prefiller-dies');
+  const keys = [0, 1, 2].map((j) => syntheticKey(8, j));
+  const sending = a.call('send', { spec: spec('dies-1', via.port), seed: 8, tokens: [CHUNK, CHUNK, CHUNK] }).catch((e: Error) => e);
+  await until(async () => (await recv.call('lookup', { keys })) === 1, 'the first chunk');
+  // another prefiller's request shares the first two chunks: both reported as held, not sent
+  const b = await startSender('prefiller-shares');
+  const rb = await b.call('send', { spec: spec('shares-1'), seed: 8, tokens: [CHUNK, CHUNK] });
+  assert.deepEqual([rb.ok, rb.sent, rb.skipped], [true, 0, 2], rb.error);
+  // both consumers wait for chunk 1 as the engine does (take with a wait), here for up to 2 minutes
+  const takeA = recv.call('take', { keys, reqId: 'dies-1', waitMs: 120_000 }, 60_000);
+  const takeB = recv.call('take', { keys: keys.slice(0, 2), reqId: 'shares-1', waitMs: 120_000 }, 60_000);
+  assert.equal((await recv.call('stats')).readyEntries, 1); // answered after both takes started waiting
+  await a.kill(); // SIGKILL: the process is gone between chunk 0 and chunk 1
+  assert.match(String(await sending), /peer exited/);
+  // the receiver settles the dead session's never-sent chunks: no one waits for them
+  const [tA, tB] = await within(Promise.all([takeA, takeB]), 15_000, 'takes after the sender died');
+  assert.deepEqual(tA, { keys: [keys[0]], numTokens: CHUNK });
+  assert.deepEqual(tB, { keys: [keys[0]], numTokens: CHUNK });
+  const st = await recv.call('stats');
+  assert.deepEqual([st.reservedBytes, st.reservations, st.entries], [0, 0, 0]);
+});
+
+test('exact accounting across processes: 1000 requests with a small buffer, deadlines, corrupted chunks and failed exports leave no byte reserved', async () => {
+  // 40 chunk slots (8 KiB size class each): with unconsumed reservations held until their TTL,
+  // concurrent requests regularly find it full
+  const { p: recv, spec } = await startReceiver({ bufferBytes: 40 * 8192, ttlMs: 300 });
+  const senders = await Promise.all([0, 1, 2].map((i) => startPeer({ role: 'sender', layout, chunkSize: CHUNK, modelId: MODEL, bufferBytes: 1 << 20, senderId: `acct-${i}`, allocWaitMs: 30 })));
+  const N = 1000;
+  const outcome = { ok: 0, full: 0, rejected: 0, exportFailed: 0, duplicate: 0 };
+  const run = async (i: number) => {
+    const s = senders[i % senders.length]!;
+    // groups of 10 share their first two chunks: dedup and refcounting across senders
+    const group = Math.floor(i / 10);
+    const keys = [syntheticKey(300000 + group, 0), syntheticKey(300000 + group, 1), syntheticKey(400000 + i, 2)];
+    const corrupt = i % 13 === 5 ? [2] : i % 89 === 7 ? [0] : [];
+    const failAt = i % 17 === 9 ? 1 : undefined;
+    const args = { spec: spec(`p${i}`), seed: group, keys, tokens: [CHUNK, CHUNK, 1 + (i % CHUNK)], corrupt, failAt };
+    const res = await s.call('send', args);
+    for (const r of i % 50 === 0 ? [res, await s.call('send', args)] : [res]) {
+      if (r.ok) outcome.ok++;
+      else if (/receiver buffer full/.test(r.error)) outcome.full++;
+      else if (/receiver rejected chunk .*checksum mismatch/.test(r.error)) outcome.rejected++;
+      else if (/synthetic export failure/.test(r.error)) outcome.exportFailed++;
+      else if (/already has a reservation/.test(r.error)) outcome.duplicate++;
+      else assert.fail(`unexpected failure of p${i}: ${r.error}`);
+    }
+    if (i % 7 === 3) return; // never consumed: must expire
+    const t = await recv.call('take', { keys, reqId: `p${i}`, waitMs: 2000 });
+    // what it sent itself and saw acked is all there (chunks it got in `have` may have failed in another request)
+    if (res.ok && res.sent === 3) assert.equal(t.keys.length, 3, `p${i}`);
+  };
+  for (let i = 0; i < N; i += 30) await Promise.all(Array.from({ length: Math.min(30, N - i) }, (_, j) => run(i + j)));
+  await until(async () => {
+    const st = await recv.call('stats');
+    return st.reservedBytes === 0 && st.reservations === 0 && st.entries === 0;
+  }, 'every reservation to be consumed or to expire');
+  const st = await recv.call('stats');
+  assert.deepEqual([st.reservedBytes, st.reservations, st.entries], [0, 0, 0]);
+  // every kind of outcome really happened
+  assert.ok(outcome.full > 0 && st.allocRefused >= outcome.full, JSON.stringify(outcome));
+  assert.ok(outcome.rejected > 0 && st.chunksRejected > 0, JSON.stringify(outcome));
+  assert.ok(outcome.exportFailed > 0 && outcome.ok > N / 4, JSON.stringify(outcome));
+  assert.ok(st.reservationsExpired > 0);
+  assert.ok(st.poolBytes <= 40 * 8192 + 4 * 8192, 'memory stays within the buffer bound');
 });

@@ -49,6 +49,8 @@ export interface ConnectorOptions {
   seed: bigint;
   metrics: EngineMetrics;
   transfer: KvTransferPlugin | null;
+  /** Bound on the transfer lookup and on reading one chunk (default LOAD_TIMEOUT_MS). */
+  loadTimeoutMs?: number;
 }
 
 function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
@@ -79,6 +81,7 @@ export class KvcConnectorV1 {
   readonly skipLastN: number;
   readonly store: KvcStore;
   readonly transfer: KvTransferPlugin | null;
+  private readonly loadTimeoutMs: number;
 
   constructor(private readonly o: ConnectorOptions) {
     this.role = o.config.kv_role;
@@ -87,6 +90,7 @@ export class KvcConnectorV1 {
     this.skipLastN = o.config.kv_connector_extra_config.skip_last_n_tokens;
     this.store = o.store;
     this.transfer = o.transfer;
+    this.loadTimeoutMs = o.loadTimeoutMs ?? LOAD_TIMEOUT_MS;
   }
 
   spans(prompt: readonly number[]): ChunkSpan[] {
@@ -138,10 +142,17 @@ export class KvcConnectorV1 {
     // A consumer always asks, even when nothing can be imported (a prompt shorter than
     // skip_last_n_tokens + 1): that claims and then releases the request's reservation.
     if (this.role === 'kv_consumer' && this.transfer?.received) {
+      const lookup = this.transfer.received(this.transferRequest(req, spans));
       try {
-        received = await withTimeout(this.transfer.received(this.transferRequest(req, spans)), LOAD_TIMEOUT_MS, 'transfer lookup');
+        received = await withTimeout(lookup, this.loadTimeoutMs, 'transfer lookup');
       } catch (e) {
         log.warn(`request ${req.requestId}: transfer lookup failed (${(e as Error).message}); computing the prompt`);
+        // Timed out: the lookup may still resolve later, holding chunks and the request's
+        // reservation. Nothing will use them; release them as soon as they are handed out.
+        lookup.then(
+          (late) => late?.release(),
+          () => undefined,
+        );
       }
     }
     let loaded = 0;
@@ -152,7 +163,7 @@ export class KvcConnectorV1 {
         let payload: Uint8Array | null = null;
         let source: 'cache' | 'transfer' = 'cache';
         if (received) {
-          const buf = await withTimeout(Promise.resolve(received.get(span.key)), LOAD_TIMEOUT_MS, `receiving chunk ${span.key}`);
+          const buf = await withTimeout(Promise.resolve(received.get(span.key)), this.loadTimeoutMs, `receiving chunk ${span.key}`);
           if (buf) {
             payload = this.accept(buf, span, 'transfer');
             source = 'transfer';
@@ -161,7 +172,7 @@ export class KvcConnectorV1 {
         if (!payload) {
           // The CPU tier can be read in place: the import below copies synchronously.
           const peeked = this.store.cpu()?.peek(span.key) ?? null;
-          const buf = peeked ?? (this.store.has(span.key) ? await withTimeout(this.store.get(span.key), LOAD_TIMEOUT_MS, `reading chunk ${span.key}`) : null);
+          const buf = peeked ?? (this.store.has(span.key) ? await withTimeout(this.store.get(span.key), this.loadTimeoutMs, `reading chunk ${span.key}`) : null);
           if (buf) {
             payload = this.accept(buf, span, 'cache');
             source = 'cache';

@@ -6,7 +6,9 @@
 //   fork('dist/src/xfer/peer.js', [JSON.stringify({role: 'sender', ...SenderOptions})])
 // Requests: {id, op, ...}; replies: {id, ok, result} or {id, ok: false, error}.
 //   receiver ops: stats, lookup {keys}, take {keys, reqId?, waitMs?} (verifies, then releases), release {reqId}
-//   sender ops:   send {spec, seed, tokens: number[]} (one synthetic chunk per entry of tokens),
+//   sender ops:   send {spec, seed, tokens: number[], corrupt?: number[], failAt?: number} (one synthetic
+//                 chunk per entry of tokens; chunks in `corrupt` get a payload byte flipped after
+//                 sealing; building chunk `failAt` throws, as a failed KV export would),
 //                 sendRepeated {specs, tokens, seed} (same payloads, fresh keys per spec; for the benchmark)
 import { encodeChunk, HEADER_BYTES, payloadBytes, verifyChunk, type KvLayout } from '../common/chunk.js';
 import { XferReceiver, type ReceiverOptions } from './receiver.js';
@@ -87,9 +89,16 @@ async function main(): Promise<void> {
       try {
         if (m.op === 'send') {
           const tokens: number[] = m.tokens;
+          const corrupt: number[] = m.corrupt ?? [];
           const chunks: OutChunk[] = tokens.map((n, i) => {
             const key = m.keys?.[i] ?? syntheticKey(m.seed, i);
-            return { key, numTokens: n, data: () => syntheticChunk(layout, n, key, m.seed * 1000 + i) };
+            const data = () => {
+              if (m.failAt === i) throw new Error(`synthetic export failure at chunk ${i}`);
+              const c = syntheticChunk(layout, n, key, m.seed * 1000 + i);
+              if (corrupt.includes(i)) c[c.byteLength - 1]! ^= 0xff; // after sealing: the checksum no longer matches
+              return c;
+            };
+            return { key, numTokens: n, data };
           });
           return reply(m.id, await sender.send(m.spec as DisaggSpec, chunks));
         }

@@ -30,6 +30,13 @@ export enum FrameType {
   Data = 5,
   /** receiver → sender: chunk stored and verified, or rejected ({error}). */
   Ack = 6,
+  /**
+   * sender → receiver, no reply. On the init port (after the request's last DATA frame, same
+   * stream): no more chunks will come for `req_id`; the chunks it reserved and never sent are
+   * discarded so nobody waits for them. On the alloc port (after an ALLOC whose answer did not
+   * come in time): withdraw that ALLOC, queued or granted.
+   */
+  Cancel = 7,
 }
 
 export interface HelloMeta {
@@ -68,6 +75,10 @@ export interface AllocReplyMeta {
 export interface DataMeta {
   req_id: string;
   key: string;
+}
+export interface CancelMeta {
+  session: string;
+  req_id: string;
 }
 export interface AckMeta {
   req_id: string;

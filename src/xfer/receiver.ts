@@ -31,6 +31,7 @@ import {
   PROTOCOL_VERSION,
   writeFrame,
   type AllocMeta,
+  type CancelMeta,
   type DataMeta,
   type HelloMeta,
 } from './protocol.js';
@@ -83,6 +84,13 @@ interface Entry {
   refs: number;
   /** Session currently streaming into buf (so a cut connection can fail it). */
   writer: string | null;
+  /**
+   * The session and request whose reservation created the entry: the only sender expected to
+   * write it. Reservations that got the key in `have` wait on this one; when that session
+   * closes or cancels the request before sending it, the entry is discarded (waiters wake).
+   */
+  owner: string;
+  ownerReq: string;
   waiters: (() => void)[];
 }
 
@@ -140,6 +148,9 @@ export class XferReceiver extends EventEmitter {
   private initServer: net.Server | null = null;
   private allocServer: net.Server | null = null;
   private sweepTimer: NodeJS.Timeout | null = null;
+  /** ALLOC / DATA frames seen; the sweep gives idle pool memory back when this did not move. */
+  private activity = 0;
+  private activityAtSweep = 0;
   private readonly sockets = new Set<net.Socket>();
   private readonly ttlMs: number;
   private readonly maxAllocWaitMs: number;
@@ -314,7 +325,7 @@ export class XferReceiver extends EventEmitter {
   }
 
   /** A chunk that failed (corrupt, cut, refused) leaves the index at once: never served. */
-  private failEntry(e: Entry, why: string): void {
+  private failEntry(e: Entry, why: string, logIt = true): void {
     if (this.entries.get(e.key) !== e) {
       // already out of the index (its reservation went away): just give the memory back
       if (e.buf) this.pool.release(e.buf);
@@ -322,7 +333,7 @@ export class XferReceiver extends EventEmitter {
       e.writer = null;
       return;
     }
-    log.warn(`chunk ${e.key} discarded: ${why}`);
+    if (logIt) log.warn(`chunk ${e.key} discarded: ${why}`);
     this.entries.delete(e.key);
     this.reserved -= e.cost;
     if (e.buf) this.pool.release(e.buf);
@@ -347,6 +358,58 @@ export class XferReceiver extends EventEmitter {
       log.warn(`${n} reservation(s) expired unused after ${this.ttlMs} ms`);
       this.pumpAllocQueue();
     }
+    // Idle since the last sweep (no ALLOC, no DATA): give the recycled buffers back, so a burst
+    // does not keep its peak memory for the life of the process. Live buffers are untouched.
+    if (this.activity === this.activityAtSweep && this.pool.heldBytes > this.pool.inUseBytes) {
+      const before = this.pool.heldBytes;
+      this.pool.trim();
+      log.debug(`idle: buffer pool trimmed from ${before} to ${this.pool.heldBytes} bytes`);
+    }
+    this.activityAtSweep = this.activity;
+  }
+
+  /**
+   * Discards the chunks `session` reserved (for `reqId`, or for every request) and has not
+   * started to send: nobody else will send them, so waiters must not wait for them.
+   */
+  private abandon(session: string, reqId: string | null, why: string): number {
+    const gone: Entry[] = [];
+    for (const e of this.entries.values()) {
+      if (e.state === 'pending' && e.writer === null && e.owner === session && (reqId === null || e.ownerReq === reqId)) gone.push(e);
+    }
+    for (const e of gone) this.failEntry(e, why, false);
+    if (gone.length) log.warn(`${gone.length} chunk(s) discarded before arrival: ${why}`);
+    return gone.length;
+  }
+
+  /** Removes queued ALLOCs matching `pred`, answering them with `error`. */
+  private dropQueued(pred: (w: AllocWaiter) => boolean, error: string): void {
+    for (let i = this.allocQueue.length - 1; i >= 0; i--) {
+      const w = this.allocQueue[i]!;
+      if (!pred(w)) continue;
+      this.allocQueue.splice(i, 1);
+      clearTimeout(w.timer);
+      w.reply({ ok: false, error });
+    }
+    this.pumpAllocQueue();
+  }
+
+  /**
+   * CANCEL from `session` for `reqId`: its never-sent chunks are discarded; with `withdraw`
+   * (alloc port: the sender gave up waiting for the ALLOC's answer) the queued ALLOC or the
+   * granted reservation goes too.
+   */
+  private cancel(session: string, reqId: string, withdraw: boolean): void {
+    const res = this.reservations.get(reqId);
+    const n = this.abandon(session, reqId, `sender cancelled request ${reqId}`);
+    if (withdraw) {
+      this.dropQueued((w) => w.meta.session === session && w.meta.req_id === reqId, `request ${reqId} cancelled by the sender`);
+      if (res && res.session === session && !res.claimed) {
+        this.dropReservation(res);
+        this.pumpAllocQueue();
+      }
+    }
+    if (withdraw) log.info(`request ${reqId}: ALLOC withdrawn by the sender (no answer in time)${n ? `; ${n} chunk(s) discarded` : ''}`);
   }
 
   /** Space a reservation for `meta` still needs (keys not already held). */
@@ -373,7 +436,7 @@ export class XferReceiver extends EventEmitter {
       if (e) {
         have.push(k);
       } else {
-        e = { key: k, cost: sizeClass(b), bytes: b, state: 'pending', buf: null, refs: 0, writer: null, waiters: [] };
+        e = { key: k, cost: sizeClass(b), bytes: b, state: 'pending', buf: null, refs: 0, writer: null, owner: meta.session, ownerReq: meta.req_id, waiters: [] };
         this.entries.set(k, e);
         this.reserved += e.cost;
       }
@@ -417,6 +480,7 @@ export class XferReceiver extends EventEmitter {
   }
 
   private handleAlloc(meta: AllocMeta, reply: (r: { ok: boolean; have?: string[]; error?: string }) => void): void {
+    this.activity++;
     const bad = this.validateAlloc(meta);
     if (bad) return reply({ ok: false, error: bad });
     if (this.reservations.has(meta.req_id) || this.allocQueue.some((w) => w.meta.req_id === meta.req_id)) {
@@ -462,6 +526,12 @@ export class XferReceiver extends EventEmitter {
   private onAllocConnection(sock: net.Socket): void {
     this.track(sock);
     const parser = new FrameParser(0, () => null, (type, meta) => {
+      if (type === FrameType.Cancel) {
+        const m = meta as CancelMeta;
+        // only a live session may withdraw, and only its own requests (checked in cancel())
+        if (typeof m.session === 'string' && this.sessions.has(m.session) && typeof m.req_id === 'string') this.cancel(m.session, m.req_id, true);
+        return;
+      }
       if (type !== FrameType.Alloc) throw new ProtocolError(`unexpected frame type ${type} on the alloc port`);
       this.handleAlloc(meta as AllocMeta, (r) => {
         if (!sock.destroyed) writeFrame(sock, FrameType.AllocReply, { id: (meta as AllocMeta).id, ...r });
@@ -503,10 +573,16 @@ export class XferReceiver extends EventEmitter {
     const sink = (type: FrameType, meta: any, bodyLen: number): Uint8Array | null => {
       target = null;
       if (type !== FrameType.Data || !session) return null;
+      this.activity++;
       const m = meta as DataMeta;
       const res = typeof m.req_id === 'string' ? this.reservations.get(m.req_id) : undefined;
       const e = typeof m.key === 'string' ? this.entries.get(m.key) : undefined;
-      if (!res || !e || !res.entries.includes(e) || e.state !== 'pending' || e.writer !== null || bodyLen !== e.bytes) return null;
+      if (!e || e.state !== 'pending' || e.writer !== null || bodyLen !== e.bytes) return null;
+      // Only the session that reserved the chunk, for that request, may write it. (The
+      // reservation itself may be gone already, released by its consumer, while another
+      // reservation that got the key in `have` still waits for these bytes.)
+      if (e.owner !== session || e.ownerReq !== m.req_id) return null;
+      if (res && (res.session !== session || !res.entries.includes(e))) return null;
       const buf = this.pool.acquire(e.bytes);
       if (!buf) return null; // cannot happen while accounting holds; treated as a rejected chunk
       e.buf = buf;
@@ -539,6 +615,11 @@ export class XferReceiver extends EventEmitter {
         return;
       }
       if (!session) throw new ProtocolError('expected HELLO first');
+      if (type === FrameType.Cancel) {
+        const c = meta as CancelMeta;
+        if (typeof c.req_id === 'string') this.cancel(session, c.req_id, false);
+        return;
+      }
       if (type !== FrameType.Data) throw new ProtocolError(`unexpected frame type ${type} on the init port`);
       const m = meta as DataMeta;
       const ack = (ok: boolean, error?: string) => {
@@ -585,10 +666,17 @@ export class XferReceiver extends EventEmitter {
     });
     sock.on('close', () => {
       clearTimeout(helloTimer);
-      if (session) this.sessions.delete(session);
+      if (session === null) return;
+      const sess: string = session;
+      this.sessions.delete(sess);
       // A transfer cut mid-chunk is never used: the half-written entry leaves the index.
       const t = target as Entry | null;
-      if (t && t.writer === session && session !== null) this.failEntry(t, 'connection closed in the middle of the chunk');
+      if (t && t.writer === sess) this.failEntry(t, 'connection closed in the middle of the chunk');
+      // Chunks this sender reserved and never started will not come: settle them now, so a
+      // consumer waiting for them (its own request's, or another's that got them in `have`)
+      // wakes at once with what is usable instead of waiting out its timeout.
+      this.abandon(sess, null, `sender session ${sess} closed before sending them`);
+      this.dropQueued((w) => w.meta.session === sess, `sender session ${sess} closed`);
     });
   }
 }

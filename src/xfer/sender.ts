@@ -23,6 +23,7 @@ import {
   writeFrame,
   type AckMeta,
   type AllocReplyMeta,
+  type CancelMeta,
   type HelloMeta,
   type HelloReplyMeta,
 } from './protocol.js';
@@ -58,6 +59,12 @@ export interface SenderOptions {
   connectTimeoutMs?: number;
   /** How long a full receiver buffer may hold a request back before it goes on without transfer. */
   allocWaitMs?: number;
+  /**
+   * How much longer than allocWaitMs the answer to an ALLOC may take (default 10 s). Past it the
+   * request goes on without transfer and the ALLOC is withdrawn (CANCEL on the alloc port), so a
+   * late grant does not sit in the receiver's buffer until its TTL.
+   */
+  allocReplyGraceMs?: number;
   /** Deadline for all ACKs of one request once its last byte is written. */
   ackTimeoutMs?: number;
 }
@@ -206,13 +213,31 @@ class PeerLink {
     });
   }
 
-  allocate(reqId: string, chunks: [string, number][], waitMs: number): Promise<AllocReplyMeta> {
+  allocate(reqId: string, chunks: [string, number][], waitMs: number, graceMs: number): Promise<AllocReplyMeta> {
     if (this.closed) return Promise.reject(new XferError(`connection to receiver ${this.name} is closed`));
     const id = this.nextId++;
-    return this.request<AllocReplyMeta>(waitMs + 10_000, `reservation for ${reqId} on ${this.name}`, (p) => {
+    return this.request<AllocReplyMeta>(waitMs + graceMs, `reservation for ${reqId} on ${this.name}`, (p) => {
       this.allocs.set(id, p);
       writeFrame(this.alloc, FrameType.Alloc, { id, session: this.session, req_id: reqId, chunks, wait_ms: waitMs });
-    }).finally(() => this.allocs.delete(id));
+    })
+      .catch((e: Error) => {
+        // No answer in time: the ALLOC may still be queued, or granted with the answer late.
+        // Withdraw it (same connection, so after the ALLOC): the receiver frees either.
+        if (this.allocs.has(id)) this.cancel(reqId, true);
+        throw e;
+      })
+      .finally(() => this.allocs.delete(id));
+  }
+
+  /**
+   * Tells the receiver this sender is done with `reqId`. On the init connection (after the
+   * request's DATA frames): the chunks it reserved and will not send are discarded there, so
+   * nobody waits for them. On the alloc connection (`withdraw`): the ALLOC is withdrawn.
+   */
+  cancel(reqId: string, withdraw: boolean): void {
+    if (this.closed) return; // the receiver settles a closed session's chunks itself
+    const meta: CancelMeta = { session: this.session, req_id: reqId };
+    writeFrame(withdraw ? this.alloc : this.init, FrameType.Cancel, meta);
   }
 
   close(): void {
@@ -229,6 +254,7 @@ export class XferSender {
   private readonly inflightWaiters: (() => void)[] = [];
   private readonly connectTimeoutMs: number;
   private readonly allocWaitMs: number;
+  private readonly allocReplyGraceMs: number;
   private readonly ackTimeoutMs: number;
   private readonly hello: HelloMeta;
 
@@ -236,6 +262,7 @@ export class XferSender {
     this.senderId = opts.senderId ?? `send-${randomBytes(4).toString('hex')}`;
     this.connectTimeoutMs = opts.connectTimeoutMs ?? 5000;
     this.allocWaitMs = opts.allocWaitMs ?? 10_000;
+    this.allocReplyGraceMs = opts.allocReplyGraceMs ?? 10_000;
     this.ackTimeoutMs = opts.ackTimeoutMs ?? 30_000;
     this.notifier = opts.proxyHost && opts.proxyPort ? new ProxyNotifier(opts.proxyHost, opts.proxyPort) : null;
     const l = opts.layout;
@@ -323,11 +350,33 @@ export class XferSender {
       spec.req_id,
       chunks.map((c, i) => [c.key, sizes[i]!]),
       this.allocWaitMs,
+      this.allocReplyGraceMs,
     );
     if (!reply.ok) throw new XferError(`receiver ${link.name} refused the reservation: ${reply.error ?? 'no reason given'}`);
     const have = new Set(reply.have ?? []);
     const acks: Promise<AckMeta>[] = [];
     const deadline = Date.now() + this.ackTimeoutMs;
+    try {
+      await this.stream(link, spec, chunks, sizes, have, acks, deadline, res);
+    } catch (e) {
+      // Stopped before every chunk was in (or one was rejected): chunks this request reserved
+      // and did not send must not keep a consumer waiting. A closed link needs nothing: the
+      // receiver settles a closed session's chunks itself.
+      link.cancel(spec.req_id, false);
+      throw e;
+    }
+  }
+
+  private async stream(
+    link: PeerLink,
+    spec: DisaggSpec,
+    chunks: readonly OutChunk[],
+    sizes: number[],
+    have: Set<string>,
+    acks: Promise<AckMeta>[],
+    deadline: number,
+    res: SendResult,
+  ): Promise<void> {
     try {
       for (let i = 0; i < chunks.length; i++) {
         const c = chunks[i]!;

@@ -9,6 +9,7 @@ import { KvcStore } from '../src/kvc/store.js';
 import { LocalCPUBackend } from '../src/kvc/cpu_backend.js';
 import { LocalDiskBackend } from '../src/kvc/disk_backend.js';
 import { StoreFullError, type KeyEvent } from '../src/kvc/types.js';
+import { transferHolds } from '../src/kvc/transfer_holds.js';
 import { tempDir } from './helpers/proc.js';
 
 const layout = { dtype: DType.f32, numLayers: 2, numKvHeads: 2, headDim: 64 };
@@ -378,4 +379,32 @@ test('LocalDiskBackend get copies into the caller buffer; an all-pinned put name
   });
   assert.ok(!existsSync(join(dir, `${keyOf(3)}.kvc`)));
   await store.close();
+});
+
+test('a transfer hold pins a disk chunk for this process only; a controller pin made during it persists', async () => {
+  const dir = tempDir();
+  const cfg = { local_cpu: false, max_local_cpu_size: 0, max_local_disk_size: gib(8 * MiB), local_disk: dir };
+  const a = await KvcStore.create(cfg);
+  for (let i = 0; i < 3; i++) await a.put(keyOf(i), makeChunk(keyOf(i), i));
+  const holds = transferHolds(a);
+  assert.ok(holds.hold(keyOf(0), 'LocalDiskBackend'));
+  assert.ok(holds.hold(keyOf(1), 'LocalDiskBackend'));
+  holds.setPinned(keyOf(1), 'LocalDiskBackend', true); // /pin while the transfer holds it
+  assert.ok(a.isPinned(keyOf(0), 'LocalDiskBackend') && a.isPinned(keyOf(1), 'LocalDiskBackend'));
+  assert.ok(!existsSync(join(dir, `${keyOf(0)}.pin`)), 'a hold leaves no pin marker on disk');
+  assert.ok(existsSync(join(dir, `${keyOf(1)}.pin`)), 'the controller pin is persisted');
+  await a.close(); // as if the process stopped mid-transfer, holds still taken
+  const b = await KvcStore.create(cfg);
+  assert.equal(b.isPinned(keyOf(0), 'LocalDiskBackend'), false, 'the hold did not survive the restart');
+  assert.equal(b.isPinned(keyOf(1), 'LocalDiskBackend'), true);
+  // Released normally: the held-only chunk is unpinned, the pinned one stays pinned.
+  const hb = transferHolds(b);
+  hb.hold(keyOf(2), 'LocalDiskBackend');
+  hb.hold(keyOf(1), 'LocalDiskBackend');
+  hb.release(keyOf(2), 'LocalDiskBackend');
+  hb.release(keyOf(1), 'LocalDiskBackend');
+  assert.equal(b.isPinned(keyOf(2), 'LocalDiskBackend'), false);
+  assert.equal(b.isPinned(keyOf(1), 'LocalDiskBackend'), true);
+  assert.ok(existsSync(join(dir, `${keyOf(1)}.pin`)), 'a hold on a pinned chunk keeps its marker');
+  await b.close();
 });

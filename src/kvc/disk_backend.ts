@@ -21,7 +21,7 @@ import { ChunkFormatError, HEADER_BYTES, checkChunkFor, readHeader, verifyChunk 
 import type { ChunkKey } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import { LruIndex, type Entry } from './lru_index.js';
-import { StoreFullError, type BackendStats, type StorageBackend } from './types.js';
+import { StoreFullError, type BackendStats, type PinOptions, type StorageBackend } from './types.js';
 
 const log = logger('kvc.disk');
 const KEY_RE = /^[0-9a-f]{16}$/;
@@ -275,9 +275,11 @@ export class LocalDiskBackend implements StorageBackend {
     }
   }
 
-  pin(key: ChunkKey): boolean {
+  pin(key: ChunkKey, opts: PinOptions = {}): boolean {
     if (!this.index.setPinned(key, true)) return false;
-    writeFileSync(this.pinFile(key), '');
+    // A transient pin (a transfer's hold) must not outlive a crash of this process.
+    if (opts.transient) rmSync(this.pinFile(key), { force: true });
+    else writeFileSync(this.pinFile(key), '');
     return true;
   }
 

@@ -16,7 +16,7 @@ import { halvesToHex, keyHalves, type ChunkKey, type KeyParams } from '../common
 import { logger } from '../common/log.js';
 import { LocalCPUBackend } from './cpu_backend.js';
 import { LocalDiskBackend } from './disk_backend.js';
-import { LOCATIONS, StoreFullError, type BackendStats, type KeyEvent, type LocationName, type StorageBackend } from './types.js';
+import { LOCATIONS, StoreFullError, type BackendStats, type KeyEvent, type LocationName, type PinOptions, type StorageBackend } from './types.js';
 
 const log = logger('kvc.store');
 
@@ -178,8 +178,8 @@ export class KvcStore extends EventEmitter<StoreEvents> {
     return null;
   }
 
-  pin(key: ChunkKey, loc: LocationName): boolean {
-    return this.backend(loc).pin(key);
+  pin(key: ChunkKey, loc: LocationName, opts: PinOptions = {}): boolean {
+    return this.backend(loc).pin(key, opts);
   }
 
   unpin(key: ChunkKey, loc: LocationName): boolean {

@@ -35,8 +35,10 @@ export class TransferHolds {
     const h = this.held.get(id);
     if (h) h.count++;
     else {
-      this.held.set(id, { count: 1, keepPinned: this.store.isPinned(key, loc) });
-      this.store.pin(key, loc);
+      const keepPinned = this.store.isPinned(key, loc);
+      this.held.set(id, { count: 1, keepPinned });
+      // Transient: if this process dies mid-transfer, the hold must not survive as a disk pin.
+      if (!keepPinned) this.store.pin(key, loc, { transient: true });
     }
     return true;
   }
@@ -58,8 +60,9 @@ export class TransferHolds {
   setPinned(key: ChunkKey, loc: LocationName, pinned: boolean): void {
     const h = this.held.get(this.id(key, loc));
     if (h) {
+      // Held chunks stay pinned until their transfers end; only the persisted state follows the request.
       h.keepPinned = pinned;
-      this.store.pin(key, loc);
+      this.store.pin(key, loc, { transient: !pinned });
       return;
     }
     if (pinned) this.store.pin(key, loc);

@@ -9,6 +9,11 @@ export function isLocationName(s: string): s is LocationName {
   return (LOCATIONS as readonly string[]).includes(s);
 }
 
+export interface PinOptions {
+  /** Pinned now, but not across a restart (a pin marker already on disk is removed). */
+  transient?: boolean;
+}
+
 /** Thrown when a put cannot make room because everything that remains is pinned (or the chunk exceeds capacity). */
 export class StoreFullError extends Error {
   override name = 'StoreFullError';
@@ -53,7 +58,11 @@ export interface StorageBackend {
   put(key: ChunkKey, chunk: Uint8Array): Promise<ChunkKey[]>;
   /** Copies the chunk into `dest` (or a new buffer) and returns that view, or null if absent/corrupt. */
   get(key: ChunkKey, dest?: Uint8Array): Promise<Uint8Array | null>;
-  pin(key: ChunkKey): boolean;
+  /**
+   * Pins a chunk (never evicted until unpinned). A transient pin (a transfer's hold) lasts for
+   * this process only; a plain pin is also persisted where the location persists (disk).
+   */
+  pin(key: ChunkKey, opts?: PinOptions): boolean;
   unpin(key: ChunkKey): boolean;
   isPinned(key: ChunkKey): boolean;
   remove(key: ChunkKey): Promise<boolean>;

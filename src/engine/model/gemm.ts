@@ -452,31 +452,31 @@ export class WasmGemm implements Gemm {
   }
 
   attendStaged(q: Float32Array, M: number, hd: number, off: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
-    if (M === 0) return;
     const P = padTo(keys, STRIP);
-    const hdPad = padTo(hd, STRIP);
-    const sz = (n: number) => padTo(n * 4, 64);
-    const Q = this.scratch(sz(M * hd) + sz(hd * P) + sz(M * P) + sz(P * hdPad) + sz(M * hdPad) + sz(M));
-    const KT = Q + sz(M * hd);
-    const S = KT + sz(hd * P);
-    const V = S + sz(M * P);
-    const O = V + sz(P * hdPad);
-    const L = O + sz(M * hdPad);
-    const f32 = this.f32;
-    f32.set(q.subarray(0, M * hd), Q / 4);
-    new Int32Array(this.mem.buffer, L, M).set(lens.subarray(0, M));
-    this.exp.gatherkv(this.stagePtr, keys, P, this.stageKvDim, off, hd, KT, V, hdPad);
-    this.run(Q, KT, S, M, hd, P, false);
-    this.exp.softmax(S, M, P, L, scale);
-    this.run(S, V, O, M, P, hdPad, false);
-    const o0 = O / 4;
-    if (hdPad === hd) out.set(f32.subarray(o0, o0 + M * hd));
-    else for (let r = 0; r < M; r++) out.set(f32.subarray(o0 + r * hdPad, o0 + r * hdPad + hd), r * hd);
+    this.attendCore(q, M, hd, P, lens, scale, out, (KT, V, hdPad) => this.exp.gatherkv(this.stagePtr, keys, P, this.stageKvDim, off, hd, KT, V, hdPad));
   }
 
   attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void {
-    if (M === 0) return;
     if (P % STRIP !== 0) throw new Error(`attend: P=${P} must be a multiple of ${STRIP}`);
+    this.attendCore(q, M, hd, P, lens, scale, out, (KT, V, hdPad) => {
+      const f32 = this.f32;
+      f32.set(kt.subarray(0, hd * P), KT / 4);
+      if (hdPad === hd) f32.set(v.subarray(0, P * hd), V / 4);
+      else {
+        for (let j = 0; j < P; j++) {
+          f32.set(v.subarray(j * hd, j * hd + hd), V / 4 + j * hdPad);
+          f32.fill(0, V / 4 + j * hdPad + hd, V / 4 + (j + 1) * hdPad);
+        }
+      }
+    });
+  }
+
+  /**
+   * The attention core on kernel scratch: `fillKV(KT, V, hdPad)` writes keys ([hd][P]) and values
+   * ([P][hdPad]) at those byte addresses; then S = Q·KT, softmax, O = S·V, copied to `out`.
+   */
+  private attendCore(q: Float32Array, M: number, hd: number, P: number, lens: Int32Array, scale: number, out: Float32Array, fillKV: (KT: number, V: number, hdPad: number) => void): void {
+    if (M === 0) return;
     const hdPad = padTo(hd, STRIP);
     const sz = (n: number) => padTo(n * 4, 64);
     const Q = this.scratch(sz(M * hd) + sz(hd * P) + sz(M * P) + sz(P * hdPad) + sz(M * hdPad) + sz(M));
@@ -485,20 +485,13 @@ export class WasmGemm implements Gemm {
     const V = S + sz(M * P);
     const O = V + sz(P * hdPad);
     const L = O + sz(M * hdPad);
-    const f32 = this.f32;
-    f32.set(q.subarray(0, M * hd), Q / 4);
-    f32.set(kt.subarray(0, hd * P), KT / 4);
-    if (hdPad === hd) f32.set(v.subarray(0, P * hd), V / 4);
-    else {
-      for (let j = 0; j < P; j++) {
-        f32.set(v.subarray(j * hd, j * hd + hd), V / 4 + j * hdPad);
-        f32.fill(0, V / 4 + j * hdPad + hd, V / 4 + (j + 1) * hdPad);
-      }
-    }
+    this.f32.set(q.subarray(0, M * hd), Q / 4);
     new Int32Array(this.mem.buffer, L, M).set(lens.subarray(0, M));
+    fillKV(KT, V, hdPad);
     this.run(Q, KT, S, M, hd, P, false);
     this.exp.softmax(S, M, P, L, scale);
     this.run(S, V, O, M, P, hdPad, false);
+    const f32 = this.f32;
     const o0 = O / 4;
     if (hdPad === hd) out.set(f32.subarray(o0, o0 + M * hd));
     else for (let r = 0; r < M; r++) out.set(f32.subarray(o0 + r * hdPad, o0 + r * hdPad + hd), r * hd);

@@ -7,7 +7,7 @@ import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
 import { ensureBuiltinModel } from '../src/engine/model/builtin.js';
 import { LlamaModel, argmax } from '../src/engine/model/model.js';
-import { JsGemm, WasmGemm, WasmGemmPool, measureGemm, expf32 } from '../src/engine/model/gemm.js';
+import { JsGemm, WasmGemm, WasmGemmPool, argmaxJs, measureGemm, expf32 } from '../src/engine/model/gemm.js';
 import { PagedKvCache, KvCacheFullError, BLOCK_TOKENS } from '../src/engine/model/kv_cache.js';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -129,6 +129,37 @@ test('gemm: WASM SIMD kernel equals the JS reference bitwise and is batch invari
   }
   const g = await measureGemm(64, 256, 256, 2);
   assert.ok(g.kernelGflops > 0 && g.jsGflops > 0);
+});
+
+test('argmax: the WASM SIMD kernel answers like the scalar loop (lowest index on ties), any length', async () => {
+  const wa = await WasmGemm.create({ threads: 1 });
+  const js = new JsGemm();
+  try {
+    const cases: Float32Array[] = [
+      Float32Array.of(1),
+      Float32Array.of(2, 2),
+      Float32Array.of(-1, 3, 3, 0, 3),
+      Float32Array.of(0, 0, 0, 0, 0, 0, 0),
+      Float32Array.of(-Infinity, -Infinity, -5, -Infinity, -5, -5, -Infinity, -5, -5),
+      Float32Array.from({ length: 32000 }, (_, i) => Math.sin(i * 0.37) * 3),
+    ];
+    // The maximum at every lane and in the tail, with equal values before and after it.
+    for (const at of [0, 1, 2, 3, 4, 5, 31996, 31999, 32001, 32002]) {
+      const x = Float32Array.from({ length: 32003 }, (_, i) => (i * 7919) % 1000);
+      x[at] = 5000;
+      cases.push(x);
+      const tie = x.slice();
+      tie[at + 1] = 5000;
+      if (at >= 4) tie[at - 3] = 5000; // an earlier tie in another lane wins
+      cases.push(tie);
+    }
+    for (const [i, x] of cases.entries()) {
+      assert.equal(wa.argmax(x), argmaxJs(x), `case ${i} (length ${x.length})`);
+      assert.equal(js.argmax(x), argmaxJs(x));
+    }
+  } finally {
+    wa.close();
+  }
 });
 
 test('attention over staged paged KV equals attend() on gathered operands, WASM and JS, bitwise', async () => {

@@ -32,5 +32,6 @@ export async function loadEngineModel(spec: string, env: NodeJS.ProcessEnv = pro
     // The scheduler samples from the logits before its next step, so they may be views of the
     // model's reused buffer (no fresh 128 KiB array per sequence and step).
     forward: (segments: ForwardSegment[], kv: PagedKvCache) => llama.forward(segments, kv, { transientLogits: true }),
+    argmax: (logits: Float32Array) => llama.gemm.argmax(logits),
   };
 }

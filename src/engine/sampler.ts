@@ -2,6 +2,7 @@
 // lowest index winning ties, so it is exactly reproducible. With a temperature the request's
 // own PRNG (seeded from `seed` when given) drives the draw: the same seed gives the same
 // tokens whatever else the engine is running at the time.
+import { argmaxJs } from './model/gemm.js';
 
 export interface SamplingParams {
   temperature: number;
@@ -28,18 +29,8 @@ export class Rng {
   }
 }
 
-export function argmax(logits: Float32Array): number {
-  let best = 0;
-  let bv = logits[0]!;
-  for (let i = 1; i < logits.length; i++) {
-    const v = logits[i]!;
-    if (v > bv) {
-      bv = v;
-      best = i;
-    }
-  }
-  return best;
-}
+/** The largest logit's index, the lowest on ties (the model's kernel may supply a faster one). */
+export const argmax = argmaxJs;
 
 export class Sampler {
   private readonly rng: Rng;
@@ -52,8 +43,9 @@ export class Sampler {
     return this.params.temperature === 0 || this.params.topK === 1;
   }
 
-  sample(logits: Float32Array): number {
-    if (this.greedy) return argmax(logits);
+  /** `fastArgmax`: a kernel's argmax with argmaxJs's answer (the engine passes the model's SIMD one). */
+  sample(logits: Float32Array, fastArgmax: (x: Float32Array) => number = argmax): number {
+    if (this.greedy) return fastArgmax(logits);
     const { temperature, topP, topK } = this.params;
     const n = logits.length;
     // Softmax with temperature, in float64 for stable sums.

@@ -31,6 +31,8 @@ export interface ForwardSegment {
 /** The part of the model the scheduler drives. */
 export interface Forwarder {
   forward(segments: ForwardSegment[], kv: PagedKvCache): Float32Array[];
+  /** Greedy sampling's argmax, if the model has a faster one than the JS loop (same answer). */
+  argmax?(logits: Float32Array): number;
 }
 
 export type FinishReason = 'stop' | 'length' | 'abort' | 'error';
@@ -301,7 +303,7 @@ export class Scheduler {
           );
         }
       }
-      this.emit(seq, seq.init.sampler.sample(logits));
+      this.emit(seq, seq.init.sampler.sample(logits, this.o.model.argmax));
     }
     return true;
   }

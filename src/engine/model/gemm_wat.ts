@@ -315,6 +315,64 @@ function gatherFunc(): string {
   )`;
 }
 
+/**
+ * argmax(p, n) -> i32: index of the largest of the n f32 at p, the lowest index on ties; the same
+ * answer as the scalar loop in sampler.ts (which starts from element 0 and takes strictly larger
+ * values) for any input without NaN. Four lanes each keep their own first maximum (strict >),
+ * then the lanes are merged preferring the larger value, and on equal values the lower index.
+ */
+function argmaxFunc(): string {
+  return `
+  (func (export "argmax") (param $p i32) (param $n i32) (result i32)
+    (local $i i32) (local $n4 i32) (local $v v128) (local $bv v128) (local $bi v128) (local $idx v128) (local $m v128)
+    (local $best f32) (local $bix i32) (local $x f32) (local $xi i32) (local $l i32)
+    (local.set $n4 (i32.and (local.get $n) (i32.const -4)))
+    (if (i32.lt_u (local.get $n4) (i32.const 4))
+      (then
+        (local.set $best (f32.load (local.get $p)))
+        (local.set $i (i32.const 1))
+        (block $sd (loop $sl
+          (br_if $sd (i32.ge_u (local.get $i) (local.get $n)))
+          (local.set $x (f32.load (i32.add (local.get $p) (i32.shl (local.get $i) (i32.const 2)))))
+          (if (f32.gt (local.get $x) (local.get $best)) (then (local.set $best (local.get $x)) (local.set $bix (local.get $i))))
+          (local.set $i (i32.add (local.get $i) (i32.const 1)))
+          (br $sl)))
+        (return (local.get $bix))))
+    (local.set $bv (v128.load (local.get $p)))
+    (local.set $bi (v128.const i32x4 0 1 2 3))
+    (local.set $idx (local.get $bi))
+    (local.set $i (i32.const 4))
+    (block $vd (loop $vl
+      (br_if $vd (i32.ge_u (local.get $i) (local.get $n4)))
+      (local.set $v (v128.load (i32.add (local.get $p) (i32.shl (local.get $i) (i32.const 2)))))
+      (local.set $idx (i32x4.add (local.get $idx) (v128.const i32x4 4 4 4 4)))
+      (local.set $m (f32x4.gt (local.get $v) (local.get $bv)))
+      (local.set $bv (v128.bitselect (local.get $v) (local.get $bv) (local.get $m)))
+      (local.set $bi (v128.bitselect (local.get $idx) (local.get $bi) (local.get $m)))
+      (local.set $i (i32.add (local.get $i) (i32.const 4)))
+      (br $vl)))
+    (local.set $best (f32x4.extract_lane 0 (local.get $bv)))
+    (local.set $bix (i32x4.extract_lane 0 (local.get $bi)))
+    ${[1, 2, 3]
+      .map(
+        (l) => `(local.set $x (f32x4.extract_lane ${l} (local.get $bv)))
+    (local.set $xi (i32x4.extract_lane ${l} (local.get $bi)))
+    (if (i32.or (f32.gt (local.get $x) (local.get $best))
+                (i32.and (f32.eq (local.get $x) (local.get $best)) (i32.lt_u (local.get $xi) (local.get $bix))))
+      (then (local.set $best (local.get $x)) (local.set $bix (local.get $xi))))`,
+      )
+      .join('\n    ')}
+    (local.set $i (local.get $n4))
+    (block $td (loop $tl
+      (br_if $td (i32.ge_u (local.get $i) (local.get $n)))
+      (local.set $x (f32.load (i32.add (local.get $p) (i32.shl (local.get $i) (i32.const 2)))))
+      (if (f32.gt (local.get $x) (local.get $best)) (then (local.set $best (local.get $x)) (local.set $bix (local.get $i))))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $tl)))
+    (local.get $bix)
+  )`;
+}
+
 /** Positions per paged-cache block (kv_cache.ts BLOCK_TOKENS; gatherkv's j>>4 / j&15 assume 16). */
 const BLOCK_TOKENS_WAT = 16;
 
@@ -326,5 +384,6 @@ ${gemmFunc('gemm', false)}
 ${gemmFunc('gemmp', true)}
 ${softmaxFunc()}
 ${gatherFunc()}
+${argmaxFunc()}
 )`;
 }

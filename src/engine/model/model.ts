@@ -11,7 +11,7 @@
 import { basename, resolve } from 'node:path';
 import type { KvLayout } from '../../common/chunk.js';
 import { loadModelConfig, type ModelConfig } from './config.js';
-import { createGemm, type Gemm, type Weight } from './gemm.js';
+import { argmaxJs, createGemm, type Gemm, type Weight } from './gemm.js';
 import { BLOCK_TOKENS, KvCacheFullError, PagedKvCache } from './kv_cache.js';
 import { SafetensorsCollection, SafetensorsError } from './safetensors.js';
 
@@ -394,14 +394,4 @@ function rmsNorm(x: Float32Array, w: Float32Array, out: Float32Array, rows: numb
 }
 
 /** Index of the largest logit (lowest index on ties): greedy decoding. */
-export function argmax(logits: Float32Array): number {
-  let best = 0;
-  let bv = -Infinity;
-  for (let i = 0; i < logits.length; i++) {
-    if (logits[i]! > bv) {
-      bv = logits[i]!;
-      best = i;
-    }
-  }
-  return best;
-}
+export const argmax = argmaxJs;

@@ -1,6 +1,7 @@
 // Prometheus metrics of the proxy (GET /metrics). The end-to-end TTFT is the time from the
-// client's request arriving to the first token written back to it (first content SSE event,
-// or the whole body for a non-streamed request); the prefill time is the prefiller's answer.
+// client's request arriving to the first token written back to it (the first SSE event that
+// carries text, not a role-only chat chunk; the whole body for a non-streamed request); the
+// prefill time is the prefiller's answer.
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 
 const latencyBuckets = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120];
@@ -37,6 +38,12 @@ export class ProxyMetrics {
   readonly prefillFailures = new Counter({
     name: 'kvc_proxy_prefill_failures_total',
     help: 'Prefiller calls that failed (refused, 5xx, timed out) and were retried elsewhere',
+    labelNames: ['prefiller'] as const,
+    registers: [this.registry],
+  });
+  readonly prefillInFlight = new Gauge({
+    name: 'kvc_proxy_prefill_in_flight',
+    help: 'Prefill calls waiting on each prefiller',
     labelNames: ['prefiller'] as const,
     registers: [this.registry],
   });
@@ -87,4 +94,22 @@ export class ProxyMetrics {
   constructor() {
     collectDefaultMetrics({ register: this.registry, prefix: 'kvc_proxy_' });
   }
+}
+
+/**
+ * prom-client's `labels()` validates and hashes its arguments on every call; the proxy's label
+ * sets are few and fixed (endpoints, backends, statuses), so each child is looked up once and
+ * kept, off the per-request path.
+ */
+export function memoLabels<C>(metric: { labels(...values: string[]): C }): (...values: string[]) => C {
+  const children = new Map<string, C>();
+  return (...values: string[]) => {
+    const k = values.length === 1 ? values[0]! : values.join('\u0000');
+    let c = children.get(k);
+    if (c === undefined) {
+      c = metric.labels(...values);
+      children.set(k, c);
+    }
+    return c;
+  };
 }

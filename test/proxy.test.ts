@@ -110,6 +110,11 @@ describe('first content event', () => {
     assert.equal(f.feed(tok.subarray(0, tok.length - 5)), false);
     assert.equal(f.feed(tok.subarray(tok.length - 5)), true);
   });
+  test('CRLF line ends are understood too', () => {
+    const f = new FirstContent();
+    assert.equal(f.feed(Buffer.from('data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\r\n\r\n')), false);
+    assert.equal(f.feed(Buffer.from('data: {"choices":[{"delta":{"content":"hi"}}]}\r\n\r\n')), true);
+  });
   test('completions: empty text and [DONE] are not tokens', () => {
     const f = new FirstContent();
     assert.equal(f.feed(Buffer.concat([ev({ choices: [{ text: '' }] }), Buffer.from('data: [DONE]\n\n')])), false);

@@ -8,7 +8,6 @@
 //      so the client sees one engine's OpenAI response.
 // A client that disconnects aborts whatever upstream call is running.
 import { randomUUID } from 'node:crypto';
-import { StringDecoder } from 'node:string_decoder';
 import { performance } from 'node:perf_hooks';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { badRequest, timedOut, upstreamFailed, unavailable, KvcError } from '../common/errors.js';
@@ -98,40 +97,60 @@ function hasContent(ev: unknown): boolean {
   return false;
 }
 
+/** Could this event's text carry a token? A cheap filter before JSON.parse. */
+const MAYBE_CONTENT = /"(?:text|content)"\s*:\s*"(?!")|"tool_calls"/;
+
+/** Parses one SSE event (without its blank line) and tells whether it carries generated text. */
+function eventHasContent(event: string): boolean {
+  if (!MAYBE_CONTENT.test(event)) return false;
+  let data = '';
+  for (const line of event.split(/\r?\n/)) {
+    if (line.startsWith('data:')) data += (data ? '\n' : '') + line.slice(line.startsWith('data: ') ? 6 : 5);
+  }
+  if (!data || data === '[DONE]') return false;
+  try {
+    return hasContent(JSON.parse(data));
+  } catch {
+    return false; // not JSON: not a token
+  }
+}
+
 /**
  * Finds the first SSE event of a stream that carries generated text, so the time to first
  * token is not taken at a role-only chat chunk (`delta: {role, content: ""}`). Fed the raw
- * pieces until it answers true; it keeps only the incomplete tail of an event between pieces
- * and is not used after that, so its cost stays on the first event or two.
+ * pieces until it answers true; it looks at whole events only (an event split across pieces
+ * waits for its end), decodes just those bytes and is not used after that, so its cost stays
+ * on the first event or two.
  */
 export class FirstContent {
-  private tail = '';
-  private decoder = new StringDecoder('utf8');
+  private pending: Buffer | null = null;
 
   feed(piece: Buffer): boolean {
-    this.tail += this.decoder.write(piece);
+    const buf = this.pending ? Buffer.concat([this.pending, piece]) : piece;
+    let from = 0;
     for (;;) {
-      const m = /\r?\n\r?\n/.exec(this.tail);
-      if (!m) return false;
-      const event = this.tail.slice(0, m.index);
-      this.tail = this.tail.slice(m.index + m[0].length);
-      let data = '';
-      for (const line of event.split(/\r?\n/)) {
-        if (line.startsWith('data:')) data += (data ? '\n' : '') + line.slice(line.startsWith('data: ') ? 6 : 5);
+      // An event ends at a blank line: "\n\n" (or "\n\r\n" with CRLF line ends).
+      let end = buf.indexOf('\n\n', from);
+      let sep = 2;
+      if (end < 0) {
+        end = buf.indexOf('\n\r\n', from);
+        sep = 3;
       }
-      if (!data || data === '[DONE]') continue;
-      try {
-        if (hasContent(JSON.parse(data))) return true;
-      } catch {
-        /* not JSON: not a token */
+      if (end < 0) {
+        this.pending = from < buf.length ? buf.subarray(from) : null;
+        return false;
       }
+      if (eventHasContent(buf.toString('utf8', from, end))) {
+        this.pending = null;
+        return true;
+      }
+      from = end + sep;
     }
   }
 }
 
 export class Flow {
   private readonly prefillHist: (prefiller: string) => { observe(v: number): void };
-  private readonly prefillInFlight: (prefiller: string) => { inc(): void; dec(): void };
   private readonly prefillFailures: (prefiller: string) => { inc(): void };
   private readonly decoderFailures: (decoder: string) => { inc(): void };
   private readonly ttft: (endpoint: string) => { observe(v: number): void };
@@ -141,7 +160,6 @@ export class Flow {
   constructor(private d: FlowDeps) {
     const m = d.metrics;
     this.prefillHist = memoLabels(m.prefill);
-    this.prefillInFlight = memoLabels(m.prefillInFlight);
     this.prefillFailures = memoLabels(m.prefillFailures);
     this.decoderFailures = memoLabels(m.decoderFailures);
     this.ttft = memoLabels(m.ttft);
@@ -153,7 +171,7 @@ export class Flow {
     const t0 = performance.now();
     const endpoint = PATHS[kind];
     const m = this.d.metrics;
-    m.inFlight.inc();
+    m.live.requests++;
     const abort = new CancelSignal();
     const onClose = () => {
       if (!reply.raw.writableFinished) {
@@ -180,7 +198,7 @@ export class Flow {
       status = this.fail(err, reply);
     } finally {
       reply.raw.off('close', onClose);
-      m.inFlight.dec();
+      m.live.requests--;
       this.requests(endpoint, String(status)).inc();
       this.e2e(endpoint).observe((performance.now() - t0) / 1000);
     }
@@ -265,8 +283,8 @@ export class Flow {
           },
         };
         const t = performance.now();
-        const inFlight = this.prefillInFlight(p.name);
-        inFlight.inc();
+        const live = this.d.metrics.live.prefills;
+        live.set(p.name, (live.get(p.name) ?? 0) + 1);
         try {
           const r = (await callJson(p, {
             method: 'POST',
@@ -287,7 +305,7 @@ export class Flow {
           log.warn(`prefill ${reqId} failed: ${err.message}; trying the next prefiller`);
           this.down(p, err.message);
         } finally {
-          inFlight.dec();
+          live.set(p.name, live.get(p.name)! - 1);
         }
       }
     }

@@ -41,11 +41,19 @@ export class ProxyMetrics {
     labelNames: ['prefiller'] as const,
     registers: [this.registry],
   });
+  /**
+   * Live counts behind the two in-flight gauges, kept as plain numbers on the request path and
+   * copied into the gauges when /metrics is scraped.
+   */
+  readonly live = { requests: 0, prefills: new Map<string, number>() };
   readonly prefillInFlight = new Gauge({
     name: 'kvc_proxy_prefill_in_flight',
     help: 'Prefill calls waiting on each prefiller',
     labelNames: ['prefiller'] as const,
     registers: [this.registry],
+    collect: () => {
+      for (const [name, n] of this.live.prefills) this.prefillInFlight.labels(name).set(n);
+    },
   });
   readonly decoderOnly = new Counter({
     name: 'kvc_proxy_decoder_only_total',
@@ -68,6 +76,9 @@ export class ProxyMetrics {
     name: 'kvc_proxy_requests_in_flight',
     help: 'Client requests being served',
     registers: [this.registry],
+    collect: () => {
+      this.inFlight.set(this.live.requests);
+    },
   });
   readonly cancelled = new Counter({
     name: 'kvc_proxy_client_disconnects_total',

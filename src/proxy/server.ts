@@ -50,6 +50,7 @@ export class ProxyServer {
       return b;
     });
     for (const b of [...this.prefillers, ...this.decoders]) this.metrics.backendUp.labels(b.role, b.name).set(1);
+    for (const p of this.prefillers) this.metrics.live.prefills.set(p.name, 0);
     this.stats = new TtftStats(this.prefillers.map((p) => p.name));
     const flow = new Flow({
       prefillers: new RoundRobin(this.prefillers),

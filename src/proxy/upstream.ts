@@ -65,6 +65,10 @@ export interface CallOptions {
   bodyTimeoutMs: number;
 }
 
+// Shared, never modified: undici only reads request headers.
+const NO_HEADERS: Record<string, string> = {};
+const JSON_HEADERS: Record<string, string> = { 'content-type': 'application/json' };
+
 const TIMEOUT_CODES = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'UND_ERR_CONNECT_TIMEOUT']);
 
 /** Maps an error thrown by undici (or our abort) to Cancelled or BackendFailure. */
@@ -89,7 +93,7 @@ export async function call(backend: Backend, o: CallOptions): Promise<Dispatcher
     res = await backend.pool.request({
       method: o.method,
       path: o.path,
-      headers: o.body === undefined ? {} : { 'content-type': 'application/json' },
+      headers: o.body === undefined ? NO_HEADERS : JSON_HEADERS,
       body: o.body === undefined ? undefined : JSON.stringify(o.body),
       signal: o.signal,
       headersTimeout: o.headersTimeoutMs,

@@ -17,7 +17,7 @@ import type { Backend, RoundRobin } from './backend.js';
 import { memoLabels, type ProxyMetrics } from './metrics.js';
 import type { TtftStats } from './stats.js';
 import type { DecoderEndpoint } from './topology.js';
-import { BackendFailure, Cancelled, CancelSignal, PassThrough, call, callJson } from './upstream.js';
+import { BackendFailure, Cancelled, CancelSignal, PassThrough, call, callJson, callStream } from './upstream.js';
 
 const log = logger('proxy');
 
@@ -345,25 +345,29 @@ export class Flow {
       this.ttft(endpoint).observe((now - t0) / 1000);
       if (!pre.prefiller) this.d.stats.record(DECODER_ONLY, now - tDecode);
     };
-    let res;
-    try {
-      res = await call(decoder, {
-        method: 'POST',
-        path: endpoint,
-        body,
-        signal,
-        headersTimeoutMs: this.d.timeouts.decodeMs,
-        bodyTimeoutMs: this.d.timeouts.idleMs,
-      });
-    } catch (err) {
+    const opts = {
+      method: 'POST' as const,
+      path: endpoint,
+      body,
+      signal,
+      headersTimeoutMs: this.d.timeouts.decodeMs,
+      bodyTimeoutMs: this.d.timeouts.idleMs,
+    };
+    const failed = (err: unknown) => {
       if (err instanceof BackendFailure) {
         this.decoderFailures(decoder.name).inc();
         this.down(decoder, err.message);
       }
-      throw err;
-    }
-    const ct = String(res.headers['content-type'] ?? (stream ? 'text/event-stream' : 'application/json'));
+      return err;
+    };
     if (!stream) {
+      let res;
+      try {
+        res = await call(decoder, opts);
+      } catch (err) {
+        throw failed(err);
+      }
+      const ct = String(res.headers['content-type'] ?? 'application/json');
       let buf: Buffer;
       try {
         buf = Buffer.from(await res.body.arrayBuffer());
@@ -376,67 +380,55 @@ export class Flow {
       void reply.code(res.statusCode).header('content-type', ct).send(buf);
       return res.statusCode;
     }
-    // Streamed: relay the decoder's SSE bytes as they come, honouring the client's backpressure.
-    reply.hijack();
+    // Streamed: relay the decoder's SSE bytes as they come (undici dispatch, no body stream in
+    // between), pausing the decoder while the client's socket is full. Pieces that arrive in the
+    // same event-loop turn leave in one write (cork until setImmediate): one syscall instead of
+    // one per SSE event, without delaying any of them.
     const raw = reply.raw;
-    raw.writeHead(res.statusCode, { 'content-type': ct, 'cache-control': 'no-cache', connection: 'keep-alive' });
-    const upstream = res.body;
+    let status = 0;
     let first: FirstContent | null = new FirstContent();
+    let corked = false;
+    const flush = () => {
+      corked = false;
+      raw.uncork();
+    };
+    const upstream = callStream(decoder, opts, {
+      start: (code, ct) => {
+        status = code;
+        reply.hijack();
+        raw.writeHead(code, { 'content-type': ct ?? 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
+      },
+      data: (piece) => {
+        if (first && first.feed(piece)) {
+          first = null;
+          firstToken();
+        }
+        if (!corked) {
+          corked = true;
+          raw.cork();
+          setImmediate(flush);
+        }
+        return raw.write(piece);
+      },
+    });
+    raw.on('drain', upstream.resume);
     try {
-      await new Promise<void>((resolve, reject) => {
-        // Pieces that arrive in the same event-loop turn leave in one write (cork until
-        // setImmediate): one syscall instead of one per SSE event, without delaying any of them.
-        let corked = false;
-        const flush = () => {
-          corked = false;
-          raw.uncork();
-        };
-        const resume = () => upstream.resume();
-        const onClientClose = () => reject(new Cancelled('client disconnected'));
-        const done = (err?: Error) => {
-          upstream.off('data', onData);
-          upstream.off('end', onEnd);
-          upstream.off('error', onError);
-          raw.off('drain', resume);
-          raw.off('close', onClientClose);
-          if (err) reject(err);
-          else resolve();
-        };
-        const onData = (piece: Buffer) => {
-          if (first && first.feed(piece)) {
-            first = null;
-            firstToken();
-          }
-          if (!corked) {
-            corked = true;
-            raw.cork();
-            setImmediate(flush);
-          }
-          if (!raw.write(piece)) upstream.pause();
-        };
-        const onEnd = () => done();
-        const onError = (err: Error) => done(err);
-        upstream.on('data', onData);
-        upstream.once('end', onEnd);
-        upstream.once('error', onError);
-        raw.on('drain', resume);
-        raw.once('close', onClientClose);
-      });
+      await upstream.done;
       // A stream without any text (e.g. an empty completion): its first "token" is its end.
       if (first) firstToken();
       raw.end();
-      return res.statusCode;
+      return status;
     } catch (err) {
-      if (signal.aborted || err instanceof Cancelled) {
-        upstream.destroy();
-        return 499;
-      }
+      if (status === 0) throw failed(err); // nothing sent yet: a 502/504 or the engine's 4xx
+      if (signal.aborted || err instanceof Cancelled) return 499;
       // Headers are gone already: end the stream with an OpenAI-shaped error event.
       this.decoderFailures(decoder.name).inc();
       const e = upstreamFailed(`${decoder.name}: stream broken: ${(err as Error).message}`);
       log.warn(e.message);
       if (!raw.destroyed) raw.end(`data: ${JSON.stringify(e.toJSON())}\n\n`);
       return 502;
+    } finally {
+      raw.off('drain', upstream.resume);
     }
   }
 }

@@ -473,6 +473,31 @@ describe('proxy against stub engines', () => {
     assert.equal(await metricValue(/kvc_proxy_client_disconnects_total (\d+)/), before + 1);
   });
 
+  test('a slow client: the relay pauses the decoder and the whole stream still arrives intact', { timeout: 20_000 }, async () => {
+    reset();
+    const n = 20_000; // ~2.5 MB of SSE: far more than the sockets buffer
+    const { request } = await import('node:http');
+    const text = await new Promise<string>((resolve, reject) => {
+      const req = request(base + '/v1/completions', { method: 'POST', headers: { 'content-type': 'application/json' } }, (res) => {
+        res.pause();
+        // Nothing read for 500 ms: the proxy's socket to the client fills up first.
+        setTimeout(() => {
+          let t = '';
+          res.setEncoding('utf8');
+          res.on('data', (d: string) => (t += d));
+          res.on('end', () => resolve(t));
+          res.resume();
+        }, 500);
+      });
+      req.on('error', reject);
+      req.end(JSON.stringify({ prompt: 'a long one', max_tokens: n, stream: true }));
+    });
+    const events = text.split('\n\n').filter(Boolean);
+    assert.equal(events.length, n + 2);
+    assert.equal(events.at(-1), 'data: [DONE]');
+    assert.equal(events.slice(0, n).map((e) => JSON.parse(e.slice(6)).choices[0].text).join(''), stubWords('a long one', n).join(''));
+  });
+
   test('models, health, metrics with end-to-end TTFT, stats lines, xfer notices', async () => {
     reset();
     const models = await (await fetch(base + '/v1/models')).json() as any;

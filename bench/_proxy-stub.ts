@@ -23,6 +23,8 @@ export interface StubEngine {
   mode: StubMode;
   /** Delay before answering a completion, ms. */
   delayMs: number;
+  /** Delay before each SSE event of a streamed answer, ms (0: all at once). */
+  streamDelayMs: number;
   close(): Promise<void>;
 }
 
@@ -50,6 +52,7 @@ export async function startStubEngine(name: string, port = 0, host = '127.0.0.1'
     aborted: 0,
     mode: 'ok',
     delayMs: 0,
+    streamDelayMs: 0,
     close: async () => {
       await app.close();
     },
@@ -90,19 +93,27 @@ export async function startStubEngine(name: string, port = 0, host = '127.0.0.1'
       return { id, object, created, model: 'stub', choices: [choice], usage, served_by: name, kv_transfer_params: body.kv_transfer_params ?? null };
     }
     reply.hijack();
-    reply.raw.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+    const raw = reply.raw;
+    raw.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
     const chunkObject = chat ? 'chat.completion.chunk' : 'text_completion';
+    const send = (o: unknown) => raw.write(`data: ${JSON.stringify(o)}\n\n`);
+    // Like the engine (and OpenAI), a chat stream opens with a role-only chunk.
+    if (chat) send({ id, object: chunkObject, created, model: 'stub', choices: [{ index: 0, delta: { role: 'assistant', content: '' }, finish_reason: null }] });
     for (let i = 0; i < words.length; i++) {
+      if (stub.streamDelayMs) {
+        await new Promise((r) => setTimeout(r, stub.streamDelayMs));
+        if (raw.destroyed) return;
+      }
       const choice = chat
-        ? { index: 0, delta: i === 0 ? { role: 'assistant', content: words[i] } : { content: words[i] }, finish_reason: i === words.length - 1 ? 'length' : null }
+        ? { index: 0, delta: { content: words[i] }, finish_reason: i === words.length - 1 ? 'length' : null }
         : { index: 0, text: words[i], finish_reason: i === words.length - 1 ? 'length' : null, logprobs: null };
-      reply.raw.write(`data: ${JSON.stringify({ id, object: chunkObject, created, model: 'stub', choices: [choice] })}\n\n`);
+      send({ id, object: chunkObject, created, model: 'stub', choices: [choice] });
       if (stub.mode === 'cut') {
-        setTimeout(() => reply.raw.destroy(), 20);
+        setTimeout(() => raw.destroy(), 20);
         return;
       }
     }
-    reply.raw.end(`data: ${JSON.stringify({ id, object: chunkObject, created, model: 'stub', choices: [], usage })}\n\ndata: [DONE]\n\n`);
+    raw.end(`data: ${JSON.stringify({ id, object: chunkObject, created, model: 'stub', choices: [], usage })}\n\ndata: [DONE]\n\n`);
   };
   app.post('/v1/completions', complete(false));
   app.post('/v1/chat/completions', complete(true));

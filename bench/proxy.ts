@@ -7,6 +7,8 @@
 //     through the proxy vs direct to one plain engine.
 // Last line: {"bench":"proxy","proxy_rps":…,"direct_rps":…,"overhead_p50_ms":…,"overhead_p99_ms":…,
 //             "ttft_proxy_p50_ms":…,"ttft_direct_p50_ms":…}
+// `--stub-only` runs (a) alone and ends with {"bench":"proxy","stub_only":true,"proxy_rps":…,
+// "direct_rps":…,"ratio":…,"overhead_p50_ms":…,"overhead_p99_ms":…}.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
@@ -206,7 +208,20 @@ async function main() {
   console.log(`  direct client doing the 3 calls itself: ${a.directRps.toFixed(0)} req/s at concurrency 16; latency p50 ${a.directP50.toFixed(2)} ms, p99 ${a.directP99.toFixed(2)} ms`);
   console.log(`  through the proxy:                      ${a.proxyRps.toFixed(0)} req/s at concurrency 16; latency p50 ${a.proxyP50.toFixed(2)} ms, p99 ${a.proxyP99.toFixed(2)} ms`);
   console.log(`  proxy/direct throughput ${(a.proxyRps / a.directRps).toFixed(2)} (target >= 0.7); added latency p50 ${(a.proxyP50 - a.directP50).toFixed(2)} ms (target <= 1), p99 ${(a.proxyP99 - a.directP99).toFixed(2)} ms`);
-  if (process.argv.includes('--stub-only')) return;
+  if (process.argv.includes('--stub-only')) {
+    console.log(
+      JSON.stringify({
+        bench: 'proxy',
+        stub_only: true,
+        proxy_rps: r2(a.proxyRps),
+        direct_rps: r2(a.directRps),
+        ratio: r2(a.proxyRps / a.directRps),
+        overhead_p50_ms: r2(a.proxyP50 - a.directP50),
+        overhead_p99_ms: r2(a.proxyP99 - a.directP99),
+      }),
+    );
+    return;
+  }
   console.log('proxy benchmark (b): real engines, built-in model, 1P1D via kvc up, ~200-token prompts, streamed, 30 requests each');
   const b = await realPart();
   console.log(`  TTFT through the proxy (prefiller + xfer + decoder): p50 ${b.proxyP50.toFixed(1)} ms, p99 ${b.proxyP99.toFixed(1)} ms`);

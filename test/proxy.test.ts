@@ -6,9 +6,13 @@ import { test, before, after, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { Push } from 'zeromq';
 import { encode } from '@msgpack/msgpack';
+import { spawn } from 'node:child_process';
 import { freePortRange } from '../src/common/ports.js';
 import { ProxyServer } from '../src/proxy/server.js';
+import { Backend, RoundRobin } from '../src/proxy/backend.js';
+import { FirstContent } from '../src/proxy/flow.js';
 import { parseTopology, pairEndpoints, TopologyError } from '../src/proxy/topology.js';
+import { CLI } from './helpers/proc.js';
 import { formatStatsLine, percentile, summarize, TtftStats } from '../src/proxy/stats.js';
 import { startStubEngine, stubWords, type StubEngine } from '../bench/_proxy-stub.js';
 
@@ -42,6 +46,79 @@ describe('topology flags', () => {
       () => parseTopology({ prefillerHost: 'a', prefillerPort: '1', decoderHost: 'a', decoderPort: '2', numDecoders: 2, decoderInitPort: '1,2,3', decoderAllocPort: '5' }),
       /--decoder-init-port lists 3 ports for 2 decoders/,
     );
+  });
+  test('decoder init/alloc ports follow the --decoder-port rule: one value is shared across hosts, consecutive on one host', () => {
+    const spread = parseTopology({
+      prefillerHost: 'p', prefillerPort: '7100',
+      decoderHost: 'h1,h2,h3', decoderPort: '7200',
+      decoderInitPort: '7300', decoderAllocPort: '7400',
+    });
+    assert.deepEqual(spread.decoders.map((d) => `${d.host}:${d.port}/${d.initPort}/${d.allocPort}`), ['h1:7200/7300/7400', 'h2:7200/7300/7400', 'h3:7200/7300/7400']);
+    // Two decoders on h1 and one on h2: consecutive on h1, the value itself on h2.
+    const mixed = parseTopology({
+      prefillerHost: 'p', prefillerPort: '7100',
+      decoderHost: 'h1,h1,h2', decoderPort: '7200,7201,7200',
+      decoderInitPort: '7300', decoderAllocPort: '7400',
+    });
+    assert.deepEqual(mixed.decoders.map((d) => `${d.host}:${d.initPort}/${d.allocPort}`), ['h1:7300/7400', 'h1:7301/7401', 'h2:7300/7400']);
+    assert.throws(
+      () => parseTopology({ prefillerHost: 'p', prefillerPort: '1', decoderHost: 'h', decoderPort: '7200', numDecoders: 2, decoderInitPort: '7300', decoderAllocPort: '7301' }),
+      /--decoder-init-port h:7301 is already used as --decoder-alloc-port of decoder h:7200/,
+    );
+  });
+});
+
+describe('round-robin', () => {
+  const backends = (n: number) => Array.from({ length: n }, (_, i) => new Backend('prefiller', i, { host: '127.0.0.1', port: 1 + i }, 1));
+  const firsts = (rr: RoundRobin, n: number) => Array.from({ length: n }, () => rr.order()[0]?.index ?? -1);
+
+  test('strict rotation when all are up; each order lists every healthy backend from its turn', async () => {
+    const b = backends(3);
+    const rr = new RoundRobin(b);
+    assert.deepEqual(rr.order().map((x) => x.index), [0, 1, 2]);
+    assert.deepEqual(rr.order().map((x) => x.index), [1, 2, 0]);
+    assert.deepEqual(firsts(rr, 4), [2, 0, 1, 2]);
+    await Promise.all(b.map((x) => x.close()));
+  });
+
+  test('a backend that is down is skipped fairly: its share is spread over the healthy ones', async () => {
+    const b = backends(3);
+    const rr = new RoundRobin(b);
+    b[0]!.markDown('test');
+    // Advancing by one slot per request would give [1, 1, 2, 1, 1, 2]: backend 1 twice the load.
+    assert.deepEqual(firsts(rr, 6), [1, 2, 1, 2, 1, 2]);
+    b[0]!.markUp();
+    b[2]!.markDown('test');
+    const got = firsts(rr, 6);
+    assert.deepEqual([got.filter((i) => i === 0).length, got.filter((i) => i === 1).length], [3, 3], `${got}`);
+    b[0]!.markDown('test');
+    b[1]!.markDown('test');
+    assert.deepEqual(rr.order(), [], 'none healthy');
+    assert.equal(rr.orderOrAny().length, 1, 'orderOrAny still names one to try');
+    await Promise.all(b.map((x) => x.close()));
+  });
+});
+
+describe('first content event', () => {
+  const ev = (o: unknown) => Buffer.from(`data: ${JSON.stringify(o)}\n\n`);
+  test('a role-only chat chunk is not a token; the first delta with content is', () => {
+    const f = new FirstContent();
+    assert.equal(f.feed(ev({ choices: [{ index: 0, delta: { role: 'assistant', content: '' } }] })), false);
+    assert.equal(f.feed(ev({ choices: [{ index: 0, delta: { role: 'assistant' } }] })), false);
+    const tok = ev({ choices: [{ index: 0, delta: { content: ' é' } }] });
+    // Split inside the event (and inside the two-byte é): found only once the event is complete.
+    assert.equal(f.feed(tok.subarray(0, tok.length - 5)), false);
+    assert.equal(f.feed(tok.subarray(tok.length - 5)), true);
+  });
+  test('CRLF line ends are understood too', () => {
+    const f = new FirstContent();
+    assert.equal(f.feed(Buffer.from('data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\r\n\r\n')), false);
+    assert.equal(f.feed(Buffer.from('data: {"choices":[{"delta":{"content":"hi"}}]}\r\n\r\n')), true);
+  });
+  test('completions: empty text and [DONE] are not tokens', () => {
+    const f = new FirstContent();
+    assert.equal(f.feed(Buffer.concat([ev({ choices: [{ text: '' }] }), Buffer.from('data: [DONE]\n\n')])), false);
+    assert.equal(f.feed(ev({ choices: [{ text: 'x' }] })), true);
   });
 });
 
@@ -88,8 +165,11 @@ describe('proxy against stub engines', () => {
       s.requests.length = 0;
       s.mode = 'ok';
       s.delayMs = 0;
+      s.streamDelayMs = 0;
+      s.aborted = 0;
     }
   };
+  const metricValue = async (re: RegExp) => Number((await (await fetch(base + '/metrics')).text()).match(re)?.[1] ?? NaN);
   const waitUntil = async (cond: () => boolean | Promise<boolean>, ms: number, what: string) => {
     const end = Date.now() + ms;
     while (Date.now() < end) {
@@ -330,6 +410,94 @@ describe('proxy against stub engines', () => {
     assert.match(m, /kvc_proxy_client_disconnects_total [1-9]/);
   });
 
+  test('end-to-end TTFT of a stream is taken at the first event with text, not the role-only chat chunk', async () => {
+    reset();
+    for (const d of D) d.streamDelayMs = 300;
+    const re = /kvc_proxy_ttft_seconds_sum\{endpoint="\/v1\/chat\/completions"\} ([\d.e+-]+)/;
+    const cnt = /kvc_proxy_ttft_seconds_count\{endpoint="\/v1\/chat\/completions"\} (\d+)/;
+    const sum0 = (await metricValue(re)) || 0;
+    const n0 = (await metricValue(cnt)) || 0;
+    const r = await post('/v1/chat/completions', { model: 'stub', messages: [{ role: 'user', content: 'slow' }], max_tokens: 1, stream: true });
+    assert.equal(r.status, 200);
+    const first = JSON.parse(r.text.split('\n\n')[0]!.slice(6));
+    assert.deepEqual(first.choices[0].delta, { role: 'assistant', content: '' }, 'the stream opens with a role-only chunk');
+    assert.equal(await metricValue(cnt), n0 + 1);
+    // The role chunk leaves at once, the first word 300 ms later (the stub's delay).
+    const ttft = (await metricValue(re)) - sum0;
+    assert.ok(ttft >= 0.29, `TTFT ${ttft} s counts from the first content event`);
+  });
+
+  test('decoder-only requests: statistics line with the decoder\'s real time to first token', async () => {
+    reset();
+    P[0]!.mode = 'error';
+    P[1]!.mode = 'error';
+    for (const d of D) d.delayMs = 300;
+    statsLines.length = 0;
+    const s = await post('/v1/completions', { prompt: 'alone streamed', max_tokens: 2, stream: true });
+    const j = await post('/v1/completions', { prompt: 'alone whole', max_tokens: 2 });
+    assert.deepEqual([s.status, j.status], [200, 200]);
+    const lineRe = /^TTFT decoder-only: (\d+) requests in last [\d.]+s \(total \d+\), avg ([\d.]+) ms, median ([\d.]+) ms, p99 ([\d.]+) ms$/;
+    const seen = () => statsLines.map((l) => l.match(lineRe)).filter((m): m is RegExpMatchArray => !!m && m[1] !== '0');
+    await waitUntil(() => seen().reduce((a, m) => a + Number(m[1]), 0) >= 2, 3_000, 'decoder-only statistics lines');
+    for (const m of seen()) {
+      // Each decoder took >= 300 ms to its first token; a made-up 0 would pull these down.
+      for (const v of [m[2], m[3], m[4]]) assert.ok(Number(v) >= 290, `decoder-only TTFT ${v} ms in: ${m[0]}`);
+    }
+    P[0]!.mode = 'ok';
+    P[1]!.mode = 'ok';
+    await waitUntil(() => proxy.prefillers.every((p) => p.up), 3_000, 'prefillers back up');
+  });
+
+  test('a client that disconnects during a streamed decode cancels the decoder call', async () => {
+    reset();
+    for (const d of D) d.streamDelayMs = 100;
+    const ac = new AbortController();
+    const res = await fetch(base + '/v1/completions', {
+      method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'leave early', max_tokens: 40, stream: true }), signal: ac.signal,
+    });
+    assert.equal(res.status, 200);
+    const reader = res.body!.getReader();
+    let got = '';
+    while (!got.includes('\n\n')) {
+      const { value, done } = await reader.read();
+      assert.ok(!done, 'stream ended before its first event');
+      got += Buffer.from(value).toString();
+    }
+    assert.equal(JSON.parse(got.split('\n\n')[0]!.slice(6)).choices[0].text, stubWords('leave early', 40)[0]);
+    const before = await metricValue(/kvc_proxy_client_disconnects_total (\d+)/);
+    ac.abort();
+    // The stream would run 4 s; the decoder must see its request closed long before.
+    await waitUntil(() => D[0]!.aborted + D[1]!.aborted === 1, 2_000, 'the decoder saw the abort');
+    assert.equal(P[0]!.aborted + P[1]!.aborted, 0, 'the prefill had completed normally');
+    assert.equal(await metricValue(/kvc_proxy_client_disconnects_total (\d+)/), before + 1);
+  });
+
+  test('a slow client: the relay pauses the decoder and the whole stream still arrives intact', { timeout: 20_000 }, async () => {
+    reset();
+    const n = 20_000; // ~2.5 MB of SSE: far more than the sockets buffer
+    const { request } = await import('node:http');
+    const text = await new Promise<string>((resolve, reject) => {
+      const req = request(base + '/v1/completions', { method: 'POST', headers: { 'content-type': 'application/json' } }, (res) => {
+        res.pause();
+        // Nothing read for 500 ms: the proxy's socket to the client fills up first.
+        setTimeout(() => {
+          let t = '';
+          res.setEncoding('utf8');
+          res.on('data', (d: string) => (t += d));
+          res.on('end', () => resolve(t));
+          res.resume();
+        }, 500);
+      });
+      req.on('error', reject);
+      req.end(JSON.stringify({ prompt: 'a long one', max_tokens: n, stream: true }));
+    });
+    const events = text.split('\n\n').filter(Boolean);
+    assert.equal(events.length, n + 2);
+    assert.equal(events.at(-1), 'data: [DONE]');
+    assert.equal(events.slice(0, n).map((e) => JSON.parse(e.slice(6)).choices[0].text).join(''), stubWords('a long one', n).join(''));
+  });
+
   test('models, health, metrics with end-to-end TTFT, stats lines, xfer notices', async () => {
     reset();
     const models = await (await fetch(base + '/v1/models')).json() as any;
@@ -354,5 +522,40 @@ describe('proxy against stub engines', () => {
     await post('/v1/completions', { prompt: 'stats', max_tokens: 1 });
     await waitUntil(() => statsLines.some((l) => /requests in last 0.3s/.test(l) && / 1 requests/.test(l)), 3_000, 'stats line');
     assert.ok(statsLines.some((l) => /^TTFT prefiller-\d\(127\.0\.0\.1:\d+\): 1 requests in last 0\.3s \(total \d+\), avg [\d.]+ ms, median [\d.]+ ms, p99 [\d.]+ ms$/.test(l)), statsLines.join('\n'));
+  });
+});
+
+describe('kvc proxy process', () => {
+  test('statistics lines go to stdout even with KVC_LOG_LEVEL=warn', async () => {
+    const p = await startStubEngine('p');
+    const d = await startStubEngine('d');
+    const port = await freePortRange(2);
+    const child = spawn(process.execPath, [CLI, 'proxy', '--port', String(port), '--proxy-port', String(port + 1),
+      '--prefiller-port', String(p.port), '--decoder-port', String(d.port), '--stats-interval', '0.2'], {
+      env: { ...process.env, KVC_LOG_LEVEL: 'warn' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '';
+    child.stdout!.on('data', (b) => (out += b));
+    child.stderr!.resume();
+    try {
+      const until = async (cond: () => boolean | Promise<boolean>, what: string) => {
+        const end = Date.now() + 20_000;
+        while (!(await cond())) {
+          if (Date.now() > end || child.exitCode !== null) assert.fail(`waiting for ${what}; stdout:\n${out}`);
+          await new Promise((r) => setTimeout(r, 50));
+        }
+      };
+      await until(async () => (await fetch(`http://127.0.0.1:${port}/health`).catch(() => null))?.ok === true, 'the proxy to answer');
+      const r = await fetch(`http://127.0.0.1:${port}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: 'hi', max_tokens: 1 }) });
+      assert.equal(r.status, 200);
+      await until(() => /^TTFT prefiller-0\(127\.0\.0\.1:\d+\): 1 requests in last 0\.2s \(total 1\), avg [\d.]+ ms/m.test(out), 'a statistics line on stdout');
+      assert.doesNotMatch(out, /INFO/, 'info log lines are still filtered');
+    } finally {
+      child.kill('SIGTERM');
+      await new Promise((r) => (child.exitCode !== null ? r(null) : child.once('exit', r)));
+      await p.close();
+      await d.close();
+    }
   });
 });

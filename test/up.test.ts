@@ -202,6 +202,9 @@ describe('kvc up 1P1D (built-in model)', () => {
     assert.equal(streamed, want.choices[0]!.text);
     const m = await (await fetch(`${proxyUrl}/metrics`)).text();
     assert.match(m, /kvc_proxy_decoder_only_total [1-9]/);
+    // Their statistics line carries the decoder's real time to first token, not 0 ms.
+    const line = await up.waitFor(/TTFT decoder-only: [1-9]\d* requests in last 5s \(total \d+\), avg ([\d.]+) ms, median ([\d.]+) ms, p99 ([\d.]+) ms/, 12_000);
+    assert.ok(Number(line[2]) > 0, `decoder-only median TTFT > 0: ${line[0]}`);
     await up.waitFor(/prefiller-0 \(pid \d+\) killed by SIGKILL; see its log/, 5_000);
   });
 

@@ -1,6 +1,6 @@
 // One upstream engine as the proxy sees it: a keep-alive connection pool, an up/down state
 // and the last error. Requests that fail to connect, time out or answer 5xx mark the backend
-// down at once; the health loop (health.ts) probes it back. Round-robin selection skips
+// down at once; the health loop (server.ts) probes it back. Round-robin selection skips
 // backends that are down.
 import { Pool } from 'undici';
 import type { Endpoint } from './topology.js';
@@ -63,28 +63,41 @@ export class Backend {
   }
 }
 
-/** Round-robin over a list of backends, skipping those that are down. */
+/**
+ * Round-robin over a list of backends, skipping those that are down. The turn advances past
+ * the backend a request actually gets (the first healthy one from the current turn), not by
+ * one slot per request: with backend k down, its load is shared by all healthy backends
+ * instead of falling entirely on k+1.
+ */
 export class RoundRobin {
   private next = 0;
   constructor(readonly backends: Backend[]) {}
 
-  /** The healthy backends in the order this request should try them (first = its turn). */
+  /**
+   * The healthy backends in the order this request should try them (first = its turn); the
+   * next request starts after that first one. With none healthy: an empty list, and the turn
+   * moves on by one (see `orderOrAny`).
+   */
   order(): Backend[] {
     const n = this.backends.length;
     const start = this.next;
-    this.next = (this.next + 1) % n;
     const out: Backend[] = [];
     for (let i = 0; i < n; i++) {
       const b = this.backends[(start + i) % n]!;
-      if (b.up) out.push(b);
+      if (b.up) {
+        if (out.length === 0) this.next = (start + i + 1) % n;
+        out.push(b);
+      }
     }
+    if (out.length === 0) this.next = (start + 1) % n;
     return out;
   }
 
-  /** Next backend whose turn it is among the healthy ones; with none healthy, the next in line anyway. */
-  pick(): Backend {
-    const healthy = this.order();
-    if (healthy.length) return healthy[0]!;
-    return this.backends[(this.next + this.backends.length - 1) % this.backends.length]!;
+  /** Like order(), but with none healthy the one whose turn it is anyway (its state may be stale). */
+  orderOrAny(): Backend[] {
+    const start = this.next;
+    const out = this.order();
+    if (out.length === 0 && this.backends.length) out.push(this.backends[start % this.backends.length]!);
+    return out;
   }
 }

@@ -14,10 +14,10 @@ import { badRequest, timedOut, upstreamFailed, unavailable, KvcError } from '../
 import { requireObject } from '../common/http.js';
 import { logger } from '../common/log.js';
 import type { Backend, RoundRobin } from './backend.js';
-import type { ProxyMetrics } from './metrics.js';
+import { memoLabels, type ProxyMetrics } from './metrics.js';
 import type { TtftStats } from './stats.js';
 import type { DecoderEndpoint } from './topology.js';
-import { BackendFailure, Cancelled, CancelSignal, PassThrough, call, callJson } from './upstream.js';
+import { BackendFailure, Cancelled, CancelSignal, PassThrough, call, callJson, callStream } from './upstream.js';
 
 const log = logger('proxy');
 
@@ -82,14 +82,96 @@ interface PrefillResult {
   params: Record<string, unknown> | null;
 }
 
+/** The statistics line of requests whose decoder prefilled alone (no prefiller was left). */
+export const DECODER_ONLY = 'decoder-only';
+
+/** True when a parsed SSE payload carries generated text (completion `text`, chat `delta.content`). */
+function hasContent(ev: unknown): boolean {
+  const choices = (ev as { choices?: unknown } | null)?.choices;
+  if (!Array.isArray(choices)) return false;
+  for (const c of choices as { text?: unknown; delta?: { content?: unknown; tool_calls?: unknown } }[]) {
+    if (typeof c?.text === 'string' && c.text.length > 0) return true;
+    const d = c?.delta;
+    if (d && ((typeof d.content === 'string' && d.content.length > 0) || (Array.isArray(d.tool_calls) && d.tool_calls.length > 0))) return true;
+  }
+  return false;
+}
+
+/** Could this event's text carry a token? A cheap filter before JSON.parse. */
+const MAYBE_CONTENT = /"(?:text|content)"\s*:\s*"(?!")|"tool_calls"/;
+
+/** Parses one SSE event (without its blank line) and tells whether it carries generated text. */
+function eventHasContent(event: string): boolean {
+  if (!MAYBE_CONTENT.test(event)) return false;
+  let data = '';
+  for (const line of event.split(/\r?\n/)) {
+    if (line.startsWith('data:')) data += (data ? '\n' : '') + line.slice(line.startsWith('data: ') ? 6 : 5);
+  }
+  if (!data || data === '[DONE]') return false;
+  try {
+    return hasContent(JSON.parse(data));
+  } catch {
+    return false; // not JSON: not a token
+  }
+}
+
+/**
+ * Finds the first SSE event of a stream that carries generated text, so the time to first
+ * token is not taken at a role-only chat chunk (`delta: {role, content: ""}`). Fed the raw
+ * pieces until it answers true; it looks at whole events only (an event split across pieces
+ * waits for its end), decodes just those bytes and is not used after that, so its cost stays
+ * on the first event or two.
+ */
+export class FirstContent {
+  private pending: Buffer | null = null;
+
+  feed(piece: Buffer): boolean {
+    const buf = this.pending ? Buffer.concat([this.pending, piece]) : piece;
+    let from = 0;
+    for (;;) {
+      // An event ends at a blank line: "\n\n" (or "\n\r\n" with CRLF line ends).
+      let end = buf.indexOf('\n\n', from);
+      let sep = 2;
+      if (end < 0) {
+        end = buf.indexOf('\n\r\n', from);
+        sep = 3;
+      }
+      if (end < 0) {
+        this.pending = from < buf.length ? buf.subarray(from) : null;
+        return false;
+      }
+      if (eventHasContent(buf.toString('utf8', from, end))) {
+        this.pending = null;
+        return true;
+      }
+      from = end + sep;
+    }
+  }
+}
+
 export class Flow {
-  constructor(private d: FlowDeps) {}
+  private readonly prefillHist: (prefiller: string) => { observe(v: number): void };
+  private readonly prefillFailures: (prefiller: string) => { inc(): void };
+  private readonly decoderFailures: (decoder: string) => { inc(): void };
+  private readonly ttft: (endpoint: string) => { observe(v: number): void };
+  private readonly e2e: (endpoint: string) => { observe(v: number): void };
+  private readonly requests: (endpoint: string, status: string) => { inc(): void };
+
+  constructor(private d: FlowDeps) {
+    const m = d.metrics;
+    this.prefillHist = memoLabels(m.prefill);
+    this.prefillFailures = memoLabels(m.prefillFailures);
+    this.decoderFailures = memoLabels(m.decoderFailures);
+    this.ttft = memoLabels(m.ttft);
+    this.e2e = memoLabels(m.e2e);
+    this.requests = memoLabels(m.requests);
+  }
 
   async handle(kind: Kind, req: FastifyRequest, reply: FastifyReply): Promise<void> {
     const t0 = performance.now();
     const endpoint = PATHS[kind];
     const m = this.d.metrics;
-    m.inFlight.inc();
+    m.live.requests++;
     const abort = new CancelSignal();
     const onClose = () => {
       if (!reply.raw.writableFinished) {
@@ -107,16 +189,18 @@ export class Flow {
       const stream = body.stream === true;
       const decoder = await this.tokenize(kind, body, abort);
       const pre = await this.prefill(kind, body, decoder, abort);
-      this.d.stats.record(pre.prefiller ? pre.prefiller.name : 'decoder-only', pre.ms);
-      if (pre.prefiller) m.prefill.labels(pre.prefiller.name).observe(pre.ms / 1000);
+      if (pre.prefiller) {
+        this.d.stats.record(pre.prefiller.name, pre.ms);
+        this.prefillHist(pre.prefiller.name).observe(pre.ms / 1000);
+      }
       status = await this.decode(kind, body, stream, decoder, pre, reply, abort, t0);
     } catch (err) {
       status = this.fail(err, reply);
     } finally {
       reply.raw.off('close', onClose);
-      m.inFlight.dec();
-      m.requests.labels(endpoint, String(status)).inc();
-      m.e2e.labels(endpoint).observe((performance.now() - t0) / 1000);
+      m.live.requests--;
+      this.requests(endpoint, String(status)).inc();
+      this.e2e(endpoint).observe((performance.now() - t0) / 1000);
     }
   }
 
@@ -148,8 +232,7 @@ export class Flow {
    * prefill work.
    */
   private async tokenize(kind: Kind, body: Record<string, unknown>, signal: CancelSignal): Promise<Backend> {
-    const candidates = this.d.decoders.order();
-    if (candidates.length === 0) candidates.push(this.d.decoders.pick());
+    const candidates = this.d.decoders.orderOrAny();
     const tokBody: Record<string, unknown> = { model: body.model };
     const form = kind === 'completion' ? promptForm(body.prompt) : null;
     if (form && 'text' in form) tokBody.prompt = form.text;
@@ -173,7 +256,7 @@ export class Flow {
       } catch (err) {
         if (!(err instanceof BackendFailure)) throw err;
         last = err;
-        this.d.metrics.decoderFailures.labels(dec.name).inc();
+        this.decoderFailures(dec.name).inc();
         this.down(dec, err.message);
       }
     }
@@ -183,43 +266,47 @@ export class Flow {
 
   private async prefill(kind: Kind, body: Record<string, unknown>, decoder: Backend, signal: CancelSignal): Promise<PrefillResult> {
     const ep = this.d.decoderEndpoint(decoder);
-    for (const p of this.d.prefillers.order()) {
-      const reqId = `kvc-${randomUUID()}`;
-      const pbody: Record<string, unknown> = {
-        ...body,
-        max_tokens: 1,
-        stream: false,
-        kv_transfer_params: {
+    const order = this.d.prefillers.order();
+    if (order.length) {
+      // One copy of the client's body serves every attempt; only req_id changes between them.
+      const pbody: Record<string, unknown> = { ...body, max_tokens: 1, stream: false };
+      delete pbody.stream_options;
+      delete pbody.max_completion_tokens;
+      for (const p of order) {
+        const reqId = `kvc-${randomUUID()}`;
+        pbody.kv_transfer_params = {
           disagg_spec: {
             req_id: reqId,
             receiver_host: ep.host,
             receiver_init_port: ep.initPort,
             receiver_alloc_port: ep.allocPort,
           },
-        },
-      };
-      delete pbody.stream_options;
-      delete pbody.max_completion_tokens;
-      const t = performance.now();
-      try {
-        const r = (await callJson(p, {
-          method: 'POST',
-          path: PATHS[kind],
-          body: pbody,
-          signal,
-          headersTimeoutMs: this.d.timeouts.prefillMs,
-          bodyTimeoutMs: this.d.timeouts.prefillMs,
-        })) as { kv_transfer_params?: unknown };
-        const params =
-          r && typeof r.kv_transfer_params === 'object' && r.kv_transfer_params && !Array.isArray(r.kv_transfer_params)
-            ? (r.kv_transfer_params as Record<string, unknown>)
-            : null;
-        return { prefiller: p, reqId, ms: performance.now() - t, params };
-      } catch (err) {
-        if (!(err instanceof BackendFailure)) throw err;
-        this.d.metrics.prefillFailures.labels(p.name).inc();
-        log.warn(`prefill ${reqId} failed: ${err.message}; trying the next prefiller`);
-        this.down(p, err.message);
+        };
+        const t = performance.now();
+        const live = this.d.metrics.live.prefills;
+        live.set(p.name, (live.get(p.name) ?? 0) + 1);
+        try {
+          const r = (await callJson(p, {
+            method: 'POST',
+            path: PATHS[kind],
+            body: pbody,
+            signal,
+            headersTimeoutMs: this.d.timeouts.prefillMs,
+            bodyTimeoutMs: this.d.timeouts.prefillMs,
+          })) as { kv_transfer_params?: unknown };
+          const params =
+            r && typeof r.kv_transfer_params === 'object' && r.kv_transfer_params && !Array.isArray(r.kv_transfer_params)
+              ? (r.kv_transfer_params as Record<string, unknown>)
+              : null;
+          return { prefiller: p, reqId, ms: performance.now() - t, params };
+        } catch (err) {
+          if (!(err instanceof BackendFailure)) throw err;
+          this.prefillFailures(p.name).inc();
+          log.warn(`prefill ${reqId} failed: ${err.message}; trying the next prefiller`);
+          this.down(p, err.message);
+        } finally {
+          live.set(p.name, live.get(p.name)! - 1);
+        }
       }
     }
     this.d.metrics.decoderOnly.inc();
@@ -237,10 +324,10 @@ export class Flow {
     signal: CancelSignal,
     t0: number,
   ): Promise<number> {
-    const ep = this.d.decoderEndpoint(decoder);
-    const dbody: Record<string, unknown> = { ...body };
     if (pre.prefiller) {
-      dbody.kv_transfer_params = {
+      // The client's body is not used after this: extend it instead of copying it.
+      const ep = this.d.decoderEndpoint(decoder);
+      body.kv_transfer_params = {
         ...(pre.params ?? {}),
         disagg_spec: {
           req_id: pre.reqId,
@@ -251,75 +338,97 @@ export class Flow {
       };
     }
     const endpoint = PATHS[kind];
-    let res;
-    try {
-      res = await call(decoder, {
-        method: 'POST',
-        path: endpoint,
-        body: dbody,
-        signal,
-        headersTimeoutMs: this.d.timeouts.decodeMs,
-        bodyTimeoutMs: this.d.timeouts.idleMs,
-      });
-    } catch (err) {
+    const tDecode = performance.now();
+    /** First token reached the client: end-to-end TTFT, and the decoder's own TTFT when it prefilled alone. */
+    const firstToken = () => {
+      const now = performance.now();
+      this.ttft(endpoint).observe((now - t0) / 1000);
+      if (!pre.prefiller) this.d.stats.record(DECODER_ONLY, now - tDecode);
+    };
+    const opts = {
+      method: 'POST' as const,
+      path: endpoint,
+      body,
+      signal,
+      headersTimeoutMs: this.d.timeouts.decodeMs,
+      bodyTimeoutMs: this.d.timeouts.idleMs,
+    };
+    const failed = (err: unknown) => {
       if (err instanceof BackendFailure) {
-        this.d.metrics.decoderFailures.labels(decoder.name).inc();
+        this.decoderFailures(decoder.name).inc();
         this.down(decoder, err.message);
       }
-      throw err;
-    }
-    const ct = String(res.headers['content-type'] ?? (stream ? 'text/event-stream' : 'application/json'));
+      return err;
+    };
     if (!stream) {
+      let res;
+      try {
+        res = await call(decoder, opts);
+      } catch (err) {
+        throw failed(err);
+      }
+      const ct = String(res.headers['content-type'] ?? 'application/json');
       let buf: Buffer;
       try {
         buf = Buffer.from(await res.body.arrayBuffer());
       } catch (err) {
-        this.d.metrics.decoderFailures.labels(decoder.name).inc();
+        this.decoderFailures(decoder.name).inc();
         throw err instanceof Error && signal.aborted ? new Cancelled('client disconnected') : new BackendFailure(decoder, `response cut off: ${(err as Error).message}`);
       }
-      this.d.metrics.ttft.labels(endpoint).observe((performance.now() - t0) / 1000);
+      // A non-streamed answer comes whole: its first token reaches the client with the rest.
+      firstToken();
       void reply.code(res.statusCode).header('content-type', ct).send(buf);
       return res.statusCode;
     }
-    // Streamed: relay the decoder's SSE bytes as they come, honouring the client's backpressure.
-    reply.hijack();
+    // Streamed: relay the decoder's SSE bytes as they come (undici dispatch, no body stream in
+    // between), pausing the decoder while the client's socket is full. Pieces that arrive in the
+    // same event-loop turn leave in one write (cork until setImmediate): one syscall instead of
+    // one per SSE event, without delaying any of them.
     const raw = reply.raw;
-    raw.writeHead(res.statusCode, { 'content-type': ct, 'cache-control': 'no-cache', connection: 'keep-alive' });
-    let first = true;
-    try {
-      // Pieces that arrive in the same event-loop turn leave in one write (cork until
-      // setImmediate): one syscall instead of one per SSE event, without delaying any of them.
-      let corked = false;
-      const flush = () => {
-        corked = false;
-        raw.uncork();
-      };
-      for await (const piece of res.body) {
-        if (first) {
-          first = false;
-          this.d.metrics.ttft.labels(endpoint).observe((performance.now() - t0) / 1000);
+    let status = 0;
+    let first: FirstContent | null = new FirstContent();
+    let corked = false;
+    const flush = () => {
+      corked = false;
+      raw.uncork();
+    };
+    const upstream = callStream(decoder, opts, {
+      start: (code, ct) => {
+        status = code;
+        reply.hijack();
+        raw.writeHead(code, { 'content-type': ct ?? 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
+      },
+      data: (piece) => {
+        if (first && first.feed(piece)) {
+          first = null;
+          firstToken();
         }
         if (!corked) {
           corked = true;
           raw.cork();
           setImmediate(flush);
         }
-        if (!raw.write(piece)) await new Promise<void>((r) => { raw.once('drain', r); raw.once('close', r); });
-        if (raw.destroyed) throw new Cancelled('client disconnected');
-      }
+        return raw.write(piece);
+      },
+    });
+    raw.on('drain', upstream.resume);
+    try {
+      await upstream.done;
+      // A stream without any text (e.g. an empty completion): its first "token" is its end.
+      if (first) firstToken();
       raw.end();
-      return res.statusCode;
+      return status;
     } catch (err) {
-      if (signal.aborted || err instanceof Cancelled) {
-        res.body.destroy();
-        return 499;
-      }
+      if (status === 0) throw failed(err); // nothing sent yet: a 502/504 or the engine's 4xx
+      if (signal.aborted || err instanceof Cancelled) return 499;
       // Headers are gone already: end the stream with an OpenAI-shaped error event.
-      this.d.metrics.decoderFailures.labels(decoder.name).inc();
+      this.decoderFailures(decoder.name).inc();
       const e = upstreamFailed(`${decoder.name}: stream broken: ${(err as Error).message}`);
       log.warn(e.message);
       if (!raw.destroyed) raw.end(`data: ${JSON.stringify(e.toJSON())}\n\n`);
       return 502;
+    } finally {
+      raw.off('drain', upstream.resume);
     }
   }
 }

@@ -1,6 +1,7 @@
 // Prometheus metrics of the proxy (GET /metrics). The end-to-end TTFT is the time from the
-// client's request arriving to the first token written back to it (first content SSE event,
-// or the whole body for a non-streamed request); the prefill time is the prefiller's answer.
+// client's request arriving to the first token written back to it (the first SSE event that
+// carries text, not a role-only chat chunk; the whole body for a non-streamed request); the
+// prefill time is the prefiller's answer.
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 
 const latencyBuckets = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120];
@@ -40,6 +41,20 @@ export class ProxyMetrics {
     labelNames: ['prefiller'] as const,
     registers: [this.registry],
   });
+  /**
+   * Live counts behind the two in-flight gauges, kept as plain numbers on the request path and
+   * copied into the gauges when /metrics is scraped.
+   */
+  readonly live = { requests: 0, prefills: new Map<string, number>() };
+  readonly prefillInFlight = new Gauge({
+    name: 'kvc_proxy_prefill_in_flight',
+    help: 'Prefill calls waiting on each prefiller',
+    labelNames: ['prefiller'] as const,
+    registers: [this.registry],
+    collect: () => {
+      for (const [name, n] of this.live.prefills) this.prefillInFlight.labels(name).set(n);
+    },
+  });
   readonly decoderOnly = new Counter({
     name: 'kvc_proxy_decoder_only_total',
     help: 'Requests prefilled by the decoder itself because no prefiller was available',
@@ -61,6 +76,9 @@ export class ProxyMetrics {
     name: 'kvc_proxy_requests_in_flight',
     help: 'Client requests being served',
     registers: [this.registry],
+    collect: () => {
+      this.inFlight.set(this.live.requests);
+    },
   });
   readonly cancelled = new Counter({
     name: 'kvc_proxy_client_disconnects_total',
@@ -87,4 +105,22 @@ export class ProxyMetrics {
   constructor() {
     collectDefaultMetrics({ register: this.registry, prefix: 'kvc_proxy_' });
   }
+}
+
+/**
+ * prom-client's `labels()` validates and hashes its arguments on every call; the proxy's label
+ * sets are few and fixed (endpoints, backends, statuses), so each child is looked up once and
+ * kept, off the per-request path.
+ */
+export function memoLabels<C>(metric: { labels(...values: string[]): C }): (...values: string[]) => C {
+  const children = new Map<string, C>();
+  return (...values: string[]) => {
+    const k = values.length === 1 ? values[0]! : values.join('\u0000');
+    let c = children.get(k);
+    if (c === undefined) {
+      c = metric.labels(...values);
+      children.set(k, c);
+    }
+    return c;
+  };
 }

@@ -23,7 +23,7 @@ export interface ProxyOptions {
   timeouts: Timeouts;
   healthIntervalMs: number;
   statsIntervalMs: number;
-  /** Where the statistics lines go (stdout by default). */
+  /** Where the statistics lines go (stdout by default, independent of KVC_LOG_LEVEL). */
   statsSink?: (line: string) => void;
 }
 
@@ -50,6 +50,7 @@ export class ProxyServer {
       return b;
     });
     for (const b of [...this.prefillers, ...this.decoders]) this.metrics.backendUp.labels(b.role, b.name).set(1);
+    for (const p of this.prefillers) this.metrics.live.prefills.set(p.name, 0);
     this.stats = new TtftStats(this.prefillers.map((p) => p.name));
     const flow = new Flow({
       prefillers: new RoundRobin(this.prefillers),
@@ -148,7 +149,9 @@ export class ProxyServer {
       this.notifyRx?.close();
       throw new Error(`cannot listen on ${this.opts.host}:${this.opts.port} (--host/--port): ${(e as Error).message}`);
     }
-    const sink = this.opts.statsSink ?? ((line: string) => log.info(line));
+    // The statistics are the proxy's output (spec §4.3 rule 5), not log events: stdout whatever
+    // KVC_LOG_LEVEL says.
+    const sink = this.opts.statsSink ?? ((line: string) => void process.stdout.write(line + '\n'));
     const intervalS = Math.round(this.opts.statsIntervalMs / 100) / 10;
     this.timers.push(setInterval(() => this.stats.flush(intervalS).forEach(sink), this.opts.statsIntervalMs));
     this.timers.push(setInterval(() => this.probeAll(), this.opts.healthIntervalMs));

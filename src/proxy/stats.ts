@@ -4,7 +4,9 @@
 // in milliseconds. In 1P1D there is one line; in XPYD one line per prefiller.
 //
 // Each line covers the requests finished since the previous print (so it reflects current
-// load) and also gives the running total.
+// load) and also gives the running total. Requests that found no prefiller get their own
+// "decoder-only" line, recorded with the decoder's time to its first token (flow.ts).
+// The lines are printed to stdout by the server, whatever KVC_LOG_LEVEL says.
 
 export interface Summary {
   count: number;
@@ -35,7 +37,7 @@ export class TtftStats {
   private window = new Map<string, number[]>();
   private totals = new Map<string, number>();
 
-  /** `node` names the prefill node ("decoder-only" when no prefiller was left). */
+  /** `nodes` are the prefillers, listed from the start; other names ("decoder-only") appear when first recorded. */
   constructor(readonly nodes: string[]) {
     for (const n of nodes) {
       this.window.set(n, []);

@@ -86,11 +86,23 @@ export function pairEndpoints(
   return out;
 }
 
-/** One port per decoder: a single value expands to consecutive ports, a list must match. */
-function perDecoderPorts(arg: string, n: number, flag: string): number[] {
+/**
+ * One port per decoder, by the same rule as --decoder-port: a single value is shared by
+ * decoders on distinct hosts and expands to consecutive ports for decoders sharing a host
+ * (the k-th decoder on a host gets value + k); a list gives one port per decoder.
+ */
+export function perDecoderPorts(arg: string, decoders: Endpoint[], flag: string): number[] {
   const ports = splitList(arg, flag).map((p) => parsePort(p, flag));
-  if (ports.length === 1) return Array.from({ length: n }, (_, i) => ports[0]! + i);
-  if (ports.length !== n) throw new TopologyError(`${flag} lists ${ports.length} ports for ${n} decoders`);
+  if (ports.length === 1) {
+    const onHost = new Map<string, number>();
+    return decoders.map((d) => {
+      const k = onHost.get(d.host) ?? 0;
+      onHost.set(d.host, k + 1);
+      if (ports[0]! + k > 65535) throw new TopologyError(`${flag}: ${k + 1} consecutive ports from ${ports[0]} on ${d.host} exceed 65535`);
+      return ports[0]! + k;
+    });
+  }
+  if (ports.length !== decoders.length) throw new TopologyError(`${flag} lists ${ports.length} ports for ${decoders.length} decoders`);
   return ports;
 }
 
@@ -121,11 +133,18 @@ export function parseTopology(a: TopologyArgs): Topology {
     port: '--decoder-port',
     num: '--num-decoders',
   });
-  const init = perDecoderPorts(a.decoderInitPort, dec.length, '--decoder-init-port');
-  const alloc = perDecoderPorts(a.decoderAllocPort, dec.length, '--decoder-alloc-port');
+  const init = perDecoderPorts(a.decoderInitPort, dec, '--decoder-init-port');
+  const alloc = perDecoderPorts(a.decoderAllocPort, dec, '--decoder-alloc-port');
   const decoders = dec.map((d, i) => ({ ...d, initPort: init[i]!, allocPort: alloc[i]! }));
+  // Every decoder port (HTTP, xfer init, xfer alloc) must be distinct on its host.
+  const used = new Map<string, string>();
   for (const d of decoders) {
-    if (d.initPort === d.allocPort) throw new TopologyError(`decoder ${d.host}:${d.port}: init and alloc port are both ${d.initPort}`);
+    for (const [what, port] of [['HTTP', d.port], ['--decoder-init-port', d.initPort], ['--decoder-alloc-port', d.allocPort]] as const) {
+      const k = `${d.host}:${port}`;
+      const prev = used.get(k);
+      if (prev) throw new TopologyError(`decoder ${d.host}:${d.port}: ${what} ${k} is already used as ${prev}`);
+      used.set(k, `${what} of decoder ${d.host}:${d.port}`);
+    }
   }
   return { prefillers, decoders };
 }

@@ -65,6 +65,10 @@ export interface CallOptions {
   bodyTimeoutMs: number;
 }
 
+// Shared, never modified: undici only reads request headers.
+const NO_HEADERS: Record<string, string> = {};
+const JSON_HEADERS: Record<string, string> = { 'content-type': 'application/json' };
+
 const TIMEOUT_CODES = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'UND_ERR_CONNECT_TIMEOUT']);
 
 /** Maps an error thrown by undici (or our abort) to Cancelled or BackendFailure. */
@@ -89,7 +93,7 @@ export async function call(backend: Backend, o: CallOptions): Promise<Dispatcher
     res = await backend.pool.request({
       method: o.method,
       path: o.path,
-      headers: o.body === undefined ? {} : { 'content-type': 'application/json' },
+      headers: o.body === undefined ? NO_HEADERS : JSON_HEADERS,
       body: o.body === undefined ? undefined : JSON.stringify(o.body),
       signal: o.signal,
       headersTimeout: o.headersTimeoutMs,
@@ -112,16 +116,210 @@ export async function call(backend: Backend, o: CallOptions): Promise<Dispatcher
   throw new BackendFailure(backend, `HTTP ${res.statusCode}: ${body.toString('utf8', 0, Math.min(body.length, 300))}`);
 }
 
-/** call() + read the JSON body. */
-export async function callJson(backend: Backend, o: CallOptions): Promise<unknown> {
-  const res = await call(backend, o);
-  try {
-    return await res.body.json();
-  } catch (err) {
-    const c = classify(err, backend, o.signal);
-    if (c instanceof BackendFailure && !(err as { code?: string }).code) {
-      throw new BackendFailure(backend, `answered a body that is not JSON (${(err as Error).message})`);
+/** The content-type of raw undici headers (alternating names and values). */
+function contentType(raw: Buffer[] | string[] | null): string {
+  if (raw) {
+    for (let i = 0; i + 1 < raw.length; i += 2) {
+      if (String(raw[i]).toLowerCase() === 'content-type') return String(raw[i + 1]);
     }
-    throw c;
   }
+  return 'application/json';
+}
+
+/**
+ * The handler behind callJson(): collects the body's buffers and settles one promise, with
+ * the same outcomes as call() + res.body.json(). Written against undici's dispatch() rather
+ * than request(): no AsyncResource, no body stream and no consume machinery for a small JSON
+ * answer (two such calls per client request: tokenize and prefill).
+ */
+class JsonHandler implements Dispatcher.DispatchHandler {
+  private status = 0;
+  private rawHeaders: Buffer[] | string[] | null = null;
+  private chunks: Buffer[] = [];
+  private abortCall: ((err?: Error) => void) | null = null;
+  private readonly onAbort = () => this.abortCall?.(new Cancelled('client disconnected'));
+
+  constructor(
+    private readonly backend: Backend,
+    private readonly signal: CancelSignal | undefined,
+    private readonly resolve: (v: unknown) => void,
+    private readonly reject: (e: Error) => void,
+  ) {
+    signal?.once('abort', this.onAbort);
+  }
+
+  private done(): void {
+    this.signal?.off('abort', this.onAbort);
+  }
+
+  onConnect(abort: (err?: Error) => void): void {
+    this.abortCall = abort;
+    if (this.signal?.aborted) abort(new Cancelled('client disconnected'));
+  }
+
+  onHeaders(statusCode: number, rawHeaders: Buffer[]): boolean {
+    if (statusCode >= 200) {
+      this.status = statusCode;
+      this.rawHeaders = rawHeaders;
+    }
+    return true;
+  }
+
+  onData(chunk: Buffer): boolean {
+    this.chunks.push(chunk);
+    return true;
+  }
+
+  onComplete(): void {
+    this.done();
+    const body = this.chunks.length === 1 ? this.chunks[0]! : Buffer.concat(this.chunks);
+    const status = this.status;
+    if (status >= 200 && status < 300) {
+      let v: unknown;
+      try {
+        v = JSON.parse(body.toString('utf8'));
+      } catch (err) {
+        this.reject(new BackendFailure(this.backend, `answered a body that is not JSON (${(err as Error).message})`));
+        return;
+      }
+      this.resolve(v);
+    } else if (status >= 400 && status < 500 && status !== 408 && status !== 429) {
+      this.reject(new PassThrough(status, body, contentType(this.rawHeaders)));
+    } else {
+      this.reject(new BackendFailure(this.backend, `HTTP ${status}: ${body.toString('utf8', 0, Math.min(body.length, 300))}`));
+    }
+  }
+
+  onError(err: Error): void {
+    this.done();
+    this.reject(classify(err, this.backend, this.signal));
+  }
+}
+
+/** One request whose answer is a small JSON body: the parsed body, or the errors of call(). */
+export function callJson(backend: Backend, o: CallOptions): Promise<unknown> {
+  return new Promise((resolve, reject) => {
+    backend.pool.dispatch(
+      {
+        method: o.method,
+        path: o.path,
+        headers: o.body === undefined ? NO_HEADERS : JSON_HEADERS,
+        body: o.body === undefined ? undefined : JSON.stringify(o.body),
+        headersTimeout: o.headersTimeoutMs,
+        bodyTimeout: o.bodyTimeoutMs,
+      },
+      new JsonHandler(backend, o.signal, resolve, reject),
+    );
+  });
+}
+
+/** Where callStream() delivers a 2xx answer. */
+export interface StreamSink {
+  /** The 2xx status and content-type arrived (before any data). */
+  start(statusCode: number, contentType: string | null): void;
+  /** A piece of the body; false pauses the upstream until the call's resume(). */
+  data(piece: Buffer): boolean;
+}
+
+export interface StreamCall {
+  /** Settles when the answer ended (resolves) or failed, before or after start (rejects, classified). */
+  done: Promise<void>;
+  /** Continues a body paused by a sink that returned false. */
+  resume: () => void;
+}
+
+/**
+ * A request whose 2xx answer is relayed piece by piece to `sink` (the decoder's stream),
+ * through undici's dispatch() with no body stream in between. A non-2xx answer is read whole
+ * and rejected as PassThrough / BackendFailure, like call().
+ */
+class StreamHandler implements Dispatcher.DispatchHandler {
+  private status = 0;
+  private rawHeaders: Buffer[] | string[] | null = null;
+  private chunks: Buffer[] = [];
+  private started = false;
+  private resumeBody: (() => void) | null = null;
+  private abortCall: ((err?: Error) => void) | null = null;
+  private readonly onAbort = () => this.abortCall?.(new Cancelled('client disconnected'));
+  readonly resume = () => this.resumeBody?.();
+
+  constructor(
+    private readonly backend: Backend,
+    private readonly signal: CancelSignal | undefined,
+    private readonly sink: StreamSink,
+    private readonly resolve: () => void,
+    private readonly reject: (e: Error) => void,
+  ) {
+    signal?.once('abort', this.onAbort);
+  }
+
+  private done(): void {
+    this.signal?.off('abort', this.onAbort);
+  }
+
+  onConnect(abort: (err?: Error) => void): void {
+    this.abortCall = abort;
+    if (this.signal?.aborted) abort(new Cancelled('client disconnected'));
+  }
+
+  onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
+    if (statusCode < 200) return true;
+    this.status = statusCode;
+    this.rawHeaders = rawHeaders;
+    this.resumeBody = resume;
+    if (statusCode < 300) {
+      this.started = true;
+      let ct: string | null = null;
+      for (let i = 0; i + 1 < rawHeaders.length; i += 2) {
+        if (String(rawHeaders[i]).toLowerCase() === 'content-type') ct = String(rawHeaders[i + 1]);
+      }
+      this.sink.start(statusCode, ct);
+    }
+    return true;
+  }
+
+  onData(chunk: Buffer): boolean {
+    if (this.started) return this.sink.data(chunk);
+    this.chunks.push(chunk);
+    return true;
+  }
+
+  onComplete(): void {
+    this.done();
+    if (this.started) {
+      this.resolve();
+      return;
+    }
+    const body = Buffer.concat(this.chunks);
+    const status = this.status;
+    if (status >= 400 && status < 500 && status !== 408 && status !== 429) {
+      this.reject(new PassThrough(status, body, contentType(this.rawHeaders)));
+    } else {
+      this.reject(new BackendFailure(this.backend, `HTTP ${status}: ${body.toString('utf8', 0, Math.min(body.length, 300))}`));
+    }
+  }
+
+  onError(err: Error): void {
+    this.done();
+    this.reject(classify(err, this.backend, this.signal));
+  }
+}
+
+export function callStream(backend: Backend, o: CallOptions, sink: StreamSink): StreamCall {
+  let handler!: StreamHandler;
+  const done = new Promise<void>((resolve, reject) => {
+    handler = new StreamHandler(backend, o.signal, sink, resolve, reject);
+    backend.pool.dispatch(
+      {
+        method: o.method,
+        path: o.path,
+        headers: o.body === undefined ? NO_HEADERS : JSON_HEADERS,
+        body: o.body === undefined ? undefined : JSON.stringify(o.body),
+        headersTimeout: o.headersTimeoutMs,
+        bodyTimeout: o.bodyTimeoutMs,
+      },
+      handler,
+    );
+  });
+  return { done, resume: handler.resume };
 }

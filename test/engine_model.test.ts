@@ -196,6 +196,15 @@ test('attention over staged paged KV equals attend() on gathered operands, WASM 
         k.stageKv(pool, table, Math.ceil(keys / BLOCK_TOKENS), blockFloats, layerOffset, kvDim);
         k.attendStaged(q, M, hd, g * hd, keys, lens, 0.25, got);
         bitsEqual(got, want, `${name} staged attention l=${l} g=${g} keys=${keys}`);
+        // All heads in one call ([heads][M][hd] queries) equals one call per head.
+        const qAll = Float32Array.from({ length: kvHeads * M * hd }, (_, i) => Math.cos(i * 0.11 + g));
+        const all = new Float32Array(kvHeads * M * hd);
+        k.attendStagedHeads(qAll, M, hd, kvHeads, keys, lens, 0.25, all);
+        for (let h = 0; h < kvHeads; h++) {
+          const one = new Float32Array(M * hd);
+          k.attendStaged(qAll.subarray(h * M * hd, (h + 1) * M * hd), M, hd, h * hd, keys, lens, 0.25, one);
+          bitsEqual(all.subarray(h * M * hd, (h + 1) * M * hd), one, `${name} all-heads attention, head ${h}, keys=${keys}`);
+        }
       }
     }
   } finally {

@@ -57,6 +57,12 @@ export interface Gemm {
    * attend() given those keys/values and zeros as padding.
    */
   attendStaged(q: Float32Array, M: number, hd: number, off: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void;
+  /**
+   * attendStaged for every KV head of the staged KV in one call: q is [heads][M][hd] (head g's
+   * rows at g*M*hd), out the same shape. Same bits as calling attendStaged per head. Meant for
+   * small problems (decode): it runs on one thread.
+   */
+  attendStagedHeads(q: Float32Array, M: number, hd: number, heads: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void;
   /** Index of the largest value, lowest index on ties (greedy sampling; equal to argmaxJs without NaN). */
   argmax(x: Float32Array): number;
 }
@@ -216,6 +222,13 @@ export class JsGemm implements Gemm {
     return argmaxJs(x);
   }
 
+  attendStagedHeads(q: Float32Array, M: number, hd: number, heads: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
+    for (let g = 0; g < heads; g++) {
+      const rows = M * hd;
+      this.attendStaged(q.subarray(g * rows, (g + 1) * rows), M, hd, g * hd, keys, lens, scale, out.subarray(g * rows, (g + 1) * rows));
+    }
+  }
+
   private staged = new Float32Array(0);
   private stagedKvDim = 0;
 
@@ -264,6 +277,7 @@ interface GemmExports {
   softmax(S: number, rows: number, stride: number, L: number, scale: number): void;
   gatherkv(src: number, P: number, Pb: number, kvDim: number, off: number, hd: number, kt: number, v: number, hdPad: number): void;
   argmax(p: number, n: number): number;
+  attendheads(stage: number, Q: number, KT: number, S: number, V: number, O: number, L: number, M: number, hd: number, hdPad: number, kvDim: number, heads: number, keys: number, P: number, scale: number): void;
 }
 
 let wasmModulePromise: Promise<WebAssembly.Module> | null = null;
@@ -292,7 +306,7 @@ export const WASM_MAX_BYTES = 4 * 1024 * 1024 * 1024 - 256 * 1024 * 1024;
 export const WASM_WEIGHT_CAP = WASM_MAX_BYTES - 512 * 1024 * 1024;
 
 /** Below this many multiply-adds a call stays on one thread (hand-off costs ~tens of µs). */
-const SPLIT_MIN_MACS = 1 << 20;
+export const SPLIT_MIN_MACS = 1 << 20;
 const CHUNKS_PER_CALL = 16;
 /** A worker that has not finished its half by then is considered broken. */
 const WORKER_TIMEOUT_MS = 30_000;
@@ -485,6 +499,26 @@ export class WasmGemm implements Gemm {
     this.attendCore(q, M, hd, P, lens, scale, out, (KT, V, hdPad) => this.exp.gatherkv(this.stagePtr, keys, P, this.stageKvDim, off, hd, KT, V, hdPad));
   }
 
+  attendStagedHeads(q: Float32Array, M: number, hd: number, heads: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
+    if (M === 0 || heads === 0) return;
+    const P = padTo(keys, STRIP);
+    const hdPad = padTo(hd, STRIP);
+    const sz = (n: number) => padTo(n * 4, 64);
+    const Q = this.scratch(sz(heads * M * hd) + sz(hd * P) + sz(M * P) + sz(P * hdPad) + sz(heads * M * hdPad) + sz(M));
+    const KT = Q + sz(heads * M * hd);
+    const S = KT + sz(hd * P);
+    const V = S + sz(M * P);
+    const O = V + sz(P * hdPad);
+    const L = O + sz(heads * M * hdPad);
+    const f32 = this.f32;
+    f32.set(q.subarray(0, heads * M * hd), Q / 4);
+    new Int32Array(this.mem.buffer, L, M).set(lens.subarray(0, M));
+    this.exp.attendheads(this.stagePtr, Q, KT, S, V, O, L, M, hd, hdPad, this.stageKvDim, heads, keys, P, scale);
+    const o0 = O / 4;
+    if (hdPad === hd) out.set(f32.subarray(o0, o0 + heads * M * hd));
+    else for (let r = 0; r < heads * M; r++) out.set(f32.subarray(o0 + r * hdPad, o0 + r * hdPad + hd), r * hd);
+  }
+
   attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void {
     if (P % STRIP !== 0) throw new Error(`attend: P=${P} must be a multiple of ${STRIP}`);
     this.attendCore(q, M, hd, P, lens, scale, out, (KT, V, hdPad) => {
@@ -616,6 +650,10 @@ export class WasmGemmPool implements Gemm {
 
   argmax(x: Float32Array): number {
     return this.parts[0]!.argmax(x);
+  }
+
+  attendStagedHeads(q: Float32Array, M: number, hd: number, heads: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
+    this.parts[0]!.attendStagedHeads(q, M, hd, heads, keys, lens, scale, out);
   }
 
   close(): void {

@@ -127,7 +127,7 @@ function expS(x: string): string {
  */
 function softmaxFunc(): string {
   return `
-  (func (export "softmax") (param $S i32) (param $rows i32) (param $stride i32) (param $L i32) (param $scale f32)
+  (func $softmax (export "softmax") (param $S i32) (param $rows i32) (param $stride i32) (param $L i32) (param $scale f32)
     (local $r i32) (local $p i32) (local $len i32) (local $len4 i32) (local $j i32) (local $m f32) (local $sum f32) (local $inv f32)
     (local $sv v128) (local $mv v128) (local $acc v128) (local $e v128)
     (local $ex v128) (local $efx v128) (local $ey v128) (local $ez v128)
@@ -220,7 +220,7 @@ function gemmFunc(name: string, packed: boolean): string {
     : `(i32.add (local.get $W) (i32.shl (local.get $n) (i32.const 2)))`;
   return `
   ;; ${name}(A, Wt, C, M, K, N, m0, m1, n0, n1): rows [m0,m1) x columns [n0,n1) of C (n0, n1 multiples of ${STRIP})
-  (func (export "${name}") (param $A i32) (param $W i32) (param $C i32) (param $M i32) (param $K i32) (param $N i32)
+  (func $${name} (export "${name}") (param $A i32) (param $W i32) (param $C i32) (param $M i32) (param $K i32) (param $N i32)
       (param $m0 i32) (param $m1 i32) (param $n0 i32) (param $n1 i32)
     (local $kb i32) (local $nb i32) (local $ws i32) (local $mb i32) (local $mEnd i32) (local $n i32) (local $m i32) (local $k i32)
     (local $arow i32) (local $crow i32) (local $wstrip i32) (local $wp i32) (local $cp i32)
@@ -271,7 +271,7 @@ function gemmFunc(name: string, packed: boolean): string {
  */
 function gatherFunc(): string {
   return `
-  (func (export "gatherkv") (param $src i32) (param $P i32) (param $Pb i32) (param $kvDim i32) (param $off i32)
+  (func $gatherkv (export "gatherkv") (param $src i32) (param $P i32) (param $Pb i32) (param $kvDim i32) (param $off i32)
       (param $hd i32) (param $kt i32) (param $v i32) (param $hdPad i32)
     (local $j i32) (local $e i32) (local $kp i32) (local $vp i32) (local $vrow i32) (local $ktcol i32)
     (local $slab i32) (local $pbB i32)
@@ -373,6 +373,37 @@ function argmaxFunc(): string {
   )`;
 }
 
+/**
+ * attendheads(stage, Q, KT, S, V, O, L, M, hd, hdPad, kvDim, heads, keys, P, scale): for each KV head
+ * g of the staged KV, gatherkv into KT/V, then S = Q_g·KT (dense gemm), softmax(S, lens L), and
+ * O_g = S·V, with Q_g = Q + g*M*hd floats and O_g = O + g*M*hdPad floats. Exactly the calls the
+ * per-head path makes (same functions, same arguments), in one call from JS: decode attention is
+ * small enough that the JS→WASM crossings and per-call set-up were most of its cost.
+ */
+function attendHeadsFunc(): string {
+  return `
+  (func (export "attendheads") (param $stage i32) (param $Q i32) (param $KT i32) (param $S i32) (param $V i32) (param $O i32)
+      (param $L i32) (param $M i32) (param $hd i32) (param $hdPad i32) (param $kvDim i32) (param $heads i32) (param $keys i32)
+      (param $P i32) (param $scale f32)
+    (local $g i32) (local $q i32) (local $o i32)
+    (local.set $q (local.get $Q))
+    (local.set $o (local.get $O))
+    (block $done (loop $each
+      (br_if $done (i32.ge_u (local.get $g) (local.get $heads)))
+      (call $gatherkv (local.get $stage) (local.get $keys) (local.get $P) (local.get $kvDim)
+        (i32.mul (local.get $g) (local.get $hd)) (local.get $hd) (local.get $KT) (local.get $V) (local.get $hdPad))
+      (call $gemm (local.get $q) (local.get $KT) (local.get $S) (local.get $M) (local.get $hd) (local.get $P)
+        (i32.const 0) (local.get $M) (i32.const 0) (local.get $P))
+      (call $softmax (local.get $S) (local.get $M) (local.get $P) (local.get $L) (local.get $scale))
+      (call $gemm (local.get $S) (local.get $V) (local.get $o) (local.get $M) (local.get $P) (local.get $hdPad)
+        (i32.const 0) (local.get $M) (i32.const 0) (local.get $hdPad))
+      (local.set $q (i32.add (local.get $q) (i32.shl (i32.mul (local.get $M) (local.get $hd)) (i32.const 2))))
+      (local.set $o (i32.add (local.get $o) (i32.shl (i32.mul (local.get $M) (local.get $hdPad)) (i32.const 2))))
+      (local.set $g (i32.add (local.get $g) (i32.const 1)))
+      (br $each)))
+  )`;
+}
+
 /** Positions per paged-cache block (kv_cache.ts BLOCK_TOKENS; gatherkv's j>>4 / j&15 assume 16). */
 const BLOCK_TOKENS_WAT = 16;
 
@@ -385,5 +416,6 @@ ${gemmFunc('gemmp', true)}
 ${softmaxFunc()}
 ${gatherFunc()}
 ${argmaxFunc()}
+${attendHeadsFunc()}
 )`;
 }

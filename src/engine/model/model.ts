@@ -11,7 +11,7 @@
 import { basename, resolve } from 'node:path';
 import type { KvLayout } from '../../common/chunk.js';
 import { loadModelConfig, type ModelConfig } from './config.js';
-import { argmaxJs, createGemm, type Gemm, type Weight } from './gemm.js';
+import { argmaxJs, createGemm, SPLIT_MIN_MACS, type Gemm, type Weight } from './gemm.js';
 import { BLOCK_TOKENS, KvCacheFullError, PagedKvCache } from './kv_cache.js';
 import { SafetensorsCollection, SafetensorsError } from './safetensors.js';
 
@@ -38,6 +38,8 @@ const B_PROJ = 4;
 const B_GU = 5;
 const B_ACT = 6;
 const B_LOGITS = 7;
+const B_ATTN_Q = 8;
+const B_ATTN_OUT = 9;
 
 export class ForwardError extends Error {
   override name = 'ForwardError';
@@ -347,6 +349,34 @@ export class LlamaModel {
       // each KV head's operands are then gathered inside the kernel (this runs every decode step).
       const layerBase = l * 2 * BLOCK_TOKENS * kvDim; // K of this layer within a block; V follows
       this.gemm.stageKv(kv.pool, tables[si]!, Math.ceil(P / BLOCK_TOKENS), kv.blockFloats, layerBase, kvDim);
+      // Small problems (decode steps, short segments): all KV heads in one kernel call. Below the
+      // kernel's two-thread threshold the per-head path runs on one thread too, with the same bits.
+      const Mall = T * group;
+      if (T <= ATTN_ROW_BLOCK && Mall * headDim * (Math.ceil(P / 32) * 32) < SPLIT_MIN_MACS) {
+        const q = this.buf(B_ATTN_Q, numKvHeads * Mall * headDim);
+        const out = this.buf(B_ATTN_OUT, numKvHeads * Mall * headDim);
+        const lens = new Int32Array(Mall);
+        for (let g = 0; g < numKvHeads; g++) {
+          for (let t = 0; t < T; t++) {
+            for (let hi = 0; hi < group; hi++) {
+              const src = (row0 + t) * qkvDim + (g * group + hi) * headDim;
+              q.set(qkv.subarray(src, src + headDim), (g * Mall + t * group + hi) * headDim);
+            }
+          }
+        }
+        for (let t = 0; t < T; t++) for (let hi = 0; hi < group; hi++) lens[t * group + hi] = seg.startPos + t + 1;
+        this.gemm.attendStagedHeads(q, Mall, headDim, numKvHeads, P, lens, scale, out);
+        for (let g = 0; g < numKvHeads; g++) {
+          for (let t = 0; t < T; t++) {
+            for (let hi = 0; hi < group; hi++) {
+              const src = (g * Mall + t * group + hi) * headDim;
+              attn.set(out.subarray(src, src + headDim), (row0 + t) * qDim + (g * group + hi) * headDim);
+            }
+          }
+        }
+        row0 += T;
+        continue;
+      }
       for (let g = 0; g < numKvHeads; g++) {
         // Query rows in blocks to bound the score matrix.
         for (let t0 = 0; t0 < T; t0 += ATTN_ROW_BLOCK) {

@@ -408,3 +408,33 @@ test('a transfer hold pins a disk chunk for this process only; a controller pin 
   assert.ok(existsSync(join(dir, `${keyOf(1)}.pin`)), 'a hold on a pinned chunk keeps its marker');
   await b.close();
 });
+
+test('LocalDiskBackend: a put whose directory sync fails leaves no file behind (nothing unindexed on disk)', async () => {
+  const dir = tempDir();
+  const disk = await LocalDiskBackend.open(dir, 8 * MiB);
+  await disk.put(keyOf(1), makeChunk(keyOf(1), 1));
+  // Fault injection on the step after the rename (an fsync of the directory failing, e.g. EIO).
+  (disk as unknown as { syncDir: () => Promise<void> }).syncDir = async () => {
+    throw new Error('EIO: directory sync failed');
+  };
+  await assert.rejects(disk.put(keyOf(2), makeChunk(keyOf(2), 2)), /EIO/);
+  assert.deepEqual(disk.keys(), [keyOf(1)]);
+  assert.deepEqual(readdirSync(dir).sort(), [`${keyOf(1)}.kvc`], 'the renamed file of the failed put is removed');
+  await disk.close();
+});
+
+test('a transfer hold re-pins a chunk that was removed and stored again while held', async () => {
+  const store = await KvcStore.create({ local_cpu: true, max_local_cpu_size: gib(8 * MiB), max_local_disk_size: 0, local_disk: null });
+  await store.put(keyOf(1), makeChunk(keyOf(1), 1));
+  const holds = transferHolds(store);
+  assert.ok(holds.hold(keyOf(1), 'LocalCPUBackend'));
+  await store.clear('LocalCPUBackend'); // a /clear while the transfer holds the chunk
+  await store.put(keyOf(1), makeChunk(keyOf(1), 1)); // the same transfer stores it again
+  assert.equal(store.isPinned(keyOf(1), 'LocalCPUBackend'), false);
+  assert.ok(holds.hold(keyOf(1), 'LocalCPUBackend'));
+  assert.equal(store.isPinned(keyOf(1), 'LocalCPUBackend'), true, 'the new copy is held too');
+  holds.release(keyOf(1), 'LocalCPUBackend');
+  holds.release(keyOf(1), 'LocalCPUBackend');
+  assert.equal(store.isPinned(keyOf(1), 'LocalCPUBackend'), false);
+  await store.close();
+});

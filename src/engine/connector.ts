@@ -142,7 +142,8 @@ export class KvcConnectorV1 {
     // A consumer always asks, even when nothing can be imported (a prompt shorter than
     // skip_last_n_tokens + 1): that claims and then releases the request's reservation.
     if (this.role === 'kv_consumer' && this.transfer?.received) {
-      const lookup = this.transfer.received(this.transferRequest(req, spans));
+      // A plugin that throws synchronously is treated like a lookup that failed.
+      const lookup = Promise.resolve().then(() => this.transfer!.received!(this.transferRequest(req, spans)));
       try {
         received = await withTimeout(lookup, this.loadTimeoutMs, 'transfer lookup');
       } catch (e) {

@@ -215,12 +215,16 @@ export class LocalDiskBackend implements StorageBackend {
       if (this.index.victims(size, this.capacityBytes) === null) throw this.fullError(key); // don't write in vain
       const tmp = join(this.dir, `${key}.kvc.tmp-${process.pid}-${this.tmpSeq++}`);
       const path = this.file(key);
+      let renamed = false;
       try {
         await this.writeDurably(tmp, chunk);
         await fsp.rename(tmp, path);
+        renamed = true;
         await this.syncDir();
       } catch (e) {
-        await fsp.rm(tmp, { force: true }).catch(() => undefined);
+        // Nothing of a failed put may stay on disk: a renamed but unindexed file would exceed the
+        // capacity unseen and reappear at the next start.
+        await fsp.rm(renamed ? path : tmp, { force: true }).catch(() => undefined);
         throw e;
       }
       // Commit (no await until the index is consistent again). Victims are chosen only now, so a

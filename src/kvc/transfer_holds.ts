@@ -33,8 +33,12 @@ export class TransferHolds {
     if (!this.store.has(key, loc)) return false;
     const id = this.id(key, loc);
     const h = this.held.get(id);
-    if (h) h.count++;
-    else {
+    if (h) {
+      h.count++;
+      // The chunk may have been removed (a /clear) and stored again since the first hold: the new
+      // copy must be pinned too, or the rest of this transfer could evict it.
+      if (!this.store.isPinned(key, loc)) this.store.pin(key, loc, { transient: !h.keepPinned });
+    } else {
       const keepPinned = this.store.isPinned(key, loc);
       this.held.set(id, { count: 1, keepPinned });
       // Transient: if this process dies mid-transfer, the hold must not survive as a disk pin.

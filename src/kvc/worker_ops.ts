@@ -138,9 +138,15 @@ export class WorkerOps {
   /** The delete phase of a move (nothing for a copy). */
   private async deleteSource(cmd: MoveCommand, deadline: number, signal: AbortSignal | undefined): Promise<void> {
     if (cmd.copy) return;
-    // Point of no return: the controller must still be waiting for this answer.
-    this.checkAlive(cmd, deadline, signal, 'before deleting the source');
-    for (const k of cmd.keys) await this.store.remove(k, cmd.location);
+    // Point of no return: the controller must still be waiting for this answer. Checked again
+    // before every removal (a disk remove queues behind the tier's writes): once the controller has
+    // given up, the rest of the source stays, and the event it reports as failed keeps its chunks.
+    let removed = 0;
+    for (const k of cmd.keys) {
+      this.checkAlive(cmd, deadline, signal, removed ? `after deleting ${removed}/${cmd.keys.length} source chunks` : 'before deleting the source');
+      await this.store.remove(k, cmd.location);
+      removed++;
+    }
   }
 
   /**

@@ -131,7 +131,7 @@ test('gemm: WASM SIMD kernel equals the JS reference bitwise and is batch invari
   assert.ok(g.kernelGflops > 0 && g.jsGflops > 0);
 });
 
-test('argmax: the WASM SIMD kernel answers like the scalar loop (lowest index on ties), any length', async () => {
+test('argmax: the WASM SIMD kernel answers like the scalar loop (lowest index on ties, NaN), any length', async () => {
   const wa = await WasmGemm.create({ threads: 1 });
   const js = new JsGemm();
   try {
@@ -142,6 +142,13 @@ test('argmax: the WASM SIMD kernel answers like the scalar loop (lowest index on
       Float32Array.of(0, 0, 0, 0, 0, 0, 0),
       Float32Array.of(-Infinity, -Infinity, -5, -Infinity, -5, -5, -Infinity, -5, -5),
       Float32Array.from({ length: 32000 }, (_, i) => Math.sin(i * 0.37) * 3),
+      // NaN: the scalar loop never takes one, and answers 0 when element 0 is NaN
+      Float32Array.of(0, NaN, 0, 0, 0, 9, 1),
+      Float32Array.of(NaN, 1, 2, 3, 4, 5, 6, 7, 8),
+      Float32Array.of(-Infinity, NaN, NaN, NaN, -Infinity, -Infinity),
+      Float32Array.of(-Infinity, NaN, -3, NaN, NaN, NaN, NaN, NaN, NaN, -2),
+      Float32Array.of(NaN),
+      Float32Array.of(3, NaN, 3),
     ];
     // The maximum at every lane and in the tail, with equal values before and after it.
     for (const at of [0, 1, 2, 3, 4, 5, 31996, 31999, 32001, 32002]) {

@@ -498,6 +498,25 @@ describe('proxy against stub engines', () => {
     assert.equal(events.slice(0, n).map((e) => JSON.parse(e.slice(6)).choices[0].text).join(''), stubWords('a long one', n).join(''));
   });
 
+  test('a client that stops reading for longer than the idle timeout: its decode is cancelled, the connection freed', { timeout: 30_000 }, async () => {
+    reset();
+    const metric = async (name: string) => Number(new RegExp(`^${name} (\\d+)`, 'm').exec(await (await fetch(base + '/metrics')).text())?.[1] ?? NaN);
+    const disconnects = await metric('kvc_proxy_client_disconnects_total');
+    const { request } = await import('node:http');
+    const req = request(base + '/v1/completions', { method: 'POST', headers: { 'content-type': 'application/json' } }, (r) => {
+      r.pause(); // and never resumed: the sockets fill up and the relay pauses the decoder
+      r.on('error', () => {});
+    });
+    req.on('error', () => {});
+    req.end(JSON.stringify({ prompt: 'never read', max_tokens: 60_000, stream: true }));
+    // idleMs is 2 s in this suite, and nothing else bounds a paused stream: without the stall
+    // bound this request would stay in flight, holding a decoder connection, for ever. (The
+    // client itself cannot tell: the proxy's close is queued behind the bytes it never reads.)
+    await waitUntil(async () => (await metric('kvc_proxy_client_disconnects_total')) === disconnects + 1, 20_000, 'the proxy to give up on the client');
+    await waitUntil(async () => (await metric('kvc_proxy_requests_in_flight')) === 0, 5_000, 'nothing left in flight');
+    req.destroy();
+  });
+
   test('models, health, metrics with end-to-end TTFT, stats lines, xfer notices', async () => {
     reset();
     const models = await (await fetch(base + '/v1/models')).json() as any;

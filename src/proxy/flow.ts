@@ -174,12 +174,15 @@ export class Flow {
     m.live.requests++;
     const abort = new CancelSignal();
     const onClose = () => {
-      if (!reply.raw.writableFinished) {
+      // (Not counted twice: a stalled stream's cancellation counts itself and aborts first.)
+      if (!reply.raw.writableFinished && !abort.aborted) {
         abort.abort();
         m.cancelled.inc();
       }
     };
     reply.raw.once('close', onClose);
+    // The client may be gone before the listener was attached: its 'close' has fired already.
+    if (reply.raw.destroyed || req.raw.destroyed) onClose();
     let status = 200;
     try {
       const body = requireObject(req.body);
@@ -388,6 +391,22 @@ export class Flow {
     let status = 0;
     let first: FirstContent | null = new FirstContent();
     let corked = false;
+    // A client that stops reading pauses the decoder (backpressure), and undici's body timeout
+    // does not run while paused: bound the pause by the same idle timeout, then give up on the
+    // client (its connection to the decoder would otherwise stay taken for as long as it likes).
+    const idleMs = this.d.timeouts.idleMs;
+    let stall: NodeJS.Timeout | null = null;
+    const unstall = () => {
+      if (stall) clearTimeout(stall);
+      stall = null;
+    };
+    const onStall = () => {
+      stall = null;
+      log.warn(`client stopped reading a stream for ${idleMs} ms; cancelling its decode on ${decoder.name}`);
+      this.d.metrics.cancelled.inc();
+      signal.abort();
+      raw.destroy();
+    };
     const flush = () => {
       corked = false;
       raw.uncork();
@@ -408,10 +427,20 @@ export class Flow {
           raw.cork();
           setImmediate(flush);
         }
-        return raw.write(piece);
+        if (raw.destroyed) {
+          signal.abort(); // the client is gone: no 'drain' will ever come
+          return false;
+        }
+        const more = raw.write(piece);
+        if (!more && !stall) stall = setTimeout(onStall, idleMs);
+        return more;
       },
     });
-    raw.on('drain', upstream.resume);
+    const onDrain = () => {
+      unstall();
+      upstream.resume();
+    };
+    raw.on('drain', onDrain);
     try {
       await upstream.done;
       // A stream without any text (e.g. an empty completion): its first "token" is its end.
@@ -428,7 +457,8 @@ export class Flow {
       if (!raw.destroyed) raw.end(`data: ${JSON.stringify(e.toJSON())}\n\n`);
       return 502;
     } finally {
-      raw.off('drain', upstream.resume);
+      unstall();
+      raw.off('drain', onDrain);
     }
   }
 }

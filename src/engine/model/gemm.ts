@@ -63,7 +63,7 @@ export interface Gemm {
    * small problems (decode): it runs on one thread.
    */
   attendStagedHeads(q: Float32Array, M: number, hd: number, heads: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void;
-  /** Index of the largest value, lowest index on ties (greedy sampling; equal to argmaxJs without NaN). */
+  /** Index of the largest value, lowest index on ties (greedy sampling): argmaxJs's answer, NaN included. */
   argmax(x: Float32Array): number;
 }
 

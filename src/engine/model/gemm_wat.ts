@@ -316,32 +316,27 @@ function gatherFunc(): string {
 }
 
 /**
- * argmax(p, n) -> i32: index of the largest of the n f32 at p, the lowest index on ties; the same
- * answer as the scalar loop in sampler.ts (which starts from element 0 and takes strictly larger
- * values) for any input without NaN. Four lanes each keep their own first maximum (strict >),
- * then the lanes are merged preferring the larger value, and on equal values the lower index.
+ * argmax(p, n) -> i32: the scalar loop's answer (sampler.ts / gemm.ts argmaxJs), NaN included: start
+ * from element 0, take a later element only when strictly larger. So index 0 when element 0 is NaN
+ * (nothing compares larger), other NaNs are never taken, and ties go to the lowest index. Four
+ * lanes each keep their first strict maximum over the elements they see (from -Inf, index -1 =
+ * none yet); the lanes are then merged preferring the larger value and, on equal values, the
+ * lower index; the tail is scanned like the scalar loop. No lane candidate (everything -Inf or NaN
+ * after element 0) means element 0, as in the scalar loop.
  */
 function argmaxFunc(): string {
   return `
   (func (export "argmax") (param $p i32) (param $n i32) (result i32)
     (local $i i32) (local $n4 i32) (local $v v128) (local $bv v128) (local $bi v128) (local $idx v128) (local $m v128)
-    (local $best f32) (local $bix i32) (local $x f32) (local $xi i32) (local $l i32)
+    (local $best f32) (local $bix i32) (local $x f32) (local $xi i32)
+    (if (i32.eqz (local.get $n)) (then (return (i32.const 0))))
+    (local.set $x (f32.load (local.get $p)))
+    (if (f32.ne (local.get $x) (local.get $x)) (then (return (i32.const 0))))
     (local.set $n4 (i32.and (local.get $n) (i32.const -4)))
-    (if (i32.lt_u (local.get $n4) (i32.const 4))
-      (then
-        (local.set $best (f32.load (local.get $p)))
-        (local.set $i (i32.const 1))
-        (block $sd (loop $sl
-          (br_if $sd (i32.ge_u (local.get $i) (local.get $n)))
-          (local.set $x (f32.load (i32.add (local.get $p) (i32.shl (local.get $i) (i32.const 2)))))
-          (if (f32.gt (local.get $x) (local.get $best)) (then (local.set $best (local.get $x)) (local.set $bix (local.get $i))))
-          (local.set $i (i32.add (local.get $i) (i32.const 1)))
-          (br $sl)))
-        (return (local.get $bix))))
-    (local.set $bv (v128.load (local.get $p)))
-    (local.set $bi (v128.const i32x4 0 1 2 3))
-    (local.set $idx (local.get $bi))
-    (local.set $i (i32.const 4))
+    (local.set $bv (v128.const f32x4 -inf -inf -inf -inf))
+    (local.set $bi (v128.const i32x4 -1 -1 -1 -1))
+    (local.set $idx (v128.const i32x4 -4 -3 -2 -1))
+    (local.set $i (i32.const 0))
     (block $vd (loop $vl
       (br_if $vd (i32.ge_u (local.get $i) (local.get $n4)))
       (local.set $v (v128.load (i32.add (local.get $p) (i32.shl (local.get $i) (i32.const 2)))))
@@ -351,14 +346,16 @@ function argmaxFunc(): string {
       (local.set $bi (v128.bitselect (local.get $idx) (local.get $bi) (local.get $m)))
       (local.set $i (i32.add (local.get $i) (i32.const 4)))
       (br $vl)))
-    (local.set $best (f32x4.extract_lane 0 (local.get $bv)))
-    (local.set $bix (i32x4.extract_lane 0 (local.get $bi)))
-    ${[1, 2, 3]
+    (local.set $best (f32.const -inf))
+    (local.set $bix (i32.const -1))
+    ${[0, 1, 2, 3]
       .map(
         (l) => `(local.set $x (f32x4.extract_lane ${l} (local.get $bv)))
     (local.set $xi (i32x4.extract_lane ${l} (local.get $bi)))
-    (if (i32.or (f32.gt (local.get $x) (local.get $best))
-                (i32.and (f32.eq (local.get $x) (local.get $best)) (i32.lt_u (local.get $xi) (local.get $bix))))
+    (if (i32.and (i32.ge_s (local.get $xi) (i32.const 0))
+          (i32.or (i32.lt_s (local.get $bix) (i32.const 0))
+            (i32.or (f32.gt (local.get $x) (local.get $best))
+                    (i32.and (f32.eq (local.get $x) (local.get $best)) (i32.lt_s (local.get $xi) (local.get $bix))))))
       (then (local.set $best (local.get $x)) (local.set $bix (local.get $xi))))`,
       )
       .join('\n    ')}
@@ -369,7 +366,7 @@ function argmaxFunc(): string {
       (if (f32.gt (local.get $x) (local.get $best)) (then (local.set $best (local.get $x)) (local.set $bix (local.get $i))))
       (local.set $i (i32.add (local.get $i) (i32.const 1)))
       (br $tl)))
-    (local.get $bix)
+    (select (local.get $bix) (i32.const 0) (i32.ge_s (local.get $bix) (i32.const 0)))
   )`;
 }
 

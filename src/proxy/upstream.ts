@@ -90,15 +90,7 @@ export function classify(err: unknown, backend: Backend, signal?: CancelSignal):
 export async function call(backend: Backend, o: CallOptions): Promise<Dispatcher.ResponseData> {
   let res: Dispatcher.ResponseData;
   try {
-    res = await backend.pool.request({
-      method: o.method,
-      path: o.path,
-      headers: o.body === undefined ? NO_HEADERS : JSON_HEADERS,
-      body: o.body === undefined ? undefined : JSON.stringify(o.body),
-      signal: o.signal,
-      headersTimeout: o.headersTimeoutMs,
-      bodyTimeout: o.bodyTimeoutMs,
-    });
+    res = await backend.pool.request({ ...dispatchOptions(o), signal: o.signal });
   } catch (err) {
     throw classify(err, backend, o.signal);
   }
@@ -109,11 +101,16 @@ export async function call(backend: Backend, o: CallOptions): Promise<Dispatcher
   } catch (err) {
     throw classify(err, backend, o.signal);
   }
-  const ct = String(res.headers['content-type'] ?? 'application/json');
-  if (res.statusCode >= 400 && res.statusCode < 500 && res.statusCode !== 408 && res.statusCode !== 429) {
-    throw new PassThrough(res.statusCode, body, ct);
-  }
-  throw new BackendFailure(backend, `HTTP ${res.statusCode}: ${body.toString('utf8', 0, Math.min(body.length, 300))}`);
+  throw answerFailure(backend, res.statusCode, body, String(res.headers['content-type'] ?? 'application/json'));
+}
+
+/**
+ * What a non-2xx answer means: the engine's own 4xx (a bad field, an unknown model) is relayed to
+ * the client unchanged; anything else (5xx, 408, 429) is this backend failing.
+ */
+function answerFailure(backend: Backend, status: number, body: Buffer, ct: string): Error {
+  if (status >= 400 && status < 500 && status !== 408 && status !== 429) return new PassThrough(status, body, ct);
+  return new BackendFailure(backend, `HTTP ${status}: ${body.toString('utf8', 0, Math.min(body.length, 300))}`);
 }
 
 /** The content-type of raw undici headers (alternating names and values). */
@@ -127,34 +124,57 @@ function contentType(raw: Buffer[] | string[] | null): string {
 }
 
 /**
- * The handler behind callJson(): collects the body's buffers and settles one promise, with
- * the same outcomes as call() + res.body.json(). Written against undici's dispatch() rather
- * than request(): no AsyncResource, no body stream and no consume machinery for a small JSON
- * answer (two such calls per client request: tokenize and prefill).
+ * What the dispatch() handlers below share: the status and headers of the answer, its buffered
+ * body (a JSON answer, or a failed stream's error body), and the abort that a client disconnect
+ * (the request's CancelSignal) triggers on the upstream call.
  */
-class JsonHandler implements Dispatcher.DispatchHandler {
-  private status = 0;
-  private rawHeaders: Buffer[] | string[] | null = null;
-  private chunks: Buffer[] = [];
+abstract class CallHandler implements Dispatcher.DispatchHandler {
+  protected status = 0;
+  protected rawHeaders: Buffer[] | string[] | null = null;
+  protected chunks: Buffer[] = [];
   private abortCall: ((err?: Error) => void) | null = null;
   private readonly onAbort = () => this.abortCall?.(new Cancelled('client disconnected'));
 
   constructor(
-    private readonly backend: Backend,
+    protected readonly backend: Backend,
     private readonly signal: CancelSignal | undefined,
-    private readonly resolve: (v: unknown) => void,
-    private readonly reject: (e: Error) => void,
+    protected readonly reject: (e: Error) => void,
   ) {
     signal?.once('abort', this.onAbort);
   }
 
-  private done(): void {
+  protected done(): void {
     this.signal?.off('abort', this.onAbort);
+  }
+
+  protected body(): Buffer {
+    return this.chunks.length === 1 ? this.chunks[0]! : Buffer.concat(this.chunks);
+  }
+
+  protected failure(): Error {
+    return answerFailure(this.backend, this.status, this.body(), contentType(this.rawHeaders));
   }
 
   onConnect(abort: (err?: Error) => void): void {
     this.abortCall = abort;
     if (this.signal?.aborted) abort(new Cancelled('client disconnected'));
+  }
+
+  onError(err: Error): void {
+    this.done();
+    this.reject(classify(err, this.backend, this.signal));
+  }
+}
+
+/**
+ * The handler behind callJson(): collects the body's buffers and settles one promise, with
+ * the same outcomes as call() + res.body.json(). Written against undici's dispatch() rather
+ * than request(): no AsyncResource, no body stream and no consume machinery for a small JSON
+ * answer (two such calls per client request: tokenize and prefill).
+ */
+class JsonHandler extends CallHandler {
+  constructor(backend: Backend, signal: CancelSignal | undefined, private readonly resolve: (v: unknown) => void, reject: (e: Error) => void) {
+    super(backend, signal, reject);
   }
 
   onHeaders(statusCode: number, rawHeaders: Buffer[]): boolean {
@@ -172,44 +192,37 @@ class JsonHandler implements Dispatcher.DispatchHandler {
 
   onComplete(): void {
     this.done();
-    const body = this.chunks.length === 1 ? this.chunks[0]! : Buffer.concat(this.chunks);
-    const status = this.status;
-    if (status >= 200 && status < 300) {
-      let v: unknown;
-      try {
-        v = JSON.parse(body.toString('utf8'));
-      } catch (err) {
-        this.reject(new BackendFailure(this.backend, `answered a body that is not JSON (${(err as Error).message})`));
-        return;
-      }
-      this.resolve(v);
-    } else if (status >= 400 && status < 500 && status !== 408 && status !== 429) {
-      this.reject(new PassThrough(status, body, contentType(this.rawHeaders)));
-    } else {
-      this.reject(new BackendFailure(this.backend, `HTTP ${status}: ${body.toString('utf8', 0, Math.min(body.length, 300))}`));
+    if (this.status < 200 || this.status >= 300) {
+      this.reject(this.failure());
+      return;
     }
+    let v: unknown;
+    try {
+      v = JSON.parse(this.body().toString('utf8'));
+    } catch (err) {
+      this.reject(new BackendFailure(this.backend, `answered a body that is not JSON (${(err as Error).message})`));
+      return;
+    }
+    this.resolve(v);
   }
+}
 
-  onError(err: Error): void {
-    this.done();
-    this.reject(classify(err, this.backend, this.signal));
-  }
+/** undici dispatch options of one upstream call. */
+function dispatchOptions(o: CallOptions): Dispatcher.DispatchOptions {
+  return {
+    method: o.method,
+    path: o.path,
+    headers: o.body === undefined ? NO_HEADERS : JSON_HEADERS,
+    body: o.body === undefined ? undefined : JSON.stringify(o.body),
+    headersTimeout: o.headersTimeoutMs,
+    bodyTimeout: o.bodyTimeoutMs,
+  };
 }
 
 /** One request whose answer is a small JSON body: the parsed body, or the errors of call(). */
 export function callJson(backend: Backend, o: CallOptions): Promise<unknown> {
   return new Promise((resolve, reject) => {
-    backend.pool.dispatch(
-      {
-        method: o.method,
-        path: o.path,
-        headers: o.body === undefined ? NO_HEADERS : JSON_HEADERS,
-        body: o.body === undefined ? undefined : JSON.stringify(o.body),
-        headersTimeout: o.headersTimeoutMs,
-        bodyTimeout: o.bodyTimeoutMs,
-      },
-      new JsonHandler(backend, o.signal, resolve, reject),
-    );
+    backend.pool.dispatch(dispatchOptions(o), new JsonHandler(backend, o.signal, resolve, reject));
   });
 }
 
@@ -233,33 +246,19 @@ export interface StreamCall {
  * through undici's dispatch() with no body stream in between. A non-2xx answer is read whole
  * and rejected as PassThrough / BackendFailure, like call().
  */
-class StreamHandler implements Dispatcher.DispatchHandler {
-  private status = 0;
-  private rawHeaders: Buffer[] | string[] | null = null;
-  private chunks: Buffer[] = [];
+class StreamHandler extends CallHandler {
   private started = false;
   private resumeBody: (() => void) | null = null;
-  private abortCall: ((err?: Error) => void) | null = null;
-  private readonly onAbort = () => this.abortCall?.(new Cancelled('client disconnected'));
   readonly resume = () => this.resumeBody?.();
 
   constructor(
-    private readonly backend: Backend,
-    private readonly signal: CancelSignal | undefined,
+    backend: Backend,
+    signal: CancelSignal | undefined,
     private readonly sink: StreamSink,
     private readonly resolve: () => void,
-    private readonly reject: (e: Error) => void,
+    reject: (e: Error) => void,
   ) {
-    signal?.once('abort', this.onAbort);
-  }
-
-  private done(): void {
-    this.signal?.off('abort', this.onAbort);
-  }
-
-  onConnect(abort: (err?: Error) => void): void {
-    this.abortCall = abort;
-    if (this.signal?.aborted) abort(new Cancelled('client disconnected'));
+    super(backend, signal, reject);
   }
 
   onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
@@ -286,22 +285,8 @@ class StreamHandler implements Dispatcher.DispatchHandler {
 
   onComplete(): void {
     this.done();
-    if (this.started) {
-      this.resolve();
-      return;
-    }
-    const body = Buffer.concat(this.chunks);
-    const status = this.status;
-    if (status >= 400 && status < 500 && status !== 408 && status !== 429) {
-      this.reject(new PassThrough(status, body, contentType(this.rawHeaders)));
-    } else {
-      this.reject(new BackendFailure(this.backend, `HTTP ${status}: ${body.toString('utf8', 0, Math.min(body.length, 300))}`));
-    }
-  }
-
-  onError(err: Error): void {
-    this.done();
-    this.reject(classify(err, this.backend, this.signal));
+    if (this.started) this.resolve();
+    else this.reject(this.failure());
   }
 }
 
@@ -309,17 +294,7 @@ export function callStream(backend: Backend, o: CallOptions, sink: StreamSink): 
   let handler!: StreamHandler;
   const done = new Promise<void>((resolve, reject) => {
     handler = new StreamHandler(backend, o.signal, sink, resolve, reject);
-    backend.pool.dispatch(
-      {
-        method: o.method,
-        path: o.path,
-        headers: o.body === undefined ? NO_HEADERS : JSON_HEADERS,
-        body: o.body === undefined ? undefined : JSON.stringify(o.body),
-        headersTimeout: o.headersTimeoutMs,
-        bodyTimeout: o.bodyTimeoutMs,
-      },
-      handler,
-    );
+    backend.pool.dispatch(dispatchOptions(o), handler);
   });
   return { done, resume: handler.resume };
 }

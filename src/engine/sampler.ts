@@ -29,9 +29,6 @@ export class Rng {
   }
 }
 
-/** The largest logit's index, the lowest on ties (the model's kernel may supply a faster one). */
-export const argmax = argmaxJs;
-
 export class Sampler {
   private readonly rng: Rng;
   constructor(readonly params: SamplingParams) {
@@ -44,7 +41,7 @@ export class Sampler {
   }
 
   /** `fastArgmax`: a kernel's argmax with argmaxJs's answer (the engine passes the model's SIMD one). */
-  sample(logits: Float32Array, fastArgmax: (x: Float32Array) => number = argmax): number {
+  sample(logits: Float32Array, fastArgmax: (x: Float32Array) => number = argmaxJs): number {
     if (this.greedy) return fastArgmax(logits);
     const { temperature, topP, topK } = this.params;
     const n = logits.length;

@@ -58,9 +58,8 @@ export interface Gemm {
    */
   attendStaged(q: Float32Array, M: number, hd: number, off: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void;
   /**
-   * attendStaged for every KV head of the staged KV in one call: q is [heads][M][hd] (head g's
-   * rows at g*M*hd), out the same shape. Same bits as calling attendStaged per head. Meant for
-   * small problems (decode): it runs on one thread.
+   * attendStaged for every KV head of the staged KV: q is [heads][M][hd] (head g's rows at
+   * g*M*hd), out the same shape. Same bits as calling attendStaged per head.
    */
   attendStagedHeads(q: Float32Array, M: number, hd: number, heads: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void;
   /** Index of the largest value, lowest index on ties (greedy sampling): argmaxJs's answer, NaN included. */
@@ -306,7 +305,7 @@ export const WASM_MAX_BYTES = 4 * 1024 * 1024 * 1024 - 256 * 1024 * 1024;
 export const WASM_WEIGHT_CAP = WASM_MAX_BYTES - 512 * 1024 * 1024;
 
 /** Below this many multiply-adds a call stays on one thread (hand-off costs ~tens of µs). */
-export const SPLIT_MIN_MACS = 1 << 20;
+const SPLIT_MIN_MACS = 1 << 20;
 const CHUNKS_PER_CALL = 16;
 /** A worker that has not finished its half by then is considered broken. */
 const WORKER_TIMEOUT_MS = 30_000;
@@ -499,24 +498,25 @@ export class WasmGemm implements Gemm {
     this.attendCore(q, M, hd, P, lens, scale, out, (KT, V, hdPad) => this.exp.gatherkv(this.stagePtr, keys, P, this.stageKvDim, off, hd, KT, V, hdPad));
   }
 
+  /**
+   * When neither product would be split with the worker (a decode step), every head in one WASM
+   * call (attendheads: the per-head sequence inside WASM, so one JS→WASM crossing instead of
+   * several per head); otherwise per head, each product shared with the worker.
+   */
   attendStagedHeads(q: Float32Array, M: number, hd: number, heads: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
     if (M === 0 || heads === 0) return;
     const P = padTo(keys, STRIP);
     const hdPad = padTo(hd, STRIP);
-    const sz = (n: number) => padTo(n * 4, 64);
-    const Q = this.scratch(sz(heads * M * hd) + sz(hd * P) + sz(M * P) + sz(P * hdPad) + sz(heads * M * hdPad) + sz(M));
-    const KT = Q + sz(heads * M * hd);
-    const S = KT + sz(hd * P);
-    const V = S + sz(M * P);
-    const O = V + sz(P * hdPad);
-    const L = O + sz(heads * M * hdPad);
-    const f32 = this.f32;
-    f32.set(q.subarray(0, heads * M * hd), Q / 4);
-    new Int32Array(this.mem.buffer, L, M).set(lens.subarray(0, M));
-    this.exp.attendheads(this.stagePtr, Q, KT, S, V, O, L, M, hd, hdPad, this.stageKvDim, heads, keys, P, scale);
-    const o0 = O / 4;
-    if (hdPad === hd) out.set(f32.subarray(o0, o0 + heads * M * hd));
-    else for (let r = 0; r < heads * M; r++) out.set(f32.subarray(o0 + r * hdPad, o0 + r * hdPad + hd), r * hd);
+    const rows = M * hd;
+    if (this.worker && (M * hd * P >= SPLIT_MIN_MACS || M * P * hdPad >= SPLIT_MIN_MACS)) {
+      for (let g = 0; g < heads; g++) {
+        this.attendStaged(q.subarray(g * rows, (g + 1) * rows), M, hd, g * hd, keys, lens, scale, out.subarray(g * rows, (g + 1) * rows));
+      }
+      return;
+    }
+    const s = this.attnScratch(q, heads, M, hd, P, lens);
+    this.exp.attendheads(this.stagePtr, s.Q, s.KT, s.S, s.V, s.O, s.L, M, hd, s.hdPad, this.stageKvDim, heads, keys, P, scale);
+    this.copyRows(s.O, heads * M, hd, s.hdPad, out);
   }
 
   attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void {
@@ -535,29 +535,44 @@ export class WasmGemm implements Gemm {
   }
 
   /**
-   * The attention core on kernel scratch: `fillKV(KT, V, hdPad)` writes keys ([hd][P]) and values
-   * ([P][hdPad]) at those byte addresses; then S = Q·KT, softmax, O = S·V, copied to `out`.
+   * Attention operands on kernel scratch for `heads` heads of M query rows over P keys: Q (the
+   * queries, copied in, [heads][M][hd]), KT ([hd][P]), S ([M][P]), V ([P][hdPad]), O
+   * ([heads][M][hdPad]) and L (the M row lengths, copied in), as byte addresses.
    */
-  private attendCore(q: Float32Array, M: number, hd: number, P: number, lens: Int32Array, scale: number, out: Float32Array, fillKV: (KT: number, V: number, hdPad: number) => void): void {
-    if (M === 0) return;
+  private attnScratch(q: Float32Array, heads: number, M: number, hd: number, P: number, lens: Int32Array) {
     const hdPad = padTo(hd, STRIP);
     const sz = (n: number) => padTo(n * 4, 64);
-    const Q = this.scratch(sz(M * hd) + sz(hd * P) + sz(M * P) + sz(P * hdPad) + sz(M * hdPad) + sz(M));
-    const KT = Q + sz(M * hd);
+    const Q = this.scratch(sz(heads * M * hd) + sz(hd * P) + sz(M * P) + sz(P * hdPad) + sz(heads * M * hdPad) + sz(M));
+    const KT = Q + sz(heads * M * hd);
     const S = KT + sz(hd * P);
     const V = S + sz(M * P);
     const O = V + sz(P * hdPad);
-    const L = O + sz(M * hdPad);
-    this.f32.set(q.subarray(0, M * hd), Q / 4);
+    const L = O + sz(heads * M * hdPad);
+    this.f32.set(q.subarray(0, heads * M * hd), Q / 4);
     new Int32Array(this.mem.buffer, L, M).set(lens.subarray(0, M));
+    return { Q, KT, S, V, O, L, hdPad };
+  }
+
+  /** `rows` rows of `hd` floats from kernel memory at byte address O (row stride hdPad) into out. */
+  private copyRows(O: number, rows: number, hd: number, hdPad: number, out: Float32Array): void {
+    const f32 = this.f32;
+    const o0 = O / 4;
+    if (hdPad === hd) out.set(f32.subarray(o0, o0 + rows * hd));
+    else for (let r = 0; r < rows; r++) out.set(f32.subarray(o0 + r * hdPad, o0 + r * hdPad + hd), r * hd);
+  }
+
+  /**
+   * One head's attention on kernel scratch: `fillKV(KT, V, hdPad)` writes keys ([hd][P]) and
+   * values ([P][hdPad]) at those byte addresses; then S = Q·KT, softmax, O = S·V, copied to `out`.
+   */
+  private attendCore(q: Float32Array, M: number, hd: number, P: number, lens: Int32Array, scale: number, out: Float32Array, fillKV: (KT: number, V: number, hdPad: number) => void): void {
+    if (M === 0) return;
+    const { Q, KT, S, V, O, L, hdPad } = this.attnScratch(q, 1, M, hd, P, lens);
     fillKV(KT, V, hdPad);
     this.run(Q, KT, S, M, hd, P, false);
     this.exp.softmax(S, M, P, L, scale);
     this.run(S, V, O, M, P, hdPad, false);
-    const f32 = this.f32;
-    const o0 = O / 4;
-    if (hdPad === hd) out.set(f32.subarray(o0, o0 + M * hd));
-    else for (let r = 0; r < M; r++) out.set(f32.subarray(o0 + r * hdPad, o0 + r * hdPad + hd), r * hd);
+    this.copyRows(O, M, hd, hdPad, out);
   }
 
   matmulDense(a: Float32Array, m: number, K: number, b: Float32Array, N: number, out: Float32Array): void {

@@ -11,7 +11,7 @@
 import { basename, resolve } from 'node:path';
 import type { KvLayout } from '../../common/chunk.js';
 import { loadModelConfig, type ModelConfig } from './config.js';
-import { argmaxJs, createGemm, SPLIT_MIN_MACS, type Gemm, type Weight } from './gemm.js';
+import { argmaxJs, createGemm, type Gemm, type Weight } from './gemm.js';
 import { BLOCK_TOKENS, KvCacheFullError, PagedKvCache } from './kv_cache.js';
 import { SafetensorsCollection, SafetensorsError } from './safetensors.js';
 
@@ -349,56 +349,33 @@ export class LlamaModel {
       // each KV head's operands are then gathered inside the kernel (this runs every decode step).
       const layerBase = l * 2 * BLOCK_TOKENS * kvDim; // K of this layer within a block; V follows
       this.gemm.stageKv(kv.pool, tables[si]!, Math.ceil(P / BLOCK_TOKENS), kv.blockFloats, layerBase, kvDim);
-      // Small problems (decode steps, short segments): all KV heads in one kernel call. Below the
-      // kernel's two-thread threshold the per-head path runs on one thread too, with the same bits.
-      const Mall = T * group;
-      if (T <= ATTN_ROW_BLOCK && Mall * headDim * (Math.ceil(P / 32) * 32) < SPLIT_MIN_MACS) {
-        const q = this.buf(B_ATTN_Q, numKvHeads * Mall * headDim);
-        const out = this.buf(B_ATTN_OUT, numKvHeads * Mall * headDim);
-        const lens = new Int32Array(Mall);
-        for (let g = 0; g < numKvHeads; g++) {
-          for (let t = 0; t < T; t++) {
-            for (let hi = 0; hi < group; hi++) {
-              const src = (row0 + t) * qkvDim + (g * group + hi) * headDim;
-              q.set(qkv.subarray(src, src + headDim), (g * Mall + t * group + hi) * headDim);
-            }
-          }
+      // Query rows in blocks to bound the score matrix; all KV heads of a block in one kernel
+      // call, q and out laid out [head][row][headDim] (the kernel picks one WASM call for small
+      // problems such as a decode step, or per-head calls shared with its worker thread).
+      for (let t0 = 0; t0 < T; t0 += ATTN_ROW_BLOCK) {
+        const t1 = Math.min(T, t0 + ATTN_ROW_BLOCK);
+        const M = (t1 - t0) * group;
+        const q = this.buf(B_ATTN_Q, numKvHeads * M * headDim);
+        const out = this.buf(B_ATTN_OUT, numKvHeads * M * headDim);
+        const lens = new Int32Array(M);
+        for (let t = t0; t < t1; t++) {
+          for (let hi = 0; hi < group; hi++) lens[(t - t0) * group + hi] = seg.startPos + t + 1; // causal: keys 0..pos
         }
-        for (let t = 0; t < T; t++) for (let hi = 0; hi < group; hi++) lens[t * group + hi] = seg.startPos + t + 1;
-        this.gemm.attendStagedHeads(q, Mall, headDim, numKvHeads, P, lens, scale, out);
         for (let g = 0; g < numKvHeads; g++) {
-          for (let t = 0; t < T; t++) {
-            for (let hi = 0; hi < group; hi++) {
-              const src = (g * Mall + t * group + hi) * headDim;
-              attn.set(out.subarray(src, src + headDim), (row0 + t) * qDim + (g * group + hi) * headDim);
-            }
-          }
-        }
-        row0 += T;
-        continue;
-      }
-      for (let g = 0; g < numKvHeads; g++) {
-        // Query rows in blocks to bound the score matrix.
-        for (let t0 = 0; t0 < T; t0 += ATTN_ROW_BLOCK) {
-          const t1 = Math.min(T, t0 + ATTN_ROW_BLOCK);
-          const M = (t1 - t0) * group;
-          const q = new Float32Array(M * headDim);
-          const lens = new Int32Array(M);
           for (let t = t0; t < t1; t++) {
             for (let hi = 0; hi < group; hi++) {
               const src = (row0 + t) * qkvDim + (g * group + hi) * headDim;
-              const rowi = (t - t0) * group + hi;
-              q.set(qkv.subarray(src, src + headDim), rowi * headDim);
-              lens[rowi] = seg.startPos + t + 1; // causal: keys 0..pos
+              q.set(qkv.subarray(src, src + headDim), (g * M + (t - t0) * group + hi) * headDim);
             }
           }
-          // Keys after this block's last position are masked for all its rows: they are not
-          // gathered (each score is computed independently, so this changes no value).
-          const out = new Float32Array(M * headDim);
-          this.gemm.attendStaged(q, M, headDim, g * headDim, seg.startPos + t1, lens, scale, out);
+        }
+        // Keys after this block's last position are masked for all its rows: they are not
+        // gathered (each score is computed independently, so this changes no value).
+        this.gemm.attendStagedHeads(q, M, headDim, numKvHeads, seg.startPos + t1, lens, scale, out);
+        for (let g = 0; g < numKvHeads; g++) {
           for (let t = t0; t < t1; t++) {
             for (let hi = 0; hi < group; hi++) {
-              const src = ((t - t0) * group + hi) * headDim;
+              const src = (g * M + (t - t0) * group + hi) * headDim;
               attn.set(out.subarray(src, src + headDim), (row0 + t) * qDim + (g * group + hi) * headDim);
             }
           }

@@ -14,6 +14,7 @@ import { availableParallelism } from 'node:os';
 import { Worker } from 'node:worker_threads';
 import { CTL } from './gemm_ctl.js';
 import { EXP_CONSTS, gemmWat, STRIP } from './gemm_wat.js';
+import { BLOCK_SHIFT, BLOCK_TOKENS } from './kv_cache.js';
 
 export interface Weight {
   /** Input features (K) and output features (N) of the layer. */
@@ -80,16 +81,13 @@ export function argmaxJs(x: Float32Array): number {
   return best;
 }
 
-/** Positions per cache block in staged KV (kv_cache.ts BLOCK_TOKENS). */
-const STAGE_BLOCK = 16;
-
 /** JS twin of the WASM gatherkv: kt [hd][Pb] transposed keys, v [Pb][hd] values, zero padding. */
 function gatherStagedJs(src: Float32Array, kvDim: number, off: number, hd: number, P: number, Pb: number, kt: Float32Array, v: Float32Array): void {
   kt.fill(0, 0, hd * Pb);
   v.fill(0, 0, Pb * hd);
-  const slab = STAGE_BLOCK * kvDim;
+  const slab = BLOCK_TOKENS * kvDim;
   for (let j = 0; j < P; j++) {
-    const kp = (j >> 4) * 2 * slab + (j & 15) * kvDim + off;
+    const kp = (j >> BLOCK_SHIFT) * 2 * slab + (j & (BLOCK_TOKENS - 1)) * kvDim + off;
     const vp = kp + slab;
     for (let e = 0; e < hd; e++) {
       kt[e * Pb + j] = src[kp + e]!;
@@ -99,7 +97,7 @@ function gatherStagedJs(src: Float32Array, kvDim: number, off: number, hd: numbe
 }
 
 function stageInto(dest: Float32Array, destOff: number, pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void {
-  const slabs = 2 * STAGE_BLOCK * kvDim;
+  const slabs = 2 * BLOCK_TOKENS * kvDim;
   for (let b = 0; b < nBlocks; b++) {
     const at = blocks[b]! * blockFloats + layerOffset;
     dest.set(pool.subarray(at, at + slabs), destOff + b * slabs);
@@ -232,7 +230,7 @@ export class JsGemm implements Gemm {
   private stagedKvDim = 0;
 
   stageKv(pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void {
-    const n = nBlocks * 2 * STAGE_BLOCK * kvDim;
+    const n = nBlocks * 2 * BLOCK_TOKENS * kvDim;
     if (this.staged.length < n) this.staged = new Float32Array(n);
     this.stagedKvDim = kvDim;
     stageInto(this.staged, 0, pool, blocks, nBlocks, blockFloats, layerOffset, kvDim);
@@ -483,7 +481,7 @@ export class WasmGemm implements Gemm {
   private stageKvDim = 0;
 
   stageKv(pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void {
-    const bytes = nBlocks * 2 * STAGE_BLOCK * kvDim * 4;
+    const bytes = nBlocks * 2 * BLOCK_TOKENS * kvDim * 4;
     if (bytes > this.stageBytes) {
       const size = Math.max(bytes, this.stageBytes * 2);
       this.stagePtr = this.alloc(size);

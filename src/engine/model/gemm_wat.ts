@@ -12,6 +12,8 @@
 // accumulators) per micro-kernel, and 1 row x 32 columns for the leftover rows (8 independent
 // accumulators keep the add pipeline busy during single-sequence decode).
 
+import { BLOCK_SHIFT, BLOCK_TOKENS } from './kv_cache.js';
+
 export const STRIP = 32;
 export const MB = 64;
 
@@ -275,7 +277,7 @@ function gatherFunc(): string {
       (param $hd i32) (param $kt i32) (param $v i32) (param $hdPad i32)
     (local $j i32) (local $e i32) (local $kp i32) (local $vp i32) (local $vrow i32) (local $ktcol i32)
     (local $slab i32) (local $pbB i32)
-    (local.set $slab (i32.shl (i32.mul (local.get $kvDim) (i32.const ${BLOCK_TOKENS_WAT})) (i32.const 2)))
+    (local.set $slab (i32.shl (i32.mul (local.get $kvDim) (i32.const ${BLOCK_TOKENS})) (i32.const 2)))
     (local.set $pbB (i32.shl (local.get $Pb) (i32.const 2)))
     (local.set $j (i32.const 0))
     (block $jdone (loop $jloop
@@ -285,10 +287,10 @@ function gatherFunc(): string {
       (local.set $e (i32.const 0))
       (if (i32.lt_u (local.get $j) (local.get $P))
         (then
-          ;; block j>>4 holds 2 slabs; slot j&15 is a row of kvDim floats
+          ;; block j / BLOCK_TOKENS holds 2 slabs; slot j % BLOCK_TOKENS is a row of kvDim floats
           (local.set $kp (i32.add (local.get $src)
-            (i32.add (i32.mul (i32.shr_u (local.get $j) (i32.const 4)) (i32.shl (local.get $slab) (i32.const 1)))
-              (i32.shl (i32.add (i32.mul (i32.and (local.get $j) (i32.const 15)) (local.get $kvDim)) (local.get $off)) (i32.const 2)))))
+            (i32.add (i32.mul (i32.shr_u (local.get $j) (i32.const ${BLOCK_SHIFT})) (i32.shl (local.get $slab) (i32.const 1)))
+              (i32.shl (i32.add (i32.mul (i32.and (local.get $j) (i32.const ${BLOCK_TOKENS - 1})) (local.get $kvDim)) (local.get $off)) (i32.const 2)))))
           (local.set $vp (i32.add (local.get $kp) (local.get $slab)))
           (block $edone (loop $eloop
             (br_if $edone (i32.ge_u (local.get $e) (local.get $hd)))
@@ -400,9 +402,6 @@ function attendHeadsFunc(): string {
       (br $each)))
   )`;
 }
-
-/** Positions per paged-cache block (kv_cache.ts BLOCK_TOKENS; gatherkv's j>>4 / j&15 assume 16). */
-const BLOCK_TOKENS_WAT = 16;
 
 /** The module: shared memory is imported so a worker thread can run the same kernel on it. */
 export function gemmWat(): string {

@@ -7,6 +7,9 @@
 import { DType, type KvLayout } from '../../common/chunk.js';
 
 export const BLOCK_TOKENS = 16;
+/** log2(BLOCK_TOKENS): position j is in block j >> BLOCK_SHIFT (the attention kernels rely on it). */
+export const BLOCK_SHIFT = 4;
+if (1 << BLOCK_SHIFT !== BLOCK_TOKENS) throw new Error('BLOCK_TOKENS must be 1 << BLOCK_SHIFT');
 
 export class KvCacheFullError extends Error {
   override name = 'KvCacheFullError';

@@ -422,14 +422,14 @@ export class Flow {
           first = null;
           firstToken();
         }
+        if (raw.destroyed) {
+          signal.abort(); // the client is gone: no 'drain' will ever come
+          return false;
+        }
         if (!corked) {
           corked = true;
           raw.cork();
           setImmediate(flush);
-        }
-        if (raw.destroyed) {
-          signal.abort(); // the client is gone: no 'drain' will ever come
-          return false;
         }
         const more = raw.write(piece);
         if (!more && !stall) stall = setTimeout(onStall, idleMs);

@@ -32,18 +32,13 @@ export class TransferHolds {
   hold(key: ChunkKey, loc: LocationName): boolean {
     if (!this.store.has(key, loc)) return false;
     const id = this.id(key, loc);
-    const h = this.held.get(id);
-    if (h) {
-      h.count++;
-      // The chunk may have been removed (a /clear) and stored again since the first hold: the new
-      // copy must be pinned too, or the rest of this transfer could evict it.
-      if (!this.store.isPinned(key, loc)) this.store.pin(key, loc, { transient: !h.keepPinned });
-    } else {
-      const keepPinned = this.store.isPinned(key, loc);
-      this.held.set(id, { count: 1, keepPinned });
-      // Transient: if this process dies mid-transfer, the hold must not survive as a disk pin.
-      if (!keepPinned) this.store.pin(key, loc, { transient: true });
-    }
+    let h = this.held.get(id);
+    if (h) h.count++;
+    else this.held.set(id, (h = { count: 1, keepPinned: this.store.isPinned(key, loc) }));
+    // Pin if not pinned: a first hold, or a chunk removed (a /clear) and stored again since the
+    // first hold, which the rest of this transfer could otherwise evict. Transient unless it is to
+    // stay pinned: if this process dies mid-transfer, a hold must not survive as a disk pin.
+    if (!this.store.isPinned(key, loc)) this.store.pin(key, loc, { transient: !h.keepPinned });
     return true;
   }
 

@@ -12,7 +12,7 @@ import { EngineMetrics } from '../src/engine/metrics.js';
 import type { PagedKvCache } from '../src/engine/model/kv_cache.js';
 import type { KvcStore } from '../src/kvc/store.js';
 import { startEngine, type Engine } from '../src/engine/server.js';
-import type { KvTransferPlugin, ReceivedKv, SealedChunk, TransferRequest } from '../src/engine/transfer.js';
+import type { KvTransferPlugin, ReceivedKv, SealedChunk, TransferRequest } from '../src/common/transfer_seam.js';
 import { postJson } from './helpers/proc.js';
 
 const MODEL = 'builtin:tiny';

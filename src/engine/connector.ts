@@ -18,7 +18,7 @@ import { logger } from '../common/log.js';
 import type { KvcStore } from '../kvc/store.js';
 import type { PagedKvCache } from './model/kv_cache.js';
 import type { EngineMetrics } from './metrics.js';
-import type { KvTransferPlugin, ReceivedKv, SealedChunk, TransferRequest } from './transfer.js';
+import type { KvTransferPlugin, ReceivedKv, SealedChunk, TransferRequest } from '../common/transfer_seam.js';
 
 const log = logger('engine.connector');
 

@@ -20,7 +20,8 @@ import { PagedKvCache } from './model/kv_cache.js';
 import { ChatTemplateError, type ChatMessage } from './model/tokenizer.js';
 import { loadEngineModel, type EngineModel } from './runtime.js';
 import { Scheduler } from './scheduler.js';
-import { loadDefaultTransferFactory, type KvTransferPlugin, type TransferFactory } from './transfer.js';
+import type { KvTransferPlugin, TransferFactory } from '../common/transfer_seam.js';
+import { createKvTransfer } from '../xfer/engine_plugin.js';
 
 const log = logger('engine');
 
@@ -46,7 +47,7 @@ export interface EngineOptions {
   kvTransferConfig?: string | ConnectorConfig;
   /** Cache instance config; default: $KVC_CONFIG_FILE (only read when a connector is configured). */
   cacheConfig?: CacheConfig;
-  /** xfer plugin for kv_producer / kv_consumer; default: src/xfer/engine_plugin.js if present. */
+  /** xfer plugin for kv_producer / kv_consumer; default: the xfer component's createKvTransfer. */
   transfer?: TransferFactory;
   /** Add process-level metrics (CPU, memory, event loop) to /metrics; the CLI turns this on. */
   processMetrics?: boolean;
@@ -142,13 +143,11 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
       store = await KvcStore.create(cacheConfig);
       const seed = seedFromEnv(env);
       if (connectorConfig.kv_role !== 'kv_both') {
-        const factory = opts.transfer ?? (await loadDefaultTransferFactory());
+        const factory = opts.transfer ?? createKvTransfer;
         if (!cacheConfig.enable_xfer) {
           log.warn(`kv_role ${connectorConfig.kv_role} without enable_xfer in the cache config: no KV is transferred, prompts are computed here`);
-        } else if (!factory) {
-          log.warn(`kv_role ${connectorConfig.kv_role}: the xfer plugin is not available in this build; no KV is transferred`);
         } else {
-          transfer = await factory({ role: connectorConfig.kv_role, cacheConfig, connectorConfig, layout: m.layout, modelId: m.modelId, chunkSize: cacheConfig.chunk_size, seed, store });
+          transfer = await factory({ role: connectorConfig.kv_role, cacheConfig, connectorConfig, layout: m.layout, modelId: m.modelId, chunkSize: cacheConfig.chunk_size, seed });
         }
       }
       if (cacheConfig.enable_controller) {

@@ -4,7 +4,7 @@
 // with respect to the event loop; the async signatures match the StorageBackend contract.
 import { checkChunkFor } from '../common/chunk.js';
 import type { ChunkKey } from '../common/keys.js';
-import { BufferPool, sizeClass } from './buffer_pool.js';
+import { BufferPool, sizeClass } from '../common/buffer_pool.js';
 import { LruIndex, type Entry } from './lru_index.js';
 import { StoreFullError, type BackendStats, type StorageBackend } from './types.js';
 

@@ -1,5 +1,5 @@
-// The xfer plugin the engine loads for kv_producer / kv_consumer (src/engine/transfer.ts looks
-// for `createKvTransfer` in this module).
+// The xfer plugin the engine uses for kv_producer / kv_consumer: `createKvTransfer` implements
+// the TransferFactory of src/common/transfer_seam.ts.
 //
 // kv_producer (xfer_role sender): after prefill the connector hands over the prompt's sealed
 //   chunks; they go to the receiver named by kv_transfer_params.disagg_spec, the proxy is
@@ -8,7 +8,7 @@
 //   for this request (by disagg_spec.req_id, else by the prompt's keys); the engine imports the
 //   leading ones, recomputes the tail and releases the reservation.
 import { ConfigError } from '../common/config.js';
-import type { KvTransferPlugin, ReceivedKv, SealedChunk, TransferFactory, TransferRequest } from '../engine/transfer.js';
+import type { KvTransferPlugin, ReceivedKv, SealedChunk, TransferFactory, TransferRequest } from '../common/transfer_seam.js';
 import { createXfer, XferError, disaggSpecProblem, type DisaggSpec } from './index.js';
 
 /** How long a consumer waits for a chunk that is still arriving (the proxy normally calls after the ack). */

@@ -20,7 +20,7 @@
 import net from 'node:net';
 import { randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
-import { BufferPool, sizeClass } from '../kvc/buffer_pool.js';
+import { BufferPool, sizeClass } from '../common/buffer_pool.js';
 import xxhash from 'xxhash-wasm';
 import { ChunkFormatError, readHeader, describeLayout, DTYPE_BYTES, HEADER_BYTES, type KvLayout } from '../common/chunk.js';
 import { logger } from '../common/log.js';

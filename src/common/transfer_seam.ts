@@ -1,13 +1,13 @@
-// The seam between the engine's connector and a KV transfer library (the xfer component,
-// DESIGN §6). The engine knows nothing about sockets or reservations: for `kv_consumer` it
+// The seam between the engine's connector and a KV transfer library (the xfer component in
+// src/xfer implements it; the engine wires it in src/engine). It lives in common so that
+// neither side imports the other's internals. The engine knows nothing about sockets or reservations: for `kv_consumer` it
 // asks the plugin for the chunks received for a request before prefill; for `kv_producer`
 // it hands the plugin the prompt's sealed chunks after prefill and answers the request only
 // when the plugin's promise settles. Chunks always travel as the single-buffer format of
 // src/common/chunk.ts; the engine verifies every chunk (checksum, key, layout) before use.
-import type { CacheConfig, ConnectorConfig } from '../common/config.js';
-import type { KvLayout } from '../common/chunk.js';
-import type { ChunkSpan } from '../common/keys.js';
-import type { KvcStore } from '../kvc/store.js';
+import type { CacheConfig, ConnectorConfig } from './config.js';
+import type { KvLayout } from './chunk.js';
+import type { ChunkSpan } from './keys.js';
 
 export type KvRole = ConnectorConfig['kv_role'];
 
@@ -63,27 +63,6 @@ export interface TransferContext {
   modelId: string;
   chunkSize: number;
   seed: bigint;
-  store: KvcStore;
 }
 
 export type TransferFactory = (ctx: TransferContext) => Promise<KvTransferPlugin>;
-
-/**
- * Where the engine looks for the xfer plugin when none is passed to startEngine():
- * a module exporting `createKvTransfer: TransferFactory`. Resolved relative to this file.
- */
-export const XFER_PLUGIN_MODULE = '../xfer/engine_plugin.js';
-
-/** Loads the xfer plugin factory from XFER_PLUGIN_MODULE; null when that module does not exist. */
-export async function loadDefaultTransferFactory(): Promise<TransferFactory | null> {
-  const spec = new URL(XFER_PLUGIN_MODULE, import.meta.url).href;
-  let mod: { createKvTransfer?: unknown };
-  try {
-    mod = (await import(spec)) as { createKvTransfer?: unknown };
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ERR_MODULE_NOT_FOUND' && String((e as Error).message).includes('engine_plugin')) return null;
-    throw e;
-  }
-  if (typeof mod.createKvTransfer !== 'function') throw new Error(`${XFER_PLUGIN_MODULE} does not export a createKvTransfer function`);
-  return mod.createKvTransfer as TransferFactory;
-}

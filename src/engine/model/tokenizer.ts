@@ -187,6 +187,9 @@ export class Tokenizer {
   }
 
   decode(ids: number[], opts: { skipSpecialTokens?: boolean } = {}): string {
+    // The tokenizer library throws on an empty list; nothing decodes to nothing (an empty
+    // /detokenize, or the incremental decoder's first window after a special-token-only prompt).
+    if (ids.length === 0) return '';
     return this.hf.decode(ids, { skip_special_tokens: opts.skipSpecialTokens ?? true });
   }
 

@@ -1,7 +1,10 @@
-// One upstream engine as the proxy sees it: a keep-alive connection pool, an up/down state
-// and the last error. Requests that fail to connect, time out or answer 5xx mark the backend
-// down at once; the health loop (server.ts) probes it back. Round-robin selection skips
-// backends that are down.
+// One upstream engine as the proxy sees it: a keep-alive connection pool, a separate one-connection
+// pool for health probes (a probe must never queue behind busy request connections: a busy engine
+// is not a dead one), an up/down state, the last error, when it last sent any byte (progress), and
+// the abort handles of the calls in flight on it (a backend found hung has its stalled calls
+// aborted so they fail over). Requests that cannot connect or time out mark the backend down at
+// once; an answered 5xx only asks for a probe (the request may be what failed); the health loop
+// (server.ts) probes backends back. Round-robin selection skips backends that are down.
 import { Pool } from 'undici';
 import type { Endpoint } from './topology.js';
 
@@ -16,6 +19,12 @@ export class Backend {
   lastChange = Date.now();
   /** Consecutive failed health probes; a probe alone needs two to mark a backend down. */
   probeFailures = 0;
+  /** The health probes' own connection (see the file comment). */
+  readonly probePool: Pool;
+  /** performance-clock ms of the last byte (headers or body) received from this backend. */
+  lastProgress = 0;
+  /** Abort functions of the calls in flight on this backend. */
+  readonly inflight = new Set<(err: Error) => void>();
 
   constructor(
     readonly role: Role,
@@ -31,6 +40,15 @@ export class Backend {
       connect: { timeout: 3_000 },
       keepAliveTimeout: 30_000,
     });
+    this.probePool = new Pool(this.url, { connections: 1, connect: { timeout: 3_000 }, keepAliveTimeout: 30_000 });
+  }
+
+  /** Aborts every call in flight on this backend with `err` (it was found hung or dead). */
+  abortInflight(err: Error): number {
+    const all = [...this.inflight];
+    this.inflight.clear();
+    for (const abort of all) abort(err);
+    return all.length;
   }
 
   markDown(reason: string): boolean {
@@ -59,7 +77,7 @@ export class Backend {
   }
 
   async close(): Promise<void> {
-    await this.pool.destroy().catch(() => undefined);
+    await Promise.all([this.pool.destroy().catch(() => undefined), this.probePool.destroy().catch(() => undefined)]);
   }
 }
 

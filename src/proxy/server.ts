@@ -1,5 +1,6 @@
 // The proxy process: HTTP front (completions, chat, models, health, metrics), the xfer notify
 // port, the backend health loop and the 5-second TTFT statistics.
+import { performance } from 'node:perf_hooks';
 import type { FastifyInstance } from 'fastify';
 import { createHttpServer } from '../common/http.js';
 import { upstreamFailed } from '../common/errors.js';
@@ -22,6 +23,12 @@ export interface ProxyOptions {
   notify: { host: string; port: number } | null;
   timeouts: Timeouts;
   healthIntervalMs: number;
+  /**
+   * A health probe not answered within this is failed; two failed probes in a row mark a backend
+   * down (unless it sent bytes within this time: busy, not dead). Default: the interval, clamped
+   * to [1 s, 5 s]. A hung backend is so found within interval + 2 × timeout.
+   */
+  healthTimeoutMs?: number;
   statsIntervalMs: number;
   /** Where the statistics lines go (stdout by default, independent of KVC_LOG_LEVEL). */
   statsSink?: (line: string) => void;
@@ -112,30 +119,48 @@ export class ProxyServer {
     }
   }
 
-  /** Probes every backend's GET /health; two failed probes in a row mark it down, one success brings it back. */
+  get healthTimeoutMs(): number {
+    return this.opts.healthTimeoutMs ?? Math.max(1_000, Math.min(5_000, this.opts.healthIntervalMs));
+  }
+
+  /** Probes every backend's GET /health (see probe()). */
   private probeAll(): void {
-    for (const b of [...this.prefillers, ...this.decoders]) {
-      if (this.probing.has(b)) continue;
-      this.probing.add(b);
-      const timeout = Math.max(1_000, Math.min(5_000, this.opts.healthIntervalMs * 2));
-      call(b, { method: 'GET', path: '/health', headersTimeoutMs: timeout, bodyTimeoutMs: timeout })
-        .then(async (res) => {
-          await res.body.dump();
-          if (b.markUp()) {
-            this.metrics.backendUp.labels(b.role, b.name).set(1);
-            log.info(`${b.name} is back up`);
-          }
-        })
-        .catch((err: unknown) => {
-          const reason = err instanceof BackendFailure || err instanceof PassThrough ? err.message : String(err);
-          b.probeFailures++;
-          if ((!b.up || b.probeFailures >= 2) && b.markDown(`health probe: ${reason}`)) {
-            this.metrics.backendUp.labels(b.role, b.name).set(0);
-            log.warn(`${b.name} marked down: health probe: ${reason}`);
-          }
-        })
-        .finally(() => this.probing.delete(b));
-    }
+    for (const b of [...this.prefillers, ...this.decoders]) this.probe(b);
+  }
+
+  /**
+   * One health probe, on the backend's own probe connection: two failures in a row mark it down,
+   * one success brings it back. A probe that times out while the backend keeps sending bytes on
+   * other calls does not count (busy, not dead). Marking a backend down aborts the calls still in
+   * flight on it, so requests stalled on a hung engine fail over (or end) instead of waiting.
+   */
+  probe(b: Backend): void {
+    if (this.probing.has(b)) return;
+    this.probing.add(b);
+    const timeout = this.healthTimeoutMs;
+    const started = performance.now();
+    call(b, { method: 'GET', path: '/health', headersTimeoutMs: timeout, bodyTimeoutMs: timeout }, b.probePool)
+      .then(async (res) => {
+        await res.body.dump();
+        if (b.markUp()) {
+          this.metrics.backendUp.labels(b.role, b.name).set(1);
+          log.info(`${b.name} is back up`);
+        }
+      })
+      .catch((err: unknown) => {
+        const reason = err instanceof BackendFailure || err instanceof PassThrough ? err.message : String(err);
+        if (err instanceof BackendFailure && err.timeout && b.lastProgress > started) {
+          log.debug(`${b.name}: health probe timed out but the backend is sending data: busy, not down`);
+          return;
+        }
+        b.probeFailures++;
+        if ((!b.up || b.probeFailures >= 2) && b.markDown(`health probe: ${reason}`)) {
+          this.metrics.backendUp.labels(b.role, b.name).set(0);
+          const n = b.abortInflight(new BackendFailure(b, `marked down by the health probe (${reason})`, true));
+          log.warn(`${b.name} marked down: health probe: ${reason}${n ? `; ${n} call(s) in flight on it aborted` : ''}`);
+        }
+      })
+      .finally(() => this.probing.delete(b));
   }
 
   async start(): Promise<void> {

@@ -1,13 +1,17 @@
 // Upstream HTTP calls of the proxy and how their failures are classified.
 //
-// Three outcomes matter to the request flow:
+// Outcomes that matter to the request flow:
 //   - the backend answered 2xx                         → use the answer
 //   - the backend answered 4xx (not 408/429)          → the client's request is at fault:
 //     pass status and body through unchanged, trying another backend would fail the same way
-//   - refused / reset / timed out / 5xx / 408 / 429   → the backend failed: mark it down and,
-//     for a prefiller, try the next one
+//   - the backend answered 5xx / 408 / 429            → this call failed, but the backend is alive
+//     (it answered): try the next backend where that is possible, and have its health probed;
+//     only the probe decides whether it is down (a request can make a healthy engine fail)
+//   - refused / reset / timed out / aborted as hung   → the backend failed: mark it down and try
+//     the next one; `beforeResponse` says nothing came back yet (safe to send elsewhere)
 // A request cancelled because the client went away is neither: it just stops.
 import { EventEmitter } from 'node:events';
+import { performance } from 'node:perf_hooks';
 import type { Dispatcher } from 'undici';
 import type { Backend } from './backend.js';
 
@@ -23,15 +27,30 @@ export class PassThrough extends Error {
   }
 }
 
-/** The backend failed (network, timeout, 5xx); `timeout` tells 504 from 502. */
+/**
+ * The backend failed (network, timeout, 5xx); `timeout` tells 504 from 502. `answered` is the
+ * HTTP status when the backend did answer (it is alive: not a reason to mark it down), null for
+ * a connection-level failure. `beforeResponse`: no response byte arrived (the call can be sent
+ * to another backend without the client noticing).
+ */
 export class BackendFailure extends Error {
   override name = 'BackendFailure';
+  readonly answered: number | null;
+  readonly beforeResponse: boolean;
   constructor(
     readonly backend: Backend,
     message: string,
     readonly timeout = false,
+    o: { answered?: number | null; beforeResponse?: boolean } = {},
   ) {
     super(`${backend.name}: ${message}`);
+    this.answered = o.answered ?? null;
+    this.beforeResponse = o.beforeResponse ?? this.answered === null;
+  }
+
+  /** True when this failure says the backend itself is unreachable, hung or dead. */
+  get backendDown(): boolean {
+    return this.answered === null;
   }
 }
 
@@ -72,14 +91,23 @@ const JSON_HEADERS: Record<string, string> = { 'content-type': 'application/json
 const TIMEOUT_CODES = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'UND_ERR_CONNECT_TIMEOUT']);
 
 /** Maps an error thrown by undici (or our abort) to Cancelled or BackendFailure. */
-export function classify(err: unknown, backend: Backend, signal?: CancelSignal): Error {
+export function classify(err: unknown, backend: Backend, signal?: CancelSignal, beforeResponse = true): Error {
   if (err instanceof PassThrough || err instanceof BackendFailure || err instanceof Cancelled) return err;
   if (signal?.aborted) return new Cancelled('client disconnected');
   const e = err as { code?: string; message?: string; cause?: { code?: string; message?: string } };
   const code = e.code ?? e.cause?.code ?? '';
   const timeout = TIMEOUT_CODES.has(code);
   const msg = e.cause?.message && e.cause.message !== e.message ? `${e.message} (${e.cause.message})` : (e.message ?? String(err));
-  return new BackendFailure(backend, `${code ? code + ': ' : ''}${msg}`, timeout);
+  return new BackendFailure(backend, `${code ? code + ': ' : ''}${msg}`, timeout, { beforeResponse });
+}
+
+/**
+ * Registers a call in flight on `backend`: `kill` aborts it when the backend is found hung. The
+ * returned function unregisters it.
+ */
+function track(backend: Backend, kill: (err: Error) => void): () => void {
+  backend.inflight.add(kill);
+  return () => backend.inflight.delete(kill);
 }
 
 /**
@@ -87,19 +115,41 @@ export function classify(err: unknown, backend: Backend, signal?: CancelSignal):
  * or reads it). Non-2xx answers are turned into PassThrough / BackendFailure here, with their
  * body consumed so the connection goes back to the pool.
  */
-export async function call(backend: Backend, o: CallOptions): Promise<Dispatcher.ResponseData> {
+export async function call(backend: Backend, o: CallOptions, pool = backend.pool): Promise<Dispatcher.ResponseData> {
+  // Our own signal: aborted by the client's, or by the health loop finding the backend hung.
+  const local = new CancelSignal();
+  let killed = null as Error | null;
+  const onClient = () => local.abort();
+  o.signal?.once('abort', onClient);
+  if (o.signal?.aborted) local.abort();
+  const untrack = track(backend, (err) => {
+    killed = err;
+    local.abort();
+  });
+  const release = () => {
+    untrack();
+    o.signal?.off('abort', onClient);
+  };
   let res: Dispatcher.ResponseData;
   try {
-    res = await backend.pool.request({ ...dispatchOptions(o), signal: o.signal });
+    res = await pool.request({ ...dispatchOptions(o), signal: local });
   } catch (err) {
-    throw classify(err, backend, o.signal);
+    release();
+    throw killed ?? classify(err, backend, o.signal);
   }
-  if (res.statusCode >= 200 && res.statusCode < 300) return res;
+  backend.lastProgress = performance.now();
+  if (res.statusCode >= 200 && res.statusCode < 300) {
+    // Tracked until the caller has read the body (a hung backend can stall it too).
+    res.body.once('close', release);
+    return res;
+  }
   let body: Buffer;
   try {
     body = Buffer.from(await res.body.arrayBuffer());
   } catch (err) {
-    throw classify(err, backend, o.signal);
+    throw killed ?? classify(err, backend, o.signal, false);
+  } finally {
+    release();
   }
   throw answerFailure(backend, res.statusCode, body, String(res.headers['content-type'] ?? 'application/json'));
 }
@@ -110,7 +160,7 @@ export async function call(backend: Backend, o: CallOptions): Promise<Dispatcher
  */
 function answerFailure(backend: Backend, status: number, body: Buffer, ct: string): Error {
   if (status >= 400 && status < 500 && status !== 408 && status !== 429) return new PassThrough(status, body, ct);
-  return new BackendFailure(backend, `HTTP ${status}: ${body.toString('utf8', 0, Math.min(body.length, 300))}`);
+  return new BackendFailure(backend, `HTTP ${status}: ${body.toString('utf8', 0, Math.min(body.length, 300))}`, false, { answered: status, beforeResponse: false });
 }
 
 /** The content-type of raw undici headers (alternating names and values). */
@@ -134,6 +184,8 @@ abstract class CallHandler implements Dispatcher.DispatchHandler {
   protected chunks: Buffer[] = [];
   private abortCall: ((err?: Error) => void) | null = null;
   private readonly onAbort = () => this.abortCall?.(new Cancelled('client disconnected'));
+  private killedBy: Error | null = null;
+  private readonly untrack: () => void;
 
   constructor(
     protected readonly backend: Backend,
@@ -141,10 +193,15 @@ abstract class CallHandler implements Dispatcher.DispatchHandler {
     protected readonly reject: (e: Error) => void,
   ) {
     signal?.once('abort', this.onAbort);
+    this.untrack = track(backend, (err) => {
+      this.killedBy = err;
+      this.abortCall?.(err);
+    });
   }
 
   protected done(): void {
     this.signal?.off('abort', this.onAbort);
+    this.untrack();
   }
 
   protected body(): Buffer {
@@ -158,11 +215,12 @@ abstract class CallHandler implements Dispatcher.DispatchHandler {
   onConnect(abort: (err?: Error) => void): void {
     this.abortCall = abort;
     if (this.signal?.aborted) abort(new Cancelled('client disconnected'));
+    else if (this.killedBy) abort(this.killedBy);
   }
 
   onError(err: Error): void {
     this.done();
-    this.reject(classify(err, this.backend, this.signal));
+    this.reject(this.killedBy ?? classify(err, this.backend, this.signal, this.status === 0));
   }
 }
 
@@ -178,6 +236,7 @@ class JsonHandler extends CallHandler {
   }
 
   onHeaders(statusCode: number, rawHeaders: Buffer[]): boolean {
+    this.backend.lastProgress = performance.now();
     if (statusCode >= 200) {
       this.status = statusCode;
       this.rawHeaders = rawHeaders;
@@ -186,6 +245,7 @@ class JsonHandler extends CallHandler {
   }
 
   onData(chunk: Buffer): boolean {
+    this.backend.lastProgress = performance.now();
     this.chunks.push(chunk);
     return true;
   }
@@ -200,7 +260,7 @@ class JsonHandler extends CallHandler {
     try {
       v = JSON.parse(this.body().toString('utf8'));
     } catch (err) {
-      this.reject(new BackendFailure(this.backend, `answered a body that is not JSON (${(err as Error).message})`));
+      this.reject(new BackendFailure(this.backend, `answered a body that is not JSON (${(err as Error).message})`, false, { answered: this.status }));
       return;
     }
     this.resolve(v);
@@ -262,6 +322,7 @@ class StreamHandler extends CallHandler {
   }
 
   onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
+    this.backend.lastProgress = performance.now();
     if (statusCode < 200) return true;
     this.status = statusCode;
     this.rawHeaders = rawHeaders;
@@ -278,6 +339,7 @@ class StreamHandler extends CallHandler {
   }
 
   onData(chunk: Buffer): boolean {
+    this.backend.lastProgress = performance.now();
     if (this.started) return this.sink.data(chunk);
     this.chunks.push(chunk);
     return true;

@@ -60,10 +60,13 @@ export interface LoadResult {
  */
 export function startLoad(proxy: string, concurrency: number, o: { timeoutMs?: number; maxTokens?: number } = {}) {
   const results: LoadResult[] = [];
+  /** Numbers of the requests in flight. */
+  const pending = new Set<number>();
   let running = true;
   let n = 0;
   const one = async (): Promise<void> => {
     const k = n++;
+    pending.add(k);
     const stream = k % 2 === 0;
     const chat = k % 3 === 0;
     const ids = k % 5 === 4;
@@ -94,6 +97,8 @@ export function startLoad(proxy: string, concurrency: number, o: { timeoutMs?: n
       results.push({ status: broken ? 599 : r.status, ttftMs: ttft, stream, error: r.status >= 400 || broken ? text.slice(0, 300) : undefined });
     } catch (e) {
       results.push({ status: 0, ttftMs: performance.now() - t0, stream, error: (e as Error).message });
+    } finally {
+      pending.delete(k);
     }
   };
   const workers = Array.from({ length: concurrency }, async () => {
@@ -101,6 +106,7 @@ export function startLoad(proxy: string, concurrency: number, o: { timeoutMs?: n
   });
   return {
     results,
+    pending,
     async stop(): Promise<LoadResult[]> {
       running = false;
       await Promise.all(workers);

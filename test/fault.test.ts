@@ -79,6 +79,9 @@ describe('faults under load (1P2D)', () => {
     try {
       // The documented bound is health interval + 2 × health timeout (a few seconds); allow far more.
       assert.ok(await eventually(async () => !(await health()).decoders[1]!.up, 30_000), 'the stopped decoder is marked down');
+      // Every request in flight at that moment ends while the decoder is still stopped: none waits for it to resume.
+      const stalled = new Set(load.pending);
+      assert.ok(await eventually(() => [...stalled].every((k) => !load.pending.has(k)), 30_000), `requests in flight when the decoder was marked down all ended while it is stopped (${[...stalled].filter((k) => load.pending.has(k)).length} still waiting)`);
       const n = load.results.length;
       await eventually(() => load.results.length >= n + 20, 60_000);
     } finally {

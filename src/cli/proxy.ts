@@ -29,6 +29,7 @@ export function registerProxy(program: Command): void {
     .option('--idle-timeout <s>', "longest silence in the decoder's stream, seconds", '60')
     .option('--tokenize-timeout <s>', 'seconds for the tokenize call', '10')
     .option('--health-interval <s>', 'seconds between backend health probes', '2')
+    .option('--health-timeout <s>', 'seconds a health probe may take (default: the interval, clamped to 1-5 s); a hung backend is found within interval + 2 x timeout')
     .option('--stats-interval <s>', 'seconds between TTFT statistics lines', '5')
     .action(async (o: Record<string, string>) => {
       let server: ProxyServer;
@@ -55,6 +56,7 @@ export function registerProxy(program: Command): void {
             idleMs: seconds('--idle-timeout', o.idleTimeout!),
           },
           healthIntervalMs: seconds('--health-interval', o.healthInterval!),
+          healthTimeoutMs: o.healthTimeout === undefined ? undefined : seconds('--health-timeout', o.healthTimeout),
           statsIntervalMs: seconds('--stats-interval', o.statsInterval!),
         });
         await server.start();

@@ -5,8 +5,12 @@
 // told to fail (HTTP 500), hang, or be closed (connection refused).
 import Fastify, { type FastifyInstance } from 'fastify';
 
-/** 'cut': a streamed answer breaks off after its first event (connection destroyed). */
-export type StubMode = 'ok' | 'error' | 'hang' | 'cut';
+/**
+ * 'cut': a streamed answer breaks off after its first event (connection destroyed).
+ * 'reject': completions answer 500 while /health stays ok (a request the engine fails on, the
+ * engine itself fine).
+ */
+export type StubMode = 'ok' | 'error' | 'hang' | 'cut' | 'reject';
 
 export interface StubRequest {
   path: string;
@@ -25,6 +29,8 @@ export interface StubEngine {
   delayMs: number;
   /** Delay before each SSE event of a streamed answer, ms (0: all at once). */
   streamDelayMs: number;
+  /** Delay before answering GET /health, ms (a busy engine's slow probe answer). */
+  healthDelayMs: number;
   close(): Promise<void>;
 }
 
@@ -53,6 +59,7 @@ export async function startStubEngine(name: string, port = 0, host = '127.0.0.1'
     mode: 'ok',
     delayMs: 0,
     streamDelayMs: 0,
+    healthDelayMs: 0,
     close: async () => {
       await app.close();
     },
@@ -62,7 +69,10 @@ export async function startStubEngine(name: string, port = 0, host = '127.0.0.1'
     if (stub.mode === 'hang') await new Promise((r) => setTimeout(r, 600_000).unref());
     return stub.mode === 'ok' || stub.mode === 'cut';
   };
-  app.get('/health', async (_req, reply) => (stub.mode === 'ok' ? { status: 'ok' } : reply.code(503).send({ status: 'down' })));
+  app.get('/health', async (_req, reply) => {
+    if (stub.healthDelayMs) await new Promise((r) => setTimeout(r, stub.healthDelayMs));
+    return stub.mode === 'ok' || stub.mode === 'reject' ? { status: 'ok' } : reply.code(503).send({ status: 'down' });
+  });
   app.get('/v1/models', async () => ({ object: 'list', data: [{ id: 'stub', object: 'model', owned_by: name }] }));
   app.post('/tokenize', async (req) => {
     const body = req.body as Record<string, unknown>;

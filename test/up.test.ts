@@ -12,8 +12,8 @@ import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
 import { startKvc, tempDir, waitHttp, type Proc } from './helpers/proc.js';
 import { freePortRange, isPortFree } from '../src/common/ports.js';
-import { makePlan, cacheYaml, connectorJson, type PlanOptions } from '../src/proxy/deployment.js';
-import { takenPorts } from '../src/proxy/up.js';
+import { makePlan, cacheYaml, connectorJson, type PlanOptions } from '../src/deploy/plan.js';
+import { takenPorts } from '../src/deploy/up.js';
 import { validateCacheConfig, parseConnectorConfig } from '../src/common/config.js';
 import { parse as parseYaml } from 'yaml';
 

@@ -149,7 +149,7 @@ export class ProxyServer {
       this.notifyRx?.close();
       throw new Error(`cannot listen on ${this.opts.host}:${this.opts.port} (--host/--port): ${(e as Error).message}`);
     }
-    // The statistics are the proxy's output (spec §4.3 rule 5), not log events: stdout whatever
+    // The statistics are the proxy's output, not log events: stdout whatever
     // KVC_LOG_LEVEL says.
     const sink = this.opts.statsSink ?? ((line: string) => void process.stdout.write(line + '\n'));
     const intervalS = Math.round(this.opts.statsIntervalMs / 100) / 10;

@@ -36,9 +36,9 @@ export interface EngineOptions {
   kvCacheBytes?: number;
   /** The connector JSON (string as on the command line, or parsed). Absent: no connector. */
   kvTransferConfig?: string | ConnectorConfig;
-  /** Cache instance config; default: $KVC_CONFIG_FILE (only read when a connector is configured). */
+  /** Cache instance config, only with kvTransferConfig; default: $KVC_CONFIG_FILE (read only when a connector is configured). */
   cacheConfig?: CacheConfig;
-  /** xfer plugin for kv_producer / kv_consumer; default: the xfer component's createKvTransfer. */
+  /** xfer plugin, only with kv_role kv_producer / kv_consumer; default: the xfer component's createKvTransfer. */
   transfer?: TransferFactory;
   /** Add process-level metrics (CPU, memory, event loop) to /metrics; the CLI turns this on. */
   processMetrics?: boolean;

@@ -13,7 +13,7 @@ import { DType, encodeChunk, payloadBytes, verifyChunk, type KvLayout } from '..
 import { validateCacheConfig, type CacheConfig } from '../src/common/config.js';
 import { chunkKeys } from '../src/common/keys.js';
 import { freePortRange } from '../src/common/ports.js';
-import { encodeMsg, packKeys, PROTOCOL_VERSION } from '../src/controller/protocol.js';
+import { encodeMsg, packKeys, PROTOCOL_VERSION } from '../src/protocol/monitor.js';
 import { attachController, type ControllerAttachment } from '../src/kvc/controller_client.js';
 import { KvcStore } from '../src/kvc/store.js';
 import { transferHolds } from '../src/kvc/transfer_holds.js';

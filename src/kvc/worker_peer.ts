@@ -24,7 +24,7 @@
 import net from 'node:net';
 import { decode, encode } from '@msgpack/msgpack';
 import xxhash from 'xxhash-wasm';
-import { chunkBytes, ChunkFormatError, describeLayout, HEADER_BYTES, readHeader, sameLayout, type KvLayout } from '../common/chunk.js';
+import { chunkBytes, describeLayout, HEADER_BYTES, readHeader, sameLayout, verifyStreamed, type KvLayout } from '../common/chunk.js';
 import { logger } from '../common/log.js';
 import type { KvcStore } from './store.js';
 import { transferHolds } from './transfer_holds.js';
@@ -32,21 +32,6 @@ import { isLocationName, type LocationName } from './types.js';
 
 const log = logger('kvc.peer');
 const { create64 } = await xxhash();
-
-/**
- * verifyChunk (src/common/chunk.ts) with the payload checksum computed while the bytes arrived
- * (FrameReader hashes each piece as it copies it, while it is hot in cache): the same checks —
- * header, exact length, key, xxh64 of the payload — without a second pass over 32 MiB.
- */
-function verifyStreamed(buf: Uint8Array, expectedKey: string, payloadSum: bigint) {
-  const h = readHeader(buf);
-  if (buf.byteLength !== HEADER_BYTES + h.payloadBytes) {
-    throw new ChunkFormatError(`truncated or padded chunk ${h.key}: ${buf.byteLength} bytes, expected ${HEADER_BYTES + h.payloadBytes}`);
-  }
-  if (h.key !== expectedKey) throw new ChunkFormatError(`chunk key mismatch: expected ${expectedKey}, found ${h.key}`);
-  if (payloadSum !== h.checksum) throw new ChunkFormatError(`checksum mismatch for chunk ${h.key}`);
-  return h;
-}
 
 const HELLO = 1;
 const CHUNK = 2;

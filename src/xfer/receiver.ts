@@ -22,7 +22,8 @@ import { randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import { BufferPool, sizeClass } from '../common/buffer_pool.js';
 import xxhash from 'xxhash-wasm';
-import { ChunkFormatError, readHeader, describeLayout, DTYPE_BYTES, HEADER_BYTES, type KvLayout } from '../common/chunk.js';
+import { chunkBytes, describeLayout, HEADER_BYTES, verifyStreamed, type KvLayout } from '../common/chunk.js';
+import { isChunkKey } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import {
   FrameParser,
@@ -38,19 +39,6 @@ import {
 
 const log = logger('xfer-recv');
 const { create64 } = await xxhash();
-
-/**
- * verifyChunk (src/common/chunk.ts) with the payload checksum already computed while the bytes
- * arrived: same checks (header, exact length, key, xxh64 of the payload), one pass less over memory.
- */
-function verifyStreamed(buf: Uint8Array, expectedKey: string, payloadSum: bigint): void {
-  const h = readHeader(buf);
-  if (buf.byteLength !== HEADER_BYTES + h.payloadBytes) {
-    throw new ChunkFormatError(`truncated or padded chunk ${h.key}: ${buf.byteLength} bytes, expected ${HEADER_BYTES + h.payloadBytes}`);
-  }
-  if (h.key !== expectedKey) throw new ChunkFormatError(`chunk key mismatch: expected ${expectedKey}, found ${h.key}`);
-  if (payloadSum !== h.checksum) throw new ChunkFormatError(`checksum mismatch for chunk ${h.key}`);
-}
 
 export interface ReceiverOptions {
   host: string;
@@ -166,7 +154,7 @@ export class XferReceiver extends EventEmitter {
     // Pool budget = accounted capacity: reservations are accounted in size classes, so the
     // pool can always satisfy an entry that fits the reservation budget.
     const l = opts.layout;
-    this.maxChunkBytes = HEADER_BYTES + 2 * l.numLayers * opts.chunkSize * l.numKvHeads * l.headDim * DTYPE_BYTES[l.dtype];
+    this.maxChunkBytes = chunkBytes(l, opts.chunkSize);
     // Slack of a few chunks: a buffer whose reservation expired mid-transfer is returned
     // only when its last byte has arrived, while its bytes are already free for others.
     this.pool = new BufferPool(opts.bufferBytes + 4 * sizeClass(this.maxChunkBytes));
@@ -470,7 +458,7 @@ export class XferReceiver extends EventEmitter {
     if (typeof m.req_id !== 'string' || !m.req_id) return 'alloc: "req_id" must be a non-empty string';
     if (!Array.isArray(m.chunks) || m.chunks.length === 0) return 'alloc: "chunks" must be a non-empty array of [key, bytes]';
     for (const c of m.chunks) {
-      if (!Array.isArray(c) || typeof c[0] !== 'string' || !/^[0-9a-f]{16}$/.test(c[0])) return 'alloc: each chunk key must be 16 lowercase hex digits';
+      if (!Array.isArray(c) || !isChunkKey(c[0])) return 'alloc: each chunk key must be 16 lowercase hex digits';
       if (!Number.isInteger(c[1]) || c[1] <= HEADER_BYTES || c[1] > this.maxChunkBytes) {
         return `alloc: chunk ${c[0]} size ${c[1]} is outside (${HEADER_BYTES}, ${this.maxChunkBytes}] for this layout and chunk size`;
       }

@@ -595,7 +595,7 @@ function registerTests(): void {
       const holds = transferHolds(D.store);
       const [s] = await putPrompt(D.store, range(CHUNK, 800_000), 'LocalCPUBackend', CHUNK, big);
       assert.ok(holds.hold(s!.key, 'LocalCPUBackend'));
-      new WorkerOps(D.store, 'inst-D').pin([s!.key], 'LocalCPUBackend', false);
+      new WorkerOps(D.store, 'inst-D').pin([s!.key], 'LocalCPUBackend');
       holds.release(s!.key, 'LocalCPUBackend');
       assert.ok(D.store.isPinned(s!.key, 'LocalCPUBackend'));
       // And one that was not pinned before is unpinned when the hold ends.

@@ -66,6 +66,11 @@ export class KvcStore extends EventEmitter<StoreEvents> {
   }
 
   /** The backend for `loc`, or a 404 KvcError naming the configured ones. */
+  /** Throws 404 (unknown_location) unless `loc` is configured on this instance. */
+  assertLocation(loc: string): asserts loc is LocationName {
+    this.backend(loc);
+  }
+
   backend(loc: string): StorageBackend {
     const b = this.backends.get(loc as LocationName);
     if (!b) throw notFound(`location "${loc}" is not configured on this instance (configured: ${this.locations().join(', ') || 'none'})`, 'unknown_location');

@@ -24,7 +24,7 @@
 import net from 'node:net';
 import { decode, encode } from '@msgpack/msgpack';
 import xxhash from 'xxhash-wasm';
-import { chunkBytes, describeLayout, HEADER_BYTES, readHeader, sameLayout, verifyStreamed, type KvLayout } from '../common/chunk.js';
+import { checkChunkFor, chunkBytes, describeLayout, HEADER_BYTES, sameLayout, verifyStreamed, type KvLayout } from '../common/chunk.js';
 import { logger } from '../common/log.js';
 import type { KvcStore } from './store.js';
 import { transferHolds } from './transfer_holds.js';
@@ -452,7 +452,7 @@ export function sendChunks(keys: readonly string[], o: SendOptions): Promise<num
           pending.add(release);
           if (settled) return release();
           const chunk = got.bytes;
-          readHeader(chunk);
+          checkChunkFor(chunk, key);
           const head = Buffer.allocUnsafe(FRAME_HEAD + KEY_CHARS);
           head.writeUInt32LE(KEY_CHARS + chunk.byteLength, 0);
           head.writeUInt8(CHUNK, 4);

@@ -21,7 +21,6 @@ import net from 'node:net';
 import { randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import { BufferPool, sizeClass } from '../common/buffer_pool.js';
-import xxhash from 'xxhash-wasm';
 import { chunkBytes, describeLayout, HEADER_BYTES, verifyStreamed, type KvLayout } from '../common/chunk.js';
 import { isChunkKey } from '../common/keys.js';
 import { logger } from '../common/log.js';
@@ -35,10 +34,9 @@ import {
   type CancelMeta,
   type DataMeta,
   type HelloMeta,
-} from './protocol.js';
+} from '../protocol/xfer_frames.js';
 
 const log = logger('xfer-recv');
-const { create64 } = await xxhash();
 
 export interface ReceiverOptions {
   host: string;
@@ -557,7 +555,6 @@ export class XferReceiver extends EventEmitter {
     }, this.helloTimeoutMs);
     /** Where the DATA body goes: the pending entry's pooled buffer, or nowhere (dropped). */
     let target: Entry | null = null;
-    let targetSum: ReturnType<typeof create64> | null = null;
     const sink = (type: FrameType, meta: any, bodyLen: number): Uint8Array | null => {
       target = null;
       if (type !== FrameType.Data || !session) return null;
@@ -576,16 +573,9 @@ export class XferReceiver extends EventEmitter {
       e.buf = buf;
       e.writer = session;
       target = e;
-      // Hash the payload piece by piece while it is hot in cache (see FrameParser.tap).
-      const hasher = create64();
-      targetSum = hasher;
-      parser.tap = (piece, off) => {
-        if (off + piece.length <= HEADER_BYTES) return;
-        hasher.update(off >= HEADER_BYTES ? piece : piece.subarray(HEADER_BYTES - off));
-      };
       return buf;
     };
-    const parser = new FrameParser(this.maxChunkBytes, sink, (type, meta, body, bodyLen) => {
+    const parser = new FrameParser(this.maxChunkBytes, sink, (type, meta, body, bodyLen, payloadSum) => {
       if (type === FrameType.Hello) {
         if (session) throw new ProtocolError('second HELLO on one connection');
         clearTimeout(helloTimer);
@@ -629,7 +619,8 @@ export class XferReceiver extends EventEmitter {
         return ack(false, 'reservation expired while receiving');
       }
       try {
-        verifyStreamed(body, e.key, targetSum!.digest());
+        if (payloadSum === null) throw new Error('chunk arrived without its checksum computed');
+        verifyStreamed(body, e.key, payloadSum);
       } catch (err) {
         this.counters.chunksRejected++;
         this.failEntry(e, (err as Error).message);
@@ -643,7 +634,7 @@ export class XferReceiver extends EventEmitter {
       // 'complete' (reqId, keys): every chunk of the reservation is here and verified.
       if (res && res.entries.every((x) => x.state === 'ready' && this.entries.get(x.key) === x)) this.emit('complete', res.reqId, res.keys);
       ack(true);
-    });
+    }, (type) => (type === FrameType.Data ? HEADER_BYTES : null)); // hash the payload while it arrives (see src/protocol/frame_reader.ts)
     sock.on('data', (d) => {
       try {
         parser.push(d);

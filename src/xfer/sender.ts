@@ -26,7 +26,7 @@ import {
   type CancelMeta,
   type HelloMeta,
   type HelloReplyMeta,
-} from './protocol.js';
+} from '../protocol/xfer_frames.js';
 import { ProxyNotifier, type XferNotice } from './notify.js';
 import { parseDisaggSpec, type DisaggSpec } from '../protocol/disagg_spec.js';
 

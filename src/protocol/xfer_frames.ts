@@ -97,6 +97,12 @@ export type CancelMeta = z.infer<typeof cancelMetaSchema>;
 export const ackMetaSchema = z.object({ req_id: z.string(), key: z.string(), ok: z.boolean(), error: z.string().optional() });
 export type AckMeta = z.infer<typeof ackMetaSchema>;
 
+/** `field: problem` of the first issue of a meta that failed its schema. */
+export function describeMeta(e: z.ZodError): string {
+  const i = e.issues[0]!;
+  return `${i.path.join('.') || '(meta)'}: ${i.message}`;
+}
+
 /**
  * Writes one frame. Returns false when the socket's buffer is over its high-water mark
  * (the caller should wait for 'drain' before writing more).

@@ -25,7 +25,9 @@ import { chunkBytes, describeLayout, HEADER_BYTES, verifyStreamed, type KvLayout
 import { isChunkKey } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import {
+  describeMeta,
   FrameParser,
+  helloMetaSchema,
   FrameType,
   ProtocolError,
   PROTOCOL_VERSION,
@@ -533,7 +535,7 @@ export class XferReceiver extends EventEmitter {
     });
   }
 
-  private checkHello(m: any): string | null {
+  private checkHello(m: HelloMeta): string | null {
     if (m.version !== PROTOCOL_VERSION) return `incompatible sender: protocol version ${m.version}, receiver speaks ${PROTOCOL_VERSION}`;
     const l = this.opts.layout;
     const theirs: KvLayout = { dtype: m.dtype, numLayers: m.num_layers, numKvHeads: m.num_kv_heads, headDim: m.head_dim };
@@ -579,7 +581,8 @@ export class XferReceiver extends EventEmitter {
       if (type === FrameType.Hello) {
         if (session) throw new ProtocolError('second HELLO on one connection');
         clearTimeout(helloTimer);
-        const bad = this.checkHello(meta as HelloMeta);
+        const shape = helloMetaSchema.safeParse(meta);
+        const bad = shape.success ? this.checkHello(shape.data) : `malformed HELLO: ${describeMeta(shape.error)}`;
         if (bad) {
           log.warn(`refused: ${bad}`);
           writeFrame(sock, FrameType.HelloReply, { ok: false, error: bad });

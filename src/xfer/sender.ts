@@ -16,8 +16,12 @@ import { randomBytes } from 'node:crypto';
 import { chunkBytes, type KvLayout } from '../common/chunk.js';
 import { logger } from '../common/log.js';
 import {
+  allocReplyMetaSchema,
+  describeMeta,
   FrameParser,
   FrameType,
+  helloReplyMetaSchema,
+  ProtocolError,
   PROTOCOL_VERSION,
   waitDrain,
   writeFrame,
@@ -144,9 +148,11 @@ class PeerLink {
     };
     const initParser = new FrameParser(0, () => null, (type, meta) => {
       if (type === FrameType.HelloReply) {
+        const r = helloReplyMetaSchema.safeParse(meta);
+        if (!r.success) throw new ProtocolError(`malformed HELLO_REPLY: ${describeMeta(r.error)}`);
         const w = this.helloWaiter;
         this.helloWaiter = null;
-        w?.resolve(meta as HelloReplyMeta);
+        w?.resolve(r.data);
       } else if (type === FrameType.Ack) {
         const m = meta as AckMeta;
         const id = `${m.req_id}\u0000${m.key}`;
@@ -157,7 +163,9 @@ class PeerLink {
     });
     const allocParser = new FrameParser(0, () => null, (type, meta) => {
       if (type !== FrameType.AllocReply) return;
-      const m = meta as AllocReplyMeta;
+      const r = allocReplyMetaSchema.safeParse(meta);
+      if (!r.success) throw new ProtocolError(`malformed ALLOC_REPLY: ${describeMeta(r.error)}`);
+      const m = r.data;
       const p = this.allocs.get(m.id);
       this.allocs.delete(m.id);
       p?.resolve(m);

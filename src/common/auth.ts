@@ -11,13 +11,13 @@
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { KvcError } from './errors.js';
+import { ERRORS, kvcError } from './errors.js';
 import { logger } from './log.js';
 
 const log = logger('auth');
 
 /** 401 in the OpenAI shape (OpenAI answers a bad key with code invalid_api_key). */
-export const unauthorized = (message: string, code = 'invalid_api_key') => new KvcError(401, 'invalid_request_error', message, code);
+export const unauthorized = (message: string, secret = false) => kvcError(secret ? ERRORS.invalid_deployment_secret : ERRORS.invalid_api_key, message);
 
 /** A new deployment secret: 32 random bytes, hex. */
 export function generateSecret(): string {
@@ -120,7 +120,7 @@ export function requireBearer(app: FastifyInstance, o: GuardOptions): void {
     }
     throw unauthorized(
       got === null ? `this server requires an ${o.what}: send "Authorization: Bearer <key>"` : `the ${o.what} presented is not valid`,
-      o.what === 'API key' ? 'invalid_api_key' : 'invalid_deployment_secret',
+      o.what !== 'API key',
     );
   });
 }

@@ -1,11 +1,12 @@
-// Shared fastify setup for every HTTP server in the stack (engine, controller, proxy):
-// errors in the OpenAI shape, malformed JSON → 400, oversized body → 413, nesting deeper than
+// Shared fastify setup for every HTTP server in the stack (engine, controller, proxy, cache
+// workers): errors in the OpenAI shape {"error": {"message", "type", "code"}} with codes from the
+// catalog in errors.ts, malformed JSON → 400, oversized body → 413, nesting deeper than
 // the JSON depth limit → 400, unknown route → 404, fastify's and Node's own protocol errors
 // (bad URL encoding, oversized headers, slow requests) in the same shape, a cap on connections
 // per client address, and never a 500 for something a client sent. Limits: src/common/limits.ts.
 import type { Socket } from 'node:net';
 import Fastify, { type FastifyInstance, type FastifyError } from 'fastify';
-import { KvcError, asKvcError, badRequest, notFound, tooLarge } from './errors.js';
+import { ERRORS, KvcError, asKvcError, kvcError } from './errors.js';
 import {
   DEFAULT_BODY_LIMIT,
   DEFAULT_KEEP_ALIVE_TIMEOUT_MS,
@@ -48,7 +49,7 @@ export function createHttpServer(opts: HttpServerOptions): FastifyInstance {
     // A URL fastify cannot decode (e.g. `/%ff%fe`): the same 400 shape as everything else.
     frameworkErrors: (err, _req, reply) => {
       const msg = err.message.length > 200 ? err.message.slice(0, 200) + '…' : err.message;
-      const e = badRequest(`bad request URL: ${msg}`, 'invalid_url');
+      const e = kvcError(ERRORS.invalid_url, `bad request URL: ${msg}`);
       void (reply as unknown as { code(n: number): { send(b: unknown): unknown } }).code(400).send(e.toJSON());
     },
     // Errors of the HTTP parser itself (oversized headers, garbage, request timeout): no
@@ -61,13 +62,13 @@ export function createHttpServer(opts: HttpServerOptions): FastifyInstance {
       let e: KvcError;
       let reason = 'Bad Request';
       if (err.code === 'HPE_HEADER_OVERFLOW') {
-        e = new KvcError(431, 'invalid_request_error', 'request headers (or URL) exceed the size limit', 'headers_too_large');
+        e = kvcError(ERRORS.headers_too_large, 'request headers (or URL) exceed the size limit');
         reason = 'Request Header Fields Too Large';
       } else if (err.code === 'ERR_HTTP_REQUEST_TIMEOUT') {
-        e = new KvcError(408, 'timeout_error', 'the request was not received in time', 'request_timeout');
+        e = kvcError(ERRORS.request_timeout, 'the request was not received in time');
         reason = 'Request Timeout';
       } else {
-        e = badRequest(`malformed HTTP request: ${err.code ?? err.message}`, 'bad_http');
+        e = kvcError(ERRORS.bad_http, `malformed HTTP request: ${err.code ?? err.message}`);
       }
       socket.end(rawErrorResponse(e, reason));
     },
@@ -80,7 +81,7 @@ export function createHttpServer(opts: HttpServerOptions): FastifyInstance {
   app.addContentTypeParser('application/json', { parseAs: 'string', bodyLimit }, (req, body, done) => {
     const text = typeof body === 'string' ? body : body.toString('utf8');
     if (jsonDeeperThan(text, maxDepth)) {
-      done(badRequest(`malformed JSON body: nesting deeper than ${maxDepth} levels`, 'json_too_deep'), undefined);
+      done(kvcError(ERRORS.json_too_deep, `malformed JSON body: nesting deeper than ${maxDepth} levels`), undefined);
       return;
     }
     defaultJson(req, text, done);
@@ -94,7 +95,7 @@ export function createHttpServer(opts: HttpServerOptions): FastifyInstance {
     const n = (perClient.get(addr) ?? 0) + 1;
     if (n > maxPerClient) {
       log.warn(`refused a connection from ${addr}: ${maxPerClient} connections open from that address`);
-      socket.end(rawErrorResponse(new KvcError(429, 'invalid_request_error', `too many connections from ${addr} (limit ${maxPerClient})`, 'too_many_connections'), 'Too Many Requests'));
+      socket.end(rawErrorResponse(kvcError(ERRORS.too_many_connections, `too many connections from ${addr} (limit ${maxPerClient})`), 'Too Many Requests'));
       return;
     }
     perClient.set(addr, n);
@@ -108,14 +109,16 @@ export function createHttpServer(opts: HttpServerOptions): FastifyInstance {
   app.setErrorHandler((err: FastifyError | KvcError, _req, reply) => {
     let e: KvcError;
     if (err instanceof KvcError) e = err;
-    else if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE') e = tooLarge(`request body exceeds ${bodyLimit} bytes`);
-    else if (err.code === 'FST_ERR_CTP_INVALID_MEDIA_TYPE') e = badRequest(`unsupported Content-Type; send application/json`, 'invalid_content_type');
-    else if (err.code === 'FST_ERR_CTP_EMPTY_JSON_BODY') e = badRequest('request body is empty; expected a JSON object', 'invalid_json');
-    else if (err.statusCode === 400 || err instanceof SyntaxError) e = badRequest(`malformed JSON body: ${err.message}`, 'invalid_json');
+    else if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE') e = kvcError(ERRORS.body_too_large, `request body exceeds ${bodyLimit} bytes`);
+    else if (err.code === 'FST_ERR_CTP_INVALID_MEDIA_TYPE') e = kvcError(ERRORS.invalid_content_type, 'unsupported Content-Type; send application/json');
+    else if (err.code === 'FST_ERR_CTP_EMPTY_JSON_BODY') e = kvcError(ERRORS.invalid_json, 'request body is empty; expected a JSON object');
+    else if (err.statusCode === 400 || err instanceof SyntaxError) e = kvcError(ERRORS.invalid_json, `malformed JSON body: ${err.message}`);
     else if (err instanceof RangeError && /call stack/i.test(err.message)) {
       // Defence in depth behind the depth limit: a body that still overflows the stack is the client's.
-      e = badRequest('request body is nested too deeply', 'json_too_deep');
+      e = kvcError(ERRORS.json_too_deep, 'request body is nested too deeply');
     } else if (typeof err.statusCode === 'number' && err.statusCode >= 400 && err.statusCode < 500) {
+      // Any other client error fastify detects keeps its status and fastify's own code
+      // (FST_ERR_…), which says more than a generic catalog code would.
       e = new KvcError(err.statusCode, 'invalid_request_error', err.message, err.code ?? null);
     } else {
       e = asKvcError(err);
@@ -125,8 +128,8 @@ export function createHttpServer(opts: HttpServerOptions): FastifyInstance {
   });
 
   app.setNotFoundHandler((req, reply) => {
-    const e = notFound(`no route ${req.method} ${req.url.length > 200 ? req.url.slice(0, 200) + '…' : req.url}`, 'route_not_found');
-    void reply.code(404).send(e.toJSON());
+    const e = kvcError(ERRORS.route_not_found, `no route ${req.method} ${req.url.length > 200 ? req.url.slice(0, 200) + '…' : req.url}`);
+    void reply.code(e.status).send(e.toJSON());
   });
 
   return app;
@@ -135,7 +138,7 @@ export function createHttpServer(opts: HttpServerOptions): FastifyInstance {
 /** Body must be a JSON object (not an array, string or null). */
 export function requireObject(body: unknown): Record<string, unknown> {
   if (body === null || typeof body !== 'object' || Array.isArray(body)) {
-    throw badRequest('request body must be a JSON object', 'invalid_json');
+    throw kvcError(ERRORS.invalid_json, 'request body must be a JSON object');
   }
   return body as Record<string, unknown>;
 }

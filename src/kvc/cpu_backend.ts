@@ -103,8 +103,8 @@ export class LocalCPUBackend implements StorageBackend {
     return !!e;
   }
 
-  async clear(): Promise<ChunkKey[]> {
-    const keys = this.index.keys();
+  async clear(keepPinned = false): Promise<ChunkKey[]> {
+    const keys = keepPinned ? this.index.keys().filter((k) => !this.index.get(k)!.pinned) : this.index.keys();
     for (const k of keys) this.pool.release(this.index.delete(k)!.buf);
     this.pool.trim();
     return keys;

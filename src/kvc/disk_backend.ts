@@ -18,13 +18,12 @@
 import { promises as fsp, mkdirSync, writeFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { ChunkFormatError, HEADER_BYTES, checkChunkFor, readHeader, verifyChunk } from '../common/chunk.js';
-import type { ChunkKey } from '../common/keys.js';
+import { isChunkKey, type ChunkKey } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import { LruIndex, type Entry } from './lru_index.js';
 import { StoreFullError, type BackendStats, type PinOptions, type StorageBackend } from './types.js';
 
 const log = logger('kvc.disk');
-const KEY_RE = /^[0-9a-f]{16}$/;
 
 export class LocalDiskBackend implements StorageBackend {
   readonly location = 'LocalDiskBackend' as const;
@@ -80,7 +79,7 @@ export class LocalDiskBackend implements StorageBackend {
       if (!name.endsWith('.kvc')) continue;
       const key = name.slice(0, -4);
       try {
-        if (!KEY_RE.test(key)) throw new ChunkFormatError('file name is not a chunk key');
+        if (!isChunkKey(key)) throw new ChunkFormatError('file name is not a chunk key');
         const st = await fsp.stat(path);
         if (!st.isFile()) {
           // Not ours to delete (a directory or device named like a chunk): never indexed, left in place.
@@ -305,9 +304,9 @@ export class LocalDiskBackend implements StorageBackend {
     });
   }
 
-  clear(): Promise<ChunkKey[]> {
+  clear(keepPinned = false): Promise<ChunkKey[]> {
     return this.serialize(async () => {
-      const keys = this.index.keys();
+      const keys = keepPinned ? this.index.keys().filter((k) => !this.index.get(k)!.pinned) : this.index.keys();
       for (const k of keys) this.index.delete(k);
       for (const k of keys) await this.unlinkFiles(k);
       return keys;

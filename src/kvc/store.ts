@@ -65,11 +65,15 @@ export class KvcStore extends EventEmitter<StoreEvents> {
     return LOCATIONS.filter((l) => this.backends.has(l));
   }
 
+  /** Throws 404 (unknown_location) unless `loc` is configured on this instance. */
+  assertLocation(loc: string): asserts loc is LocationName {
+    if (!this.backends.has(loc as LocationName)) throw notFound(`location "${loc}" is not configured on this instance (configured: ${this.locations().join(', ') || 'none'})`, 'unknown_location');
+  }
+
   /** The backend for `loc`, or a 404 KvcError naming the configured ones. */
   backend(loc: string): StorageBackend {
-    const b = this.backends.get(loc as LocationName);
-    if (!b) throw notFound(`location "${loc}" is not configured on this instance (configured: ${this.locations().join(', ') || 'none'})`, 'unknown_location');
-    return b;
+    this.assertLocation(loc);
+    return this.backends.get(loc)!;
   }
 
   /** The CPU tier, for zero-copy in-process reads (see LocalCPUBackend.peek). */
@@ -196,9 +200,12 @@ export class KvcStore extends EventEmitter<StoreEvents> {
     return removed;
   }
 
-  /** Removes every chunk of `loc` (pinned ones too) and returns how many. */
-  async clear(loc: LocationName): Promise<number> {
-    const keys = await this.backend(loc).clear();
+  /**
+   * Removes every chunk of `loc` and returns how many: pinned ones too, unless `keepPinned` (what
+   * a clear asked through the controller does by default: a pin is a promise the chunk stays).
+   */
+  async clear(loc: LocationName, opts: { keepPinned?: boolean } = {}): Promise<number> {
+    const keys = await this.backend(loc).clear(opts.keepPinned ?? false);
     if (keys.length) this.emit('evict', { location: loc, keys });
     return keys.length;
   }

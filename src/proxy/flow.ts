@@ -42,6 +42,8 @@ export interface FlowDeps {
   stats: TtftStats;
   timeouts: Timeouts;
   onBackendDown: (b: Backend, reason: string) => void;
+  /** A backend answered 5xx: alive, but have its health probed (only the probe marks it down). */
+  onBackendSuspect?: (b: Backend) => void;
 }
 
 const isIds = (p: unknown): p is number[] =>
@@ -196,13 +198,30 @@ export class Flow {
       // A client may not steer transfers: the proxy owns kv_transfer_params.
       delete body.kv_transfer_params;
       const stream = body.stream === true;
-      const decoder = await this.tokenize(kind, body, abort);
-      const pre = await this.prefill(kind, body, decoder, abort);
+      let decoder = await this.tokenize(kind, body, abort);
+      let pre = await this.prefill(kind, body, decoder, abort);
       if (pre.prefiller) {
         this.d.stats.record(pre.prefiller.name, pre.ms);
         this.prefillHist(pre.prefiller.name).observe(pre.ms / 1000);
       }
-      status = await this.decode(kind, body, stream, decoder, pre, reply, abort, t0);
+      // A decoder that cannot be reached, or is found hung, before anything went back to the
+      // client: the request goes to the next healthy decoder, which prefills it itself (the KV
+      // was sent to the failed one).
+      const tried = new Set<Backend>();
+      for (;;) {
+        tried.add(decoder);
+        try {
+          status = await this.decode(kind, body, stream, decoder, pre, reply, abort, t0);
+          break;
+        } catch (err) {
+          const next = this.retryable(err, reply) ? this.d.decoders.order().find((d) => !tried.has(d)) : undefined;
+          if (!next) throw err;
+          log.warn(`${(err as Error).message}; retrying the request on ${next.name}`);
+          delete body.kv_transfer_params;
+          decoder = next;
+          pre = { prefiller: null, reqId: pre.reqId, ms: 0, params: null };
+        }
+      }
     } catch (err) {
       status = this.fail(err, reply);
     } finally {
@@ -231,8 +250,20 @@ export class Flow {
     return e.status;
   }
 
-  private down(b: Backend, reason: string): void {
-    if (b.markDown(reason)) this.d.onBackendDown(b, reason);
+  /**
+   * A failed call's consequence for its backend: a connection-level failure (refused, reset,
+   * timed out, found hung) marks it down; an answer (5xx) only asks for a health probe, since the
+   * request may be what failed and a client's input must never take a backend out of rotation.
+   */
+  private down(b: Backend, err: BackendFailure): void {
+    if (err.backendDown) {
+      if (b.markDown(err.message)) this.d.onBackendDown(b, err.message);
+    } else this.d.onBackendSuspect?.(b);
+  }
+
+  /** A decode failure that another decoder may serve: nothing reached the client, the backend is unreachable or hung. */
+  private retryable(err: unknown, reply: FastifyReply): boolean {
+    return err instanceof BackendFailure && err.backendDown && err.beforeResponse && !reply.sent && !reply.raw.headersSent;
   }
 
   /**
@@ -266,7 +297,7 @@ export class Flow {
         if (!(err instanceof BackendFailure)) throw err;
         last = err;
         this.decoderFailures(dec.name).inc();
-        this.down(dec, err.message);
+        this.down(dec, err);
       }
     }
     if (last?.timeout) throw timedOut(`no decoder answered: ${last.message}`);
@@ -304,7 +335,7 @@ export class Flow {
           if (!(err instanceof BackendFailure)) throw err;
           this.prefillFailures(p.name).inc();
           log.warn(`prefill ${reqId} failed: ${err.message}; trying the next prefiller`);
-          this.down(p, err.message);
+          this.down(p, err);
         } finally {
           live.set(p.name, live.get(p.name)! - 1);
         }
@@ -349,7 +380,7 @@ export class Flow {
     const failed = (err: unknown) => {
       if (err instanceof BackendFailure) {
         this.decoderFailures(decoder.name).inc();
-        this.down(decoder, err.message);
+        this.down(decoder, err);
       }
       return err;
     };

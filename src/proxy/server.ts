@@ -70,6 +70,7 @@ export class ProxyServer {
         this.metrics.backendUp.labels(b.role, b.name).set(0);
         log.warn(`${b.name} marked down: ${reason}`);
       },
+      onBackendSuspect: (b) => this.probe(b, true),
     });
     this.app = createHttpServer({ name: 'proxy' });
     this.app.post('/v1/completions', (req, reply) => flow.handle('completion', req, reply));
@@ -129,12 +130,13 @@ export class ProxyServer {
   }
 
   /**
-   * One health probe, on the backend's own probe connection: two failures in a row mark it down,
+   * One health probe, on the backend's own probe connection: two failures in a row (one after a
+   * 5xx answer: `suspect`) mark it down,
    * one success brings it back. A probe that times out while the backend keeps sending bytes on
    * other calls does not count (busy, not dead). Marking a backend down aborts the calls still in
    * flight on it, so requests stalled on a hung engine fail over (or end) instead of waiting.
    */
-  probe(b: Backend): void {
+  probe(b: Backend, suspect = false): void {
     if (this.probing.has(b)) return;
     this.probing.add(b);
     const timeout = this.healthTimeoutMs;
@@ -154,7 +156,8 @@ export class ProxyServer {
           return;
         }
         b.probeFailures++;
-        if ((!b.up || b.probeFailures >= 2) && b.markDown(`health probe: ${reason}`)) {
+        // After a 5xx answer (suspect), one failed probe confirms it: the backend is down.
+        if ((!b.up || suspect || b.probeFailures >= 2) && b.markDown(`health probe: ${reason}`)) {
           this.metrics.backendUp.labels(b.role, b.name).set(0);
           const n = b.abortInflight(new BackendFailure(b, `marked down by the health probe (${reason})`, true));
           log.warn(`${b.name} marked down: health probe: ${reason}${n ? `; ${n} call(s) in flight on it aborted` : ''}`);

@@ -4,7 +4,7 @@
 import type { FastifyInstance } from 'fastify';
 import { Gauge, Registry as PromRegistry } from 'prom-client';
 import { z } from 'zod';
-import { notFound } from '../common/errors.js';
+import { ERRORS, kvcError } from '../common/errors.js';
 import { createHttpServer, requireObject } from '../common/http.js';
 import { parseBody, tokenIds } from '../common/validate.js';
 import type { Operations } from './operations.js';
@@ -88,13 +88,13 @@ export function buildHttpApi(ops: Operations): FastifyInstance {
   app.post('/check_finish', async (req) => {
     const { event_id } = parseBody(checkFinishSchema, body(req.body));
     const ev = ops.events.get(event_id);
-    if (!ev) throw notFound(`event_id: unknown event "${event_id}"`, 'unknown_event');
+    if (!ev) throw kvcError(ERRORS.unknown_event, `event_id: unknown event "${event_id}"`);
     return { event_id, status: ev.status, num_tokens: ev.num_tokens, error: ev.error };
   });
   app.get('/events/:event_id', async (req) => {
     const { event_id } = req.params as { event_id: string };
     const ev = ops.events.get(event_id);
-    if (!ev) throw notFound(`event_id: unknown event "${event_id}"`, 'unknown_event');
+    if (!ev) throw kvcError(ERRORS.unknown_event, `event_id: unknown event "${event_id}"`);
     return ev;
   });
   app.get('/instances', async () => ({ instances: ops.describeInstances() }));

@@ -1,6 +1,7 @@
 // `kvc engine`: the OpenAI-compatible CPU inference server. Flags become startEngine() options
 // (src/engine/settings.ts validates them); SIGTERM / SIGINT close the engine, then exit 0.
 import type { Command } from 'commander';
+import { gibToBytes } from '../common/config.js';
 import { logger } from '../common/log.js';
 import { startEngine } from '../engine/server.js';
 import { optionalPositiveInt as posInt, portFlag } from './options.js';
@@ -43,7 +44,7 @@ export function registerEngine(program: Command): void {
       if (f.kvCacheMemory !== undefined) {
         const g = Number(f.kvCacheMemory);
         if (!Number.isFinite(g) || g <= 0) throw new Error(`--kv-cache-memory: expected a size in GiB > 0, found "${f.kvCacheMemory}"`);
-        kvCacheBytes = Math.floor(g * 1024 ** 3);
+        kvCacheBytes = gibToBytes(g);
       }
       const engine = await startEngine({
         host: f.host,

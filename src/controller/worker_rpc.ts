@@ -1,5 +1,5 @@
 // Commands from the controller to an instance worker's HTTP port, each with a deadline.
-// Failures map to the controller's own errors (DESIGN §9): the worker cannot be reached →
+// Failures map to the controller's own errors (catalog: src/common/errors.ts): the worker cannot be reached →
 // 503, it does not answer in time → 504, it answers with a 4xx → the same 4xx and message
 // (e.g. 404 unknown location), anything else → 502.
 import { Agent, request } from 'undici';

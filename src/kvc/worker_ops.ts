@@ -43,22 +43,22 @@ export class WorkerOps {
 
   /** Pins each present key; returns how many are pinned afterwards. */
   pin(keys: string[], location: LocationName): number {
-    return this.setPinned(keys, location, true);
+    return this.forEachPresent(keys, location, (k) => this.holds.pin(k, location));
   }
 
   /** Unpins each present key; returns how many were unpinned. */
   unpin(keys: string[], location: LocationName): number {
-    return this.setPinned(keys, location, false);
+    return this.forEachPresent(keys, location, (k) => this.holds.unpin(k, location));
   }
 
-  private setPinned(keys: string[], location: LocationName, pinned: boolean): number {
+  // Pins and unpins go through the hold registry: a chunk a transfer holds stays pinned until the
+  // transfer ends, and the request decides what it is afterwards.
+  private forEachPresent(keys: string[], location: LocationName, op: (key: string) => void): number {
     this.store.assertLocation(location);
     let n = 0;
     for (const k of keys) {
       if (!this.store.has(k, location)) continue;
-      // Through the hold registry: a chunk a transfer holds stays pinned until the transfer ends,
-      // and this request decides what it is afterwards.
-      this.holds.setPinned(k, location, pinned);
+      op(k);
       n++;
     }
     return n;

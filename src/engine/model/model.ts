@@ -3,7 +3,7 @@
 //
 // Batch invariance (the engine's correctness contract): a row's result is bitwise identical
 // whatever else is in the batch and however its prompt was split or imported. Hence:
-//   * linear layers: one GEMM over all rows, each output element a fixed-order f32 dot (gemm.ts);
+//   * linear layers: one GEMM over all rows, each output element a fixed-order f32 dot (kernel.ts);
 //   * RMSNorm, RoPE, SiLU: per row, fixed order;
 //   * attention: per query row and head, a plain softmax over keys 0..pos in ascending order
 //     (no block-size-dependent online softmax), reading K/V back from the cache, so KV computed
@@ -11,7 +11,8 @@
 import { basename, resolve } from 'node:path';
 import type { KvLayout } from '../../common/chunk.js';
 import { loadModelConfig, type ModelConfig } from './config.js';
-import { argmaxJs, createGemm, type Gemm, type Weight } from './gemm.js';
+import { createGemm } from './gemm.js';
+import { argmaxJs, type Gemm, type Weight } from './kernel.js';
 import { BLOCK_TOKENS, KvCacheFullError, PagedKvCache } from './kv_cache.js';
 import { SafetensorsCollection, SafetensorsError } from './safetensors.js';
 
@@ -331,7 +332,7 @@ export class LlamaModel {
    * Per segment and KV head, the query rows of the heads sharing that KV head are stacked and
    * S = Q·Kᵀ and O = P·V run through the GEMM kernel (each element a fixed-order f32 dot over
    * head_dim resp. key positions ascending). Softmax per query row is plain (max, exp, sum with
-   * a fixed lane order, normalise; exp is a deterministic f32 polynomial, gemm.ts/gemm_wat.ts)
+   * a fixed lane order, normalise; exp is a deterministic f32 polynomial, attention.ts/gemm_wat.ts)
    * over keys 0..pos, with no block-size-dependent online rescaling; later keys get exactly 0.
    */
   private attention(segments: Segment[], tables: (readonly number[])[], kv: PagedKvCache, l: number, qkv: Float32Array, attn: Float32Array): void {

@@ -64,6 +64,15 @@ export interface LoadOptions {
   wasmWeightCapBytes?: number;
 }
 
+/** Where a model's weights come from, by Hugging Face tensor name, as f32. */
+export interface WeightSource {
+  /** Names the checkpoint in error messages. */
+  readonly label: string;
+  has(name: string): boolean;
+  /** The tensor's values, row-major; a shape other than `shape` is a clear error. */
+  get(name: string, shape: number[]): Promise<Float32Array>;
+}
+
 export class LlamaModel {
   readonly layout: KvLayout;
   private ropeCos = new Float32Array(0);
@@ -89,9 +98,21 @@ export class LlamaModel {
     for (let i = 0; i < half; i++) this.invFreq[i] = 1 / Math.pow(config.ropeTheta, (2 * i) / config.headDim);
   }
 
+  /** Loads a Hugging Face checkpoint directory (config.json + *.safetensors). */
   static async load(dir: string, opts: LoadOptions = {}): Promise<LlamaModel> {
     const cfg = await loadModelConfig(dir);
     const st = await SafetensorsCollection.openDir(dir);
+    const abs = resolve(dir);
+    const src: WeightSource = { label: dir, has: (n) => st.has(n), get: async (n, shape) => (await st.get(n, shape)).data };
+    return LlamaModel.fromWeights(cfg, src, abs, opts.modelId ?? basename(abs), opts);
+  }
+
+  /**
+   * Builds the model from weights named as in a Hugging Face Llama checkpoint (safetensors
+   * directories and GGUF files both map onto these names). `path` is reported as `dir`.
+   */
+  static async fromWeights(cfg: ModelConfig, st: WeightSource, path: string, modelId: string, opts: LoadOptions = {}): Promise<LlamaModel> {
+    const dir = st.label;
     const { dim, numHeads, numKvHeads, headDim, hiddenDim, vocabSize, numLayers } = cfg;
     const qDim = numHeads * headDim;
     const kvDim = numKvHeads * headDim;
@@ -104,18 +125,18 @@ export class LlamaModel {
       ...(opts.kernel ? { prefer: opts.kernel } : {}),
       ...(opts.wasmWeightCapBytes !== undefined ? { weightCapBytes: opts.wasmWeightCapBytes } : {}),
     });
-    const vec = async (name: string, n: number) => (await st.get(name, [n])).data;
+    const vec = async (name: string, n: number) => st.get(name, [n]);
     const cat = async (names: string[], rows: number[], cols: number) => {
       const out = new Float32Array(rows.reduce((a, b) => a + b, 0) * cols);
       let off = 0;
       for (let i = 0; i < names.length; i++) {
         const t = await st.get(names[i]!, [rows[i]!, cols]);
-        out.set(t.data, off);
-        off += t.data.length;
+        out.set(t, off);
+        off += t.length;
       }
       return out;
     };
-    const embed = (await st.get('model.embed_tokens.weight', [vocabSize, dim])).data;
+    const embed = await st.get('model.embed_tokens.weight', [vocabSize, dim]);
     const layers: Layer[] = [];
     for (let l = 0; l < numLayers; l++) {
       const p = `model.layers.${l}.`;
@@ -124,10 +145,10 @@ export class LlamaModel {
       layers.push({
         attnNorm: await vec(`${p}input_layernorm.weight`, dim),
         qkv: gemm.upload(qkv, qDim + 2 * kvDim, dim),
-        o: gemm.upload((await st.get(`${p}self_attn.o_proj.weight`, [dim, qDim])).data, dim, qDim),
+        o: gemm.upload(await st.get(`${p}self_attn.o_proj.weight`, [dim, qDim]), dim, qDim),
         mlpNorm: await vec(`${p}post_attention_layernorm.weight`, dim),
         gateUp: gemm.upload(gu, 2 * hiddenDim, dim),
-        down: gemm.upload((await st.get(`${p}mlp.down_proj.weight`, [dim, hiddenDim])).data, dim, hiddenDim),
+        down: gemm.upload(await st.get(`${p}mlp.down_proj.weight`, [dim, hiddenDim]), dim, hiddenDim),
       });
     }
     for (const name of ['q_proj', 'k_proj', 'v_proj', 'o_proj']) {
@@ -139,10 +160,9 @@ export class LlamaModel {
       if (!cfg.tieWordEmbeddings) throw new SafetensorsError(`${dir}: missing tensor "lm_head.weight" (config.json has tie_word_embeddings=false)`);
       lmHead = gemm.upload(embed, vocabSize, dim);
     } else {
-      lmHead = gemm.upload((await st.get('lm_head.weight', [vocabSize, dim])).data, vocabSize, dim);
+      lmHead = gemm.upload(await st.get('lm_head.weight', [vocabSize, dim]), vocabSize, dim);
     }
-    const abs = resolve(dir);
-    return new LlamaModel(abs, opts.modelId ?? basename(abs), cfg, gemm, embed, layers, finalNorm, lmHead);
+    return new LlamaModel(path, modelId, cfg, gemm, embed, layers, finalNorm, lmHead);
   }
 
   /** Stops the kernel's worker thread (call on shutdown; forward still works, single-threaded). */

@@ -12,7 +12,8 @@
 // (vectorised over n, separate mul and add, no FMA) equals the plain-JS reference bit for bit.
 // (JS evaluates in f64; rounding the product and the sum to f32 each step gives exactly the f32
 // results, since f64 has more than 2*24+2 bits.)
-import { STRIP } from './gemm_wat.js';
+import { STRIP, type WFmt } from './gemm_wat.js';
+import type { EncodedWeight } from './weight_pack.js';
 
 export interface Weight {
   /** Input features (K) and output features (N) of the layer. */
@@ -26,12 +27,19 @@ export interface Weight {
   readonly data: Float32Array | null;
   /** Which WASM instance holds it (WasmGemmPool). */
   readonly part: number;
+  /** How the WASM kernel holds it (weight_pack.ts); always 'f32' in the JS kernel. */
+  readonly fmt: WFmt;
 }
 
 export interface Gemm {
   readonly kind: 'wasm-simd' | 'js';
   /** Copies a weight given as [n][k] (row-major, HF layout) into kernel layout. */
   upload(w: Float32Array, n: number, k: number): Weight;
+  /**
+   * Same, for a weight kept in its stored encoding (16-bit, Q8_0, Q4_0): the products equal, bit
+   * for bit, upload(decodeWeight(w)) — only the memory it takes differs.
+   */
+  uploadEncoded(w: EncodedWeight, n: number, k: number): Weight;
   /** out[0..m*n) = a[0..m*k) · Wᵀ. */
   matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void;
   /** Releases threads (the kernel still works afterwards, single-threaded). */

@@ -4,6 +4,7 @@ import { gatherStagedJs, softmaxRowsJs, stageInto } from './attention.js';
 import { STRIP } from './gemm_wat.js';
 import { argmaxJs, checkArgs, padTo, transposePadded, type Gemm, type Weight } from './kernel.js';
 import { BLOCK_TOKENS } from './kv_cache.js';
+import { decodeWeight, type EncodedWeight } from './weight_pack.js';
 
 /** Plain-JS kernel with the exact summation order of the WASM kernel (reference and fallback). */
 export class JsGemm implements Gemm {
@@ -15,7 +16,11 @@ export class JsGemm implements Gemm {
     const nPad = padTo(n, STRIP);
     const data = new Float32Array(k * nPad);
     transposePadded(w, n, k, nPad, data);
-    return { k, n, nPad, ptr: -1, data, part: 0 };
+    return { k, n, nPad, ptr: -1, data, part: 0, fmt: 'f32' };
+  }
+
+  uploadEncoded(w: EncodedWeight, n: number, k: number): Weight {
+    return this.upload(decodeWeight(w, n, k), n, k);
   }
 
   matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void {

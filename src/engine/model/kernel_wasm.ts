@@ -6,15 +6,23 @@ import { availableParallelism } from 'node:os';
 import { Worker } from 'node:worker_threads';
 import { stageInto } from './attention.js';
 import { CTL } from './gemm_ctl.js';
-import { gemmWat, STRIP } from './gemm_wat.js';
+import { gemmWat, STRIP, type WFmt } from './gemm_wat.js';
 import { checkArgs, packStrips, padTo, type Gemm, type Weight } from './kernel.js';
 import { BLOCK_TOKENS } from './kv_cache.js';
+import { kernelFormat, packEncoded, packedBytes, type EncodedWeight } from './weight_pack.js';
+
+/** CTL.PACKED codes: which export a job runs (the worker picks the same). */
+const FMT_CODE: Record<WFmt, number> = { f32: 1, bf16: 2, f16: 3, q8: 4 };
 
 interface GemmExports {
   /** Dense Wt [K][N] (attention operands). */
   gemm(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
   /** Strip-packed Wt (model weights); same arguments and bits as gemm. */
   gemmp(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
+  /** gemmp for 16-bit and Q8 strip-packed weights (gemm_wat.ts WFmt); same bits as gemmp on the decoded values. */
+  gemmpbf16(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
+  gemmpf16(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
+  gemmpq8(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
   softmax(S: number, rows: number, stride: number, L: number, scale: number): void;
   gatherkv(src: number, P: number, Pb: number, kvDim: number, off: number, hd: number, kt: number, v: number, hdPad: number): void;
   argmax(p: number, n: number): number;
@@ -135,17 +143,19 @@ export class WasmGemm implements Gemm {
 
   /**
    * Runs the kernel over all of C, splitting the column strips with the worker when worth it.
-   * `packed`: W is a strip-packed weight (gemmp), else a dense [K][nPad] operand (gemm).
+   * `fmt`: the format of a strip-packed weight (gemmp and its variants), or null for a dense
+   * [K][nPad] operand (gemm).
    */
-  private run(A: number, W: number, C: number, m: number, K: number, nPad: number, packed: boolean): void {
+  private run(A: number, W: number, C: number, m: number, K: number, nPad: number, fmt: WFmt | null): void {
     const strips = nPad / STRIP;
-    const gemm = packed ? this.exp.gemmp : this.exp.gemm;
+    const code = fmt === null ? 0 : FMT_CODE[fmt];
+    const gemm = code === 0 ? this.exp.gemm : code === 1 ? this.exp.gemmp : code === 2 ? this.exp.gemmpbf16 : code === 3 ? this.exp.gemmpf16 : this.exp.gemmpq8;
     if (!this.worker || strips < 2 || m * K * nPad < SPLIT_MIN_MACS) {
       gemm(A, W, C, m, K, nPad, 0, m, 0, nPad);
       return;
     }
     const c = this.ctl;
-    c[CTL.PACKED] = packed ? 1 : 0;
+    c[CTL.PACKED] = code;
     const args = [A, W, C, m, K, nPad, 0, m, 0, nPad];
     for (let i = 0; i < args.length; i++) c[CTL.ARGS + i] = args[i]!;
     // ~16 chunks: fine enough to balance a late or preempted worker, coarse enough that the
@@ -190,8 +200,19 @@ export class WasmGemm implements Gemm {
   }
 
   /** Whether a weight of `n` x `k` still fits this instance's weight budget. */
-  canHold(n: number, k: number): boolean {
-    return this.weightBytes + k * padTo(n, STRIP) * 4 <= this.weightCap;
+  canHold(n: number, k: number, fmt: WFmt = 'f32'): boolean {
+    return this.weightBytes + packedBytes(fmt, n, k) <= this.weightCap;
+  }
+
+  uploadEncoded(w: EncodedWeight, n: number, k: number): Weight {
+    const fmt = kernelFormat(w.type);
+    const nPad = padTo(n, STRIP);
+    const bytes = packedBytes(fmt, n, k);
+    if (!this.canHold(n, k, fmt)) throw new Error(`WASM kernel instance full: a ${n}x${k} weight does not fit its ${this.weightCap}-byte budget`);
+    const ptr = this.alloc(bytes);
+    packEncoded(w, n, k, new Uint8Array(this.mem.buffer, ptr, bytes));
+    this.weightBytes += bytes;
+    return { k, n, nPad, ptr, data: null, part: 0, fmt };
   }
 
   upload(w: Float32Array, n: number, k: number): Weight {
@@ -200,7 +221,7 @@ export class WasmGemm implements Gemm {
     this.weightBytes += k * nPad * 4;
     const ptr = this.alloc(k * nPad * 4);
     packStrips(w, n, k, nPad, this.f32.subarray(ptr / 4, ptr / 4 + k * nPad));
-    return { k, n, nPad, ptr, data: null, part: 0 };
+    return { k, n, nPad, ptr, data: null, part: 0, fmt: 'f32' };
   }
 
   private scratch(bytes: number): number {
@@ -311,9 +332,9 @@ export class WasmGemm implements Gemm {
     if (M === 0) return;
     const { Q, KT, S, V, O, L, hdPad } = this.attnScratch(q, 1, M, hd, P, lens);
     fillKV(KT, V, hdPad);
-    this.run(Q, KT, S, M, hd, P, false);
+    this.run(Q, KT, S, M, hd, P, null);
     this.exp.softmax(S, M, P, L, scale);
-    this.run(S, V, O, M, P, hdPad, false);
+    this.run(S, V, O, M, P, hdPad, null);
     this.copyRows(O, M, hd, hdPad, out);
   }
 
@@ -339,7 +360,7 @@ export class WasmGemm implements Gemm {
         f32.fill(0, b0 + kk * nPad + N, b0 + (kk + 1) * nPad);
       }
     }
-    this.run(A, B, C, m, K, nPad, false);
+    this.run(A, B, C, m, K, nPad, null);
     const c0 = C / 4;
     if (nPad === N) out.set(f32.subarray(c0, c0 + m * N));
     else for (let r = 0; r < m; r++) out.set(f32.subarray(c0 + r * nPad, c0 + r * nPad + N), r * N);
@@ -354,7 +375,7 @@ export class WasmGemm implements Gemm {
     const C = A + aBytes;
     const f32 = this.f32;
     f32.set(a.subarray(0, m * K), A / 4);
-    this.run(A, w.ptr, C, m, K, nPad, true);
+    this.run(A, w.ptr, C, m, K, nPad, w.fmt);
     const c0 = C / 4;
     if (nPad === N) out.set(f32.subarray(c0, c0 + m * N));
     else for (let r = 0; r < m; r++) out.set(f32.subarray(c0 + r * nPad, c0 + r * nPad + N), r * N);
@@ -383,6 +404,14 @@ export class WasmGemmPool implements Gemm {
     const part = this.parts[this.cur];
     if (!part) throw new Error(`WASM kernel pool full: no instance left for a ${n}x${k} weight`);
     return { ...part.upload(w, n, k), part: this.cur };
+  }
+
+  uploadEncoded(w: EncodedWeight, n: number, k: number): Weight {
+    const fmt = kernelFormat(w.type);
+    while (this.cur < this.parts.length && !this.parts[this.cur]!.canHold(n, k, fmt)) this.cur++;
+    const part = this.parts[this.cur];
+    if (!part) throw new Error(`WASM kernel pool full: no instance left for a ${n}x${k} weight`);
+    return { ...part.uploadEncoded(w, n, k), part: this.cur };
   }
 
   matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void {

@@ -146,8 +146,9 @@ export function dequantize(type: GgmlTypeName, bytes: Uint8Array, count: number)
  * i+hd/2. Its converter therefore permutes the q and k projection rows of every head:
  * GGUF row h*hd + 2i + j = HF row h*hd + j*hd/2 + i (j in {0, 1}). `inverse` undoes it.
  */
-export function permuteRopeRows(w: Float32Array, heads: number, headDim: number, cols: number, inverse = false): Float32Array {
-  const out = new Float32Array(w.length);
+export function permuteRopeRows<T extends Float32Array | Uint8Array>(w: T, heads: number, headDim: number, cols: number, inverse = false): T {
+  // cols: elements per row (for encoded bytes, the row's byte size).
+  const out = (w instanceof Float32Array ? new Float32Array(w.length) : new Uint8Array(w.length)) as T;
   const half = headDim / 2;
   for (let h = 0; h < heads; h++) {
     for (let i = 0; i < half; i++) {

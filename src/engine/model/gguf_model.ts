@@ -10,6 +10,7 @@ import { GgufError, GgufFile, type GgufValue } from './gguf_read.js';
 import { tokenizerFromGguf } from './gguf_tokenizer.js';
 import { LlamaModel, type LoadOptions, type WeightSource } from './model.js';
 import type { Tokenizer } from './tokenizer.js';
+import { rowBytes } from './weight_pack.js';
 
 function num(g: GgufFile, key: string, def?: number): number {
   const v: GgufValue | undefined = g.meta.get(key);
@@ -90,8 +91,18 @@ export function configFromGguf(g: GgufFile): ModelConfig {
   };
 }
 
-/** The file's tensors under Hugging Face names, as f32 (quantized and 16-bit types decoded). */
+/** The file's tensors under Hugging Face names: as f32 (decoded), or 2-D ones in their stored encoding. */
 export function ggufWeights(g: GgufFile, cfg: ModelConfig): WeightSource {
+  const tensor = (hf: string, shape: number[]) => {
+    const name = ggufTensorName(hf);
+    const t = name ? g.tensors.get(name) : undefined;
+    if (!name || !t) throw new GgufError(`${g.file}: missing tensor "${name ?? hf}"`);
+    const dims = [...shape].reverse();
+    if (t.dims.length !== dims.length || t.dims.some((d, i) => d !== dims[i])) {
+      throw new GgufError(`${g.file}: tensor "${name}" has dims [${t.dims}], expected [${dims}]`);
+    }
+    return t;
+  };
   const qkHeads = (hf: string) => (/self_attn\.q_proj\.weight$/.test(hf) ? cfg.numHeads : /self_attn\.k_proj\.weight$/.test(hf) ? cfg.numKvHeads : 0);
   return {
     label: g.file,
@@ -100,17 +111,17 @@ export function ggufWeights(g: GgufFile, cfg: ModelConfig): WeightSource {
       return n !== null && g.tensors.has(n);
     },
     get: async (hf, shape) => {
-      const name = ggufTensorName(hf);
-      const t = name ? g.tensors.get(name) : undefined;
-      if (!name || !t) throw new GgufError(`${g.file}: missing tensor "${name ?? hf}"`);
-      const dims = [...shape].reverse();
-      if (t.dims.length !== dims.length || t.dims.some((d, i) => d !== dims[i])) {
-        throw new GgufError(`${g.file}: tensor "${name}" has dims [${t.dims}], expected [${dims}]`);
-      }
-      const count = shape.reduce((a, x) => a * x, 1);
-      const data = dequantize(t.type, await g.read(name), count);
+      const t = tensor(hf, shape);
+      const data = dequantize(t.type, await g.read(t.name), shape.reduce((a, x) => a * x, 1));
       const heads = qkHeads(hf);
       return heads ? permuteRopeRows(data, heads, cfg.headDim, shape[1]!, true) : data;
+    },
+    getEncoded: async (hf, shape) => {
+      const t = tensor(hf, shape);
+      if (t.type === 'F32' || shape.length !== 2) return null;
+      const bytes = await g.read(t.name);
+      const heads = qkHeads(hf);
+      return { type: t.type, bytes: heads ? permuteRopeRows(bytes, heads, cfg.headDim, rowBytes(t.type, shape[1]!), true) : bytes };
     },
   };
 }

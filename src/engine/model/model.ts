@@ -15,6 +15,7 @@ import { createGemm } from './gemm.js';
 import { argmaxJs, type Gemm, type Weight } from './kernel.js';
 import { BLOCK_TOKENS, KvCacheFullError, PagedKvCache } from './kv_cache.js';
 import { SafetensorsCollection, SafetensorsError } from './safetensors.js';
+import type { EncodedWeight } from './weight_pack.js';
 
 export interface Segment {
   seqId: string | number;
@@ -64,13 +65,15 @@ export interface LoadOptions {
   wasmWeightCapBytes?: number;
 }
 
-/** Where a model's weights come from, by Hugging Face tensor name, as f32. */
+/** Where a model's weights come from, by Hugging Face tensor name. */
 export interface WeightSource {
   /** Names the checkpoint in error messages. */
   readonly label: string;
   has(name: string): boolean;
   /** The tensor's values, row-major; a shape other than `shape` is a clear error. */
   get(name: string, shape: number[]): Promise<Float32Array>;
+  /** The tensor's stored bytes when it is 16-bit or block-quantized (row-major [rows][cols]), else null. */
+  getEncoded?(name: string, shape: number[]): Promise<EncodedWeight | null>;
 }
 
 export class LlamaModel {
@@ -103,7 +106,16 @@ export class LlamaModel {
     const cfg = await loadModelConfig(dir);
     const st = await SafetensorsCollection.openDir(dir);
     const abs = resolve(dir);
-    const src: WeightSource = { label: dir, has: (n) => st.has(n), get: async (n, shape) => (await st.get(n, shape)).data };
+    const src: WeightSource = {
+      label: dir,
+      has: (n) => st.has(n),
+      get: async (n, shape) => (await st.get(n, shape)).data,
+      // F16/BF16 tensors stay 16-bit in memory.
+      getEncoded: async (n, shape) => {
+        const raw = await st.getRaw(n, shape);
+        return raw.dtype === 'F32' ? null : { type: raw.dtype, bytes: raw.bytes };
+      },
+    };
     return LlamaModel.fromWeights(cfg, src, abs, opts.modelId ?? basename(abs), opts);
   }
 
@@ -126,29 +138,45 @@ export class LlamaModel {
       ...(opts.wasmWeightCapBytes !== undefined ? { weightCapBytes: opts.wasmWeightCapBytes } : {}),
     });
     const vec = async (name: string, n: number) => st.get(name, [n]);
-    const cat = async (names: string[], rows: number[], cols: number) => {
-      const out = new Float32Array(rows.reduce((a, b) => a + b, 0) * cols);
+    // A linear layer from one or more tensors stacked by rows. Kept in its stored encoding
+    // (16-bit, Q8_0, Q4_0) when every part has the same one — the kernel computes the same bits
+    // as from the widened f32 values, with a half or a quarter of the memory traffic — else f32.
+    const mat = async (names: string[], rows: number[], cols: number): Promise<Weight> => {
+      const n = rows.reduce((a, b) => a + b, 0);
+      if (st.getEncoded) {
+        const parts: (EncodedWeight | null)[] = [];
+        for (let i = 0; i < names.length; i++) parts.push(await st.getEncoded(names[i]!, [rows[i]!, cols]));
+        const type = parts[0]?.type;
+        if (type && parts.every((p) => p?.type === type)) {
+          const bytes = new Uint8Array(parts.reduce((a, p) => a + p!.bytes.length, 0));
+          let off = 0;
+          for (const p of parts) {
+            bytes.set(p!.bytes, off);
+            off += p!.bytes.length;
+          }
+          return gemm.uploadEncoded({ type, bytes }, n, cols);
+        }
+      }
+      const out = new Float32Array(n * cols);
       let off = 0;
       for (let i = 0; i < names.length; i++) {
         const t = await st.get(names[i]!, [rows[i]!, cols]);
         out.set(t, off);
         off += t.length;
       }
-      return out;
+      return gemm.upload(out, n, cols);
     };
     const embed = await st.get('model.embed_tokens.weight', [vocabSize, dim]);
     const layers: Layer[] = [];
     for (let l = 0; l < numLayers; l++) {
       const p = `model.layers.${l}.`;
-      const qkv = await cat([`${p}self_attn.q_proj.weight`, `${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`], [qDim, kvDim, kvDim], dim);
-      const gu = await cat([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [hiddenDim, hiddenDim], dim);
       layers.push({
         attnNorm: await vec(`${p}input_layernorm.weight`, dim),
-        qkv: gemm.upload(qkv, qDim + 2 * kvDim, dim),
-        o: gemm.upload(await st.get(`${p}self_attn.o_proj.weight`, [dim, qDim]), dim, qDim),
+        qkv: await mat([`${p}self_attn.q_proj.weight`, `${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`], [qDim, kvDim, kvDim], dim),
+        o: await mat([`${p}self_attn.o_proj.weight`], [dim], qDim),
         mlpNorm: await vec(`${p}post_attention_layernorm.weight`, dim),
-        gateUp: gemm.upload(gu, 2 * hiddenDim, dim),
-        down: gemm.upload(await st.get(`${p}mlp.down_proj.weight`, [dim, hiddenDim]), dim, hiddenDim),
+        gateUp: await mat([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [hiddenDim, hiddenDim], dim),
+        down: await mat([`${p}mlp.down_proj.weight`], [dim], hiddenDim),
       });
     }
     for (const name of ['q_proj', 'k_proj', 'v_proj', 'o_proj']) {
@@ -158,9 +186,9 @@ export class LlamaModel {
     let lmHead: Weight;
     if (cfg.tieWordEmbeddings || !st.has('lm_head.weight')) {
       if (!cfg.tieWordEmbeddings) throw new SafetensorsError(`${dir}: missing tensor "lm_head.weight" (config.json has tie_word_embeddings=false)`);
-      lmHead = gemm.upload(embed, vocabSize, dim);
+      lmHead = await mat(['model.embed_tokens.weight'], [vocabSize], dim);
     } else {
-      lmHead = gemm.upload(await st.get('lm_head.weight', [vocabSize, dim]), vocabSize, dim);
+      lmHead = await mat(['lm_head.weight'], [vocabSize], dim);
     }
     return new LlamaModel(path, modelId, cfg, gemm, embed, layers, finalNorm, lmHead);
   }

@@ -73,3 +73,31 @@ test('encoded weights: F16 Inf/NaN and malformed sizes are refused at upload', a
     wasm.close();
   }
 });
+
+test('swiglu: the WASM kernel equals swigluJs bitwise, extremes included, and is per element', async () => {
+  const { swigluJs } = await import('../src/engine/model/attention.js');
+  const wasm = await WasmGemm.create({ threads: 1 });
+  try {
+    const hidden = 37; // vector body and scalar tail
+    const rows = 5;
+    const gu = rand(rows * 2 * hidden, 11, 20);
+    gu.set([0, -0, 1e-30, -1e-30, 87, -87, 88.5, -88.5, 200, -200, 1e30, -1e30], 0);
+    const a = new Float32Array(rows * hidden);
+    const b = new Float32Array(rows * hidden);
+    wasm.swiglu(gu, rows, hidden, a);
+    swigluJs(gu, rows, hidden, b);
+    sameBits(a, b, 'swiglu');
+    for (let i = 0; i < a.length; i++) assert.ok(Number.isFinite(a[i]!), `element ${i} finite`);
+    const one = new Float32Array(hidden);
+    wasm.swiglu(gu.subarray(2 * 2 * hidden), 1, hidden, one);
+    sameBits(one, a.subarray(2 * hidden, 3 * hidden), 'row alone');
+    // silu(g) * u against the f64 definition
+    for (let i = 0; i < hidden; i++) {
+      const g = gu[i]!;
+      const ref = (g / (1 + Math.exp(-g))) * gu[hidden + i]!;
+      assert.ok(Math.abs(a[i]! - ref) <= 1e-6 * Math.max(1, Math.abs(ref)), `element ${i}: ${a[i]} vs ${ref}`);
+    }
+  } finally {
+    wasm.close();
+  }
+});

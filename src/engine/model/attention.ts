@@ -81,3 +81,22 @@ export function softmaxRowsJs(S: Float32Array, rows: number, stride: number, len
     S.fill(0, p + len, p + stride);
   }
 }
+
+/**
+ * SwiGLU of `rows` rows of gate|up ([rows][2*hidden]) into out ([rows][hidden]), the WASM
+ * "swiglu" export's bit-exact twin: e = exp(-|g|), d = 1 + e, s = g >= 0 ? 1/d : e/d,
+ * out = (g * s) * u, every operation rounded to f32.
+ */
+export function swigluJs(gu: Float32Array, rows: number, hidden: number, out: Float32Array): void {
+  for (let r = 0; r < rows; r++) {
+    const gb = r * 2 * hidden;
+    const ob = r * hidden;
+    for (let i = 0; i < hidden; i++) {
+      const g = gu[gb + i]!;
+      const e = expf32(-Math.abs(g));
+      const d = fr(1 + e);
+      const s = g >= 0 ? fr(1 / d) : fr(e / d);
+      out[ob + i] = fr(fr(g * s) * gu[gb + hidden + i]!);
+    }
+  }
+}

@@ -71,6 +71,8 @@ export interface Gemm {
   attendStagedHeads(q: Float32Array, M: number, hd: number, heads: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void;
   /** Index of the largest value, lowest index on ties (greedy sampling): argmaxJs's answer, NaN included. */
   argmax(x: Float32Array): number;
+  /** SwiGLU: gu is [rows][gate (hidden) | up (hidden)], out [rows][hidden] (attention.ts swigluJs defines the bits). */
+  swiglu(gu: Float32Array, rows: number, hidden: number, out: Float32Array): void;
 }
 
 /** Greedy decoding's scalar argmax: the largest value, the lowest index on ties. */

@@ -1,6 +1,6 @@
 // The plain-JS kernel: the exact summation order of the WASM kernel (kernel.ts), used as the
 // bitwise reference in tests and as the fallback where WASM SIMD is unavailable.
-import { gatherStagedJs, softmaxRowsJs, stageInto } from './attention.js';
+import { gatherStagedJs, softmaxRowsJs, stageInto, swigluJs } from './attention.js';
 import { STRIP } from './gemm_wat.js';
 import { argmaxJs, checkArgs, padTo, transposePadded, type Gemm, type Weight } from './kernel.js';
 import { BLOCK_TOKENS } from './kv_cache.js';
@@ -42,6 +42,10 @@ export class JsGemm implements Gemm {
 
   argmax(x: Float32Array): number {
     return argmaxJs(x);
+  }
+
+  swiglu(gu: Float32Array, rows: number, hidden: number, out: Float32Array): void {
+    swigluJs(gu, rows, hidden, out);
   }
 
   attendStagedHeads(q: Float32Array, M: number, hd: number, heads: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {

@@ -4,7 +4,7 @@
 // Batch invariance (the engine's correctness contract): a row's result is bitwise identical
 // whatever else is in the batch and however its prompt was split or imported. Hence:
 //   * linear layers: one GEMM over all rows, each output element a fixed-order f32 dot (kernel.ts);
-//   * RMSNorm, RoPE, SiLU: per row, fixed order;
+//   * RMSNorm, RoPE, SwiGLU: per row (SwiGLU per element, in the kernel), fixed order;
 //   * attention: per query row and head, a plain softmax over keys 0..pos in ascending order
 //     (no block-size-dependent online softmax), reading K/V back from the cache, so KV computed
 //     in an earlier call or imported from a chunk is used exactly as if computed now.
@@ -331,14 +331,7 @@ export class LlamaModel {
 
       rmsNorm(x, L.mlpNorm, h, R, dim, normEps);
       this.gemm.matmul(L.gateUp, h, R, gu);
-      for (let r = 0; r < R; r++) {
-        const gb = r * 2 * hiddenDim;
-        const ab = r * hiddenDim;
-        for (let i = 0; i < hiddenDim; i++) {
-          const g = gu[gb + i]!;
-          act[ab + i] = Math.fround(g / (1 + Math.exp(-g))) * gu[gb + hiddenDim + i]!;
-        }
-      }
+      this.gemm.swiglu(gu, R, hiddenDim, act);
       this.gemm.matmul(L.down, act, R, proj);
       for (let i = 0; i < R * dim; i++) x[i] = x[i]! + proj[i]!;
     }

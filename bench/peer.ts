@@ -163,16 +163,6 @@ class KvcSide {
     }
     return (batch * DECODE_STEPS) / ((now() - t0) / 1000);
   }
-
-  figures(): Figures {
-    this.prefill(prompt(512, 0)); // warm-up (JIT, buffers)
-    this.decode(8, 0);
-    return {
-      prefill: median(Array.from({ length: RUNS }, (_, i) => this.prefill(prompt(512, 1 + i)))),
-      decode1: median(Array.from({ length: RUNS }, (_, i) => this.decode(1, 10 + i))),
-      decode8: median(Array.from({ length: RUNS }, (_, i) => this.decode(8, 20 + 8 * i))),
-    };
-  }
 }
 
 /**
@@ -239,19 +229,6 @@ class PeerSide {
       return steps / ((Math.max(...ends) - Math.max(...firsts)) / 1000);
     });
   }
-
-  async figures(): Promise<Figures> {
-    await this.prefill(prompt(512, 0));
-    await this.decode(8, 0);
-    const pre: number[] = [];
-    const d1: number[] = [];
-    const d8: number[] = [];
-    for (let i = 0; i < RUNS; i++) pre.push(await this.prefill(prompt(512, 1 + i)));
-    for (let i = 0; i < RUNS; i++) d1.push(await this.decode(1, 10 + i));
-    for (let i = 0; i < RUNS; i++) d8.push(await this.decode(8, 20 + 8 * i));
-    console.log(`  llama.cpp ${this.threads} thread(s) runs: prefill ${pre.map((x) => x.toFixed(0)).join(' ')}, decode b1 ${d1.map((x) => x.toFixed(1)).join(' ')}, decode b8 ${d8.map((x) => x.toFixed(1)).join(' ')}`);
-    return { prefill: median(pre), decode1: median(d1), decode8: median(d8) };
-  }
 }
 
 const fmt = (f: Figures) => `prefill ${f.prefill.toFixed(0)} tok/s, decode b1 ${f.decode1.toFixed(1)} tok/s, decode b8 ${f.decode8.toFixed(1)} tok/s`;
@@ -277,12 +254,33 @@ async function compare(llama: Llama, label: string, dir: string): Promise<{ matc
       match &&= same;
       console.log(`[${label}] greedy, ${n}-token prompt: ${same ? 'identical' : 'DIFFERENT'} (kvc ${a.slice(0, 6).join(',')}… llama.cpp ${b.slice(0, 6).join(',')}…)`);
     }
-    const k = kvc.figures();
-    console.log(`[${label}] kvc (2 threads):       ${fmt(k)}`);
-    const f1 = await p1.figures();
-    console.log(`[${label}] llama.cpp (1 thread):  ${fmt(f1)}`);
-    const f2 = await p2.figures();
-    console.log(`[${label}] llama.cpp (2 threads): ${fmt(f2)}`);
+    // The three engines' runs interleave, so a burst of load on this shared machine hits all of
+    // them rather than one; each figure is the median of RUNS runs after a warm-up.
+    kvc.prefill(prompt(512, 0));
+    kvc.decode(8, 0);
+    for (const p of [p1, p2]) {
+      await p.prefill(prompt(512, 0));
+      await p.decode(8, 0);
+    }
+    const runs = { kvc: [] as Figures[], p1: [] as Figures[], p2: [] as Figures[] };
+    for (let i = 0; i < RUNS; i++) {
+      const pre = prompt(512, 1 + i);
+      runs.kvc.push({ prefill: kvc.prefill(pre), decode1: kvc.decode(1, 10 + i), decode8: kvc.decode(8, 20 + 8 * i) });
+      for (const [p, list] of [
+        [p1, runs.p1],
+        [p2, runs.p2],
+      ] as const) {
+        list.push({ prefill: await p.prefill(pre), decode1: await p.decode(1, 10 + i), decode8: await p.decode(8, 20 + 8 * i) });
+      }
+    }
+    const med = (list: Figures[]): Figures => ({ prefill: median(list.map((f) => f.prefill)), decode1: median(list.map((f) => f.decode1)), decode8: median(list.map((f) => f.decode8)) });
+    const each = (list: Figures[]) => `prefill ${list.map((f) => f.prefill.toFixed(0)).join(' ')} | b1 ${list.map((f) => f.decode1.toFixed(1)).join(' ')} | b8 ${list.map((f) => f.decode8.toFixed(1)).join(' ')}`;
+    const k = med(runs.kvc);
+    const f1 = med(runs.p1);
+    const f2 = med(runs.p2);
+    console.log(`[${label}] kvc (2 threads):       ${fmt(k)}   runs: ${each(runs.kvc)}`);
+    console.log(`[${label}] llama.cpp (1 thread):  ${fmt(f1)}   runs: ${each(runs.p1)}`);
+    console.log(`[${label}] llama.cpp (2 threads): ${fmt(f2)}   runs: ${each(runs.p2)}`);
     const best: Figures = { prefill: Math.max(f1.prefill, f2.prefill), decode1: Math.max(f1.decode1, f2.decode1), decode8: Math.max(f1.decode8, f2.decode8) };
     const ratio: Figures = { prefill: k.prefill / best.prefill, decode1: k.decode1 / best.decode1, decode8: k.decode8 / best.decode8 };
     console.log(`[${label}] kvc ÷ llama.cpp (best of 1 and 2 threads): prefill ${ratio.prefill.toFixed(2)}, decode b1 ${ratio.decode1.toFixed(2)}, decode b8 ${ratio.decode8.toFixed(2)}`);

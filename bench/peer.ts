@@ -16,14 +16,16 @@
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdir, rename, rm, writeFile, copyFile } from 'node:fs/promises';
+import { createRequire } from 'node:module';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
-import { builtinConfigJson, ensureBuiltinModel, BUILTIN_MODELS, builtinTensors, Rng, randn, type BuiltinSpec } from '../src/engine/model/builtin.js';
+import * as vega from 'vega';
+import { compile, type TopLevelSpec } from 'vega-lite';
+import { builtinConfigJson, ensureBuiltinModel, builtinTensors, Rng, randn, type BuiltinSpec } from '../src/engine/model/builtin.js';
 import { loadGgufModel } from '../src/engine/model/gguf_model.js';
 import { convertToGguf } from '../src/engine/model/gguf_write.js';
 import { LlamaModel, type Segment } from '../src/engine/model/model.js';
 import { writeSafetensors } from '../src/engine/model/safetensors.js';
-import { createRequire } from 'node:module';
 
 const PEER_VERSION = '3.22.1';
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -305,15 +307,51 @@ async function q8Decode(dir: string): Promise<number> {
   }
 }
 
+/** Bars of tok/s, kvc against llama.cpp's best, per model and figure (vega-lite rendered to SVG). */
+async function plot(file: string, rows: { model: string; engine: string; figure: string; tps: number }[]): Promise<void> {
+  const spec: TopLevelSpec = {
+    $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
+    title: 'kvc vs llama.cpp on identical weights (tokens/s, higher is better)',
+    data: { values: rows },
+    mark: 'bar',
+    encoding: {
+      row: { field: 'model', type: 'nominal' },
+      column: { field: 'figure', type: 'nominal', sort: ['prefill 512', 'decode batch 1', 'decode batch 8'] },
+      x: { field: 'engine', type: 'nominal', axis: { title: null } },
+      y: { field: 'tps', type: 'quantitative', title: 'tokens/s' },
+      color: { field: 'engine', type: 'nominal' },
+    },
+    resolve: { scale: { y: 'independent' } },
+  };
+  const view = new vega.View(vega.parse(compile(spec).spec), { renderer: 'none' });
+  await writeFile(file, await view.toSVG());
+  view.finalize();
+}
+
 async function main(): Promise<void> {
   const llama = await peer();
   try {
     const tiny = await compare(llama, 'tiny', await ensureBuiltinModel('tiny'));
-    void BUILTIN_MODELS;
     const bigDir = await bigModelDir();
     const big = await compare(llama, 'big', bigDir);
     const q8 = await q8Decode(bigDir);
     console.log(`[big] kvc decode b1: Q8_0 ${q8.toFixed(1)} tok/s vs f32 ${big.kvc.decode1.toFixed(1)} tok/s`);
+    const rows: { model: string; engine: string; figure: string; tps: number }[] = [];
+    for (const [model, c] of [
+      ['built-in tiny', tiny],
+      ['random 156M', big],
+    ] as const) {
+      for (const [engine, f] of [
+        ['kvc', c.kvc],
+        ['llama.cpp (best of 1, 2 threads)', c.peer],
+      ] as const) {
+        rows.push({ model, engine, figure: 'prefill 512', tps: f.prefill }, { model, engine, figure: 'decode batch 1', tps: f.decode1 }, { model, engine, figure: 'decode batch 8', tps: f.decode8 });
+      }
+    }
+    rows.push({ model: 'random 156M', engine: 'kvc Q8_0', figure: 'decode batch 1', tps: q8 });
+    const svg = join(PEER_DIR, 'peer.svg');
+    await plot(svg, rows);
+    console.log(`plot: ${svg}`);
     const r = (x: number) => Number(x.toFixed(3));
     console.log(
       JSON.stringify({

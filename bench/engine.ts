@@ -6,7 +6,7 @@
 //   GEMM               the kernel prefill uses vs a plain-JS matmul, same shape, same run
 // Last line: one JSON object with every figure (targets: docs/engine.md).
 import { validateCacheConfig } from '../src/common/config.js';
-import { measureGemm } from '../src/engine/model/gemm.js';
+import { measureGemm } from '../src/engine/model/gemm_bench.js';
 import { startEngine, type Engine } from '../src/engine/server.js';
 
 const MODEL = 'builtin:tiny';

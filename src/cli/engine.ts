@@ -27,7 +27,7 @@ export function registerEngine(program: Command): void {
     .description('serve a Llama-architecture model on the CPU with an OpenAI-compatible API')
     .requiredOption('--port <port>', 'HTTP port')
     .option('--host <host>', 'address to bind', '127.0.0.1')
-    .option('--model <model>', '"builtin:tiny" (random weights, generated at first use) or a Hugging Face checkpoint directory', 'builtin:tiny')
+    .option('--model <model>', '"builtin:tiny" (random weights, generated at first use), a Hugging Face checkpoint directory, or a llama.cpp model file ending in .gguf', 'builtin:tiny')
     .option('--served-model-name <name>', 'model name clients send (default: the --model value)')
     .option('--max-model-len <n>', 'longest prompt + completion in tokens (default: the model\'s max_position_embeddings)')
     .option('--max-num-seqs <n>', 'sequences computed concurrently', '16')

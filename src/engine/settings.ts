@@ -49,7 +49,7 @@ export interface EngineSettings {
   env: NodeJS.ProcessEnv;
   host: string;
   port: number;
-  /** What --model names (`builtin:tiny` or a directory). */
+  /** What --model names (`builtin:tiny`, a directory, or a `.gguf` file). */
   modelSpec: string;
   /** The name clients send in `model`. */
   modelName: string;

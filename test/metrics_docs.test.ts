@@ -53,3 +53,17 @@ test('only counters end in _total, and every counter does', async () => {
     }
   }
 });
+
+test('the Grafana dashboard in examples/grafana queries only metrics that exist', () => {
+  const dash = JSON.parse(readFileSync(join(root, 'examples', 'grafana', 'kvc.json'), 'utf8')) as { panels: { type: string; targets?: { expr: string }[] }[] };
+  const docs = documented();
+  const exprs = dash.panels.flatMap((p) => p.targets ?? []).map((t) => t.expr);
+  assert.ok(exprs.length >= 30, `expected the dashboard's queries, got ${exprs.length}`);
+  const used = new Set<string>();
+  for (const e of exprs) for (const m of e.matchAll(/\bkvc_[a-z0-9_]+/g)) used.add(m[0].replace(/_(bucket|sum|count)$/, ''));
+  const unknown = [...used].filter((n) => !docs.has(n));
+  assert.deepEqual(unknown, [], 'queried but not exported');
+  for (const family of ['kvc_engine_', 'kvc_cache_', 'kvc_xfer_', 'kvc_controller_', 'kvc_proxy_']) {
+    assert.ok([...used].some((n) => n.startsWith(family)), `the dashboard charts ${family}*`);
+  }
+});

@@ -2,7 +2,7 @@
 // port, the backend health loop and the 5-second TTFT statistics.
 import type { FastifyInstance } from 'fastify';
 import { createHttpServer } from '../common/http.js';
-import { upstreamFailed } from '../common/errors.js';
+import { ERRORS, kvcError } from '../common/errors.js';
 import { formatLine, logFormat, logger } from '../common/log.js';
 import { Backend, RoundRobin } from './backend.js';
 import { Flow, type Timeouts } from './flow.js';
@@ -92,11 +92,11 @@ export class ProxyServer {
         void reply.header('content-type', 'application/json').send(Buffer.from(await res.body.arrayBuffer()));
         return;
       } catch (err) {
-        if (err instanceof PassThrough) throw upstreamFailed(`${b.name} answered ${err.status} to GET /v1/models`);
+        if (err instanceof PassThrough) throw kvcError(ERRORS.upstream_failed, `${b.name} answered ${err.status} to GET /v1/models`);
         last = (err as Error).message;
       }
     }
-    throw upstreamFailed(`no backend answered GET /v1/models: ${last}`);
+    throw kvcError(ERRORS.upstream_failed, `no backend answered GET /v1/models: ${last}`);
   }
 
   private onNotice(n: XferNotice): void {

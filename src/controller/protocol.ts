@@ -19,6 +19,7 @@
 // A (re)registration is always followed by a full sync, so a restarted controller rebuilds
 // its index without restarting any engine.
 import { decode, encode } from '@msgpack/msgpack';
+import type { InstanceStats } from '../protocol/instance_stats.js';
 
 export const PROTOCOL_VERSION = 1;
 
@@ -59,6 +60,8 @@ export interface OpsMsg {
 
 export interface HeartbeatMsg {
   t: 'hb';
+  /** Usage per location and the engine's counters (src/protocol/instance_stats.ts). */
+  stats?: InstanceStats;
 }
 
 export interface ByeMsg {

@@ -22,6 +22,12 @@ export interface TierStats {
   pinned: number;
 }
 
+/** The cache instance as the metrics see it (KvcStore): usage per location and evictions so far. */
+export interface WatchedStore {
+  stats(): TierStats[];
+  readonly evictions: Readonly<Partial<Record<string, number>>>;
+}
+
 export class EngineMetrics {
   readonly registry = new Registry();
   // requests and tokens
@@ -61,7 +67,7 @@ export class EngineMetrics {
   readonly xferReceivedBytes: Counter;
   readonly xferReceiveWaitSeconds: Histogram<'outcome'>;
 
-  private tiers: (() => TierStats[]) | null = null;
+  private store: WatchedStore | null = null;
 
   constructor(labels: { model: string }, processMetrics = false) {
     this.registry.setDefaultLabels({ model_name: labels.model });
@@ -93,8 +99,27 @@ export class EngineMetrics {
     this.cacheStoredBytes = new Counter({ name: 'kvc_cache_stored_bytes_total', help: 'Bytes of the chunks stored into the cache instance (headers included)', registers });
     this.cacheStoreSeconds = new Histogram({ name: 'kvc_cache_store_duration_seconds', help: 'Time to store one chunk into the cache instance (every tier it is written to)', buckets: IO_BUCKETS, registers });
     this.cacheStoreFailures = new Counter({ name: 'kvc_cache_store_failures_total', help: 'Chunks that could not be stored (e.g. every remaining chunk pinned)', registers });
-    this.cacheEvictedChunks = new Counter({ name: 'kvc_cache_evicted_chunks_total', help: 'Chunks that left a location of the cache instance to make room, by location', labelNames: ['location'], registers });
-    const tiers = () => this.tiers?.() ?? [];
+    // The store counts evictions itself (every put may evict); the counter adds what is new at
+    // each scrape, which keeps it monotonic without a call per eviction.
+    const seenEvictions = new Map<string, number>();
+    const watched = () => this.store;
+    this.cacheEvictedChunks = new Counter({
+      name: 'kvc_cache_evicted_chunks_total',
+      help: 'Chunks that left a location of the cache instance to make room, by location',
+      labelNames: ['location'],
+      registers,
+      collect() {
+        const st = watched();
+        if (!st) return;
+        for (const t of st.stats()) {
+          const n = st.evictions[t.location] ?? 0;
+          const seen = seenEvictions.get(t.location) ?? 0;
+          this.inc({ location: t.location }, Math.max(0, n - seen));
+          seenEvictions.set(t.location, Math.max(n, seen));
+        }
+      },
+    });
+    const tiers = () => this.store?.stats() ?? [];
     const tierGauge = (name: string, help: string, read: (t: TierStats) => number) =>
       new Gauge({ name, help, labelNames: ['location'], registers, collect() { for (const t of tiers()) this.set({ location: t.location }, read(t)); } });
     tierGauge('kvc_cache_bytes', 'Bytes stored per location of the cache instance (headers included)', (t) => t.usedBytes);
@@ -111,9 +136,9 @@ export class EngineMetrics {
     if (processMetrics) collectDefaultMetrics({ register: this.registry, prefix: 'kvc_engine_' });
   }
 
-  /** Makes the per-location cache gauges read `read()` at each scrape. */
-  watchTiers(read: () => TierStats[]): void {
-    this.tiers = read;
+  /** Makes the per-location cache gauges and the eviction counter read `store` at each scrape. */
+  watchStore(store: WatchedStore): void {
+    this.store = store;
   }
 
   /**

@@ -3,7 +3,7 @@
 // time to first token, total duration and why it ended. `--disable-log-requests` turns the lines
 // off (as in vLLM). Under KVC_LOG_FORMAT=json the figures are also fields of the JSON line.
 import { logger, type LogFields } from '../common/log.js';
-import type { FinishReason } from './scheduler.js';
+import type { FinishReason, Sequence } from './scheduler.js';
 
 const log = logger('engine.requests');
 
@@ -46,4 +46,18 @@ export function requestLine(r: FinishedRequest): { text: string; fields: LogFiel
 export function logRequest(r: FinishedRequest): void {
   const { text, fields } = requestLine(r);
   log.info(text, fields);
+}
+
+/** What the line says about a sequence that just ended. */
+export function finishedRequest(seq: Sequence, now = performance.now()): FinishedRequest {
+  return {
+    requestId: seq.init.requestId,
+    promptTokens: seq.prompt.length,
+    cachedTokens: seq.loadedTokens - seq.receivedTokens,
+    receivedTokens: seq.receivedTokens,
+    generatedTokens: seq.output.length,
+    ttftMs: seq.firstTokenAt ? seq.firstTokenAt - seq.arrival : null,
+    durationMs: now - seq.arrival,
+    finishReason: seq.finishReason ?? 'abort',
+  };
 }

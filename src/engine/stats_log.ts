@@ -67,6 +67,8 @@ export class EngineStatsLog {
   private prevAt = 0;
   private wasActive = false;
   private readonly timer: NodeJS.Timeout;
+  /** Settles once the first sample (the baseline of the first interval) was taken. */
+  readonly ready: Promise<void>;
 
   constructor(
     private readonly metrics: EngineMetrics,
@@ -74,10 +76,15 @@ export class EngineStatsLog {
   ) {
     this.timer = setInterval(() => void this.tick(), intervalMs);
     this.timer.unref();
-    void this.tick();
+    this.ready = this.tick();
   }
 
+  private busy = false;
+
   private async tick(): Promise<void> {
+    // A slow sample must not overlap the next one (both would measure from the same baseline).
+    if (this.busy) return;
+    this.busy = true;
     try {
       const cur = await this.metrics.sample();
       const now = performance.now();
@@ -90,6 +97,8 @@ export class EngineStatsLog {
       this.prevAt = now;
     } catch (e) {
       log.warn(`statistics line skipped: ${(e as Error).message}`);
+    } finally {
+      this.busy = false;
     }
   }
 

@@ -143,7 +143,8 @@ test('the periodic statistics line: printed while busy, once more when idle, the
   try {
     await log.ready;
     metrics.promptTokens.inc(100);
-    metrics.tokensLoadedBySource.inc({ source: 'cache' }, 25);
+    metrics.cacheQueryTokens.inc(100);
+    metrics.cacheHitTokens.inc(25);
     metrics.running.set(1);
     await waitLines(1);
     assert.match(out[0]!, /Avg prompt throughput: [\d.]+ tokens\/s, Avg generation throughput: 0\.0 tokens\/s, Running: 1 reqs, Waiting: 0 reqs, KV cache usage: 0\.0%, Prefix cache hit rate: 25\.0%/);

@@ -52,13 +52,13 @@ test('request line: id, prompt and cached tokens, TTFT, duration', () => {
 });
 
 const sample = (o: Partial<EngineSample> = {}): EngineSample => ({
-  prompt_tokens: 0, cached_tokens: 0, transferred_tokens: 0, generation_tokens: 0, ttft_sum_seconds: 0, ttft_count: 0,
+  prompt_tokens: 0, query_tokens: 0, cached_tokens: 0, transferred_tokens: 0, generation_tokens: 0, ttft_sum_seconds: 0, ttft_count: 0,
   requests_running: 0, requests_waiting: 0, kv_usage_ratio: 0, ...o,
 });
 
 test('statistics line: throughput, running/waiting, KV usage, hit rate; quiet when idle after one closing line', () => {
   const a = sample();
-  const b = sample({ prompt_tokens: 1000, cached_tokens: 250, generation_tokens: 200, requests_running: 2, requests_waiting: 1, kv_usage_ratio: 0.041 });
+  const b = sample({ prompt_tokens: 1000, query_tokens: 1000, cached_tokens: 250, generation_tokens: 200, requests_running: 2, requests_waiting: 1, kv_usage_ratio: 0.041 });
   const l = statsLine(a, b, 10, false)!;
   assert.equal(l.text, 'Avg prompt throughput: 100.0 tokens/s, Avg generation throughput: 20.0 tokens/s, Running: 2 reqs, Waiting: 1 reqs, KV cache usage: 4.1%, Prefix cache hit rate: 25.0%');
   assert.equal(l.active, true);
@@ -70,6 +70,6 @@ test('statistics line: throughput, running/waiting, KV usage, hit rate; quiet wh
   assert.equal(closing.active, false);
   assert.equal(statsLine(c, c, 10, false), null);
   // A decoder says how much of its prompts arrived by transfer.
-  const d = sample({ ...c, prompt_tokens: 1100, transferred_tokens: 90 });
+  const d = sample({ ...c, prompt_tokens: 1100, query_tokens: 1100, transferred_tokens: 90 });
   assert.match(statsLine(c, d, 10, false)!.text, /Prefix cache hit rate: 0\.0%, KV received by transfer: 90\.0%$/);
 });

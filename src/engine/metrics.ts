@@ -153,7 +153,8 @@ export class EngineMetrics {
     const h = (await this.ttft.get()).values;
     return {
       prompt_tokens: await total(this.promptTokens),
-      cached_tokens: await total(this.tokensLoadedBySource, { source: 'cache' }),
+      query_tokens: await total(this.cacheQueryTokens),
+      cached_tokens: await total(this.cacheHitTokens),
       transferred_tokens: await total(this.tokensLoadedBySource, { source: 'transfer' }),
       generation_tokens: await total(this.generatedTokens),
       ttft_sum_seconds: h.find((x) => x.metricName?.endsWith('_sum'))?.value ?? 0,

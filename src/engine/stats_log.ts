@@ -1,6 +1,7 @@
 // The engine's periodic statistics line, like vLLM's: every interval (10 s), the prompt and
 // generation throughput of that interval, running and waiting requests, paged-KV usage and the
-// prefix-cache hit rate (prompt tokens loaded from the cache instance / prompt tokens). An idle
+// prefix-cache hit rate (prompt tokens loaded from the cache instance / prompt tokens looked up
+// in it; both counted at the lookup, so an interval never shows more hits than lookups). An idle
 // engine is quiet: an interval with no token and nothing running or waiting prints nothing,
 // except one closing line when the engine just became idle (so the last line shows 0 running).
 //
@@ -32,10 +33,11 @@ export function statsLine(prev: EngineSample, cur: EngineSample, seconds: number
   const prompt = Math.max(0, cur.prompt_tokens - prev.prompt_tokens);
   const gen = Math.max(0, cur.generation_tokens - prev.generation_tokens);
   const cached = Math.max(0, cur.cached_tokens - prev.cached_tokens);
+  const queried = Math.max(0, cur.query_tokens - prev.query_tokens);
   const transferred = Math.max(0, cur.transferred_tokens - prev.transferred_tokens);
   const active = prompt > 0 || gen > 0 || cur.requests_running > 0 || cur.requests_waiting > 0;
   if (!active && !wasActive) return null;
-  const hit = prompt > 0 ? Math.min(1, cached / prompt) : null;
+  const hit = queried > 0 ? Math.min(1, cached / queried) : null;
   const received = prompt > 0 ? Math.min(1, transferred / prompt) : null;
   const promptTps = rate(prompt, seconds);
   const genTps = rate(gen, seconds);

@@ -21,7 +21,12 @@ export type LocationUsage = z.infer<typeof locationUsageSchema>;
 export const engineSampleSchema = z.object({
   /** Prompt tokens of admitted requests (kvc_engine_prompt_tokens_total). */
   prompt_tokens: count('prompt_tokens'),
-  /** Prompt tokens whose KV came from the cache instance (kvc_engine_tokens_loaded_by_source_total{source="cache"}). */
+  /**
+   * Prompt tokens looked up in the cache instance (kvc_cache_query_tokens_total): counted when the
+   * lookup happens, like cached_tokens, so the two make a hit rate over any interval.
+   */
+  query_tokens: count('query_tokens'),
+  /** Prompt tokens whose KV came from the cache instance (kvc_cache_hit_tokens_total). */
   cached_tokens: count('cached_tokens'),
   /** Prompt tokens whose KV came from a prefiller's transfer. */
   transferred_tokens: count('transferred_tokens'),

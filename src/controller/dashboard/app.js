@@ -106,7 +106,7 @@ function renderEngines(state) {
   const body = $('engines').tBodies[0];
   body.replaceChildren();
   let n = 0;
-  for (const [id, samples] of Object.entries(state.engine_samples)) {
+  for (const [id, samples] of sortedEntries(state.engine_samples)) {
     const s = samples[samples.length - 1];
     if (!s) continue;
     n++;
@@ -121,7 +121,7 @@ function renderEngines(state) {
       el('td', fmtInt(s.cached_tokens), 'num'),
       el('td', fmtInt(s.transferred_tokens), 'num'),
       el('td', fmtInt(s.generation_tokens), 'num'),
-      el('td', s.prompt_tokens > 0 ? fmtPct(s.cached_tokens / s.prompt_tokens) : '–', 'num'),
+      el('td', s.query_tokens > 0 ? fmtPct(s.cached_tokens / s.query_tokens) : '–', 'num'),
       el('td', s.ttft_count > 0 ? fmtMs((1000 * s.ttft_sum_seconds) / s.ttft_count) : '–', 'num'),
     );
     body.append(tr);
@@ -154,7 +154,7 @@ function renderEvents(state) {
 
 // ---- charts ----------------------------------------------------------------------------------
 // Each engine sample holds cumulative counters; a point is the change between two consecutive
-// samples: hit rate = cached prompt tokens / prompt tokens, TTFT = Δsum / Δcount. Intervals
+// samples: hit rate = cached prompt tokens / prompt tokens looked up, TTFT = Δsum / Δcount. Intervals
 // without requests have no point (a gap, not a misleading zero); a counter that went down means
 // the engine restarted, and that interval is skipped too.
 function seriesOf(samples, value) {
@@ -167,9 +167,10 @@ function seriesOf(samples, value) {
 }
 
 function hitRate(a, b) {
-  const dp = b.prompt_tokens - a.prompt_tokens;
+  // Both counted when the engine looks the prompt up, so a hit never lands in a later interval.
+  const dq = b.query_tokens - a.query_tokens;
   const dc = b.cached_tokens - a.cached_tokens;
-  return dp > 0 && dc >= 0 ? (100 * dc) / dp : null;
+  return dq > 0 && dc >= 0 ? (100 * dc) / dq : null;
 }
 
 function ttftMs(a, b) {
@@ -178,14 +179,21 @@ function ttftMs(a, b) {
   return dn > 0 && ds >= 0 ? (1000 * ds) / dn : null;
 }
 
+/** Instances in id order, so that rows and series keep their place (and color) between polls. */
+const sortedEntries = (o) => Object.entries(o).sort(([a], [b]) => a.localeCompare(b));
+
 const COLORS = ['#2b6cb0', '#dd6b20', '#38a169', '#805ad5', '#d53f8c', '#319795'];
 
-/** uPlot wants one shared x axis: the union of every instance's sample times. */
+/**
+ * uPlot wants one shared x axis: the union of every instance's sample times. An instance has no
+ * value at another's times: those are `undefined`, which uPlot draws through, while `null` (an
+ * interval without requests) stays a gap.
+ */
 function alignSeries(perInstance) {
   const xs = [...new Set(perInstance.flatMap(([, pts]) => pts.map((p) => p[0])))].sort((a, b) => a - b);
   const index = new Map(xs.map((x, i) => [x, i]));
   const ys = perInstance.map(([, pts]) => {
-    const y = new Array(xs.length).fill(null);
+    const y = new Array(xs.length).fill(undefined);
     for (const [x, v] of pts) y[index.get(x)] = v;
     return y;
   });
@@ -202,10 +210,10 @@ class Chart {
   }
 
   update(engineSamples) {
-    const perInstance = Object.entries(engineSamples).map(([id, samples]) => [id, seriesOf(samples, this.value)]);
+    const perInstance = sortedEntries(engineSamples).map(([id, samples]) => [id, seriesOf(samples, this.value)]);
     const data = alignSeries(perInstance);
     const names = perInstance.map(([id]) => id).join('\n');
-    const points = data.slice(1).reduce((n, ys) => n + ys.filter((v) => v !== null).length, 0);
+    const points = data.slice(1).reduce((n, ys) => n + ys.filter((v) => v !== null && v !== undefined).length, 0);
     this.container.dataset.points = String(points);
     if (!this.plot || names !== this.names) {
       this.plot?.destroy();
@@ -215,7 +223,7 @@ class Chart {
         width,
         height: 220,
         scales: { x: { time: true }, y: { range: (_u, min, max) => [0, Math.max(this.unit === '%' ? 100 : 1, max ?? 0)] } },
-        series: [{}, ...perInstance.map(([id], i) => ({ label: id, stroke: COLORS[i % COLORS.length], width: 2, spanGaps: false, points: { show: true, size: 5 }, value: (_u, v) => (v === null ? '–' : `${v.toFixed(1)} ${this.unit}`) }))],
+        series: [{}, ...perInstance.map(([id], i) => ({ label: id, stroke: COLORS[i % COLORS.length], width: 2, spanGaps: false, points: { show: true, size: 5 }, value: (_u, v) => (v === null || v === undefined ? '–' : `${v.toFixed(1)} ${this.unit}`) }))],
         axes: [{}, { values: (_u, ticks) => ticks.map((t) => `${t} ${this.unit}`), size: 70 }],
       }, data, this.container);
     } else {

@@ -97,10 +97,12 @@ describe('controller dashboard in headless Chromium', { skip: SKIP }, () => {
     await page.waitForFunction(() => Number(document.querySelector('#engines tr[data-instance="engine-A"] td.prompt-tokens')?.textContent?.replace(/,/g, '')) > 0, undefined, { timeout: WAIT_MS });
     // The same prompt again is a prefix-cache hit: a hit-rate point above 0 and a TTFT point.
     await complete(prompt);
-    await page.waitForFunction(() => Number((document.querySelector('#chart-hit') as HTMLElement).dataset.points) > 0, undefined, { timeout: WAIT_MS });
+    await page.waitForFunction(() => Number(document.querySelector('#engines tr[data-instance="engine-A"] td.cached-tokens')?.textContent?.replace(/,/g, '')) > 0, undefined, { timeout: WAIT_MS });
+    await page.waitForFunction(() => Number((document.querySelector('#chart-hit') as HTMLElement).dataset.max) > 0, undefined, { timeout: WAIT_MS });
     await page.waitForFunction(() => Number((document.querySelector('#chart-ttft') as HTMLElement).dataset.points) > 0, undefined, { timeout: WAIT_MS });
-    const state = await (await fetch(`${ctlUrl}/dashboard/state`)).json() as { engine_samples: Record<string, { cached_tokens: number }[]> };
-    assert.ok(state.engine_samples['engine-A']!.at(-1)!.cached_tokens > 0, 'the second request was served from the cache');
+    const state = await (await fetch(`${ctlUrl}/dashboard/state`)).json() as { engine_samples: Record<string, { cached_tokens: number; query_tokens: number }[]> };
+    const last = state.engine_samples['engine-A']!.at(-1)!;
+    assert.ok(last.cached_tokens > 0 && last.cached_tokens <= last.query_tokens, `the second request was served from the cache: ${JSON.stringify(last)}`);
     assert.deepEqual(consoleErrors, []);
   });
 

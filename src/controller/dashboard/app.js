@@ -118,7 +118,7 @@ function renderEngines(state) {
       el('td', fmtInt(s.requests_waiting), 'num'),
       el('td', fmtPct(s.kv_usage_ratio), 'num'),
       el('td', fmtInt(s.prompt_tokens), 'num prompt-tokens'),
-      el('td', fmtInt(s.cached_tokens), 'num'),
+      el('td', fmtInt(s.cached_tokens), 'num cached-tokens'),
       el('td', fmtInt(s.transferred_tokens), 'num'),
       el('td', fmtInt(s.generation_tokens), 'num'),
       el('td', s.query_tokens > 0 ? fmtPct(s.cached_tokens / s.query_tokens) : '–', 'num'),
@@ -213,8 +213,10 @@ class Chart {
     const perInstance = sortedEntries(engineSamples).map(([id, samples]) => [id, seriesOf(samples, this.value)]);
     const data = alignSeries(perInstance);
     const names = perInstance.map(([id]) => id).join('\n');
-    const points = data.slice(1).reduce((n, ys) => n + ys.filter((v) => v !== null && v !== undefined).length, 0);
-    this.container.dataset.points = String(points);
+    const values = data.slice(1).flatMap((ys) => ys.filter((v) => v !== null && v !== undefined));
+    // For readers of the page (and its browser test): how many points, and the largest.
+    this.container.dataset.points = String(values.length);
+    this.container.dataset.max = String(values.length ? Math.max(...values) : 0);
     if (!this.plot || names !== this.names) {
       this.plot?.destroy();
       this.names = names;

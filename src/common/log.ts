@@ -5,8 +5,8 @@
 // KVC_LOG_FORMAT = text (default) | json. With json every line is one JSON object
 //   {"time", "level", "component", "msg", ...fields}, so a log shipper needs no parsing rules;
 //   the optional `fields` of a call (e.g. a request's id and token counts) become its keys.
-// Both are read once when the process starts; `checkLogEnv()` (called by the `kvc` command
-// before anything else) refuses a value it does not know, naming the variable.
+// Both are read once when the process starts; the `kvc` command checks them with logEnvErrors()
+// before anything else and refuses a value it does not know, naming the variable.
 export type Level = 'debug' | 'info' | 'warn' | 'error';
 export type LogFormat = 'text' | 'json';
 export type LogFields = Record<string, string | number | boolean | null>;
@@ -32,12 +32,6 @@ export function logEnvErrors(env: NodeJS.ProcessEnv = process.env): string[] {
     errs.push(`KVC_LOG_FORMAT: expected one of ${FORMATS.join(', ')}, got "${fmt}"`);
   }
   return errs;
-}
-
-/** Throws an Error naming every bad logging variable (the `kvc` command calls this first). */
-export function checkLogEnv(env: NodeJS.ProcessEnv = process.env): void {
-  const errs = logEnvErrors(env);
-  if (errs.length) throw new Error(errs.join('; '));
 }
 
 // A process started without the `kvc` command (tests, embedding) is not refused, but says once

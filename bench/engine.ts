@@ -61,6 +61,9 @@ async function main(): Promise<void> {
     maxNumBatchedTokens: 512,
     kvTransferConfig: { kv_connector: 'KvcConnectorV1', kv_role: 'kv_both', kv_connector_extra_config: { discard_partial_chunks: false, skip_last_n_tokens: 0 } },
     cacheConfig: validateCacheConfig({ chunk_size: 256, local_cpu: true, max_local_cpu_size: 2 }).config,
+    // The bench prints its own figures; the engine's request and statistics lines would only interleave.
+    logRequests: false,
+    logStats: false,
   });
   try {
     // Warm-up: JIT and first-touch of buffers.

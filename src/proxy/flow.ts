@@ -1,4 +1,4 @@
-// The disaggregated request flow (DESIGN §8, spec §4.3):
+// The disaggregated request flow (docs/proxy.md):
 //   1. tokenize on a decoder (round-robin; the first decoder that answers serves the request),
 //   2. prefill on a prefiller (round-robin) with max_tokens=1, stream=false and
 //      kv_transfer_params.disagg_spec naming that decoder's xfer receiver; the prefiller answers
@@ -199,7 +199,20 @@ export class Flow {
       delete body.kv_transfer_params;
       const stream = body.stream === true;
       let decoder = await this.tokenize(kind, body, abort);
-      let pre = await this.prefill(kind, body, decoder, abort);
+      const tried = new Set<Backend>();
+      let pre: PrefillResult;
+      try {
+        pre = await this.prefill(kind, body, decoder, abort);
+      } catch (err) {
+        // The decoder the KV was going to was found hung or dead during the prefill: another
+        // decoder serves the request and prefills it itself.
+        const next = err instanceof BackendFailure && err.backend === decoder && this.retryable(err, reply) ? this.d.decoders.order().find((d) => d !== decoder) : undefined;
+        if (!next) throw err;
+        log.warn(`${err.message} during the prefill; the request goes to ${next.name}`);
+        tried.add(decoder);
+        decoder = next;
+        pre = { prefiller: null, reqId: `kvc-${randomUUID()}`, ms: 0, params: null };
+      }
       if (pre.prefiller) {
         this.d.stats.record(pre.prefiller.name, pre.ms);
         this.prefillHist(pre.prefiller.name).observe(pre.ms / 1000);
@@ -207,7 +220,6 @@ export class Flow {
       // A decoder that cannot be reached, or is found hung, before anything went back to the
       // client: the request goes to the next healthy decoder, which prefills it itself (the KV
       // was sent to the failed one).
-      const tried = new Set<Backend>();
       for (;;) {
         tried.add(decoder);
         try {
@@ -326,13 +338,15 @@ export class Flow {
             signal,
             headersTimeoutMs: this.d.timeouts.prefillMs,
             bodyTimeoutMs: this.d.timeouts.prefillMs,
+            // The prefill waits on the decoder's xfer receiver: a decoder found hung ends it too.
+            dependsOn: [decoder],
           })) as { kv_transfer_params?: unknown };
           // The prefiller's own params are forwarded to the decoder; anything but an object is dropped.
           const returned = kvTransferParamsSchema.safeParse(r?.kv_transfer_params);
           const params = returned.success ? returned.data : null;
           return { prefiller: p, reqId, ms: performance.now() - t, params };
         } catch (err) {
-          if (!(err instanceof BackendFailure)) throw err;
+          if (!(err instanceof BackendFailure) || err.backend === decoder) throw err; // (the decoder failed, not the prefiller)
           this.prefillFailures(p.name).inc();
           log.warn(`prefill ${reqId} failed: ${err.message}; trying the next prefiller`);
           this.down(p, err);

@@ -82,6 +82,11 @@ export interface CallOptions {
   headersTimeoutMs: number;
   /** Longest silence between body bytes, ms. */
   bodyTimeoutMs: number;
+  /**
+   * Other backends this call waits on (a prefill waits on its decoder's xfer receiver): the call is
+   * aborted too when one of them is found hung or dead, with that backend's failure.
+   */
+  dependsOn?: Backend[];
 }
 
 // Shared, never modified: undici only reads request headers.
@@ -105,9 +110,13 @@ export function classify(err: unknown, backend: Backend, signal?: CancelSignal, 
  * Registers a call in flight on `backend`: `kill` aborts it when the backend is found hung. The
  * returned function unregisters it.
  */
-function track(backend: Backend, kill: (err: Error) => void): () => void {
+function track(backend: Backend, kill: (err: Error) => void, dependsOn: Backend[] = []): () => void {
   backend.inflight.add(kill);
-  return () => backend.inflight.delete(kill);
+  for (const b of dependsOn) b.inflight.add(kill);
+  return () => {
+    backend.inflight.delete(kill);
+    for (const b of dependsOn) b.inflight.delete(kill);
+  };
 }
 
 /**
@@ -122,10 +131,14 @@ export async function call(backend: Backend, o: CallOptions, pool = backend.pool
   const onClient = () => local.abort();
   o.signal?.once('abort', onClient);
   if (o.signal?.aborted) local.abort();
-  const untrack = track(backend, (err) => {
-    killed = err;
-    local.abort();
-  });
+  const untrack = track(
+    backend,
+    (err) => {
+      killed = err;
+      local.abort();
+    },
+    o.dependsOn,
+  );
   const release = () => {
     untrack();
     o.signal?.off('abort', onClient);
@@ -191,12 +204,17 @@ abstract class CallHandler implements Dispatcher.DispatchHandler {
     protected readonly backend: Backend,
     private readonly signal: CancelSignal | undefined,
     protected readonly reject: (e: Error) => void,
+    dependsOn: Backend[] = [],
   ) {
     signal?.once('abort', this.onAbort);
-    this.untrack = track(backend, (err) => {
-      this.killedBy = err;
-      this.abortCall?.(err);
-    });
+    this.untrack = track(
+      backend,
+      (err) => {
+        this.killedBy = err;
+        this.abortCall?.(err);
+      },
+      dependsOn,
+    );
   }
 
   protected done(): void {
@@ -231,8 +249,8 @@ abstract class CallHandler implements Dispatcher.DispatchHandler {
  * answer (two such calls per client request: tokenize and prefill).
  */
 class JsonHandler extends CallHandler {
-  constructor(backend: Backend, signal: CancelSignal | undefined, private readonly resolve: (v: unknown) => void, reject: (e: Error) => void) {
-    super(backend, signal, reject);
+  constructor(backend: Backend, signal: CancelSignal | undefined, private readonly resolve: (v: unknown) => void, reject: (e: Error) => void, dependsOn?: Backend[]) {
+    super(backend, signal, reject, dependsOn);
   }
 
   onHeaders(statusCode: number, rawHeaders: Buffer[]): boolean {
@@ -282,7 +300,7 @@ function dispatchOptions(o: CallOptions): Dispatcher.DispatchOptions {
 /** One request whose answer is a small JSON body: the parsed body, or the errors of call(). */
 export function callJson(backend: Backend, o: CallOptions): Promise<unknown> {
   return new Promise((resolve, reject) => {
-    backend.pool.dispatch(dispatchOptions(o), new JsonHandler(backend, o.signal, resolve, reject));
+    backend.pool.dispatch(dispatchOptions(o), new JsonHandler(backend, o.signal, resolve, reject, o.dependsOn));
   });
 }
 

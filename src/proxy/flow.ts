@@ -208,7 +208,7 @@ export class Flow {
         // decoder serves the request and prefills it itself.
         const next = err instanceof BackendFailure && err.backend === decoder && this.retryable(err, reply) ? this.d.decoders.order().find((d) => d !== decoder) : undefined;
         if (!next) throw err;
-        log.warn(`${err.message} during the prefill; the request goes to ${next.name}`);
+        log.warn(`${(err as Error).message} during the prefill; the request goes to ${next.name}`);
         tried.add(decoder);
         decoder = next;
         pre = { prefiller: null, reqId: `kvc-${randomUUID()}`, ms: 0, params: null };

@@ -56,6 +56,12 @@ export interface ReceiverOptions {
   maxAllocWaitMs?: number;
   /** A sender whose HELLO does not arrive within this time is dropped (default 10 s). */
   helloTimeoutMs?: number;
+  /**
+   * Most bytes one sender session may hold reserved at once (default: half of bufferBytes), so one
+   * sender cannot take the whole buffer from the others; an ALLOC over it waits like one for a
+   * full buffer, without holding up other senders' ALLOCs.
+   */
+  maxReservedPerSender?: number;
 }
 
 type EntryState = 'pending' | 'ready';
@@ -412,8 +418,27 @@ export class XferReceiver extends EventEmitter {
     return need;
   }
 
+  /** Bytes the session's live reservations hold (chunks it reserved and that are still accounted). */
+  private reservedBy(session: string): number {
+    let n = 0;
+    for (const r of this.reservations.values()) {
+      if (r.session !== session) continue;
+      for (const e of r.entries) if (e.owner === session && e.ownerReq === r.reqId && this.entries.get(e.key) === e) n += e.cost;
+    }
+    return n;
+  }
+
+  private get perSenderLimit(): number {
+    return this.opts.maxReservedPerSender ?? Math.floor(this.opts.bufferBytes / 2);
+  }
+
+  private overSenderLimit(meta: AllocMeta): boolean {
+    return this.reservedBy(meta.session) + this.needFor(meta) > this.perSenderLimit;
+  }
+
   private tryReserve(meta: AllocMeta): { ok: true; have: string[] } | null {
     if (this.reserved + this.needFor(meta) > this.opts.bufferBytes) return null;
+    if (this.overSenderLimit(meta)) return null;
     const have: string[] = [];
     const keys: string[] = [];
     const held: Entry[] = [];
@@ -444,11 +469,16 @@ export class XferReceiver extends EventEmitter {
         w.reply({ ok: false, error: `req_id "${w.meta.req_id}" already has a reservation` });
         continue;
       }
-      const r = this.tryReserve(w.meta);
-      if (!r) return; // FIFO: later requests do not overtake a waiting one
-      this.allocQueue.shift();
-      clearTimeout(w.timer);
-      w.reply(r);
+      // A sender at its own limit waits for its own reservations to end; it does not hold up the
+      // others (they may overtake it). Otherwise FIFO: later requests do not overtake a waiting one.
+      const i = this.allocQueue.findIndex((x) => !this.overSenderLimit(x.meta));
+      if (i < 0) return;
+      const head = this.allocQueue[i]!;
+      const r = this.tryReserve(head.meta);
+      if (!r) return;
+      this.allocQueue.splice(i, 1);
+      clearTimeout(head.timer);
+      head.reply(r);
     }
   }
 
@@ -478,7 +508,11 @@ export class XferReceiver extends EventEmitter {
       this.counters.allocRefused++;
       return reply({ ok: false, error: `request needs ${need} bytes, more than the whole receiver buffer (${this.opts.bufferBytes})` });
     }
-    if (this.allocQueue.length === 0) {
+    if (need > this.perSenderLimit) {
+      this.counters.allocRefused++;
+      return reply({ ok: false, error: `request needs ${need} bytes, more than one sender may hold reserved (${this.perSenderLimit})` });
+    }
+    if (this.allocQueue.every((x) => this.overSenderLimit(x.meta))) {
       const r = this.tryReserve(meta);
       if (r) return reply(r);
     }
@@ -512,7 +546,25 @@ export class XferReceiver extends EventEmitter {
 
   private onAllocConnection(sock: net.Socket): void {
     this.track(sock);
+    // An alloc connection serves one live session: one that names none within the handshake
+    // timeout is closed (it would otherwise sit open forever), and it closes with its session.
+    let bound: string | null = null;
+    const unbound = setTimeout(() => {
+      log.warn(`alloc connection from ${sock.remoteAddress}: no frame of a live session within ${this.helloTimeoutMs} ms; closing it`);
+      sock.destroy();
+    }, this.helloTimeoutMs);
+    sock.once('close', () => clearTimeout(unbound));
+    const bind = (meta: unknown) => {
+      const session = (meta as { session?: unknown } | null)?.session;
+      if (bound !== null || typeof session !== 'string') return;
+      const init = this.sessions.get(session);
+      if (!init) return;
+      bound = session;
+      clearTimeout(unbound);
+      init.once('close', () => sock.destroy());
+    };
     const parser = new FrameParser(0, () => null, (type, meta) => {
+      bind(meta);
       if (type === FrameType.Cancel) {
         const m = cancelMetaSchema.safeParse(meta);
         // only a live session may withdraw, and only its own requests (checked in cancel())

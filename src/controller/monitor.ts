@@ -6,11 +6,12 @@ import { logger } from '../common/log.js';
 import { SendQueue } from '../common/send_queue.js';
 import { decodeMsg, encodeMsg } from '../protocol/monitor.js';
 import type { Registry } from './registry.js';
+import { DEFAULT_ZMQ_MAX_MESSAGE_BYTES } from '../common/limits.js';
 
 const log = logger('controller.monitor');
 
 export class MonitorServer {
-  private readonly sock = new Router({ linger: 0, receiveHighWaterMark: 100_000, sendHighWaterMark: 10_000, sendTimeout: 1000 });
+  private readonly sock = new Router({ linger: 0, maxMessageSize: DEFAULT_ZMQ_MAX_MESSAGE_BYTES, receiveHighWaterMark: 100_000, sendHighWaterMark: 10_000, sendTimeout: 1000 });
   private readonly out = new SendQueue(
     (f) => this.sock.send(f),
     (e) => log.debug(`reply dropped: ${(e as Error).message}`),

@@ -24,6 +24,7 @@ import type { KvcStore } from './store.js';
 import type { KeyEvent } from './types.js';
 import { parseHostPort, startPeerServer, type PeerServer } from './worker_peer.js';
 import { startWorkerServer } from './worker_server.js';
+import { DEFAULT_ZMQ_MAX_MESSAGE_BYTES } from '../common/limits.js';
 
 const log = logger('kvc.controller_client');
 
@@ -73,7 +74,7 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
   }
 
   const session = randomBytes(8).toString('hex');
-  const sock = new Dealer({ routingId: session, linger: 0, immediate: true, sendHighWaterMark: 10_000, sendTimeout: 2000, reconnectInterval: 100, reconnectMaxInterval: 1000 });
+  const sock = new Dealer({ routingId: session, linger: 0, maxMessageSize: DEFAULT_ZMQ_MAX_MESSAGE_BYTES, immediate: true, sendHighWaterMark: 10_000, sendTimeout: 2000, reconnectInterval: 100, reconnectMaxInterval: 1000 });
   sock.connect(`tcp://${cfg.controller_url}`);
 
   type State = 'registering' | 'live' | 'closed';

@@ -7,13 +7,15 @@
 import { Pull } from 'zeromq';
 import { logger } from '../common/log.js';
 import { decodeNotice, type XferNotice } from '../protocol/xfer_notice.js';
+import { DEFAULT_ZMQ_MAX_MESSAGE_BYTES } from '../common/limits.js';
 
 export type { XferNotice } from '../protocol/xfer_notice.js';
 
 const log = logger('proxy');
 
 export class NotifyReceiver {
-  private sock = new Pull();
+  // A message larger than the limit drops the sender's connection (nothing is buffered for it).
+  private sock = new Pull({ maxMessageSize: DEFAULT_ZMQ_MAX_MESSAGE_BYTES });
   private closed = false;
 
   constructor(private onNotice: (n: XferNotice) => void) {}

@@ -2,6 +2,7 @@
 import type { Command } from 'commander';
 import { startController } from '../controller/server.js';
 import { portFlag, secondsFlag } from './options.js';
+import { applySecret } from './security.js';
 
 
 export function registerController(program: Command): void {
@@ -14,7 +15,9 @@ export function registerController(program: Command): void {
     .option('--heartbeat-timeout <seconds>', 'reap a worker silent for this long', '10')
     .option('--command-timeout <seconds>', 'deadline of a short command to a worker (lookup, pin, health)', '5')
     .option('--transfer-timeout <seconds>', 'deadline of a move, copy or clear', '300')
-    .action(async (opts: { host: string; port: string; monitorPort: string; heartbeatTimeout: string; commandTimeout: string; transferTimeout: string }) => {
+    .option('--deployment-secret-file <path>', 'file whose first line is the secret the processes of this deployment share (default: $KVC_DEPLOYMENT_SECRET; none: internal channels are open)')
+    .action(async (opts: { host: string; port: string; monitorPort: string; heartbeatTimeout: string; commandTimeout: string; transferTimeout: string; deploymentSecretFile?: string }) => {
+      applySecret(opts, opts.host, 'the controller');
       const port = portFlag('--port', opts.port);
       const monitorPort = portFlag('--monitor-port', opts.monitorPort);
       if (port === monitorPort) throw new Error('--port and --monitor-port must differ');

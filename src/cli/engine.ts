@@ -5,10 +5,13 @@ import { gibToBytes } from '../common/config.js';
 import { logger } from '../common/log.js';
 import { startEngine } from '../engine/server.js';
 import { optionalPositiveInt as posInt, portFlag } from './options.js';
+import { apiKeyFrom, applySecret } from './security.js';
 
 const log = logger('engine');
 
 interface EngineFlags {
+  deploymentSecretFile?: string;
+  apiKey?: string;
   host: string;
   port: string;
   model: string;
@@ -41,7 +44,11 @@ export function registerEngine(program: Command): void {
     .option('--no-enable-prefix-caching', 'accepted for compatibility; prefix reuse is the connector\'s job here (no effect)')
     .option('--disable-log-requests', 'do not log one line per finished request (id, tokens, cached tokens, TTFT, duration)')
     .option('--disable-log-stats', 'do not log the periodic statistics line (throughput, running/waiting, KV usage, prefix-cache hit rate)')
+    .option('--api-key <key>', 'clients must send "Authorization: Bearer <key>" (default: $KVC_API_KEY; none: open)')
+    .option('--deployment-secret-file <path>', 'file whose first line is the secret the processes of this deployment share (default: $KVC_DEPLOYMENT_SECRET; none: internal channels are open)')
     .action(async (f: EngineFlags) => {
+      applySecret(f, f.host, 'the engine');
+      const apiKey = apiKeyFrom(f);
       const port = portFlag('--port', f.port);
       let kvCacheBytes: number | undefined;
       if (f.kvCacheMemory !== undefined) {
@@ -61,6 +68,7 @@ export function registerEngine(program: Command): void {
         kvCacheBytes,
         kvTransferConfig: f.kvTransferConfig,
         processMetrics: true,
+        apiKey,
         logRequests: !f.disableLogRequests,
         logStats: !f.disableLogStats,
       });

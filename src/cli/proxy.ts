@@ -4,6 +4,7 @@ import { logger } from '../common/log.js';
 import { ProxyServer } from '../proxy/server.js';
 import { parsePort, parseTopology } from '../proxy/topology.js';
 import { secondsFlag as seconds } from './options.js';
+import { apiKeyFrom, applySecret } from './security.js';
 
 const log = logger('proxy');
 
@@ -31,9 +32,13 @@ export function registerProxy(program: Command): void {
     .option('--health-interval <s>', 'seconds between backend health probes', '2')
     .option('--health-timeout <s>', 'seconds a health probe may take (default: the interval, clamped to 1-5 s); a hung backend is found within interval + 2 x timeout')
     .option('--stats-interval <s>', 'seconds between TTFT statistics lines', '5')
+    .option('--api-key <key>', 'clients must send "Authorization: Bearer <key>"; also sent to the engines (default: $KVC_API_KEY; none: open)')
+    .option('--deployment-secret-file <path>', 'file whose first line is the secret the processes of this deployment share (default: $KVC_DEPLOYMENT_SECRET; none: internal channels are open)')
     .action(async (o: Record<string, string>) => {
       let server: ProxyServer;
       try {
+        applySecret(o, o.host!, 'the proxy');
+        const apiKey = apiKeyFrom(o);
         const topology = parseTopology({
           prefillerHost: o.prefillerHost!,
           prefillerPort: o.prefillerPort!,
@@ -58,6 +63,7 @@ export function registerProxy(program: Command): void {
           healthIntervalMs: seconds('--health-interval', o.healthInterval!),
           healthTimeoutMs: o.healthTimeout === undefined ? undefined : seconds('--health-timeout', o.healthTimeout),
           statsIntervalMs: seconds('--stats-interval', o.statsInterval!),
+          apiKey,
         });
         await server.start();
         log.info(

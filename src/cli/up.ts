@@ -4,6 +4,7 @@ import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
 import { runUp } from '../deploy/up.js';
 import { intFlag as int, secondsFlag } from './options.js';
+import { loadApiKey } from '../common/auth.js';
 
 const CLI = join(dirname(fileURLToPath(import.meta.url)), 'main.js');
 
@@ -19,6 +20,7 @@ export function registerUp(program: Command): void {
     .option('--no-controller', 'do not start the controller; engines run with enable_controller: false')
     .option('--log-dir <dir>', 'where per-process logs, generated configs and deployment.json go', 'kvc-logs')
     .option('--startup-timeout <s>', 'seconds allowed for all processes to become healthy', '300')
+    .option('--api-key <key>', 'client API key of the deployment: clients send "Authorization: Bearer <key>" (default: $KVC_API_KEY; none: open)')
     .option('--config-only', 'write the cache YAML and connector JSON files and print the commands; start nothing')
     .action(async (o: Record<string, string | boolean>) => {
       let code: number;
@@ -35,6 +37,7 @@ export function registerUp(program: Command): void {
           startupTimeoutMs,
           configOnly: o.configOnly === true,
           cli: CLI,
+          apiKey: o.apiKey === undefined ? loadApiKey(undefined) : loadApiKey(String(o.apiKey)),
         });
       } catch (e) {
         process.stderr.write(`kvc up: ${(e as Error).message}\n`);

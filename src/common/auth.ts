@@ -136,3 +136,19 @@ export function warnIfOpen(secret: string | null, host: string, what: string): v
     log.warn(`${what} listens on ${host} without a deployment secret: any host that reaches it can use its internal channels (set KVC_DEPLOYMENT_SECRET or --deployment-secret-file)`);
   }
 }
+
+// The deployment secret of this process: set once at start-up by the CLI (from
+// --deployment-secret-file), otherwise read from KVC_DEPLOYMENT_SECRET on first use. Every
+// component of the process (controller, cache instance, xfer, proxy) authenticates with it.
+let processSecret: string | null | undefined;
+
+/** Sets this process's deployment secret (the CLI, or a test; null: none). */
+export function setDeploymentSecret(secret: string | null): void {
+  processSecret = secret;
+}
+
+/** This process's deployment secret, or null when it runs without one. */
+export function deploymentSecret(): string | null {
+  if (processSecret === undefined) processSecret = loadDeploymentSecret(undefined);
+  return processSecret;
+}

@@ -9,6 +9,7 @@ import { parseBody, tokenIds } from '../common/validate.js';
 import { registerDashboard } from './dashboard.js';
 import { ControllerMetrics } from './metrics.js';
 import type { Operations } from './operations.js';
+import { deploymentSecret, requireBearer } from '../common/auth.js';
 
 const str = (what: string) => z.string(`expected a string (${what})`).min(1, `expected a non-empty string (${what})`);
 const position = z
@@ -58,6 +59,9 @@ export interface HttpApiOptions {
 
 export async function buildHttpApi(ops: Operations, o: HttpApiOptions = {}): Promise<FastifyInstance> {
   const app = createHttpServer({ name: 'controller.http' });
+  // Mutations need the deployment secret; reads stay open (docs/security.md).
+  const MUTATIONS = new Set(['/move', '/pin', '/unpin', '/clear']);
+  requireBearer(app, { key: deploymentSecret(), applies: (m, p) => m === 'POST' && MUTATIONS.has(p), what: 'deployment secret', name: 'controller' });
   const metrics = new ControllerMetrics(ops, o.processMetrics ?? false);
   ops.events.onComplete = (ev) => metrics.operationCompleted(ev);
   metrics.instrument(app);

@@ -8,6 +8,7 @@ import { logger } from '../common/log.js';
 import { ChunkIndex } from './chunk_index.js';
 import { describeIssues, isKeyOp, keyOpSchema, MONITOR_PROTOCOL_VERSION, registerMsgSchema, syncMsgSchema, type ControllerMsg } from '../protocol/monitor.js';
 import { instanceStatsSchema, type EngineSample, type LocationUsage } from '../protocol/instance_stats.js';
+import { deploymentSecret, verifyTag } from '../common/auth.js';
 
 const log = logger('controller.registry');
 
@@ -49,6 +50,8 @@ export interface RegistryOptions {
   heartbeatTimeoutMs: number;
   /** The controller's PYTHONHASHSEED, compared with each instance's. */
   seed: bigint;
+  /** Registrations must carry this deployment secret's tag (default: the process's secret; null: open). */
+  secret?: string | null;
 }
 
 export class Registry {
@@ -159,6 +162,12 @@ export class Registry {
     const r = registerMsgSchema.safeParse(msg);
     if (!r.success) return this.bad(routingId, 'register', describeIssues(r.error));
     const m = r.data;
+    const secret = this.opts.secret === undefined ? deploymentSecret() : this.opts.secret;
+    if (!verifyTag(secret, 'monitor', m.session, m.auth)) {
+      this.stats.badMessages++;
+      log.warn(`refused registration of ${m.instance_id}/${m.worker_id} (from ${m.ip}:${m.worker_port}): ${m.auth === undefined ? 'no' : 'a wrong'} deployment secret`);
+      return { t: 'error', message: 'registration refused: the deployment secret is missing or wrong' };
+    }
     if (m.v !== MONITOR_PROTOCOL_VERSION) return { t: 'error', message: `monitor protocol version ${m.v} is not supported (controller speaks ${MONITOR_PROTOCOL_VERSION})` };
     if (m.seed !== String(this.opts.seed)) {
       log.warn(`${m.instance_id}/${m.worker_id} runs with PYTHONHASHSEED=${m.seed} but the controller has ${this.opts.seed}: lookups will not find its chunks; set the same seed everywhere`);

@@ -2,7 +2,7 @@
 // Order: check every port → write configs → controller → engines (all at once) → proxy, each
 // waited on until healthy within a deadline. Everything runs with PYTHONHASHSEED=0 so chunk
 // keys agree across processes. Ctrl-C / SIGTERM stops all children (proxy first, controller last).
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, writeFileSync, chmodSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { isPortFree } from '../common/ports.js';
 import {
@@ -17,6 +17,7 @@ import {
   type PlanOptions,
 } from './plan.js';
 import { Child, StartError } from './supervisor.js';
+import { generateSecret, loadDeploymentSecret } from '../common/auth.js';
 
 export interface UpOptions extends PlanOptions {
   logDir: string;
@@ -24,6 +25,8 @@ export interface UpOptions extends PlanOptions {
   /** Write the configuration files and print the commands, start nothing. */
   configOnly: boolean;
   cli: string;
+  /** The client API key every process checks (and the proxy sends to the engines); null: open. */
+  apiKey?: string | null;
 }
 
 const out = (s: string) => process.stdout.write(s + '\n');
@@ -89,7 +92,15 @@ export async function runUp(o: UpOptions): Promise<number> {
     return 3;
   }
   const files = writeConfigs(plan, logDir);
-  const env = { ...process.env, PYTHONHASHSEED: '0' };
+  // One deployment secret for all the processes (docs/security.md): $KVC_DEPLOYMENT_SECRET when
+  // set, else a new random one. It is written (mode 0600) for the operator's own calls (e.g. the
+  // controller's /pin) and given to every child in its environment.
+  const secret = loadDeploymentSecret(undefined) ?? generateSecret();
+  const secretFile = join(logDir, 'deployment.secret');
+  writeFileSync(secretFile, secret + '\n', { mode: 0o600 });
+  chmodSync(secretFile, 0o600);
+  const env: NodeJS.ProcessEnv = { ...process.env, PYTHONHASHSEED: '0', KVC_DEPLOYMENT_SECRET: secret };
+  if (o.apiKey) env.KVC_API_KEY = o.apiKey;
   const host = plan.opts.host;
   const children: Child[] = [];
   let stopping: Promise<void> | null = null;

@@ -24,6 +24,7 @@ import type { EngineModel } from './runtime.js';
 import type { Scheduler } from './scheduler.js';
 import { resolveEngineSettings, type EngineOptions, type EngineSettings } from './settings.js';
 import { EngineWiring } from './wiring.js';
+import { requireBearer } from '../common/auth.js';
 
 export type { EngineOptions } from './settings.js';
 
@@ -51,6 +52,8 @@ export interface Engine {
 /** The HTTP side: error shapes (common/http.ts), request counting, the three route groups. */
 function buildApp(s: EngineSettings, w: EngineWiring): FastifyInstance {
   const app = createHttpServer({ name: 'engine' });
+  // The OpenAI endpoints need the client API key when one is set; /health and /metrics stay open.
+  requireBearer(app, { key: s.apiKey, applies: (_m, p) => p.startsWith('/v1/') || p === '/tokenize' || p === '/detokenize', what: 'API key', name: 'engine' });
   countRequestOutcomes(app, w.metrics);
   const ctx: RouteContext = { modelName: s.modelName, maxModelLen: w.maxModelLen, model: w.model, kv: w.kv, scheduler: w.scheduler, metrics: w.metrics };
   void app.register(completionRoutes, ctx);

@@ -9,6 +9,7 @@ import { logger } from '../common/log.js';
 import type { TransferFactory } from '../common/transfer_seam.js';
 import { createKvTransfer } from '../xfer/engine_plugin.js';
 import type { ModelConfig } from './model/config.js';
+import { loadApiKey } from '../common/auth.js';
 
 const log = logger('engine');
 
@@ -45,12 +46,16 @@ export interface EngineOptions {
   logRequests?: boolean;
   /** The periodic statistics line (default true; `--disable-log-stats` turns it off). */
   logStats?: boolean;
+  /** Clients must send `Authorization: Bearer <key>` on /v1/*, /tokenize, /detokenize (default: $KVC_API_KEY; null: open). */
+  apiKey?: string | null;
   env?: NodeJS.ProcessEnv;
 }
 
 /** The options resolved and checked, before the model is loaded. */
 export interface EngineSettings {
   env: NodeJS.ProcessEnv;
+  /** The client API key, or null (docs/security.md). */
+  apiKey: string | null;
   host: string;
   port: number;
   /** What --model names (`builtin:tiny`, a directory, or a `.gguf` file). */
@@ -142,6 +147,7 @@ export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
 
   return {
     env,
+    apiKey: opts.apiKey === undefined ? loadApiKey(undefined, env) : opts.apiKey,
     host,
     port,
     modelSpec,

@@ -25,6 +25,7 @@ import type { KeyEvent } from './types.js';
 import { parseHostPort, startPeerServer, type PeerServer } from './worker_peer.js';
 import { startWorkerServer } from './worker_server.js';
 import { DEFAULT_ZMQ_MAX_MESSAGE_BYTES } from '../common/limits.js';
+import { deploymentSecret, tag } from '../common/auth.js';
 
 const log = logger('kvc.controller_client');
 
@@ -124,6 +125,7 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
       seed: String(o.seed),
       locations: store.locations(),
       pid: process.pid,
+      ...(deploymentSecret() === null ? {} : { auth: tag(deploymentSecret()!, 'monitor', session) }),
     }).finally(() => (registerInFlight = false));
   };
 

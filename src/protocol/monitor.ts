@@ -34,6 +34,8 @@ export const packedKeysSchema = z
 
 export const registerMsgSchema = z.object({
   t: z.literal('register'),
+  /** HMAC-SHA256(deployment secret, "monitor:<session>") when the deployment has a secret (docs/security.md). */
+  auth: z.string().optional(),
   v: z.number(),
   instance_id: z.string().min(1).max(200),
   worker_id: z.number().int().min(0),

@@ -58,6 +58,9 @@ export const helloMetaSchema = z.object({
   num_layers: z.number(),
   num_kv_heads: z.number(),
   head_dim: z.number(),
+  /** With a deployment secret: a random nonce and HMAC-SHA256(secret, "xfer-hello:<sender_id>:<nonce>"). */
+  nonce: z.string().optional(),
+  auth: z.string().optional(),
 });
 export type HelloMeta = z.infer<typeof helloMetaSchema>;
 

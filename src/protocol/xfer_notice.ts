@@ -13,6 +13,8 @@ export const xferNoticeSchema = z.object({
   num_tokens: z.number(),
   ok: z.boolean(),
   error: z.string().optional(),
+  /** With a deployment secret: HMAC-SHA256(secret, "notice:<req_id>") (docs/security.md). */
+  auth: z.string().optional(),
 });
 export type XferNotice = z.infer<typeof xferNoticeSchema>;
 

@@ -23,6 +23,9 @@ export class Backend {
   readonly probePool: Pool;
   /** performance-clock ms of the last byte (headers or body) received from this backend. */
   lastProgress = 0;
+  /** Request headers of every call (shared, never modified: undici only reads them). */
+  readonly getHeaders: Record<string, string>;
+  readonly postHeaders: Record<string, string>;
   /** Abort functions of the calls in flight on this backend. */
   readonly inflight = new Set<(err: Error) => void>();
 
@@ -31,7 +34,12 @@ export class Backend {
     readonly index: number,
     readonly endpoint: Endpoint,
     connections = 128,
+    /** The client API key the engines expect, sent on every call (null: none). */
+    apiKey: string | null = null,
   ) {
+    const auth: Record<string, string> = apiKey === null ? {} : { authorization: `Bearer ${apiKey}` };
+    this.getHeaders = auth;
+    this.postHeaders = { ...auth, 'content-type': 'application/json' };
     this.url = `http://${endpoint.host}:${endpoint.port}`;
     this.name = `${role}-${index}(${endpoint.host}:${endpoint.port})`;
     this.pool = new Pool(this.url, {

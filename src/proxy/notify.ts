@@ -8,6 +8,7 @@ import { Pull } from 'zeromq';
 import { logger } from '../common/log.js';
 import { decodeNotice, type XferNotice } from '../protocol/xfer_notice.js';
 import { DEFAULT_ZMQ_MAX_MESSAGE_BYTES } from '../common/limits.js';
+import { deploymentSecret, verifyTag } from '../common/auth.js';
 
 export type { XferNotice } from '../protocol/xfer_notice.js';
 
@@ -17,6 +18,19 @@ export class NotifyReceiver {
   // A message larger than the limit drops the sender's connection (nothing is buffered for it).
   private sock = new Pull({ maxMessageSize: DEFAULT_ZMQ_MAX_MESSAGE_BYTES });
   private closed = false;
+  /** Messages dropped (undecodable, or not signed with the deployment secret). */
+  droppedCount = 0;
+  private lastDropLog = 0;
+
+  /** Counts a dropped message; logs at most one line per 10 s so a flood does not flood the log. */
+  private dropped(why: string): void {
+    this.droppedCount++;
+    const now = Date.now();
+    if (now - this.lastDropLog >= 10_000) {
+      this.lastDropLog = now;
+      log.warn(`xfer notify: dropped ${why} (${this.droppedCount} dropped so far)`);
+    }
+  }
 
   constructor(private onNotice: (n: XferNotice) => void) {}
 
@@ -40,7 +54,11 @@ export class NotifyReceiver {
         try {
           notice = decodeNotice(last);
         } catch (e) {
-          log.warn(`xfer notify: undecodable message (${(e as Error).message}) ignored`);
+          this.dropped(`undecodable message (${(e as Error).message})`);
+          continue;
+        }
+        if (!verifyTag(deploymentSecret(), 'notice', notice.req_id, notice.auth)) {
+          this.dropped(`notice for ${notice.req_id.slice(0, 64)} without a valid deployment secret tag`);
           continue;
         }
         try {

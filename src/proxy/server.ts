@@ -12,6 +12,7 @@ import { NotifyReceiver, type XferNotice } from './notify.js';
 import { TtftStats } from './stats.js';
 import type { DecoderEndpoint, Topology } from './topology.js';
 import { BackendFailure, PassThrough, call } from './upstream.js';
+import { requireBearer } from '../common/auth.js';
 
 const log = logger('proxy');
 
@@ -30,6 +31,8 @@ export interface ProxyOptions {
    */
   healthTimeoutMs?: number;
   statsIntervalMs: number;
+  /** Clients must send `Authorization: Bearer <key>` on /v1/*; the proxy sends it to the engines too (null: open). */
+  apiKey?: string | null;
   /** Where the statistics lines go (stdout by default, independent of KVC_LOG_LEVEL). */
   statsSink?: (line: string) => void;
 }
@@ -50,9 +53,9 @@ export class ProxyServer {
   readonly notices = { ok: 0, failed: 0 };
 
   constructor(readonly opts: ProxyOptions) {
-    this.prefillers = opts.topology.prefillers.map((e, i) => new Backend('prefiller', i, e));
+    this.prefillers = opts.topology.prefillers.map((e, i) => new Backend('prefiller', i, e, 128, opts.apiKey ?? null));
     this.decoders = opts.topology.decoders.map((e, i) => {
-      const b = new Backend('decoder', i, e);
+      const b = new Backend('decoder', i, e, 128, opts.apiKey ?? null);
       this.decoderEp.set(b, e);
       return b;
     });
@@ -73,6 +76,7 @@ export class ProxyServer {
       onBackendSuspect: (b) => this.probe(b, true),
     });
     this.app = createHttpServer({ name: 'proxy' });
+    requireBearer(this.app, { key: opts.apiKey ?? null, applies: (_m, p) => p.startsWith('/v1/'), what: 'API key', name: 'proxy' });
     this.app.post('/v1/completions', (req, reply) => flow.handle('completion', req, reply));
     this.app.post('/v1/chat/completions', (req, reply) => flow.handle('chat', req, reply));
     this.app.get('/v1/models', async (_req, reply) => this.models(reply));

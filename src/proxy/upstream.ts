@@ -89,9 +89,6 @@ export interface CallOptions {
   dependsOn?: Backend[];
 }
 
-// Shared, never modified: undici only reads request headers.
-const NO_HEADERS: Record<string, string> = {};
-const JSON_HEADERS: Record<string, string> = { 'content-type': 'application/json' };
 
 const TIMEOUT_CODES = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'UND_ERR_CONNECT_TIMEOUT']);
 
@@ -145,7 +142,7 @@ export async function call(backend: Backend, o: CallOptions, pool = backend.pool
   };
   let res: Dispatcher.ResponseData;
   try {
-    res = await pool.request({ ...dispatchOptions(o), signal: local });
+    res = await pool.request({ ...dispatchOptions(o, backend), signal: local });
   } catch (err) {
     release();
     throw killed ?? classify(err, backend, o.signal);
@@ -286,11 +283,11 @@ class JsonHandler extends CallHandler {
 }
 
 /** undici dispatch options of one upstream call. */
-function dispatchOptions(o: CallOptions): Dispatcher.DispatchOptions {
+function dispatchOptions(o: CallOptions, b: Backend): Dispatcher.DispatchOptions {
   return {
     method: o.method,
     path: o.path,
-    headers: o.body === undefined ? NO_HEADERS : JSON_HEADERS,
+    headers: o.body === undefined ? b.getHeaders : b.postHeaders,
     body: o.body === undefined ? undefined : JSON.stringify(o.body),
     headersTimeout: o.headersTimeoutMs,
     bodyTimeout: o.bodyTimeoutMs,
@@ -300,7 +297,7 @@ function dispatchOptions(o: CallOptions): Dispatcher.DispatchOptions {
 /** One request whose answer is a small JSON body: the parsed body, or the errors of call(). */
 export function callJson(backend: Backend, o: CallOptions): Promise<unknown> {
   return new Promise((resolve, reject) => {
-    backend.pool.dispatch(dispatchOptions(o), new JsonHandler(backend, o.signal, resolve, reject, o.dependsOn));
+    backend.pool.dispatch(dispatchOptions(o, backend), new JsonHandler(backend, o.signal, resolve, reject, o.dependsOn));
   });
 }
 
@@ -374,7 +371,7 @@ export function callStream(backend: Backend, o: CallOptions, sink: StreamSink): 
   let handler!: StreamHandler;
   const done = new Promise<void>((resolve, reject) => {
     handler = new StreamHandler(backend, o.signal, sink, resolve, reject);
-    backend.pool.dispatch(dispatchOptions(o), handler);
+    backend.pool.dispatch(dispatchOptions(o, backend), handler);
   });
   return { done, resume: handler.resume };
 }

@@ -5,6 +5,7 @@
 import { Push } from 'zeromq';
 import { logger } from '../common/log.js';
 import { encodeNotice, type XferNotice } from '../protocol/xfer_notice.js';
+import { deploymentSecret, tag } from '../common/auth.js';
 
 export { decodeNotice, encodeNotice, type XferNotice } from '../protocol/xfer_notice.js';
 
@@ -27,7 +28,9 @@ export class ProxyNotifier {
   /** Pushes one notice; resolves true when queued for the proxy, false (logged) when not. */
   push(n: XferNotice): Promise<boolean> {
     // zeromq sockets allow one send at a time: serialise.
-    const p = this.queue.then(() => this.sock.send(encodeNotice(n)));
+    const secret = deploymentSecret();
+    const signed = secret === null ? n : { ...n, auth: tag(secret, 'notice', n.req_id) };
+    const p = this.queue.then(() => this.sock.send(encodeNotice(signed)));
     this.queue = p.catch(() => undefined);
     return p.then(
       () => true,

@@ -37,6 +37,7 @@ import {
   type DataMeta,
   type HelloMeta,
 } from '../protocol/xfer_frames.js';
+import { deploymentSecret, verifyTag } from '../common/auth.js';
 
 const log = logger('xfer-recv');
 
@@ -587,6 +588,9 @@ export class XferReceiver extends EventEmitter {
   }
 
   private checkHello(m: HelloMeta): string | null {
+    if (!verifyTag(deploymentSecret(), 'xfer-hello', `${m.sender_id}:${m.nonce ?? ''}`, m.auth)) {
+      return `sender ${m.sender_id} refused: ${m.auth === undefined ? 'no' : 'a wrong'} deployment secret`;
+    }
     if (m.version !== PROTOCOL_VERSION) return `incompatible sender: protocol version ${m.version}, receiver speaks ${PROTOCOL_VERSION}`;
     const l = this.opts.layout;
     const theirs: KvLayout = { dtype: m.dtype, numLayers: m.num_layers, numKvHeads: m.num_kv_heads, headDim: m.head_dim };

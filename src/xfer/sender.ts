@@ -33,6 +33,7 @@ import {
 } from '../protocol/xfer_frames.js';
 import { ProxyNotifier, type XferNotice } from './notify.js';
 import { parseDisaggSpec, type DisaggSpec } from '../protocol/disagg_spec.js';
+import { deploymentSecret, tag } from '../common/auth.js';
 
 export type { DisaggSpec } from '../protocol/disagg_spec.js';
 
@@ -266,6 +267,13 @@ export class XferSender {
       num_kv_heads: l.numKvHeads,
       head_dim: l.headDim,
     };
+    // With a deployment secret the handshake proves it knows the secret (docs/security.md).
+    const secret = deploymentSecret();
+    if (secret !== null) {
+      const nonce = randomBytes(12).toString('hex');
+      this.hello.nonce = nonce;
+      this.hello.auth = tag(secret, 'xfer-hello', `${this.senderId}:${nonce}`);
+    }
   }
 
   private link(spec: DisaggSpec): Promise<PeerLink> {

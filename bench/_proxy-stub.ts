@@ -15,6 +15,8 @@ export type StubMode = 'ok' | 'error' | 'hang' | 'cut' | 'reject';
 export interface StubRequest {
   path: string;
   body: Record<string, unknown>;
+  /** The Authorization header the request came with, if any. */
+  authorization?: string;
 }
 
 export interface StubEngine {
@@ -76,13 +78,13 @@ export async function startStubEngine(name: string, port = 0, host = '127.0.0.1'
   app.get('/v1/models', async () => ({ object: 'list', data: [{ id: 'stub', object: 'model', owned_by: name }] }));
   app.post('/tokenize', async (req) => {
     const body = req.body as Record<string, unknown>;
-    stub.requests.push({ path: '/tokenize', body });
+    stub.requests.push({ path: '/tokenize', body, authorization: req.headers.authorization });
     const words = promptText(body).split(/\s+/).filter(Boolean);
     return { tokens: words.map((_, i) => i + 1), count: words.length, max_model_len: 2048 };
   });
   const complete = (chat: boolean) => async (req: import('fastify').FastifyRequest, reply: import('fastify').FastifyReply) => {
     const body = req.body as Record<string, unknown>;
-    stub.requests.push({ path: chat ? '/v1/chat/completions' : '/v1/completions', body });
+    stub.requests.push({ path: chat ? '/v1/chat/completions' : '/v1/completions', body, authorization: req.headers.authorization });
     reply.raw.once('close', () => {
       if (!reply.raw.writableFinished) stub.aborted++;
     });

@@ -119,7 +119,7 @@ export function requireBearer(app: FastifyInstance, o: GuardOptions): void {
       log.warn(`${o.name}: refused ${req.method} ${path.slice(0, 100)} from ${who}: ${got === null ? 'no' : 'a wrong'} ${o.what}`);
     }
     throw unauthorized(
-      got === null ? `this server requires an ${o.what}: send "Authorization: Bearer <key>"` : `the ${o.what} presented is not valid`,
+      got === null ? `this server requires ${o.what === 'API key' ? 'an' : 'the'} ${o.what}: send "Authorization: Bearer <key>"` : `the ${o.what} presented is not valid`,
       o.what !== 'API key',
     );
   });

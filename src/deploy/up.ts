@@ -195,7 +195,7 @@ export async function runUp(o: UpOptions): Promise<number> {
   const proxyUrl = `http://${host}:${plan.proxy.port}`;
   let model = o.model;
   try {
-    const r = await fetch(`${proxyUrl}/v1/models`, { signal: AbortSignal.timeout(5_000) });
+    const r = await fetch(`${proxyUrl}/v1/models`, { headers: o.apiKey ? { authorization: `Bearer ${o.apiKey}` } : {}, signal: AbortSignal.timeout(5_000) });
     const j = (await r.json()) as { data?: { id?: string }[] };
     if (j.data?.[0]?.id) model = j.data[0].id;
   } catch {

@@ -391,11 +391,12 @@ export class WasmGemm implements Gemm {
 
   /**
    * Runs the kernel over all of C, splitting the column strips with the worker when worth it.
-   * `packed`: W is a strip-packed weight (gemmp), else a dense [K][nPad] operand (gemm).
+   * `kernel`: 'gemmp' when W is a strip-packed weight, 'gemm' when it is a dense [K][nPad] operand.
    */
-  private run(A: number, W: number, C: number, m: number, K: number, nPad: number, packed: boolean): void {
+  private run(kernel: 'gemm' | 'gemmp', A: number, W: number, C: number, m: number, K: number, nPad: number): void {
     const strips = nPad / STRIP;
-    const gemm = packed ? this.exp.gemmp : this.exp.gemm;
+    const packed = kernel === 'gemmp';
+    const gemm = this.exp[kernel];
     if (!this.worker || strips < 2 || m * K * nPad < SPLIT_MIN_MACS) {
       gemm(A, W, C, m, K, nPad, 0, m, 0, nPad);
       return;
@@ -567,9 +568,9 @@ export class WasmGemm implements Gemm {
     if (M === 0) return;
     const { Q, KT, S, V, O, L, hdPad } = this.attnScratch(q, 1, M, hd, P, lens);
     fillKV(KT, V, hdPad);
-    this.run(Q, KT, S, M, hd, P, false);
+    this.run('gemm', Q, KT, S, M, hd, P);
     this.exp.softmax(S, M, P, L, scale);
-    this.run(S, V, O, M, P, hdPad, false);
+    this.run('gemm', S, V, O, M, P, hdPad);
     this.copyRows(O, M, hd, hdPad, out);
   }
 
@@ -595,7 +596,7 @@ export class WasmGemm implements Gemm {
         f32.fill(0, b0 + kk * nPad + N, b0 + (kk + 1) * nPad);
       }
     }
-    this.run(A, B, C, m, K, nPad, false);
+    this.run('gemm', A, B, C, m, K, nPad);
     const c0 = C / 4;
     if (nPad === N) out.set(f32.subarray(c0, c0 + m * N));
     else for (let r = 0; r < m; r++) out.set(f32.subarray(c0 + r * nPad, c0 + r * nPad + N), r * N);
@@ -610,7 +611,7 @@ export class WasmGemm implements Gemm {
     const C = A + aBytes;
     const f32 = this.f32;
     f32.set(a.subarray(0, m * K), A / 4);
-    this.run(A, w.ptr, C, m, K, nPad, true);
+    this.run('gemmp', A, w.ptr, C, m, K, nPad);
     const c0 = C / 4;
     if (nPad === N) out.set(f32.subarray(c0, c0 + m * N));
     else for (let r = 0; r < m; r++) out.set(f32.subarray(c0 + r * nPad, c0 + r * nPad + N), r * N);

@@ -286,10 +286,18 @@ export class Operations {
         distributed_url: w.distributedUrl,
         model_id: w.modelId,
         chunk_size: w.chunkSize,
-        locations: Object.fromEntries([...w.holders].map(([loc, h]) => [loc, { chunks: this.registry.index.count(h) }])),
+        // chunks: from the index (exact, live); bytes / capacity: from the worker's latest
+        // heartbeat (null until one carried them).
+        locations: Object.fromEntries([...w.holders].map(([loc, h]) => [loc, {
+          chunks: this.registry.index.count(h),
+          bytes: w.usage?.[loc]?.bytes ?? null,
+          capacity_bytes: w.usage?.[loc]?.capacity_bytes ?? null,
+          pinned: w.usage?.[loc]?.pinned ?? null,
+        }])),
         pid: w.pid,
         registered_at: new Date(w.registeredAt).toISOString(),
         last_heartbeat_ms_ago: now - w.lastSeen,
+        heartbeat_timeout_ms: this.registry.heartbeatTimeoutMs,
         name: workerName(w),
       })),
     }));

@@ -41,6 +41,10 @@ export interface EngineOptions {
   transfer?: TransferFactory;
   /** Add process-level metrics (CPU, memory, event loop) to /metrics; the CLI turns this on. */
   processMetrics?: boolean;
+  /** One log line per finished request (default true; `--disable-log-requests` turns it off). */
+  logRequests?: boolean;
+  /** The periodic statistics line (default true; `--disable-log-stats` turns it off). */
+  logStats?: boolean;
   env?: NodeJS.ProcessEnv;
 }
 
@@ -49,7 +53,7 @@ export interface EngineSettings {
   env: NodeJS.ProcessEnv;
   host: string;
   port: number;
-  /** What --model names (`builtin:tiny` or a directory). */
+  /** What --model names (`builtin:tiny`, a directory, or a `.gguf` file). */
   modelSpec: string;
   /** The name clients send in `model`. */
   modelName: string;
@@ -65,6 +69,8 @@ export interface EngineSettings {
   cacheConfig: CacheConfig | null;
   transfer: TransferFactory;
   processMetrics: boolean;
+  logRequests: boolean;
+  logStats: boolean;
 }
 
 /** The limits that depend on the loaded model. */
@@ -149,6 +155,8 @@ export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
     cacheConfig,
     transfer: opts.transfer ?? createKvTransfer,
     processMetrics: opts.processMetrics ?? false,
+    logRequests: opts.logRequests ?? true,
+    logStats: opts.logStats ?? true,
   };
 }
 

@@ -37,6 +37,10 @@ export const healthSchema = z.object({ instance_id: str('instance id') });
 export const checkFinishSchema = z.object({ event_id: str('event id') });
 /** POST /query_instance. */
 export const queryInstanceSchema = z.object({ ip: str('ip address') });
+/** GET /events?limit=N: the most recent events (query string, so the number is coerced). */
+export const eventsQuerySchema = z.strictObject({
+  limit: z.coerce.number('expected an integer from 1 to 1000').int('expected an integer from 1 to 1000').min(1, 'expected an integer from 1 to 1000').max(1000, 'expected an integer from 1 to 1000').default(50),
+});
 
 /** Answer of /move, /pin and /unpin: the event to poll with /check_finish. */
 export const eventReplySchema = z.object({ event_id: z.string(), num_tokens: z.number().int() });

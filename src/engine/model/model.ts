@@ -193,6 +193,12 @@ export class LlamaModel {
     return new LlamaModel(path, modelId, cfg, gemm, embed, layers, finalNorm, lmHead);
   }
 
+  /** How the linear layers' weights are held by the kernel ('f32', 'f16', 'bf16', 'q8'), distinct, in layer order. */
+  weightFormats(): string[] {
+    const all = this.layers.flatMap((l) => [l.qkv.fmt, l.o.fmt, l.gateUp.fmt, l.down.fmt]).concat(this.lmHead.fmt);
+    return [...new Set(all)];
+  }
+
   /** Stops the kernel's worker thread (call on shutdown; forward still works, single-threaded). */
   close(): void {
     this.gemm.close();

@@ -1,4 +1,4 @@
-// Controller tests (issue 4, points 2–5): a real `kvc controller` process, cache instances
+// Controller tests: a real `kvc controller` process, cache instances
 // in process (KvcStore + attachController) and, where a process must die, in a child process
 // (this same file started with KVC_CTL_TEST_CHILD=1). Chunk sizes and layouts are tiny except
 // in the kill-mid-move test, which needs a transfer long enough to interrupt.

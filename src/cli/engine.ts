@@ -1,6 +1,7 @@
 // `kvc engine`: the OpenAI-compatible CPU inference server. Flags become startEngine() options
 // (src/engine/settings.ts validates them); SIGTERM / SIGINT close the engine, then exit 0.
 import type { Command } from 'commander';
+import { gibToBytes } from '../common/config.js';
 import { logger } from '../common/log.js';
 import { startEngine } from '../engine/server.js';
 import { optionalPositiveInt as posInt, portFlag } from './options.js';
@@ -28,7 +29,7 @@ export function registerEngine(program: Command): void {
     .description('serve a Llama-architecture model on the CPU with an OpenAI-compatible API')
     .requiredOption('--port <port>', 'HTTP port')
     .option('--host <host>', 'address to bind', '127.0.0.1')
-    .option('--model <model>', '"builtin:tiny" (random weights, generated at first use) or a Hugging Face checkpoint directory', 'builtin:tiny')
+    .option('--model <model>', '"builtin:tiny" (random weights, generated at first use), a Hugging Face checkpoint directory, or a llama.cpp model file ending in .gguf', 'builtin:tiny')
     .option('--served-model-name <name>', 'model name clients send (default: the --model value)')
     .option('--max-model-len <n>', 'longest prompt + completion in tokens (default: the model\'s max_position_embeddings)')
     .option('--max-num-seqs <n>', 'sequences computed concurrently', '16')
@@ -46,7 +47,7 @@ export function registerEngine(program: Command): void {
       if (f.kvCacheMemory !== undefined) {
         const g = Number(f.kvCacheMemory);
         if (!Number.isFinite(g) || g <= 0) throw new Error(`--kv-cache-memory: expected a size in GiB > 0, found "${f.kvCacheMemory}"`);
-        kvCacheBytes = Math.floor(g * 1024 ** 3);
+        kvCacheBytes = gibToBytes(g);
       }
       const engine = await startEngine({
         host: f.host,

@@ -1,9 +1,9 @@
-// The controller's HTTP API; the dashboard's routes are in dashboard.ts. Request bodies are validated with zod through
+// The controller's HTTP API (routes: docs/controller.md; the dashboard's are in dashboard.ts). Request bodies are validated with zod through
 // parseBody, so a bad field is a 400 naming it; unknown instances, locations and events are
 // 404; workers that cannot be reached or do not answer in time are 503/504.
 import type { FastifyInstance } from 'fastify';
 import { z } from 'zod';
-import { notFound } from '../common/errors.js';
+import { ERRORS, kvcError } from '../common/errors.js';
 import { createHttpServer, requireObject } from '../common/http.js';
 import { parseBody, tokenIds } from '../common/validate.js';
 import { registerDashboard } from './dashboard.js';
@@ -74,13 +74,13 @@ export async function buildHttpApi(ops: Operations, o: HttpApiOptions = {}): Pro
   app.post('/check_finish', async (req) => {
     const { event_id } = parseBody(checkFinishSchema, body(req.body));
     const ev = ops.events.get(event_id);
-    if (!ev) throw notFound(`event_id: unknown event "${event_id}"`, 'unknown_event');
+    if (!ev) throw kvcError(ERRORS.unknown_event, `event_id: unknown event "${event_id}"`);
     return { event_id, status: ev.status, num_tokens: ev.num_tokens, error: ev.error };
   });
   app.get('/events/:event_id', async (req) => {
     const { event_id } = req.params as { event_id: string };
     const ev = ops.events.get(event_id);
-    if (!ev) throw notFound(`event_id: unknown event "${event_id}"`, 'unknown_event');
+    if (!ev) throw kvcError(ERRORS.unknown_event, `event_id: unknown event "${event_id}"`);
     return ev;
   });
   app.get('/instances', async () => ({ instances: ops.describeInstances() }));

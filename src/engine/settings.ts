@@ -4,7 +4,7 @@
 // depend on the model (max_model_len, the paged KV budget) are resolved by resolveModelLimits().
 // Every error names the option (as its command-line flag when it has one) and the value found.
 import { payloadBytes, type KvLayout } from '../common/chunk.js';
-import { cacheConfigFromEnv, parseConnectorConfig, validateCacheConfig, type CacheConfig, type ConnectorConfig } from '../common/config.js';
+import { cacheConfigFromEnv, GiB, parseConnectorConfig, validateCacheConfig, type CacheConfig, type ConnectorConfig } from '../common/config.js';
 import { logger } from '../common/log.js';
 import type { TransferFactory } from '../common/transfer_seam.js';
 import { createKvTransfer } from '../xfer/engine_plugin.js';
@@ -12,7 +12,6 @@ import type { ModelConfig } from './model/config.js';
 
 const log = logger('engine');
 
-const GiB = 1024 ** 3;
 /** Largest default paged KV budget (an explicit kvCacheBytes may exceed it). */
 const DEFAULT_KV_BUDGET_CAP = 4 * GiB;
 
@@ -54,7 +53,7 @@ export interface EngineSettings {
   env: NodeJS.ProcessEnv;
   host: string;
   port: number;
-  /** What --model names (`builtin:tiny` or a directory). */
+  /** What --model names (`builtin:tiny`, a directory, or a `.gguf` file). */
   modelSpec: string;
   /** The name clients send in `model`. */
   modelName: string;

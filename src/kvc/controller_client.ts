@@ -1,4 +1,4 @@
-// The instance side of the controller (DESIGN §5), attached by the engine when the cache
+// The instance side of the controller (docs/controller.md), attached by the engine when the cache
 // YAML has enable_controller: true:
 //   - the worker command port (kvc_worker_port, HTTP; src/kvc/worker_server.ts),
 //   - the peer chunk server on distributed_url (src/kvc/worker_peer.ts),

@@ -10,7 +10,7 @@
 import { EventEmitter } from 'node:events';
 import type { CacheConfig } from '../common/config.js';
 import { gibToBytes } from '../common/config.js';
-import { notFound } from '../common/errors.js';
+import { ERRORS, kvcError } from '../common/errors.js';
 import { checkChunkFor } from '../common/chunk.js';
 import { halvesToHex, keyHalves, type ChunkKey, type KeyParams } from '../common/keys.js';
 import { logger } from '../common/log.js';
@@ -72,7 +72,7 @@ export class KvcStore extends EventEmitter<StoreEvents> {
 
   /** Throws 404 (unknown_location) unless `loc` is configured on this instance. */
   assertLocation(loc: string): asserts loc is LocationName {
-    if (!this.backends.has(loc as LocationName)) throw notFound(`location "${loc}" is not configured on this instance (configured: ${this.locations().join(', ') || 'none'})`, 'unknown_location');
+    if (!this.backends.has(loc as LocationName)) throw kvcError(ERRORS.unknown_location, `location "${loc}" is not configured on this instance (configured: ${this.locations().join(', ') || 'none'})`);
   }
 
   /** The backend for `loc`, or a 404 KvcError naming the configured ones. */

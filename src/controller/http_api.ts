@@ -1,4 +1,4 @@
-// The controller's HTTP API; the dashboard's routes are in dashboard.ts. Request bodies are validated with zod through
+// The controller's HTTP API (routes: docs/controller.md; the dashboard's are in dashboard.ts). Request bodies are validated with zod through
 // parseBody, so a bad field is a 400 naming it; unknown instances, locations and events are
 // 404; workers that cannot be reached or do not answer in time are 503/504.
 import type { FastifyInstance } from 'fastify';

@@ -21,8 +21,6 @@ export const DEFAULT_KEEP_ALIVE_TIMEOUT_MS = 65_000;
 export const DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 1024;
 /** Largest ZeroMQ message any socket of the stack accepts, bytes (the connection is dropped above). */
 export const DEFAULT_ZMQ_MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
-/** A binary-port (xfer, worker, peer) connection silent for this long is closed, ms. */
-export const DEFAULT_IDLE_TIMEOUT_MS = 120_000;
 
 /**
  * True when `text` (JSON) nests arrays/objects deeper than `max`. A linear scan that skips

@@ -72,7 +72,7 @@ export async function startStubEngine(name: string, port = 0, host = '127.0.0.1'
     return stub.mode === 'ok' || stub.mode === 'cut';
   };
   app.get('/health', async (_req, reply) => {
-    if (stub.healthDelayMs) await new Promise((r) => setTimeout(r, stub.healthDelayMs));
+    if (stub.healthDelayMs) await new Promise((r) => setTimeout(r, stub.healthDelayMs).unref());
     return stub.mode === 'ok' || stub.mode === 'reject' ? { status: 'ok' } : reply.code(503).send({ status: 'down' });
   });
   app.get('/v1/models', async () => ({ object: 'list', data: [{ id: 'stub', object: 'model', owned_by: name }] }));

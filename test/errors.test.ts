@@ -24,9 +24,13 @@ import { parseBody } from '../src/common/validate.js';
 /** The OpenAI error type that goes with each HTTP status. */
 const TYPE_OF_STATUS: Record<number, ErrorType> = {
   400: 'invalid_request_error',
+  401: 'invalid_request_error',
   404: 'not_found_error',
+  408: 'timeout_error',
   409: 'conflict_error',
   413: 'payload_too_large',
+  429: 'invalid_request_error',
+  431: 'invalid_request_error',
   500: 'internal_error',
   502: 'upstream_error',
   503: 'unavailable_error',

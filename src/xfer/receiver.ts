@@ -58,8 +58,9 @@ export interface ReceiverOptions {
   /** A sender whose HELLO does not arrive within this time is dropped (default 10 s). */
   helloTimeoutMs?: number;
   /**
-   * Most bytes one sender session may hold reserved at once (default: half of bufferBytes), so one
-   * sender cannot take the whole buffer from the others; an ALLOC over it waits like one for a
+   * Most bytes one sender session may hold reserved at once (default: half of bufferBytes while
+   * more than one sender is connected, all of it for a lone sender), so one sender cannot take the
+   * whole buffer from the others; an ALLOC over it waits like one for a
    * full buffer, without holding up other senders' ALLOCs.
    */
   maxReservedPerSender?: number;
@@ -431,8 +432,10 @@ export class XferReceiver extends EventEmitter {
     return n;
   }
 
+  /** The per-sender share: as configured, else half the buffer while more than one sender is connected (a lone sender may use it all). */
   private get perSenderLimit(): number {
-    return this.opts.maxReservedPerSender ?? Math.floor(this.opts.bufferBytes / 2);
+    if (this.opts.maxReservedPerSender !== undefined) return this.opts.maxReservedPerSender;
+    return this.sessions.size > 1 ? Math.floor(this.opts.bufferBytes / 2) : this.opts.bufferBytes;
   }
 
   private overSenderLimit(meta: AllocMeta): boolean {

@@ -191,6 +191,7 @@ describe('generation with a client already gone', () => {
         bestOf: 1,
         sampling: { temperature: 0, topP: 1, topK: -1, seed: null },
         logprobs: null,
+        tokensAsIds: false,
         stop: [],
         includeStopStr: false,
         echo: null,

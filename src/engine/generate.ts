@@ -5,7 +5,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { KvcError, asKvcError, unavailable } from '../common/errors.js';
 import { logger } from '../common/log.js';
-import { chatLogprobs, completionLogprobs, type LogprobEntry } from './logprobs.js';
+import { chatLogprobs, completionLogprobs, tokenNamer, type LogprobEntry } from './logprobs.js';
 import type { EngineMetrics } from './metrics.js';
 import type { Tokenizer } from './model/tokenizer.js';
 import type { SamplingParams } from './sampler.js';
@@ -33,6 +33,8 @@ export interface GenerationRequest {
   sampling: SamplingParams;
   /** Alternatives per token in the answer's logprobs; null: no logprobs in the answer. */
   logprobs: number | null;
+  /** Logprobs name tokens "token_id:<id>" rather than by their text. */
+  tokensAsIds: boolean;
   stop: string[];
   includeStopStr: boolean;
   stopTokenIds: Set<number>;
@@ -101,8 +103,9 @@ export async function runGeneration(ctx: GenerationContext, g: GenerationRequest
   let stream: ((s: string) => void) | null = null;
   let clientGone = false;
 
+  const name = tokenNamer(tok, g.tokensAsIds);
   const formatLogprobs = (entries: LogprobEntry[]) =>
-    g.logprobs === null ? null : g.kind === 'chat' ? chatLogprobs(entries, tok) : completionLogprobs(entries, tok);
+    g.logprobs === null ? null : g.kind === 'chat' ? chatLogprobs(entries, name) : completionLogprobs(entries, name);
   const choiceChunk = (c: Choice, delta: string, finish: string | null) => {
     const lp = formatLogprobs(c.pending);
     c.pending = [];

@@ -17,16 +17,23 @@ export interface LogprobEntry {
 // lowest finite float32 logprob, as OpenAI-compatible servers do.
 const finite = (x: number) => (Number.isFinite(x) ? x : -9999);
 
-export function completionLogprobs(entries: LogprobEntry[], tok: Tokenizer) {
+/** How a token is named in logprobs: its text, or "token_id:<id>" (return_tokens_as_token_ids). */
+export type TokenNamer = (id: number, text?: string) => string;
+
+export function tokenNamer(tok: Tokenizer, asIds: boolean): TokenNamer {
+  return asIds ? (id) => `token_id:${id}` : (id, text) => text ?? tok.tokenText(id);
+}
+
+export function completionLogprobs(entries: LogprobEntry[], name: TokenNamer) {
   return {
-    tokens: entries.map((e) => e.text),
+    tokens: entries.map((e) => name(e.lp.token, e.text)),
     token_logprobs: entries.map((e) => finite(e.lp.logprob)),
     // The sampled token is listed among the alternatives too (as vLLM does), so a client can
     // always find its own token there.
     top_logprobs: entries.map((e) => {
       const top: Record<string, number> = {};
-      for (const t of e.lp.top) top[tok.tokenText(t.token)] ??= finite(t.logprob);
-      top[e.text] ??= finite(e.lp.logprob);
+      for (const t of e.lp.top) top[name(t.token)] ??= finite(t.logprob);
+      top[name(e.lp.token, e.text)] ??= finite(e.lp.logprob);
       return top;
     }),
     text_offset: entries.map((e) => e.offset),
@@ -35,14 +42,14 @@ export function completionLogprobs(entries: LogprobEntry[], tok: Tokenizer) {
 
 const bytesOf = (s: string) => [...Buffer.from(s, 'utf8')];
 
-export function chatLogprobs(entries: LogprobEntry[], tok: Tokenizer) {
+export function chatLogprobs(entries: LogprobEntry[], name: TokenNamer) {
   return {
     content: entries.map((e) => ({
-      token: e.text,
+      token: name(e.lp.token, e.text),
       logprob: finite(e.lp.logprob),
-      bytes: bytesOf(e.text),
+      bytes: bytesOf(name(e.lp.token, e.text)),
       top_logprobs: e.lp.top.map((t) => {
-        const s = tok.tokenText(t.token);
+        const s = name(t.token);
         return { token: s, logprob: finite(t.logprob), bytes: bytesOf(s) };
       }),
     })),

@@ -41,6 +41,8 @@ const samplingFields = {
   stream: z.boolean('expected a boolean').nullish(),
   stream_options: z.strictObject({ include_usage: z.boolean('expected a boolean').nullish() }, 'expected an object').nullish(),
   n: int(1, MAX_N, `an integer between 1 and ${MAX_N}`).nullish(),
+  // vLLM's: logprobs name tokens "token_id:<id>" instead of their text (exact ids for clients).
+  return_tokens_as_token_ids: z.boolean('expected a boolean').nullish(),
   kv_transfer_params: z.record(z.string(), z.unknown(), 'expected an object').nullish(),
   // An end-user identifier (OpenAI uses it for abuse monitoring); it does not change generation.
   user: z.string('expected a string').nullish(),

@@ -79,6 +79,7 @@ export async function completionRoutes(app: FastifyInstance, ctx: RouteContext):
       bestOf,
       sampling,
       logprobs,
+      tokensAsIds: b.return_tokens_as_token_ids ?? false,
       stop: stopStrings(b.stop),
       includeStopStr: b.include_stop_str_in_output ?? false,
       stopTokenIds,

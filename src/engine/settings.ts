@@ -103,12 +103,14 @@ export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
     const json = typeof opts.kvTransferConfig === 'string' ? opts.kvTransferConfig : JSON.stringify(opts.kvTransferConfig);
     const loaded = parseConnectorConfig(json, '--kv-transfer-config');
     for (const w of loaded.warnings) log.warn(w);
+    for (const n of loaded.notes) log.info(n);
     connectorConfig = loaded.config;
   }
   let cacheConfig: CacheConfig | null = null;
   if (connectorConfig) {
     const loaded = opts.cacheConfig ? validateCacheConfig(opts.cacheConfig, 'cacheConfig') : cacheConfigFromEnv(env);
     for (const w of loaded.warnings) log.warn(w);
+    for (const n of loaded.notes) log.info(n);
     cacheConfig = loaded.config;
   } else if (opts.cacheConfig) {
     // The cache instance only exists for the connector: say so rather than drop the setting.

@@ -97,14 +97,18 @@ export class Child {
     const resolveExit = this.resolveExit;
     proc.once('exit', (code, signal) => {
       this.exit = { code, signal };
-      // Let piped output drain into the log before closing it.
-      setTimeout(() => {
-        try {
-          closeSync(fd);
-        } catch {
-          /* already closed */
-        }
-      }, 100);
+      // Let piped output drain into the log before closing it. Only a piped run still holds the
+      // fd here: closing a number already closed could close whatever reused it meanwhile (a
+      // restarted child's pipe, a socket), so it is closed exactly once.
+      if (piped) {
+        setTimeout(() => {
+          try {
+            closeSync(fd);
+          } catch {
+            /* already closed */
+          }
+        }, 100);
+      }
       resolveExit();
     });
     if (!piped) closeSync(fd);

@@ -62,6 +62,14 @@ describe('sampling fields (in-process engine)', () => {
     await refused({ store: true }, 'store', chat);
     await refused({ suffix: 'x' }, 'suffix');
     assert.equal((await refused({ use_beam_search: true }, 'use_beam_search')).code, 'unsupported_field');
+    // message fields: name is passed to the template; tool calls and unknown fields are refused
+    await refused({ messages: [{ role: 'assistant', content: 'x', tool_calls: [{ id: 'c1' }] }] }, 'messages[0].tool_calls', chat);
+    await refused({ messages: [{ role: 'user', content: 'x', audio: {} }] }, 'messages[0]', chat);
+    await refused({ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'http://x' } }] }] }, 'messages[0].content', chat);
+    assert.equal((await post(chat, { messages: [{ role: 'user', content: 'hi', name: 'ann' }], max_tokens: 2 })).status, 200);
+    const tok = await post('/tokenize', { prompt: 'hi', add_special_token: false });
+    assert.equal(tok.status, 400);
+    assert.match(tok.json.error.message, /add_special_token/);
     // the accepted forms of the same fields
     const ok = await post(chat, { messages: [{ role: 'user', content: 'hi' }], max_tokens: 2, tools: [], tool_choice: 'none', response_format: { type: 'text' }, store: false, user: 'u1' });
     assert.equal(ok.status, 200, ok.text);

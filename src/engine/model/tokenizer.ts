@@ -19,6 +19,8 @@ export class ChatTemplateError extends Error {
 export interface ChatMessage {
   role: string;
   content: string;
+  /** The participant's name; templates that know it render it. */
+  name?: string;
 }
 
 /** Llama-2 chat format, used when tokenizer_config.json carries no chat_template. */

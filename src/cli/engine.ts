@@ -1,6 +1,7 @@
 // `kvc engine`: the OpenAI-compatible CPU inference server. Flags become startEngine() options
 // (src/engine/settings.ts validates them); SIGTERM / SIGINT close the engine, then exit 0.
 import type { Command } from 'commander';
+import { gibToBytes } from '../common/config.js';
 import { logger } from '../common/log.js';
 import { startEngine } from '../engine/server.js';
 import { optionalPositiveInt as posInt, portFlag } from './options.js';
@@ -13,7 +14,6 @@ interface EngineFlags {
   model?: string;
   dtype: string;
   enablePrefixCaching?: boolean;
-  disableLogRequests?: boolean;
   servedModelName?: string;
   maxModelLen?: string;
   maxNumSeqs?: string;
@@ -21,6 +21,8 @@ interface EngineFlags {
   maxQueueLen?: string;
   kvCacheMemory?: string;
   kvTransferConfig?: string;
+  disableLogRequests?: boolean;
+  disableLogStats?: boolean;
 }
 
 export function registerEngine(program: Command): void {
@@ -30,7 +32,7 @@ export function registerEngine(program: Command): void {
     .argument('[model]', 'the model, as in `vllm serve <model>` (same as --model)')
     .option('--port <port>', 'HTTP port', '8000')
     .option('--host <host>', 'address to bind', '127.0.0.1')
-    .option('--model <model>', '"builtin:tiny" (random weights, generated at first use) or a local checkpoint directory (config.json, tokenizer.json, *.safetensors); nothing is downloaded (default: builtin:tiny)')
+    .option('--model <model>', '"builtin:tiny" (random weights, generated at first use), a local Hugging Face checkpoint directory (config.json, tokenizer.json, *.safetensors), or a llama.cpp model file ending in .gguf; nothing is downloaded (default: builtin:tiny)')
     .option('--served-model-name <name>', 'model name clients send (default: the --model value)')
     .option('--max-model-len <n>', 'longest prompt + completion in tokens (default: the model\'s max_position_embeddings)')
     .option('--dtype <dtype>', 'compute type: auto, float32 or float (this CPU engine computes in float32; bf16/f16 weights are widened on load)', 'auto')
@@ -42,7 +44,8 @@ export function registerEngine(program: Command): void {
     .option('--enable-prefix-caching', 'reuse the KV of earlier prompts through a cache instance: without --kv-transfer-config, attaches a kv_both connector with the cache of $KVC_CONFIG_FILE (default: a CPU tier)')
     .option('--no-enable-prefix-caching', 'no cache instance unless --kv-transfer-config gives one (the default; the engine itself keeps no KV of finished requests)')
     .option('--enforce-eager', 'accepted for compatibility: the CPU engine always runs eagerly (it has no graph mode)')
-    .option('--disable-log-requests', 'no log line per request')
+    .option('--disable-log-requests', 'do not log one line per finished request (id, tokens, cached tokens, TTFT, duration)')
+    .option('--disable-log-stats', 'do not log the periodic statistics line (throughput, running/waiting, KV usage, prefix-cache hit rate)')
     .action(async (positional: string | undefined, f: EngineFlags) => {
       if (positional !== undefined && f.model !== undefined && positional !== f.model) {
         throw new Error(`the model is given twice, as "${positional}" and as --model "${f.model}"; give one`);
@@ -53,7 +56,7 @@ export function registerEngine(program: Command): void {
       if (f.kvCacheMemory !== undefined) {
         const g = Number(f.kvCacheMemory);
         if (!Number.isFinite(g) || g <= 0) throw new Error(`--kv-cache-memory: expected a size in GiB > 0, found "${f.kvCacheMemory}"`);
-        kvCacheBytes = Math.floor(g * 1024 ** 3);
+        kvCacheBytes = gibToBytes(g);
       }
       const engine = await startEngine({
         host: f.host,
@@ -61,7 +64,6 @@ export function registerEngine(program: Command): void {
         model,
         dtype: f.dtype,
         enablePrefixCaching: f.enablePrefixCaching,
-        logRequests: f.disableLogRequests !== true,
         servedModelName: f.servedModelName,
         maxModelLen: posInt('--max-model-len', f.maxModelLen),
         maxNumSeqs: posInt('--max-num-seqs', f.maxNumSeqs),
@@ -70,6 +72,8 @@ export function registerEngine(program: Command): void {
         kvCacheBytes,
         kvTransferConfig: f.kvTransferConfig,
         processMetrics: true,
+        logRequests: !f.disableLogRequests,
+        logStats: !f.disableLogStats,
       });
       log.info(`serving "${engine.modelName}" (model id ${engine.modelId}, max_model_len ${engine.maxModelLen})`);
       process.stdout.write(`engine listening on ${engine.url}\n`);

@@ -9,10 +9,10 @@ import { existsSync, statSync } from 'node:fs';
 import { chunkKeys, seedFromEnv } from '../common/keys.js';
 import { modelIdOf } from '../engine/model_spec.js';
 
-/** The model id for `--model`: a built-in model or a directory maps to its id; anything else is taken as the id. */
+/** The model id for `--model`: a built-in model, a directory or a .gguf file maps to its id; anything else is taken as the id. */
 export function keyModelId(model: string): string {
   if (model.startsWith('builtin:')) return modelIdOf(model);
-  if (existsSync(model) && statSync(model).isDirectory()) return modelIdOf(model);
+  if (existsSync(model) && (statSync(model).isDirectory() || /\.gguf$/i.test(model))) return modelIdOf(model);
   return model;
 }
 

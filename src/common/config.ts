@@ -1,8 +1,9 @@
 // Cache instance configuration (YAML at $KVC_CONFIG_FILE) and the engine's transfer-connector
-// JSON. Both are validated up front: a wrong type or value stops start-up with one message
-// naming the file, the key, what was expected and what was found. LMCache's names are read as
-// kvc's (config_aliases.ts); any other unknown key stops start-up too, with the closest known
-// key when it looks like a typo — a setting that does nothing is never accepted.
+// JSON (--kv-transfer-config); every key, its unit and default: docs/configuration.md. Both are
+// validated up front: a wrong type or value stops start-up with one message naming the file, the
+// key, what was expected and what was found. LMCache's names are read as kvc's
+// (config_aliases.ts); any other unknown key stops start-up too, with the closest known key when
+// it looks like a typo — a setting that does nothing is never accepted.
 import { readFileSync } from 'node:fs';
 import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
@@ -155,7 +156,7 @@ export function cacheConfigFromEnv(env: NodeJS.ProcessEnv = process.env): Loaded
 export const GiB = 1024 ** 3;
 export const gibToBytes = (g: number) => Math.floor(g * GiB);
 
-// ---- connector JSON --------------------------------------------------------------
+// ---- connector JSON (--kv-transfer-config) ---------------------------------------------------
 
 export const connectorConfigSchema = z.strictObject({
   kv_connector: z.literal('KvcConnectorV1', 'expected "KvcConnectorV1"'),

@@ -4,6 +4,7 @@
 // committed under examples/1p1d and examples/2p2d, so the examples and `kvc up` cannot drift.
 import { join } from 'node:path';
 import { stringify } from 'yaml';
+import { GiB } from '../common/config.js';
 
 export interface PlanOptions {
   prefillers: number;
@@ -141,7 +142,7 @@ export function makePlan(o: PlanOptions): Plan {
         xfer_role: 'sender',
         xfer_proxy_host: h,
         xfer_proxy_port: notifyPort,
-        xfer_buffer_size: 1073741824,
+        xfer_buffer_size: GiB,
         // The engine computes on the CPU: its transfer buffer is host memory.
         xfer_buffer_device: 'cpu',
       },

@@ -4,7 +4,7 @@
 // depend on the model (max_model_len, the paged KV budget) are resolved by resolveModelLimits().
 // Every error names the option (as its command-line flag when it has one) and the value found.
 import { payloadBytes, type KvLayout } from '../common/chunk.js';
-import { cacheConfigFromEnv, parseConnectorConfig, validateCacheConfig, type CacheConfig, type ConnectorConfig } from '../common/config.js';
+import { cacheConfigFromEnv, GiB, parseConnectorConfig, validateCacheConfig, type CacheConfig, type ConnectorConfig } from '../common/config.js';
 import { logger } from '../common/log.js';
 import type { TransferFactory } from '../common/transfer_seam.js';
 import { createKvTransfer } from '../xfer/engine_plugin.js';
@@ -13,7 +13,6 @@ import { checkModelSpec } from './model_spec.js';
 
 const log = logger('engine');
 
-const GiB = 1024 ** 3;
 /** Largest default paged KV budget (an explicit kvCacheBytes may exceed it). */
 const DEFAULT_KV_BUDGET_CAP = 4 * GiB;
 
@@ -54,10 +53,12 @@ export interface EngineOptions {
    * With a connector, its cache instance already reuses prefixes. Default false.
    */
   enablePrefixCaching?: boolean;
-  /** --disable-log-requests sets this false: no log line per request (read by the request logger). Default true. */
-  logRequests?: boolean;
   /** Add process-level metrics (CPU, memory, event loop) to /metrics; the CLI turns this on. */
   processMetrics?: boolean;
+  /** One log line per finished request (default true; `--disable-log-requests` turns it off). */
+  logRequests?: boolean;
+  /** The periodic statistics line (default true; `--disable-log-stats` turns it off). */
+  logStats?: boolean;
   env?: NodeJS.ProcessEnv;
 }
 
@@ -66,7 +67,7 @@ export interface EngineSettings {
   env: NodeJS.ProcessEnv;
   host: string;
   port: number;
-  /** What --model names (`builtin:tiny` or a directory). */
+  /** What --model names (`builtin:tiny`, a directory, or a `.gguf` file). */
   modelSpec: string;
   /** The name clients send in `model`. */
   modelName: string;
@@ -84,6 +85,7 @@ export interface EngineSettings {
   processMetrics: boolean;
   /** Whether one log line is written per request (false with --disable-log-requests). */
   logRequests: boolean;
+  logStats: boolean;
   /** True when --enable-prefix-caching attached the kv_both connector itself. */
   prefixCachingConnector: boolean;
 }
@@ -184,6 +186,7 @@ export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
     transfer: opts.transfer ?? createKvTransfer,
     processMetrics: opts.processMetrics ?? false,
     logRequests: opts.logRequests ?? true,
+    logStats: opts.logStats ?? true,
     prefixCachingConnector,
   };
 }

@@ -7,6 +7,7 @@ import { z } from 'zod';
 import { ERRORS, kvcError } from '../../common/errors.js';
 import { didYouMean } from '../../common/did_you_mean.js';
 import { tokenIds } from '../../common/validate.js';
+import { kvTransferParamsSchema } from '../../protocol/disagg_spec.js';
 import { chatMessages } from './messages.schema.js';
 
 const tokenList = tokenIds.min(1, 'expected at least one token id');
@@ -43,7 +44,7 @@ const samplingFields = {
   n: int(1, MAX_N, `an integer between 1 and ${MAX_N}`).nullish(),
   // vLLM's: logprobs name tokens "token_id:<id>" instead of their text (exact ids for clients).
   return_tokens_as_token_ids: z.boolean('expected a boolean').nullish(),
-  kv_transfer_params: z.record(z.string(), z.unknown(), 'expected an object').nullish(),
+  kv_transfer_params: kvTransferParamsSchema.nullish(),
   // An end-user identifier (OpenAI uses it for abuse monitoring); it does not change generation.
   user: z.string('expected a string').nullish(),
 };

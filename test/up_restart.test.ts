@@ -77,10 +77,19 @@ describe('kvc up restarts a killed decoder (built-in model, 1P1D)', () => {
   const base = { prefillers: 1, decoders: 1, model: 'builtin:tiny', controller: false, host: '127.0.0.1' };
 
   before(async () => {
-    offset = await freeOffset(base);
-    logDir = tempDir('kvc-up-restart-');
-    up = startKvc(['up', '--no-controller', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150', '--max-model-len', '384', '--chunk-size', '32', '--max-local-cpu-size', '0.1', '--served-model-name', 'tiny']);
-    await up.waitFor(/kvc up: ready/, 170_000);
+    // Other test runs share this machine: a port found free can be taken before `kvc up` checks
+    // it (exit 3, nothing started). Then another offset is tried.
+    for (let attempt = 0; ; attempt++) {
+      offset = await freeOffset(base);
+      logDir = tempDir('kvc-up-restart-');
+      up = startKvc(['up', '--no-controller', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150', '--max-model-len', '384', '--chunk-size', '32', '--max-local-cpu-size', '0.1', '--served-model-name', 'tiny']);
+      try {
+        await up.waitFor(/kvc up: ready/, 170_000);
+        return;
+      } catch (e) {
+        if (attempt >= 2 || !/ports already in use, nothing started/.test(up.output())) throw e;
+      }
+    }
   });
   after(async () => {
     await up?.kill('SIGTERM');

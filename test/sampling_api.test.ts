@@ -93,6 +93,7 @@ describe('sampling fields (in-process engine)', () => {
     await refused({ best_of: 1, n: 2 }, 'best_of');
     await refused({ best_of: 3, stream: true }, 'best_of');
     await refused({ echo: true, logprobs: 1 }, 'echo');
+    await refused({ stream_options: { include_usage: true } }, 'stream_options');
     await refused({ top_logprobs: 2 }, 'top_logprobs', '/v1/chat/completions');
     await refused({ logprobs: true, top_logprobs: 21 }, 'top_logprobs', '/v1/chat/completions');
   });

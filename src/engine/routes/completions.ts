@@ -50,6 +50,8 @@ export async function completionRoutes(app: FastifyInstance, ctx: RouteContext):
     const bestOf = 'best_of' in b && b.best_of != null ? b.best_of : n;
     if (bestOf < n) throw badRequest(`field \`best_of\`: expected an integer >= n (${n}), found ${bestOf}`);
     if (bestOf > n && b.stream) throw badRequest('field `best_of`: best_of > n cannot be streamed (set stream to false)');
+    // include_usage only shapes a stream: given without one it would do nothing.
+    if (b.stream_options != null && b.stream !== true) throw badRequest('field `stream_options`: only allowed with `stream: true`');
     const minTokens = b.min_tokens ?? 0;
     if (minTokens > maxTokens) throw badRequest(`field \`min_tokens\`: ${minTokens} is more than max_tokens (${maxTokens})`);
     for (const [i, id] of (b.stop_token_ids ?? []).entries()) {

@@ -39,7 +39,8 @@ async function engineGauge(url: string, name: string): Promise<number> {
 }
 
 async function main(): Promise<void> {
-  const dep: Deployment = await startDeployment({ prefillers: 2, decoders: 2 });
+  // No automatic restarts by kvc up: the schedule restarts what it kills itself.
+  const dep: Deployment = await startDeployment({ prefillers: 2, decoders: 2, args: ['--max-restarts', '0'] });
   const restarted: ChildProcess[] = [];
   const restart = async (name: string, pauseMs = 0) => {
     const pid = dep.pids.get(name)!;

@@ -20,6 +20,13 @@ const failures = (rs: LoadResult[]) => rs.filter((r) => r.status !== 200).map((r
 describe('faults under load (1P2D)', () => {
   let dep: Deployment;
   const restarted: ChildProcess[] = [];
+  /** Every load started, stopped at the end even when a test failed half way. */
+  const loads: ReturnType<typeof startLoad>[] = [];
+  const startLoadHere = (concurrency: number, o?: Parameters<typeof startLoad>[2]) => {
+    const l = startLoad(dep.proxy, concurrency, o);
+    loads.push(l);
+    return l;
+  };
 
   const health = () => getJson(`${dep.proxy}/health`) as Promise<{ status: string; prefillers: { up: boolean }[]; decoders: { up: boolean }[] }>;
   const instanceIds = async () => ((await getJson(`${dep.controller}/instances`)) as { instances: { instance_id: string }[] }).instances.map((i) => i.instance_id).sort();
@@ -42,15 +49,17 @@ describe('faults under load (1P2D)', () => {
   };
 
   before(async () => {
-    dep = await startDeployment({ prefillers: 1, decoders: 2 });
+    // No automatic restarts: the test restarts what it kills itself, exactly when it means to.
+    dep = await startDeployment({ prefillers: 1, decoders: 2, args: ['--max-restarts', '0'] });
   });
   after(async () => {
+    for (const l of loads) await l.stop();
     for (const c of restarted) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
     await dep?.stop();
   });
 
   test('kill -9 of a decoder under load: every request succeeds on the other decoder; restarted, it rejoins', async (t) => {
-    const load = startLoad(dep.proxy, 6);
+    const load = startLoadHere(6);
     await eventually(() => load.results.length >= 6, 30_000);
     await killAndRestart('decoder-1');
     await eventually(() => load.results.length >= 40, 60_000);
@@ -73,7 +82,7 @@ describe('faults under load (1P2D)', () => {
 
   test('SIGSTOP of a decoder under load: it is marked down within the bound, its requests fail over or end; SIGCONT brings it back', async (t) => {
     const pid = dep.pids.get('decoder-1')!;
-    const load = startLoad(dep.proxy, 6, { timeoutMs: 60_000 });
+    const load = startLoadHere(6, { timeoutMs: 60_000 });
     await eventually(() => load.results.length >= 6, 30_000);
     signal(pid, 'SIGSTOP');
     try {
@@ -97,7 +106,7 @@ describe('faults under load (1P2D)', () => {
   });
 
   test('kill -9 of the prefiller under load: the decoders prefill alone; restarted, it is used again', async (t) => {
-    const load = startLoad(dep.proxy, 4);
+    const load = startLoadHere(4);
     await eventually(() => load.results.length >= 4, 30_000);
     await killAndRestart('prefiller-0');
     await eventually(() => load.results.length >= 30, 60_000);
@@ -108,7 +117,7 @@ describe('faults under load (1P2D)', () => {
   });
 
   test('controller killed and restarted under load: no request fails, every instance re-registers', async (t) => {
-    const load = startLoad(dep.proxy, 4);
+    const load = startLoadHere(4);
     await eventually(() => load.results.length >= 4, 30_000);
     await killAndRestart('controller', 500);
     assert.ok(await eventually(async () => (await instanceIds()).join() === 'decoder-0,decoder-1,prefiller-0', 60_000), 'every instance re-registered');

@@ -5,6 +5,13 @@ import { dirname, join } from 'node:path';
 import { runUp } from '../deploy/up.js';
 import { intFlag as int, secondsFlag } from './options.js';
 
+/** A size in GiB >= 0 (fractions allowed). */
+function gib(flag: string, v: string): number {
+  const n = Number(v);
+  if (v.trim() === '' || !Number.isFinite(n) || n < 0) throw new Error(`${flag}: expected a number of GiB >= 0, found "${v}"`);
+  return n;
+}
+
 const CLI = join(dirname(fileURLToPath(import.meta.url)), 'main.js');
 
 
@@ -19,6 +26,10 @@ export function registerUp(program: Command): void {
     .option('--no-controller', 'do not start the controller; engines run with enable_controller: false')
     .option('--log-dir <dir>', 'where per-process logs, generated configs and deployment.json go', 'kvc-logs')
     .option('--startup-timeout <s>', 'seconds allowed for all processes to become healthy', '300')
+    .option('--routing <mode>', 'proxy routing: round-robin (default) or kv-aware (cached prefix + load; docs/routing.md)')
+    .option('--max-local-prefill-tokens <n>', "proxy: prefill on the decoder when at most this many prompt tokens are uncached there (kv-aware default 256)")
+    .option('--max-prefill-queue <n>', 'proxy: prefill on the decoder when every prefiller has more than this many prefills in flight (kv-aware default 8)')
+    .option('--local-cpu-size <GiB>', "every engine's CPU tier in GiB (0: none)", '5')
     .option('--config-only', 'write the cache YAML and connector JSON files and print the commands; start nothing')
     .action(async (o: Record<string, string | boolean>) => {
       let code: number;
@@ -30,6 +41,10 @@ export function registerUp(program: Command): void {
           model: String(o.model),
           portOffset: int('--port-offset', String(o.portOffset)),
           controller: o.controller !== false,
+          routing: o.routing === undefined ? undefined : (String(o.routing) as 'round-robin'),
+          maxLocalPrefillTokens: o.maxLocalPrefillTokens === undefined ? undefined : int('--max-local-prefill-tokens', String(o.maxLocalPrefillTokens), 0),
+          maxPrefillQueue: o.maxPrefillQueue === undefined ? undefined : int('--max-prefill-queue', String(o.maxPrefillQueue), 0),
+          localCpuGiB: gib('--local-cpu-size', String(o.localCpuSize)),
           host: '127.0.0.1',
           logDir: String(o.logDir),
           startupTimeoutMs,

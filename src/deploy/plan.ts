@@ -11,7 +11,20 @@ export interface PlanOptions {
   portOffset: number;
   controller: boolean;
   host: string;
+  /** Proxy routing: round-robin (default) or kv-aware (needs the controller). */
+  routing?: 'round-robin' | 'kv-aware';
+  /** --max-local-prefill-tokens / --max-prefill-queue passed to the proxy when given. */
+  maxLocalPrefillTokens?: number;
+  maxPrefillQueue?: number;
+  /** GiB of every engine's CPU tier (default DEFAULT_LOCAL_CPU_GIB). */
+  localCpuGiB?: number;
 }
+
+/**
+ * Every engine, prefiller and decoder, keeps a CPU tier of this many GiB by default, so a
+ * prefix computed or received once can be reused there (and found by kv-aware routing).
+ */
+export const DEFAULT_LOCAL_CPU_GIB = 5;
 
 /** Reference ports of a deployment (docs/architecture.md) before --port-offset. */
 export const BASE_PORTS = {
@@ -64,9 +77,17 @@ export function makePlan(o: PlanOptions): Plan {
   if (!Number.isInteger(o.portOffset) || o.portOffset < -7000 || BASE_PORTS.proxy + o.portOffset > 65535) {
     throw new Error(`--port-offset: expected an integer that keeps every port in 1..65535, found ${o.portOffset}`);
   }
+  if (o.routing !== undefined && o.routing !== 'round-robin' && o.routing !== 'kv-aware') {
+    throw new Error(`--routing: expected round-robin or kv-aware, found "${String(o.routing)}"`);
+  }
+  if (o.routing === 'kv-aware' && !o.controller) throw new Error('--routing kv-aware: needs the controller (its index says where prefixes are cached); drop --no-controller');
+  for (const [flag, v] of [['--max-local-prefill-tokens', o.maxLocalPrefillTokens], ['--max-prefill-queue', o.maxPrefillQueue]] as const) {
+    if (v !== undefined && !(Number.isSafeInteger(v) && v >= 0)) throw new Error(`${flag}: expected an integer >= 0, found ${v}`);
+  }
+  const cpuGiB = o.localCpuGiB ?? DEFAULT_LOCAL_CPU_GIB;
+  if (!(Number.isFinite(cpuGiB) && cpuGiB >= 0)) throw new Error(`--local-cpu-size: expected a number of GiB >= 0, found ${cpuGiB}`);
   const off = (p: number) => p + o.portOffset;
   const h = o.host;
-  const xpyd = o.prefillers > 1 || o.decoders > 1;
   const controllerMonitor = off(BASE_PORTS.controllerMonitor);
   const notifyPort = off(BASE_PORTS.notify);
   const ctl = (worker: number, distributed: number, id: string) => ({
@@ -86,10 +107,10 @@ export function makePlan(o: PlanOptions): Plan {
       port: off(BASE_PORTS.prefiller + i),
       cacheConfig: {
         chunk_size: 256,
-        // Reference values: the 1p1d prefiller keeps a 5 GiB CPU cache, XpYd prefillers none
-        // (their chunks go straight to the decoders).
-        local_cpu: !xpyd,
-        max_local_cpu_size: xpyd ? 0 : 5,
+        // Every engine keeps a CPU tier (default 5 GiB): what it computed is reused by the
+        // next request with the same prefix that is routed here.
+        local_cpu: cpuGiB > 0,
+        max_local_cpu_size: cpuGiB,
         max_local_disk_size: 0,
         ...ctl(off(BASE_PORTS.worker + i), off(BASE_PORTS.distributed + i), name),
         enable_xfer: true,
@@ -116,8 +137,9 @@ export function makePlan(o: PlanOptions): Plan {
       port: off(BASE_PORTS.decoder + j),
       cacheConfig: {
         chunk_size: 256,
-        local_cpu: false,
-        max_local_cpu_size: 0,
+        // A decoder stores what it received or computed, so a prefix it holds needs no transfer.
+        local_cpu: cpuGiB > 0,
+        max_local_cpu_size: cpuGiB,
         ...ctl(off(BASE_PORTS.worker + MAX_PER_ROLE + j), off(BASE_PORTS.distributed + MAX_PER_ROLE + j), name),
         enable_xfer: true,
         enable_xpyd: true,
@@ -206,6 +228,10 @@ export function proxyArgs(plan: Plan): string[] {
     '--decoder-alloc-port', String(d[0]!.cacheConfig.xfer_peer_alloc_port),
     '--proxy-host', h,
     '--proxy-port', String(plan.proxy.notifyPort),
+    ...(plan.controller ? ['--controller-url', `http://${h}:${plan.controller.port}`] : []),
+    ...(plan.opts.routing ? ['--routing', plan.opts.routing] : []),
+    ...(plan.opts.maxLocalPrefillTokens !== undefined ? ['--max-local-prefill-tokens', String(plan.opts.maxLocalPrefillTokens)] : []),
+    ...(plan.opts.maxPrefillQueue !== undefined ? ['--max-prefill-queue', String(plan.opts.maxPrefillQueue)] : []),
   ];
 }
 

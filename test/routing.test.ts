@@ -48,9 +48,16 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
   async function metrics(): Promise<string> {
     return (await fetch(`${proxy}/metrics`, { signal: AbortSignal.timeout(5_000) })).text();
   }
+  /** Sum of the series of `name` carrying every label of `labels` ('a="x",b="y"'). */
   function metric(text: string, name: string, labels: string): number {
-    const line = text.split('\n').find((l) => l.startsWith(`${name}{${labels}}`));
-    return line ? Number(line.split(' ').pop()) : 0;
+    const want = labels.split(/,(?=\w+=")/);
+    let sum = 0;
+    for (const l of text.split('\n')) {
+      if (!l.startsWith(`${name}{`)) continue;
+      const set = l.slice(name.length + 1, l.lastIndexOf('}'));
+      if (want.every((w) => set.split(/,(?=\w+=")/).includes(w))) sum += Number(l.split(' ').pop());
+    }
+    return sum;
   }
   async function tokens(body: Record<string, unknown>): Promise<number[]> {
     const r = await postJson(`${decoderUrl(0)}/tokenize`, { model: 'builtin:tiny', ...body });

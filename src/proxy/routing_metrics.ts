@@ -9,12 +9,12 @@ import type { PrefillWhere, RouteReason } from './router.js';
 export class RoutingMetrics {
   readonly decisions: Counter<'reason'>;
   readonly promptTokens: Counter<'instance' | 'kind'>;
-  readonly prefills: Counter<'where'>;
+  readonly prefills: Counter<'where' | 'instance'>;
   readonly lookups: Counter<'outcome'>;
   readonly decisionSeconds: Histogram;
   private readonly decision: (reason: string) => { inc(): void };
   private readonly tokens: (instance: string, kind: string) => { inc(n: number): void };
-  private readonly prefill: (where: string) => { inc(): void };
+  private readonly prefill: (where: string, instance: string) => { inc(): void };
   private readonly lookup: (outcome: string) => { inc(): void };
   /** Prompt tokens of the current statistics interval: [cached, total]. */
   private window = { cached: 0, total: 0 };
@@ -24,7 +24,7 @@ export class RoutingMetrics {
     const registers = [registry];
     this.decisions = new Counter({ name: 'kvc_proxy_routing_decisions_total', help: 'Routing decisions by reason (round_robin, prefix_hit, load_spread, no_prefix, lookup_failed)', labelNames: ['reason'], registers });
     this.promptTokens = new Counter({ name: 'kvc_proxy_prompt_tokens_total', help: 'Prompt tokens per instance that computes them, by kind: cached (per the controller index) or computed', labelNames: ['instance', 'kind'], registers });
-    this.prefills = new Counter({ name: 'kvc_proxy_prefills_total', help: 'Prefills by where they ran: remote (a prefiller, KV transferred) or local_* (the decoder itself, and why)', labelNames: ['where'], registers });
+    this.prefills = new Counter({ name: 'kvc_proxy_prefills_total', help: 'Prefills by where they ran: remote (a prefiller, KV transferred) or local_* (the decoder itself, and why), and the instance that ran them', labelNames: ['where', 'instance'], registers });
     this.lookups = new Counter({ name: 'kvc_proxy_prefix_lookups_total', help: "Routing lookups on the controller's index, by outcome (ok, failed)", labelNames: ['outcome'], registers });
     this.decisionSeconds = new Histogram({
       name: 'kvc_proxy_routing_decision_seconds',
@@ -44,7 +44,7 @@ export class RoutingMetrics {
 
   routed(reason: RouteReason, where: PrefillWhere, instance: string, promptTokens: number, cachedTokens: number | null): void {
     this.decision(reason).inc();
-    this.prefill(where).inc();
+    this.prefill(where, instance).inc();
     if (cachedTokens === null) return; // no lookup: nothing known about the cache
     const cached = Math.min(cachedTokens, promptTokens);
     if (cached) this.tokens(instance, 'cached').inc(cached);

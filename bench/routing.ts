@@ -94,7 +94,19 @@ async function freeOffset(): Promise<number> {
   throw new Error('no free port offset');
 }
 
+/** Starts a deployment; another port offset is tried when a port was taken meanwhile (the machine is shared). */
 async function up(routing: string): Promise<Deployment> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await upOnce(routing);
+    } catch (e) {
+      if (attempt >= 3 || !/EADDRINUSE|already in use/.test((e as Error).message)) throw e;
+      console.log(`(a port was taken by another process; retrying on another offset)`);
+    }
+  }
+}
+
+async function upOnce(routing: string): Promise<Deployment> {
   const off = await freeOffset();
   const logDir = mkdtempSync(join(tmpdir(), `kvc-bench-routing-${routing}-`));
   const proc = spawn(process.execPath, [CLI, 'up', '--prefillers', '2', '--decoders', '2', '--routing', routing, '--local-cpu-size', CPU_GIB.toFixed(6), '--port-offset', String(off), '--log-dir', logDir], {

@@ -24,6 +24,7 @@ import * as vega from 'vega';
 import { compile, type TopLevelSpec } from 'vega-lite';
 import { makePlan } from '../src/deploy/plan.js';
 import { takenPorts } from '../src/deploy/up.js';
+import { PrefixClient } from '../src/proxy/prefix_client.js';
 
 const CLI = join(dirname(fileURLToPath(import.meta.url)), '..', 'src', 'cli', 'main.js');
 const TENANTS = 8;
@@ -81,6 +82,7 @@ function workload(seed: number, n: number, rate: number, skewed: boolean): { pre
 interface Deployment {
   proc: ChildProcess;
   proxy: string;
+  controller: string;
   engines: { name: string; url: string }[];
   stop(): Promise<void>;
 }
@@ -134,6 +136,7 @@ async function upOnce(routing: string): Promise<Deployment> {
   return {
     proc,
     proxy: `http://127.0.0.1:${9100 + off}`,
+    controller: `http://127.0.0.1:${9000 + off}`,
     engines,
     async stop() {
       if (proc.exitCode === null) proc.kill('SIGTERM');
@@ -215,6 +218,29 @@ interface RunResult {
   hitRate: number;
   shares: Record<string, number>;
   maxShare: number;
+  /** kv-aware: the routing lookup's time (one prompt, 1,024 + 64 tokens), p50 ms; null for round-robin. */
+  decisionP50: number | null;
+}
+
+/**
+ * What routing adds to a request: the proxy's lookup on the controller (the same client and
+ * call the proxy makes) for a workload prompt, 300 times in a row on the loaded deployment.
+ * The cost function itself is a loop over four backends (microseconds).
+ */
+async function decisionTime(d: Deployment, prompt: number[]): Promise<number> {
+  const c = new PrefixClient(d.controller, 1000);
+  try {
+    for (let i = 0; i < 20; i++) await c.lookup(prompt);
+    const t: number[] = [];
+    for (let i = 0; i < 300; i++) {
+      const t0 = performance.now();
+      await c.lookup(prompt);
+      t.push(performance.now() - t0);
+    }
+    return pct(t.sort((a, b) => a - b), 50);
+  } finally {
+    await c.close();
+  }
 }
 
 async function run(name: string, routing: string, w: ReturnType<typeof workload>): Promise<RunResult> {
@@ -232,6 +258,7 @@ async function run(name: string, routing: string, w: ReturnType<typeof workload>
       }),
     );
     const after = await counters(d);
+    const decisionP50 = routing === 'kv-aware' ? await decisionTime(d, w.reqs[0]!.prompt) : null;
     const sent = w.reqs.reduce((a, q) => a + q.prompt.length, 0);
     const sorted = [...ttfts].sort((a, b) => a - b);
     const shares: Record<string, number> = {};
@@ -244,10 +271,11 @@ async function run(name: string, routing: string, w: ReturnType<typeof workload>
       hitRate: (after.fromCache - before.fromCache) / sent,
       shares,
       maxShare: Math.max(...Object.values(shares)),
+      decisionP50,
     };
     console.log(
       `${name.padEnd(14)} TTFT p50 ${r.p50.toFixed(0).padStart(6)} ms  p90 ${r.p90.toFixed(0).padStart(6)} ms  computed/sent ${r.computedRatio.toFixed(3)}  ` +
-        `hit rate ${(100 * r.hitRate).toFixed(1)}%  shares ${Object.entries(shares).map(([k, v]) => `${k} ${(100 * v).toFixed(0)}%`).join(', ')}`,
+        `hit rate ${(100 * r.hitRate).toFixed(1)}%${decisionP50 === null ? '' : `  routing lookup p50 ${decisionP50.toFixed(3)} ms`}  shares ${Object.entries(shares).map(([k, v]) => `${k} ${(100 * v).toFixed(0)}%`).join(', ')}`,
     );
     return r;
   } finally {
@@ -327,6 +355,7 @@ async function main(): Promise<void> {
       skew_kv_ttft_p90_ms: r2(skv.p90),
       p2p_ttft_ms: null,
       recompute_ttft_ms: r2(recompute),
+      routing_decision_p50_ms: Math.round(kv.decisionP50! * 1000) / 1000,
     }),
   );
 }

@@ -14,6 +14,7 @@ import { badRequest, timedOut, upstreamFailed, unavailable, KvcError } from '../
 import { requireObject } from '../common/http.js';
 import { logger } from '../common/log.js';
 import { kvTransferParams, kvTransferParamsSchema, type DisaggSpec } from '../protocol/disagg_spec.js';
+import { tokenizeLengthSchema } from '../protocol/tokenize.js';
 import type { Backend, RoundRobin } from './backend.js';
 import type { LoadBook } from './load.js';
 import { memoLabels, type ProxyMetrics } from './metrics.js';
@@ -283,19 +284,23 @@ export class Flow {
     for (const dec of candidates) {
       try {
         if (form && 'ids' in form) return { decoder: dec, tokens: form.ids, count: form.ids.length }; // already token ids
-        const r = (await callJson(dec, {
+        const reply = await callJson(dec, {
           method: 'POST',
           path: '/tokenize',
           body: tokBody,
           signal,
           headersTimeoutMs: this.d.timeouts.tokenizeMs,
           bodyTimeoutMs: this.d.timeouts.tokenizeMs,
-        })) as { tokens?: unknown; count?: unknown; max_model_len?: unknown };
-        if (typeof r.count === 'number' && typeof r.max_model_len === 'number' && r.count > r.max_model_len) {
-          throw badRequest(`field \`${kind === 'chat' ? 'messages' : 'prompt'}\`: ${r.count} tokens exceed the model's context of ${r.max_model_len}`);
+        });
+        // A reply of another shape skips the length check; the decoder still enforces it.
+        const r = tokenizeLengthSchema.safeParse(reply);
+        if (r.success && r.data.count > r.data.max_model_len) {
+          throw badRequest(`field \`${kind === 'chat' ? 'messages' : 'prompt'}\`: ${r.data.count} tokens exceed the model's context of ${r.data.max_model_len}`);
         }
-        const tokens = Array.isArray(r.tokens) ? (r.tokens as number[]) : null;
-        return { decoder: dec, tokens, count: tokens ? tokens.length : typeof r.count === 'number' ? r.count : 0 };
+        // The token ids route the request (kv-aware); the controller validates them on lookup.
+        const ids = (reply as { tokens?: unknown } | null)?.tokens;
+        const tokens = Array.isArray(ids) ? (ids as number[]) : null;
+        return { decoder: dec, tokens, count: tokens ? tokens.length : r.success ? r.data.count : 0 };
       } catch (err) {
         if (!(err instanceof BackendFailure)) throw err;
         last = err;

@@ -132,10 +132,10 @@ export class Router {
     if (!kv) reason = 'round_robin';
     else if (r.lookupFailed) reason = 'lookup_failed';
     else {
-      // The best prefix any candidate of the computing role holds.
-      const pool = local ? this.decoders.backends : this.prefillers.backends;
+      // The best prefix any healthy instance holds: computing elsewhere than on it is a load decision.
       let best = 0;
-      for (const b of pool) if (b.up) best = Math.max(best, this.cachedOn(b, cached));
+      for (const b of this.prefillers.backends) if (b.up) best = Math.max(best, this.cachedOn(b, cached));
+      for (const b of this.decoders.backends) if (b.up) best = Math.max(best, this.cachedOn(b, cached));
       reason = best === 0 ? 'no_prefix' : cachedTokens >= best ? 'prefix_hit' : 'load_spread';
     }
     return { decoder, prefillers: local ? [] : prefillers, where, reason, cachedTokens, decoderUncached, promptTokens, cached };

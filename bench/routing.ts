@@ -111,7 +111,7 @@ async function up(routing: string): Promise<Deployment> {
 async function upOnce(routing: string): Promise<Deployment> {
   const off = await freeOffset();
   const logDir = mkdtempSync(join(tmpdir(), `kvc-bench-routing-${routing}-`));
-  const proc = spawn(process.execPath, [CLI, 'up', '--prefillers', '2', '--decoders', '2', '--routing', routing, '--local-cpu-size', CPU_GIB.toFixed(6), '--port-offset', String(off), '--log-dir', logDir], {
+  const proc = spawn(process.execPath, [CLI, 'up', '--prefillers', '2', '--decoders', '2', '--routing', routing, '--max-local-cpu-size', CPU_GIB.toFixed(6), '--port-offset', String(off), '--log-dir', logDir], {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, KVC_LOG_LEVEL: 'warn' },
   });

@@ -116,7 +116,7 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
     offset = await freeOffset(base);
     const logDir = tempDir('kvc-routing-');
     // 0.005 GiB: about 10 chunks of 256 tokens of the tiny model per engine.
-    up = startKvc(['up', '--prefillers', '2', '--decoders', '2', '--routing', 'kv-aware', '--local-cpu-size', '0.005', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150']);
+    up = startKvc(['up', '--prefillers', '2', '--decoders', '2', '--routing', 'kv-aware', '--max-local-cpu-size', '0.005', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150']);
     const refPort = await freePortRange(1, 40000, 50000);
     ref = startKvc(['engine', '--port', String(refPort)]);
     refUrl = `http://127.0.0.1:${refPort}`;

@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import { copyFileSync, readFileSync, writeFileSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { builtinConfigJson, builtinTensors, type BuiltinSpec } from '../src/engine/model/builtin.js';
-import { GGUF_MAGIC, permuteRopeRows } from '../src/engine/model/gguf_format.js';
+import { GGUF_MAGIC, permuteRopeRows, unpermuteRopeRows } from '../src/engine/model/gguf_format.js';
 import { loadGguf } from '../src/engine/model/gguf_model.js';
 import { GgufError, GgufFile } from '../src/engine/model/gguf_read.js';
 import { convertToGguf } from '../src/engine/model/gguf_write.js';
@@ -111,7 +111,7 @@ test('gguf: q/k row permutation for llama.cpp RoPE is undone exactly', () => {
   assert.notDeepEqual([...p], [...w]);
   // GGUF row 2i+j of a head holds HF row j*8+i: row 1 of head 0 is HF row 8.
   assert.deepEqual([...p.subarray(3, 6)], [...w.subarray(24, 27)]);
-  assert.deepEqual([...permuteRopeRows(p, 4, 16, 3, true)], [...w]);
+  assert.deepEqual([...unpermuteRopeRows(p, 4, 16, 3)], [...w]);
 });
 
 test('gguf: F32 file from the converter gives the safetensors logits bit for bit, and the same greedy tokens', async () => {

@@ -12,6 +12,7 @@ import { Operations } from '../src/controller/operations.js';
 import { Registry } from '../src/controller/registry.js';
 import { EngineMetrics } from '../src/engine/metrics.js';
 import { ProxyMetrics } from '../src/proxy/metrics.js';
+import { RoutingMetrics } from '../src/proxy/routing_metrics.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const isProcessMetric = (name: string) => /^kvc_(controller|engine|proxy)_(process_|nodejs_)/.test(name);
@@ -31,6 +32,7 @@ test('docs/metrics.md lists every exported metric with its type, and only those'
   const controller = new ControllerMetrics(new Operations(new Registry({ heartbeatTimeoutMs: 1000, seed: 0n }), new EventLog(), 0n, { commandMs: 1000, transferMs: 1000 }));
   const engine = new EngineMetrics({ model: 'm' });
   const proxy = new ProxyMetrics();
+  new RoutingMetrics(proxy.registry); // the proxy server registers its routing counters in the same registry
   const exported = new Map<string, string>();
   for (const reg of [controller.registry, engine.registry, proxy.registry]) {
     for (const m of await reg.getMetricsAsJSON()) if (!isProcessMetric(m.name)) exported.set(m.name, String(m.type));

@@ -55,7 +55,8 @@ function buildApp(s: EngineSettings, w: EngineWiring): FastifyInstance {
   // The OpenAI endpoints need the client API key when one is set; /health and /metrics stay open.
   requireBearer(app, { key: s.apiKey, applies: (_m, p) => p.startsWith('/v1/') || p === '/tokenize' || p === '/detokenize', what: 'API key', name: 'engine' });
   countRequestOutcomes(app, w.metrics);
-  const ctx: RouteContext = { modelName: s.modelName, maxModelLen: w.maxModelLen, model: w.model, kv: w.kv, scheduler: w.scheduler, metrics: w.metrics };
+  const ctx: RouteContext = { modelName: s.modelName, maxModelLen: w.maxModelLen, model: w.model, kv: w.kv, scheduler: w.scheduler, metrics: w.metrics,
+    kvcInstanceId: w.controller && s.cacheConfig ? s.cacheConfig.kvc_instance_id : null };
   void app.register(completionRoutes, ctx);
   void app.register(tokenizeRoutes, ctx);
   void app.register(statusRoutes, ctx);

@@ -12,6 +12,7 @@ import { logger } from '../common/log.js';
 import { parseBody } from '../common/validate.js';
 import { attachController, type ControllerAttachment } from '../kvc/controller_client.js';
 import { KvcStore } from '../kvc/store.js';
+import { registerRemoteMetrics } from '../kvc/remote_metrics.js';
 import { chatRequest, completionRequest, detokenizeRequest, messageText, tokenizeChatRequest, tokenizePromptRequest } from './api.js';
 import { KvcConnectorV1 } from './connector.js';
 import { runGeneration, type GenerationRequest } from './generate.js';
@@ -140,7 +141,8 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
   let controller: ControllerAttachment | null = null;
   try {
     if (connectorConfig && cacheConfig) {
-      store = await KvcStore.create(cacheConfig);
+      store = await KvcStore.create(cacheConfig, { modelId: m.modelId });
+      if (store.remote) registerRemoteMetrics(metrics.registry, store.remote);
       const seed = seedFromEnv(env);
       if (connectorConfig.kv_role !== 'kv_both') {
         const factory = opts.transfer ?? createKvTransfer;
@@ -158,7 +160,7 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
       }
       connector = new KvcConnectorV1({ config: connectorConfig, cacheConfig, store, modelId: m.modelId, layout: m.layout, seed, metrics, transfer });
       log.info(
-        `connector KvcConnectorV1 role=${connectorConfig.kv_role} chunk_size=${cacheConfig.chunk_size} locations=${store.locations().join(',') || 'none'}` +
+        `connector KvcConnectorV1 role=${connectorConfig.kv_role} chunk_size=${cacheConfig.chunk_size} locations=${store.locations().join(',') || 'none'}${store.remote ? ` remote=${store.remote.endpoint.display}` : ''}` +
           ` discard_partial_chunks=${connector.discardPartial} seed=${seed}${transfer ? ' xfer=on' : ''}`,
       );
     }

@@ -141,7 +141,7 @@ export class RemoteTier {
       if (this.everReady) {
         this.s.reconnects++;
         // The server may have restarted empty (no persistence): forget what we believed it holds.
-        this.known.clear();
+        this.forgetKnown();
         log.info(`remote tier ${ep.display}: reconnected`);
       }
       this.everReady = true;
@@ -189,6 +189,11 @@ export class RemoteTier {
     log.warn(msg + more);
     this.lastErrorLog = now;
     this.errorsSinceLog = 0;
+  }
+
+  /** Forgets which chunks the server was believed to hold, so the next puts write them again. */
+  forgetKnown(): void {
+    this.known.clear();
   }
 
   private remember(key: ChunkKey): void {

@@ -63,3 +63,10 @@ export function parseRemoteUrl(raw: string): RemoteEndpoint {
     display: `${scheme}://${auth}${u.hostname}:${port}/${db}`,
   };
 }
+
+/**
+ * The server settings the remote tier wants (see docs/storage.md): evict least recently used
+ * chunks when maxmemory is reached, and never persist (a cache of gigabytes must not stall the
+ * server writing snapshots). Used by the Kubernetes manifests and the tests' own servers.
+ */
+export const REDIS_SERVER_SETTINGS = ['--maxmemory-policy', 'allkeys-lru', '--save', '', '--appendonly', 'no'] as const;

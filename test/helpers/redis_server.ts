@@ -6,6 +6,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { accessSync, constants } from 'node:fs';
 import { join } from 'node:path';
 import { freePortRange } from '../../src/common/ports.js';
+import { REDIS_SERVER_SETTINGS } from '../../src/common/remote_url.js';
 
 export const REDIS_SKIP = 'redis-server is not installed (Debian package "redis-server": apt-get install -y redis-server)';
 
@@ -52,11 +53,9 @@ function launch(bin: string, port: number, o: RedisServerOptions): Promise<Child
   const args = [
     '--port', String(port),
     '--bind', '127.0.0.1',
-    '--save', '',
-    '--appendonly', 'no',
     '--daemonize', 'no',
     '--maxmemory', o.maxmemory ?? '512mb',
-    '--maxmemory-policy', 'allkeys-lru',
+    ...REDIS_SERVER_SETTINGS,
     '--proto-max-bulk-len', '512mb',
     ...(o.extraArgs ?? []),
   ];

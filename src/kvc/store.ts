@@ -37,8 +37,8 @@ export interface PutResult {
    * then the chunk lives only in memory.
    */
   durable: boolean;
-  /** What the remote tier did with it: queued for a background write, already there, dropped (counted), or no remote tier. */
-  remote: EnqueueResult | 'none';
+  /** With a remote tier only: queued for a background write, already there, or dropped (counted). */
+  remote?: EnqueueResult;
 }
 
 /** Keys of the cache configuration the store reads (the remote ones may be absent: no remote tier). */
@@ -160,7 +160,7 @@ export class KvcStore extends EventEmitter<StoreEvents> {
   async put(key: ChunkKey, chunk: Uint8Array, loc?: LocationName): Promise<PutResult> {
     checkChunkFor(chunk, key);
     const targets = loc ? [this.backend(loc)] : [...this.backends.values()];
-    const result: PutResult = { stored: [], failed: [], durable: false, remote: 'none' };
+    const result: PutResult = { stored: [], failed: [], durable: false };
     if (targets.length === 0) {
       // An instance with only a remote tier (e.g. a decoder without local memory) still shares.
       if (!this.remote) throw new StoreFullError('no storage location is configured on this instance');

@@ -17,8 +17,8 @@ import { tmpdir } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { Pool } from 'undici';
 import { freePortRange } from '../src/common/ports.js';
-import { makePlan } from '../src/proxy/deployment.js';
-import { takenPorts } from '../src/proxy/up.js';
+import { makePlan } from '../src/deploy/plan.js';
+import { takenPorts } from '../src/deploy/up.js';
 import { percentile } from '../src/proxy/stats.js';
 import { startStubEngine } from './_proxy-stub.js';
 

@@ -1,8 +1,8 @@
-// `npm run k8s`: writes the Kubernetes manifests under k8s/ from src/cli/k8s.ts (the same plan as
+// `npm run k8s`: writes the Kubernetes manifests under k8s/ from src/deploy/k8s.ts (the same plan as
 // `kvc up`). Files under k8s/ that the generator no longer produces are removed.
 import { mkdirSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join, relative } from 'node:path';
-import { k8sManifests } from '../dist/src/cli/k8s.js';
+import { k8sManifests } from '../dist/src/deploy/k8s.js';
 
 const root = 'k8s';
 const files = k8sManifests();

@@ -1,5 +1,5 @@
 // The Kubernetes manifests (k8s/) and the Dockerfile: the committed manifests are exactly what
-// src/cli/k8s.ts generates from the `kvc up` plan; the overlays render with `kubectl kustomize`;
+// src/deploy/k8s.ts generates from the `kvc up` plan; the overlays render with `kubectl kustomize`;
 // every kvc container command uses only flags the CLI really has (read from the commander
 // definitions), with values the CLI accepts; every cache YAML and connector JSON validates; every
 // address a process is given names a Service of the render that exposes that port.
@@ -14,7 +14,7 @@ import { parseConnectorConfig, validateCacheConfig } from '../src/common/config.
 import { parseRemoteUrl } from '../src/common/remote_url.js';
 import { registerController } from '../src/cli/controller.js';
 import { registerEngine } from '../src/cli/engine.js';
-import { K8S_IMAGE, OVERLAYS, k8sManifests } from '../src/cli/k8s.js';
+import { K8S_IMAGE, OVERLAYS, k8sManifests } from '../src/deploy/k8s.js';
 import { registerKeys } from '../src/cli/keys.js';
 import { registerProxy } from '../src/cli/proxy.js';
 import { registerUp } from '../src/cli/up.js';

@@ -10,8 +10,8 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import OpenAI from 'openai';
 import { startKvc, tempDir, type Proc } from './helpers/proc.js';
-import { makePlan, type PlanOptions } from '../src/proxy/deployment.js';
-import { takenPorts } from '../src/proxy/up.js';
+import { makePlan, type PlanOptions } from '../src/deploy/plan.js';
+import { takenPorts } from '../src/deploy/up.js';
 
 async function freeOffset(o: Omit<PlanOptions, 'portOffset'>): Promise<number> {
   for (let i = 0; i < 50; i++) {

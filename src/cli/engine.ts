@@ -1,11 +1,11 @@
-// `kvc engine`: the OpenAI-compatible CPU inference server (DESIGN §7).
+// `kvc engine`: the OpenAI-compatible CPU inference server. Flags become startEngine() options
+// (src/engine/settings.ts validates them); SIGTERM / SIGINT close the engine, then exit 0.
 import type { Command } from 'commander';
 import { logger } from '../common/log.js';
 import { startEngine } from '../engine/server.js';
 import { optionalPositiveInt as posInt, portFlag } from './options.js';
 
 const log = logger('engine');
-
 
 interface EngineFlags {
   host: string;

@@ -1,4 +1,4 @@
-// `kvc proxy`: the disaggregated-prefill proxy (spec §4.3, DESIGN §8). See docs/proxy.md.
+// `kvc proxy`: the disaggregated-prefill proxy (src/proxy). See docs/proxy.md.
 import type { Command } from 'commander';
 import { logger } from '../common/log.js';
 import { ProxyServer } from '../proxy/server.js';

@@ -1,8 +1,8 @@
-// `kvc up`: a whole local disaggregated deployment in one command (see src/proxy/up.ts, docs/proxy.md).
+// `kvc up`: a whole local disaggregated deployment in one command (see src/deploy/up.ts, docs/proxy.md).
 import type { Command } from 'commander';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
-import { runUp } from '../proxy/up.js';
+import { runUp } from '../deploy/up.js';
 import { intFlag as int, secondsFlag } from './options.js';
 
 const CLI = join(dirname(fileURLToPath(import.meta.url)), 'main.js');

@@ -32,8 +32,9 @@ export const cacheConfigSchema = z.strictObject({
   max_local_disk_size: gib.default(0),
   local_disk: z.string().min(1).nullable().default(null),
   remote_url: z.string().min(1, 'expected a URL like redis://host:6379').nullable().default(null),
-  remote_timeout_ms: z.number().int('expected an integer number of milliseconds').min(1).max(600_000).default(500),
-  remote_write_queue_size: gib.refine((g) => g > 0, 'expected a size in GiB > 0').default(0.25),
+  // Null = unset: the defaults (REMOTE_DEFAULTS) apply with remote_url; set without it they are refused.
+  remote_timeout_ms: z.number().int('expected an integer number of milliseconds').min(1).max(600_000).nullable().default(null),
+  remote_write_queue_size: gib.refine((g) => g > 0, 'expected a size in GiB > 0').nullable().default(null),
   enable_controller: z.boolean().default(false),
   kvc_instance_id: z.string().min(1).default('kvc_default_instance'),
   controller_url: hostPort.nullable().default(null),
@@ -55,6 +56,8 @@ export const cacheConfigSchema = z.strictObject({
 export type CacheConfig = z.infer<typeof cacheConfigSchema>;
 /** Keys that only mean something with a remote tier: set without remote_url they would do nothing. */
 const REMOTE_ONLY_KEYS = ['remote_timeout_ms', 'remote_write_queue_size'] as const;
+/** What the remote tier uses for a key left unset. */
+export const REMOTE_DEFAULTS = { remote_timeout_ms: 500, remote_write_queue_size: 0.25 } as const;
 export const CACHE_CONFIG_KEYS = Object.keys(cacheConfigSchema.shape);
 
 /** Cross-field rules that a per-key schema cannot express. Returns [key, problem] or null. */
@@ -112,7 +115,7 @@ export function validateCacheConfig(raw: unknown, source = 'cache config'): Load
   if (bad) throw new ConfigError(`${source}: key "${bad[0]}": ${bad[1]}`);
   if (loaded.config.remote_url !== null) remoteEndpoint(loaded.config, source);
   else {
-    const set = REMOTE_ONLY_KEYS.find((k) => raw !== null && typeof raw === 'object' && k in (raw as object));
+    const set = REMOTE_ONLY_KEYS.find((k) => loaded.config[k] !== null);
     if (set) throw new ConfigError(`${source}: key "${set}": only meaningful with remote_url; set remote_url or remove this key`);
   }
   return loaded;

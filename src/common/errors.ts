@@ -1,6 +1,8 @@
 // One error type for the whole stack, rendered as the OpenAI error shape
-// {"error": {"message", "type", "code"}} (DESIGN §9). Anything thrown that is
-// not a KvcError is a bug on our side and becomes a 500 with a generic message.
+// {"error": {"message", "type", "code"}}. Every code a process answers with is an entry of
+// ERRORS below (code, HTTP status, OpenAI error type), so a code always comes with the same
+// status and type whichever process sends it. Anything thrown that is not a KvcError is a bug
+// on our side and becomes a 500 `internal` with the thrown message.
 
 export type ErrorType =
   | 'invalid_request_error'
@@ -11,6 +13,92 @@ export type ErrorType =
   | 'unavailable_error'
   | 'timeout_error'
   | 'internal_error';
+
+/** One catalog entry: the code a client sees, with its HTTP status and error type. */
+export interface ErrorEntry<C extends string = string> {
+  readonly code: C;
+  readonly status: number;
+  readonly type: ErrorType;
+}
+
+type Catalog<T> = { readonly [K in keyof T & string]: ErrorEntry<K> };
+
+/** Builds the catalog so that each entry's `code` is its key: one spelling per code. */
+function catalog<T extends Record<string, { status: number; type: ErrorType }>>(entries: T): Catalog<T> {
+  const out: Record<string, ErrorEntry> = {};
+  for (const [code, e] of Object.entries(entries)) out[code] = Object.freeze({ code, status: e.status, type: e.type });
+  return Object.freeze(out) as Catalog<T>;
+}
+
+const bad = { status: 400, type: 'invalid_request_error' } as const;
+const missing = { status: 404, type: 'not_found_error' } as const;
+const clash = { status: 409, type: 'conflict_error' } as const;
+
+/**
+ * Every error code of the stack. Throw one with `kvcError(ERRORS.<code>, message)`; the message
+ * names the field (or thing) and what was expected. A new code is added here, never written
+ * as a loose string at the throw site.
+ */
+export const ERRORS = catalog({
+  // 400: the request is wrong; the message names the field and what was expected.
+  /** A field has the wrong type, range or form (the default 400). */
+  invalid_field: bad,
+  /** The body is not JSON, is empty, or is not a JSON object. */
+  invalid_json: bad,
+  /** The body is not sent as application/json. */
+  invalid_content_type: bad,
+  /** A move whose destination equals its source. */
+  same_position: bad,
+  /** The prompt (plus max_tokens) exceeds the model's context length. */
+  context_length_exceeded: bad,
+  /** The prompt (plus max_tokens) needs more KV than the engine's cache holds. */
+  kv_capacity_exceeded: bad,
+
+  // 404: the thing named does not exist.
+  /** Generic 404. */
+  not_found: missing,
+  /** No route for this method and path. */
+  route_not_found: missing,
+  /** The `model` field names a model this engine does not serve. */
+  model_not_found: missing,
+  /** No registered cache instance has this id (or a worker at this address). */
+  unknown_instance: missing,
+  /** The storage location is not configured on the instance. */
+  unknown_location: missing,
+  /** No controller event has this id. */
+  unknown_event: missing,
+
+  // 409: the request is valid but the current state does not allow it.
+  /** Generic 409. */
+  conflict: clash,
+  /** The destination store has no room for the chunks. */
+  store_full: clash,
+  /** A chunk left its location while the operation ran. */
+  chunk_gone: clash,
+  /** Source and destination instances have different worker layouts. */
+  worker_mismatch: clash,
+  /** Source and destination serve different models or chunk sizes. */
+  incompatible_instances: clash,
+  /** The destination instance has no distributed_url to receive chunks on. */
+  no_distributed_url: clash,
+
+  // 413
+  /** The request body exceeds the server's body limit. */
+  body_too_large: { status: 413, type: 'payload_too_large' },
+
+  // 500: a bug on our side, never caused by what a client sent.
+  internal: { status: 500, type: 'internal_error' },
+
+  // 5xx caused by another process.
+  /** An upstream process failed or answered something unusable. */
+  upstream_failed: { status: 502, type: 'upstream_error' },
+  /** The process (or every upstream) cannot take the request now; retry later. */
+  unavailable: { status: 503, type: 'unavailable_error' },
+  /** An upstream process did not answer within its deadline. */
+  timeout: { status: 504, type: 'timeout_error' },
+});
+
+export type ErrorCode = keyof typeof ERRORS;
 
 export class KvcError extends Error {
   constructor(
@@ -23,26 +111,39 @@ export class KvcError extends Error {
     this.name = 'KvcError';
   }
 
+  /** True when this error is the catalog entry `entry`. */
+  is(entry: ErrorEntry): boolean {
+    return this.code === entry.code && this.status === entry.status;
+  }
+
   toJSON(): { error: { message: string; type: ErrorType; code: string | null } } {
     return { error: { message: this.message, type: this.type, code: this.code } };
   }
 }
 
+/** The error of catalog entry `entry` with `message` (status, type and code come from the entry). */
+export function kvcError(entry: ErrorEntry, message: string): KvcError {
+  return new KvcError(entry.status, entry.type, message, entry.code);
+}
+
+// Shorthands by status. They keep accepting a code string so code written before the catalog
+// compiles; new code passes a catalog entry to kvcError instead.
+
 /** 400: the message must name the field and say what was expected. */
-export const badRequest = (message: string, code = 'invalid_field') =>
+export const badRequest = (message: string, code: string = ERRORS.invalid_field.code) =>
   new KvcError(400, 'invalid_request_error', message, code);
-export const notFound = (message: string, code = 'not_found') => new KvcError(404, 'not_found_error', message, code);
-export const conflict = (message: string, code = 'conflict') => new KvcError(409, 'conflict_error', message, code);
-export const tooLarge = (message: string) => new KvcError(413, 'payload_too_large', message, 'body_too_large');
-export const upstreamFailed = (message: string) => new KvcError(502, 'upstream_error', message, 'upstream_failed');
-export const unavailable = (message: string) => new KvcError(503, 'unavailable_error', message, 'unavailable');
-export const timedOut = (message: string) => new KvcError(504, 'timeout_error', message, 'timeout');
+export const notFound = (message: string, code: string = ERRORS.not_found.code) => new KvcError(404, 'not_found_error', message, code);
+export const conflict = (message: string, code: string = ERRORS.conflict.code) => new KvcError(409, 'conflict_error', message, code);
+export const tooLarge = (message: string) => kvcError(ERRORS.body_too_large, message);
+export const upstreamFailed = (message: string) => kvcError(ERRORS.upstream_failed, message);
+export const unavailable = (message: string) => kvcError(ERRORS.unavailable, message);
+export const timedOut = (message: string) => kvcError(ERRORS.timeout, message);
 
 /** Converts anything thrown into a KvcError; unknown errors keep their message but become 500. */
 export function asKvcError(err: unknown): KvcError {
   if (err instanceof KvcError) return err;
   const message = err instanceof Error ? err.message : String(err);
-  return new KvcError(500, 'internal_error', message, 'internal');
+  return kvcError(ERRORS.internal, message);
 }
 
 /** Short description of a JS value for "expected X, found Y" messages. */

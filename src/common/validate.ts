@@ -1,7 +1,7 @@
 // Validation of client input and configuration with zod, turned into one message
 // that names the field, what was expected and what was found.
 import { z } from 'zod';
-import { badRequest, describeValue } from './errors.js';
+import { ERRORS, describeValue, kvcError } from './errors.js';
 
 export function fieldPath(path: readonly PropertyKey[]): string {
   let out = '';
@@ -33,7 +33,7 @@ export function formatIssue(issue: z.core.$ZodIssue, input: unknown): string {
 export function parseBody<S extends z.ZodType>(schema: S, input: unknown): z.infer<S> {
   const r = schema.safeParse(input);
   if (r.success) return r.data;
-  throw badRequest(formatIssue(r.error.issues[0]!, input));
+  throw kvcError(ERRORS.invalid_field, formatIssue(r.error.issues[0]!, input));
 }
 
 /** Token id arrays: non-negative 32-bit integers. */

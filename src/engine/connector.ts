@@ -1,5 +1,6 @@
 // KvcConnectorV1: moves a prompt's KV between the engine's paged cache and the cache
-// instance (KvcStore) or a transfer plugin, keyed by chunk keys (DESIGN §2).
+// instance (KvcStore) or a transfer plugin, keyed by chunk keys (src/common/keys.ts: a chunk's
+// key hashes the previous chunk's key with its own token ids, so equal keys mean equal prefixes).
 //
 //  before prefill  the longest prefix of chunks found (received chunks first for kv_consumer,
 //                  then the store) is imported into the paged KV; only the rest is computed.

@@ -145,7 +145,7 @@ export async function runGeneration(ctx: GenerationContext, g: GenerationRequest
   const usage = usageOf(s);
   const outcome = reason === 'abort' ? 'cancelled' : reason === 'error' ? 'error' : 'ok';
   ctx.metrics.requests.inc({ endpoint: g.endpoint, outcome });
-  (req as FastifyRequest & { kvcCounted?: boolean }).kvcCounted = true;
+  req.outcomeCounted = true; // request_outcome.ts: the onResponse hook must not count it again
 
   if (g.stream) {
     const raw = reply.raw;

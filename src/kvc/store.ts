@@ -13,7 +13,7 @@
 //    the controller client forwards so the global index stays exact.
 import { EventEmitter } from 'node:events';
 import type { CacheConfig } from '../common/config.js';
-import { gibToBytes, remoteEndpoint } from '../common/config.js';
+import { REMOTE_DEFAULTS, gibToBytes, remoteEndpoint } from '../common/config.js';
 import { notFound } from '../common/errors.js';
 import { checkChunkFor } from '../common/chunk.js';
 import { halvesToHex, keyHalves, type ChunkKey, type KeyParams } from '../common/keys.js';
@@ -85,8 +85,8 @@ export class KvcStore extends EventEmitter<StoreEvents> {
       s.remote = new RemoteTier({
         endpoint,
         modelId: o.modelId!,
-        timeoutMs: cfg.remote_timeout_ms ?? 500,
-        queueBytes: gibToBytes(cfg.remote_write_queue_size ?? 0.25),
+        timeoutMs: cfg.remote_timeout_ms ?? REMOTE_DEFAULTS.remote_timeout_ms,
+        queueBytes: gibToBytes(cfg.remote_write_queue_size ?? REMOTE_DEFAULTS.remote_write_queue_size),
       });
       await s.remote.start();
     }

@@ -2,7 +2,7 @@
 // port, the backend health loop and the 5-second TTFT statistics.
 import type { FastifyInstance } from 'fastify';
 import { createHttpServer } from '../common/http.js';
-import { upstreamFailed } from '../common/errors.js';
+import { ERRORS, kvcError } from '../common/errors.js';
 import { logger } from '../common/log.js';
 import { Backend, RoundRobin } from './backend.js';
 import { Flow, type Timeouts } from './flow.js';
@@ -92,11 +92,11 @@ export class ProxyServer {
         void reply.header('content-type', 'application/json').send(Buffer.from(await res.body.arrayBuffer()));
         return;
       } catch (err) {
-        if (err instanceof PassThrough) throw upstreamFailed(`${b.name} answered ${err.status} to GET /v1/models`);
+        if (err instanceof PassThrough) throw kvcError(ERRORS.upstream_failed, `${b.name} answered ${err.status} to GET /v1/models`);
         last = (err as Error).message;
       }
     }
-    throw upstreamFailed(`no backend answered GET /v1/models: ${last}`);
+    throw kvcError(ERRORS.upstream_failed, `no backend answered GET /v1/models: ${last}`);
   }
 
   private onNotice(n: XferNotice): void {
@@ -149,7 +149,7 @@ export class ProxyServer {
       this.notifyRx?.close();
       throw new Error(`cannot listen on ${this.opts.host}:${this.opts.port} (--host/--port): ${(e as Error).message}`);
     }
-    // The statistics are the proxy's output (spec §4.3 rule 5), not log events: stdout whatever
+    // The statistics are the proxy's output, not log events: stdout whatever
     // KVC_LOG_LEVEL says.
     const sink = this.opts.statsSink ?? ((line: string) => void process.stdout.write(line + '\n'));
     const intervalS = Math.round(this.opts.statsIntervalMs / 100) / 10;

@@ -1,4 +1,4 @@
-// TTFT statistics of the prefill node (spec §4.3 rule 5): the proxy records, per prefiller,
+// TTFT statistics of the prefill node: the proxy records, per prefiller,
 // how long the prefiller took to answer (its answer is the first token, after the KV transfer)
 // and prints every 5 s the number of requests and the average, median and 99th percentile
 // in milliseconds. In 1P1D there is one line; in XPYD one line per prefiller.

@@ -1,7 +1,7 @@
 // Turns the proxy's comma-list flags into concrete backend addresses.
 //
-// The flags follow the pairing rules of issue 6 so that the same command line works for
-// one machine and for many:
+// The flags follow these pairing rules so that the same command line works for one machine
+// and for many:
 //   one host  + one port   + --num N  → N consecutive ports on that host (7100, 7101, …)
 //   one host  + many ports            → that host with each port
 //   many hosts + one port             → each host with that same port
@@ -19,7 +19,7 @@ export interface Endpoint {
 }
 
 export interface DecoderEndpoint extends Endpoint {
-  /** xfer receiver ports on the decoder's host (DESIGN §6). */
+  /** The decoder's xfer receiver ports (init: handshake and chunk data, alloc: buffer reservations), on its host. */
   initPort: number;
   allocPort: number;
 }

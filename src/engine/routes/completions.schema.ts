@@ -1,9 +1,10 @@
-// Request schemas of the OpenAI-compatible endpoints. Unknown fields are ignored (clients
-// send many optional ones); known fields are type-checked and every violation becomes a 400
-// that names the field. Features this engine does not implement (n > 1, logprobs, penalties)
-// are refused explicitly rather than silently ignored.
+// Request schemas of /v1/completions and /v1/chat/completions. Unknown fields are ignored
+// (clients send many optional ones); known fields are type-checked and every violation becomes
+// a 400 that names the field. Features this engine does not implement (n > 1, logprobs,
+// penalties, echo, suffix, tools) are refused explicitly rather than silently ignored.
 import { z } from 'zod';
-import { tokenIds } from '../common/validate.js';
+import { tokenIds } from '../../common/validate.js';
+import { chatMessages } from './messages.schema.js';
 
 const tokenList = tokenIds.min(1, 'expected at least one token id');
 
@@ -36,39 +37,11 @@ export const completionRequest = z.object({
 });
 export type CompletionRequest = z.infer<typeof completionRequest>;
 
-const textPart = z.object({ type: z.literal('text', 'only text content parts are supported'), text: z.string('expected a string') });
-export const chatMessage = z.object({
-  role: z.enum(['system', 'developer', 'user', 'assistant', 'tool'], 'expected one of system, developer, user, assistant, tool'),
-  content: z.union([z.string(), z.array(textPart)], 'expected a string or an array of text parts').nullish(),
-});
-
 export const chatRequest = z.object({
   ...samplingFields,
-  messages: z.array(chatMessage, 'expected an array of messages').min(1, 'expected at least one message'),
+  messages: chatMessages,
   max_completion_tokens: z.number('expected an integer').int('expected an integer').min(1, 'expected an integer >= 1').nullish(),
   logprobs: z.literal(false, 'logprobs are not supported').nullish(),
   tools: z.array(z.unknown()).max(0, 'tools are not supported').nullish(),
 });
 export type ChatRequest = z.infer<typeof chatRequest>;
-
-export const tokenizePromptRequest = z.object({
-  model: z.string('expected a string').optional(),
-  prompt: z.string('expected a string'),
-  add_special_tokens: z.boolean('expected a boolean').optional(),
-});
-export const tokenizeChatRequest = z.object({
-  model: z.string('expected a string').optional(),
-  messages: z.array(chatMessage, 'expected an array of messages').min(1, 'expected at least one message'),
-});
-
-export const detokenizeRequest = z.object({
-  model: z.string('expected a string').optional(),
-  tokens: tokenIds,
-});
-
-/** Flattens a message's content (string or text parts) into the template's string form. */
-export function messageText(m: z.infer<typeof chatMessage>): string {
-  if (m.content === null || m.content === undefined) return '';
-  if (typeof m.content === 'string') return m.content;
-  return m.content.map((p) => p.text).join('');
-}

@@ -1,4 +1,4 @@
-// `kvc up`: one command for a whole local disaggregated deployment (issue 6, spec §2.6, §7).
+// `kvc up`: one command for a whole local disaggregated deployment.
 // Order: check every port → write configs → controller → engines (all at once) → proxy, each
 // waited on until healthy within a deadline. Everything runs with PYTHONHASHSEED=0 so chunk
 // keys agree across processes. Ctrl-C / SIGTERM stops all children (proxy first, controller last).
@@ -15,7 +15,7 @@ import {
   shQuote,
   type Plan,
   type PlanOptions,
-} from './deployment.js';
+} from './plan.js';
 import { Child, StartError } from './supervisor.js';
 
 export interface UpOptions extends PlanOptions {

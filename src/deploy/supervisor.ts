@@ -1,6 +1,6 @@
 // Child processes of `kvc up`: spawn with a log file each, wait until healthy (bounded),
 // stop cleanly (SIGTERM, then SIGKILL after a grace period). A child that dies before it is
-// healthy is reported with its exit status, its log path and the end of its log (spec §7).
+// healthy is reported with its exit status, its log path and the end of its log.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { openSync, closeSync, readFileSync, writeSync } from 'node:fs';
 

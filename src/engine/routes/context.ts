@@ -1,0 +1,16 @@
+// What the route groups of src/engine/routes/ are given: the parts they serve from and the
+// limits every request is checked against.
+import type { EngineMetrics } from '../metrics.js';
+import type { PagedKvCache } from '../model/kv_cache.js';
+import type { EngineModel } from '../runtime.js';
+import type { Scheduler } from '../scheduler.js';
+
+export interface RouteContext {
+  /** The name clients send in `model`; any other name is a 404. */
+  modelName: string;
+  maxModelLen: number;
+  model: EngineModel;
+  kv: PagedKvCache;
+  scheduler: Scheduler;
+  metrics: EngineMetrics;
+}

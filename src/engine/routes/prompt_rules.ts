@@ -1,0 +1,84 @@
+// The checks every prompt-taking route applies before any work is queued: the model name, token
+// ids within the vocabulary, text refused by its length alone before it is tokenized, the chat
+// template, and the length rules of max_model_len and of the paged KV budget.
+import { badRequest, notFound } from '../../common/errors.js';
+import { ChatTemplateError, type ChatMessage } from '../model/tokenizer.js';
+import type { RouteContext } from './context.js';
+import { messageText, type ChatMessageBody } from './messages.schema.js';
+
+/** Generation needs prompt < max_model_len; /tokenize only refuses what is beyond max_model_len. */
+export const GEN_LIMIT = 'leaving no room to generate';
+export const TOK_LIMIT = 'more than the model can take';
+
+export class PromptRules {
+  constructor(private readonly ctx: RouteContext) {}
+
+  /** An absent `model` means the served one; any other name is a 404. */
+  checkModel(name: string | undefined): void {
+    const served = this.ctx.modelName;
+    if (name !== undefined && name !== served) throw notFound(`The model \`${name}\` does not exist. This engine serves \`${served}\`.`, 'model_not_found');
+  }
+
+  checkIds(ids: number[], field: string): void {
+    const vocab = this.ctx.model.config.vocabSize;
+    for (let i = 0; i < ids.length; i++) {
+      if (ids[i]! >= vocab) throw badRequest(`field \`${field}[${i}]\`: token id ${ids[i]} is out of range for a vocabulary of ${vocab}`);
+    }
+  }
+
+  /**
+   * Refuses text whose character count alone proves it has at least `limit` tokens, before
+   * spending the CPU on tokenizing it (tokenizer.minTokens is a sound lower bound, or 0).
+   */
+  boundText(text: string, field: string, limit: number, what: string): void {
+    const min = this.ctx.model.tokenizer.minTokens(text);
+    if (min >= limit) {
+      throw badRequest(
+        `field \`${field}\`: ${text.length} characters are at least ${min} tokens; ${what} (this model's maximum context length is ${this.ctx.maxModelLen} tokens)`,
+        'context_length_exceeded',
+      );
+    }
+  }
+
+  /** Chat messages → prompt ids; refuses a rendered prompt that certainly reaches `limit` tokens. */
+  encodeChat(messages: ChatMessageBody[], limit: number, what: string): number[] {
+    const tok = this.ctx.model.tokenizer;
+    const msgs: ChatMessage[] = messages.map((m) => ({ role: m.role, content: messageText(m) }));
+    let text: string;
+    try {
+      text = tok.applyChatTemplate(msgs);
+    } catch (e) {
+      if (e instanceof ChatTemplateError) throw badRequest(`field \`messages\`: ${e.message.replace(/^messages: /, '')}`);
+      throw e;
+    }
+    this.boundText(text, 'messages', limit, what);
+    return tok.encodeChatText(text);
+  }
+
+  /**
+   * Length rules shared by both generation endpoints; returns max_tokens to use. Without an
+   * explicit max_tokens, `defaultMax` is further capped by what the paged KV can hold for this
+   * prompt (prompt + max_tokens - 1 positions), so a default never asks for more than exists.
+   */
+  plan(prompt: number[], field: string, maxTokens: number | null | undefined, maxField: string, defaultMax: number): number {
+    const { maxModelLen, kv } = this.ctx;
+    if (prompt.length === 0) throw badRequest(`field \`${field}\`: the prompt is empty (0 tokens)`);
+    if (prompt.length >= maxModelLen) {
+      throw badRequest(`field \`${field}\`: the prompt has ${prompt.length} tokens; this model's maximum context length is ${maxModelLen} tokens, ${GEN_LIMIT}`, 'context_length_exceeded');
+    }
+    if (prompt.length > kv.capacityTokens) {
+      throw badRequest(`field \`${field}\`: the prompt has ${prompt.length} tokens; this engine's KV cache holds ${kv.capacityTokens} tokens`, 'kv_capacity_exceeded');
+    }
+    const mt = maxTokens ?? Math.min(defaultMax, kv.capacityTokens + 1 - prompt.length);
+    if (prompt.length + mt > maxModelLen) {
+      throw badRequest(
+        `field \`${maxField}\`: ${mt} tokens requested with a ${prompt.length}-token prompt; this model's maximum context length is ${maxModelLen} tokens`,
+        'context_length_exceeded',
+      );
+    }
+    if (prompt.length + mt - 1 > kv.capacityTokens) {
+      throw badRequest(`field \`${maxField}\`: prompt + ${mt} tokens need more KV than this engine has (${kv.capacityTokens} tokens)`, 'kv_capacity_exceeded');
+    }
+    return mt;
+  }
+}

@@ -1,0 +1,22 @@
+// GET /v1/models (the served model and its max_model_len), GET /health and GET /metrics
+// (Prometheus text of this engine's registry). None of them take a body.
+import type { FastifyInstance } from 'fastify';
+import type { RouteContext } from './context.js';
+
+export async function statusRoutes(app: FastifyInstance, ctx: RouteContext): Promise<void> {
+  const { modelName, maxModelLen, metrics } = ctx;
+  const createdAt = Math.floor(Date.now() / 1000);
+
+  app.get('/v1/models', async () => ({
+    object: 'list',
+    data: [{ id: modelName, object: 'model', created: createdAt, owned_by: 'kvc', root: ctx.model.dir, parent: null, max_model_len: maxModelLen }],
+  }));
+
+  app.get('/health', async () => ({ status: 'ok' }));
+
+  app.get('/metrics', async (_req, reply) => {
+    const body = await metrics.registry.metrics();
+    void reply.header('content-type', metrics.registry.contentType);
+    return body;
+  });
+}

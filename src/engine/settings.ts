@@ -1,0 +1,169 @@
+// Engine configuration: the options of startEngine() (what `kvc engine` flags become) resolved
+// into validated settings. Everything that can be checked without the model is checked here,
+// before the model is loaded, so a bad flag or cache YAML fails at once; the two limits that
+// depend on the model (max_model_len, the paged KV budget) are resolved by resolveModelLimits().
+// Every error names the option (as its command-line flag when it has one) and the value found.
+import { payloadBytes, type KvLayout } from '../common/chunk.js';
+import { cacheConfigFromEnv, parseConnectorConfig, validateCacheConfig, type CacheConfig, type ConnectorConfig } from '../common/config.js';
+import { logger } from '../common/log.js';
+import type { TransferFactory } from '../common/transfer_seam.js';
+import { createKvTransfer } from '../xfer/engine_plugin.js';
+import type { ModelConfig } from './model/config.js';
+
+const log = logger('engine');
+
+const GiB = 1024 ** 3;
+/** Largest default paged KV budget (an explicit kvCacheBytes may exceed it). */
+const DEFAULT_KV_BUDGET_CAP = 4 * GiB;
+
+export interface EngineOptions {
+  host?: string;
+  /** 0 (default) picks a free port. */
+  port?: number;
+  /** `builtin:tiny` (default) or a Hugging Face checkpoint directory. */
+  model?: string;
+  /** The name clients use in `model`; default: the --model value. */
+  servedModelName?: string;
+  /** Default: the model's max_position_embeddings. */
+  maxModelLen?: number;
+  /** Sequences computed concurrently (default 16). */
+  maxNumSeqs?: number;
+  /** Tokens per engine step (prefill chunks + decode rows), default 512. */
+  maxNumBatchedTokens?: number;
+  /** Requests that may wait for admission before new ones get 503 (default 1024). */
+  maxQueue?: number;
+  /** Paged KV budget in bytes; default: max_num_seqs full-length sequences, capped at 4 GiB. */
+  kvCacheBytes?: number;
+  /** The connector JSON (string as on the command line, or parsed). Absent: no connector. */
+  kvTransferConfig?: string | ConnectorConfig;
+  /** Cache instance config, only with kvTransferConfig; default: $KVC_CONFIG_FILE (read only when a connector is configured). */
+  cacheConfig?: CacheConfig;
+  /** xfer plugin, only with kv_role kv_producer / kv_consumer; default: the xfer component's createKvTransfer. */
+  transfer?: TransferFactory;
+  /** Add process-level metrics (CPU, memory, event loop) to /metrics; the CLI turns this on. */
+  processMetrics?: boolean;
+  env?: NodeJS.ProcessEnv;
+}
+
+/** The options resolved and checked, before the model is loaded. */
+export interface EngineSettings {
+  env: NodeJS.ProcessEnv;
+  host: string;
+  port: number;
+  /** What --model names (`builtin:tiny` or a directory). */
+  modelSpec: string;
+  /** The name clients send in `model`. */
+  modelName: string;
+  /** The requested max_model_len (checked against the model by resolveModelLimits). */
+  maxModelLen: number | undefined;
+  maxNumSeqs: number;
+  maxNumBatchedTokens: number;
+  maxQueue: number;
+  kvCacheBytes: number | undefined;
+  /** Null: no connector (and no cache instance). */
+  connectorConfig: ConnectorConfig | null;
+  /** Set exactly when connectorConfig is. */
+  cacheConfig: CacheConfig | null;
+  transfer: TransferFactory;
+  processMetrics: boolean;
+}
+
+/** The limits that depend on the loaded model. */
+export interface ModelLimits {
+  maxModelLen: number;
+  kvCacheBytes: number;
+}
+
+function positiveInt(name: string, v: number | undefined, fallback: number): number {
+  const n = v ?? fallback;
+  if (!Number.isInteger(n) || n < 1) throw new Error(`${name}: expected a positive integer, found ${n}`);
+  return n;
+}
+
+function nonEmpty(name: string, v: string | undefined, fallback: string): string {
+  const s = v ?? fallback;
+  if (typeof s !== 'string' || s.length === 0) throw new Error(`${name}: expected a non-empty string, found ${JSON.stringify(s)}`);
+  return s;
+}
+
+/** Options → settings; throws an Error naming the option on the first bad one. */
+export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
+  const env = opts.env ?? process.env;
+  const modelSpec = nonEmpty('--model', opts.model, 'builtin:tiny');
+  const modelName = nonEmpty('--served-model-name', opts.servedModelName, modelSpec);
+  const host = nonEmpty('--host', opts.host, '127.0.0.1');
+  const port = opts.port ?? 0;
+  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new Error(`--port: expected an integer between 0 and 65535, found ${port}`);
+
+  // The connector JSON and the cache YAML first: they are what an operator most often gets wrong.
+  // An in-process ConnectorConfig or CacheConfig object goes through the same validation as the
+  // command line's JSON and the YAML file, so both paths accept and refuse the same values.
+  let connectorConfig: ConnectorConfig | null = null;
+  if (opts.kvTransferConfig !== undefined) {
+    const json = typeof opts.kvTransferConfig === 'string' ? opts.kvTransferConfig : JSON.stringify(opts.kvTransferConfig);
+    const loaded = parseConnectorConfig(json, '--kv-transfer-config');
+    for (const w of loaded.warnings) log.warn(w);
+    connectorConfig = loaded.config;
+  }
+  let cacheConfig: CacheConfig | null = null;
+  if (connectorConfig) {
+    const loaded = opts.cacheConfig ? validateCacheConfig(opts.cacheConfig, 'cacheConfig') : cacheConfigFromEnv(env);
+    for (const w of loaded.warnings) log.warn(w);
+    cacheConfig = loaded.config;
+  } else if (opts.cacheConfig) {
+    // The cache instance only exists for the connector: say so rather than drop the setting.
+    throw new Error('cacheConfig: given without kvTransferConfig (--kv-transfer-config); the cache instance is used only by the connector');
+  }
+  if (opts.transfer && connectorConfig?.kv_role !== 'kv_producer' && connectorConfig?.kv_role !== 'kv_consumer') {
+    throw new Error(`transfer: a transfer plugin is used only with kv_role kv_producer or kv_consumer (found ${connectorConfig ? connectorConfig.kv_role : 'no --kv-transfer-config'})`);
+  }
+
+  const maxNumSeqs = positiveInt('--max-num-seqs', opts.maxNumSeqs, 16);
+  const maxNumBatchedTokens = positiveInt('--max-num-batched-tokens', opts.maxNumBatchedTokens, 512);
+  if (maxNumBatchedTokens < maxNumSeqs) {
+    // Every running sequence's decode row takes one token of a step's budget: with fewer tokens
+    // than sequences, decode rows alone would overrun the budget and starve prefills.
+    throw new Error(
+      `--max-num-batched-tokens (${maxNumBatchedTokens}) must be >= --max-num-seqs (${maxNumSeqs}): each running sequence's decode row takes one token of every step's budget`,
+    );
+  }
+  const maxQueue = positiveInt('--max-queue-len', opts.maxQueue, 1024);
+  if (opts.maxModelLen !== undefined && (!Number.isInteger(opts.maxModelLen) || opts.maxModelLen < 2)) {
+    throw new Error(`--max-model-len: expected an integer >= 2, found ${opts.maxModelLen}`);
+  }
+  if (opts.kvCacheBytes !== undefined && (!Number.isFinite(opts.kvCacheBytes) || opts.kvCacheBytes <= 0)) {
+    throw new Error(`kvCacheBytes (--kv-cache-memory in GiB): expected a number of bytes > 0, found ${opts.kvCacheBytes}`);
+  }
+
+  return {
+    env,
+    host,
+    port,
+    modelSpec,
+    modelName,
+    maxModelLen: opts.maxModelLen,
+    maxNumSeqs,
+    maxNumBatchedTokens,
+    maxQueue,
+    kvCacheBytes: opts.kvCacheBytes,
+    connectorConfig,
+    cacheConfig,
+    transfer: opts.transfer ?? createKvTransfer,
+    processMetrics: opts.processMetrics ?? false,
+  };
+}
+
+/**
+ * max_model_len (default: the model's max_position_embeddings, never beyond it) and the paged KV
+ * budget (default: max_num_seqs full-length sequences plus one block of slack each, at most 4 GiB).
+ */
+export function resolveModelLimits(s: EngineSettings, cfg: ModelConfig, layout: KvLayout): ModelLimits {
+  const maxModelLen = s.maxModelLen ?? cfg.maxPositionEmbeddings;
+  if (!Number.isInteger(maxModelLen) || maxModelLen < 2) throw new Error(`--max-model-len: expected an integer >= 2, found ${maxModelLen}`);
+  if (maxModelLen > cfg.maxPositionEmbeddings) {
+    throw new Error(`--max-model-len ${maxModelLen} exceeds the model's max_position_embeddings (${cfg.maxPositionEmbeddings})`);
+  }
+  const tokenBytes = payloadBytes(layout, 1);
+  const kvCacheBytes = s.kvCacheBytes ?? Math.min(DEFAULT_KV_BUDGET_CAP, s.maxNumSeqs * (maxModelLen + 16) * tokenBytes);
+  return { maxModelLen, kvCacheBytes };
+}

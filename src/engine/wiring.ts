@@ -1,0 +1,163 @@
+// The engine's parts and their lifecycle: the model, the paged KV cache, the metrics, and with a
+// connector the cache instance (KvcStore), the xfer plugin (through the transfer seam of
+// src/common/transfer_seam.ts), the controller attachment and the connector; then the scheduler
+// that drives them. EngineWiring.start() acquires them in that order and records how to release
+// each one; close() releases them in the reverse order, and a start-up that fails half way
+// releases what it had acquired (ports, worker threads, buffers) before the error is reported.
+import { describeLayout, sameLayout } from '../common/chunk.js';
+import { seedFromEnv } from '../common/keys.js';
+import { logger } from '../common/log.js';
+import type { KvTransferPlugin } from '../common/transfer_seam.js';
+import { attachController, type ControllerAttachment } from '../kvc/controller_client.js';
+import { KvcStore } from '../kvc/store.js';
+import { registerRemoteMetrics } from '../kvc/remote_metrics.js';
+import { KvcConnectorV1 } from './connector.js';
+import { EngineMetrics } from './metrics.js';
+import { PagedKvCache } from './model/kv_cache.js';
+import { loadEngineModel, type EngineModel } from './runtime.js';
+import { Scheduler } from './scheduler.js';
+import { resolveModelLimits, type EngineSettings } from './settings.js';
+
+const log = logger('engine');
+
+/** One acquired part: how to release it, and whether a failure to release must be reported. */
+interface Release {
+  /** What the warning says was being done ("closing xfer"). */
+  what: string;
+  release(): Promise<void> | void;
+  /** A failure here may lose data (the store's disk tier): close() rethrows it after releasing the rest. */
+  mustSucceed: boolean;
+}
+
+/** The parts acquired so far, released last-acquired first. */
+class ReleaseStack {
+  private readonly stack: Release[] = [];
+
+  push(r: Release): void {
+    this.stack.push(r);
+  }
+
+  /** Releases everything; returns the first failure of a mustSucceed part (the rest are logged). */
+  async releaseAll(): Promise<unknown> {
+    let firstFatal: unknown;
+    for (let r = this.stack.pop(); r; r = this.stack.pop()) {
+      try {
+        await r.release();
+      } catch (e) {
+        log.warn(`${r.what}: ${(e as Error).message}`);
+        if (r.mustSucceed && firstFatal === undefined) firstFatal = e;
+      }
+    }
+    return firstFatal;
+  }
+}
+
+export class EngineWiring {
+  readonly model: EngineModel;
+  readonly maxModelLen: number;
+  readonly kv: PagedKvCache;
+  readonly metrics: EngineMetrics;
+  /** The cache instance (null without a connector). */
+  readonly store: KvcStore | null;
+  readonly transfer: KvTransferPlugin | null;
+  /** The controller attachment (cache YAML enable_controller), else null. */
+  readonly controller: ControllerAttachment | null;
+  readonly connector: KvcConnectorV1 | null;
+  readonly scheduler: Scheduler;
+  private closing: Promise<void> | null = null;
+
+  private constructor(
+    parts: Omit<EngineWiring, 'drain' | 'close'>,
+    private readonly releases: ReleaseStack,
+  ) {
+    this.model = parts.model;
+    this.maxModelLen = parts.maxModelLen;
+    this.kv = parts.kv;
+    this.metrics = parts.metrics;
+    this.store = parts.store;
+    this.transfer = parts.transfer;
+    this.controller = parts.controller;
+    this.connector = parts.connector;
+    this.scheduler = parts.scheduler;
+  }
+
+  static async start(s: EngineSettings): Promise<EngineWiring> {
+    const releases = new ReleaseStack();
+    try {
+      const t0 = performance.now();
+      const model = await loadEngineModel(s.modelSpec, s.env);
+      // The kernel's worker thread; forward() still works single-threaded after this.
+      releases.push({ what: "stopping the model's kernel worker", release: () => model.llama.close(), mustSucceed: false });
+      const cfg = model.config;
+      log.info(
+        `model ${s.modelSpec} loaded in ${Math.round(performance.now() - t0)} ms (${cfg.numLayers} layers, dim ${cfg.dim}, ${cfg.numHeads} heads / ${cfg.numKvHeads} KV heads, vocab ${cfg.vocabSize})`,
+      );
+
+      const { maxModelLen, kvCacheBytes } = resolveModelLimits(s, cfg, model.layout);
+      const kv = new PagedKvCache({ numLayers: cfg.numLayers, numKvHeads: cfg.numKvHeads, headDim: cfg.headDim }, kvCacheBytes);
+      if (!sameLayout(kv.layout, model.layout)) throw new Error(`paged KV layout ${describeLayout(kv.layout)} differs from the model's ${describeLayout(model.layout)}`);
+      if (kv.capacityTokens < maxModelLen) log.warn(`KV budget holds ${kv.capacityTokens} tokens, less than max_model_len ${maxModelLen}: longer requests are refused`);
+
+      const metrics = new EngineMetrics({ model: s.modelName }, s.processMetrics);
+
+      let store: KvcStore | null = null;
+      let transfer: KvTransferPlugin | null = null;
+      let controller: ControllerAttachment | null = null;
+      let connector: KvcConnectorV1 | null = null;
+      const { connectorConfig, cacheConfig } = s;
+      if (connectorConfig && cacheConfig) {
+        const opened = await KvcStore.create(cacheConfig, { modelId: model.modelId });
+        store = opened;
+        releases.push({ what: 'closing the cache store', release: () => opened.close(), mustSucceed: true });
+        if (opened.remote) registerRemoteMetrics(metrics.registry, opened.remote);
+        const seed = seedFromEnv(s.env);
+        if (connectorConfig.kv_role !== 'kv_both') {
+          if (!cacheConfig.enable_xfer) {
+            log.warn(`kv_role ${connectorConfig.kv_role} without enable_xfer in the cache config: no KV is transferred, prompts are computed here`);
+          } else {
+            const plugin = await s.transfer({ role: connectorConfig.kv_role, cacheConfig, connectorConfig, layout: model.layout, modelId: model.modelId, chunkSize: cacheConfig.chunk_size, seed });
+            transfer = plugin;
+            releases.push({ what: 'closing xfer', release: () => plugin.close(), mustSucceed: false });
+          }
+        }
+        if (cacheConfig.enable_controller) {
+          // Registers this cache instance with the controller (monitor port) and serves its worker
+          // and peer ports, so the controller can look up, move, copy, pin and clear our chunks.
+          const attached = await attachController(opened, cacheConfig, { modelId: model.modelId, chunkSize: cacheConfig.chunk_size, seed, layout: model.layout });
+          controller = attached;
+          releases.push({ what: 'detaching from the controller', release: () => attached.close(), mustSucceed: false });
+          log.info(`cache instance ${cacheConfig.kvc_instance_id} attached to controller ${cacheConfig.controller_url} (worker port ${attached.workerPort})`);
+        }
+        connector = new KvcConnectorV1({ config: connectorConfig, cacheConfig, store: opened, modelId: model.modelId, layout: model.layout, seed, metrics, transfer });
+        log.info(
+          `connector KvcConnectorV1 role=${connectorConfig.kv_role} chunk_size=${cacheConfig.chunk_size} locations=${opened.locations().join(',') || 'none'}${opened.remote ? ` remote=${opened.remote.endpoint.display}` : ''}` +
+            ` discard_partial_chunks=${connector.discardPartial} seed=${seed}${transfer ? ' xfer=on' : ''}`,
+        );
+      }
+
+      const scheduler = new Scheduler({ model, kv, metrics, connector, maxNumSeqs: s.maxNumSeqs, maxNumBatchedTokens: s.maxNumBatchedTokens, maxQueue: s.maxQueue });
+      releases.push({ what: 'stopping the scheduler', release: () => scheduler.close(), mustSucceed: false });
+      return new EngineWiring({ model, maxModelLen, kv, metrics, store, transfer, controller, connector, scheduler }, releases);
+    } catch (e) {
+      await releases.releaseAll();
+      throw e;
+    }
+  }
+
+  /**
+   * Stops admitting requests and aborts the queued and running ones (streams get their error
+   * event and `data: [DONE]`). The engine calls this before closing its HTTP server, which
+   * would otherwise wait for those answers or cut them off.
+   */
+  drain(): Promise<void> {
+    return this.scheduler.close();
+  }
+
+  /** Releases every part, last acquired first; idempotent. Rejects when the store failed to close. */
+  close(): Promise<void> {
+    return (this.closing ??= (async () => {
+      const fatal = await this.releases.releaseAll();
+      if (fatal !== undefined) throw fatal;
+    })());
+  }
+}

@@ -7,6 +7,7 @@
 //   TTFT           a 1,024-token prompt computed by engine A vs the same prompt on engine B, whose
 //                  local tiers are empty so its KV comes through the remote tier (medians of 3).
 // Targets: remote put and get >= 0.8 x raw; remote-hit TTFT <= 0.25 x recompute.
+// Plot: bench-results/remote.svg (vega-lite).
 import { Redis } from 'ioredis';
 import { DType, encodeChunk, payloadBytes, type KvLayout } from '../src/common/chunk.js';
 import { validateCacheConfig } from '../src/common/config.js';
@@ -14,6 +15,7 @@ import { parseRemoteUrl } from '../src/common/remote_url.js';
 import { RemoteTier } from '../src/kvc/remote_tier.js';
 import { startEngine, type Engine } from '../src/engine/server.js';
 import { REDIS_SKIP, findRedisServer, startRedisServer } from '../test/helpers/redis_server.js';
+import { PLOT_DIR, writeBarsSvg } from './_plot.js';
 
 const GB = 1e9;
 const GiB = 1024 ** 3;
@@ -147,6 +149,20 @@ async function main(): Promise<void> {
       const hit = median(hits);
       const rs = b.store!.remoteStats()!;
       console.log(`TTFT 1,024-token prompt: computed ${recompute.toFixed(1)} ms, remote hit ${hit.toFixed(1)} ms (x${(hit / recompute).toFixed(3)}); engine B remote reads: ${rs.hits} hits, ${(rs.getBytes / 2 ** 20).toFixed(1)} MiB`);
+      const svg = await writeBarsSvg(
+        `${PLOT_DIR}/remote.svg`,
+        'Remote tier (Redis on loopback): throughput vs the raw client, and TTFT of a 1,024-token prompt',
+        [
+          { panel: 'put (GB/s)', series: 'raw SET', value: m.rawPut },
+          { panel: 'put (GB/s)', series: 'RemoteTier', value: m.tierPut },
+          { panel: 'get (GB/s)', series: 'raw GET', value: m.rawGet },
+          { panel: 'get (GB/s)', series: 'RemoteTier', value: m.tierGet },
+          { panel: 'TTFT (ms)', series: 'computed', value: recompute },
+          { panel: 'TTFT (ms)', series: 'remote hit', value: hit },
+        ],
+        'value',
+      );
+      console.log(`plot: ${svg}`);
       console.log(
         JSON.stringify({
           bench: 'remote',

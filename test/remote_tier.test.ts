@@ -225,4 +225,18 @@ describe('remote tier on a real redis-server', { skip: redisBin ? false : REDIS_
     assert.ok(await k.remote!.flush(5_000));
     assert.equal(await raw.exists(`kvc:${MODEL}:${keyOf(301)}`), 1);
   });
+  it('a server that is down at start-up is a warning, not an error: the instance serves locally and connects once it is up', async () => {
+    await srv.kill();
+    const late = await open({ timeoutMs: 300 });
+    assert.equal(late.remote!.connected, false);
+    const res = await late.put(keyOf(400), chunk(400));
+    assert.deepEqual([res.stored, res.remote], [['LocalCPUBackend'], 'dropped']);
+    assert.equal(await late.get(keyOf(1)), null, 'a local miss with the server down is just a miss');
+    await srv.restart();
+    for (let i = 0; i < 150 && !late.remote!.connected; i++) await new Promise((r) => setTimeout(r, 100));
+    assert.equal(late.remote!.connected, true, 'connected within 15 s of the server coming up');
+    assert.equal((await late.put(keyOf(401), chunk(401))).remote, 'queued');
+    assert.ok(await late.remote!.flush(5_000));
+    assert.equal(late.remoteStats()!.putsWritten, 1);
+  });
 });

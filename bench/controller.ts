@@ -19,7 +19,7 @@ import { chunkKeys } from '../src/common/keys.js';
 import { freePortRange } from '../src/common/ports.js';
 import { keyHalves } from '../src/common/keys.js';
 import { startController } from '../src/controller/server.js';
-import { encodeMsg, packKeys, PROTOCOL_VERSION, type KeyOp } from '../src/controller/protocol.js';
+import { encodeMsg, packKeys, PROTOCOL_VERSION, type KeyOp } from '../src/protocol/monitor.js';
 import { attachController } from '../src/kvc/controller_client.js';
 import { KvcStore } from '../src/kvc/store.js';
 

@@ -13,7 +13,7 @@ import { DType, encodeChunk, payloadBytes, verifyChunk, type KvLayout } from '..
 import { validateCacheConfig, type CacheConfig } from '../src/common/config.js';
 import { chunkKeys } from '../src/common/keys.js';
 import { freePortRange } from '../src/common/ports.js';
-import { encodeMsg, packKeys, PROTOCOL_VERSION } from '../src/controller/protocol.js';
+import { encodeMsg, packKeys, PROTOCOL_VERSION } from '../src/protocol/monitor.js';
 import { attachController, type ControllerAttachment } from '../src/kvc/controller_client.js';
 import { KvcStore } from '../src/kvc/store.js';
 import { transferHolds } from '../src/kvc/transfer_holds.js';
@@ -595,7 +595,7 @@ function registerTests(): void {
       const holds = transferHolds(D.store);
       const [s] = await putPrompt(D.store, range(CHUNK, 800_000), 'LocalCPUBackend', CHUNK, big);
       assert.ok(holds.hold(s!.key, 'LocalCPUBackend'));
-      new WorkerOps(D.store, 'inst-D').pin([s!.key], 'LocalCPUBackend', false);
+      new WorkerOps(D.store, 'inst-D').pin([s!.key], 'LocalCPUBackend');
       holds.release(s!.key, 'LocalCPUBackend');
       assert.ok(D.store.isPinned(s!.key, 'LocalCPUBackend'));
       // And one that was not pinned before is unpinned when the hold ends.

@@ -9,7 +9,7 @@ import { chunkKeys } from '../src/common/keys.js';
 import { ChunkIndex } from '../src/controller/chunk_index.js';
 import { EventLog } from '../src/controller/events.js';
 import { halvesToHex, keyHalves } from '../src/common/keys.js';
-import { packKeys, unpackKeys } from '../src/controller/protocol.js';
+import { packKeys, unpackKeys } from '../src/protocol/monitor.js';
 
 function rng(seed: number) {
   let s = seed >>> 0;

@@ -9,7 +9,7 @@ import { validateCacheConfig } from '../src/common/config.js';
 import { freePortRange } from '../src/common/ports.js';
 import { XferReceiver, XferSender, createXfer, decodeNotice, type DisaggSpec, type OutChunk } from '../src/xfer/index.js';
 import { syntheticChunk, syntheticKey } from '../src/xfer/peer.js';
-import { FrameParser, FrameType, PROTOCOL_VERSION, writeFrame } from '../src/xfer/protocol.js';
+import { FrameParser, FrameType, PROTOCOL_VERSION, writeFrame } from '../src/protocol/xfer_frames.js';
 
 const layout: KvLayout = { dtype: DType.f32, numLayers: 2, numKvHeads: 2, headDim: 8 };
 const CHUNK = 16;

@@ -142,13 +142,21 @@ export function checkChunkFor(buf: Uint8Array, key: string): ChunkHeader {
  * and (when given) the expected key. Returns the header; throws ChunkFormatError on any mismatch.
  */
 export function verifyChunk(buf: Uint8Array, expectedKey?: string): ChunkHeader {
+  return verifyStreamed(buf, expectedKey, checksum64(buf.subarray(HEADER_BYTES)));
+}
+
+/**
+ * verifyChunk with the payload checksum already computed while the bytes arrived (a frame reader
+ * hashes each piece as it copies it, while it is hot in cache): the same checks — header, exact
+ * length, key, xxh64 of the payload — without a second pass over the payload.
+ */
+export function verifyStreamed(buf: Uint8Array, expectedKey: string | undefined, payloadSum: bigint): ChunkHeader {
   const h = readHeader(buf);
   if (buf.byteLength !== HEADER_BYTES + h.payloadBytes) {
     throw new ChunkFormatError(`truncated or padded chunk ${h.key}: ${buf.byteLength} bytes, expected ${HEADER_BYTES + h.payloadBytes}`);
   }
   if (expectedKey !== undefined && h.key !== expectedKey) throw new ChunkFormatError(`chunk key mismatch: expected ${expectedKey}, found ${h.key}`);
-  const sum = checksum64(buf.subarray(HEADER_BYTES));
-  if (sum !== h.checksum) throw new ChunkFormatError(`checksum mismatch for chunk ${h.key}`);
+  if (payloadSum !== h.checksum) throw new ChunkFormatError(`checksum mismatch for chunk ${h.key}`);
   return h;
 }
 

@@ -31,6 +31,14 @@ export interface ChunkSpan {
   key: ChunkKey;
 }
 
+/** A chunk key on the wire and on disk: 16 lowercase hex digits (the big-endian u64). */
+export const CHUNK_KEY_PATTERN = /^[0-9a-f]{16}$/;
+export const CHUNK_KEY_CHARS = 16;
+
+export function isChunkKey(s: unknown): s is ChunkKey {
+  return typeof s === 'string' && CHUNK_KEY_PATTERN.test(s);
+}
+
 export function toHex(k: bigint): ChunkKey {
   return k.toString(16).padStart(16, '0');
 }

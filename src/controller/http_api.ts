@@ -79,8 +79,8 @@ export function buildHttpApi(ops: Operations): FastifyInstance {
   const body = (b: unknown) => requireObject(b);
 
   app.post('/move', async (req) => ops.move(parseWithTokens(moveSchema, req.body)));
-  app.post('/pin', async (req) => ops.pin(parseWithTokens(pinSchema, req.body), false));
-  app.post('/unpin', async (req) => ops.pin(parseWithTokens(pinSchema, req.body), true));
+  app.post('/pin', async (req) => ops.pin(parseWithTokens(pinSchema, req.body)));
+  app.post('/unpin', async (req) => ops.unpin(parseWithTokens(pinSchema, req.body)));
   app.post('/lookup', async (req) => ops.lookup(parseWithTokens(lookupSchema, req.body).tokens));
   app.post('/clear', async (req) => ops.clear(parseBody(clearSchema, body(req.body))));
   app.post('/health', async (req) => ops.health(parseBody(healthSchema, body(req.body)).instance_id));

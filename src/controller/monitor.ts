@@ -3,7 +3,8 @@
 // (zeromq v6 allows one send in flight). A malformed frame is logged and dropped.
 import { Router } from 'zeromq';
 import { logger } from '../common/log.js';
-import { decodeMsg, encodeMsg, SendQueue } from './protocol.js';
+import { SendQueue } from '../common/send_queue.js';
+import { decodeMsg, encodeMsg } from '../protocol/monitor.js';
 import type { Registry } from './registry.js';
 
 const log = logger('controller.monitor');

@@ -13,6 +13,7 @@ import { chunkKeys, type ChunkSpan } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import { EventLog, type EventKind, type EventRecord } from './events.js';
 import { keyHalves, type KeyHalves } from '../common/keys.js';
+import type { LocationName } from '../protocol/worker_api.js';
 import type { Registry, WorkerRec } from './registry.js';
 import { callWorker, workerName } from './worker_rpc.js';
 
@@ -29,6 +30,12 @@ export interface LookupResult {
   /** Longest match over all instances. */
   num_tokens: number;
   layout_info: Record<string, { location: string; matched_tokens: number; locations: Record<string, number> }>;
+}
+
+export interface PinRequest {
+  tokens: number[];
+  instance_id: string;
+  location: string;
 }
 
 export class Operations {
@@ -72,7 +79,7 @@ export class Operations {
   /** Asks every worker how many leading keys it holds in `location`; returns the minimum. */
   private async heldPrefix(workers: WorkerRec[], keys: string[], location: string): Promise<number> {
     const counts = await Promise.all(
-      workers.map((w) => callWorker<{ count: number }>(w, 'POST', '/lookup', { keys, location }, this.timeouts.commandMs)),
+      workers.map((w) => callWorker(w, 'lookup', { keys, location: location as LocationName }, this.timeouts.commandMs)),
     );
     return Math.min(...counts.map((c) => c.count));
   }
@@ -137,14 +144,13 @@ export class Operations {
     this.runEvent(ev, async () => {
       const results = await Promise.all(
         pairs.map(({ s, d }) =>
-          callWorker<{ moved: number }>(
+          callWorker(
             s,
-            'POST',
-            '/move',
+            'move',
             {
               event_id: ev.event_id,
               keys: moveKeys,
-              location: srcLoc,
+              location: srcLoc as LocationName,
               copy: req.copy,
               target: cross ? { instance_id: d.instanceId, location: dstLoc, distributed_url: d.distributedUrl } : { location: dstLoc },
               deadline_ms: this.timeouts.transferMs,
@@ -161,10 +167,19 @@ export class Operations {
     return { event_id: ev.event_id, num_tokens: numTokens };
   }
 
-  async pin(req: { tokens: number[]; instance_id: string; location: string }, unpin: boolean): Promise<{ event_id: string; num_tokens: number }> {
+  /** Pins the held prefix of `tokens` on every worker of the instance. */
+  pin(req: PinRequest): Promise<{ event_id: string; num_tokens: number }> {
+    return this.setPinned(req, 'pin');
+  }
+
+  /** Unpins the held prefix of `tokens` on every worker of the instance. */
+  unpin(req: PinRequest): Promise<{ event_id: string; num_tokens: number }> {
+    return this.setPinned(req, 'unpin');
+  }
+
+  private async setPinned(req: PinRequest, kind: 'pin' | 'unpin'): Promise<{ event_id: string; num_tokens: number }> {
     const workers = this.workersOf(req.instance_id, 'instance_id');
     this.checkLocation(workers, req.location, 'location');
-    const kind: EventKind = unpin ? 'unpin' : 'pin';
     const request = { instance_id: req.instance_id, location: req.location, tokens: req.tokens.length };
     if (req.tokens.length === 0) {
       const ev = this.finishedNow(kind, request);
@@ -181,7 +196,7 @@ export class Operations {
     }
     this.runEvent(ev, async () => {
       const results = await Promise.all(
-        workers.map((w) => callWorker<{ count: number }>(w, 'POST', unpin ? '/unpin' : '/pin', { keys: keys.slice(0, n), location: req.location }, this.timeouts.commandMs)),
+        workers.map((w) => callWorker(w, kind, { keys: keys.slice(0, n), location: req.location as LocationName }, this.timeouts.commandMs)),
       );
       return Math.min(...results.map((r) => r.count));
     });
@@ -196,7 +211,7 @@ export class Operations {
     const ev = this.events.create('clear', 0, chunks, { instance_id: req.instance_id, location: req.location });
     this.runEvent(ev, async () => {
       const results = await Promise.all(
-        workers.map((w) => callWorker<{ removed: number }>(w, 'POST', '/clear', { location: req.location }, this.timeouts.transferMs)),
+        workers.map((w) => callWorker(w, 'clear', { location: req.location as LocationName }, this.timeouts.transferMs)),
       );
       return results.reduce((a, r) => a + r.removed, 0);
     });
@@ -256,8 +271,8 @@ export class Operations {
     const results = await Promise.all(
       workers.map(async (w) => {
         const t = performance.now();
-        const r = await callWorker<Record<string, unknown>>(w, 'GET', '/health', undefined, this.timeouts.commandMs);
-        return { worker_id: w.workerId, latency_ms: Math.round((performance.now() - t) * 1000) / 1000, ...r };
+        const { worker_id, ...rest } = await callWorker(w, 'health', undefined, this.timeouts.commandMs);
+        return { worker_id, latency_ms: Math.round((performance.now() - t) * 1000) / 1000, ...rest };
       }),
     );
     return { instance_id: instanceId, healthy: true, workers: results };

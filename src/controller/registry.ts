@@ -4,10 +4,9 @@
 // ChunkIndex. Messages are identified by the ZeroMQ routing id of the sending DEALER, which
 // is a random session id chosen at attach time: a restarted engine is a new session and
 // replaces the old registration of the same (instance_id, worker_id) at once.
-import { z } from 'zod';
 import { logger } from '../common/log.js';
 import { ChunkIndex } from './chunk_index.js';
-import { PROTOCOL_VERSION, type ControllerMsg, type KeyOp } from './protocol.js';
+import { describeIssues, isKeyOp, keyOpSchema, MONITOR_PROTOCOL_VERSION, registerMsgSchema, syncMsgSchema, type ControllerMsg } from '../protocol/monitor.js';
 
 const log = logger('controller.registry');
 
@@ -34,25 +33,6 @@ export interface HolderRef {
   worker: WorkerRec;
   location: string;
 }
-
-const packed = z.instanceof(Uint8Array).refine((u) => u.byteLength % 8 === 0, 'expected packed 8-byte keys');
-const registerSchema = z.object({
-  t: z.literal('register'),
-  v: z.number(),
-  instance_id: z.string().min(1).max(200),
-  worker_id: z.number().int().min(0),
-  session: z.string().min(1),
-  ip: z.string().min(1),
-  worker_port: z.number().int().min(1).max(65535),
-  distributed_url: z.string().nullable(),
-  chunk_size: z.number().int().min(1),
-  model_id: z.string().min(1),
-  seed: z.string(),
-  locations: z.array(z.string().min(1)),
-  pid: z.number().int(),
-});
-const syncSchema = z.object({ t: z.literal('sync'), location: z.string().min(1), keys: packed, reset: z.boolean(), last: z.boolean() });
-const opsSchema = z.object({ t: z.literal('ops'), ops: z.array(z.tuple([z.union([z.literal(0), z.literal(1)]), z.string().min(1), packed])) });
 
 export interface RegistryOptions {
   heartbeatTimeoutMs: number;
@@ -97,7 +77,7 @@ export class Registry {
       case 'sync': {
         const w = this.byRouting.get(routingId);
         if (!w) return { t: 'reregister' };
-        const r = syncSchema.safeParse(msg);
+        const r = syncMsgSchema.safeParse(msg);
         if (!r.success) return this.bad(routingId, 'sync', r.error.message);
         w.lastSeen = now;
         if (r.data.reset) this.dropHoldings(w);
@@ -110,15 +90,16 @@ export class Registry {
         const w = this.byRouting.get(routingId);
         if (!w) return { t: 'reregister' };
         // Validation of a whole batch costs about as much as applying it; ops frames are the hot
-        // path of ingest, so check the shape cheaply and element types while applying.
+        // path of ingest, so check the shape cheaply (isKeyOp) and name the problem with the
+        // schema only for a malformed op.
         if (!Array.isArray(msg.ops)) return this.bad(routingId, 'ops', 'ops is not an array');
         w.lastSeen = now;
         for (const op of msg.ops as unknown[]) {
-          if (!Array.isArray(op) || op.length !== 3 || (op[0] !== 0 && op[0] !== 1) || typeof op[1] !== 'string' || !(op[2] instanceof Uint8Array) || op[2].byteLength % 8 !== 0) {
-            const r = opsSchema.safeParse({ t: 'ops', ops: [op] });
+          if (!isKeyOp(op)) {
+            const r = keyOpSchema.safeParse(op);
             return this.bad(routingId, 'ops', r.success ? 'malformed op' : r.error.message);
           }
-          const [kind, loc, keys] = op as KeyOp;
+          const [kind, loc, keys] = op;
           const h = this.holderOf(w, loc);
           if (kind === 1) {
             this.index.addPacked(keys, h);
@@ -150,10 +131,10 @@ export class Registry {
   }
 
   private register(routingId: string, msg: Record<string, unknown>, now: number): ControllerMsg {
-    const r = registerSchema.safeParse(msg);
-    if (!r.success) return this.bad(routingId, 'register', r.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; '));
+    const r = registerMsgSchema.safeParse(msg);
+    if (!r.success) return this.bad(routingId, 'register', describeIssues(r.error));
     const m = r.data;
-    if (m.v !== PROTOCOL_VERSION) return { t: 'error', message: `monitor protocol version ${m.v} is not supported (controller speaks ${PROTOCOL_VERSION})` };
+    if (m.v !== MONITOR_PROTOCOL_VERSION) return { t: 'error', message: `monitor protocol version ${m.v} is not supported (controller speaks ${MONITOR_PROTOCOL_VERSION})` };
     if (m.seed !== String(this.opts.seed)) {
       log.warn(`${m.instance_id}/${m.worker_id} runs with PYTHONHASHSEED=${m.seed} but the controller has ${this.opts.seed}: lookups will not find its chunks; set the same seed everywhere`);
     }

@@ -4,6 +4,8 @@
 // (e.g. 404 unknown location), anything else → 502.
 import { Agent, request } from 'undici';
 import { KvcError, timedOut, unavailable, upstreamFailed } from '../common/errors.js';
+import { describeIssues } from '../protocol/monitor.js';
+import { WORKER_ROUTES, type WorkerReply, type WorkerRequest, type WorkerRoute } from '../protocol/worker_api.js';
 import type { WorkerRec } from './registry.js';
 
 // undici's own header/body timeouts (300 s by default) are switched off: every call carries
@@ -14,7 +16,19 @@ export function workerName(w: WorkerRec): string {
   return `instance "${w.instanceId}" worker ${w.workerId} (${w.ip}:${w.workerPort})`;
 }
 
-export async function callWorker<T>(w: WorkerRec, method: 'GET' | 'POST', path: string, body: unknown, deadlineMs: number): Promise<T> {
+/**
+ * Calls one route of the worker API (src/protocol/worker_api.ts) and checks the reply against its
+ * schema: a worker that answers 2xx with another shape is reported as a 502, never passed on.
+ */
+export async function callWorker<R extends WorkerRoute>(w: WorkerRec, route: R, body: WorkerRequest<R>, deadlineMs: number): Promise<WorkerReply<R>> {
+  const { method, path, reply } = WORKER_ROUTES[route];
+  const json = await send(w, method, path, body, deadlineMs);
+  const r = reply.safeParse(json);
+  if (!r.success) throw upstreamFailed(`${workerName(w)} answered ${path} with an unexpected body: ${describeIssues(r.error)}`);
+  return r.data as WorkerReply<R>;
+}
+
+async function send(w: WorkerRec, method: 'GET' | 'POST', path: string, body: unknown, deadlineMs: number): Promise<unknown> {
   const url = `http://${w.ip.includes(':') ? `[${w.ip}]` : w.ip}:${w.workerPort}${path}`;
   const signal = AbortSignal.timeout(deadlineMs);
   let res: Awaited<ReturnType<typeof request>>;
@@ -47,7 +61,7 @@ export async function callWorker<T>(w: WorkerRec, method: 'GET' | 'POST', path: 
     throw upstreamFailed(`${workerName(w)} answered ${path} with HTTP ${res.statusCode} and a body that is not JSON`);
   }
   const status = res.statusCode;
-  if (status >= 200 && status < 300) return json as T;
+  if (status >= 200 && status < 300) return json;
   const e = (json as { error?: { message?: string; type?: string; code?: string } }).error;
   const message = `${workerName(w)}: ${e?.message ?? `HTTP ${status}`}`;
   if (status >= 400 && status < 500) {

@@ -17,7 +17,8 @@ import { Dealer } from 'zeromq';
 import type { KvLayout } from '../common/chunk.js';
 import type { CacheConfig } from '../common/config.js';
 import { logger } from '../common/log.js';
-import { decodeMsg, encodeMsg, PROTOCOL_VERSION, packKeys, SendQueue, SYNC_PART_KEYS, type InstanceMsg, type KeyOp } from '../controller/protocol.js';
+import { SendQueue } from '../common/send_queue.js';
+import { decodeMsg, encodeMsg, MONITOR_PROTOCOL_VERSION, packKeys, SYNC_PART_KEYS, type InstanceMsg, type KeyOp } from '../protocol/monitor.js';
 import type { KvcStore } from './store.js';
 import type { KeyEvent } from './types.js';
 import { parseHostPort, startPeerServer, type PeerServer } from './worker_peer.js';
@@ -104,7 +105,7 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
     lastRegisterAt = Date.now();
     void send({
       t: 'register',
-      v: PROTOCOL_VERSION,
+      v: MONITOR_PROTOCOL_VERSION,
       instance_id: cfg.kvc_instance_id,
       worker_id: workerId,
       session,

@@ -18,13 +18,12 @@
 import { promises as fsp, mkdirSync, writeFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { ChunkFormatError, HEADER_BYTES, checkChunkFor, readHeader, verifyChunk } from '../common/chunk.js';
-import type { ChunkKey } from '../common/keys.js';
+import { isChunkKey, type ChunkKey } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import { LruIndex, type Entry } from './lru_index.js';
 import { StoreFullError, type BackendStats, type PinOptions, type StorageBackend } from './types.js';
 
 const log = logger('kvc.disk');
-const KEY_RE = /^[0-9a-f]{16}$/;
 
 export class LocalDiskBackend implements StorageBackend {
   readonly location = 'LocalDiskBackend' as const;
@@ -80,7 +79,7 @@ export class LocalDiskBackend implements StorageBackend {
       if (!name.endsWith('.kvc')) continue;
       const key = name.slice(0, -4);
       try {
-        if (!KEY_RE.test(key)) throw new ChunkFormatError('file name is not a chunk key');
+        if (!isChunkKey(key)) throw new ChunkFormatError('file name is not a chunk key');
         const st = await fsp.stat(path);
         if (!st.isFile()) {
           // Not ours to delete (a directory or device named like a chunk): never indexed, left in place.

@@ -98,11 +98,15 @@ export class KvcStore extends EventEmitter<StoreEvents> {
     return LOCATIONS.filter((l) => this.backends.has(l));
   }
 
+  /** Throws 404 (unknown_location) unless `loc` is configured on this instance. */
+  assertLocation(loc: string): asserts loc is LocationName {
+    if (!this.backends.has(loc as LocationName)) throw notFound(`location "${loc}" is not configured on this instance (configured: ${this.locations().join(', ') || 'none'})`, 'unknown_location');
+  }
+
   /** The backend for `loc`, or a 404 KvcError naming the configured ones. */
   backend(loc: string): StorageBackend {
-    const b = this.backends.get(loc as LocationName);
-    if (!b) throw notFound(`location "${loc}" is not configured on this instance (configured: ${this.locations().join(', ') || 'none'})`, 'unknown_location');
-    return b;
+    this.assertLocation(loc);
+    return this.backends.get(loc)!;
   }
 
   /** The CPU tier, for zero-copy in-process reads (see LocalCPUBackend.peek). */

@@ -2,12 +2,8 @@
 // src/common/chunk.ts (64-byte header + payload); backends store it byte for byte.
 import type { ChunkKey } from '../common/keys.js';
 
-export const LOCATIONS = ['LocalCPUBackend', 'LocalDiskBackend'] as const;
-export type LocationName = (typeof LOCATIONS)[number];
-
-export function isLocationName(s: string): s is LocationName {
-  return (LOCATIONS as readonly string[]).includes(s);
-}
+export { LOCATIONS, isLocationName, type LocationName } from '../protocol/worker_api.js';
+import type { LocationName } from '../protocol/worker_api.js';
 
 export interface PinOptions {
   /** Pinned now, but not across a restart (a pin marker already on disk is removed). */

@@ -7,19 +7,14 @@
 // The delete phase is the point of no return, and it is guarded: it starts only if the
 // command's deadline has not passed and the controller's request is still there (a controller
 // that gave up has already marked the event failed, so the source must then stay).
+import type { MoveCommand } from '../protocol/worker_api.js';
 import { conflict, KvcError, timedOut, upstreamFailed } from '../common/errors.js';
 import type { KvcStore } from './store.js';
 import { transferHolds, type TransferHolds } from './transfer_holds.js';
 import { StoreFullError, type LocationName } from './types.js';
 import { sendChunks, type OutgoingChunk } from './worker_peer.js';
 
-export interface MoveCommand {
-  keys: string[];
-  location: LocationName;
-  copy: boolean;
-  target: { location: string; instance_id?: string; distributed_url?: string | null };
-  deadline_ms: number;
-}
+export type { MoveCommand } from '../protocol/worker_api.js';
 
 export interface WorkerOpsOptions {
   /** Clock for deadlines (tests inject one to pass a deadline at an exact point). */
@@ -42,26 +37,35 @@ export class WorkerOps {
   }
 
   lookup(keys: string[], location: LocationName): number {
-    this.store.backend(location);
+    this.store.assertLocation(location);
     return this.store.lookupPrefix(keys, location);
   }
 
-  /** Pins (or unpins) each present key; returns how many are pinned (unpinned) afterwards. */
-  pin(keys: string[], location: LocationName, unpin: boolean): number {
-    this.store.backend(location);
+  /** Pins each present key; returns how many are pinned afterwards. */
+  pin(keys: string[], location: LocationName): number {
+    return this.setPinned(keys, location, true);
+  }
+
+  /** Unpins each present key; returns how many were unpinned. */
+  unpin(keys: string[], location: LocationName): number {
+    return this.setPinned(keys, location, false);
+  }
+
+  private setPinned(keys: string[], location: LocationName, pinned: boolean): number {
+    this.store.assertLocation(location);
     let n = 0;
     for (const k of keys) {
       if (!this.store.has(k, location)) continue;
       // Through the hold registry: a chunk a transfer holds stays pinned until the transfer ends,
       // and this request decides what it is afterwards.
-      this.holds.setPinned(k, location, !unpin);
+      this.holds.setPinned(k, location, pinned);
       n++;
     }
     return n;
   }
 
   clear(location: LocationName): Promise<number> {
-    this.store.backend(location);
+    this.store.assertLocation(location);
     return this.store.clear(location);
   }
 
@@ -113,7 +117,7 @@ export class WorkerOps {
   }
 
   private async moveInner(cmd: MoveCommand, signal?: AbortSignal): Promise<number> {
-    this.store.backend(cmd.location);
+    this.store.assertLocation(cmd.location);
     for (const k of cmd.keys) {
       if (!this.store.has(k, cmd.location)) throw conflict(`chunk ${k} is no longer in ${cmd.location} of instance "${this.instanceId}"`, 'chunk_gone');
     }

@@ -1,15 +1,10 @@
 // Peer-to-peer chunk transfer between cache instances over `distributed_url` (DESIGN §5):
 // chunk bytes of a move/copy never pass through the controller.
 //
-// Wire format, both directions: frames of  u32le body_length | u8 type | body.
-//   sender → receiver  HELLO (1)  msgpack {v, location, count, from}
-//                      CHUNK (2)  16 ASCII hex key digits + the chunk buffer (header + payload)
-//                      COMMIT (3) msgpack {count}  after the last ACK
-//   receiver → sender  HELLO_OK (0x81)  msgpack {ok, error?}  (also carries a refusal at any point)
-//                      ACK (0x82)       msgpack {key, ok, error?}  once the chunk is STORED
-//                      COMMIT_OK (0x83) msgpack {ok, stored, missing, first_missing}
+// Wire format: src/protocol/peer_frames.ts; frames are read by the shared FrameReader
+// (src/protocol/frame_reader.ts).
 // The receiver verifies every chunk (header, length, key, checksum — the checksum hashed while the
-// bytes arrive, see FrameReader) and its layout against the instance's own before storing it, and
+// bytes arrive, by the FrameReader's hashing hook) and its layout against the instance's own before storing it, and
 // reads one chunk at a time (the socket is paused while a chunk is being stored), which is the
 // backpressure. Every chunk stored for a transfer is pinned (a TransferHolds hold) until the
 // transfer ends, so the later chunks of a move bigger than the free room cannot evict the earlier
@@ -22,61 +17,39 @@
 // instance's layout and chunk size, and both are refused from the header, before any buffer is
 // reserved; CHUNK before HELLO is refused; a connection idle for `idleMs` is closed.
 import net from 'node:net';
-import { decode, encode } from '@msgpack/msgpack';
-import xxhash from 'xxhash-wasm';
-import { chunkBytes, ChunkFormatError, describeLayout, HEADER_BYTES, readHeader, sameLayout, type KvLayout } from '../common/chunk.js';
+import { checkChunkFor, chunkBytes, describeLayout, HEADER_BYTES, sameLayout, verifyStreamed, type KvLayout } from '../common/chunk.js';
+import { CHUNK_KEY_CHARS } from '../common/keys.js';
 import { logger } from '../common/log.js';
+import { FrameReader } from '../protocol/frame_reader.js';
+import {
+  decodePeerControl,
+  MAX_CONTROL_BODY,
+  PEER_FRAMES,
+  PEER_MAX_BODY,
+  PEER_PAYLOAD_AT,
+  PEER_PROTOCOL_VERSION,
+  PeerFrame,
+  peerAckSchema,
+  peerChunkHead,
+  peerCommitOkSchema,
+  peerCommitSchema,
+  peerControlFrame,
+  peerHelloOkSchema,
+  peerHelloSchema,
+  splitChunkBody,
+} from '../protocol/peer_frames.js';
 import type { KvcStore } from './store.js';
 import { transferHolds } from './transfer_holds.js';
 import { isLocationName, type LocationName } from './types.js';
 
 const log = logger('kvc.peer');
-const { create64 } = await xxhash();
 
-/**
- * verifyChunk (src/common/chunk.ts) with the payload checksum computed while the bytes arrived
- * (FrameReader hashes each piece as it copies it, while it is hot in cache): the same checks —
- * header, exact length, key, xxh64 of the payload — without a second pass over 32 MiB.
- */
-function verifyStreamed(buf: Uint8Array, expectedKey: string, payloadSum: bigint) {
-  const h = readHeader(buf);
-  if (buf.byteLength !== HEADER_BYTES + h.payloadBytes) {
-    throw new ChunkFormatError(`truncated or padded chunk ${h.key}: ${buf.byteLength} bytes, expected ${HEADER_BYTES + h.payloadBytes}`);
-  }
-  if (h.key !== expectedKey) throw new ChunkFormatError(`chunk key mismatch: expected ${expectedKey}, found ${h.key}`);
-  if (payloadSum !== h.checksum) throw new ChunkFormatError(`checksum mismatch for chunk ${h.key}`);
-  return h;
-}
-
-const HELLO = 1;
-const CHUNK = 2;
-const COMMIT = 3;
-const HELLO_OK = 0x81;
-const ACK = 0x82;
-const COMMIT_OK = 0x83;
-const FRAME_HEAD = 5;
-const KEY_CHARS = 16;
-/** Offset of the chunk payload inside a CHUNK body (key digits, then the 64-byte chunk header). */
-const PAYLOAD_AT = KEY_CHARS + HEADER_BYTES;
-/** Absolute upper bound of one frame body (a Buffer cannot be larger). */
-const MAX_BODY = 2 ** 31 - 1;
-/** Upper bound of a control frame body (HELLO, COMMIT and every reply). */
-export const MAX_CONTROL_BODY = 64 * 1024;
+export { MAX_CONTROL_BODY } from '../protocol/peer_frames.js';
+const { Hello: HELLO, Chunk: CHUNK, Commit: COMMIT, HelloOk: HELLO_OK, Ack: ACK, CommitOk: COMMIT_OK } = PeerFrame;
 /** A receiving connection with no traffic for this long is closed. */
 export const DEFAULT_PEER_IDLE_MS = 60_000;
 /** How many missing keys a COMMIT_OK names. */
 const NAMED_MISSING = 8;
-
-function frame(type: number, body: Uint8Array): Buffer {
-  const head = Buffer.allocUnsafe(FRAME_HEAD);
-  head.writeUInt32LE(body.byteLength, 0);
-  head.writeUInt8(type, 4);
-  return Buffer.concat([head, body]);
-}
-
-function msgFrame(type: number, obj: unknown): Buffer {
-  return frame(type, encode(obj));
-}
 
 // Receive buffers outlive connections: every move opens a new connection, and a fresh 32 MiB
 // buffer costs its page faults again (first touch runs at ~0.5 GB/s here, reuse at memcpy speed).
@@ -97,114 +70,21 @@ function giveScratch(b: Buffer): void {
 }
 
 /**
- * Incremental frame parser. A large body is copied straight into one reusable buffer (no
- * concat of 32 MiB chunks). When the frame handler returns a promise, parsing stops until it
- * settles (the body buffer is reused by the next frame) and later data waits in a backlog.
+ * The receive buffer of one connection: a large body is copied straight into one reusable
+ * buffer (no concat of 32 MiB chunks), given back for the next connection when it closes.
  */
-class FrameReader {
-  private head = Buffer.alloc(0);
-  private body: Buffer | null = null;
-  private bodyLen = 0;
-  private got = 0;
-  private type = 0;
-  private scratch: Buffer = Buffer.alloc(0);
-  private busy = false;
-  private backlog: Buffer[] = [];
-  /** xxh64 of a CHUNK body's payload (bytes after the key and the chunk header), fed as bytes arrive. */
-  private hasher: ReturnType<typeof create64> | null = null;
-
-  /**
-   * `refuse(type, length)` is asked as soon as a frame header is complete, before any buffer is
-   * reserved for the body: it returns why the frame is not acceptable, or null.
-   */
-  constructor(
-    private readonly onFrame: (type: number, body: Buffer, payloadSum: bigint | null) => void | Promise<void>,
-    private readonly onError: (e: Error) => void,
-    private readonly refuse: (type: number, length: number) => string | null,
-  ) {}
-
-  push(data: Buffer): void {
-    if (this.released) return;
-    if (this.busy) {
-      this.backlog.push(data);
-      return;
+class Scratch {
+  private buf: Buffer = Buffer.alloc(0);
+  take(len: number): Buffer {
+    if (this.buf.length < len) {
+      giveScratch(this.buf);
+      this.buf = takeScratch(len);
     }
-    try {
-      this.consume(data);
-    } catch (e) {
-      this.onError(e as Error);
-    }
+    return this.buf.subarray(0, len);
   }
-
-  private released = false;
-
-  /** Returns the receive buffer for the next connection, once no frame handler still reads it. */
-  release(): void {
-    this.released = true;
-    this.backlog = [];
-    if (this.busy) return; // given back when the running handler settles
-    giveScratch(this.scratch);
-    this.scratch = Buffer.alloc(0);
-    this.body = null;
-    this.backlog = [];
-  }
-
-  private consume(data: Buffer): void {
-    let off = 0;
-    while (off < data.length) {
-      if (!this.body) {
-        const need = FRAME_HEAD - this.head.length;
-        const take = Math.min(need, data.length - off);
-        this.head = this.head.length ? Buffer.concat([this.head, data.subarray(off, off + take)]) : Buffer.from(data.subarray(off, off + take));
-        off += take;
-        if (this.head.length < FRAME_HEAD) return;
-        this.bodyLen = this.head.readUInt32LE(0);
-        this.type = this.head.readUInt8(4);
-        this.head = Buffer.alloc(0);
-        const refused = this.bodyLen > MAX_BODY ? `frame of ${this.bodyLen} bytes exceeds the limit` : this.refuse(this.type, this.bodyLen);
-        if (refused) {
-          this.released = true; // nothing more is read from this peer
-          throw new Error(refused);
-        }
-        // Reuse the scratch buffer between chunks: fresh pages cost far more than the copy
-        // into them (first-touch page faults).
-        if (this.scratch.length < this.bodyLen) {
-          giveScratch(this.scratch);
-          this.scratch = takeScratch(this.bodyLen);
-        }
-        this.body = this.scratch.subarray(0, this.bodyLen);
-        this.got = 0;
-        this.hasher = this.type === CHUNK ? create64() : null;
-      }
-      const take = Math.min(this.bodyLen - this.got, data.length - off);
-      data.copy(this.body, this.got, off, off + take);
-      if (this.hasher) {
-        // Hash the payload part of what was just copied, from the copy (still in cache).
-        const from = Math.max(this.got, PAYLOAD_AT);
-        if (from < this.got + take) this.hasher.update(this.body.subarray(from, this.got + take));
-      }
-      this.got += take;
-      off += take;
-      if (this.got === this.bodyLen) {
-        const body = this.body;
-        this.body = null;
-        const sum = this.hasher ? this.hasher.digest() : null;
-        this.hasher = null;
-        const r = this.onFrame(this.type, body, sum);
-        if (r instanceof Promise) {
-          this.busy = true;
-          const rest = data.subarray(off);
-          void r.then(() => {
-            this.busy = false;
-            if (this.released) return this.release();
-            const queued = rest.length ? [rest, ...this.backlog] : this.backlog;
-            this.backlog = [];
-            for (const q of queued) this.push(q);
-          });
-          return;
-        }
-      }
-    }
+  give(): void {
+    giveScratch(this.buf);
+    this.buf = Buffer.alloc(0);
   }
 }
 
@@ -224,10 +104,10 @@ export interface PeerServerOptions {
 
 /** Largest CHUNK body this instance accepts: the key plus its largest possible chunk. */
 function maxChunkBody(store: KvcStore, o: PeerServerOptions): number {
-  if (o.layout && o.chunkSize && o.chunkSize > 0) return Math.min(MAX_BODY, KEY_CHARS + chunkBytes(o.layout, o.chunkSize));
+  if (o.layout && o.chunkSize && o.chunkSize > 0) return Math.min(PEER_MAX_BODY, CHUNK_KEY_CHARS + chunkBytes(o.layout, o.chunkSize));
   // Layout unknown: no chunk can be larger than the largest location.
   const cap = Math.max(0, ...store.stats().map((s) => s.capacityBytes));
-  return Math.min(MAX_BODY, KEY_CHARS + cap);
+  return Math.min(PEER_MAX_BODY, CHUNK_KEY_CHARS + cap);
 }
 
 /** Receives chunks from other instances into `store`. */
@@ -254,16 +134,17 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
     const fail = (msg: string) => {
       log.warn(`peer ${peerName}: ${msg}`);
       if (sock.destroyed) return;
-      sock.end(msgFrame(HELLO_OK, { ok: false, error: msg }));
+      sock.end(peerControlFrame(HELLO_OK, { ok: false, error: msg }));
       setTimeout(() => sock.destroy(), 1000).unref();
     };
     sock.setTimeout(idleMs);
     sock.on('timeout', () => {
       if (storing) return; // our own store is slow; the ACK written afterwards re-arms the timer
-      reader.release(); // nothing more is read from this peer
+      stopReading(); // nothing more is read from this peer
       fail(`no traffic for ${idleMs} ms; connection closed`);
     });
     const refuse = (type: number, len: number): string | null => {
+      if (len > PEER_MAX_BODY) return `frame of ${len} bytes exceeds the limit`;
       if (type === HELLO || type === COMMIT) return len > MAX_CONTROL_BODY ? `${type === HELLO ? 'HELLO' : 'COMMIT'} frame of ${len} bytes exceeds ${MAX_CONTROL_BODY}` : null;
       if (type === CHUNK) {
         if (location === null) return 'CHUNK before HELLO';
@@ -271,43 +152,37 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
       }
       return `unknown frame type ${type}`;
     };
-    const reader = new FrameReader((type, body, payloadSum) => {
+    const scratch = new Scratch();
+    const stopReading = () => reader.stop(() => scratch.give());
+    const onFrame = (type: number, body: Uint8Array, payloadSum: bigint | null): void | Promise<void> => {
       if (type === HELLO) {
-        let hello: { location?: unknown };
-        try {
-          hello = decode(body) as { location?: unknown };
-        } catch {
-          return fail('malformed HELLO');
-        }
-        const loc = hello?.location;
         if (location !== null) return fail('second HELLO on one connection');
-        if (typeof loc !== 'string' || !isLocationName(loc) || !store.locations().includes(loc)) {
-          return fail(`location "${String(loc)}" is not configured on this instance (configured: ${store.locations().join(', ') || 'none'})`);
+        const hello = decodePeerControl(peerHelloSchema, 'HELLO', body);
+        if (!hello.ok) return fail(hello.error);
+        const loc = hello.msg.location;
+        if (!isLocationName(loc) || !store.locations().includes(loc)) {
+          return fail(`location "${loc}" is not configured on this instance (configured: ${store.locations().join(', ') || 'none'})`);
         }
         location = loc;
-        sock.write(msgFrame(HELLO_OK, { ok: true }));
+        sock.write(peerControlFrame(HELLO_OK, { ok: true }));
         return;
       }
       if (type === COMMIT) {
         if (location === null) return fail('COMMIT before HELLO');
-        let count = -1;
-        try {
-          count = Number((decode(body) as { count?: unknown })?.count ?? -1);
-        } catch {
-          return fail('malformed COMMIT');
-        }
+        const commit = decodePeerControl(peerCommitSchema, 'COMMIT', body);
+        if (!commit.ok) return fail(commit.error);
+        const count = commit.msg.count;
         // Every chunk of the transfer is still held (pinned) here: check that each is present.
         const missing = held.filter((k) => !store.has(k, location!));
         const ok = missing.length === 0 && held.length === count;
         if (!ok) log.warn(`peer ${peerName}: commit of ${count} chunk(s) into ${location} refused: ${held.length} stored, ${missing.length} missing`);
-        sock.write(msgFrame(COMMIT_OK, { ok, stored: held.length, missing: missing.length, first_missing: missing.slice(0, NAMED_MISSING) }));
+        sock.write(peerControlFrame(COMMIT_OK, { ok, stored: held.length, missing: missing.length, first_missing: missing.slice(0, NAMED_MISSING) }));
         releaseHolds(location);
         location = null; // a transfer ends with its commit
         return;
       }
       if (type !== CHUNK || location === null) return fail(type === CHUNK ? 'CHUNK before HELLO' : `unknown frame type ${type}`);
-      const key = body.subarray(0, KEY_CHARS).toString('latin1');
-      const chunk = body.subarray(KEY_CHARS);
+      const { key, chunk } = splitChunkBody(body);
       const loc = location;
       sock.pause();
       storing = true;
@@ -331,20 +206,35 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
         }
         storing = false;
         if (!sock.destroyed) {
-          sock.write(msgFrame(ACK, error ? { key, ok: false, error } : { key, ok: true }));
+          sock.write(peerControlFrame(ACK, error ? { key, ok: false, error } : { key, ok: true }));
           sock.resume();
         }
       })();
-    }, (e) => {
-      // The reader stopped reading (a refused header): say why, then close.
+    };
+    /** The reader stopped reading (a refused header): say why, then close. */
+    const onError = (e: Error) => {
+      stopReading();
       sock.pause();
       fail(e.message);
-    }, refuse);
-    sock.on('data', (d: Buffer) => reader.push(d));
+    };
+    const reader = new FrameReader(PEER_FRAMES, {
+      refuse: (h) => refuse(h.type, h.bodyLen),
+      sink: (_type, _meta, len) => scratch.take(len),
+      hashFrom: (type) => (type === CHUNK ? PEER_PAYLOAD_AT : null),
+      onFrame: (type, _meta, body, bodyLen, digest) => onFrame(type, body ?? scratch.take(bodyLen), digest),
+      onError,
+    });
+    sock.on('data', (d: Buffer) => {
+      try {
+        reader.push(d);
+      } catch (e) {
+        onError(e as Error);
+      }
+    });
     sock.on('error', () => {});
     sock.on('close', () => {
       sockets.delete(sock);
-      reader.release();
+      stopReading();
       releaseHolds(location);
     });
   });
@@ -422,30 +312,39 @@ export function sendChunks(keys: readonly string[], o: SendOptions): Promise<num
     };
     o.signal?.addEventListener('abort', onAbort);
     const timer = setTimeout(() => done(new Error(`transfer to ${o.distributedUrl} did not complete within ${o.deadlineMs} ms (${acked}/${keys.length} chunks stored)`)), o.deadlineMs);
-    const reader = new FrameReader((type, body) => {
-      let m: { ok?: boolean; error?: string; key?: string; stored?: number; missing?: number; first_missing?: string[] };
-      try {
-        m = decode(body) as typeof m;
-      } catch {
-        return done(new Error(`peer ${o.distributedUrl} sent a malformed reply`));
-      }
+    const scratch = new Scratch();
+    const malformed = (what: string) => done(new Error(`peer ${o.distributedUrl} sent a malformed reply (${what})`));
+    const onReply = (type: number, body: Uint8Array) => {
       if (type === HELLO_OK) {
-        if (!m.ok) return done(new Error(`peer ${o.distributedUrl} refused the transfer: ${m.error}`));
+        const r = decodePeerControl(peerHelloOkSchema, 'HELLO_OK', body);
+        if (!r.ok) return malformed(r.error);
+        if (!r.msg.ok) return done(new Error(`peer ${o.distributedUrl} refused the transfer: ${r.msg.error}`));
         void pump();
         return;
       }
       if (type === COMMIT_OK) {
+        const r = decodePeerControl(peerCommitOkSchema, 'COMMIT_OK', body);
+        if (!r.ok) return malformed(r.error);
+        const m = r.msg;
         if (acked !== keys.length) return done(new Error(`peer ${o.distributedUrl} answered a commit that was not asked`));
         if (m.ok) return done(null);
-        const named = m.first_missing?.length ? ` (first: ${m.first_missing.join(', ')})` : '';
+        const named = m.first_missing.length ? ` (first: ${m.first_missing.join(', ')})` : '';
         return done(new Error(`peer ${o.distributedUrl} no longer holds ${m.missing} of the ${keys.length} chunks it stored${named} (stored ${m.stored}); the move is not committed`));
       }
       if (type !== ACK) return done(new Error(`peer ${o.distributedUrl} sent unknown frame type ${type}`));
-      if (!m.ok) return done(new Error(`peer ${o.distributedUrl} did not store chunk ${m.key}: ${m.error}`));
+      const r = decodePeerControl(peerAckSchema, 'ACK', body);
+      if (!r.ok) return malformed(r.error);
+      if (!r.msg.ok) return done(new Error(`peer ${o.distributedUrl} did not store chunk ${r.msg.key}: ${r.msg.error}`));
       acked++;
       // Every chunk stored: ask the peer to confirm it still holds them all.
-      if (acked === keys.length) sock.write(msgFrame(COMMIT, { count: keys.length }));
-    }, (e) => done(e), (type, len) => (len > MAX_CONTROL_BODY ? `reply frame (type ${type}) of ${len} bytes exceeds ${MAX_CONTROL_BODY}` : null));
+      if (acked === keys.length) sock.write(peerControlFrame(COMMIT, { count: keys.length }));
+    };
+    const reader = new FrameReader(PEER_FRAMES, {
+      refuse: (h) => (h.bodyLen > MAX_CONTROL_BODY ? `reply frame (type ${h.type}) of ${h.bodyLen} bytes exceeds ${MAX_CONTROL_BODY}` : null),
+      sink: (_type, _meta, len) => scratch.take(len),
+      onFrame: (type, _meta, body, bodyLen) => onReply(type, body ?? scratch.take(bodyLen)),
+      onError: (e) => done(e),
+    });
     const writeAsync = (b: Uint8Array, written?: () => void) =>
       new Promise<void>((res, rej) => {
         if (!sock.write(b, (e) => (written?.(), e && rej(e)))) sock.once('drain', res);
@@ -467,12 +366,8 @@ export function sendChunks(keys: readonly string[], o: SendOptions): Promise<num
           pending.add(release);
           if (settled) return release();
           const chunk = got.bytes;
-          readHeader(chunk);
-          const head = Buffer.allocUnsafe(FRAME_HEAD + KEY_CHARS);
-          head.writeUInt32LE(KEY_CHARS + chunk.byteLength, 0);
-          head.writeUInt8(CHUNK, 4);
-          head.write(key, FRAME_HEAD, 'latin1');
-          await writeAsync(head);
+          checkChunkFor(chunk, key);
+          await writeAsync(peerChunkHead(key, chunk.byteLength));
           // The chunk's bytes stay held until the socket has taken them.
           await writeAsync(chunk, release);
         }
@@ -481,13 +376,19 @@ export function sendChunks(keys: readonly string[], o: SendOptions): Promise<num
       }
     };
     sock.on('connect', () => {
-      sock.write(msgFrame(HELLO, { v: 1, location: o.location, count: keys.length, from: o.from }));
+      sock.write(peerControlFrame(HELLO, { v: PEER_PROTOCOL_VERSION, location: o.location, count: keys.length, from: o.from }));
       if (keys.length === 0) done(null);
     });
-    sock.on('data', (d: Buffer) => reader.push(d));
+    sock.on('data', (d: Buffer) => {
+      try {
+        reader.push(d);
+      } catch (e) {
+        done(e as Error);
+      }
+    });
     sock.on('error', (e) => done(new Error(`connection to peer ${o.distributedUrl} failed: ${e.message}`)));
     sock.on('close', () => {
-      reader.release();
+      reader.stop(() => scratch.give());
       done(new Error(`peer ${o.distributedUrl} closed the connection after ${acked}/${keys.length} chunks were stored`));
     });
   });

@@ -13,6 +13,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import { badRequest, timedOut, upstreamFailed, unavailable, KvcError } from '../common/errors.js';
 import { requireObject } from '../common/http.js';
 import { logger } from '../common/log.js';
+import { kvTransferParams, kvTransferParamsSchema, type DisaggSpec } from '../protocol/disagg_spec.js';
 import type { Backend, RoundRobin } from './backend.js';
 import { memoLabels, type ProxyMetrics } from './metrics.js';
 import type { TtftStats } from './stats.js';
@@ -84,6 +85,11 @@ interface PrefillResult {
 
 /** The statistics line of requests whose decoder prefilled alone (no prefiller was left). */
 export const DECODER_ONLY = 'decoder-only';
+
+/** The disagg_spec naming a decoder's xfer receiver for one request. */
+function specFor(reqId: string, ep: DecoderEndpoint): DisaggSpec {
+  return { req_id: reqId, receiver_host: ep.host, receiver_init_port: ep.initPort, receiver_alloc_port: ep.allocPort };
+}
 
 /** True when a parsed SSE payload carries generated text (completion `text`, chat `delta.content`). */
 function hasContent(ev: unknown): boolean {
@@ -277,14 +283,7 @@ export class Flow {
       delete pbody.max_completion_tokens;
       for (const p of order) {
         const reqId = `kvc-${randomUUID()}`;
-        pbody.kv_transfer_params = {
-          disagg_spec: {
-            req_id: reqId,
-            receiver_host: ep.host,
-            receiver_init_port: ep.initPort,
-            receiver_alloc_port: ep.allocPort,
-          },
-        };
+        pbody.kv_transfer_params = kvTransferParams(specFor(reqId, ep));
         const t = performance.now();
         const live = this.d.metrics.live.prefills;
         live.set(p.name, (live.get(p.name) ?? 0) + 1);
@@ -297,10 +296,9 @@ export class Flow {
             headersTimeoutMs: this.d.timeouts.prefillMs,
             bodyTimeoutMs: this.d.timeouts.prefillMs,
           })) as { kv_transfer_params?: unknown };
-          const params =
-            r && typeof r.kv_transfer_params === 'object' && r.kv_transfer_params && !Array.isArray(r.kv_transfer_params)
-              ? (r.kv_transfer_params as Record<string, unknown>)
-              : null;
+          // The prefiller's own params are forwarded to the decoder; anything but an object is dropped.
+          const returned = kvTransferParamsSchema.safeParse(r?.kv_transfer_params);
+          const params = returned.success ? returned.data : null;
           return { prefiller: p, reqId, ms: performance.now() - t, params };
         } catch (err) {
           if (!(err instanceof BackendFailure)) throw err;
@@ -330,15 +328,7 @@ export class Flow {
     if (pre.prefiller) {
       // The client's body is not used after this: extend it instead of copying it.
       const ep = this.d.decoderEndpoint(decoder);
-      body.kv_transfer_params = {
-        ...(pre.params ?? {}),
-        disagg_spec: {
-          req_id: pre.reqId,
-          receiver_host: ep.host,
-          receiver_init_port: ep.initPort,
-          receiver_alloc_port: ep.allocPort,
-        },
-      };
+      body.kv_transfer_params = kvTransferParams(specFor(pre.reqId, ep), pre.params);
     }
     const endpoint = PATHS[kind];
     const tDecode = performance.now();

@@ -9,14 +9,11 @@
 //   leading ones, recomputes the tail and releases the reservation.
 import { ConfigError } from '../common/config.js';
 import type { KvTransferPlugin, ReceivedKv, SealedChunk, TransferFactory, TransferRequest } from '../common/transfer_seam.js';
-import { createXfer, XferError, disaggSpecProblem, type DisaggSpec } from './index.js';
+import { parseDisaggSpec, transferReqId } from '../protocol/disagg_spec.js';
+import { createXfer, XferError } from './index.js';
 
 /** How long a consumer waits for a chunk that is still arriving (the proxy normally calls after the ack). */
 const TAKE_WAIT_MS = 5000;
-
-function specOf(req: TransferRequest): unknown {
-  return req.kvTransferParams?.disagg_spec;
-}
 
 export const createKvTransfer: TransferFactory = async (ctx) => {
   const want = ctx.role === 'kv_producer' ? 'sender' : ctx.role === 'kv_consumer' ? 'receiver' : null;
@@ -32,11 +29,10 @@ export const createKvTransfer: TransferFactory = async (ctx) => {
     const sender = x.sender;
     const plugin: KvTransferPlugin = {
       async send(req: TransferRequest, chunks: SealedChunk[]) {
-        const spec = specOf(req);
-        const bad = disaggSpecProblem(spec);
-        if (bad) throw new XferError(bad);
-        const res = await sender.send(
-          spec as DisaggSpec,
+        const spec = parseDisaggSpec(req.kvTransferParams?.disagg_spec);
+        if (!spec.ok) throw new XferError(spec.error);
+        const res = await sender.sendParsed(
+          spec.spec,
           chunks.map((c) => ({ key: c.key, numTokens: c.end - c.start, data: c.chunk })),
         );
         // Reported back in the response's kv_transfer_params (the proxy forwards them to the decoder).
@@ -50,8 +46,7 @@ export const createKvTransfer: TransferFactory = async (ctx) => {
   const receiver = x.receiver;
   const plugin: KvTransferPlugin = {
     async received(req: TransferRequest): Promise<ReceivedKv | null> {
-      const spec = specOf(req) as Partial<DisaggSpec> | undefined;
-      const reqId = typeof spec?.req_id === 'string' && spec.req_id ? spec.req_id : undefined;
+      const reqId = transferReqId(req.kvTransferParams);
       const taken = await receiver.take(
         req.spans.map((s) => s.key),
         reqId,

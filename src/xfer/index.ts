@@ -8,7 +8,7 @@ import { XferReceiver } from './receiver.js';
 import { XferSender } from './sender.js';
 
 export { XferReceiver, type Taken, type ReceiverStats, type ReceiverOptions } from './receiver.js';
-export { XferSender, XferError, disaggSpecProblem, type DisaggSpec, type OutChunk, type SendResult, type SenderOptions } from './sender.js';
+export { XferSender, XferError, type DisaggSpec, type OutChunk, type SendResult, type SenderOptions } from './sender.js';
 export { ProxyNotifier, decodeNotice, encodeNotice, type XferNotice } from './notify.js';
 
 const log = logger('xfer');

@@ -100,7 +100,7 @@ async function main(): Promise<void> {
             };
             return { key, numTokens: n, data };
           });
-          return reply(m.id, await sender.send(m.spec as DisaggSpec, chunks));
+          return reply(m.id, await sender.send(m.spec, chunks));
         }
         if (m.op === 'sendRepeated') {
           // Payloads built once (outside the timing), re-keyed per request. `lanes` requests are

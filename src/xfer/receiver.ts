@@ -21,11 +21,13 @@ import net from 'node:net';
 import { randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import { BufferPool, sizeClass } from '../common/buffer_pool.js';
-import xxhash from 'xxhash-wasm';
-import { ChunkFormatError, readHeader, describeLayout, DTYPE_BYTES, HEADER_BYTES, type KvLayout } from '../common/chunk.js';
+import { chunkBytes, describeLayout, HEADER_BYTES, verifyStreamed, type KvLayout } from '../common/chunk.js';
+import { isChunkKey } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import {
+  describeMeta,
   FrameParser,
+  helloMetaSchema,
   FrameType,
   ProtocolError,
   PROTOCOL_VERSION,
@@ -34,23 +36,9 @@ import {
   type CancelMeta,
   type DataMeta,
   type HelloMeta,
-} from './protocol.js';
+} from '../protocol/xfer_frames.js';
 
 const log = logger('xfer-recv');
-const { create64 } = await xxhash();
-
-/**
- * verifyChunk (src/common/chunk.ts) with the payload checksum already computed while the bytes
- * arrived: same checks (header, exact length, key, xxh64 of the payload), one pass less over memory.
- */
-function verifyStreamed(buf: Uint8Array, expectedKey: string, payloadSum: bigint): void {
-  const h = readHeader(buf);
-  if (buf.byteLength !== HEADER_BYTES + h.payloadBytes) {
-    throw new ChunkFormatError(`truncated or padded chunk ${h.key}: ${buf.byteLength} bytes, expected ${HEADER_BYTES + h.payloadBytes}`);
-  }
-  if (h.key !== expectedKey) throw new ChunkFormatError(`chunk key mismatch: expected ${expectedKey}, found ${h.key}`);
-  if (payloadSum !== h.checksum) throw new ChunkFormatError(`checksum mismatch for chunk ${h.key}`);
-}
 
 export interface ReceiverOptions {
   host: string;
@@ -166,7 +154,7 @@ export class XferReceiver extends EventEmitter {
     // Pool budget = accounted capacity: reservations are accounted in size classes, so the
     // pool can always satisfy an entry that fits the reservation budget.
     const l = opts.layout;
-    this.maxChunkBytes = HEADER_BYTES + 2 * l.numLayers * opts.chunkSize * l.numKvHeads * l.headDim * DTYPE_BYTES[l.dtype];
+    this.maxChunkBytes = chunkBytes(l, opts.chunkSize);
     // Slack of a few chunks: a buffer whose reservation expired mid-transfer is returned
     // only when its last byte has arrived, while its bytes are already free for others.
     this.pool = new BufferPool(opts.bufferBytes + 4 * sizeClass(this.maxChunkBytes));
@@ -470,7 +458,7 @@ export class XferReceiver extends EventEmitter {
     if (typeof m.req_id !== 'string' || !m.req_id) return 'alloc: "req_id" must be a non-empty string';
     if (!Array.isArray(m.chunks) || m.chunks.length === 0) return 'alloc: "chunks" must be a non-empty array of [key, bytes]';
     for (const c of m.chunks) {
-      if (!Array.isArray(c) || typeof c[0] !== 'string' || !/^[0-9a-f]{16}$/.test(c[0])) return 'alloc: each chunk key must be 16 lowercase hex digits';
+      if (!Array.isArray(c) || !isChunkKey(c[0])) return 'alloc: each chunk key must be 16 lowercase hex digits';
       if (!Number.isInteger(c[1]) || c[1] <= HEADER_BYTES || c[1] > this.maxChunkBytes) {
         return `alloc: chunk ${c[0]} size ${c[1]} is outside (${HEADER_BYTES}, ${this.maxChunkBytes}] for this layout and chunk size`;
       }
@@ -547,7 +535,7 @@ export class XferReceiver extends EventEmitter {
     });
   }
 
-  private checkHello(m: any): string | null {
+  private checkHello(m: HelloMeta): string | null {
     if (m.version !== PROTOCOL_VERSION) return `incompatible sender: protocol version ${m.version}, receiver speaks ${PROTOCOL_VERSION}`;
     const l = this.opts.layout;
     const theirs: KvLayout = { dtype: m.dtype, numLayers: m.num_layers, numKvHeads: m.num_kv_heads, headDim: m.head_dim };
@@ -569,7 +557,6 @@ export class XferReceiver extends EventEmitter {
     }, this.helloTimeoutMs);
     /** Where the DATA body goes: the pending entry's pooled buffer, or nowhere (dropped). */
     let target: Entry | null = null;
-    let targetSum: ReturnType<typeof create64> | null = null;
     const sink = (type: FrameType, meta: any, bodyLen: number): Uint8Array | null => {
       target = null;
       if (type !== FrameType.Data || !session) return null;
@@ -588,20 +575,14 @@ export class XferReceiver extends EventEmitter {
       e.buf = buf;
       e.writer = session;
       target = e;
-      // Hash the payload piece by piece while it is hot in cache (see FrameParser.tap).
-      const hasher = create64();
-      targetSum = hasher;
-      parser.tap = (piece, off) => {
-        if (off + piece.length <= HEADER_BYTES) return;
-        hasher.update(off >= HEADER_BYTES ? piece : piece.subarray(HEADER_BYTES - off));
-      };
       return buf;
     };
-    const parser = new FrameParser(this.maxChunkBytes, sink, (type, meta, body, bodyLen) => {
+    const parser = new FrameParser(this.maxChunkBytes, sink, (type, meta, body, bodyLen, payloadSum) => {
       if (type === FrameType.Hello) {
         if (session) throw new ProtocolError('second HELLO on one connection');
         clearTimeout(helloTimer);
-        const bad = this.checkHello(meta as HelloMeta);
+        const shape = helloMetaSchema.safeParse(meta);
+        const bad = shape.success ? this.checkHello(shape.data) : `malformed HELLO: ${describeMeta(shape.error)}`;
         if (bad) {
           log.warn(`refused: ${bad}`);
           writeFrame(sock, FrameType.HelloReply, { ok: false, error: bad });
@@ -641,7 +622,8 @@ export class XferReceiver extends EventEmitter {
         return ack(false, 'reservation expired while receiving');
       }
       try {
-        verifyStreamed(body, e.key, targetSum!.digest());
+        if (payloadSum === null) throw new Error('chunk arrived without its checksum computed');
+        verifyStreamed(body, e.key, payloadSum);
       } catch (err) {
         this.counters.chunksRejected++;
         this.failEntry(e, (err as Error).message);
@@ -655,7 +637,7 @@ export class XferReceiver extends EventEmitter {
       // 'complete' (reqId, keys): every chunk of the reservation is here and verified.
       if (res && res.entries.every((x) => x.state === 'ready' && this.entries.get(x.key) === x)) this.emit('complete', res.reqId, res.keys);
       ack(true);
-    });
+    }, (type) => (type === FrameType.Data ? HEADER_BYTES : null)); // hash the payload while it arrives (see src/protocol/frame_reader.ts)
     sock.on('data', (d) => {
       try {
         parser.push(d);

@@ -16,8 +16,12 @@ import { randomBytes } from 'node:crypto';
 import { chunkBytes, type KvLayout } from '../common/chunk.js';
 import { logger } from '../common/log.js';
 import {
+  allocReplyMetaSchema,
+  describeMeta,
   FrameParser,
   FrameType,
+  helloReplyMetaSchema,
+  ProtocolError,
   PROTOCOL_VERSION,
   waitDrain,
   writeFrame,
@@ -26,18 +30,13 @@ import {
   type CancelMeta,
   type HelloMeta,
   type HelloReplyMeta,
-} from './protocol.js';
+} from '../protocol/xfer_frames.js';
 import { ProxyNotifier, type XferNotice } from './notify.js';
+import { parseDisaggSpec, type DisaggSpec } from '../protocol/disagg_spec.js';
+
+export type { DisaggSpec } from '../protocol/disagg_spec.js';
 
 const log = logger('xfer-send');
-
-/** kv_transfer_params.disagg_spec as the proxy sends it (DESIGN §8). */
-export interface DisaggSpec {
-  req_id: string;
-  receiver_host: string;
-  receiver_init_port: number;
-  receiver_alloc_port: number;
-}
 
 /** One chunk to send. `data` may be lazy so chunks the receiver already holds are never built. */
 export interface OutChunk {
@@ -85,19 +84,6 @@ export interface SendResult {
 
 export class XferError extends Error {
   override name = 'XferError';
-}
-
-/** Validates a disagg_spec from a request body; returns a message naming the bad field, or null. */
-export function disaggSpecProblem(v: unknown): string | null {
-  if (!v || typeof v !== 'object' || Array.isArray(v)) return 'kv_transfer_params.disagg_spec: expected an object';
-  const o = v as Record<string, unknown>;
-  if (typeof o.req_id !== 'string' || !o.req_id) return 'kv_transfer_params.disagg_spec.req_id: expected a non-empty string';
-  if (typeof o.receiver_host !== 'string' || !o.receiver_host) return 'kv_transfer_params.disagg_spec.receiver_host: expected a host name';
-  for (const k of ['receiver_init_port', 'receiver_alloc_port']) {
-    const p = o[k];
-    if (!Number.isInteger(p) || (p as number) < 1 || (p as number) > 65535) return `kv_transfer_params.disagg_spec.${k}: expected a port between 1 and 65535`;
-  }
-  return null;
 }
 
 type Pending<T> = { resolve: (v: T) => void; reject: (e: Error) => void };
@@ -162,9 +148,11 @@ class PeerLink {
     };
     const initParser = new FrameParser(0, () => null, (type, meta) => {
       if (type === FrameType.HelloReply) {
+        const r = helloReplyMetaSchema.safeParse(meta);
+        if (!r.success) throw new ProtocolError(`malformed HELLO_REPLY: ${describeMeta(r.error)}`);
         const w = this.helloWaiter;
         this.helloWaiter = null;
-        w?.resolve(meta as HelloReplyMeta);
+        w?.resolve(r.data);
       } else if (type === FrameType.Ack) {
         const m = meta as AckMeta;
         const id = `${m.req_id}\u0000${m.key}`;
@@ -175,7 +163,9 @@ class PeerLink {
     });
     const allocParser = new FrameParser(0, () => null, (type, meta) => {
       if (type !== FrameType.AllocReply) return;
-      const m = meta as AllocReplyMeta;
+      const r = allocReplyMetaSchema.safeParse(meta);
+      if (!r.success) throw new ProtocolError(`malformed ALLOC_REPLY: ${describeMeta(r.error)}`);
+      const m = r.data;
       const p = this.allocs.get(m.id);
       this.allocs.delete(m.id);
       p?.resolve(m);
@@ -314,24 +304,38 @@ export class XferSender {
     for (const w of this.inflightWaiters.splice(0)) w();
   }
 
-  /** Transfers a request's chunks to the receiver in `spec`, then notifies the proxy. Never throws. */
-  async send(spec: DisaggSpec, chunks: readonly OutChunk[]): Promise<SendResult> {
+  /**
+   * Transfers a request's chunks to the receiver in `spec` (validated here: a bad field fails the
+   * transfer, named), then notifies the proxy. Never throws.
+   */
+  send(spec: unknown, chunks: readonly OutChunk[]): Promise<SendResult> {
+    const parsed = parseDisaggSpec(spec);
+    return this.sendTo(parsed.ok ? parsed.spec : null, parsed.ok ? null : parsed.error, spec, chunks);
+  }
+
+  /** send() for a spec already validated with parseDisaggSpec (the engine plugin's path). */
+  sendParsed(spec: DisaggSpec, chunks: readonly OutChunk[]): Promise<SendResult> {
+    return this.sendTo(spec, null, spec, chunks);
+  }
+
+  private async sendTo(spec: DisaggSpec | null, invalid: string | null, raw: unknown, chunks: readonly OutChunk[]): Promise<SendResult> {
     const t0 = Date.now();
     const numTokens = chunks.reduce((s, c) => s + c.numTokens, 0);
-    const res: SendResult = { ok: false, reqId: spec.req_id, sent: 0, skipped: 0, bytes: 0, numTokens, ms: 0, notified: false };
+    const named = raw as Partial<Record<keyof DisaggSpec, unknown>> | null | undefined;
+    const reqId = String(named?.req_id ?? '');
+    const res: SendResult = { ok: false, reqId, sent: 0, skipped: 0, bytes: 0, numTokens, ms: 0, notified: false };
     try {
-      const bad = disaggSpecProblem(spec);
-      if (bad) throw new XferError(bad);
+      if (!spec) throw new XferError(invalid ?? 'kv_transfer_params.disagg_spec: expected an object');
       if (chunks.length > 0) await this.transfer(spec, chunks, res);
       res.ok = true;
     } catch (e) {
       res.error = (e as Error).message;
-      log.warn(`transfer of ${spec?.req_id} to ${spec?.receiver_host}:${spec?.receiver_init_port} failed, the decoder will recompute: ${res.error}`);
+      log.warn(`transfer of ${String(named?.req_id)} to ${String(named?.receiver_host)}:${String(named?.receiver_init_port)} failed, the decoder will recompute: ${res.error}`);
     }
     res.ms = Date.now() - t0;
     if (this.notifier) {
       const n: XferNotice = {
-        req_id: String(spec?.req_id ?? ''),
+        req_id: reqId,
         prefiller: this.senderId,
         num_chunks: res.ok ? chunks.length : res.sent + res.skipped,
         num_tokens: res.ok ? numTokens : 0,

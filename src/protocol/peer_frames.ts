@@ -1,0 +1,99 @@
+// Peer-to-peer chunk transfer between cache instances over `distributed_url`, for a controller
+// move/copy: src/kvc/worker_peer.ts is both the sender (sendChunks) and the receiver
+// (startPeerServer). Chunk bytes of a move never pass through the controller.
+//
+// Wire format, both directions: frames of  u32le body_length | u8 type | body.
+//   sender → receiver  HELLO (1)  msgpack {v, location, count, from}
+//                      CHUNK (2)  16 ASCII hex key digits + the chunk buffer (header + payload)
+//                      COMMIT (3) msgpack {count}  after the last ACK
+//   receiver → sender  HELLO_OK (0x81)  msgpack {ok, error?}  (also carries a refusal at any point)
+//                      ACK (0x82)       msgpack {key, ok, error?}  once the chunk is STORED
+//                      COMMIT_OK (0x83) msgpack {ok, stored, missing, first_missing}
+// Control bodies are small msgpack maps described once below (zod); CHUNK bodies are binary and
+// are never parsed beyond the chunk header (the reader hashes the payload as it arrives).
+import { decode, encode } from '@msgpack/msgpack';
+import { z } from 'zod';
+import { CHUNK_KEY_CHARS } from '../common/keys.js';
+import { HEADER_BYTES } from '../common/chunk.js';
+import type { FrameHead, FrameLayout } from './frame_reader.js';
+
+export const PEER_PROTOCOL_VERSION = 1;
+
+export const PeerFrame = {
+  Hello: 1,
+  Chunk: 2,
+  Commit: 3,
+  HelloOk: 0x81,
+  Ack: 0x82,
+  CommitOk: 0x83,
+} as const;
+
+export const PEER_FRAME_HEAD = 5;
+/** Offset of the chunk payload inside a CHUNK body (key digits, then the chunk header). */
+export const PEER_PAYLOAD_AT = CHUNK_KEY_CHARS + HEADER_BYTES;
+/** Absolute upper bound of one frame body (a Buffer cannot be larger). */
+export const PEER_MAX_BODY = 2 ** 31 - 1;
+/** Upper bound of a control frame body (HELLO, COMMIT and every reply). */
+export const MAX_CONTROL_BODY = 64 * 1024;
+
+export const peerHelloSchema = z.object({ v: z.number(), location: z.string(), count: z.number().int().min(0), from: z.string() });
+export type PeerHello = z.infer<typeof peerHelloSchema>;
+export const peerCommitSchema = z.object({ count: z.number().int().min(0) });
+export type PeerCommit = z.infer<typeof peerCommitSchema>;
+export const peerHelloOkSchema = z.object({ ok: z.boolean(), error: z.string().optional() });
+export type PeerHelloOk = z.infer<typeof peerHelloOkSchema>;
+export const peerAckSchema = z.object({ key: z.string(), ok: z.boolean(), error: z.string().optional() });
+export type PeerAck = z.infer<typeof peerAckSchema>;
+export const peerCommitOkSchema = z.object({ ok: z.boolean(), stored: z.number(), missing: z.number(), first_missing: z.array(z.string()) });
+export type PeerCommitOk = z.infer<typeof peerCommitOkSchema>;
+
+type PeerControl = { [PeerFrame.Hello]: PeerHello; [PeerFrame.Commit]: PeerCommit; [PeerFrame.HelloOk]: PeerHelloOk; [PeerFrame.Ack]: PeerAck; [PeerFrame.CommitOk]: PeerCommitOk };
+
+/** A control frame (HELLO, COMMIT or a reply): head + msgpack body. */
+export function peerControlFrame<T extends keyof PeerControl>(type: T, msg: PeerControl[T]): Buffer {
+  const body = encode(msg);
+  const head = Buffer.allocUnsafe(PEER_FRAME_HEAD);
+  head.writeUInt32LE(body.byteLength, 0);
+  head.writeUInt8(type, 4);
+  return Buffer.concat([head, body]);
+}
+
+/** Head + key of a CHUNK frame; the chunk bytes follow as a separate write (no copy). */
+export function peerChunkHead(key: string, chunkBytes: number): Buffer {
+  const head = Buffer.allocUnsafe(PEER_FRAME_HEAD + CHUNK_KEY_CHARS);
+  head.writeUInt32LE(CHUNK_KEY_CHARS + chunkBytes, 0);
+  head.writeUInt8(PeerFrame.Chunk, 4);
+  head.write(key, PEER_FRAME_HEAD, 'latin1');
+  return head;
+}
+
+/** Splits a CHUNK body into its key and its chunk bytes (views, no copy). */
+export function splitChunkBody(body: Uint8Array): { key: string; chunk: Uint8Array } {
+  return { key: Buffer.from(body.buffer, body.byteOffset, CHUNK_KEY_CHARS).toString('latin1'), chunk: body.subarray(CHUNK_KEY_CHARS) };
+}
+
+/**
+ * Decodes a control body against its schema. Returns the message, or a reason naming the bad
+ * field (`malformed HELLO: location: …`).
+ */
+export function decodePeerControl<S extends z.ZodType>(schema: S, what: string, body: Uint8Array): { ok: true; msg: z.infer<S> } | { ok: false; error: string } {
+  let raw: unknown;
+  try {
+    raw = decode(body);
+  } catch {
+    return { ok: false, error: `malformed ${what}` };
+  }
+  const r = schema.safeParse(raw);
+  if (r.success) return { ok: true, msg: r.data };
+  const i = r.error.issues[0]!;
+  return { ok: false, error: `malformed ${what}: ${i.path.join('.') || '(body)'}: ${i.message}` };
+}
+
+/** The peer framing for FrameReader: no meta segment, the body is everything after the head. */
+export const PEER_FRAMES: FrameLayout<null> = {
+  headBytes: PEER_FRAME_HEAD,
+  readHead(head: Buffer): FrameHead {
+    return { bodyLen: head.readUInt32LE(0), type: head.readUInt8(4), metaLen: 0 };
+  },
+  decodeMeta: () => null,
+};

@@ -12,6 +12,9 @@ import { parseRemoteUrl } from '../src/common/remote_url.js';
 import { KvcStore } from '../src/kvc/store.js';
 import type { KeyEvent } from '../src/kvc/types.js';
 import { REDIS_SKIP, findRedisServer, startRedisServer, type RedisServer } from './helpers/redis_server.js';
+import { writeFileSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { startKvc, tempDir } from './helpers/proc.js';
 
 const layout = { dtype: DType.f32, numLayers: 2, numKvHeads: 2, headDim: 64 };
 const TOKENS = 16; // 32 KiB payload per chunk
@@ -56,6 +59,21 @@ describe('remote_url configuration', () => {
   it('refuses remote settings without remote_url (they would do nothing)', () => {
     assert.throws(() => validateCacheConfig({ remote_timeout_ms: 100 }), /key "remote_timeout_ms": only meaningful with remote_url/);
     assert.throws(() => validateCacheConfig({ remote_url: 'redis://h', remote_write_queue_size: 0 }), /key "remote_write_queue_size"/);
+  });
+
+  it('kvc engine with an LMCache lm:// remote_url stops at start-up with a message naming remote_url', async () => {
+    const dir = tempDir('kvc-remote-url-');
+    try {
+      const yaml = join(dir, 'cache.yaml');
+      writeFileSync(yaml, 'chunk_size: 16\nremote_url: "lm://localhost:65432"\n');
+      const p = startKvc(['engine', '--port', '1', '--kv-transfer-config', '{"kv_connector":"KvcConnectorV1","kv_role":"kv_both"}'], { KVC_CONFIG_FILE: yaml });
+      const code = await new Promise<number | null>((r) => p.child.once('exit', (c) => r(c)));
+      assert.notEqual(code, 0);
+      assert.match(p.output(), /cache\.yaml: key "remote_url": unsupported scheme "lm:\/\/"/);
+      assert.doesNotMatch(p.output(), /listening/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('KvcStore.create refuses an unsupported scheme instead of starting without the tier', async () => {
@@ -238,5 +256,29 @@ describe('remote tier on a real redis-server', { skip: redisBin ? false : REDIS_
     assert.equal((await late.put(keyOf(401), chunk(401))).remote, 'queued');
     assert.ok(await late.remote!.flush(5_000));
     assert.equal(late.remoteStats()!.putsWritten, 1);
+  });
+  it('uses the password and database of the URL; a wrong password leaves the instance serving locally', async () => {
+    const secured = await startRedisServer({ extraArgs: ['--requirepass', 's3cr@t'] });
+    try {
+      const withAuth = (url: string) =>
+        KvcStore.create({ local_cpu: true, max_local_cpu_size: 0.01, max_local_disk_size: 0, local_disk: null, remote_url: url, remote_timeout_ms: 300 }, { modelId: MODEL });
+      const ok = await withAuth(`redis://:s3cr%40t@127.0.0.1:${secured.port}/2`);
+      stores.push(ok);
+      assert.equal(ok.remote!.connected, true);
+      assert.equal((await ok.put(keyOf(500), chunk(500))).remote, 'queued');
+      assert.ok(await ok.remote!.flush(5_000));
+      const check = new Redis({ host: '127.0.0.1', port: secured.port, password: 's3cr@t', db: 2, lazyConnect: true, maxRetriesPerRequest: 1 });
+      await check.connect();
+      assert.equal(await check.exists(`kvc:${MODEL}:${keyOf(500)}`), 1, 'written into database 2');
+      check.disconnect();
+      const bad = await withAuth(`redis://:wrong@127.0.0.1:${secured.port}/0`);
+      stores.push(bad);
+      assert.equal(bad.remote!.connected, false);
+      assert.ok(bad.remoteStats()!.connectionErrors >= 1);
+      assert.deepEqual((await bad.put(keyOf(501), chunk(501))).stored, ['LocalCPUBackend']);
+      assert.ok(!bad.remoteStats()!.url.includes('wrong'), 'the password is not shown');
+    } finally {
+      await secured.stop();
+    }
   });
 });

@@ -66,6 +66,8 @@ export class Sequence {
   computed = 0;
   /** Prompt tokens loaded (cache or transfer) rather than computed. */
   loadedTokens = 0;
+  /** Of loadedTokens, how many came from a transfer (the rest from the cache instance). */
+  receivedTokens = 0;
   firstTokenAt = 0;
   lastTokenAt = 0;
   finishReason: FinishReason | null = null;
@@ -99,6 +101,8 @@ export interface SchedulerOptions {
   maxNumSeqs: number;
   maxNumBatchedTokens: number;
   maxQueue: number;
+  /** Told of every sequence that ended, after its KV was released (the request log line). */
+  onFinished?: (seq: Sequence) => void;
 }
 
 export class Scheduler {
@@ -172,6 +176,11 @@ export class Scheduler {
     } catch (e) {
       log.error(`finish callback of ${seq.init.requestId} threw: ${(e as Error).message}`);
     }
+    try {
+      this.o.onFinished?.(seq);
+    } catch (e) {
+      log.error(`finished-sequence hook of ${seq.init.requestId} threw: ${(e as Error).message}`);
+    }
   }
 
   private poke(): void {
@@ -209,13 +218,13 @@ export class Scheduler {
           this.o.kv,
         )
         .then(
-          (r) => r.tokens,
+          (r) => r,
           (e: unknown) => {
             log.warn(`request ${seq.init.requestId}: KV load failed: ${(e as Error).message}`);
-            return 0;
+            return { tokens: 0, receivedTokens: 0 };
           },
         )
-        .then((tokens) => {
+        .then(({ tokens, receivedTokens }) => {
           if (seq.state === 'finished') {
             // Cancelled while loading: release now that nothing writes the blocks any more.
             const i = this.active.indexOf(seq);
@@ -225,6 +234,7 @@ export class Scheduler {
           } else {
             seq.computed = tokens;
             seq.loadedTokens = tokens;
+            seq.receivedTokens = receivedTokens;
             seq.state = 'running';
           }
           this.poke();
@@ -276,8 +286,13 @@ export class Scheduler {
     if (!segs.length) return false;
     this.steps++;
     let out: Float32Array[];
+    const t0 = performance.now();
     try {
       out = this.o.model.forward(segs, this.o.kv);
+      const decodes = rows.filter((r) => !r.seq.prefilling).length;
+      const phase = decodes === rows.length ? 'decode' : decodes === 0 ? 'prefill' : 'mixed';
+      this.o.metrics.stepSeconds.observe({ phase }, (performance.now() - t0) / 1000);
+      this.o.metrics.stepTokens.observe({ phase }, this.o.maxNumBatchedTokens - budget);
     } catch (e) {
       // A bug in the model must not take the server down: fail the sequences of this step.
       log.error(`forward failed: ${(e as Error).stack ?? (e as Error).message}`);

@@ -167,7 +167,7 @@ export class KvcConnectorV1 {
     let fromTransfer = 0;
     // What came from where, counted into the metrics only for chunks actually imported.
     let cacheChunks = 0, cacheBytes = 0, cacheMs = 0, xferChunks = 0, xferBytes = 0;
-    const canQuery = this.store.locations().length > 0;
+    const canQuery = this.store.locations().length > 0 || this.store.remote !== null;
     try {
       // Chunks read through the remote tier, fetched once at the first local miss.
       let fromRemote: Map<string, Uint8Array> | null = null;

@@ -15,6 +15,7 @@ import { ProxyMetrics } from '../src/proxy/metrics.js';
 import { parseRemoteUrl } from '../src/common/remote_url.js';
 import { registerRemoteMetrics } from '../src/kvc/remote_metrics.js';
 import { RemoteTier } from '../src/kvc/remote_tier.js';
+import { RoutingMetrics } from '../src/proxy/routing_metrics.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const isProcessMetric = (name: string) => /^kvc_(controller|engine|proxy)_(process_|nodejs_)/.test(name);
@@ -37,6 +38,7 @@ test('docs/metrics.md lists every exported metric with its type, and only those'
   const remote = new RemoteTier({ endpoint: parseRemoteUrl('redis://127.0.0.1:1'), modelId: 'm', timeoutMs: 100, queueBytes: 1 << 20 });
   registerRemoteMetrics(engine.registry, remote);
   const proxy = new ProxyMetrics();
+  new RoutingMetrics(proxy.registry); // the proxy server registers its routing counters in the same registry
   const exported = new Map<string, string>();
   for (const reg of [controller.registry, engine.registry, proxy.registry]) {
     for (const m of await reg.getMetricsAsJSON()) if (!isProcessMetric(m.name)) exported.set(m.name, String(m.type));

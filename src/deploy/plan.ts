@@ -14,6 +14,11 @@ export interface PlanOptions {
   controller: boolean;
   /** The address every process binds and the others reach it on (one machine). */
   host: string;
+  /** Proxy routing: round-robin (default) or kv-aware (needs the controller). */
+  routing?: 'round-robin' | 'kv-aware';
+  /** --max-local-prefill-tokens / --max-prefill-queue passed to the proxy when given. */
+  maxLocalPrefillTokens?: number;
+  maxPrefillQueue?: number;
   /** Passed to every engine as `kvc engine` flags (absent: the engine's default). */
   engine?: EngineFlags;
   /** Cache settings written into every engine's YAML (absent: the reference values). */
@@ -41,6 +46,12 @@ export interface CacheSettings {
   /** GiB of disk tier per engine; needs localDisk. */
   maxLocalDiskSize?: number;
 }
+
+/**
+ * Every engine, prefiller and decoder, keeps a CPU tier of this many GiB by default, so a
+ * prefix computed or received once can be reused there (and found by kv-aware routing).
+ */
+export const DEFAULT_LOCAL_CPU_GIB = 5;
 
 /** Reference ports of a deployment (docs/architecture.md) before --port-offset. */
 export const BASE_PORTS = {
@@ -93,6 +104,13 @@ export function makePlan(o: PlanOptions): Plan {
   if (!Number.isInteger(o.portOffset) || o.portOffset < -7000 || BASE_PORTS.proxy + o.portOffset > 65535) {
     throw new Error(`--port-offset: expected an integer that keeps every port in 1..65535, found ${o.portOffset}`);
   }
+  if (o.routing !== undefined && o.routing !== 'round-robin' && o.routing !== 'kv-aware') {
+    throw new Error(`--routing: expected round-robin or kv-aware, found "${String(o.routing)}"`);
+  }
+  if (o.routing === 'kv-aware' && !o.controller) throw new Error('--routing kv-aware: needs the controller (its index says where prefixes are cached); drop --no-controller');
+  for (const [flag, v] of [['--max-local-prefill-tokens', o.maxLocalPrefillTokens], ['--max-prefill-queue', o.maxPrefillQueue]] as const) {
+    if (v !== undefined && !(Number.isSafeInteger(v) && v >= 0)) throw new Error(`${flag}: expected an integer >= 0, found ${v}`);
+  }
   const cache = o.cache ?? {};
   if (cache.maxLocalDiskSize !== undefined && cache.maxLocalDiskSize > 0 && !cache.localDisk) {
     throw new Error('--max-local-disk-size: needs --local-disk <dir> (each engine gets <dir>/<engine name>)');
@@ -113,7 +131,6 @@ export function makePlan(o: PlanOptions): Plan {
   };
   const off = (p: number) => p + o.portOffset;
   const h = o.host;
-  const xpyd = o.prefillers > 1 || o.decoders > 1;
   const controllerMonitor = off(BASE_PORTS.controllerMonitor);
   const notifyPort = off(BASE_PORTS.notify);
   const ctl = (worker: number, distributed: number, id: string) => ({
@@ -133,9 +150,9 @@ export function makePlan(o: PlanOptions): Plan {
       port: off(BASE_PORTS.prefiller + i),
       cacheConfig: {
         chunk_size: chunkSize,
-        // Reference values: the 1p1d prefiller keeps a 5 GiB CPU cache, XpYd prefillers none
-        // (their chunks go straight to the decoders).
-        ...tiers(name, xpyd ? 0 : 5),
+        // Every engine keeps a CPU tier (default DEFAULT_LOCAL_CPU_GIB): what it computed is
+        // reused by the next request with the same prefix that is routed here.
+        ...tiers(name, DEFAULT_LOCAL_CPU_GIB),
         ...ctl(off(BASE_PORTS.worker + i), off(BASE_PORTS.distributed + i), name),
         enable_xfer: true,
         enable_xpyd: true,
@@ -162,7 +179,8 @@ export function makePlan(o: PlanOptions): Plan {
       port: off(BASE_PORTS.decoder + j),
       cacheConfig: {
         chunk_size: chunkSize,
-        ...tiers(name, 0),
+        // A decoder stores what it received or computed, so a prefix it holds needs no transfer.
+        ...tiers(name, DEFAULT_LOCAL_CPU_GIB),
         ...ctl(off(BASE_PORTS.worker + MAX_PER_ROLE + j), off(BASE_PORTS.distributed + MAX_PER_ROLE + j), name),
         enable_xfer: true,
         enable_xpyd: true,
@@ -260,6 +278,10 @@ export function proxyArgs(plan: Plan): string[] {
     '--decoder-alloc-port', String(d[0]!.cacheConfig.xfer_peer_alloc_port),
     '--proxy-host', h,
     '--proxy-port', String(plan.proxy.notifyPort),
+    ...(plan.controller ? ['--controller-url', `http://${h}:${plan.controller.port}`] : []),
+    ...(plan.opts.routing ? ['--routing', plan.opts.routing] : []),
+    ...(plan.opts.maxLocalPrefillTokens !== undefined ? ['--max-local-prefill-tokens', String(plan.opts.maxLocalPrefillTokens)] : []),
+    ...(plan.opts.maxPrefillQueue !== undefined ? ['--max-prefill-queue', String(plan.opts.maxPrefillQueue)] : []),
   ];
 }
 

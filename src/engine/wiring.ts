@@ -118,7 +118,9 @@ export class EngineWiring {
           if (!cacheConfig.enable_xfer) {
             log.warn(`kv_role ${connectorConfig.kv_role} without enable_xfer in the cache config: no KV is transferred, prompts are computed here`);
           } else {
-            const plugin = await s.transfer({ role: connectorConfig.kv_role, cacheConfig, connectorConfig, layout: model.layout, modelId: model.modelId, chunkSize: cacheConfig.chunk_size, seed });
+            // A decoder that already holds a prefix in its cache receives only the chunks it lacks.
+            const heldLocally = connectorConfig.kv_role === 'kv_consumer' && opened.locations().length > 0 ? (key: string) => opened.has(key) : undefined;
+            const plugin = await s.transfer({ role: connectorConfig.kv_role, cacheConfig, connectorConfig, layout: model.layout, modelId: model.modelId, chunkSize: cacheConfig.chunk_size, seed, ...(heldLocally ? { heldLocally } : {}) });
             transfer = plugin;
             releases.push({ what: 'closing xfer', release: () => plugin.close(), mustSucceed: false });
           }

@@ -118,6 +118,8 @@ describe('Kubernetes manifests', () => {
           kvcContainers++;
           assert.equal(c.command, undefined, `${where}: the image's entrypoint (kvc) runs the args`);
           const flags = checkArgs(program, c.args, where);
+          // 0.0.0.0 is only ever a bind address: any other flag carrying it would hand it to a peer.
+          for (const [flag, v] of flags) if (v === true ? false : String(v).includes('0.0.0.0')) assert.ok(['--host', '--proxy-host'].includes(flag), `${where}: ${flag} hands out 0.0.0.0 (${v})`);
           const env = new Map<string, string>((c.env ?? []).map((e: any) => [e.name, e.value]));
           assert.equal(env.get('PYTHONHASHSEED'), '0', `${where}: every process derives the same chunk keys`);
           const containerPorts = new Set<number>(c.ports.map((p: any) => p.containerPort));
@@ -161,6 +163,10 @@ describe('Kubernetes manifests', () => {
             assert.equal(c.args[0], 'proxy');
             reach('proxy', port('--port'), `${where} --port`);
             reach('proxy', port('--proxy-port'), `${where} --proxy-port`);
+            if (flags.has('--controller-url')) {
+              const u = new URL(String(flags.get('--controller-url')));
+              reach(u.hostname, Number(u.port), `${where} --controller-url`);
+            }
             const topo = parseTopology({
               prefillerHost: String(flags.get('--prefiller-host')),
               prefillerPort: String(flags.get('--prefiller-port')),

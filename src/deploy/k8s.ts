@@ -198,6 +198,8 @@ function proxyDocs(plan: Plan): unknown[] {
   args = setFlag(args, '--decoder-port', d.map((e) => e.port).join(','));
   args = setFlag(args, '--decoder-init-port', d.map((e) => e.cacheConfig.xfer_peer_init_port).join(','));
   args = setFlag(args, '--decoder-alloc-port', d.map((e) => e.cacheConfig.xfer_peer_alloc_port).join(','));
+  // The proxy asks the controller where prefixes are cached (routing), when the plan has a controller.
+  if (args.includes('--controller-url')) args = setFlag(args, '--controller-url', `http://controller:${plan.controller!.port}`);
   const ports = [
     { name: 'http', port: plan.proxy.port },
     { name: 'notify', port: Number(flagValue(args, '--proxy-port')) },

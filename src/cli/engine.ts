@@ -2,6 +2,8 @@
 // (src/engine/settings.ts validates them); SIGTERM / SIGINT close the engine, then exit 0.
 import type { Command } from 'commander';
 import { logger } from '../common/log.js';
+import { validateCpuList } from '../common/cpu_set.js';
+import { applyCpuSet } from '../engine/placement.js';
 import { startEngine } from '../engine/server.js';
 import { optionalPositiveInt as posInt, portFlag } from './options.js';
 
@@ -18,6 +20,7 @@ interface EngineFlags {
   maxQueueLen?: string;
   kvCacheMemory?: string;
   kvTransferConfig?: string;
+  cpus?: string;
 }
 
 export function registerEngine(program: Command): void {
@@ -34,11 +37,17 @@ export function registerEngine(program: Command): void {
     .option('--max-queue-len <n>', 'requests that may wait for a slot before new ones get 503', '1024')
     .option('--kv-cache-memory <GiB>', 'paged KV budget in GiB (default: max-num-seqs full-length sequences, at most 4)')
     .option('--kv-transfer-config <json>', 'connector JSON, e.g. {"kv_connector":"KvcConnectorV1","kv_role":"kv_both"}; the cache instance is read from $KVC_CONFIG_FILE')
+    .option('--cpus <list>', 'CPUs this engine runs on, as a cpulist ("0-1", "1", "0,2"); GEMM threads follow the set (default: every CPU)')
     .option('--enforce-eager', 'accepted for compatibility; the CPU engine has no graph mode (no effect)')
     .option('--no-enable-prefix-caching', 'accepted for compatibility; prefix reuse is the connector\'s job here (no effect)')
     .option('--disable-log-requests', 'accepted for compatibility; requests are not logged one by one (no effect)')
     .action(async (f: EngineFlags) => {
       const port = portFlag('--port', f.port);
+      if (f.cpus !== undefined) {
+        // Before the model loads: its GEMM thread count is taken from this process's affinity.
+        const n = applyCpuSet(validateCpuList('--cpus', f.cpus));
+        log.info(`running on CPUs ${f.cpus.trim()} (${n} available to this process)`);
+      }
       let kvCacheBytes: number | undefined;
       if (f.kvCacheMemory !== undefined) {
         const g = Number(f.kvCacheMemory);

@@ -3,6 +3,7 @@
 // are the reference values listed in docs/proxy.md; only ports shift with --port-offset. The same generator writes the files
 // committed under examples/1p1d and examples/2p2d, so the examples and `kvc up` cannot drift.
 import { stringify } from 'yaml';
+import { placeEngines, type Placement } from './placement.js';
 
 export interface PlanOptions {
   prefillers: number;
@@ -11,6 +12,10 @@ export interface PlanOptions {
   portOffset: number;
   controller: boolean;
   host: string;
+  /** How engines get CPUs (src/deploy/placement.ts); default `split`. */
+  placement?: Placement;
+  /** The machine's CPUs (default: the online CPUs); tests pass their own. */
+  machineCpus?: readonly number[];
 }
 
 /** Reference ports of a deployment (docs/architecture.md) before --port-offset. */
@@ -39,6 +44,8 @@ export interface EngineSpec {
   port: number;
   cacheConfig: Record<string, unknown>;
   connector: Record<string, unknown>;
+  /** `--cpus` of this engine (a cpulist), or null: every CPU. */
+  cpus: string | null;
 }
 
 export interface PortUse {
@@ -55,8 +62,8 @@ export interface Plan {
 }
 
 export function makePlan(o: PlanOptions): Plan {
-  if (!Number.isInteger(o.prefillers) || o.prefillers < 1 || o.prefillers > MAX_PER_ROLE) {
-    throw new Error(`--prefillers: expected an integer 1..${MAX_PER_ROLE}, found ${o.prefillers}`);
+  if (!Number.isInteger(o.prefillers) || o.prefillers < 0 || o.prefillers > MAX_PER_ROLE) {
+    throw new Error(`--prefillers: expected an integer 0..${MAX_PER_ROLE} (0: colocated kv_both engines behind the proxy), found ${o.prefillers}`);
   }
   if (!Number.isInteger(o.decoders) || o.decoders < 1 || o.decoders > MAX_PER_ROLE) {
     throw new Error(`--decoders: expected an integer 1..${MAX_PER_ROLE}, found ${o.decoders}`);
@@ -65,6 +72,8 @@ export function makePlan(o: PlanOptions): Plan {
     throw new Error(`--port-offset: expected an integer that keeps every port in 1..65535, found ${o.portOffset}`);
   }
   const off = (p: number) => p + o.portOffset;
+  const colocated = o.prefillers === 0;
+  const cpus = placeEngines(o.placement ?? { kind: 'split' }, o.prefillers, o.decoders, o.machineCpus);
   const h = o.host;
   const xpyd = o.prefillers > 1 || o.decoders > 1;
   const controllerMonitor = off(BASE_PORTS.controllerMonitor);
@@ -105,9 +114,14 @@ export function makePlan(o: PlanOptions): Plan {
         kv_role: 'kv_producer',
         kv_connector_extra_config: { discard_partial_chunks: false, kvc_rpc_port: `producer${i + 1}` },
       },
+      cpus: cpus.prefill,
     });
   }
   for (let j = 0; j < o.decoders; j++) {
+    if (colocated) {
+      engines.push(colocatedEngine(j, off(BASE_PORTS.decoder + j), ctl(off(BASE_PORTS.worker + MAX_PER_ROLE + j), off(BASE_PORTS.distributed + MAX_PER_ROLE + j), `engine-${j}`), cpus.decode));
+      continue;
+    }
     const name = `decoder-${j}`;
     engines.push({
       name,
@@ -134,6 +148,7 @@ export function makePlan(o: PlanOptions): Plan {
         kv_role: 'kv_consumer',
         kv_connector_extra_config: { discard_partial_chunks: false, kvc_rpc_port: `consumer${j + 1}`, skip_last_n_tokens: 1 },
       },
+      cpus: cpus.decode,
     });
   }
   const controller = o.controller ? { port: off(BASE_PORTS.controller), monitorPort: controllerMonitor } : null;
@@ -145,7 +160,7 @@ export function makePlan(o: PlanOptions): Plan {
     ports.push({ port: e.port, what: `${e.name} HTTP` });
     ports.push({ port: c.kvc_worker_port as number, what: `${e.name} kvc_worker_port` });
     ports.push({ port: Number(String(c.distributed_url).split(':').pop()), what: `${e.name} distributed_url` });
-    if (e.role === 'decoder') {
+    if (e.role === 'decoder' && !colocated) {
       ports.push({ port: c.xfer_peer_init_port as number, what: `${e.name} xfer init` });
       ports.push({ port: c.xfer_peer_alloc_port as number, what: `${e.name} xfer alloc` });
     }
@@ -155,6 +170,34 @@ export function makePlan(o: PlanOptions): Plan {
     if (p.port < 1 || p.port > 65535) throw new Error(`--port-offset ${o.portOffset} puts ${p.what} on port ${p.port}, outside 1..65535`);
   }
   return { opts: o, controller, engines, proxy, ports };
+}
+
+/**
+ * One engine of a colocated deployment (`--prefillers 0`): kv_both, prefilling and decoding its own
+ * requests with chunked prefill (a long prompt is computed --max-num-batched-tokens tokens per
+ * step, between the decode rows of running sequences), keeping its chunks in a CPU tier; no xfer.
+ * This is how a user runs a colocated engine; the proxy balances requests over them round-robin.
+ */
+function colocatedEngine(j: number, port: number, ctl: Record<string, unknown>, cpus: string | null): EngineSpec {
+  return {
+    name: `engine-${j}`,
+    role: 'decoder',
+    index: j,
+    port,
+    cacheConfig: {
+      chunk_size: 256,
+      local_cpu: true,
+      max_local_cpu_size: 5,
+      max_local_disk_size: 0,
+      ...ctl,
+    },
+    connector: {
+      kv_connector: 'KvcConnectorV1',
+      kv_role: 'kv_both',
+      kv_connector_extra_config: { discard_partial_chunks: false, kvc_rpc_port: `engine${j + 1}` },
+    },
+    cpus,
+  };
 }
 
 /** The cache YAML of one engine, with a header saying where it comes from. */
@@ -180,6 +223,7 @@ export function engineArgs(plan: Plan, e: EngineSpec, connector: string): string
     '--enforce-eager',
     '--no-enable-prefix-caching',
     '--disable-log-requests',
+    ...(e.cpus !== null ? ['--cpus', e.cpus] : []),
   ];
 }
 
@@ -192,18 +236,21 @@ export function proxyArgs(plan: Plan): string[] {
   const h = plan.opts.host;
   const p = plan.engines.filter((e) => e.role === 'prefiller');
   const d = plan.engines.filter((e) => e.role === 'decoder');
+  // Colocated (no prefiller): the engines have no xfer receiver; the proxy only balances requests
+  // over them (--num-prefillers 0), so the decoder xfer ports below are never contacted.
+  const firstDecoder = d[0]!.cacheConfig;
   return [
     'proxy',
     '--host', h,
     '--port', String(plan.proxy.port),
     '--prefiller-host', h,
-    '--prefiller-port', String(p[0]!.port),
+    '--prefiller-port', String(p[0]?.port ?? BASE_PORTS.prefiller + plan.opts.portOffset),
     '--num-prefillers', String(p.length),
     '--decoder-host', h,
     '--decoder-port', String(d[0]!.port),
     '--num-decoders', String(d.length),
-    '--decoder-init-port', String(d[0]!.cacheConfig.xfer_peer_init_port),
-    '--decoder-alloc-port', String(d[0]!.cacheConfig.xfer_peer_alloc_port),
+    '--decoder-init-port', String(firstDecoder.xfer_peer_init_port ?? BASE_PORTS.xferInit + plan.opts.portOffset),
+    '--decoder-alloc-port', String(firstDecoder.xfer_peer_alloc_port ?? BASE_PORTS.xferAlloc + plan.opts.portOffset),
     '--proxy-host', h,
     '--proxy-port', String(plan.proxy.notifyPort),
   ];

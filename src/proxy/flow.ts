@@ -310,6 +310,8 @@ export class Flow {
         }
       }
     }
+    // A deployment without prefillers (colocated engines) is not degraded: nothing to count or warn about.
+    if (this.d.prefillers.backends.length === 0) return { prefiller: null, reqId: `kvc-${randomUUID()}`, ms: 0, params: null };
     this.d.metrics.decoderOnly.inc();
     log.warn(`no prefiller available; ${decoder.name} prefills the request itself`);
     return { prefiller: null, reqId: `kvc-${randomUUID()}`, ms: 0, params: null };

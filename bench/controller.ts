@@ -1,4 +1,4 @@
-// `npm run bench -- controller` (issue 4):
+// `npm run bench -- controller`:
 //  (a) admit ingest rate through the monitor protocol from 4 simulated instances (ZeroMQ
 //      DEALERs with pre-encoded ops batches) into an in-process controller;
 //  (b) lookup latency for an 8192-token prompt with ≥ 1,000,000 chunks indexed, in process

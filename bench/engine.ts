@@ -4,9 +4,9 @@
 //                      128-token and 1-token requests (so prefill and HTTP cancel out), medians of 3
 //   TTFT cold / warm   a 2048-token prompt, then the same prompt with its KV in LocalCPUBackend
 //   GEMM               the kernel prefill uses vs a plain-JS matmul, same shape, same run
-// Last line: one JSON object (see issue 3).
+// Last line: one JSON object with every figure (targets: docs/engine.md).
 import { validateCacheConfig } from '../src/common/config.js';
-import { measureGemm } from '../src/engine/model/gemm.js';
+import { measureGemm } from '../src/engine/model/gemm_bench.js';
 import { startEngine, type Engine } from '../src/engine/server.js';
 
 const MODEL = 'builtin:tiny';
@@ -61,6 +61,9 @@ async function main(): Promise<void> {
     maxNumBatchedTokens: 512,
     kvTransferConfig: { kv_connector: 'KvcConnectorV1', kv_role: 'kv_both', kv_connector_extra_config: { discard_partial_chunks: false, skip_last_n_tokens: 0 } },
     cacheConfig: validateCacheConfig({ chunk_size: 256, local_cpu: true, max_local_cpu_size: 2 }).config,
+    // The bench prints its own figures; the engine's request and statistics lines would only interleave.
+    logRequests: false,
+    logStats: false,
   });
   try {
     // Warm-up: JIT and first-touch of buffers.

@@ -2,7 +2,7 @@
 // GEMM rate of the kernel prefill uses vs the plain-JS triple loop, single- and two-threaded,
 // then prefill and decode rates of the built-in model straight through LlamaModel.forward.
 import { ensureBuiltinModel } from '../src/engine/model/builtin.js';
-import { measureGemm } from '../src/engine/model/gemm.js';
+import { measureGemm } from '../src/engine/model/gemm_bench.js';
 import { LlamaModel } from '../src/engine/model/model.js';
 
 const MiB = 1024 * 1024;

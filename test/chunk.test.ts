@@ -1,4 +1,4 @@
-// KV chunk format (DESIGN §3): round trip, header checks, checksum detection.
+// KV chunk format (src/common/chunk.ts): round trip, header checks, checksum detection.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { DType, HEADER_BYTES, chunkBytes, chunkPayload, encodeChunk, payloadBytes, readHeader, sealChunk, verifyChunk, ChunkFormatError } from '../src/common/chunk.js';

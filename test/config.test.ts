@@ -1,4 +1,4 @@
-// Cache YAML (spec §2.4) and connector JSON (spec §2.5) validation.
+// Cache YAML and connector JSON validation (keys: docs/configuration.md).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
@@ -13,7 +13,7 @@ function yaml(name: string, text: string): string {
   return p;
 }
 
-test('the spec reference prefiller YAML loads with every key typed', () => {
+test('the reference prefiller YAML loads with every key typed', () => {
   const p = yaml(
     'prefiller.yaml',
     `chunk_size: 256
@@ -43,7 +43,7 @@ xfer_buffer_device: cuda
   assert.equal(config.local_disk, null);
 });
 
-test('the spec reference decoder YAML (receiver) loads; sizes accept floats', () => {
+test('the reference decoder YAML (receiver) loads; sizes accept floats', () => {
   const { config } = validateCacheConfig({
     chunk_size: 256, local_cpu: false, max_local_cpu_size: 0.5, enable_xfer: true, enable_xpyd: true, xfer_role: 'receiver',
     xfer_peer_host: 'localhost', xfer_peer_init_port: 7300, xfer_peer_alloc_port: 7400, xfer_buffer_size: 2147483648,

@@ -1,4 +1,4 @@
-// Controller tests (issue 4, points 2–5): a real `kvc controller` process, cache instances
+// Controller tests: a real `kvc controller` process, cache instances
 // in process (KvcStore + attachController) and, where a process must die, in a child process
 // (this same file started with KVC_CTL_TEST_CHILD=1). Chunk sizes and layouts are tiny except
 // in the kill-mid-move test, which needs a transfer long enough to interrupt.
@@ -198,7 +198,7 @@ function registerTests(): void {
       const m = await (await fetch(`${url}/metrics`)).text();
       assert.match(m, /kvc_controller_instances 2/);
       assert.match(m, /kvc_controller_index_keys \d+/);
-      const finished = /kvc_controller_events\{status="finished"\} (\d+)/.exec(m);
+      const finished = /kvc_controller_operations_total\{kind="move",status="finished"\} (\d+)/.exec(m);
       assert.ok(finished, 'finished event count is exported');
       assert.ok(Number(finished[1]) >= 1, `finished event count ${finished[1]} should be positive`);
     });

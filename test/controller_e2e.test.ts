@@ -1,4 +1,4 @@
-// End to end (issue 4 point 6): a real `kvc controller` and two real `kvc engine` processes
+// End to end: a real `kvc controller` and two real `kvc engine` processes
 // (role kv_both, built-in model) with cache instances attached to the controller. A prompt
 // served by A shows up in /lookup on A; /move to B → only B, and B serves the prompt as a
 // cache hit with the same greedy output; /pin on B survives filling B's CPU tier past

@@ -111,7 +111,7 @@ describe('kv_consumer transfer lookup past its timeout', () => {
       loadTimeoutMs: 50,
     });
     const res = await c.load({ seqId: 1, requestId: 'late-1', prompt: ids(40), kvTransferParams: undefined, cancelled: () => false }, null as unknown as PagedKvCache);
-    assert.deepEqual(res, { tokens: 0, source: 'none' }, 'the prompt is computed');
+    assert.deepEqual(res, { tokens: 0, receivedTokens: 0, source: 'none' }, 'the prompt is computed');
     assert.equal(releases, 0);
     // the plugin answers only now, long after the connector gave up: it must get its release
     resolveLookup({ get: () => null, release: () => void releases++ });

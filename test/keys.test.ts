@@ -1,4 +1,4 @@
-// Chunk keys (DESIGN §2): agreement across processes, sensitivity to seed/model/chunk size,
+// Chunk keys (src/common/keys.ts): agreement across processes, sensitivity to seed/model/chunk size,
 // partial-chunk handling both ways.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -75,7 +75,7 @@ test('kvc keys rejects bad arguments with a clear message', () => {
   );
 });
 
-// An independent, deliberately naive rendering of the DESIGN §2 formula: one fresh buffer per
+// An independent, deliberately naive rendering of the key chaining formula of src/common/keys.ts: one fresh buffer per
 // chunk, per-token writes. The fast in-place implementation must agree with it bit for bit.
 import xxhash from 'xxhash-wasm';
 import { keyHalves, halvesToHex } from '../src/common/keys.js';

@@ -132,18 +132,23 @@ describe('TTFT statistics', () => {
     assert.equal(percentile(hundred, 50), 50);
     assert.equal(summarize([]).count, 0);
   });
-  test('one line per prefiller with count, avg, median, p99 in ms; window resets', () => {
+  test('one timestamped line per prefiller with count, avg, median, p99 in ms, saying which time it is; window resets; quiet when idle', () => {
     const st = new TtftStats(['prefiller-0', 'prefiller-1']);
     st.record('prefiller-0', 10);
     st.record('prefiller-0', 30);
     st.record('prefiller-1', 7.25);
-    const lines = st.flush(5);
+    const now = new Date('2026-01-02T03:04:05.678Z');
+    const lines = st.flush(5, now);
+    const basis = "(prefill node's time, KV transfer included; end-to-end TTFT is in /metrics)";
     assert.deepEqual(lines, [
-      'TTFT prefiller-0: 2 requests in last 5s (total 2), avg 20.0 ms, median 20.0 ms, p99 30.0 ms',
-      'TTFT prefiller-1: 1 requests in last 5s (total 1), avg 7.3 ms, median 7.3 ms, p99 7.3 ms',
+      `2026-01-02T03:04:05.678Z TTFT prefiller-0: 2 requests in last 5s (total 2), avg 20.0 ms, median 20.0 ms, p99 30.0 ms ${basis}`,
+      `2026-01-02T03:04:05.678Z TTFT prefiller-1: 1 requests in last 5s (total 1), avg 7.3 ms, median 7.3 ms, p99 7.3 ms ${basis}`,
     ]);
-    assert.match(st.flush(5)[0]!, /0 requests in last 5s \(total 2\), avg - ms, median - ms, p99 - ms/);
-    assert.equal(formatStatsLine('x', summarize([1]), 1, 5), 'TTFT x: 1 requests in last 5s (total 1), avg 1.0 ms, median 1.0 ms, p99 1.0 ms');
+    assert.deepEqual(st.flush(5, now), [], 'no request in the interval: no line at all');
+    st.record('prefiller-1', 4);
+    assert.deepEqual(st.flush(5, now), [`2026-01-02T03:04:05.678Z TTFT prefiller-1: 1 requests in last 5s (total 2), avg 4.0 ms, median 4.0 ms, p99 4.0 ms ${basis}`]);
+    assert.equal(formatStatsLine('x', summarize([1]), 1, 5), `TTFT x: 1 requests in last 5s (total 1), avg 1.0 ms, median 1.0 ms, p99 1.0 ms ${basis}`);
+    assert.match(formatStatsLine('decoder-only', summarize([1]), 1, 5), /\(decoder's time to first token, no prefiller\)$/);
   });
 });
 
@@ -436,7 +441,7 @@ describe('proxy against stub engines', () => {
     const s = await post('/v1/completions', { prompt: 'alone streamed', max_tokens: 2, stream: true });
     const j = await post('/v1/completions', { prompt: 'alone whole', max_tokens: 2 });
     assert.deepEqual([s.status, j.status], [200, 200]);
-    const lineRe = /^TTFT decoder-only: (\d+) requests in last [\d.]+s \(total \d+\), avg ([\d.]+) ms, median ([\d.]+) ms, p99 ([\d.]+) ms$/;
+    const lineRe = /^\d{4}-\d\d-\d\dT[\d:.]+Z TTFT decoder-only: (\d+) requests in last [\d.]+s \(total \d+\), avg ([\d.]+) ms, median ([\d.]+) ms, p99 ([\d.]+) ms \(decoder's time to first token, no prefiller\)$/;
     const seen = () => statsLines.map((l) => l.match(lineRe)).filter((m): m is RegExpMatchArray => !!m && m[1] !== '0');
     await waitUntil(() => seen().reduce((a, m) => a + Number(m[1]), 0) >= 2, 3_000, 'decoder-only statistics lines');
     for (const m of seen()) {
@@ -540,7 +545,7 @@ describe('proxy against stub engines', () => {
     statsLines.length = 0;
     await post('/v1/completions', { prompt: 'stats', max_tokens: 1 });
     await waitUntil(() => statsLines.some((l) => /requests in last 0.3s/.test(l) && / 1 requests/.test(l)), 3_000, 'stats line');
-    assert.ok(statsLines.some((l) => /^TTFT prefiller-\d\(127\.0\.0\.1:\d+\): 1 requests in last 0\.3s \(total \d+\), avg [\d.]+ ms, median [\d.]+ ms, p99 [\d.]+ ms$/.test(l)), statsLines.join('\n'));
+    assert.ok(statsLines.some((l) => /^\d{4}-\d\d-\d\dT[\d:.]+Z TTFT prefiller-\d\(127\.0\.0\.1:\d+\): 1 requests in last 0\.3s \(total \d+\), avg [\d.]+ ms, median [\d.]+ ms, p99 [\d.]+ ms \(prefill node's time, KV transfer included; end-to-end TTFT is in \/metrics\)$/.test(l)), statsLines.join('\n'));
   });
 });
 
@@ -568,7 +573,7 @@ describe('kvc proxy process', () => {
       await until(async () => (await fetch(`http://127.0.0.1:${port}/health`).catch(() => null))?.ok === true, 'the proxy to answer');
       const r = await fetch(`http://127.0.0.1:${port}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: 'hi', max_tokens: 1 }) });
       assert.equal(r.status, 200);
-      await until(() => /^TTFT prefiller-0\(127\.0\.0\.1:\d+\): 1 requests in last 0\.2s \(total 1\), avg [\d.]+ ms/m.test(out), 'a statistics line on stdout');
+      await until(() => /^\S+Z TTFT prefiller-0\(127\.0\.0\.1:\d+\): 1 requests in last 0\.2s \(total 1\), avg [\d.]+ ms/m.test(out), 'a statistics line on stdout');
       assert.doesNotMatch(out, /INFO/, 'info log lines are still filtered');
     } finally {
       child.kill('SIGTERM');

@@ -389,7 +389,7 @@ test('a transfer hold pins a disk chunk for this process only; a controller pin 
   const holds = transferHolds(a);
   assert.ok(holds.hold(keyOf(0), 'LocalDiskBackend'));
   assert.ok(holds.hold(keyOf(1), 'LocalDiskBackend'));
-  holds.setPinned(keyOf(1), 'LocalDiskBackend', true); // /pin while the transfer holds it
+  holds.pin(keyOf(1), 'LocalDiskBackend'); // /pin while the transfer holds it
   assert.ok(a.isPinned(keyOf(0), 'LocalDiskBackend') && a.isPinned(keyOf(1), 'LocalDiskBackend'));
   assert.ok(!existsSync(join(dir, `${keyOf(0)}.pin`)), 'a hold leaves no pin marker on disk');
   assert.ok(existsSync(join(dir, `${keyOf(1)}.pin`)), 'the controller pin is persisted');

@@ -190,6 +190,29 @@ describe('kvc up 1P1D (built-in model)', () => {
     assert.equal(models.data[0]!.id, 'builtin:tiny');
   });
 
+  test('transfer metrics on the prefiller and the decoder; both instances and their figures on the controller dashboard', async () => {
+    const metricsOf = async (port: number) => (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+    const num = (text: string, re: RegExp) => Number(re.exec(text)?.[1] ?? 'NaN');
+    const pre = await metricsOf(7100 + offset);
+    assert.ok(num(pre, /^kvc_xfer_sent_chunks_total\{[^}]*\} (\d+)/m) > 0, 'the prefiller handed chunks to xfer');
+    assert.ok(num(pre, /^kvc_xfer_sent_bytes_total\{[^}]*\} (\d+)/m) > 0);
+    assert.ok(num(pre, /^kvc_xfer_send_duration_seconds_count\{[^}]*outcome="ok"[^}]*\} (\d+)/m) > 0, 'sends completed');
+    const dec = await metricsOf(7200 + offset);
+    assert.ok(num(dec, /^kvc_xfer_received_chunks_total\{[^}]*\} (\d+)/m) > 0, 'the decoder imported received chunks');
+    assert.ok(num(dec, /^kvc_xfer_receive_wait_seconds_count\{[^}]*outcome="received"[^}]*\} (\d+)/m) > 0);
+    // The dashboard's snapshot: both instances with workers and the decoder's transferred tokens.
+    const ctl = `http://127.0.0.1:${9000 + offset}`;
+    assert.match(await (await fetch(`${ctl}/`)).text(), /<title>kvc controller<\/title>/);
+    const end = Date.now() + 30_000;
+    for (;;) {
+      const st = (await (await fetch(`${ctl}/dashboard/state`)).json()) as { instances: { instance_id: string }[]; engine_samples: Record<string, { transferred_tokens: number }[]> };
+      const received = Object.values(st.engine_samples).some((samples) => (samples.at(-1)?.transferred_tokens ?? 0) > 0);
+      if (st.instances.length === 2 && received) break;
+      if (Date.now() > end) assert.fail(`dashboard state: ${JSON.stringify(st).slice(0, 2000)}`);
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  });
+
   test('with its only prefiller killed (-9), the decoder prefills alone: same greedy output', async () => {
     const dep = JSON.parse(readFileSync(join(logDir, 'deployment.json'), 'utf8')) as { processes: { name: string; pid: number }[] };
     process.kill(dep.processes.find((p) => p.name === 'prefiller-0')!.pid, 'SIGKILL');

@@ -1,4 +1,4 @@
-// The golden test of disaggregated prefill (issue 5 point 5), on real processes: a kv_producer
+// The golden test of disaggregated prefill, on real processes: a kv_producer
 // engine prefills and transfers KV to kv_consumer engines through xfer; the consumer's greedy
 // output equals a single kv_both engine's, token for token, for prompts shorter than, equal to
 // and across chunk boundaries (chunk_size 16), and its /metrics show the loaded prompt tokens

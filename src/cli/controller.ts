@@ -25,8 +25,9 @@ export function registerController(program: Command): void {
         heartbeatTimeoutMs: secondsFlag('--heartbeat-timeout', opts.heartbeatTimeout),
         commandTimeoutMs: secondsFlag('--command-timeout', opts.commandTimeout),
         transferTimeoutMs: secondsFlag('--transfer-timeout', opts.transferTimeout),
+        processMetrics: true,
       });
-      process.stdout.write(`kvc controller ready: http ${ctl.url} monitor tcp://${opts.host}:${monitorPort}\n`);
+      process.stdout.write(`kvc controller ready: http ${ctl.url} monitor tcp://${opts.host}:${monitorPort} dashboard ${ctl.url}/\n`);
       let stopping = false;
       const stop = () => {
         if (stopping) return;

@@ -1,6 +1,7 @@
 // `kvc engine`: the OpenAI-compatible CPU inference server. Flags become startEngine() options
 // (src/engine/settings.ts validates them); SIGTERM / SIGINT close the engine, then exit 0.
 import type { Command } from 'commander';
+import { gibToBytes } from '../common/config.js';
 import { logger } from '../common/log.js';
 import { validateCpuList } from '../common/cpu_set.js';
 import { applyCpuSet } from '../engine/placement.js';
@@ -21,6 +22,8 @@ interface EngineFlags {
   kvCacheMemory?: string;
   kvTransferConfig?: string;
   cpus?: string;
+  disableLogRequests?: boolean;
+  disableLogStats?: boolean;
 }
 
 export function registerEngine(program: Command): void {
@@ -29,7 +32,7 @@ export function registerEngine(program: Command): void {
     .description('serve a Llama-architecture model on the CPU with an OpenAI-compatible API')
     .requiredOption('--port <port>', 'HTTP port')
     .option('--host <host>', 'address to bind', '127.0.0.1')
-    .option('--model <model>', '"builtin:tiny" (random weights, generated at first use) or a Hugging Face checkpoint directory', 'builtin:tiny')
+    .option('--model <model>', '"builtin:tiny" (random weights, generated at first use), a Hugging Face checkpoint directory, or a llama.cpp model file ending in .gguf', 'builtin:tiny')
     .option('--served-model-name <name>', 'model name clients send (default: the --model value)')
     .option('--max-model-len <n>', 'longest prompt + completion in tokens (default: the model\'s max_position_embeddings)')
     .option('--max-num-seqs <n>', 'sequences computed concurrently', '16')
@@ -40,7 +43,8 @@ export function registerEngine(program: Command): void {
     .option('--cpus <list>', 'CPUs this engine runs on, as a cpulist ("0-1", "1", "0,2"); GEMM threads follow the set (default: every CPU)')
     .option('--enforce-eager', 'accepted for compatibility; the CPU engine has no graph mode (no effect)')
     .option('--no-enable-prefix-caching', 'accepted for compatibility; prefix reuse is the connector\'s job here (no effect)')
-    .option('--disable-log-requests', 'accepted for compatibility; requests are not logged one by one (no effect)')
+    .option('--disable-log-requests', 'do not log one line per finished request (id, tokens, cached tokens, TTFT, duration)')
+    .option('--disable-log-stats', 'do not log the periodic statistics line (throughput, running/waiting, KV usage, prefix-cache hit rate)')
     .action(async (f: EngineFlags) => {
       const port = portFlag('--port', f.port);
       if (f.cpus !== undefined) {
@@ -52,7 +56,7 @@ export function registerEngine(program: Command): void {
       if (f.kvCacheMemory !== undefined) {
         const g = Number(f.kvCacheMemory);
         if (!Number.isFinite(g) || g <= 0) throw new Error(`--kv-cache-memory: expected a size in GiB > 0, found "${f.kvCacheMemory}"`);
-        kvCacheBytes = Math.floor(g * 1024 ** 3);
+        kvCacheBytes = gibToBytes(g);
       }
       const engine = await startEngine({
         host: f.host,
@@ -66,6 +70,8 @@ export function registerEngine(program: Command): void {
         kvCacheBytes,
         kvTransferConfig: f.kvTransferConfig,
         processMetrics: true,
+        logRequests: !f.disableLogRequests,
+        logStats: !f.disableLogStats,
       });
       log.info(`serving "${engine.modelName}" (model id ${engine.modelId}, max_model_len ${engine.maxModelLen})`);
       process.stdout.write(`engine listening on ${engine.url}\n`);

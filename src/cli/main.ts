@@ -2,11 +2,19 @@
 // The `kvc` command. Each subcommand lives in its own file beside this one and is
 // registered here, so `kvc --help` lists everything the stack can run.
 import { Command } from 'commander';
+import { logEnvErrors } from '../common/log.js';
 import { registerKeys } from './keys.js';
 import { registerEngine } from './engine.js';
 import { registerController } from './controller.js';
 import { registerProxy } from './proxy.js';
 import { registerUp } from './up.js';
+
+// A logging variable with a value nobody understands is refused before anything starts.
+const logErrors = logEnvErrors();
+if (logErrors.length) {
+  process.stderr.write(`kvc: ${logErrors.join('; ')}\n`);
+  process.exit(1);
+}
 
 const program = new Command();
 program

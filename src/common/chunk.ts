@@ -1,4 +1,4 @@
-// KV chunk format (DESIGN §3). A chunk is ONE contiguous buffer: a 64-byte header
+// KV chunk format (docs/storage.md). A chunk is ONE contiguous buffer: a 64-byte header
 // followed by the payload. Keeping header and payload together lets the store, the
 // disk tier and the wire move a chunk as a single slice with no re-packing.
 //

@@ -1,5 +1,5 @@
-// Cache instance configuration (spec §2.4, YAML at $KVC_CONFIG_FILE) and the engine's
-// transfer-connector JSON (spec §2.5). Both are validated up front: a wrong type or value
+// Cache instance configuration (YAML at $KVC_CONFIG_FILE) and the engine's transfer-connector
+// JSON (--kv-transfer-config); every key, its unit and default: docs/configuration.md. Both are validated up front: a wrong type or value
 // stops start-up with one message naming the file, the key, what was expected and what
 // was found. Unknown keys are a warning (a typo should not silently do nothing).
 import { readFileSync } from 'node:fs';
@@ -135,7 +135,7 @@ export function cacheConfigFromEnv(env: NodeJS.ProcessEnv = process.env): Loaded
 export const GiB = 1024 ** 3;
 export const gibToBytes = (g: number) => Math.floor(g * GiB);
 
-// ---- connector JSON (spec §2.5) --------------------------------------------------------------
+// ---- connector JSON (--kv-transfer-config) ---------------------------------------------------
 
 export const connectorConfigSchema = z.strictObject({
   kv_connector: z.literal('KvcConnectorV1', 'expected "KvcConnectorV1"'),

@@ -21,10 +21,12 @@ export interface ErrorEntry<C extends string = string> {
   readonly type: ErrorType;
 }
 
-type Catalog<T> = { readonly [K in keyof T & string]: ErrorEntry<K> };
+type CatalogInput = Record<string, { status: number; type: ErrorType }>;
+// Each entry keeps its literal status so the shorthands below can accept only codes of their status.
+type Catalog<T extends CatalogInput> = { readonly [K in keyof T & string]: ErrorEntry<K> & { readonly status: T[K]['status'] } };
 
 /** Builds the catalog so that each entry's `code` is its key: one spelling per code. */
-function catalog<T extends Record<string, { status: number; type: ErrorType }>>(entries: T): Catalog<T> {
+function catalog<T extends CatalogInput>(entries: T): Catalog<T> {
   const out: Record<string, ErrorEntry> = {};
   for (const [code, e] of Object.entries(entries)) out[code] = Object.freeze({ code, status: e.status, type: e.type });
   return Object.freeze(out) as Catalog<T>;
@@ -100,6 +102,9 @@ export const ERRORS = catalog({
 
 export type ErrorCode = keyof typeof ERRORS;
 
+/** The catalog codes whose HTTP status is `S`. */
+export type CodeWithStatus<S extends number> = { [K in ErrorCode]: (typeof ERRORS)[K]['status'] extends S ? K : never }[ErrorCode];
+
 export class KvcError extends Error {
   constructor(
     readonly status: number,
@@ -126,18 +131,23 @@ export function kvcError(entry: ErrorEntry, message: string): KvcError {
   return new KvcError(entry.status, entry.type, message, entry.code);
 }
 
-// Shorthands by status. They keep accepting a code string so code written before the catalog
-// compiles; new code passes a catalog entry to kvcError instead.
+// Shorthands by status, for the generic entry of each. The optional code is checked against the
+// catalog at compile time (only codes of that status), so a shorthand can never pair a code with
+// another status or type; throw sites name a specific code with kvcError(ERRORS.<code>, message).
 
 /** 400: the message must name the field and say what was expected. */
-export const badRequest = (message: string, code: string = ERRORS.invalid_field.code) =>
-  new KvcError(400, 'invalid_request_error', message, code);
-export const notFound = (message: string, code: string = ERRORS.not_found.code) => new KvcError(404, 'not_found_error', message, code);
-export const conflict = (message: string, code: string = ERRORS.conflict.code) => new KvcError(409, 'conflict_error', message, code);
+export const badRequest = (message: string, code: CodeWithStatus<400> = 'invalid_field') => kvcError(ERRORS[code], message);
+export const notFound = (message: string, code: CodeWithStatus<404> = 'not_found') => kvcError(ERRORS[code], message);
+export const conflict = (message: string, code: CodeWithStatus<409> = 'conflict') => kvcError(ERRORS[code], message);
 export const tooLarge = (message: string) => kvcError(ERRORS.body_too_large, message);
 export const upstreamFailed = (message: string) => kvcError(ERRORS.upstream_failed, message);
 export const unavailable = (message: string) => kvcError(ERRORS.unavailable, message);
 export const timedOut = (message: string) => kvcError(ERRORS.timeout, message);
+
+/** The catalog entry for `code` (e.g. a code read from another process's error body), if it is one. */
+export function catalogEntry(code: unknown): ErrorEntry | undefined {
+  return typeof code === 'string' && Object.hasOwn(ERRORS, code) ? ERRORS[code as ErrorCode] : undefined;
+}
 
 /** Converts anything thrown into a KvcError; unknown errors keep their message but become 500. */
 export function asKvcError(err: unknown): KvcError {

@@ -1,4 +1,4 @@
-// Chunk keys (DESIGN §2), the one definition shared by engine, cache, controller and xfer.
+// Chunk keys, the one definition shared by engine, cache, controller and xfer.
 //
 //   k_0 = H(uint64le(seed) || utf8(model_id))
 //   k_i = H(uint64le(k_{i-1}) || uint32le(tokens of chunk i))
@@ -18,7 +18,7 @@ export type ChunkKey = string;
 export interface KeyParams {
   modelId: string;
   chunkSize: number;
-  /** The integer in PYTHONHASHSEED (spec §2.6); unset means 0. */
+  /** The integer in PYTHONHASHSEED (the same in every process of a deployment); unset means 0. */
   seed: bigint;
   /** When true, a last chunk shorter than chunkSize gets no key. */
   discardPartialChunks?: boolean;
@@ -43,7 +43,7 @@ export function toHex(k: bigint): ChunkKey {
   return k.toString(16).padStart(16, '0');
 }
 
-/** Reads PYTHONHASHSEED the way the spec intends: an integer; unset or "random" is refused loudly only if malformed. */
+/** Reads PYTHONHASHSEED as the key seed: a non-negative integer; unset or empty means 0, anything else (e.g. "random") is refused. */
 export function seedFromEnv(env: NodeJS.ProcessEnv = process.env): bigint {
   const raw = env.PYTHONHASHSEED;
   if (raw === undefined || raw === '') return 0n;
@@ -187,7 +187,7 @@ export function chunkKeys(tokens: ArrayLike<number>, p: KeyParams): ChunkSpan[] 
   return out;
 }
 
-/** xxh64 of arbitrary bytes, as used for chunk payload checksums (DESIGN §3). */
+/** xxh64 of arbitrary bytes, as used for chunk payload checksums (src/common/chunk.ts). */
 export function checksum64(bytes: Uint8Array): bigint {
   return h64Raw(bytes);
 }

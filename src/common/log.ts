@@ -1,26 +1,81 @@
 // A deliberately small logger: one line per event, prefixed with time and component,
 // so that the per-process logs written by `kvc up` stay greppable.
+//
+// KVC_LOG_LEVEL = debug | info (default) | warn | error
+// KVC_LOG_FORMAT = text (default) | json. With json every line is one JSON object
+//   {"time", "level", "component", "msg", ...fields}, so a log shipper needs no parsing rules;
+//   the optional `fields` of a call (e.g. a request's id and token counts) become its keys.
+// Both are read once when the process starts; the `kvc` command checks them with logEnvErrors()
+// before anything else and refuses a value it does not know, naming the variable.
 export type Level = 'debug' | 'info' | 'warn' | 'error';
+export type LogFormat = 'text' | 'json';
+export type LogFields = Record<string, string | number | boolean | null>;
+
 const order: Record<Level, number> = { debug: 10, info: 20, warn: 30, error: 40 };
-const threshold = order[(process.env.KVC_LOG_LEVEL as Level) ?? 'info'] ?? order.info;
+const LEVELS = Object.keys(order) as Level[];
+const FORMATS: LogFormat[] = ['text', 'json'];
+
+const envLevel = process.env.KVC_LOG_LEVEL;
+const envFormat = process.env.KVC_LOG_FORMAT;
+const threshold = order[envLevel as Level] ?? order.info;
+const format: LogFormat = FORMATS.includes(envFormat as LogFormat) ? (envFormat as LogFormat) : 'text';
+
+/** The problems with the logging environment variables, as messages naming each variable. */
+export function logEnvErrors(env: NodeJS.ProcessEnv = process.env): string[] {
+  const errs: string[] = [];
+  const lv = env.KVC_LOG_LEVEL;
+  if (lv !== undefined && lv !== '' && !(LEVELS as string[]).includes(lv)) {
+    errs.push(`KVC_LOG_LEVEL: expected one of ${LEVELS.join(', ')}, got "${lv}"`);
+  }
+  const fmt = env.KVC_LOG_FORMAT;
+  if (fmt !== undefined && fmt !== '' && !(FORMATS as string[]).includes(fmt)) {
+    errs.push(`KVC_LOG_FORMAT: expected one of ${FORMATS.join(', ')}, got "${fmt}"`);
+  }
+  return errs;
+}
+
+// A process started without the `kvc` command (tests, embedding) is not refused, but says once
+// which value it could not use instead of ignoring it silently.
+let envWarned = false;
+function warnBadEnvOnce(): void {
+  if (envWarned) return;
+  envWarned = true;
+  for (const e of logEnvErrors()) process.stderr.write(`${new Date().toISOString()} WARN  [log] ${e}; using the default\n`);
+}
+
+export function logFormat(): LogFormat {
+  return format;
+}
 
 export interface Logger {
-  debug(msg: string): void;
-  info(msg: string): void;
-  warn(msg: string): void;
-  error(msg: string): void;
+  debug(msg: string, fields?: LogFields): void;
+  info(msg: string, fields?: LogFields): void;
+  warn(msg: string, fields?: LogFields): void;
+  error(msg: string, fields?: LogFields): void;
+}
+
+/** One formatted line (with its newline) as the logger writes it; exported for tests. */
+export function formatLine(fmt: LogFormat, time: Date, level: Level, component: string, msg: string, fields?: LogFields): string {
+  if (fmt === 'json') {
+    // Fields never override the four fixed keys: a field named like one is kept under `field_<name>`.
+    const out: Record<string, unknown> = { time: time.toISOString(), level, component, msg };
+    if (fields) for (const [k, v] of Object.entries(fields)) out[k in out ? `field_${k}` : k] = v;
+    return JSON.stringify(out) + '\n';
+  }
+  return `${time.toISOString()} ${level.toUpperCase().padEnd(5)} [${component}] ${msg}\n`;
 }
 
 export function logger(component: string): Logger {
-  const emit = (level: Level, msg: string) => {
+  const emit = (level: Level, msg: string, fields?: LogFields) => {
     if (order[level] < threshold) return;
-    const line = `${new Date().toISOString()} ${level.toUpperCase().padEnd(5)} [${component}] ${msg}\n`;
+    warnBadEnvOnce();
+    const line = formatLine(format, new Date(), level, component, msg, fields);
     (level === 'error' || level === 'warn' ? process.stderr : process.stdout).write(line);
   };
   return {
-    debug: (m) => emit('debug', m),
-    info: (m) => emit('info', m),
-    warn: (m) => emit('warn', m),
-    error: (m) => emit('error', m),
+    debug: (m, f) => emit('debug', m, f),
+    info: (m, f) => emit('info', m, f),
+    warn: (m, f) => emit('warn', m, f),
+    error: (m, f) => emit('error', m, f),
   };
 }

@@ -28,6 +28,8 @@ export class EventLog {
   private readonly completed: string[] = [];
   private readonly t0 = new Map<string, number>();
   readonly counts: Record<EventStatus, number> = { pending: 0, running: 0, finished: 0, failed: 0 };
+  /** Told of every completion (finished or failed), after the record is final: the metrics observe it. */
+  onComplete: ((ev: EventRecord) => void) | null = null;
 
   constructor(private readonly maxHistory = 10_000) {}
 
@@ -56,6 +58,17 @@ export class EventLog {
     return this.events.get(id);
   }
 
+  /** The `limit` most recently created events still kept, newest first (for the dashboard). */
+  recent(limit: number): EventRecord[] {
+    const out: EventRecord[] = [];
+    // A Map iterates in insertion (= creation) order; walking it whole is bounded by the history.
+    for (const ev of this.events.values()) {
+      out.push(ev);
+      if (out.length > limit) out.shift();
+    }
+    return out.reverse();
+  }
+
   start(ev: EventRecord): void {
     if (ev.status !== 'pending') return;
     this.counts.pending--;
@@ -65,16 +78,16 @@ export class EventLog {
   }
 
   finish(ev: EventRecord, done_chunks: number): void {
-    this.complete(ev, 'finished', null);
-    ev.done_chunks = done_chunks;
+    this.complete(ev, 'finished', null, done_chunks);
   }
 
   fail(ev: EventRecord, error: string): void {
     this.complete(ev, 'failed', error);
   }
 
-  private complete(ev: EventRecord, status: 'finished' | 'failed', error: string | null): void {
+  private complete(ev: EventRecord, status: 'finished' | 'failed', error: string | null, doneChunks?: number): void {
     if (ev.status === 'finished' || ev.status === 'failed') return;
+    if (doneChunks !== undefined) ev.done_chunks = doneChunks;
     this.counts[ev.status]--;
     this.counts[status]++;
     ev.status = status;
@@ -86,5 +99,6 @@ export class EventLog {
     this.t0.delete(ev.event_id);
     this.completed.push(ev.event_id);
     while (this.completed.length > this.maxHistory) this.events.delete(this.completed.shift()!);
+    this.onComplete?.(ev);
   }
 }

@@ -1,12 +1,13 @@
-// The controller's HTTP API (DESIGN §5). Request bodies are validated with zod through
+// The controller's HTTP API; the dashboard's routes are in dashboard.ts. Request bodies are validated with zod through
 // parseBody, so a bad field is a 400 naming it; unknown instances, locations and events are
 // 404; workers that cannot be reached or do not answer in time are 503/504.
 import type { FastifyInstance } from 'fastify';
-import { Gauge, Registry as PromRegistry } from 'prom-client';
 import { z } from 'zod';
-import { notFound } from '../common/errors.js';
+import { ERRORS, kvcError } from '../common/errors.js';
 import { createHttpServer, requireObject } from '../common/http.js';
 import { parseBody, tokenIds } from '../common/validate.js';
+import { registerDashboard } from './dashboard.js';
+import { ControllerMetrics } from './metrics.js';
 import type { Operations } from './operations.js';
 
 const str = (what: string) => z.string(`expected a string (${what})`).min(1, `expected a non-empty string (${what})`);
@@ -27,6 +28,9 @@ const clearSchema = z.object({ instance_id: str('instance id'), location: str('l
 const healthSchema = z.object({ instance_id: str('instance id') });
 const checkFinishSchema = z.object({ event_id: str('event id') });
 const queryInstanceSchema = z.object({ ip: str('ip address') });
+const eventsQuerySchema = z.strictObject({
+  limit: z.coerce.number('expected an integer from 1 to 1000').int('expected an integer from 1 to 1000').min(1, 'expected an integer from 1 to 1000').max(1000, 'expected an integer from 1 to 1000').default(50),
+});
 
 /** Token arrays are the bulk of every body: check them in one tight loop (zod takes ~1 ms for 8192). */
 function validTokens(t: unknown): t is number[] {
@@ -47,35 +51,17 @@ function parseWithTokens<S extends z.ZodType<{ tokens: number[] }>>(schema: S, r
   return parsed;
 }
 
-function metrics(ops: Operations): PromRegistry {
-  const reg = new PromRegistry();
-  const r = ops.registry;
-  const gauge = (name: string, help: string, read: () => number) =>
-    new Gauge({ name, help, registers: [reg], collect() { this.set(read()); } });
-  gauge('kvc_controller_instances', 'Registered cache instances', () => r.instances.size);
-  gauge('kvc_controller_workers', 'Registered cache workers', () => r.workers().length);
-  gauge('kvc_controller_index_keys', 'Distinct chunk keys in the global index', () => r.index.size);
-  gauge('kvc_controller_admitted_keys_total', 'Admitted keys reported by instances', () => r.stats.admitted);
-  gauge('kvc_controller_evicted_keys_total', 'Evicted keys reported by instances', () => r.stats.evicted);
-  gauge('kvc_controller_synced_keys_total', 'Keys received in full syncs', () => r.stats.synced);
-  gauge('kvc_controller_registrations_total', 'Worker registrations (including re-registrations)', () => r.stats.registrations);
-  gauge('kvc_controller_reaped_workers_total', 'Workers reaped for missing heartbeats', () => r.stats.reaped);
-  gauge('kvc_controller_bad_messages_total', 'Malformed monitor messages dropped', () => r.stats.badMessages);
-  new Gauge({
-    name: 'kvc_controller_events',
-    help: 'Controller operations by status',
-    labelNames: ['status'],
-    registers: [reg],
-    collect() {
-      for (const [status, n] of Object.entries(ops.events.counts)) this.set({ status }, n);
-    },
-  });
-  return reg;
+export interface HttpApiOptions {
+  /** Also export the process metrics (CPU, memory, event loop) — for the `kvc controller` process. */
+  processMetrics?: boolean;
 }
 
-export function buildHttpApi(ops: Operations): FastifyInstance {
+export async function buildHttpApi(ops: Operations, o: HttpApiOptions = {}): Promise<FastifyInstance> {
   const app = createHttpServer({ name: 'controller.http' });
-  const prom = metrics(ops);
+  const metrics = new ControllerMetrics(ops, o.processMetrics ?? false);
+  ops.events.onComplete = (ev) => metrics.operationCompleted(ev);
+  metrics.instrument(app);
+  await registerDashboard(app, ops);
   const body = (b: unknown) => requireObject(b);
 
   app.post('/move', async (req) => ops.move(parseWithTokens(moveSchema, req.body)));
@@ -88,20 +74,24 @@ export function buildHttpApi(ops: Operations): FastifyInstance {
   app.post('/check_finish', async (req) => {
     const { event_id } = parseBody(checkFinishSchema, body(req.body));
     const ev = ops.events.get(event_id);
-    if (!ev) throw notFound(`event_id: unknown event "${event_id}"`, 'unknown_event');
+    if (!ev) throw kvcError(ERRORS.unknown_event, `event_id: unknown event "${event_id}"`);
     return { event_id, status: ev.status, num_tokens: ev.num_tokens, error: ev.error };
   });
   app.get('/events/:event_id', async (req) => {
     const { event_id } = req.params as { event_id: string };
     const ev = ops.events.get(event_id);
-    if (!ev) throw notFound(`event_id: unknown event "${event_id}"`, 'unknown_event');
+    if (!ev) throw kvcError(ERRORS.unknown_event, `event_id: unknown event "${event_id}"`);
     return ev;
   });
   app.get('/instances', async () => ({ instances: ops.describeInstances() }));
+  app.get('/events', async (req) => {
+    const { limit } = parseBody(eventsQuerySchema, requireObject(req.query ?? {}));
+    return { events: ops.events.recent(limit), counts: ops.events.counts };
+  });
   app.get('/healthz', async () => ({ status: 'ok', instances: ops.registry.instances.size, index_keys: ops.registry.index.size }));
   app.get('/metrics', async (_req, reply) => {
-    void reply.header('content-type', prom.contentType);
-    return prom.metrics();
+    void reply.header('content-type', metrics.registry.contentType);
+    return metrics.registry.metrics();
   });
   return app;
 }

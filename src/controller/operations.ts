@@ -8,7 +8,7 @@
 // then confirms at a final commit that it still holds every one; only then, and only if its
 // deadline has not passed and this controller's request is still open, does the source delete
 // its copies. Any failure leaves the source as it was and marks the event failed.
-import { badRequest, conflict, KvcError, notFound } from '../common/errors.js';
+import { ERRORS, KvcError, kvcError } from '../common/errors.js';
 import { chunkKeys, type ChunkSpan } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import { EventLog, type EventKind, type EventRecord } from './events.js';
@@ -54,7 +54,7 @@ export class Operations {
     const byWorker = this.registry.instances.get(instanceId);
     if (!byWorker || byWorker.size === 0) {
       const known = [...this.registry.instances.keys()];
-      throw notFound(`${field}: unknown instance "${instanceId}" (registered: ${known.length ? known.join(', ') : 'none'})`, 'unknown_instance');
+      throw kvcError(ERRORS.unknown_instance, `${field}: unknown instance "${instanceId}" (registered: ${known.length ? known.join(', ') : 'none'})`);
     }
     return [...byWorker.values()].sort((a, b) => a.workerId - b.workerId);
   }
@@ -62,7 +62,7 @@ export class Operations {
   private checkLocation(workers: WorkerRec[], location: string, field: string): void {
     for (const w of workers) {
       if (!w.locations.includes(location)) {
-        throw notFound(`${field}: location "${location}" is not configured on instance "${w.instanceId}" (configured: ${w.locations.join(', ') || 'none'})`, 'unknown_location');
+        throw kvcError(ERRORS.unknown_location, `${field}: location "${location}" is not configured on instance "${w.instanceId}" (configured: ${w.locations.join(', ') || 'none'})`);
       }
     }
   }
@@ -114,16 +114,16 @@ export class Operations {
     this.checkLocation(srcWorkers, srcLoc, 'old_position[1]');
     const dstWorkers = this.workersOf(dstId, 'new_position[0]');
     this.checkLocation(dstWorkers, dstLoc, 'new_position[1]');
-    if (srcId === dstId && srcLoc === dstLoc) throw badRequest('new_position: equals old_position; nothing to move', 'same_position');
+    if (srcId === dstId && srcLoc === dstLoc) throw kvcError(ERRORS.same_position, 'new_position: equals old_position; nothing to move');
     const cross = srcId !== dstId;
     // Pair source and destination workers by worker id (tensor-parallel ranks hold matching shards).
     const pairs = srcWorkers.map((s) => {
       const d = dstWorkers.find((x) => x.workerId === s.workerId);
-      if (!d) throw conflict(`new_position[0]: instance "${dstId}" has no worker ${s.workerId} to receive the shard of instance "${srcId}"`, 'worker_mismatch');
+      if (!d) throw kvcError(ERRORS.worker_mismatch, `new_position[0]: instance "${dstId}" has no worker ${s.workerId} to receive the shard of instance "${srcId}"`);
       if (d.modelId !== s.modelId || d.chunkSize !== s.chunkSize) {
-        throw conflict(`new_position[0]: instance "${dstId}" serves model "${d.modelId}" with chunk size ${d.chunkSize}, instance "${srcId}" model "${s.modelId}" with chunk size ${s.chunkSize}; their chunks are not interchangeable`, 'incompatible_instances');
+        throw kvcError(ERRORS.incompatible_instances, `new_position[0]: instance "${dstId}" serves model "${d.modelId}" with chunk size ${d.chunkSize}, instance "${srcId}" model "${s.modelId}" with chunk size ${s.chunkSize}; their chunks are not interchangeable`);
       }
-      if (cross && !d.distributedUrl) throw conflict(`new_position[0]: instance "${dstId}" has no distributed_url; it cannot receive chunks from another instance`, 'no_distributed_url');
+      if (cross && !d.distributedUrl) throw kvcError(ERRORS.no_distributed_url, `new_position[0]: instance "${dstId}" has no distributed_url; it cannot receive chunks from another instance`);
       return { s, d };
     });
     const request = { old_position: req.old_position, new_position: req.new_position, copy: req.copy, tokens: req.tokens.length };
@@ -281,7 +281,7 @@ export class Operations {
   queryInstance(ip: string): { ip: string; instance_ids: string[] } {
     const ids = new Set<string>();
     for (const w of this.registry.workers()) if (w.ip === ip) ids.add(w.instanceId);
-    if (ids.size === 0) throw notFound(`ip: no registered instance has a worker on "${ip}"`, 'unknown_instance');
+    if (ids.size === 0) throw kvcError(ERRORS.unknown_instance, `ip: no registered instance has a worker on "${ip}"`);
     return { ip, instance_ids: [...ids].sort() };
   }
 
@@ -296,10 +296,18 @@ export class Operations {
         distributed_url: w.distributedUrl,
         model_id: w.modelId,
         chunk_size: w.chunkSize,
-        locations: Object.fromEntries([...w.holders].map(([loc, h]) => [loc, { chunks: this.registry.index.count(h) }])),
+        // chunks: from the index (exact, live); bytes / capacity: from the worker's latest
+        // heartbeat (null until one carried them).
+        locations: Object.fromEntries([...w.holders].map(([loc, h]) => [loc, {
+          chunks: this.registry.index.count(h),
+          bytes: w.usage?.[loc]?.bytes ?? null,
+          capacity_bytes: w.usage?.[loc]?.capacity_bytes ?? null,
+          pinned: w.usage?.[loc]?.pinned ?? null,
+        }])),
         pid: w.pid,
         registered_at: new Date(w.registeredAt).toISOString(),
         last_heartbeat_ms_ago: now - w.lastSeen,
+        heartbeat_timeout_ms: this.registry.heartbeatTimeoutMs,
         name: workerName(w),
       })),
     }));

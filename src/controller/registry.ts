@@ -7,6 +7,7 @@
 import { logger } from '../common/log.js';
 import { ChunkIndex } from './chunk_index.js';
 import { describeIssues, isKeyOp, keyOpSchema, MONITOR_PROTOCOL_VERSION, registerMsgSchema, syncMsgSchema, type ControllerMsg } from '../protocol/monitor.js';
+import { instanceStatsSchema, type EngineSample, type LocationUsage } from '../protocol/instance_stats.js';
 
 const log = logger('controller.registry');
 
@@ -27,7 +28,17 @@ export interface WorkerRec {
   lastSeen: number;
   /** location → holder number in the index. */
   holders: Map<string, number>;
+  /** Usage per location from the latest heartbeat that carried it (none before the first). */
+  usage: Record<string, LocationUsage> | null;
 }
+
+/** An engine's counters as reported by a heartbeat, stamped with the controller's clock (ms). */
+export interface TimedEngineSample extends EngineSample {
+  t: number;
+}
+
+/** Engine samples kept per instance: 30 minutes at the default 2.5 s heartbeat. */
+export const ENGINE_SAMPLES_KEPT = 720;
 
 export interface HolderRef {
   worker: WorkerRec;
@@ -48,8 +59,14 @@ export class Registry {
   private nextHolder = 1;
   /** Counters for /metrics. */
   readonly stats = { admitted: 0, evicted: 0, synced: 0, reaped: 0, registrations: 0, badMessages: 0 };
+  /** instance_id → its engine's recent samples, oldest first (bounded by ENGINE_SAMPLES_KEPT). */
+  private readonly samples = new Map<string, TimedEngineSample[]>();
 
   constructor(private readonly opts: RegistryOptions) {}
+
+  get heartbeatTimeoutMs(): number {
+    return this.opts.heartbeatTimeoutMs;
+  }
 
   get heartbeatIntervalMs(): number {
     return Math.max(50, Math.floor(this.opts.heartbeatTimeoutMs / 4));
@@ -72,6 +89,14 @@ export class Registry {
         const w = this.byRouting.get(routingId);
         if (!w) return { t: 'reregister' };
         w.lastSeen = now;
+        // Stats are optional; bad ones are reported, but the heartbeat still counts (liveness
+        // must not depend on a figure being well formed).
+        if (msg.stats !== undefined) {
+          const r = instanceStatsSchema.safeParse(msg.stats);
+          if (!r.success) return this.bad(routingId, 'hb', `stats: ${r.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ')}`);
+          w.usage = r.data.locations;
+          if (r.data.engine) this.addSample(w.instanceId, { t: now, ...r.data.engine });
+        }
         return { t: 'hb_ack' };
       }
       case 'sync': {
@@ -167,6 +192,7 @@ export class Registry {
       registeredAt: now,
       lastSeen: now,
       holders: new Map(),
+      usage: null,
     };
     for (const loc of m.locations) this.holderOf(w, loc);
     if (!byWorker) this.instances.set(m.instance_id, (byWorker = new Map()));
@@ -178,6 +204,20 @@ export class Registry {
         `peer ${m.distributed_url ?? 'none'}, locations ${m.locations.join(',') || 'none'})${previous ? ', replacing its previous session' : ''}`,
     );
     return { t: 'welcome', heartbeat_interval_ms: this.heartbeatIntervalMs };
+  }
+
+  private addSample(instanceId: string, sample: TimedEngineSample): void {
+    let list = this.samples.get(instanceId);
+    if (!list) this.samples.set(instanceId, (list = []));
+    list.push(sample);
+    if (list.length > ENGINE_SAMPLES_KEPT) list.splice(0, list.length - ENGINE_SAMPLES_KEPT);
+  }
+
+  /** The engine samples of every registered instance, oldest first. */
+  engineSamples(): Record<string, TimedEngineSample[]> {
+    const out: Record<string, TimedEngineSample[]> = {};
+    for (const id of this.instances.keys()) out[id] = this.samples.get(id) ?? [];
+    return out;
   }
 
   private holderOf(w: WorkerRec, location: string): number {
@@ -205,7 +245,10 @@ export class Registry {
     const byWorker = this.instances.get(w.instanceId);
     if (byWorker?.get(w.workerId) === w) {
       byWorker.delete(w.workerId);
-      if (byWorker.size === 0) this.instances.delete(w.instanceId);
+      if (byWorker.size === 0) {
+        this.instances.delete(w.instanceId);
+        this.samples.delete(w.instanceId);
+      }
     }
   }
 

@@ -21,6 +21,8 @@ export interface ControllerOptions {
   transferTimeoutMs?: number;
   seed?: bigint;
   eventHistory?: number;
+  /** Export process metrics (CPU, memory, event loop) on /metrics: the `kvc controller` process sets it. */
+  processMetrics?: boolean;
 }
 
 export interface Controller {
@@ -41,8 +43,9 @@ export async function startController(o: ControllerOptions): Promise<Controller>
   });
   const monitor = new MonitorServer(registry);
   await monitor.bind(o.host, o.monitorPort);
-  const http = buildHttpApi(ops);
+  let http: FastifyInstance;
   try {
+    http = await buildHttpApi(ops, { processMetrics: o.processMetrics ?? false });
     await http.listen({ host: o.host, port: o.port });
   } catch (e) {
     await monitor.close();

@@ -1,9 +1,9 @@
 // Commands from the controller to an instance worker's HTTP port, each with a deadline.
-// Failures map to the controller's own errors (DESIGN §9): the worker cannot be reached →
+// Failures map to the controller's own errors (catalog: src/common/errors.ts): the worker cannot be reached →
 // 503, it does not answer in time → 504, it answers with a 4xx → the same 4xx and message
 // (e.g. 404 unknown location), anything else → 502.
 import { Agent, request } from 'undici';
-import { KvcError, timedOut, unavailable, upstreamFailed } from '../common/errors.js';
+import { catalogEntry, KvcError, kvcError, timedOut, unavailable, upstreamFailed } from '../common/errors.js';
 import { describeIssues } from '../protocol/monitor.js';
 import { WORKER_ROUTES, type WorkerReply, type WorkerRequest, type WorkerRoute } from '../protocol/worker_api.js';
 import type { WorkerRec } from './registry.js';
@@ -65,7 +65,10 @@ async function send(w: WorkerRec, method: 'GET' | 'POST', path: string, body: un
   const e = (json as { error?: { message?: string; type?: string; code?: string } }).error;
   const message = `${workerName(w)}: ${e?.message ?? `HTTP ${status}`}`;
   if (status >= 400 && status < 500) {
-    throw new KvcError(status, (e?.type as KvcError['type']) ?? 'invalid_request_error', message, e?.code ?? null);
+    // A catalog code keeps its catalog status and type; anything else (fastify's FST_ERR_… codes)
+    // keeps the worker's status and code as a client error.
+    const entry = catalogEntry(e?.code);
+    throw entry?.status === status ? kvcError(entry, message) : new KvcError(status, 'invalid_request_error', message, e?.code ?? null);
   }
   if (status === 504) throw timedOut(message);
   if (status === 503) throw unavailable(message);

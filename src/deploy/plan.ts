@@ -3,6 +3,7 @@
 // are the reference values listed in docs/proxy.md; only ports shift with --port-offset. The same generator writes the files
 // committed under examples/1p1d and examples/2p2d, so the examples and `kvc up` cannot drift.
 import { stringify } from 'yaml';
+import { GiB } from '../common/config.js';
 import { placeEngines, type Placement } from './placement.js';
 
 export interface PlanOptions {
@@ -106,7 +107,7 @@ export function makePlan(o: PlanOptions): Plan {
         xfer_role: 'sender',
         xfer_proxy_host: h,
         xfer_proxy_port: notifyPort,
-        xfer_buffer_size: 1073741824,
+        xfer_buffer_size: GiB,
         xfer_buffer_device: 'cuda',
       },
       connector: {

@@ -46,6 +46,8 @@ export interface ConnectorRequest {
 export interface LoadResult {
   /** Prompt tokens now present in the paged KV. */
   tokens: number;
+  /** Of those, the tokens that came from a transfer (the rest from the cache instance). */
+  receivedTokens: number;
   source: 'cache' | 'transfer' | 'none';
 }
 
@@ -154,12 +156,16 @@ export class KvcConnectorV1 {
     let received: ReceivedKv | null = null;
     // A consumer always asks, even when nothing can be imported (a prompt shorter than
     // skip_last_n_tokens + 1): that claims and then releases the request's reservation.
+    const m = this.o.metrics;
     if (this.role === 'kv_consumer' && this.transfer?.received) {
       // A plugin that throws synchronously is treated like a lookup that failed.
       const lookup = Promise.resolve().then(() => this.transfer!.received!(this.transferRequest(req, spans)));
+      const t0 = performance.now();
       try {
         received = await withTimeout(lookup, this.loadTimeoutMs, 'transfer lookup');
+        m.xferReceiveWaitSeconds.observe({ outcome: received ? 'received' : 'none' }, (performance.now() - t0) / 1000);
       } catch (e) {
+        m.xferReceiveWaitSeconds.observe({ outcome: 'failed' }, (performance.now() - t0) / 1000);
         log.warn(`request ${req.requestId}: transfer lookup failed (${(e as Error).message}); computing the prompt`);
         // Timed out: the lookup may still resolve later, holding chunks and the request's
         // reservation. Nothing will use them; release them as soon as they are handed out.
@@ -172,6 +178,9 @@ export class KvcConnectorV1 {
     let loaded = 0;
     let fromTransfer = 0;
     let sliceStart = performance.now();
+    // What came from where, counted into the metrics only for chunks actually imported.
+    let cacheChunks = 0, cacheBytes = 0, cacheMs = 0, xferChunks = 0, xferBytes = 0;
+    const canQuery = this.store.locations().length > 0;
     try {
       for (const span of spans) {
         if (span.start >= maxLoad || req.cancelled()) break;
@@ -185,20 +194,25 @@ export class KvcConnectorV1 {
         }
         let payload: Uint8Array | null = null;
         let source: 'cache' | 'transfer' = 'cache';
+        let bytes = 0;
         if (received) {
           const buf = await withTimeout(Promise.resolve(received.get(span.key)), this.loadTimeoutMs, `receiving chunk ${span.key}`);
           if (buf) {
             payload = this.accept(buf, span, 'transfer');
             source = 'transfer';
+            bytes = buf.byteLength;
           }
         }
         if (!payload) {
           // The CPU tier can be read in place: the import below copies synchronously.
+          const t0 = performance.now();
           const peeked = this.store.cpu()?.peek(span.key) ?? null;
           const buf = peeked ?? (this.store.has(span.key) ? await withTimeout(this.store.get(span.key), this.loadTimeoutMs, `reading chunk ${span.key}`) : null);
           if (buf) {
             payload = this.accept(buf, span, 'cache');
             source = 'cache';
+            bytes = buf.byteLength;
+            cacheMs += performance.now() - t0;
           }
         }
         if (!payload || req.cancelled()) break;
@@ -206,19 +220,41 @@ export class KvcConnectorV1 {
         const keep = Math.min(n, maxLoad - span.start);
         kv.importRange(req.seqId, span.start, slicePayload(this.o.layout, payload, n, keep), keep);
         loaded = span.start + keep;
-        if (source === 'transfer') fromTransfer += keep;
+        if (source === 'transfer') {
+          fromTransfer += keep;
+          xferChunks++;
+          xferBytes += bytes;
+        } else {
+          cacheChunks++;
+          cacheBytes += bytes;
+        }
       }
     } catch (e) {
       log.warn(`request ${req.requestId}: loading KV stopped after ${loaded} tokens: ${(e as Error).message}`);
     } finally {
       received?.release();
     }
-    if (loaded > 0 && !req.cancelled()) {
-      this.o.metrics.tokensLoaded.inc(loaded);
-      if (fromTransfer) this.o.metrics.tokensLoadedBySource.inc({ source: 'transfer' }, fromTransfer);
-      if (loaded - fromTransfer) this.o.metrics.tokensLoadedBySource.inc({ source: 'cache' }, loaded - fromTransfer);
+    if (!req.cancelled()) {
+      if (canQuery) m.cacheQueryTokens.inc(req.prompt.length);
+      if (loaded > 0) {
+        m.tokensLoaded.inc(loaded);
+        if (fromTransfer) m.tokensLoadedBySource.inc({ source: 'transfer' }, fromTransfer);
+        if (loaded - fromTransfer) {
+          m.tokensLoadedBySource.inc({ source: 'cache' }, loaded - fromTransfer);
+          m.cacheHitTokens.inc(loaded - fromTransfer);
+        }
+      }
+      if (cacheChunks) {
+        m.cacheRetrievedChunks.inc(cacheChunks);
+        m.cacheRetrievedBytes.inc(cacheBytes);
+        m.cacheRetrieveSeconds.observe(cacheMs / 1000);
+      }
+      if (xferChunks) {
+        m.xferReceivedChunks.inc(xferChunks);
+        m.xferReceivedBytes.inc(xferBytes);
+      }
     }
-    return { tokens: loaded, source: loaded === 0 ? 'none' : fromTransfer > 0 ? 'transfer' : 'cache' };
+    return { tokens: loaded, receivedTokens: fromTransfer, source: loaded === 0 ? 'none' : fromTransfer > 0 ? 'transfer' : 'cache' };
   }
 
   /**
@@ -249,25 +285,41 @@ export class KvcConnectorV1 {
       log.warn(`request ${req.requestId}: exporting KV failed: ${(e as Error).message}`);
       return Promise.resolve(undefined);
     }
+    const m = this.o.metrics;
     const storing = (async () => {
       for (const c of toStore) {
+        const t0 = performance.now();
         try {
           await this.store.put(c.key, c.chunk);
-          this.o.metrics.chunksSaved.inc();
+          m.chunksSaved.inc();
+          m.cacheStoredBytes.inc(c.chunk.byteLength);
+          m.cacheStoreSeconds.observe((performance.now() - t0) / 1000);
         } catch (e) {
+          m.cacheStoreFailures.inc();
           log.warn(`request ${req.requestId}: chunk ${c.key} not stored: ${(e as Error).message}`);
         }
       }
     })();
-    const sending = wantSend
-      ? this.transfer!.send!(this.transferRequest(req, spans), sealed).then(
-          (r) => r ?? undefined,
+    let sending: Promise<Record<string, unknown> | undefined> = Promise.resolve(undefined);
+    if (wantSend) {
+      m.xferSentChunks.inc(sealed.length);
+      m.xferSentBytes.inc(sealed.reduce((a, c) => a + c.chunk.byteLength, 0));
+      const t0 = performance.now();
+      // A plugin that throws synchronously is treated like a send that failed.
+      sending = Promise.resolve()
+        .then(() => this.transfer!.send!(this.transferRequest(req, spans), sealed))
+        .then(
+          (r) => {
+            m.xferSendSeconds.observe({ outcome: 'ok' }, (performance.now() - t0) / 1000);
+            return r ?? undefined;
+          },
           (e: unknown) => {
+            m.xferSendSeconds.observe({ outcome: 'failed' }, (performance.now() - t0) / 1000);
             log.warn(`request ${req.requestId}: KV transfer failed (${(e as Error).message}); the decoder will compute the prompt`);
             return undefined;
           },
-        )
-      : Promise.resolve(undefined);
+        );
+    }
     return Promise.all([storing, sending]).then(([, params]) => params);
   }
 }

@@ -1,13 +1,38 @@
-// Prometheus metrics of one engine. Each engine owns its registry, so several engines in
-// one process (tests, benchmarks) never mix their figures.
+// Prometheus metrics of one engine (GET /metrics), listed in docs/metrics.md. Each engine owns
+// its registry, so several engines in one process (tests, benchmarks) never mix their figures.
+//
+// Three families: `kvc_engine_*` (requests, tokens, latencies, scheduler), `kvc_cache_*` (the
+// engine's cache instance: lookups, hits, bytes and time read and written, bytes per tier,
+// evictions) and `kvc_xfer_*` (KV sent to / received from other engines, measured at the
+// engine's transfer seam). Durations are histograms in seconds, sizes are bytes, and what
+// only grows is a counter.
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import type { EngineSample } from '../protocol/instance_stats.js';
 
 /** Step buckets: fine below 100 ms, where decode steps and their bounds live. */
 const STEP_BUCKETS = [0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5];
 const LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60];
+/** Store/read of one chunk or one request's chunks: from a memory copy to a slow disk. */
+const IO_BUCKETS = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
+
+/** What the cache gauges read at scrape time (the engine's KvcStore.stats()). */
+export interface TierStats {
+  location: string;
+  capacityBytes: number;
+  usedBytes: number;
+  chunks: number;
+  pinned: number;
+}
+
+/** The cache instance as the metrics see it (KvcStore): usage per location and evictions so far. */
+export interface WatchedStore {
+  stats(): TierStats[];
+  readonly evictions: Readonly<Partial<Record<string, number>>>;
+}
 
 export class EngineMetrics {
   readonly registry = new Registry();
+  // requests and tokens
   readonly requests: Counter<'endpoint' | 'outcome'>;
   readonly promptTokens: Counter;
   readonly generatedTokens: Counter;
@@ -19,7 +44,7 @@ export class EngineMetrics {
   readonly ttft: Histogram;
   readonly itl: Histogram;
   readonly e2e: Histogram;
-  readonly stepDuration: Histogram;
+  // scheduler
   readonly decodeStepInterval: Histogram;
   readonly decodeStepGap: Histogram;
   readonly decodeStepGapCpu: Histogram;
@@ -28,6 +53,27 @@ export class EngineMetrics {
   readonly waiting: Gauge;
   readonly kvUsage: Gauge;
   readonly kvBlocks: Gauge<'state'>;
+  readonly stepSeconds: Histogram<'phase'>;
+  readonly stepTokens: Histogram<'phase'>;
+  // cache instance
+  readonly cacheQueryTokens: Counter;
+  readonly cacheHitTokens: Counter;
+  readonly cacheRetrievedChunks: Counter;
+  readonly cacheRetrievedBytes: Counter;
+  readonly cacheRetrieveSeconds: Histogram;
+  readonly cacheStoredBytes: Counter;
+  readonly cacheStoreSeconds: Histogram;
+  readonly cacheStoreFailures: Counter;
+  readonly cacheEvictedChunks: Counter<'location'>;
+  // transfer
+  readonly xferSentChunks: Counter;
+  readonly xferSentBytes: Counter;
+  readonly xferSendSeconds: Histogram<'outcome'>;
+  readonly xferReceivedChunks: Counter;
+  readonly xferReceivedBytes: Counter;
+  readonly xferReceiveWaitSeconds: Histogram<'outcome'>;
+
+  private store: WatchedStore | null = null;
 
   constructor(labels: { model: string }, processMetrics = false) {
     this.registry.setDefaultLabels({ model_name: labels.model });
@@ -43,7 +89,6 @@ export class EngineMetrics {
     this.ttft = new Histogram({ name: 'kvc_engine_time_to_first_token_seconds', help: 'Time from request arrival to its first generated token', buckets: LATENCY_BUCKETS, registers });
     this.itl = new Histogram({ name: 'kvc_engine_inter_token_latency_seconds', help: 'Time between consecutive generated tokens of a request', buckets: LATENCY_BUCKETS, registers });
     this.e2e = new Histogram({ name: 'kvc_engine_request_latency_seconds', help: 'Time from request arrival to its last token', buckets: LATENCY_BUCKETS, registers });
-    this.stepDuration = new Histogram({ name: 'kvc_engine_step_duration_seconds', help: 'Time of one engine step (one model forward over decode rows and prefill chunks)', buckets: STEP_BUCKETS, registers });
     this.decodeStepInterval = new Histogram({
       name: 'kvc_engine_decode_step_interval_seconds',
       help: 'Time between the ends of two consecutive steps that both had decode rows: what a running sequence waits per token, including any work run between the steps (KV imports, transfers, HTTP)',
@@ -63,10 +108,85 @@ export class EngineMetrics {
       registers,
     });
     this.importSlices = new Counter({ name: 'kvc_engine_kv_import_slices_total', help: 'Slices a KV import (cache or transfer) was cut into, the engine yielding to decode steps between them', registers });
+
     this.running = new Gauge({ name: 'kvc_engine_num_requests_running', help: 'Sequences holding KV (prefilling or decoding)', registers });
     this.waiting = new Gauge({ name: 'kvc_engine_num_requests_waiting', help: 'Requests queued for admission', registers });
     this.kvUsage = new Gauge({ name: 'kvc_engine_kv_cache_usage_ratio', help: 'Fraction of paged KV blocks in use', registers });
     this.kvBlocks = new Gauge({ name: 'kvc_engine_kv_cache_blocks', help: 'Paged KV blocks, by state (used, total)', labelNames: ['state'], registers });
+    this.stepSeconds = new Histogram({ name: 'kvc_engine_step_duration_seconds', help: 'Time of one scheduler step (one model forward), by phase (prefill, decode, mixed)', labelNames: ['phase'], buckets: LATENCY_BUCKETS, registers });
+    this.stepTokens = new Histogram({ name: 'kvc_engine_step_tokens', help: 'Tokens computed in one scheduler step, by phase', labelNames: ['phase'], buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192], registers });
+
+    this.cacheQueryTokens = new Counter({ name: 'kvc_cache_query_tokens_total', help: 'Prompt tokens looked up in the cache instance', registers });
+    this.cacheHitTokens = new Counter({ name: 'kvc_cache_hit_tokens_total', help: 'Prompt tokens whose KV was loaded from the cache instance', registers });
+    this.cacheRetrievedChunks = new Counter({ name: 'kvc_cache_retrieved_chunks_total', help: 'Chunks read from the cache instance and used', registers });
+    this.cacheRetrievedBytes = new Counter({ name: 'kvc_cache_retrieved_bytes_total', help: 'Bytes of the chunks read from the cache instance (headers included)', registers });
+    this.cacheRetrieveSeconds = new Histogram({ name: 'kvc_cache_retrieve_duration_seconds', help: 'Time a request spent reading its chunks from the cache instance (requests that read at least one)', buckets: IO_BUCKETS, registers });
+    this.cacheStoredBytes = new Counter({ name: 'kvc_cache_stored_bytes_total', help: 'Bytes of the chunks stored into the cache instance (headers included)', registers });
+    this.cacheStoreSeconds = new Histogram({ name: 'kvc_cache_store_duration_seconds', help: 'Time to store one chunk into the cache instance (every tier it is written to)', buckets: IO_BUCKETS, registers });
+    this.cacheStoreFailures = new Counter({ name: 'kvc_cache_store_failures_total', help: 'Chunks that could not be stored (e.g. every remaining chunk pinned)', registers });
+    // The store counts evictions itself (every put may evict); the counter adds what is new at
+    // each scrape, which keeps it monotonic without a call per eviction.
+    const seenEvictions = new Map<string, number>();
+    const watched = () => this.store;
+    this.cacheEvictedChunks = new Counter({
+      name: 'kvc_cache_evicted_chunks_total',
+      help: 'Chunks that left a location of the cache instance to make room, by location',
+      labelNames: ['location'],
+      registers,
+      collect() {
+        const st = watched();
+        if (!st) return;
+        for (const t of st.stats()) {
+          const n = st.evictions[t.location] ?? 0;
+          const seen = seenEvictions.get(t.location) ?? 0;
+          this.inc({ location: t.location }, Math.max(0, n - seen));
+          seenEvictions.set(t.location, Math.max(n, seen));
+        }
+      },
+    });
+    const tiers = () => this.store?.stats() ?? [];
+    const tierGauge = (name: string, help: string, read: (t: TierStats) => number) =>
+      new Gauge({ name, help, labelNames: ['location'], registers, collect() { for (const t of tiers()) this.set({ location: t.location }, read(t)); } });
+    tierGauge('kvc_cache_bytes', 'Bytes stored per location of the cache instance (headers included)', (t) => t.usedBytes);
+    tierGauge('kvc_cache_capacity_bytes', 'Capacity per location of the cache instance', (t) => t.capacityBytes);
+    tierGauge('kvc_cache_chunks', 'Chunks stored per location of the cache instance', (t) => t.chunks);
+    tierGauge('kvc_cache_pinned_chunks', 'Pinned chunks per location of the cache instance', (t) => t.pinned);
+
+    this.xferSentChunks = new Counter({ name: 'kvc_xfer_sent_chunks_total', help: 'Chunks handed to the transfer library to send to a decoder (kv_producer)', registers });
+    this.xferSentBytes = new Counter({ name: 'kvc_xfer_sent_bytes_total', help: 'Bytes of the chunks handed to the transfer library (headers included)', registers });
+    this.xferSendSeconds = new Histogram({ name: 'kvc_xfer_send_duration_seconds', help: 'Time from handing a request\'s chunks to the transfer library until it reported them delivered, by outcome (ok, failed)', labelNames: ['outcome'], buckets: LATENCY_BUCKETS, registers });
+    this.xferReceivedChunks = new Counter({ name: 'kvc_xfer_received_chunks_total', help: 'Received chunks imported instead of computed (kv_consumer)', registers });
+    this.xferReceivedBytes = new Counter({ name: 'kvc_xfer_received_bytes_total', help: 'Bytes of the received chunks imported (headers included)', registers });
+    this.xferReceiveWaitSeconds = new Histogram({ name: 'kvc_xfer_receive_wait_seconds', help: 'Time a request waited for the transfer library\'s answer before prefill, by outcome (received, none, failed)', labelNames: ['outcome'], buckets: LATENCY_BUCKETS, registers });
     if (processMetrics) collectDefaultMetrics({ register: this.registry, prefix: 'kvc_engine_' });
+  }
+
+  /** Makes the per-location cache gauges and the eviction counter read `store` at each scrape. */
+  watchStore(store: WatchedStore): void {
+    this.store = store;
+  }
+
+  /**
+   * The figures an engine reports to the controller with each heartbeat (and its periodic log
+   * line reads): read from the same metric objects /metrics exports.
+   */
+  async sample(): Promise<EngineSample> {
+    const total = async (m: Counter | Gauge, labels?: Record<string, string>) => {
+      const v = (await m.get()).values;
+      return v.filter((x) => !labels || Object.entries(labels).every(([k, want]) => x.labels[k] === want)).reduce((a, x) => a + x.value, 0);
+    };
+    const h = (await this.ttft.get()).values;
+    return {
+      prompt_tokens: await total(this.promptTokens),
+      query_tokens: await total(this.cacheQueryTokens),
+      cached_tokens: await total(this.cacheHitTokens),
+      transferred_tokens: await total(this.tokensLoadedBySource, { source: 'transfer' }),
+      generation_tokens: await total(this.generatedTokens),
+      ttft_sum_seconds: h.find((x) => x.metricName?.endsWith('_sum'))?.value ?? 0,
+      ttft_count: h.find((x) => x.metricName?.endsWith('_count'))?.value ?? 0,
+      requests_running: await total(this.running),
+      requests_waiting: await total(this.waiting),
+      kv_usage_ratio: await total(this.kvUsage),
+    };
   }
 }

@@ -1,9 +1,10 @@
-// Loads what the engine serves: the model (built-in or a checkpoint directory) and its
-// tokenizer, through the same loader either way.
+// Loads what the engine serves: the model (built-in, a checkpoint directory, or one GGUF file
+// named *.gguf) and its tokenizer, through the same model code either way.
 import type { KvLayout } from '../common/chunk.js';
 import type { ModelConfig } from './model/config.js';
 import type { PagedKvCache } from './model/kv_cache.js';
 import { resolveModelDir } from './model/builtin.js';
+import { loadGguf } from './model/gguf_model.js';
 import { LlamaModel } from './model/model.js';
 import { Tokenizer } from './model/tokenizer.js';
 import type { ForwardSegment, Forwarder } from './scheduler.js';
@@ -20,8 +21,13 @@ export interface EngineModel extends Forwarder {
 
 /** `env` supplies KVC_CACHE_DIR for built-in models (default process.env). */
 export async function loadEngineModel(spec: string, env: NodeJS.ProcessEnv = process.env): Promise<EngineModel> {
-  const dir = await resolveModelDir(spec, env);
-  const [llama, tokenizer] = await Promise.all([LlamaModel.load(dir), Tokenizer.load(dir)]);
+  let llama: LlamaModel;
+  let tokenizer: Tokenizer;
+  if (/\.gguf$/i.test(spec)) ({ model: llama, tokenizer } = await loadGguf(spec));
+  else {
+    const dir = await resolveModelDir(spec, env);
+    [llama, tokenizer] = await Promise.all([LlamaModel.load(dir), Tokenizer.load(dir)]);
+  }
   return {
     dir: llama.dir,
     modelId: llama.modelId,

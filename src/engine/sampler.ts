@@ -2,7 +2,7 @@
 // lowest index winning ties, so it is exactly reproducible. With a temperature the request's
 // own PRNG (seeded from `seed` when given) drives the draw: the same seed gives the same
 // tokens whatever else the engine is running at the time.
-import { argmaxJs } from './model/gemm.js';
+import { argmaxJs } from './model/kernel.js';
 
 export interface SamplingParams {
   temperature: number;

@@ -72,6 +72,8 @@ export class Sequence {
   computed = 0;
   /** Prompt tokens loaded (cache or transfer) rather than computed. */
   loadedTokens = 0;
+  /** Of loadedTokens, how many came from a transfer (the rest from the cache instance). */
+  receivedTokens = 0;
   firstTokenAt = 0;
   lastTokenAt = 0;
   finishReason: FinishReason | null = null;
@@ -105,6 +107,8 @@ export interface SchedulerOptions {
   maxNumSeqs: number;
   maxNumBatchedTokens: number;
   maxQueue: number;
+  /** Told of every sequence that ended, after its KV was released (the request log line). */
+  onFinished?: (seq: Sequence) => void;
 }
 
 export class Scheduler {
@@ -182,6 +186,11 @@ export class Scheduler {
     } catch (e) {
       log.error(`finish callback of ${seq.init.requestId} threw: ${(e as Error).message}`);
     }
+    try {
+      this.o.onFinished?.(seq);
+    } catch (e) {
+      log.error(`finished-sequence hook of ${seq.init.requestId} threw: ${(e as Error).message}`);
+    }
   }
 
   private poke(): void {
@@ -219,13 +228,13 @@ export class Scheduler {
           this.o.kv,
         )
         .then(
-          (r) => r.tokens,
+          (r) => r,
           (e: unknown) => {
             log.warn(`request ${seq.init.requestId}: KV load failed: ${(e as Error).message}`);
-            return 0;
+            return { tokens: 0, receivedTokens: 0 };
           },
         )
-        .then((tokens) => {
+        .then(({ tokens, receivedTokens }) => {
           if (seq.state === 'finished') {
             // Cancelled while loading: release now that nothing writes the blocks any more.
             const i = this.active.indexOf(seq);
@@ -235,6 +244,7 @@ export class Scheduler {
           } else {
             seq.computed = tokens;
             seq.loadedTokens = tokens;
+            seq.receivedTokens = receivedTokens;
             seq.state = 'running';
           }
           this.poke();
@@ -298,7 +308,11 @@ export class Scheduler {
     }
     try {
       out = this.o.model.forward(segs, this.o.kv);
-      this.stepTimes(t0, decodeRows > 0);
+      const decodes = rows.filter((r) => !r.seq.prefilling).length;
+      const phase = decodes === rows.length ? 'decode' : decodes === 0 ? 'prefill' : 'mixed';
+      this.o.metrics.stepSeconds.observe({ phase }, (performance.now() - t0) / 1000);
+      this.o.metrics.stepTokens.observe({ phase }, this.o.maxNumBatchedTokens - budget);
+      this.stepTimes(decodeRows > 0);
     } catch (e) {
       // A bug in the model must not take the server down: fail the sequences of this step.
       log.error(`forward failed: ${(e as Error).stack ?? (e as Error).message}`);
@@ -330,12 +344,12 @@ export class Scheduler {
   }
 
   /**
-   * Step metrics: the forward's duration, and for steps with decode rows the interval since the
-   * previous such step (what a decoding sequence waits per token, whatever ran in between).
+   * For steps with decode rows, the interval since the previous such step (what a decoding
+   * sequence waits per token, whatever ran in between); remembers when (and at what process CPU
+   * time) this one ended, for the next gap.
    */
-  private stepTimes(t0: number, hadDecode: boolean): void {
+  private stepTimes(hadDecode: boolean): void {
     const now = performance.now();
-    this.o.metrics.stepDuration.observe((now - t0) / 1000);
     if (!hadDecode) {
       this.lastDecodeEnd = 0;
       return;

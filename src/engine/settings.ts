@@ -4,7 +4,7 @@
 // depend on the model (max_model_len, the paged KV budget) are resolved by resolveModelLimits().
 // Every error names the option (as its command-line flag when it has one) and the value found.
 import { payloadBytes, type KvLayout } from '../common/chunk.js';
-import { cacheConfigFromEnv, parseConnectorConfig, validateCacheConfig, type CacheConfig, type ConnectorConfig } from '../common/config.js';
+import { cacheConfigFromEnv, GiB, parseConnectorConfig, validateCacheConfig, type CacheConfig, type ConnectorConfig } from '../common/config.js';
 import { logger } from '../common/log.js';
 import type { TransferFactory } from '../common/transfer_seam.js';
 import { createKvTransfer } from '../xfer/engine_plugin.js';
@@ -12,7 +12,6 @@ import type { ModelConfig } from './model/config.js';
 
 const log = logger('engine');
 
-const GiB = 1024 ** 3;
 /** Largest default paged KV budget (an explicit kvCacheBytes may exceed it). */
 const DEFAULT_KV_BUDGET_CAP = 4 * GiB;
 
@@ -42,6 +41,10 @@ export interface EngineOptions {
   transfer?: TransferFactory;
   /** Add process-level metrics (CPU, memory, event loop) to /metrics; the CLI turns this on. */
   processMetrics?: boolean;
+  /** One log line per finished request (default true; `--disable-log-requests` turns it off). */
+  logRequests?: boolean;
+  /** The periodic statistics line (default true; `--disable-log-stats` turns it off). */
+  logStats?: boolean;
   env?: NodeJS.ProcessEnv;
 }
 
@@ -50,7 +53,7 @@ export interface EngineSettings {
   env: NodeJS.ProcessEnv;
   host: string;
   port: number;
-  /** What --model names (`builtin:tiny` or a directory). */
+  /** What --model names (`builtin:tiny`, a directory, or a `.gguf` file). */
   modelSpec: string;
   /** The name clients send in `model`. */
   modelName: string;
@@ -66,6 +69,8 @@ export interface EngineSettings {
   cacheConfig: CacheConfig | null;
   transfer: TransferFactory;
   processMetrics: boolean;
+  logRequests: boolean;
+  logStats: boolean;
 }
 
 /** The limits that depend on the loaded model. */
@@ -150,6 +155,8 @@ export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
     cacheConfig,
     transfer: opts.transfer ?? createKvTransfer,
     processMetrics: opts.processMetrics ?? false,
+    logRequests: opts.logRequests ?? true,
+    logStats: opts.logStats ?? true,
   };
 }
 

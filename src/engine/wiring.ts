@@ -14,7 +14,9 @@ import { KvcConnectorV1 } from './connector.js';
 import { EngineMetrics } from './metrics.js';
 import { PagedKvCache } from './model/kv_cache.js';
 import { loadEngineModel, type EngineModel } from './runtime.js';
+import { finishedRequest, logRequest } from './request_log.js';
 import { Scheduler } from './scheduler.js';
+import { EngineStatsLog } from './stats_log.js';
 import { resolveModelLimits, type EngineSettings } from './settings.js';
 
 const log = logger('engine');
@@ -108,6 +110,7 @@ export class EngineWiring {
         const opened = await KvcStore.create(cacheConfig);
         store = opened;
         releases.push({ what: 'closing the cache store', release: () => opened.close(), mustSucceed: true });
+        metrics.watchStore(opened);
         const seed = seedFromEnv(s.env);
         if (connectorConfig.kv_role !== 'kv_both') {
           if (!cacheConfig.enable_xfer) {
@@ -121,7 +124,8 @@ export class EngineWiring {
         if (cacheConfig.enable_controller) {
           // Registers this cache instance with the controller (monitor port) and serves its worker
           // and peer ports, so the controller can look up, move, copy, pin and clear our chunks.
-          const attached = await attachController(opened, cacheConfig, { modelId: model.modelId, chunkSize: cacheConfig.chunk_size, seed, layout: model.layout });
+          // Each heartbeat also carries the engine's counters, for the controller's dashboard.
+          const attached = await attachController(opened, cacheConfig, { modelId: model.modelId, chunkSize: cacheConfig.chunk_size, seed, layout: model.layout, engineSample: () => metrics.sample() });
           controller = attached;
           releases.push({ what: 'detaching from the controller', release: () => attached.close(), mustSucceed: false });
           log.info(`cache instance ${cacheConfig.kvc_instance_id} attached to controller ${cacheConfig.controller_url} (worker port ${attached.workerPort})`);
@@ -133,8 +137,15 @@ export class EngineWiring {
         );
       }
 
-      const scheduler = new Scheduler({ model, kv, metrics, connector, maxNumSeqs: s.maxNumSeqs, maxNumBatchedTokens: s.maxNumBatchedTokens, maxQueue: s.maxQueue });
+      const scheduler = new Scheduler({
+        model, kv, metrics, connector, maxNumSeqs: s.maxNumSeqs, maxNumBatchedTokens: s.maxNumBatchedTokens, maxQueue: s.maxQueue,
+        onFinished: s.logRequests ? (seq) => logRequest(finishedRequest(seq)) : undefined,
+      });
       releases.push({ what: 'stopping the scheduler', release: () => scheduler.close(), mustSucceed: false });
+      if (s.logStats) {
+        const statsLog = new EngineStatsLog(metrics);
+        releases.push({ what: 'stopping the statistics line', release: () => statsLog.stop(), mustSucceed: false });
+      }
       return new EngineWiring({ model, maxModelLen, kv, metrics, store, transfer, controller, connector, scheduler }, releases);
     } catch (e) {
       await releases.releaseAll();

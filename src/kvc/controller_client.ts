@@ -1,4 +1,4 @@
-// The instance side of the controller (DESIGN §5), attached by the engine when the cache
+// The instance side of the controller (docs/controller.md), attached by the engine when the cache
 // YAML has enable_controller: true:
 //   - the worker command port (kvc_worker_port, HTTP; src/kvc/worker_server.ts),
 //   - the peer chunk server on distributed_url (src/kvc/worker_peer.ts),
@@ -19,6 +19,7 @@ import type { CacheConfig } from '../common/config.js';
 import { logger } from '../common/log.js';
 import { SendQueue } from '../common/send_queue.js';
 import { decodeMsg, encodeMsg, MONITOR_PROTOCOL_VERSION, packKeys, SYNC_PART_KEYS, type InstanceMsg, type KeyOp } from '../protocol/monitor.js';
+import type { EngineSample, InstanceStats } from '../protocol/instance_stats.js';
 import type { KvcStore } from './store.js';
 import type { KeyEvent } from './types.js';
 import { parseHostPort, startPeerServer, type PeerServer } from './worker_peer.js';
@@ -37,6 +38,11 @@ export interface AttachOptions {
   /** How often ops are flushed (ms) and the largest batch (keys). */
   flushMs?: number;
   maxBatchKeys?: number;
+  /**
+   * The engine's counters, sent with every heartbeat for the controller's dashboard. A failure
+   * only leaves them out of that heartbeat.
+   */
+  engineSample?: () => Promise<EngineSample>;
 }
 
 export interface ControllerAttachment {
@@ -163,11 +169,25 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
   store.on('evict', onEvict);
 
   let hbTimer: NodeJS.Timeout | null = null;
+  /** A heartbeat carrying this instance's usage per location and, in an engine, its counters. */
+  const heartbeat = async () => {
+    const stats: InstanceStats = {
+      locations: Object.fromEntries(store.stats().map((b) => [b.location, { bytes: b.usedBytes, capacity_bytes: b.capacityBytes, chunks: b.chunks, pinned: b.pinned }])),
+    };
+    if (o.engineSample) {
+      try {
+        stats.engine = await o.engineSample();
+      } catch (e) {
+        log.debug(`engine figures left out of a heartbeat: ${(e as Error).message}`);
+      }
+    }
+    if (state === 'live') await send({ t: 'hb', stats });
+  };
   const tick = () => {
     if (state === 'registering') register();
     else if (state === 'live') {
       if (Date.now() - lastAck > 3 * intervalMs + 1000) toRegistering(`no heartbeat ack for ${Date.now() - lastAck} ms`);
-      else void send({ t: 'hb' });
+      else void heartbeat();
     }
   };
   const restartHeartbeat = () => {
@@ -187,6 +207,8 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
           const was = state;
           state = 'live';
           fullSync();
+          // Usage and figures at once, not one heartbeat interval later.
+          void heartbeat();
           log.info(`${was === 'live' ? 're-welcomed' : 'registered'} with controller ${cfg.controller_url} as ${cfg.kvc_instance_id}/${workerId}; full key sync sent`);
           restartHeartbeat();
         } else if (m.t === 'hb_ack') {

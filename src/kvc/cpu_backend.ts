@@ -86,11 +86,11 @@ export class LocalCPUBackend implements StorageBackend {
   }
 
   pin(key: ChunkKey): boolean {
-    return this.index.setPinned(key, true);
+    return this.index.pin(key);
   }
 
   unpin(key: ChunkKey): boolean {
-    return this.index.setPinned(key, false);
+    return this.index.unpin(key);
   }
 
   isPinned(key: ChunkKey): boolean {

@@ -279,7 +279,7 @@ export class LocalDiskBackend implements StorageBackend {
   }
 
   pin(key: ChunkKey, opts: PinOptions = {}): boolean {
-    if (!this.index.setPinned(key, true)) return false;
+    if (!this.index.pin(key)) return false;
     // A transient pin (a transfer's hold) must not outlive a crash of this process.
     if (opts.transient) rmSync(this.pinFile(key), { force: true });
     else writeFileSync(this.pinFile(key), '');
@@ -287,7 +287,7 @@ export class LocalDiskBackend implements StorageBackend {
   }
 
   unpin(key: ChunkKey): boolean {
-    if (!this.index.setPinned(key, false)) return false;
+    if (!this.index.unpin(key)) return false;
     rmSync(this.pinFile(key), { force: true });
     return true;
   }

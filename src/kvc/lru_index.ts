@@ -55,11 +55,21 @@ export class LruIndex<E extends Entry> {
     return e;
   }
 
-  setPinned(key: ChunkKey, pinned: boolean): boolean {
+  /** Marks `key` pinned; false when it is not indexed. */
+  pin(key: ChunkKey): boolean {
     const e = this.map.get(key);
     if (!e) return false;
-    if (e.pinned !== pinned) this._pinned += pinned ? 1 : -1;
-    e.pinned = pinned;
+    if (!e.pinned) this._pinned++;
+    e.pinned = true;
+    return true;
+  }
+
+  /** Marks `key` unpinned; false when it is not indexed. */
+  unpin(key: ChunkKey): boolean {
+    const e = this.map.get(key);
+    if (!e) return false;
+    if (e.pinned) this._pinned--;
+    e.pinned = false;
     return true;
   }
 

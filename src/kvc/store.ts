@@ -10,7 +10,7 @@
 import { EventEmitter } from 'node:events';
 import type { CacheConfig } from '../common/config.js';
 import { gibToBytes } from '../common/config.js';
-import { notFound } from '../common/errors.js';
+import { ERRORS, kvcError } from '../common/errors.js';
 import { checkChunkFor } from '../common/chunk.js';
 import { halvesToHex, keyHalves, type ChunkKey, type KeyParams } from '../common/keys.js';
 import { logger } from '../common/log.js';
@@ -41,6 +41,11 @@ export interface StoreEvents {
 
 export class KvcStore extends EventEmitter<StoreEvents> {
   private readonly backends = new Map<LocationName, StorageBackend>();
+  /**
+   * Chunks evicted per location to make room (LRU), since the store opened. Removals and clears
+   * are not evictions: they are emitted as 'evict' events too, but not counted here.
+   */
+  readonly evictions: Partial<Record<LocationName, number>> = {};
 
   private constructor() {
     super();
@@ -67,7 +72,7 @@ export class KvcStore extends EventEmitter<StoreEvents> {
 
   /** Throws 404 (unknown_location) unless `loc` is configured on this instance. */
   assertLocation(loc: string): asserts loc is LocationName {
-    if (!this.backends.has(loc as LocationName)) throw notFound(`location "${loc}" is not configured on this instance (configured: ${this.locations().join(', ') || 'none'})`, 'unknown_location');
+    if (!this.backends.has(loc as LocationName)) throw kvcError(ERRORS.unknown_location, `location "${loc}" is not configured on this instance (configured: ${this.locations().join(', ') || 'none'})`);
   }
 
   /** The backend for `loc`, or a 404 KvcError naming the configured ones. */
@@ -138,12 +143,12 @@ export class KvcStore extends EventEmitter<StoreEvents> {
       const had = b.has(key);
       try {
         const evicted = await b.put(key, chunk);
-        if (evicted.length) this.emit('evict', { location: b.location, keys: evicted });
+        if (evicted.length) this.evicted(b.location, evicted);
         if (!had) this.emit('admit', { location: b.location, keys: [key] });
         result.stored.push(b.location);
         if (b.location === 'LocalDiskBackend') result.durable = true;
       } catch (e) {
-        if (e instanceof StoreFullError && e.evicted.length) this.emit('evict', { location: b.location, keys: e.evicted });
+        if (e instanceof StoreFullError && e.evicted.length) this.evicted(b.location, e.evicted);
         if (loc) throw e;
         firstError ??= e;
         result.failed.push({ location: b.location, error: (e as Error).message });
@@ -171,7 +176,7 @@ export class KvcStore extends EventEmitter<StoreEvents> {
       if (cpu && b !== cpu && !cpu.has(key)) {
         try {
           const evicted = cpu.putSync(key, got);
-          if (evicted.length) this.emit('evict', { location: cpu.location, keys: evicted });
+          if (evicted.length) this.evicted(cpu.location, evicted);
           this.emit('admit', { location: cpu.location, keys: [key] });
         } catch (e) {
           if (!(e instanceof StoreFullError)) throw e;
@@ -180,6 +185,12 @@ export class KvcStore extends EventEmitter<StoreEvents> {
       return got;
     }
     return null;
+  }
+
+  /** Counts and announces chunks that left `location` to make room. */
+  private evicted(location: LocationName, keys: ChunkKey[]): void {
+    this.evictions[location] = (this.evictions[location] ?? 0) + keys.length;
+    this.emit('evict', { location, keys });
   }
 
   pin(key: ChunkKey, loc: LocationName, opts: PinOptions = {}): boolean {

@@ -52,20 +52,27 @@ export class TransferHolds {
     if (!h.keepPinned) this.store.unpin(key, loc);
   }
 
-  /**
-   * A pin or unpin asked for by the controller. A held chunk stays pinned until its transfers
-   * end; the request decides whether it stays pinned afterwards.
-   */
-  setPinned(key: ChunkKey, loc: LocationName, pinned: boolean): void {
+  // A pin or unpin asked for by the controller. A held chunk stays pinned until its transfers
+  // end, so for it only the persisted state and what happens after the last release follow the
+  // request.
+
+  /** The controller's pin: the chunk stays pinned, also after the transfers holding it end. */
+  pin(key: ChunkKey, loc: LocationName): void {
     const h = this.held.get(this.id(key, loc));
-    if (h) {
-      // Held chunks stay pinned until their transfers end; only the persisted state follows the request.
-      h.keepPinned = pinned;
-      this.store.pin(key, loc, { transient: !pinned });
+    if (h) h.keepPinned = true;
+    this.store.pin(key, loc);
+  }
+
+  /** The controller's unpin: unpinned now, or when the last transfer holding it ends. */
+  unpin(key: ChunkKey, loc: LocationName): void {
+    const h = this.held.get(this.id(key, loc));
+    if (!h) {
+      this.store.unpin(key, loc);
       return;
     }
-    if (pinned) this.store.pin(key, loc);
-    else this.store.unpin(key, loc);
+    h.keepPinned = false;
+    // Still pinned for the transfers, but transient: a restart must not find it pinned on disk.
+    this.store.pin(key, loc, { transient: true });
   }
 
   isHeld(key: ChunkKey, loc: LocationName): boolean {

@@ -8,7 +8,7 @@
 // command's deadline has not passed and the controller's request is still there (a controller
 // that gave up has already marked the event failed, so the source must then stay).
 import type { MoveCommand } from '../protocol/worker_api.js';
-import { conflict, KvcError, timedOut, upstreamFailed } from '../common/errors.js';
+import { ERRORS, KvcError, kvcError, timedOut, upstreamFailed } from '../common/errors.js';
 import type { KvcStore } from './store.js';
 import { transferHolds, type TransferHolds } from './transfer_holds.js';
 import { StoreFullError, type LocationName } from './types.js';
@@ -43,22 +43,22 @@ export class WorkerOps {
 
   /** Pins each present key; returns how many are pinned afterwards. */
   pin(keys: string[], location: LocationName): number {
-    return this.setPinned(keys, location, true);
+    return this.forEachPresent(keys, location, (k) => this.holds.pin(k, location));
   }
 
   /** Unpins each present key; returns how many were unpinned. */
   unpin(keys: string[], location: LocationName): number {
-    return this.setPinned(keys, location, false);
+    return this.forEachPresent(keys, location, (k) => this.holds.unpin(k, location));
   }
 
-  private setPinned(keys: string[], location: LocationName, pinned: boolean): number {
+  // Pins and unpins go through the hold registry: a chunk a transfer holds stays pinned until the
+  // transfer ends, and the request decides what it is afterwards.
+  private forEachPresent(keys: string[], location: LocationName, op: (key: string) => void): number {
     this.store.assertLocation(location);
     let n = 0;
     for (const k of keys) {
       if (!this.store.has(k, location)) continue;
-      // Through the hold registry: a chunk a transfer holds stays pinned until the transfer ends,
-      // and this request decides what it is afterwards.
-      this.holds.setPinned(k, location, pinned);
+      op(k);
       n++;
     }
     return n;
@@ -99,7 +99,7 @@ export class WorkerOps {
       return await this.moveInner(cmd, signal);
     } catch (e) {
       if (e instanceof KvcError) throw e;
-      if (e instanceof StoreFullError) throw conflict(`destination has no room: ${e.message}`, 'store_full');
+      if (e instanceof StoreFullError) throw kvcError(ERRORS.store_full, `destination has no room: ${e.message}`);
       throw upstreamFailed(`move from instance "${this.instanceId}" ${cmd.location} failed, source kept intact: ${(e as Error).message}`);
     } finally {
       this.movesInFlight--;
@@ -119,7 +119,7 @@ export class WorkerOps {
   private async moveInner(cmd: MoveCommand, signal?: AbortSignal): Promise<number> {
     this.store.assertLocation(cmd.location);
     for (const k of cmd.keys) {
-      if (!this.store.has(k, cmd.location)) throw conflict(`chunk ${k} is no longer in ${cmd.location} of instance "${this.instanceId}"`, 'chunk_gone');
+      if (!this.store.has(k, cmd.location)) throw kvcError(ERRORS.chunk_gone, `chunk ${k} is no longer in ${cmd.location} of instance "${this.instanceId}"`);
     }
     const deadline = this.now() + cmd.deadline_ms;
     if (cmd.target.distributed_url) {
@@ -166,15 +166,15 @@ export class WorkerOps {
       for (const k of cmd.keys) {
         this.checkAlive(cmd, deadline, signal, `after ${held.length}/${cmd.keys.length} chunks`);
         const chunk = await this.store.get(k, undefined, cmd.location);
-        if (!chunk) throw conflict(`chunk ${k} disappeared from ${cmd.location} during the move`, 'chunk_gone');
+        if (!chunk) throw kvcError(ERRORS.chunk_gone, `chunk ${k} disappeared from ${cmd.location} during the move`);
         await this.store.put(k, chunk, dst);
-        if (!this.holds.hold(k, dst)) throw conflict(`chunk ${k} was evicted from ${dst} right after it was stored`, 'chunk_gone');
+        if (!this.holds.hold(k, dst)) throw kvcError(ERRORS.chunk_gone, `chunk ${k} was evicted from ${dst} right after it was stored`);
         held.push(k);
       }
       // The destination must still hold every chunk before the source lets go of any.
       const missing = cmd.keys.filter((k) => !this.store.has(k, dst));
       if (missing.length) {
-        throw conflict(`${dst} of instance "${this.instanceId}" no longer holds ${missing.length} of the ${cmd.keys.length} chunks moved into it (first: ${missing[0]}); source kept intact`, 'chunk_gone');
+        throw kvcError(ERRORS.chunk_gone, `${dst} of instance "${this.instanceId}" no longer holds ${missing.length} of the ${cmd.keys.length} chunks moved into it (first: ${missing[0]}); source kept intact`);
       }
       await commit();
     } finally {

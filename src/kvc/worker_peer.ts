@@ -1,4 +1,4 @@
-// Peer-to-peer chunk transfer between cache instances over `distributed_url` (DESIGN §5):
+// Peer-to-peer chunk transfer between cache instances over `distributed_url` (docs/controller.md):
 // chunk bytes of a move/copy never pass through the controller.
 //
 // Wire format: src/protocol/peer_frames.ts; frames are read by the shared FrameReader

@@ -21,6 +21,7 @@
 // its index without restarting any engine.
 import { decode, encode } from '@msgpack/msgpack';
 import { z } from 'zod';
+import { instanceStatsSchema } from './instance_stats.js';
 
 export const MONITOR_PROTOCOL_VERSION = 1;
 /** Alias kept for readers of the monitor code: the version a `register` carries in `v`. */
@@ -66,7 +67,8 @@ export type KeyOp = [0 | 1, string, Uint8Array];
 export const opsMsgSchema = z.object({ t: z.literal('ops'), ops: z.array(keyOpSchema) });
 export type OpsMsg = { t: 'ops'; ops: KeyOp[] };
 
-export const heartbeatMsgSchema = z.object({ t: z.literal('hb') });
+/** `stats`: usage per location and, from an engine, its counters (instance_stats.ts). */
+export const heartbeatMsgSchema = z.object({ t: z.literal('hb'), stats: instanceStatsSchema.optional() });
 export type HeartbeatMsg = z.infer<typeof heartbeatMsgSchema>;
 export const byeMsgSchema = z.object({ t: z.literal('bye') });
 export type ByeMsg = z.infer<typeof byeMsgSchema>;

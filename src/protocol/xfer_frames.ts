@@ -15,6 +15,7 @@
 import type { Socket } from 'node:net';
 import { decode, encode } from '@msgpack/msgpack';
 import { z } from 'zod';
+import { CHUNK_KEY_PATTERN } from '../common/keys.js';
 import { FrameReader, ProtocolError, type FrameHead, type FrameLayout } from './frame_reader.js';
 
 export { ProtocolError } from './frame_reader.js';
@@ -68,14 +69,21 @@ export const helloReplyMetaSchema = z.object({
 });
 export type HelloReplyMeta = z.infer<typeof helloReplyMetaSchema>;
 
+// The receiver checks what it alone knows on top of these: that the session is live and that
+// each chunk size fits its layout.
 export const allocMetaSchema = z.object({
-  id: z.number(),
-  session: z.string(),
-  req_id: z.string(),
+  id: z.number('expected a number'),
+  session: z.string('expected a string'),
+  req_id: z.string('expected a non-empty string').min(1, 'expected a non-empty string'),
   /** [key, chunk bytes] in prompt order */
-  chunks: z.array(z.tuple([z.string(), z.number()])),
+  chunks: z
+    .array(
+      z.tuple([z.string().regex(CHUNK_KEY_PATTERN, 'expected a 16-digit lowercase hex chunk key'), z.number().int('expected an integer number of bytes')], 'expected [key, bytes]'),
+      'expected a non-empty array of [key, bytes]',
+    )
+    .min(1, 'expected a non-empty array of [key, bytes]'),
   /** how long the sender is willing to wait for buffer space */
-  wait_ms: z.number(),
+  wait_ms: z.number('expected a number >= 0').min(0, 'expected a number >= 0'),
 });
 export type AllocMeta = z.infer<typeof allocMetaSchema>;
 

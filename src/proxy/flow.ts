@@ -1,4 +1,4 @@
-// The disaggregated request flow (DESIGN §8, spec §4.3):
+// The disaggregated request flow (docs/proxy.md):
 //   1. tokenize on a decoder (round-robin; the first decoder that answers serves the request),
 //   2. prefill on a prefiller (round-robin) with max_tokens=1, stream=false and
 //      kv_transfer_params.disagg_spec naming that decoder's xfer receiver; the prefiller answers

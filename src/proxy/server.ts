@@ -3,7 +3,7 @@
 import type { FastifyInstance } from 'fastify';
 import { createHttpServer } from '../common/http.js';
 import { ERRORS, kvcError } from '../common/errors.js';
-import { logger } from '../common/log.js';
+import { formatLine, logFormat, logger } from '../common/log.js';
 import { Backend, RoundRobin } from './backend.js';
 import { Flow, type Timeouts } from './flow.js';
 import { ProxyMetrics } from './metrics.js';
@@ -149,9 +149,11 @@ export class ProxyServer {
       this.notifyRx?.close();
       throw new Error(`cannot listen on ${this.opts.host}:${this.opts.port} (--host/--port): ${(e as Error).message}`);
     }
-    // The statistics are the proxy's output, not log events: stdout whatever
-    // KVC_LOG_LEVEL says.
-    const sink = this.opts.statsSink ?? ((line: string) => void process.stdout.write(line + '\n'));
+    // The statistics are the proxy's output, not log events: stdout whatever KVC_LOG_LEVEL says
+    // (wrapped as a JSON log object under KVC_LOG_FORMAT=json, so a log shipper reads them too).
+    const stdoutSink = (line: string) =>
+      void process.stdout.write(logFormat() === 'json' ? formatLine('json', new Date(), 'info', 'proxy.stats', line) : line + '\n');
+    const sink = this.opts.statsSink ?? stdoutSink;
     const intervalS = Math.round(this.opts.statsIntervalMs / 100) / 10;
     this.timers.push(setInterval(() => this.stats.flush(intervalS).forEach(sink), this.opts.statsIntervalMs));
     this.timers.push(setInterval(() => this.probeAll(), this.opts.healthIntervalMs));

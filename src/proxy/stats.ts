@@ -1,11 +1,16 @@
-// TTFT statistics of the prefill node: the proxy records, per prefiller,
-// how long the prefiller took to answer (its answer is the first token, after the KV transfer)
-// and prints every 5 s the number of requests and the average, median and 99th percentile
-// in milliseconds. In 1P1D there is one line; in XPYD one line per prefiller.
+// TTFT statistics of the prefill node: the proxy records, per prefiller, how long the
+// prefiller took to answer (its answer is the first token, after the KV transfer) and prints
+// every 5 s the number of requests and the average, median and 99th percentile in
+// milliseconds. In 1P1D there is one line; in XPYD one line per prefiller.
 //
-// Each line covers the requests finished since the previous print (so it reflects current
-// load) and also gives the running total. Requests that found no prefiller get their own
-// "decoder-only" line, recorded with the decoder's time to its first token (flow.ts).
+// This is the PREFILL NODE's time, not what a client sees: the end-to-end TTFT (prefill +
+// decoder start + first streamed token) is the proxy's `kvc_proxy_ttft_seconds`
+// metric. Every line says which time it is.
+//
+// Each line starts with its timestamp, covers the requests finished since the previous print
+// (so it reflects current load) and also gives the running total. A node with no request in the
+// interval prints nothing, so an idle proxy is quiet. Requests that found no prefiller get their
+// own "decoder-only" line, recorded with the decoder's time to its first token (flow.ts).
 // The lines are printed to stdout by the server, whatever KVC_LOG_LEVEL says.
 
 export interface Summary {
@@ -54,21 +59,30 @@ export class TtftStats {
     this.totals.set(node, this.totals.get(node)! + 1);
   }
 
-  /** The stats lines for the interval since the last call; empties the window. */
-  flush(intervalS: number): string[] {
+  /**
+   * The stats lines for the interval since the last call, stamped `now`; empties the window.
+   * Nodes without a request in the interval give no line (an idle proxy prints nothing).
+   */
+  flush(intervalS: number, now: Date = new Date()): string[] {
     const lines: string[] = [];
     for (const [node, samples] of this.window) {
+      if (samples.length === 0) continue;
       const s = summarize(samples);
-      lines.push(formatStatsLine(node, s, this.totals.get(node)!, intervalS));
+      lines.push(`${now.toISOString()} ${formatStatsLine(node, s, this.totals.get(node)!, intervalS)}`);
       samples.length = 0;
     }
     return lines;
   }
 }
 
+/** Which time a node's line measures: the prefiller's own answer, or the decoder's first token. */
+export function ttftBasis(node: string): string {
+  return node === 'decoder-only' ? "decoder's time to first token, no prefiller" : "prefill node's time, KV transfer included; end-to-end TTFT is in /metrics";
+}
+
 export function formatStatsLine(node: string, s: Summary, total: number, intervalS: number): string {
   return (
     `TTFT ${node}: ${s.count} requests in last ${intervalS}s (total ${total}), ` +
-    `avg ${ms(s.avg)} ms, median ${ms(s.median)} ms, p99 ${ms(s.p99)} ms`
+    `avg ${ms(s.avg)} ms, median ${ms(s.median)} ms, p99 ${ms(s.p99)} ms (${ttftBasis(node)})`
   );
 }

@@ -1,5 +1,6 @@
 // Entry point of the xfer library: builds the sender or receiver a cache configuration asks
-// for (spec §2.4 xfer_* keys), applying the start-up rules of DESIGN §6.
+// for (its xfer_* keys, docs/configuration.md). Start-up rules: an unknown xfer_backends entry
+// stops start-up; an xfer_buffer_device other than cpu is a warning (host memory is used).
 import type { CacheConfig } from '../common/config.js';
 import { ConfigError, XFER_BACKENDS } from '../common/config.js';
 import type { KvLayout } from '../common/chunk.js';

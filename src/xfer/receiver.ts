@@ -1,4 +1,4 @@
-// xfer receiver (decoder side, DESIGN §6).
+// xfer receiver (decoder side; design: docs/xfer.md).
 //
 // Two listeners:
 //   init port  — a sender connects, says HELLO with its KV layout / chunk size / model, and is
@@ -22,9 +22,10 @@ import { randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import { BufferPool, sizeClass } from '../common/buffer_pool.js';
 import { chunkBytes, describeLayout, HEADER_BYTES, verifyStreamed, type KvLayout } from '../common/chunk.js';
-import { isChunkKey } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import {
+  allocMetaSchema,
+  cancelMetaSchema,
   describeMeta,
   FrameParser,
   helloMetaSchema,
@@ -33,7 +34,6 @@ import {
   PROTOCOL_VERSION,
   writeFrame,
   type AllocMeta,
-  type CancelMeta,
   type DataMeta,
   type HelloMeta,
 } from '../protocol/xfer_frames.js';
@@ -452,18 +452,17 @@ export class XferReceiver extends EventEmitter {
     }
   }
 
-  private validateAlloc(m: any): string | null {
-    if (typeof m.id !== 'number') return 'alloc: "id" must be a number';
-    if (typeof m.session !== 'string' || !this.sessions.has(m.session)) return 'alloc: unknown "session" (handshake on the init port first)';
-    if (typeof m.req_id !== 'string' || !m.req_id) return 'alloc: "req_id" must be a non-empty string';
-    if (!Array.isArray(m.chunks) || m.chunks.length === 0) return 'alloc: "chunks" must be a non-empty array of [key, bytes]';
-    for (const c of m.chunks) {
-      if (!Array.isArray(c) || !isChunkKey(c[0])) return 'alloc: each chunk key must be 16 lowercase hex digits';
-      if (!Number.isInteger(c[1]) || c[1] <= HEADER_BYTES || c[1] > this.maxChunkBytes) {
-        return `alloc: chunk ${c[0]} size ${c[1]} is outside (${HEADER_BYTES}, ${this.maxChunkBytes}] for this layout and chunk size`;
+  // One ALLOC per request, so checking it with its schema costs nothing per chunk.
+  private validateAlloc(meta: unknown): string | null {
+    const shape = allocMetaSchema.safeParse(meta);
+    if (!shape.success) return `malformed ALLOC: ${describeMeta(shape.error)}`;
+    const m = shape.data;
+    if (!this.sessions.has(m.session)) return 'alloc: unknown "session" (handshake on the init port first)';
+    for (const [key, bytes] of m.chunks) {
+      if (bytes <= HEADER_BYTES || bytes > this.maxChunkBytes) {
+        return `alloc: chunk ${key} size ${bytes} is outside (${HEADER_BYTES}, ${this.maxChunkBytes}] for this layout and chunk size`;
       }
     }
-    if (typeof m.wait_ms !== 'number' || m.wait_ms < 0) return 'alloc: "wait_ms" must be a number >= 0';
     return null;
   }
 
@@ -515,9 +514,9 @@ export class XferReceiver extends EventEmitter {
     this.track(sock);
     const parser = new FrameParser(0, () => null, (type, meta) => {
       if (type === FrameType.Cancel) {
-        const m = meta as CancelMeta;
+        const m = cancelMetaSchema.safeParse(meta);
         // only a live session may withdraw, and only its own requests (checked in cancel())
-        if (typeof m.session === 'string' && this.sessions.has(m.session) && typeof m.req_id === 'string') this.cancel(m.session, m.req_id, true);
+        if (m.success && this.sessions.has(m.data.session)) this.cancel(m.data.session, m.data.req_id, true);
         return;
       }
       if (type !== FrameType.Alloc) throw new ProtocolError(`unexpected frame type ${type} on the alloc port`);
@@ -597,8 +596,9 @@ export class XferReceiver extends EventEmitter {
       }
       if (!session) throw new ProtocolError('expected HELLO first');
       if (type === FrameType.Cancel) {
-        const c = meta as CancelMeta;
-        if (typeof c.req_id === 'string') this.cancel(session, c.req_id, false);
+        // the init port's CANCEL comes from the connection's own session, whatever its meta says
+        const c = cancelMetaSchema.safeParse(meta);
+        if (c.success) this.cancel(session, c.data.req_id, false);
         return;
       }
       if (type !== FrameType.Data) throw new ProtocolError(`unexpected frame type ${type} on the init port`);

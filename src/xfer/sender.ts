@@ -1,4 +1,4 @@
-// xfer sender (prefiller side, DESIGN §6).
+// xfer sender (prefiller side; design: docs/xfer.md).
 //
 // send(spec, chunks) for one request:
 //   1. link to the receiver named by spec (connected on demand, kept and shared by every

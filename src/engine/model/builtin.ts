@@ -57,7 +57,7 @@ export function builtinDirName(spec: BuiltinSpec): string {
 }
 
 /** Deterministic normal(0, 1) stream: xorshift128+ style 32-bit generator and Box-Muller. */
-class Rng {
+export class Rng {
   private s0: number;
   private s1: number;
   private s2: number;
@@ -107,7 +107,7 @@ function rotl(x: number, k: number): number {
   return ((x << k) | (x >>> (32 - k))) >>> 0;
 }
 
-function randn(rng: Rng, n: number, std: number): Float32Array {
+export function randn(rng: Rng, n: number, std: number): Float32Array {
   const out = new Float32Array(n);
   for (let i = 0; i < n; i++) out[i] = rng.normal() * std;
   return out;

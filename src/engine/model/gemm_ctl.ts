@@ -22,7 +22,7 @@ export const CTL = {
   NEXT: 14,
   /** Columns per chunk (a multiple of the strip width). */
   CHUNK: 15,
-  /** 1: the job's W is a strip-packed weight (kernel export gemmp), 0: dense (gemm). */
+  /** Which kernel export the job runs: 0 dense (gemm), 1 gemmp, 2 gemmpbf16, 3 gemmpf16, 4 gemmpq8. */
   PACKED: 16,
   SIZE: 17,
 } as const;

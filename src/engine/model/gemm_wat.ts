@@ -17,7 +17,68 @@ import { BLOCK_SHIFT, BLOCK_TOKENS } from './kv_cache.js';
 export const STRIP = 32;
 export const MB = 64;
 
-function kernel4x8(col: number): string {
+
+/**
+ * Weight formats of strip-packed weights (see gemmFunc). Each is turned into the f32 value the
+ * plain-JS decoder (gguf_format.ts dequantize, safetensors.ts) gives, then used exactly like an
+ * f32 weight: a model computes the same bits as with those values widened to f32 at load.
+ *   f32   [K][32] f32 per strip, 128 bytes a row;
+ *   bf16  [K][32] u16 per strip: the f32 bits are the u16 << 16;
+ *   f16   [K][32] u16 per strip: |h| << 13 reinterpreted as f32, times 2^112 (exact for normal and
+ *         subnormal halves; Inf/NaN weights are refused at upload), then the sign;
+ *   q8    per block of 32 k: 32 f32 column scales (128 bytes), then [32][32] i8 (1024 bytes);
+ *         the weight is f32(scale * q).
+ */
+export type WFmt = 'f32' | 'bf16' | 'f16' | 'q8';
+export const WFMT_ROW_BYTES: Record<WFmt, number> = { f32: STRIP * 4, bf16: STRIP * 2, f16: STRIP * 2, q8: STRIP };
+/** q8: bytes of one k-block of a strip (scales + 32 rows of 32 i8). */
+export const Q8_BLOCK_BYTES = STRIP * 4 + 32 * STRIP;
+
+/** v128 (f32x4) of columns col + 4*half .. +3 of the k-row at `wp`; q8 scales are in $s{...}. */
+function loadW(fmt: WFmt, wp: string, col: number, half: number, sreg: string): string {
+  const c = col + 4 * half;
+  const ext = half ? 'high' : 'low';
+  switch (fmt) {
+    case 'f32':
+      return `(v128.load offset=${c * 4} (local.get ${wp}))`;
+    case 'bf16':
+      return `(i32x4.shl (i32x4.extend_${ext}_i16x8_u (v128.load offset=${col * 2} (local.get ${wp}))) (i32.const 16))`;
+    case 'f16': {
+      const h = `(i32x4.extend_${ext}_i16x8_u (v128.load offset=${col * 2} (local.get ${wp})))`;
+      return `(v128.or (f32x4.mul (i32x4.shl (v128.and ${h} (v128.const i32x4 0x7fff 0x7fff 0x7fff 0x7fff)) (i32.const 13)) (v128.const i32x4 0x77800000 0x77800000 0x77800000 0x77800000))
+        (i32x4.shl (v128.and ${h} (v128.const i32x4 0x8000 0x8000 0x8000 0x8000)) (i32.const 16)))`;
+    }
+    case 'q8':
+      return `(f32x4.mul (local.get ${sreg}) (f32x4.convert_i32x4_s (i32x4.extend_${ext}_i16x8_s (v128.load8x8_s offset=${col} (local.get ${wp})))))`;
+  }
+}
+
+/**
+ * The k loop around `body` (which reads the weight row at $wp): K rows, $wp advancing one row;
+ * for q8, in blocks of 32 rows after the block's scales (`loadScales`, at the block start).
+ */
+function kLoop(fmt: WFmt, label: string, body: string[], loadScales: string[]): string {
+  // f32 rows are $ws apart (STRIP*4 packed, N*4 for the dense layout); other formats are packed only.
+  const step = `(local.set $wp (i32.add (local.get $wp) ${fmt === 'f32' ? '(local.get $ws)' : `(i32.const ${WFMT_ROW_BYTES[fmt]})`}))`;
+  if (fmt !== 'q8') {
+    return `(local.set $k (local.get $K))
+      (loop $${label} ${body.join('\n')} ${step}
+        (local.set $k (i32.sub (local.get $k) (i32.const 1)))
+        (br_if $${label} (local.get $k)))`;
+  }
+  return `(local.set $kq (i32.shr_u (local.get $K) (i32.const 5)))
+    (loop $${label}b
+      ${loadScales.join('\n')}
+      (local.set $wp (i32.add (local.get $wp) (i32.const ${STRIP * 4})))
+      (local.set $k (i32.const 32))
+      (loop $${label} ${body.join('\n')} ${step}
+        (local.set $k (i32.sub (local.get $k) (i32.const 1)))
+        (br_if $${label} (local.get $k)))
+      (local.set $kq (i32.sub (local.get $kq) (i32.const 1)))
+      (br_if $${label}b (local.get $kq)))`;
+}
+
+function kernel4x8(col: number, fmt: WFmt): string {
   // accumulators $a{r}{j}, r in 0..3, j in 0..1
   const lines: string[] = [];
   for (let r = 0; r < 4; r++) for (let j = 0; j < 2; j++) lines.push(`(local.set $a${r}${j} (v128.const i32x4 0 0 0 0))`);
@@ -25,20 +86,16 @@ function kernel4x8(col: number): string {
   lines.push(`(local.set $p1 (i32.add (local.get $p0) (local.get $kb)))`);
   lines.push(`(local.set $p2 (i32.add (local.get $p1) (local.get $kb)))`);
   lines.push(`(local.set $p3 (i32.add (local.get $p2) (local.get $kb)))`);
-  lines.push(`(local.set $wp (i32.add (local.get $wstrip) (i32.const ${col * 4})))`);
-  lines.push(`(local.set $k (local.get $K))`);
+  lines.push(`(local.set $wp (local.get $wstrip))`);
   const body: string[] = [];
-  body.push(`(local.set $w0 (v128.load (local.get $wp)))`);
-  body.push(`(local.set $w1 (v128.load offset=16 (local.get $wp)))`);
+  body.push(`(local.set $w0 ${loadW(fmt, '$wp', col, 0, '$s0')})`);
+  body.push(`(local.set $w1 ${loadW(fmt, '$wp', col, 1, '$s1')})`);
   for (let r = 0; r < 4; r++) {
     body.push(`(local.set $x (v128.load32_splat (local.get $p${r})))`);
     for (let j = 0; j < 2; j++) body.push(`(local.set $a${r}${j} (f32x4.add (local.get $a${r}${j}) (f32x4.mul (local.get $x) (local.get $w${j}))))`);
     body.push(`(local.set $p${r} (i32.add (local.get $p${r}) (i32.const 4)))`);
   }
-  body.push(`(local.set $wp (i32.add (local.get $wp) (local.get $ws)))`);
-  body.push(`(local.set $k (i32.sub (local.get $k) (i32.const 1)))`);
-  body.push(`(br_if $kl (local.get $k))`);
-  lines.push(`(loop $kl ${body.join('\n')})`);
+  lines.push(kLoop(fmt, 'kl', body, [0, 1].map((j) => `(local.set $s${j} (v128.load offset=${(col + 4 * j) * 4} (local.get $wp)))`)));
   // store: C + ((m+r)*N + n0 + col)*4
   for (let r = 0; r < 4; r++) {
     lines.push(`(local.set $cp (i32.add (local.get $crow) (i32.add (i32.mul (i32.const ${r}) (local.get $nb)) (i32.const ${col * 4}))))`);
@@ -47,22 +104,18 @@ function kernel4x8(col: number): string {
   return lines.join('\n');
 }
 
-function kernel1x32(): string {
+function kernel1x32(fmt: WFmt): string {
   const lines: string[] = [];
   for (let j = 0; j < 8; j++) lines.push(`(local.set $b${j} (v128.const i32x4 0 0 0 0))`);
   lines.push(`(local.set $p0 (local.get $arow))`);
   lines.push(`(local.set $wp (local.get $wstrip))`);
-  lines.push(`(local.set $k (local.get $K))`);
   const body: string[] = [];
   body.push(`(local.set $x (v128.load32_splat (local.get $p0)))`);
   for (let j = 0; j < 8; j++) {
-    body.push(`(local.set $b${j} (f32x4.add (local.get $b${j}) (f32x4.mul (local.get $x) (v128.load offset=${j * 16} (local.get $wp)))))`);
+    body.push(`(local.set $b${j} (f32x4.add (local.get $b${j}) (f32x4.mul (local.get $x) ${loadW(fmt, '$wp', (j >> 1) * 8, j & 1, `$s${j}`)})))`);
   }
   body.push(`(local.set $p0 (i32.add (local.get $p0) (i32.const 4)))`);
-  body.push(`(local.set $wp (i32.add (local.get $wp) (local.get $ws)))`);
-  body.push(`(local.set $k (i32.sub (local.get $k) (i32.const 1)))`);
-  body.push(`(br_if $kl1 (local.get $k))`);
-  lines.push(`(loop $kl1 ${body.join('\n')})`);
+  lines.push(kLoop(fmt, 'kl1', body, Array.from({ length: 8 }, (_, j) => `(local.set $s${j} (v128.load offset=${j * 16} (local.get $wp)))`)));
   for (let j = 0; j < 8; j++) lines.push(`(v128.store offset=${j * 16} (local.get $crow) (local.get $b${j}))`);
   return lines.join('\n');
 }
@@ -202,6 +255,65 @@ function softmaxFunc(): string {
   )`;
 }
 
+
+/**
+ * swiglu(GU, O, rows, hidden): per row r, with g = GU[r][i] and u = GU[r][hidden + i]:
+ *   e = exp(-|g|) (the f32 polynomial above), d = 1 + e, s = g >= 0 ? 1/d : e/d (the logistic
+ *   function without overflow), O[r][i] = (g * s) * u, every operation in f32 (attention.ts
+ *   swigluJs is its bit-exact twin). Per element, so batch invariant.
+ */
+function swigluFunc(): string {
+  const body = (v: boolean) => {
+    if (v) {
+      return `
+        (local.set $g (v128.load (local.get $gp)))
+        (local.set $e ${expV('(f32x4.neg (f32x4.abs (local.get $g)))')})
+        (local.set $d (f32x4.add (local.get $e) (v128.const f32x4 1 1 1 1)))
+        (local.set $sg (v128.bitselect (f32x4.div (v128.const f32x4 1 1 1 1) (local.get $d)) (f32x4.div (local.get $e) (local.get $d))
+          (f32x4.ge (local.get $g) (v128.const f32x4 0 0 0 0))))
+        (v128.store (local.get $op) (f32x4.mul (f32x4.mul (local.get $g) (local.get $sg)) (v128.load (i32.add (local.get $gp) (local.get $hb)))))`;
+    }
+    return `
+        (local.set $sg1 (f32.load (local.get $gp)))
+        (local.set $se ${expS('(f32.neg (f32.abs (local.get $sg1)))')})
+        (local.set $sd (f32.add (local.get $se) (f32.const 1)))
+        (local.set $ss (select (f32.div (f32.const 1) (local.get $sd)) (f32.div (local.get $se) (local.get $sd)) (f32.ge (local.get $sg1) (f32.const 0))))
+        (f32.store (local.get $op) (f32.mul (f32.mul (local.get $sg1) (local.get $ss)) (f32.load (i32.add (local.get $gp) (local.get $hb)))))`;
+  };
+  return `
+  (func (export "swiglu") (param $GU i32) (param $O i32) (param $rows i32) (param $hidden i32)
+    (local $r i32) (local $i i32) (local $h4 i32) (local $hb i32) (local $gp i32) (local $op i32)
+    (local $g v128) (local $e v128) (local $d v128) (local $sg v128)
+    (local $ex v128) (local $efx v128) (local $ey v128) (local $ez v128)
+    (local $sx f32) (local $sfx f32) (local $sy f32) (local $sz f32)
+    (local $sg1 f32) (local $se f32) (local $sd f32) (local $ss f32)
+    (local.set $h4 (i32.and (local.get $hidden) (i32.const -4)))
+    (local.set $hb (i32.shl (local.get $hidden) (i32.const 2)))
+    (local.set $r (i32.const 0))
+    (block $rd (loop $rl
+      (br_if $rd (i32.ge_u (local.get $r) (local.get $rows)))
+      (local.set $gp (i32.add (local.get $GU) (i32.shl (i32.mul (local.get $r) (local.get $hidden)) (i32.const 3))))
+      (local.set $op (i32.add (local.get $O) (i32.shl (i32.mul (local.get $r) (local.get $hidden)) (i32.const 2))))
+      (local.set $i (i32.const 0))
+      (block $vd (loop $vl
+        (br_if $vd (i32.ge_u (local.get $i) (local.get $h4)))
+        ${body(true)}
+        (local.set $gp (i32.add (local.get $gp) (i32.const 16)))
+        (local.set $op (i32.add (local.get $op) (i32.const 16)))
+        (local.set $i (i32.add (local.get $i) (i32.const 4)))
+        (br $vl)))
+      (block $sd (loop $sl
+        (br_if $sd (i32.ge_u (local.get $i) (local.get $hidden)))
+        ${body(false)}
+        (local.set $gp (i32.add (local.get $gp) (i32.const 4)))
+        (local.set $op (i32.add (local.get $op) (i32.const 4)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $sl)))
+      (local.set $r (i32.add (local.get $r) (i32.const 1)))
+      (br $rl)))
+  )`;
+}
+
 /**
  * One GEMM entry point. `packed` selects the weight layout:
  *   dense  Wt [K][N]: strip s starts at W + s*STRIP*4, rows STRIDE N*4 apart (attention's
@@ -212,13 +324,16 @@ function softmaxFunc(): string {
  *          is bound by exactly that stream.
  * The arithmetic, and so every result bit, is the same for both layouts.
  */
-function gemmFunc(name: string, packed: boolean): string {
+function gemmFunc(name: string, packed: boolean, fmt: WFmt = 'f32'): string {
   const v128Locals: string[] = [];
   for (let r = 0; r < 4; r++) for (let j = 0; j < 2; j++) v128Locals.push(`$a${r}${j}`);
   for (let j = 0; j < 8; j++) v128Locals.push(`$b${j}`);
   v128Locals.push('$w0', '$w1', '$x');
+  for (let j = 0; j < 8; j++) v128Locals.push(`$s${j}`);
   const stripBase = packed
-    ? `(i32.add (local.get $W) (i32.mul (local.get $n) (local.get $kb)))`
+    ? fmt === 'q8'
+      ? `(i32.add (local.get $W) (i32.mul (i32.shr_u (local.get $n) (i32.const 5)) (i32.mul (i32.shr_u (local.get $K) (i32.const 5)) (i32.const ${Q8_BLOCK_BYTES}))))`
+      : `(i32.add (local.get $W) (i32.mul (local.get $n) (i32.mul (local.get $K) (i32.const ${WFMT_ROW_BYTES[fmt] / STRIP}))))`
     : `(i32.add (local.get $W) (i32.shl (local.get $n) (i32.const 2)))`;
   return `
   ;; ${name}(A, Wt, C, M, K, N, m0, m1, n0, n1): rows [m0,m1) x columns [n0,n1) of C (n0, n1 multiples of ${STRIP})
@@ -226,7 +341,7 @@ function gemmFunc(name: string, packed: boolean): string {
       (param $m0 i32) (param $m1 i32) (param $n0 i32) (param $n1 i32)
     (local $kb i32) (local $nb i32) (local $ws i32) (local $mb i32) (local $mEnd i32) (local $n i32) (local $m i32) (local $k i32)
     (local $arow i32) (local $crow i32) (local $wstrip i32) (local $wp i32) (local $cp i32)
-    (local $p0 i32) (local $p1 i32) (local $p2 i32) (local $p3 i32)
+    (local $p0 i32) (local $p1 i32) (local $p2 i32) (local $p3 i32) (local $kq i32)
     ${v128Locals.map((l) => `(local ${l} v128)`).join(' ')}
     (local.set $kb (i32.shl (local.get $K) (i32.const 2)))
     (local.set $nb (i32.shl (local.get $N) (i32.const 2)))
@@ -246,7 +361,7 @@ function gemmFunc(name: string, packed: boolean): string {
           (br_if $r4done (i32.gt_u (i32.add (local.get $m) (i32.const 4)) (local.get $mEnd)))
           (local.set $arow (i32.add (local.get $A) (i32.mul (local.get $m) (local.get $kb))))
           (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const 2)))))
-          ${[0, 8, 16, 24].map((c) => kernel4x8(c)).join('\n')}
+          ${[0, 8, 16, 24].map((c) => kernel4x8(c, fmt)).join('\n')}
           (local.set $m (i32.add (local.get $m) (i32.const 4)))
           (br $r4loop)))
         ;; leftover rows, one at a time
@@ -254,7 +369,7 @@ function gemmFunc(name: string, packed: boolean): string {
           (br_if $r1done (i32.ge_u (local.get $m) (local.get $mEnd)))
           (local.set $arow (i32.add (local.get $A) (i32.mul (local.get $m) (local.get $kb))))
           (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const 2)))))
-          ${kernel1x32()}
+          ${kernel1x32(fmt)}
           (local.set $m (i32.add (local.get $m) (i32.const 1)))
           (br $r1loop)))
         (local.set $n (i32.add (local.get $n) (i32.const ${STRIP})))
@@ -409,7 +524,11 @@ export function gemmWat(): string {
   (import "env" "mem" (memory 1 65536 shared))
 ${gemmFunc('gemm', false)}
 ${gemmFunc('gemmp', true)}
+${gemmFunc('gemmpbf16', true, 'bf16')}
+${gemmFunc('gemmpf16', true, 'f16')}
+${gemmFunc('gemmpq8', true, 'q8')}
 ${softmaxFunc()}
+${swigluFunc()}
 ${gatherFunc()}
 ${argmaxFunc()}
 ${attendHeadsFunc()}

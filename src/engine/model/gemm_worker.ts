@@ -8,8 +8,8 @@ const { module, memory, ctl } = workerData as { module: WebAssembly.Module; memo
 const c = new Int32Array(ctl);
 const inst = new WebAssembly.Instance(module, { env: { mem: memory } });
 type Kernel = (...args: number[]) => void;
-const dense = inst.exports.gemm as Kernel;
-const packed = inst.exports.gemmp as Kernel;
+// Indexed by CTL.PACKED (kernel_wasm.ts FMT_CODE): dense, then the strip-packed weight formats.
+const kernels = ['gemm', 'gemmp', 'gemmpbf16', 'gemmpf16', 'gemmpq8'].map((n) => inst.exports[n] as Kernel);
 // Read the job counter BEFORE announcing readiness: the main thread posts the first job only
 // after 'ready', so that job is always seen as new.
 let seen = Atomics.load(c, CTL.SEQ);
@@ -26,7 +26,7 @@ for (;;) {
   // Pull column chunks until none is left (the main thread pulls from the same counter).
   const n1 = c[a + 9]!;
   const chunk = c[CTL.CHUNK]!;
-  const gemm = c[CTL.PACKED] === 1 ? packed : dense;
+  const gemm = kernels[c[CTL.PACKED]!]!;
   for (;;) {
     const n0 = c[a + 8]! + Atomics.add(c, CTL.NEXT, 1) * chunk;
     if (n0 >= n1) break;

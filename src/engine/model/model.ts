@@ -3,17 +3,19 @@
 //
 // Batch invariance (the engine's correctness contract): a row's result is bitwise identical
 // whatever else is in the batch and however its prompt was split or imported. Hence:
-//   * linear layers: one GEMM over all rows, each output element a fixed-order f32 dot (gemm.ts);
-//   * RMSNorm, RoPE, SiLU: per row, fixed order;
+//   * linear layers: one GEMM over all rows, each output element a fixed-order f32 dot (kernel.ts);
+//   * RMSNorm, RoPE, SwiGLU: per row (SwiGLU per element, in the kernel), fixed order;
 //   * attention: per query row and head, a plain softmax over keys 0..pos in ascending order
 //     (no block-size-dependent online softmax), reading K/V back from the cache, so KV computed
 //     in an earlier call or imported from a chunk is used exactly as if computed now.
 import { basename, resolve } from 'node:path';
 import type { KvLayout } from '../../common/chunk.js';
 import { loadModelConfig, type ModelConfig } from './config.js';
-import { argmaxJs, createGemm, type Gemm, type Weight } from './gemm.js';
+import { createGemm } from './gemm.js';
+import { argmaxJs, type Gemm, type Weight } from './kernel.js';
 import { BLOCK_TOKENS, KvCacheFullError, PagedKvCache } from './kv_cache.js';
 import { SafetensorsCollection, SafetensorsError } from './safetensors.js';
+import type { EncodedWeight } from './weight_pack.js';
 
 export interface Segment {
   seqId: string | number;
@@ -63,6 +65,17 @@ export interface LoadOptions {
   wasmWeightCapBytes?: number;
 }
 
+/** Where a model's weights come from, by Hugging Face tensor name. */
+export interface WeightSource {
+  /** Names the checkpoint in error messages. */
+  readonly label: string;
+  has(name: string): boolean;
+  /** The tensor's values, row-major; a shape other than `shape` is a clear error. */
+  get(name: string, shape: number[]): Promise<Float32Array>;
+  /** The tensor's stored bytes when it is 16-bit or block-quantized (row-major [rows][cols]), else null. */
+  getEncoded?(name: string, shape: number[]): Promise<EncodedWeight | null>;
+}
+
 export class LlamaModel {
   readonly layout: KvLayout;
   private ropeCos = new Float32Array(0);
@@ -88,9 +101,30 @@ export class LlamaModel {
     for (let i = 0; i < half; i++) this.invFreq[i] = 1 / Math.pow(config.ropeTheta, (2 * i) / config.headDim);
   }
 
+  /** Loads a Hugging Face checkpoint directory (config.json + *.safetensors). */
   static async load(dir: string, opts: LoadOptions = {}): Promise<LlamaModel> {
     const cfg = await loadModelConfig(dir);
     const st = await SafetensorsCollection.openDir(dir);
+    const abs = resolve(dir);
+    const src: WeightSource = {
+      label: dir,
+      has: (n) => st.has(n),
+      get: async (n, shape) => (await st.get(n, shape)).data,
+      // F16/BF16 tensors stay 16-bit in memory.
+      getEncoded: async (n, shape) => {
+        const raw = await st.getRaw(n, shape);
+        return raw.dtype === 'F32' ? null : { type: raw.dtype, bytes: raw.bytes };
+      },
+    };
+    return LlamaModel.fromWeights(cfg, src, abs, opts.modelId ?? basename(abs), opts);
+  }
+
+  /**
+   * Builds the model from weights named as in a Hugging Face Llama checkpoint (safetensors
+   * directories and GGUF files both map onto these names). `path` is reported as `dir`.
+   */
+  static async fromWeights(cfg: ModelConfig, st: WeightSource, path: string, modelId: string, opts: LoadOptions = {}): Promise<LlamaModel> {
+    const dir = st.label;
     const { dim, numHeads, numKvHeads, headDim, hiddenDim, vocabSize, numLayers } = cfg;
     const qDim = numHeads * headDim;
     const kvDim = numKvHeads * headDim;
@@ -103,30 +137,46 @@ export class LlamaModel {
       ...(opts.kernel ? { prefer: opts.kernel } : {}),
       ...(opts.wasmWeightCapBytes !== undefined ? { weightCapBytes: opts.wasmWeightCapBytes } : {}),
     });
-    const vec = async (name: string, n: number) => (await st.get(name, [n])).data;
-    const cat = async (names: string[], rows: number[], cols: number) => {
-      const out = new Float32Array(rows.reduce((a, b) => a + b, 0) * cols);
+    const vec = async (name: string, n: number) => st.get(name, [n]);
+    // A linear layer from one or more tensors stacked by rows. Kept in its stored encoding
+    // (16-bit, Q8_0, Q4_0) when every part has the same one — the kernel computes the same bits
+    // as from the widened f32 values, with a half or a quarter of the memory traffic — else f32.
+    const mat = async (names: string[], rows: number[], cols: number): Promise<Weight> => {
+      const n = rows.reduce((a, b) => a + b, 0);
+      if (st.getEncoded) {
+        const parts: (EncodedWeight | null)[] = [];
+        for (let i = 0; i < names.length; i++) parts.push(await st.getEncoded(names[i]!, [rows[i]!, cols]));
+        const type = parts[0]?.type;
+        if (type && parts.every((p) => p?.type === type)) {
+          const bytes = new Uint8Array(parts.reduce((a, p) => a + p!.bytes.length, 0));
+          let off = 0;
+          for (const p of parts) {
+            bytes.set(p!.bytes, off);
+            off += p!.bytes.length;
+          }
+          return gemm.uploadEncoded({ type, bytes }, n, cols);
+        }
+      }
+      const out = new Float32Array(n * cols);
       let off = 0;
       for (let i = 0; i < names.length; i++) {
         const t = await st.get(names[i]!, [rows[i]!, cols]);
-        out.set(t.data, off);
-        off += t.data.length;
+        out.set(t, off);
+        off += t.length;
       }
-      return out;
+      return gemm.upload(out, n, cols);
     };
-    const embed = (await st.get('model.embed_tokens.weight', [vocabSize, dim])).data;
+    const embed = await st.get('model.embed_tokens.weight', [vocabSize, dim]);
     const layers: Layer[] = [];
     for (let l = 0; l < numLayers; l++) {
       const p = `model.layers.${l}.`;
-      const qkv = await cat([`${p}self_attn.q_proj.weight`, `${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`], [qDim, kvDim, kvDim], dim);
-      const gu = await cat([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [hiddenDim, hiddenDim], dim);
       layers.push({
         attnNorm: await vec(`${p}input_layernorm.weight`, dim),
-        qkv: gemm.upload(qkv, qDim + 2 * kvDim, dim),
-        o: gemm.upload((await st.get(`${p}self_attn.o_proj.weight`, [dim, qDim])).data, dim, qDim),
+        qkv: await mat([`${p}self_attn.q_proj.weight`, `${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`], [qDim, kvDim, kvDim], dim),
+        o: await mat([`${p}self_attn.o_proj.weight`], [dim], qDim),
         mlpNorm: await vec(`${p}post_attention_layernorm.weight`, dim),
-        gateUp: gemm.upload(gu, 2 * hiddenDim, dim),
-        down: gemm.upload((await st.get(`${p}mlp.down_proj.weight`, [dim, hiddenDim])).data, dim, hiddenDim),
+        gateUp: await mat([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [hiddenDim, hiddenDim], dim),
+        down: await mat([`${p}mlp.down_proj.weight`], [dim], hiddenDim),
       });
     }
     for (const name of ['q_proj', 'k_proj', 'v_proj', 'o_proj']) {
@@ -136,12 +186,11 @@ export class LlamaModel {
     let lmHead: Weight;
     if (cfg.tieWordEmbeddings || !st.has('lm_head.weight')) {
       if (!cfg.tieWordEmbeddings) throw new SafetensorsError(`${dir}: missing tensor "lm_head.weight" (config.json has tie_word_embeddings=false)`);
-      lmHead = gemm.upload(embed, vocabSize, dim);
+      lmHead = await mat(['model.embed_tokens.weight'], [vocabSize], dim);
     } else {
-      lmHead = gemm.upload((await st.get('lm_head.weight', [vocabSize, dim])).data, vocabSize, dim);
+      lmHead = await mat(['lm_head.weight'], [vocabSize], dim);
     }
-    const abs = resolve(dir);
-    return new LlamaModel(abs, opts.modelId ?? basename(abs), cfg, gemm, embed, layers, finalNorm, lmHead);
+    return new LlamaModel(path, modelId, cfg, gemm, embed, layers, finalNorm, lmHead);
   }
 
   /** Stops the kernel's worker thread (call on shutdown; forward still works, single-threaded). */
@@ -282,14 +331,7 @@ export class LlamaModel {
 
       rmsNorm(x, L.mlpNorm, h, R, dim, normEps);
       this.gemm.matmul(L.gateUp, h, R, gu);
-      for (let r = 0; r < R; r++) {
-        const gb = r * 2 * hiddenDim;
-        const ab = r * hiddenDim;
-        for (let i = 0; i < hiddenDim; i++) {
-          const g = gu[gb + i]!;
-          act[ab + i] = Math.fround(g / (1 + Math.exp(-g))) * gu[gb + hiddenDim + i]!;
-        }
-      }
+      this.gemm.swiglu(gu, R, hiddenDim, act);
       this.gemm.matmul(L.down, act, R, proj);
       for (let i = 0; i < R * dim; i++) x[i] = x[i]! + proj[i]!;
     }
@@ -331,7 +373,7 @@ export class LlamaModel {
    * Per segment and KV head, the query rows of the heads sharing that KV head are stacked and
    * S = Q·Kᵀ and O = P·V run through the GEMM kernel (each element a fixed-order f32 dot over
    * head_dim resp. key positions ascending). Softmax per query row is plain (max, exp, sum with
-   * a fixed lane order, normalise; exp is a deterministic f32 polynomial, gemm.ts/gemm_wat.ts)
+   * a fixed lane order, normalise; exp is a deterministic f32 polynomial, attention.ts/gemm_wat.ts)
    * over keys 0..pos, with no block-size-dependent online rescaling; later keys get exactly 0.
    */
   private attention(segments: Segment[], tables: (readonly number[])[], kv: PagedKvCache, l: number, qkv: Float32Array, attn: Float32Array): void {

@@ -212,8 +212,8 @@ export class SafetensorsCollection {
     return this.entries.get(name)?.shape;
   }
 
-  /** Reads one tensor as f32. `expectShape` (if given) is checked with a clear error. */
-  async get(name: string, expectShape?: number[]): Promise<TensorData> {
+  /** Reads one tensor's stored bytes. `expectShape` (if given) is checked with a clear error. */
+  async getRaw(name: string, expectShape?: number[]): Promise<{ shape: number[]; dtype: StDType; bytes: Uint8Array }> {
     const e = this.entries.get(name);
     if (!e) throw new SafetensorsError(`${this.dir || 'checkpoint'}: missing tensor "${name}"`);
     if (expectShape && (expectShape.length !== e.shape.length || expectShape.some((d, i) => d !== e.shape[i]))) {
@@ -228,11 +228,16 @@ export class SafetensorsCollection {
         if (bytesRead === 0) throw new SafetensorsError(`${e.file}: unexpected end of file reading "${name}"`);
         off += bytesRead;
       }
-      const count = e.shape.reduce((a, x) => a * x, 1);
-      return { shape: e.shape, dtype: e.dtype, data: decode(bytes, e.dtype, count) };
+      return { shape: e.shape, dtype: e.dtype, bytes };
     } finally {
       await fh.close();
     }
+  }
+
+  /** Reads one tensor as f32. `expectShape` (if given) is checked with a clear error. */
+  async get(name: string, expectShape?: number[]): Promise<TensorData> {
+    const { shape, dtype, bytes } = await this.getRaw(name, expectShape);
+    return { shape, dtype, data: decode(bytes, dtype, shape.reduce((a, x) => a * x, 1)) };
   }
 }
 

@@ -159,11 +159,20 @@ export class Tokenizer {
     } catch (e) {
       if (!/cannot read/.test((e as Error).message)) throw e;
     }
+    return Tokenizer.fromJson(tj, cfg, join(dir, 'tokenizer.json'));
+  }
+
+  /**
+   * A tokenizer from an already-parsed tokenizer.json object and tokenizer_config.json object
+   * (GGUF files carry their vocabulary as metadata; gguf_tokenizer.ts builds these from it).
+   * `source` names the origin in error messages.
+   */
+  static fromJson(tj: Record<string, unknown>, cfg: Record<string, unknown>, source: string): Tokenizer {
     let hf: HfTokenizer;
     try {
       hf = new HfTokenizer(tj, cfg);
     } catch (e) {
-      throw new TokenizerError(`${join(dir, 'tokenizer.json')}: unsupported tokenizer (${(e as Error).message})`);
+      throw new TokenizerError(`${source}: unsupported tokenizer (${(e as Error).message})`);
     }
     let tpl = cfg.chat_template;
     if (Array.isArray(tpl)) tpl = (tpl as { name?: string; template?: string }[]).find((t) => t.name === 'default')?.template;

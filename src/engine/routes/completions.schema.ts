@@ -4,6 +4,7 @@
 // penalties, echo, suffix, tools) are refused explicitly rather than silently ignored.
 import { z } from 'zod';
 import { tokenIds } from '../../common/validate.js';
+import { kvTransferParamsSchema } from '../../protocol/disagg_spec.js';
 import { chatMessages } from './messages.schema.js';
 
 const tokenList = tokenIds.min(1, 'expected at least one token id');
@@ -23,7 +24,7 @@ const samplingFields = {
   n: z.literal(1, 'only n = 1 is supported').nullish(),
   presence_penalty: z.literal(0, 'penalties are not supported (expected 0)').nullish(),
   frequency_penalty: z.literal(0, 'penalties are not supported (expected 0)').nullish(),
-  kv_transfer_params: z.record(z.string(), z.unknown(), 'expected an object').nullish(),
+  kv_transfer_params: kvTransferParamsSchema.nullish(),
   user: z.string('expected a string').nullish(),
 };
 

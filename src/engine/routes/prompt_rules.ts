@@ -1,7 +1,7 @@
 // The checks every prompt-taking route applies before any work is queued: the model name, token
 // ids within the vocabulary, text refused by its length alone before it is tokenized, the chat
 // template, and the length rules of max_model_len and of the paged KV budget.
-import { badRequest, notFound } from '../../common/errors.js';
+import { badRequest, ERRORS, kvcError } from '../../common/errors.js';
 import { ChatTemplateError, type ChatMessage } from '../model/tokenizer.js';
 import type { RouteContext } from './context.js';
 import { messageText, type ChatMessageBody } from './messages.schema.js';
@@ -16,7 +16,7 @@ export class PromptRules {
   /** An absent `model` means the served one; any other name is a 404. */
   checkModel(name: string | undefined): void {
     const served = this.ctx.modelName;
-    if (name !== undefined && name !== served) throw notFound(`The model \`${name}\` does not exist. This engine serves \`${served}\`.`, 'model_not_found');
+    if (name !== undefined && name !== served) throw kvcError(ERRORS.model_not_found, `The model \`${name}\` does not exist. This engine serves \`${served}\`.`);
   }
 
   checkIds(ids: number[], field: string): void {
@@ -33,9 +33,9 @@ export class PromptRules {
   boundText(text: string, field: string, limit: number, what: string): void {
     const min = this.ctx.model.tokenizer.minTokens(text);
     if (min >= limit) {
-      throw badRequest(
+      throw kvcError(
+        ERRORS.context_length_exceeded,
         `field \`${field}\`: ${text.length} characters are at least ${min} tokens; ${what} (this model's maximum context length is ${this.ctx.maxModelLen} tokens)`,
-        'context_length_exceeded',
       );
     }
   }
@@ -64,20 +64,20 @@ export class PromptRules {
     const { maxModelLen, kv } = this.ctx;
     if (prompt.length === 0) throw badRequest(`field \`${field}\`: the prompt is empty (0 tokens)`);
     if (prompt.length >= maxModelLen) {
-      throw badRequest(`field \`${field}\`: the prompt has ${prompt.length} tokens; this model's maximum context length is ${maxModelLen} tokens, ${GEN_LIMIT}`, 'context_length_exceeded');
+      throw kvcError(ERRORS.context_length_exceeded, `field \`${field}\`: the prompt has ${prompt.length} tokens; this model's maximum context length is ${maxModelLen} tokens, ${GEN_LIMIT}`);
     }
     if (prompt.length > kv.capacityTokens) {
-      throw badRequest(`field \`${field}\`: the prompt has ${prompt.length} tokens; this engine's KV cache holds ${kv.capacityTokens} tokens`, 'kv_capacity_exceeded');
+      throw kvcError(ERRORS.kv_capacity_exceeded, `field \`${field}\`: the prompt has ${prompt.length} tokens; this engine's KV cache holds ${kv.capacityTokens} tokens`);
     }
     const mt = maxTokens ?? Math.min(defaultMax, kv.capacityTokens + 1 - prompt.length);
     if (prompt.length + mt > maxModelLen) {
-      throw badRequest(
+      throw kvcError(
+        ERRORS.context_length_exceeded,
         `field \`${maxField}\`: ${mt} tokens requested with a ${prompt.length}-token prompt; this model's maximum context length is ${maxModelLen} tokens`,
-        'context_length_exceeded',
       );
     }
     if (prompt.length + mt - 1 > kv.capacityTokens) {
-      throw badRequest(`field \`${maxField}\`: prompt + ${mt} tokens need more KV than this engine has (${kv.capacityTokens} tokens)`, 'kv_capacity_exceeded');
+      throw kvcError(ERRORS.kv_capacity_exceeded, `field \`${maxField}\`: prompt + ${mt} tokens need more KV than this engine has (${kv.capacityTokens} tokens)`);
     }
     return mt;
   }

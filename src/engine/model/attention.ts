@@ -1,0 +1,102 @@
+// Attention's plain-JS reference pieces (shared by the JS kernel, mirrored bit for bit by the
+// WASM kernel in gemm_wat.ts): staging a sequence's paged KV, gathering one KV head's keys and
+// values, and the softmax with its deterministic f32 exp.
+import { EXP_CONSTS } from './gemm_wat.js';
+import { BLOCK_SHIFT, BLOCK_TOKENS } from './kv_cache.js';
+
+/** JS twin of the WASM gatherkv: kt [hd][Pb] transposed keys, v [Pb][hd] values, zero padding. */
+export function gatherStagedJs(src: Float32Array, kvDim: number, off: number, hd: number, P: number, Pb: number, kt: Float32Array, v: Float32Array): void {
+  kt.fill(0, 0, hd * Pb);
+  v.fill(0, 0, Pb * hd);
+  const slab = BLOCK_TOKENS * kvDim;
+  for (let j = 0; j < P; j++) {
+    const kp = (j >> BLOCK_SHIFT) * 2 * slab + (j & (BLOCK_TOKENS - 1)) * kvDim + off;
+    const vp = kp + slab;
+    for (let e = 0; e < hd; e++) {
+      kt[e * Pb + j] = src[kp + e]!;
+      v[j * hd + e] = src[vp + e]!;
+    }
+  }
+}
+
+/** Copies one layer's K/V slabs of `nBlocks` cache blocks to dest[destOff..] (see Gemm.stageKv). */
+export function stageInto(dest: Float32Array, destOff: number, pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void {
+  const slabs = 2 * BLOCK_TOKENS * kvDim;
+  for (let b = 0; b < nBlocks; b++) {
+    const at = blocks[b]! * blockFloats + layerOffset;
+    dest.set(pool.subarray(at, at + slabs), destOff + b * slabs);
+  }
+}
+
+// ---- softmax reference (mirrors the WASM "softmax" function in gemm_wat.ts bit for bit) ----
+
+const fr = Math.fround;
+const EC = {
+  lo: fr(EXP_CONSTS.lo),
+  log2e: fr(EXP_CONSTS.log2e),
+  half: fr(EXP_CONSTS.half),
+  c1: fr(EXP_CONSTS.c1),
+  c2: fr(EXP_CONSTS.c2),
+  p: EXP_CONSTS.p.map(fr),
+};
+const powBuf = new Int32Array(1);
+const powF = new Float32Array(powBuf.buffer);
+
+/** Cephes expf in f32, every operation rounded like the WASM kernel's. Valid for x <= 88. */
+export function expf32(x: number): number {
+  x = Math.max(x, EC.lo);
+  const fx = Math.floor(fr(fr(x * EC.log2e) + EC.half));
+  x = fr(x - fr(fx * EC.c1));
+  x = fr(x - fr(fx * EC.c2));
+  const z = fr(x * x);
+  let y = EC.p[0]!;
+  for (let i = 1; i < 6; i++) y = fr(fr(y * x) + EC.p[i]!);
+  y = fr(fr(fr(y * z) + x) + 1);
+  powBuf[0] = (fx + 127) << 23;
+  return fr(y * powF[0]!);
+}
+
+export function softmaxRowsJs(S: Float32Array, rows: number, stride: number, lens: Int32Array, scale: number): void {
+  const sc = fr(scale);
+  for (let r = 0; r < rows; r++) {
+    const p = r * stride;
+    const len = lens[r]!;
+    const len4 = len & ~3;
+    let m = -Infinity;
+    for (let j = 0; j < len; j++) m = Math.max(m, fr(S[p + j]! * sc));
+    const acc = [0, 0, 0, 0];
+    for (let j = 0; j < len4; j++) {
+      const e = expf32(fr(fr(S[p + j]! * sc) - m));
+      S[p + j] = e;
+      acc[j & 3] = fr(acc[j & 3]! + e);
+    }
+    let sum = fr(fr(acc[0]! + acc[1]!) + fr(acc[2]! + acc[3]!));
+    for (let j = len4; j < len; j++) {
+      const e = expf32(fr(fr(S[p + j]! * sc) - m));
+      S[p + j] = e;
+      sum = fr(sum + e);
+    }
+    const inv = fr(1 / sum);
+    for (let j = 0; j < len; j++) S[p + j] = fr(S[p + j]! * inv);
+    S.fill(0, p + len, p + stride);
+  }
+}
+
+/**
+ * SwiGLU of `rows` rows of gate|up ([rows][2*hidden]) into out ([rows][hidden]), the WASM
+ * "swiglu" export's bit-exact twin: e = exp(-|g|), d = 1 + e, s = g >= 0 ? 1/d : e/d,
+ * out = (g * s) * u, every operation rounded to f32.
+ */
+export function swigluJs(gu: Float32Array, rows: number, hidden: number, out: Float32Array): void {
+  for (let r = 0; r < rows; r++) {
+    const gb = r * 2 * hidden;
+    const ob = r * hidden;
+    for (let i = 0; i < hidden; i++) {
+      const g = gu[gb + i]!;
+      const e = expf32(-Math.abs(g));
+      const d = fr(1 + e);
+      const s = g >= 0 ? fr(1 / d) : fr(e / d);
+      out[ob + i] = fr(fr(g * s) * gu[gb + hidden + i]!);
+    }
+  }
+}

@@ -1,0 +1,192 @@
+// The GGUF container (llama.cpp's model file), version 3, little-endian:
+//   "GGUF" magic, u32 version, u64 tensor count, u64 metadata count,
+//   metadata: (string key, u32 value type, value)*, a string being u64 length + UTF-8 bytes,
+//   tensor infos: (string name, u32 n_dims, u64 dims[n_dims] innermost first, u32 ggml type,
+//                  u64 offset within the data section)*,
+//   padding to `general.alignment` (default 32), then the data section.
+// A 2-D weight of Hugging Face shape [out][in] is stored with dims [in, out] and the same bytes.
+import { f16ToF32, f32ToF16 } from './safetensors.js';
+
+export const GGUF_MAGIC = 0x46554747; // "GGUF" read as u32 LE
+export const GGUF_VERSION = 3;
+export const GGUF_DEFAULT_ALIGNMENT = 32;
+
+/** Metadata value types. */
+export const enum GV {
+  U8 = 0,
+  I8 = 1,
+  U16 = 2,
+  I16 = 3,
+  U32 = 4,
+  I32 = 5,
+  F32 = 6,
+  BOOL = 7,
+  STRING = 8,
+  ARRAY = 9,
+  U64 = 10,
+  I64 = 11,
+  F64 = 12,
+}
+
+/** The ggml tensor types this engine reads and writes. */
+export const GGML_TYPES = {
+  F32: 0,
+  F16: 1,
+  Q4_0: 2,
+  Q8_0: 8,
+  BF16: 30,
+} as const;
+export type GgmlTypeName = keyof typeof GGML_TYPES;
+
+/** `general.file_type` for a file whose 2-D weights are all of one type. */
+export const FILE_TYPE: Record<GgmlTypeName, number> = { F32: 0, F16: 1, Q4_0: 2, Q8_0: 7, BF16: 32 };
+
+/** Values per block and bytes per block of each type. */
+export const TYPE_LAYOUT: Record<GgmlTypeName, { block: number; bytes: number }> = {
+  F32: { block: 1, bytes: 4 },
+  F16: { block: 1, bytes: 2 },
+  BF16: { block: 1, bytes: 2 },
+  Q8_0: { block: 32, bytes: 34 }, // f16 scale, 32 x int8
+  Q4_0: { block: 32, bytes: 18 }, // f16 scale, 16 bytes of 4-bit pairs
+};
+
+export function typeName(t: number): GgmlTypeName | null {
+  for (const [k, v] of Object.entries(GGML_TYPES)) if (v === t) return k as GgmlTypeName;
+  return null;
+}
+
+/** Bytes of `count` values of a type (count a multiple of its block). */
+export function typeBytes(type: GgmlTypeName, count: number): number {
+  const l = TYPE_LAYOUT[type];
+  return (count / l.block) * l.bytes;
+}
+
+// ---- quantization (ggml's reference rounding, so llama.cpp reads what it would have written) ----
+
+/** Q8_0: per block of 32, d = amax/127 (stored as f16), q = round(x/d) (halves away from zero). */
+export function quantizeQ8_0(x: Float32Array, out: Uint8Array, outOff = 0): void {
+  if (x.length % 32 !== 0) throw new Error(`Q8_0 needs a multiple of 32 values, got ${x.length}`);
+  const dv = new DataView(out.buffer, out.byteOffset, out.byteLength);
+  for (let b = 0, o = outOff; b < x.length; b += 32, o += 34) {
+    let amax = 0;
+    for (let i = 0; i < 32; i++) amax = Math.max(amax, Math.abs(x[b + i]!));
+    const d = amax / 127;
+    const id = d ? 1 / d : 0;
+    dv.setUint16(o, f32ToF16(d), true);
+    for (let i = 0; i < 32; i++) {
+      const v = Math.fround(x[b + i]! * id);
+      dv.setInt8(o + 2 + i, Math.sign(v) * Math.round(Math.abs(v))); // C roundf: halves away from zero
+    }
+  }
+}
+
+/** Q4_0: per block of 32, d = max/-8 (max the value of largest magnitude), q = min(15, floor(x/d + 8.5)). */
+export function quantizeQ4_0(x: Float32Array, out: Uint8Array, outOff = 0): void {
+  if (x.length % 32 !== 0) throw new Error(`Q4_0 needs a multiple of 32 values, got ${x.length}`);
+  const dv = new DataView(out.buffer, out.byteOffset, out.byteLength);
+  for (let b = 0, o = outOff; b < x.length; b += 32, o += 18) {
+    let amax = 0;
+    let max = 0;
+    for (let i = 0; i < 32; i++) {
+      const v = x[b + i]!;
+      if (Math.abs(v) > amax) {
+        amax = Math.abs(v);
+        max = v;
+      }
+    }
+    const d = max / -8;
+    const id = d ? 1 / d : 0;
+    dv.setUint16(o, f32ToF16(d), true);
+    for (let j = 0; j < 16; j++) {
+      const q0 = Math.min(15, Math.trunc(Math.fround(x[b + j]! * id) + 8.5));
+      const q1 = Math.min(15, Math.trunc(Math.fround(x[b + j + 16]! * id) + 8.5));
+      out[o + 2 + j] = q0 | (q1 << 4);
+    }
+  }
+}
+
+/** Decodes `count` values of a type from bytes to f32. */
+export function dequantize(type: GgmlTypeName, bytes: Uint8Array, count: number): Float32Array {
+  const out = new Float32Array(count);
+  const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  switch (type) {
+    case 'F32':
+      new Uint8Array(out.buffer).set(bytes.subarray(0, count * 4));
+      break;
+    case 'F16':
+      for (let i = 0; i < count; i++) out[i] = f16ToF32(dv.getUint16(i * 2, true));
+      break;
+    case 'BF16': {
+      const bits = new Uint32Array(out.buffer);
+      for (let i = 0; i < count; i++) bits[i] = dv.getUint16(i * 2, true) << 16;
+      break;
+    }
+    case 'Q8_0':
+      for (let b = 0, o = 0; b < count; b += 32, o += 34) {
+        const d = f16ToF32(dv.getUint16(o, true));
+        for (let i = 0; i < 32; i++) out[b + i] = d * dv.getInt8(o + 2 + i);
+      }
+      break;
+    case 'Q4_0':
+      for (let b = 0, o = 0; b < count; b += 32, o += 18) {
+        const d = f16ToF32(dv.getUint16(o, true));
+        for (let j = 0; j < 16; j++) {
+          const q = bytes[o + 2 + j]!;
+          out[b + j] = d * ((q & 15) - 8);
+          out[b + j + 16] = d * ((q >> 4) - 8);
+        }
+      }
+      break;
+  }
+  return out;
+}
+
+/**
+ * llama.cpp's RoPE pairs dimension 2i with 2i+1 of a head; Hugging Face's rotate_half pairs i with
+ * i+hd/2. Its converter therefore permutes the q and k projection rows of every head:
+ * GGUF row h*hd + 2i + j = HF row h*hd + j*hd/2 + i (j in {0, 1}). `inverse` undoes it.
+ */
+export function permuteRopeRows<T extends Float32Array | Uint8Array>(w: T, heads: number, headDim: number, cols: number, inverse = false): T {
+  // cols: elements per row (for encoded bytes, the row's byte size).
+  const out = (w instanceof Float32Array ? new Float32Array(w.length) : new Uint8Array(w.length)) as T;
+  const half = headDim / 2;
+  for (let h = 0; h < heads; h++) {
+    for (let i = 0; i < half; i++) {
+      for (let j = 0; j < 2; j++) {
+        const g = h * headDim + 2 * i + j;
+        const f = h * headDim + j * half + i;
+        const [dst, src] = inverse ? [f, g] : [g, f];
+        out.set(w.subarray(src * cols, src * cols + cols), dst * cols);
+      }
+    }
+  }
+  return out;
+}
+
+/** Hugging Face tensor names → GGUF names (llama architecture). */
+export function ggufTensorName(hf: string): string | null {
+  const fixed: Record<string, string> = {
+    'model.embed_tokens.weight': 'token_embd.weight',
+    'model.norm.weight': 'output_norm.weight',
+    'lm_head.weight': 'output.weight',
+  };
+  if (fixed[hf]) return fixed[hf]!;
+  const m = /^model\.layers\.(\d+)\.(.+)$/.exec(hf);
+  if (!m) return null;
+  const per: Record<string, string> = {
+    'input_layernorm.weight': 'attn_norm.weight',
+    'self_attn.q_proj.weight': 'attn_q.weight',
+    'self_attn.k_proj.weight': 'attn_k.weight',
+    'self_attn.v_proj.weight': 'attn_v.weight',
+    'self_attn.o_proj.weight': 'attn_output.weight',
+    'post_attention_layernorm.weight': 'ffn_norm.weight',
+    'mlp.gate_proj.weight': 'ffn_gate.weight',
+    'mlp.up_proj.weight': 'ffn_up.weight',
+    'mlp.down_proj.weight': 'ffn_down.weight',
+  };
+  const t = per[m[2]!];
+  return t ? `blk.${m[1]}.${t}` : null;
+}
+
+/** GGUF token types (tokenizer.ggml.token_type). */
+export const TOKEN_TYPE = { NORMAL: 1, UNKNOWN: 2, CONTROL: 3, USER_DEFINED: 4, UNUSED: 5, BYTE: 6 } as const;

@@ -1,0 +1,118 @@
+// The kernel interface the model computes its linear layers and attention with, and the weight
+// layouts both implementations share.
+//
+// Matrix multiply for the model's linear layers: out[m][n] = sum_k a[m][k] * W[n][k], W in the
+// Hugging Face [out][in] layout, pre-transposed once at load to Wt [k][nPad].
+//
+// Determinism contract (shared by both implementations, and tested bitwise):
+//   every output element is a single f32 accumulator, starting at 0, updated as
+//   acc = f32(acc + f32(a[m][k] * Wt[k][n])) for k ascending.
+// Nothing depends on M, on the row's position in the batch or on how columns are split, so a
+// row's result is the same alone or in any batch (batch invariance), and the WASM SIMD kernel
+// (vectorised over n, separate mul and add, no FMA) equals the plain-JS reference bit for bit.
+// (JS evaluates in f64; rounding the product and the sum to f32 each step gives exactly the f32
+// results, since f64 has more than 2*24+2 bits.)
+import { STRIP, type WFmt } from './gemm_wat.js';
+import type { EncodedWeight } from './weight_pack.js';
+
+export interface Weight {
+  /** Input features (K) and output features (N) of the layer. */
+  readonly k: number;
+  readonly n: number;
+  /** N padded to the kernel's strip width; Wt rows have this stride. */
+  readonly nPad: number;
+  /** Byte offset of Wt in WASM memory (wasm kernel) … */
+  readonly ptr: number;
+  /** … or the Wt array itself (JS kernel). */
+  readonly data: Float32Array | null;
+  /** Which WASM instance holds it (WasmGemmPool). */
+  readonly part: number;
+  /** How the WASM kernel holds it (weight_pack.ts); always 'f32' in the JS kernel. */
+  readonly fmt: WFmt;
+}
+
+export interface Gemm {
+  readonly kind: 'wasm-simd' | 'js';
+  /** Copies a weight given as [n][k] (row-major, HF layout) into kernel layout. */
+  upload(w: Float32Array, n: number, k: number): Weight;
+  /**
+   * Same, for a weight kept in its stored encoding (16-bit, Q8_0, Q4_0): the products equal, bit
+   * for bit, upload(decodeWeight(w)) — only the memory it takes differs.
+   */
+  uploadEncoded(w: EncodedWeight, n: number, k: number): Weight;
+  /** out[0..m*n) = a[0..m*k) · Wᵀ. */
+  matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void;
+  /** Releases threads (the kernel still works afterwards, single-threaded). */
+  close(): void;
+  /** out[m][n] = a[m][k] · b[k][n] for a transient b (attention), same summation order. */
+  matmulDense(a: Float32Array, m: number, k: number, b: Float32Array, n: number, out: Float32Array): void;
+  /**
+   * Attention core for M query rows of one KV head: S = q·kt ([M][hd]·[hd][P]), row r softmaxed
+   * over its first lens[r] columns (scaled by `scale`, the rest set to 0), out = S·v ([P][hd]).
+   * P must be a multiple of STRIP (callers pad keys/values with zeros).
+   */
+  attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void;
+  /**
+   * Stages one layer of a sequence's paged KV for attendStaged: for each of `nBlocks` cache
+   * blocks, the 2*BLOCK_TOKENS*kvDim floats (K slab, then V slab) at
+   * pool[blocks[b] * blockFloats + layerOffset]. Copied in bulk, once per sequence and layer.
+   */
+  stageKv(pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void;
+  /**
+   * attend() over the staged KV of one KV head (columns [off, off+hd) of each position), using
+   * its first `keys` positions (zero-padded to a multiple of STRIP). Same result bits as
+   * attend() given those keys/values and zeros as padding.
+   */
+  attendStaged(q: Float32Array, M: number, hd: number, off: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void;
+  /**
+   * attendStaged for every KV head of the staged KV: q is [heads][M][hd] (head g's rows at
+   * g*M*hd), out the same shape. Same bits as calling attendStaged per head.
+   */
+  attendStagedHeads(q: Float32Array, M: number, hd: number, heads: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void;
+  /** Index of the largest value, lowest index on ties (greedy sampling): argmaxJs's answer, NaN included. */
+  argmax(x: Float32Array): number;
+  /** SwiGLU: gu is [rows][gate (hidden) | up (hidden)], out [rows][hidden] (attention.ts swigluJs defines the bits). */
+  swiglu(gu: Float32Array, rows: number, hidden: number, out: Float32Array): void;
+}
+
+/** Greedy decoding's scalar argmax: the largest value, the lowest index on ties. */
+export function argmaxJs(x: Float32Array): number {
+  let best = 0;
+  let bv = x[0]!;
+  for (let i = 1; i < x.length; i++) {
+    const v = x[i]!;
+    if (v > bv) {
+      bv = v;
+      best = i;
+    }
+  }
+  return best;
+}
+
+export const padTo = (n: number, s: number) => Math.ceil(n / s) * s;
+
+export function transposePadded(w: Float32Array, n: number, k: number, nPad: number, dest: Float32Array): void {
+  if (w.length !== n * k) throw new Error(`weight has ${w.length} values, expected ${n}x${k}`);
+  dest.fill(0, 0, k * nPad);
+  for (let i = 0; i < n; i++) {
+    const row = i * k;
+    for (let j = 0; j < k; j++) dest[j * nPad + i] = w[row + j]!;
+  }
+}
+
+/** Wt packed in strips (the WASM kernel's weight layout): dest[s][k][j] = w[s*STRIP + j][k]. */
+export function packStrips(w: Float32Array, n: number, k: number, nPad: number, dest: Float32Array): void {
+  if (w.length !== n * k) throw new Error(`weight has ${w.length} values, expected ${n}x${k}`);
+  dest.fill(0, 0, k * nPad);
+  for (let i = 0; i < n; i++) {
+    const row = i * k;
+    const base = (i - (i % STRIP)) * k + (i % STRIP);
+    for (let j = 0; j < k; j++) dest[base + j * STRIP] = w[row + j]!;
+  }
+}
+
+export function checkArgs(w: Weight, a: Float32Array, m: number, out: Float32Array): void {
+  if (a.length < m * w.k) throw new Error(`matmul: input holds ${a.length} values, ${m}x${w.k} needed`);
+  if (out.length < m * w.n) throw new Error(`matmul: output holds ${out.length} values, ${m}x${w.n} needed`);
+}
+

@@ -1,0 +1,96 @@
+// The plain-JS kernel: the exact summation order of the WASM kernel (kernel.ts), used as the
+// bitwise reference in tests and as the fallback where WASM SIMD is unavailable.
+import { gatherStagedJs, softmaxRowsJs, stageInto, swigluJs } from './attention.js';
+import { STRIP } from './gemm_wat.js';
+import { argmaxJs, checkArgs, padTo, transposePadded, type Gemm, type Weight } from './kernel.js';
+import { BLOCK_TOKENS } from './kv_cache.js';
+import { decodeWeight, type EncodedWeight } from './weight_pack.js';
+
+/** Plain-JS kernel with the exact summation order of the WASM kernel (reference and fallback). */
+export class JsGemm implements Gemm {
+  readonly kind = 'js' as const;
+
+  close(): void {}
+
+  upload(w: Float32Array, n: number, k: number): Weight {
+    const nPad = padTo(n, STRIP);
+    const data = new Float32Array(k * nPad);
+    transposePadded(w, n, k, nPad, data);
+    return { k, n, nPad, ptr: -1, data, part: 0, fmt: 'f32' };
+  }
+
+  uploadEncoded(w: EncodedWeight, n: number, k: number): Weight {
+    return this.upload(decodeWeight(w, n, k), n, k);
+  }
+
+  matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void {
+    checkArgs(w, a, m, out);
+    const wt = w.data!;
+    const { k: K, n: N, nPad } = w;
+    const fr = Math.fround;
+    for (let r = 0; r < m; r++) {
+      const c = out.subarray(r * N, r * N + N);
+      c.fill(0);
+      const ar = r * K;
+      for (let kk = 0; kk < K; kk++) {
+        const av = a[ar + kk]!;
+        const base = kk * nPad;
+        for (let j = 0; j < N; j++) c[j] = c[j]! + fr(av * wt[base + j]!);
+      }
+    }
+  }
+
+  argmax(x: Float32Array): number {
+    return argmaxJs(x);
+  }
+
+  swiglu(gu: Float32Array, rows: number, hidden: number, out: Float32Array): void {
+    swigluJs(gu, rows, hidden, out);
+  }
+
+  attendStagedHeads(q: Float32Array, M: number, hd: number, heads: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
+    for (let g = 0; g < heads; g++) {
+      const rows = M * hd;
+      this.attendStaged(q.subarray(g * rows, (g + 1) * rows), M, hd, g * hd, keys, lens, scale, out.subarray(g * rows, (g + 1) * rows));
+    }
+  }
+
+  private staged = new Float32Array(0);
+  private stagedKvDim = 0;
+
+  stageKv(pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void {
+    const n = nBlocks * 2 * BLOCK_TOKENS * kvDim;
+    if (this.staged.length < n) this.staged = new Float32Array(n);
+    this.stagedKvDim = kvDim;
+    stageInto(this.staged, 0, pool, blocks, nBlocks, blockFloats, layerOffset, kvDim);
+  }
+
+  attendStaged(q: Float32Array, M: number, hd: number, off: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
+    const Pb = padTo(keys, STRIP);
+    const kt = new Float32Array(hd * Pb);
+    const v = new Float32Array(Pb * hd);
+    gatherStagedJs(this.staged, this.stagedKvDim, off, hd, keys, Pb, kt, v);
+    this.attend(q, M, hd, kt, Pb, v, lens, scale, out);
+  }
+
+  attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void {
+    const S = new Float32Array(M * P);
+    this.matmulDense(q, M, hd, kt, P, S);
+    softmaxRowsJs(S, M, P, lens, scale);
+    this.matmulDense(S, M, P, v, hd, out);
+  }
+
+  matmulDense(a: Float32Array, m: number, K: number, b: Float32Array, N: number, out: Float32Array): void {
+    const fr = Math.fround;
+    for (let r = 0; r < m; r++) {
+      const c = out.subarray(r * N, r * N + N);
+      c.fill(0);
+      const ar = r * K;
+      for (let kk = 0; kk < K; kk++) {
+        const av = a[ar + kk]!;
+        const base = kk * N;
+        for (let j = 0; j < N; j++) c[j] = c[j]! + fr(av * b[base + j]!);
+      }
+    }
+  }
+}

@@ -1,0 +1,464 @@
+// The WASM SIMD kernel (gemm_wat.ts compiled with wabt): weights in the module's shared memory,
+// large products split over columns with one worker thread (gemm_worker.ts), and a pool of
+// instances for checkpoints whose weights exceed one 4 GiB address space.
+import { createRequire } from 'node:module';
+import { availableParallelism } from 'node:os';
+import { Worker } from 'node:worker_threads';
+import { stageInto } from './attention.js';
+import { CTL } from './gemm_ctl.js';
+import { gemmWat, STRIP, type WFmt } from './gemm_wat.js';
+import { checkArgs, packStrips, padTo, type Gemm, type Weight } from './kernel.js';
+import { BLOCK_TOKENS } from './kv_cache.js';
+import { kernelFormat, packEncoded, packedBytes, type EncodedWeight } from './weight_pack.js';
+
+/** CTL.PACKED codes: which export a job runs (the worker picks the same). */
+const FMT_CODE: Record<WFmt, number> = { f32: 1, bf16: 2, f16: 3, q8: 4 };
+
+interface GemmExports {
+  /** Dense Wt [K][N] (attention operands). */
+  gemm(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
+  /** Strip-packed Wt (model weights); same arguments and bits as gemm. */
+  gemmp(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
+  /** gemmp for 16-bit and Q8 strip-packed weights (gemm_wat.ts WFmt); same bits as gemmp on the decoded values. */
+  gemmpbf16(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
+  gemmpf16(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
+  gemmpq8(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
+  softmax(S: number, rows: number, stride: number, L: number, scale: number): void;
+  gatherkv(src: number, P: number, Pb: number, kvDim: number, off: number, hd: number, kt: number, v: number, hdPad: number): void;
+  argmax(p: number, n: number): number;
+  swiglu(GU: number, O: number, rows: number, hidden: number): void;
+  attendheads(stage: number, Q: number, KT: number, S: number, V: number, O: number, L: number, M: number, hd: number, hdPad: number, kvDim: number, heads: number, keys: number, P: number, scale: number): void;
+}
+
+let wasmModulePromise: Promise<WebAssembly.Module> | null = null;
+
+/** Compiles the kernel's WAT (gemm_wat.ts) with wabt, once per process. */
+export function gemmModule(): Promise<WebAssembly.Module> {
+  wasmModulePromise ??= (async () => {
+    const require = createRequire(import.meta.url);
+    const wabtInit = require('wabt') as () => Promise<{ parseWat(f: string, s: string, o: object): { toBinary(o: object): { buffer: Uint8Array }; destroy(): void } }>;
+    const wabt = await wabtInit();
+    const mod = wabt.parseWat('gemm.wat', gemmWat(), { simd: true, threads: true });
+    try {
+      const { buffer } = mod.toBinary({});
+      return await WebAssembly.compile(new Uint8Array(buffer));
+    } finally {
+      mod.destroy();
+    }
+  })();
+  return wasmModulePromise;
+}
+
+const PAGE = 65536;
+/** wasm32 addresses 4 GiB; stay clear of the top for scratch. */
+export const WASM_MAX_BYTES = 4 * 1024 * 1024 * 1024 - 256 * 1024 * 1024;
+/** Weights one instance takes; the rest of its address space is left for scratch. */
+export const WASM_WEIGHT_CAP = WASM_MAX_BYTES - 512 * 1024 * 1024;
+
+/** Below this many multiply-adds a call stays on one thread (hand-off costs ~tens of µs). */
+const SPLIT_MIN_MACS = 1 << 20;
+const CHUNKS_PER_CALL = 16;
+/** A worker that has not finished its half by then is considered broken. */
+const WORKER_TIMEOUT_MS = 30_000;
+
+/**
+ * WASM SIMD kernel. Weights live in the module's (shared) memory; inputs and outputs pass
+ * through scratch. Large calls split the columns with one worker thread.
+ */
+export class WasmGemm implements Gemm {
+  readonly kind = 'wasm-simd' as const;
+  private top = 64; // bump allocator; 0 stays unused
+  private scratchPtr = 0;
+  private scratchBytes = 0;
+  private f32: Float32Array;
+  private worker: Worker | null = null;
+  private weightBytes = 0;
+  private weightCap = WASM_WEIGHT_CAP;
+  private readonly ctl = new Int32Array(new SharedArrayBuffer(CTL.SIZE * 4));
+  private seq = 0;
+
+  private constructor(
+    private readonly mem: WebAssembly.Memory,
+    private readonly exp: GemmExports,
+  ) {
+    this.f32 = new Float32Array(mem.buffer);
+  }
+
+  /**
+   * `threads`: 1 or 2 (default: 2 when the machine has 2+ cores, unless KVC_GEMM_THREADS=1).
+   * `weightCapBytes`: weights this instance accepts (default: what wasm32 leaves after scratch).
+   */
+  static async create(opts: { threads?: number; weightCapBytes?: number } = {}): Promise<WasmGemm> {
+    const mod = await gemmModule();
+    const mem = new WebAssembly.Memory({ initial: 16, maximum: 65536, shared: true });
+    const inst = await WebAssembly.instantiate(mod, { env: { mem } });
+    const g = new WasmGemm(mem, inst.exports as unknown as GemmExports);
+    if (opts.weightCapBytes !== undefined) g.weightCap = Math.min(opts.weightCapBytes, WASM_WEIGHT_CAP);
+    const threads = opts.threads ?? (process.env.KVC_GEMM_THREADS === '1' ? 1 : Math.min(2, availableParallelism()));
+    if (threads >= 2) await g.startWorker(mod);
+    return g;
+  }
+
+  get threads(): number {
+    return this.worker ? 2 : 1;
+  }
+
+  private async startWorker(mod: WebAssembly.Module): Promise<void> {
+    const w = new Worker(new URL('./gemm_worker.js', import.meta.url), { workerData: { module: mod, memory: this.mem, ctl: this.ctl.buffer } });
+    try {
+      await new Promise<void>((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error('GEMM worker did not start within 10 s')), 10_000);
+        w.once('message', () => {
+          clearTimeout(timer);
+          resolve();
+        });
+        w.once('error', (e) => {
+          clearTimeout(timer);
+          reject(e);
+        });
+      });
+    } catch {
+      void w.terminate();
+      return; // single-threaded: same results, just slower
+    }
+    w.on('error', () => this.dropWorker());
+    w.on('exit', () => {
+      if (this.worker === w) this.worker = null;
+    });
+    w.unref(); // never keeps the process alive
+    this.worker = w;
+  }
+
+  private dropWorker(): void {
+    const w = this.worker;
+    this.worker = null;
+    Atomics.store(this.ctl, CTL.STOP, 1);
+    Atomics.notify(this.ctl, CTL.SEQ);
+    if (w) void w.terminate();
+  }
+
+  /** Stops the worker thread (the kernel keeps working single-threaded). */
+  close(): void {
+    this.dropWorker();
+  }
+
+  /**
+   * Runs the kernel over all of C, splitting the column strips with the worker when worth it.
+   * `fmt`: the format of a strip-packed weight (gemmp and its variants), or null for a dense
+   * [K][nPad] operand (gemm).
+   */
+  private run(A: number, W: number, C: number, m: number, K: number, nPad: number, fmt: WFmt | null): void {
+    const strips = nPad / STRIP;
+    const code = fmt === null ? 0 : FMT_CODE[fmt];
+    const gemm = code === 0 ? this.exp.gemm : code === 1 ? this.exp.gemmp : code === 2 ? this.exp.gemmpbf16 : code === 3 ? this.exp.gemmpf16 : this.exp.gemmpq8;
+    if (!this.worker || strips < 2 || m * K * nPad < SPLIT_MIN_MACS) {
+      gemm(A, W, C, m, K, nPad, 0, m, 0, nPad);
+      return;
+    }
+    const c = this.ctl;
+    c[CTL.PACKED] = code;
+    const args = [A, W, C, m, K, nPad, 0, m, 0, nPad];
+    for (let i = 0; i < args.length; i++) c[CTL.ARGS + i] = args[i]!;
+    // ~16 chunks: fine enough to balance a late or preempted worker, coarse enough that the
+    // per-call overhead stays negligible.
+    const chunk = Math.ceil(strips / CHUNKS_PER_CALL) * STRIP;
+    c[CTL.CHUNK] = chunk;
+    Atomics.store(c, CTL.NEXT, 0);
+    const seq = (this.seq = (this.seq + 1) | 0);
+    Atomics.store(c, CTL.SEQ, seq);
+    Atomics.notify(c, CTL.SEQ);
+    for (;;) {
+      const n0 = Atomics.add(c, CTL.NEXT, 1) * chunk;
+      if (n0 >= nPad) break;
+      gemm(A, W, C, m, K, nPad, 0, m, n0, Math.min(n0 + chunk, nPad));
+    }
+    // The worker never joined this job: every chunk was computed here.
+    if (Atomics.compareExchange(c, CTL.CLAIM, (seq - 1) | 0, seq) === ((seq - 1) | 0)) return;
+    const deadline = Date.now() + WORKER_TIMEOUT_MS;
+    for (;;) {
+      const done = Atomics.load(c, CTL.DONE);
+      if (done === seq) return;
+      const left = deadline - Date.now();
+      if (left <= 0) {
+        // Broken worker: recompute everything here (same bits) and continue single-threaded.
+        this.dropWorker();
+        gemm(A, W, C, m, K, nPad, 0, m, 0, nPad);
+        return;
+      }
+      Atomics.wait(c, CTL.DONE, done, Math.min(left, 1000));
+    }
+  }
+
+  private alloc(bytes: number): number {
+    const ptr = padTo(this.top, 64);
+    const end = ptr + bytes;
+    if (end > WASM_MAX_BYTES) throw new Error(`WASM kernel memory exhausted (${end} bytes requested); use the JS kernel for models this large`);
+    const have = this.mem.buffer.byteLength;
+    if (end > have) this.mem.grow(Math.ceil((end - have) / PAGE));
+    this.top = end;
+    this.f32 = new Float32Array(this.mem.buffer);
+    return ptr;
+  }
+
+  /** Whether a weight of `n` x `k` still fits this instance's weight budget. */
+  canHold(n: number, k: number, fmt: WFmt = 'f32'): boolean {
+    return this.weightBytes + packedBytes(fmt, n, k) <= this.weightCap;
+  }
+
+  uploadEncoded(w: EncodedWeight, n: number, k: number): Weight {
+    const fmt = kernelFormat(w.type);
+    const nPad = padTo(n, STRIP);
+    const bytes = packedBytes(fmt, n, k);
+    if (!this.canHold(n, k, fmt)) throw new Error(`WASM kernel instance full: a ${n}x${k} weight does not fit its ${this.weightCap}-byte budget`);
+    const ptr = this.alloc(bytes);
+    packEncoded(w, n, k, new Uint8Array(this.mem.buffer, ptr, bytes));
+    this.weightBytes += bytes;
+    return { k, n, nPad, ptr, data: null, part: 0, fmt };
+  }
+
+  upload(w: Float32Array, n: number, k: number): Weight {
+    const nPad = padTo(n, STRIP);
+    if (!this.canHold(n, k)) throw new Error(`WASM kernel instance full: a ${n}x${k} weight does not fit its ${this.weightCap}-byte budget`);
+    this.weightBytes += k * nPad * 4;
+    const ptr = this.alloc(k * nPad * 4);
+    packStrips(w, n, k, nPad, this.f32.subarray(ptr / 4, ptr / 4 + k * nPad));
+    return { k, n, nPad, ptr, data: null, part: 0, fmt: 'f32' };
+  }
+
+  private scratch(bytes: number): number {
+    if (bytes > this.scratchBytes) {
+      const size = Math.max(bytes, this.scratchBytes * 2);
+      this.scratchPtr = this.alloc(size);
+      this.scratchBytes = size;
+    }
+    return this.scratchPtr;
+  }
+
+  /** SIMD argmax over 32000 logits is ~5x the JS loop; batched greedy decode runs one per row and step. */
+  argmax(x: Float32Array): number {
+    if (x.length === 0) return 0;
+    const p = this.scratch(x.length * 4);
+    this.f32.set(x, p / 4);
+    return this.exp.argmax(p, x.length);
+  }
+
+  /** SwiGLU in WASM SIMD (f32 exp polynomial): ~10x the JS loop over Math.exp, same bits as swigluJs. */
+  swiglu(gu: Float32Array, rows: number, hidden: number, out: Float32Array): void {
+    if (rows === 0 || hidden === 0) return;
+    const n = rows * hidden;
+    const GU = this.scratch(padTo(2 * n * 4, 64) + n * 4);
+    const O = GU + padTo(2 * n * 4, 64);
+    this.f32.set(gu.subarray(0, 2 * n), GU / 4);
+    this.exp.swiglu(GU, O, rows, hidden);
+    out.set(this.f32.subarray(O / 4, O / 4 + n));
+  }
+
+  private stagePtr = 0;
+  private stageBytes = 0;
+  private stageKvDim = 0;
+
+  stageKv(pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void {
+    const bytes = nBlocks * 2 * BLOCK_TOKENS * kvDim * 4;
+    if (bytes > this.stageBytes) {
+      const size = Math.max(bytes, this.stageBytes * 2);
+      this.stagePtr = this.alloc(size);
+      this.stageBytes = size;
+    }
+    this.stageKvDim = kvDim;
+    stageInto(this.f32, this.stagePtr / 4, pool, blocks, nBlocks, blockFloats, layerOffset, kvDim);
+  }
+
+  attendStaged(q: Float32Array, M: number, hd: number, off: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
+    const P = padTo(keys, STRIP);
+    this.attendCore(q, M, hd, P, lens, scale, out, (KT, V, hdPad) => this.exp.gatherkv(this.stagePtr, keys, P, this.stageKvDim, off, hd, KT, V, hdPad));
+  }
+
+  /**
+   * When neither product would be split with the worker (a decode step), every head in one WASM
+   * call (attendheads: the per-head sequence inside WASM, so one JS→WASM crossing instead of
+   * several per head); otherwise per head, each product shared with the worker.
+   */
+  attendStagedHeads(q: Float32Array, M: number, hd: number, heads: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
+    if (M === 0 || heads === 0) return;
+    const P = padTo(keys, STRIP);
+    const hdPad = padTo(hd, STRIP);
+    const rows = M * hd;
+    if (this.worker && (M * hd * P >= SPLIT_MIN_MACS || M * P * hdPad >= SPLIT_MIN_MACS)) {
+      for (let g = 0; g < heads; g++) {
+        this.attendStaged(q.subarray(g * rows, (g + 1) * rows), M, hd, g * hd, keys, lens, scale, out.subarray(g * rows, (g + 1) * rows));
+      }
+      return;
+    }
+    const s = this.attnScratch(q, heads, M, hd, P, lens);
+    this.exp.attendheads(this.stagePtr, s.Q, s.KT, s.S, s.V, s.O, s.L, M, hd, s.hdPad, this.stageKvDim, heads, keys, P, scale);
+    this.copyRows(s.O, heads * M, hd, s.hdPad, out);
+  }
+
+  attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void {
+    if (P % STRIP !== 0) throw new Error(`attend: P=${P} must be a multiple of ${STRIP}`);
+    this.attendCore(q, M, hd, P, lens, scale, out, (KT, V, hdPad) => {
+      const f32 = this.f32;
+      f32.set(kt.subarray(0, hd * P), KT / 4);
+      if (hdPad === hd) f32.set(v.subarray(0, P * hd), V / 4);
+      else {
+        for (let j = 0; j < P; j++) {
+          f32.set(v.subarray(j * hd, j * hd + hd), V / 4 + j * hdPad);
+          f32.fill(0, V / 4 + j * hdPad + hd, V / 4 + (j + 1) * hdPad);
+        }
+      }
+    });
+  }
+
+  /**
+   * Attention operands on kernel scratch for `heads` heads of M query rows over P keys: Q (the
+   * queries, copied in, [heads][M][hd]), KT ([hd][P]), S ([M][P]), V ([P][hdPad]), O
+   * ([heads][M][hdPad]) and L (the M row lengths, copied in), as byte addresses.
+   */
+  private attnScratch(q: Float32Array, heads: number, M: number, hd: number, P: number, lens: Int32Array) {
+    const hdPad = padTo(hd, STRIP);
+    const sz = (n: number) => padTo(n * 4, 64);
+    const Q = this.scratch(sz(heads * M * hd) + sz(hd * P) + sz(M * P) + sz(P * hdPad) + sz(heads * M * hdPad) + sz(M));
+    const KT = Q + sz(heads * M * hd);
+    const S = KT + sz(hd * P);
+    const V = S + sz(M * P);
+    const O = V + sz(P * hdPad);
+    const L = O + sz(heads * M * hdPad);
+    this.f32.set(q.subarray(0, heads * M * hd), Q / 4);
+    new Int32Array(this.mem.buffer, L, M).set(lens.subarray(0, M));
+    return { Q, KT, S, V, O, L, hdPad };
+  }
+
+  /** `rows` rows of `hd` floats from kernel memory at byte address O (row stride hdPad) into out. */
+  private copyRows(O: number, rows: number, hd: number, hdPad: number, out: Float32Array): void {
+    const f32 = this.f32;
+    const o0 = O / 4;
+    if (hdPad === hd) out.set(f32.subarray(o0, o0 + rows * hd));
+    else for (let r = 0; r < rows; r++) out.set(f32.subarray(o0 + r * hdPad, o0 + r * hdPad + hd), r * hd);
+  }
+
+  /**
+   * One head's attention on kernel scratch: `fillKV(KT, V, hdPad)` writes keys ([hd][P]) and
+   * values ([P][hdPad]) at those byte addresses; then S = Q·KT, softmax, O = S·V, copied to `out`.
+   */
+  private attendCore(q: Float32Array, M: number, hd: number, P: number, lens: Int32Array, scale: number, out: Float32Array, fillKV: (KT: number, V: number, hdPad: number) => void): void {
+    if (M === 0) return;
+    const { Q, KT, S, V, O, L, hdPad } = this.attnScratch(q, 1, M, hd, P, lens);
+    fillKV(KT, V, hdPad);
+    this.run(Q, KT, S, M, hd, P, null);
+    this.exp.softmax(S, M, P, L, scale);
+    this.run(S, V, O, M, P, hdPad, null);
+    this.copyRows(O, M, hd, hdPad, out);
+  }
+
+  matmulDense(a: Float32Array, m: number, K: number, b: Float32Array, N: number, out: Float32Array): void {
+    if (m === 0 || N === 0) return;
+    if (K === 0) {
+      out.fill(0, 0, m * N);
+      return;
+    }
+    const nPad = padTo(N, STRIP);
+    const aBytes = padTo(m * K * 4, 64);
+    const bBytes = padTo(K * nPad * 4, 64);
+    const A = this.scratch(aBytes + bBytes + m * nPad * 4);
+    const B = A + aBytes;
+    const C = B + bBytes;
+    const f32 = this.f32;
+    f32.set(a.subarray(0, m * K), A / 4);
+    if (nPad === N) f32.set(b.subarray(0, K * N), B / 4);
+    else {
+      const b0 = B / 4;
+      for (let kk = 0; kk < K; kk++) {
+        f32.set(b.subarray(kk * N, kk * N + N), b0 + kk * nPad);
+        f32.fill(0, b0 + kk * nPad + N, b0 + (kk + 1) * nPad);
+      }
+    }
+    this.run(A, B, C, m, K, nPad, null);
+    const c0 = C / 4;
+    if (nPad === N) out.set(f32.subarray(c0, c0 + m * N));
+    else for (let r = 0; r < m; r++) out.set(f32.subarray(c0 + r * nPad, c0 + r * nPad + N), r * N);
+  }
+
+  matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void {
+    checkArgs(w, a, m, out);
+    if (m === 0) return;
+    const { k: K, n: N, nPad } = w;
+    const aBytes = padTo(m * K * 4, 64);
+    const A = this.scratch(aBytes + m * nPad * 4);
+    const C = A + aBytes;
+    const f32 = this.f32;
+    f32.set(a.subarray(0, m * K), A / 4);
+    this.run(A, w.ptr, C, m, K, nPad, w.fmt);
+    const c0 = C / 4;
+    if (nPad === N) out.set(f32.subarray(c0, c0 + m * N));
+    else for (let r = 0; r < m; r++) out.set(f32.subarray(c0 + r * nPad, c0 + r * nPad + N), r * N);
+  }
+}
+
+/**
+ * Weights spread over several WASM instances (each addresses at most 4 GiB), for checkpoints
+ * whose f32 weights exceed one. A weight is used by the instance that holds it; attention runs
+ * on the first. Same kernel everywhere, so the same bits as a single instance.
+ */
+export class WasmGemmPool implements Gemm {
+  readonly kind = 'wasm-simd' as const;
+  private cur = 0;
+
+  constructor(private readonly parts: WasmGemm[]) {
+    if (parts.length === 0) throw new Error('WasmGemmPool needs at least one instance');
+  }
+
+  get size(): number {
+    return this.parts.length;
+  }
+
+  upload(w: Float32Array, n: number, k: number): Weight {
+    while (this.cur < this.parts.length && !this.parts[this.cur]!.canHold(n, k)) this.cur++;
+    const part = this.parts[this.cur];
+    if (!part) throw new Error(`WASM kernel pool full: no instance left for a ${n}x${k} weight`);
+    return { ...part.upload(w, n, k), part: this.cur };
+  }
+
+  uploadEncoded(w: EncodedWeight, n: number, k: number): Weight {
+    const fmt = kernelFormat(w.type);
+    while (this.cur < this.parts.length && !this.parts[this.cur]!.canHold(n, k, fmt)) this.cur++;
+    const part = this.parts[this.cur];
+    if (!part) throw new Error(`WASM kernel pool full: no instance left for a ${n}x${k} weight`);
+    return { ...part.uploadEncoded(w, n, k), part: this.cur };
+  }
+
+  matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void {
+    this.parts[w.part]!.matmul(w, a, m, out);
+  }
+
+  matmulDense(a: Float32Array, m: number, k: number, b: Float32Array, n: number, out: Float32Array): void {
+    this.parts[0]!.matmulDense(a, m, k, b, n, out);
+  }
+
+  attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void {
+    this.parts[0]!.attend(q, M, hd, kt, P, v, lens, scale, out);
+  }
+
+  stageKv(pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void {
+    this.parts[0]!.stageKv(pool, blocks, nBlocks, blockFloats, layerOffset, kvDim);
+  }
+
+  attendStaged(q: Float32Array, M: number, hd: number, off: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
+    this.parts[0]!.attendStaged(q, M, hd, off, keys, lens, scale, out);
+  }
+
+  argmax(x: Float32Array): number {
+    return this.parts[0]!.argmax(x);
+  }
+
+  swiglu(gu: Float32Array, rows: number, hidden: number, out: Float32Array): void {
+    this.parts[0]!.swiglu(gu, rows, hidden, out);
+  }
+
+  attendStagedHeads(q: Float32Array, M: number, hd: number, heads: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
+    this.parts[0]!.attendStagedHeads(q, M, hd, heads, keys, lens, scale, out);
+  }
+
+  close(): void {
+    for (const p of this.parts) p.close();
+  }
+}

@@ -1,0 +1,89 @@
+// Weights kept in their checkpoint's encoding (16-bit floats, 8- or 4-bit blocks) instead of being
+// widened to f32 at load, and their strip-packed layouts for the WASM kernel's formats (gemm_wat.ts
+// WFmt). The kernel turns each packed value into exactly the f32 that `dequantize` gives, so a
+// model computes the same bits either way: only memory (and the bandwidth decode is bound by)
+// shrinks — 2x for 16-bit, 3.8x for Q8_0 (Q4_0 is held in the Q8 layout: its 4-bit values widen
+// to int8 exactly, same scale).
+import { dequantize, type GgmlTypeName } from './gguf_format.js';
+import { Q8_BLOCK_BYTES, STRIP, type WFmt } from './gemm_wat.js';
+import { f16ToF32 } from './safetensors.js';
+
+/** A [n][k] weight in its stored encoding (row-major, rows of k values; blocks run along k). */
+export interface EncodedWeight {
+  type: Exclude<GgmlTypeName, 'F32'>;
+  bytes: Uint8Array;
+}
+
+export const padTo = (n: number, s: number) => Math.ceil(n / s) * s;
+
+/** The kernel format an encoding is held in. */
+export function kernelFormat(type: EncodedWeight['type']): WFmt {
+  return type === 'F16' ? 'f16' : type === 'BF16' ? 'bf16' : 'q8';
+}
+
+/** Bytes of the packed layout of an n x k weight in format `fmt` (N padded to the strip). */
+export function packedBytes(fmt: WFmt, n: number, k: number): number {
+  const strips = padTo(n, STRIP) / STRIP;
+  if (fmt === 'q8') return strips * (k / 32) * Q8_BLOCK_BYTES;
+  return strips * k * STRIP * (fmt === 'f32' ? 4 : 2);
+}
+
+/** The f32 values of an encoded weight (the JS kernel's path; the reference the WASM formats equal). */
+export function decodeWeight(w: EncodedWeight, n: number, k: number): Float32Array {
+  return dequantize(w.type, w.bytes, n * k);
+}
+
+/** Rows [n][k] bytes per row of an encoding. */
+export function rowBytes(type: EncodedWeight['type'], k: number): number {
+  if (type === 'Q8_0') return (k / 32) * 34;
+  if (type === 'Q4_0') return (k / 32) * 18;
+  return k * 2;
+}
+
+/**
+ * Packs an encoded [n][k] weight into `dest` (a view of exactly packedBytes) in the kernel layout.
+ * Refuses F16 Inf/NaN (the kernel's exact f16 widening covers finite values only) and K not a
+ * multiple of 32 for block formats.
+ */
+export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8Array): void {
+  const fmt = kernelFormat(w.type);
+  const rb = rowBytes(w.type, k);
+  if (w.bytes.length !== n * rb) throw new Error(`${w.type} weight has ${w.bytes.length} bytes, expected ${n}x${k} (${n * rb})`);
+  dest.fill(0);
+  const src = new DataView(w.bytes.buffer, w.bytes.byteOffset, w.bytes.byteLength);
+  const out = new DataView(dest.buffer, dest.byteOffset, dest.byteLength);
+  if (fmt !== 'q8') {
+    for (let i = 0; i < n; i++) {
+      const base = ((i - (i % STRIP)) * k + (i % STRIP)) * 2;
+      for (let j = 0; j < k; j++) {
+        const h = src.getUint16((i * k + j) * 2, true);
+        if (fmt === 'f16' && (h & 0x7c00) === 0x7c00) throw new Error(`F16 weight holds Inf or NaN at row ${i}, column ${j}`);
+        out.setUint16(base + j * STRIP * 2, h, true);
+      }
+    }
+    return;
+  }
+  if (k % 32 !== 0) throw new Error(`${w.type} weight: K=${k} is not a multiple of 32`);
+  const kBlocks = k / 32;
+  const q4 = w.type === 'Q4_0';
+  const bb = q4 ? 18 : 34;
+  for (let i = 0; i < n; i++) {
+    const s = Math.floor(i / STRIP);
+    const col = i % STRIP;
+    for (let b = 0; b < kBlocks; b++) {
+      const at = i * rb + b * bb;
+      const blk = (s * kBlocks + b) * Q8_BLOCK_BYTES;
+      out.setFloat32(blk + col * 4, f16ToF32(src.getUint16(at, true)), true);
+      const q0 = blk + STRIP * 4 + col; // row r of the block at q0 + r*STRIP
+      if (q4) {
+        for (let j = 0; j < 16; j++) {
+          const v = w.bytes[at + 2 + j]!;
+          out.setInt8(q0 + j * STRIP, (v & 15) - 8);
+          out.setInt8(q0 + (j + 16) * STRIP, (v >> 4) - 8);
+        }
+      } else {
+        for (let r = 0; r < 32; r++) out.setInt8(q0 + r * STRIP, src.getInt8(at + 2 + r));
+      }
+    }
+  }
+}

@@ -1,0 +1,103 @@
+// Weights kept in their stored encoding (F16, BF16, Q8_0, Q4_0) in the WASM kernel: every product
+// equals, bit for bit, the plain-JS kernel on the decoded f32 values, for any number of rows
+// (batch invariance) and whether or not the worker thread takes a share of the columns.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { encodeTensor } from '../src/engine/model/gguf_write.js';
+import { JsGemm } from '../src/engine/model/kernel_js.js';
+import { WasmGemm } from '../src/engine/model/kernel_wasm.js';
+import { decodeWeight, type EncodedWeight } from '../src/engine/model/weight_pack.js';
+
+function rand(len: number, seed: number, scale = 1): Float32Array {
+  const out = new Float32Array(len);
+  let s = seed >>> 0;
+  for (let i = 0; i < len; i++) {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    out[i] = (s / 4294967296 - 0.5) * scale;
+  }
+  return out;
+}
+
+function sameBits(a: Float32Array, b: Float32Array, what: string): void {
+  const ua = new Uint32Array(a.buffer, a.byteOffset, a.length);
+  const ub = new Uint32Array(b.buffer, b.byteOffset, b.length);
+  for (let i = 0; i < a.length; i++) if (ua[i] !== ub[i]) assert.fail(`${what}: element ${i}: ${a[i]} vs ${b[i]}`);
+}
+
+test('encoded weights: WASM F16/BF16/Q8_0/Q4_0 kernels equal the JS kernel on decoded weights, bitwise, alone or batched', async () => {
+  const js = new JsGemm();
+  for (const threads of [1, 2]) {
+    const wasm = await WasmGemm.create({ threads });
+    try {
+      // n not a multiple of the strip (padding), k a multiple of 32 (block formats).
+      for (const [n, k] of [
+        [70, 64],
+        [300, 512],
+      ] as const) {
+        const w = rand(n * k, n + k, 0.2);
+        // Subnormal f16 values and exact zeros must widen exactly too.
+        w[3] = 3e-6;
+        w[5] = -1e-7;
+        w[7] = 0;
+        for (const type of ['F16', 'BF16', 'Q8_0', 'Q4_0'] as const) {
+          const enc: EncodedWeight = { type, bytes: encodeTensor(type, w) };
+          const ref = js.upload(decodeWeight(enc, n, k), n, k);
+          const wt = wasm.uploadEncoded(enc, n, k);
+          const a = rand(9 * k, 7);
+          const full = new Float32Array(9 * n);
+          wasm.matmul(wt, a, 9, full);
+          for (const m of [1, 4, 9]) {
+            const got = new Float32Array(m * n);
+            const exp = new Float32Array(m * n);
+            wasm.matmul(wt, a, m, got);
+            js.matmul(ref, a, m, exp);
+            sameBits(got, exp, `${type} ${n}x${k} m=${m} threads=${threads}`);
+            sameBits(got, full.subarray(0, m * n), `${type} batch invariance m=${m}`);
+          }
+        }
+      }
+    } finally {
+      wasm.close();
+    }
+  }
+});
+
+test('encoded weights: F16 Inf/NaN and malformed sizes are refused at upload', async () => {
+  const wasm = await WasmGemm.create({ threads: 1 });
+  try {
+    const bytes = encodeTensor('F16', rand(32 * 32, 1));
+    new DataView(bytes.buffer).setUint16(10, 0x7c00, true);
+    assert.throws(() => wasm.uploadEncoded({ type: 'F16', bytes }, 32, 32), /Inf or NaN/);
+    assert.throws(() => wasm.uploadEncoded({ type: 'Q8_0', bytes: new Uint8Array(10) }, 32, 32), /expected 32x32/);
+  } finally {
+    wasm.close();
+  }
+});
+
+test('swiglu: the WASM kernel equals swigluJs bitwise, extremes included, and is per element', async () => {
+  const { swigluJs } = await import('../src/engine/model/attention.js');
+  const wasm = await WasmGemm.create({ threads: 1 });
+  try {
+    const hidden = 37; // vector body and scalar tail
+    const rows = 5;
+    const gu = rand(rows * 2 * hidden, 11, 20);
+    gu.set([0, -0, 1e-30, -1e-30, 87, -87, 88.5, -88.5, 200, -200, 1e30, -1e30], 0);
+    const a = new Float32Array(rows * hidden);
+    const b = new Float32Array(rows * hidden);
+    wasm.swiglu(gu, rows, hidden, a);
+    swigluJs(gu, rows, hidden, b);
+    sameBits(a, b, 'swiglu');
+    for (let i = 0; i < a.length; i++) assert.ok(Number.isFinite(a[i]!), `element ${i} finite`);
+    const one = new Float32Array(hidden);
+    wasm.swiglu(gu.subarray(2 * 2 * hidden), 1, hidden, one);
+    sameBits(one, a.subarray(2 * hidden, 3 * hidden), 'row alone');
+    // silu(g) * u against the f64 definition
+    for (let i = 0; i < hidden; i++) {
+      const g = gu[i]!;
+      const ref = (g / (1 + Math.exp(-g))) * gu[hidden + i]!;
+      assert.ok(Math.abs(a[i]! - ref) <= 1e-6 * Math.max(1, Math.abs(ref)), `element ${i}: ${a[i]} vs ${ref}`);
+    }
+  } finally {
+    wasm.close();
+  }
+});

@@ -12,11 +12,12 @@
 // short and long requests, and goodput: the highest long-prompt arrival rate at which at least
 // 90 % of the short AND of the long requests meet the SLO (below), found by a bounded search.
 // Plots (Vega-Lite rendered to SVG): ITL over time per configuration, SLO attainment vs rate.
-// Output folder: bench-out/disagg/ (or --out DIR). Last line:
+// Output folder: bench-out/disagg/ (or --out DIR); `--replot DIR/results.json` redraws the plots of
+// an earlier run without running anything. Last line:
 // {"bench":"disagg","idle_itl_p99_ms":…,"coloc_itl_p99_ms":…,"disagg_itl_p99_ms":…,
 //  "coloc_goodput_rps":…,"disagg_goodput_rps":…,"long_ttft_p50_ms":…}
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -228,7 +229,8 @@ async function up(args: string[], logRoot: string): Promise<Deployment> {
       return { url: ready, stop };
     }
     await stop();
-    if (!/ports already in use/.test(out)) throw new Error(`kvc up ${args.join(' ')} did not start:\n${out.slice(-3000)}`);
+    // Another program may take a port between the check and the start: try another offset.
+    if (!/ports already in use|EADDRINUSE/.test(out)) throw new Error(`kvc up ${args.join(' ')} did not start:\n${out.slice(-3000)}`);
   }
   throw new Error('no free port offset found for kvc up');
 }
@@ -282,9 +284,11 @@ function binned(series: { config: Config; t: number; itl_ms: number }[]): { conf
   }
   const out: { config: Config; t: number; stat: string; ms: number }[] = [];
   for (const b of [...bins.values()].sort((x, y) => x.t - y.t)) {
-    out.push({ config: b.config, t: b.t, stat: 'p50', ms: pct(b.xs, 50) });
-    out.push({ config: b.config, t: b.t, stat: 'p99', ms: pct(b.xs, 99) });
-    out.push({ config: b.config, t: b.t, stat: 'max', ms: Math.max(...b.xs) });
+    // Tokens that reached the client in one read have a 0 ms gap: floored at 0.1 ms for the log scale.
+    const floor = (ms: number) => Math.max(0.1, ms);
+    out.push({ config: b.config, t: b.t, stat: 'p50', ms: floor(pct(b.xs, 50)) });
+    out.push({ config: b.config, t: b.t, stat: 'p99', ms: floor(pct(b.xs, 99)) });
+    out.push({ config: b.config, t: b.t, stat: 'max', ms: floor(Math.max(...b.xs)) });
   }
   return out;
 }
@@ -294,10 +298,67 @@ async function svg(spec: vl.TopLevelSpec): Promise<string> {
   return view.toSVG();
 }
 
+
+interface Saved {
+  results: Partial<Record<Config, ReturnType<typeof summary>>>;
+  goodput: Partial<Record<Config, number>>;
+  curve: { config: Config; rate: number; attainment: number }[];
+  series: { config: Config; t: number; itl_ms: number }[];
+  slo: typeof SLO;
+}
+
+/** Writes the two SVG plots and results.json (which --replot FILE reads back to redraw them). */
+async function plots(outDir: string, saved: Saved): Promise<void> {
+  const { series, curve } = saved;
+  const itlPlot = await svg({
+    $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
+    title: `Inter-token latency over time, per ${BIN_S} s (${USERS} streaming users; long prompts ${LONG_MIN}-${LONG_MAX} tokens at ${MAIN_RATE}/s)`,
+    data: { values: binned(series) },
+    mark: { type: 'line', interpolate: 'step-after' },
+    encoding: {
+      x: { field: 't', type: 'quantitative', title: 'time in the window (s)' },
+      y: { field: 'ms', type: 'quantitative', title: 'ITL (ms, log)', scale: { type: 'log' } },
+      color: { field: 'stat', type: 'nominal', title: 'per bin', sort: ['p50', 'p99', 'max'] },
+      row: { field: 'config', type: 'nominal', title: null, sort: ['idle', 'coloc', 'disagg'] },
+    },
+    width: 640,
+    height: 130,
+  });
+  const sloPlot = await svg({
+    $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
+    title: `SLO attainment vs long-prompt arrival rate (TTFT <= ${SLO.shortTtftMs}/${SLO.longTtftMs} ms, ITL p99 <= ${SLO.itlP99Ms} ms)`,
+    width: 520,
+    height: 300,
+    layer: [
+      {
+        data: { values: curve },
+        mark: { type: 'line', point: true },
+        encoding: {
+          x: { field: 'rate', type: 'quantitative', title: 'long prompts per second' },
+          y: { field: 'attainment', type: 'quantitative', title: 'requests meeting the SLO (%, lower of short and long)', scale: { domain: [0, 100] } },
+          color: { field: 'config', type: 'nominal', title: 'configuration' },
+          order: { field: 'rate', type: 'quantitative' },
+        },
+      },
+      { data: { values: [{ y: ATTAINMENT * 100 }] }, mark: { type: 'rule', strokeDash: [4, 4] }, encoding: { y: { field: 'y', type: 'quantitative' } } },
+    ],
+  });
+  writeFileSync(join(outDir, 'itl_over_time.svg'), itlPlot);
+  writeFileSync(join(outDir, 'slo_attainment.svg'), sloPlot);
+  writeFileSync(join(outDir, 'results.json'), JSON.stringify(saved) + '\n');
+}
+
 async function main(): Promise<void> {
   const argOut = process.argv.indexOf('--out');
   const outDir = resolve(argOut > 0 ? process.argv[argOut + 1]! : join('bench-out', 'disagg'));
   mkdirSync(outDir, { recursive: true });
+  const replot = process.argv.indexOf('--replot');
+  if (replot > 0) {
+    // Redraw the plots of an earlier run from its results.json, without running anything.
+    await plots(outDir, JSON.parse(readFileSync(process.argv[replot + 1]!, 'utf8')) as Saved);
+    console.log(`plots redrawn in ${outDir}`);
+    return;
+  }
   const logRoot = mkdtempSync(join(tmpdir(), 'kvc-bench-disagg-'));
   const started = performance.now();
   console.log(`disagg bench: ${USERS} streaming users (${PROMPT_SHORT} → ${SHORT_TOKENS} tokens) + long prompts ${LONG_MIN}-${LONG_MAX} tokens (→ ${LONG_TOKENS}) at ${MAIN_RATE}/s`);
@@ -330,48 +391,13 @@ async function main(): Promise<void> {
   }
   rmSync(logRoot, { recursive: true, force: true });
 
-  const itlPlot = await svg({
-    $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
-    title: `Inter-token latency over time, per ${BIN_S} s (${USERS} streaming users; long prompts ${LONG_MIN}-${LONG_MAX} tokens at ${MAIN_RATE}/s)`,
-    data: { values: binned(series) },
-    mark: { type: 'line', interpolate: 'step-after' },
-    encoding: {
-      x: { field: 't', type: 'quantitative', title: 'time in the window (s)' },
-      y: { field: 'ms', type: 'quantitative', title: 'inter-token latency (ms, log)', scale: { type: 'log' } },
-      color: { field: 'stat', type: 'nominal', title: 'per bin', sort: ['p50', 'p99', 'max'] },
-      row: { field: 'config', type: 'nominal', title: null, sort: ['idle', 'coloc', 'disagg'] },
-    },
-    width: 640,
-    height: 130,
-  });
-  const sloPlot = await svg({
-    $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
-    title: `SLO attainment vs long-prompt arrival rate (TTFT <= ${SLO.shortTtftMs}/${SLO.longTtftMs} ms, ITL p99 <= ${SLO.itlP99Ms} ms)`,
-    width: 520,
-    height: 300,
-    layer: [
-      {
-        data: { values: curve },
-        mark: { type: 'line', point: true },
-        encoding: {
-          x: { field: 'rate', type: 'quantitative', title: 'long prompts per second' },
-          y: { field: 'attainment', type: 'quantitative', title: 'requests meeting the SLO (%, lower of short and long)', scale: { domain: [0, 100] } },
-          color: { field: 'config', type: 'nominal', title: 'configuration' },
-          order: { field: 'rate', type: 'quantitative' },
-        },
-      },
-      { data: { values: [{ y: ATTAINMENT * 100 }] }, mark: { type: 'rule', strokeDash: [4, 4] }, encoding: { y: { field: 'y', type: 'quantitative' } } },
-    ],
-  });
-  writeFileSync(join(outDir, 'itl_over_time.svg'), itlPlot);
-  writeFileSync(join(outDir, 'slo_attainment.svg'), sloPlot);
-  writeFileSync(join(outDir, 'results.json'), JSON.stringify({ results, goodput: good, curve, slo: SLO }, null, 2) + '\n');
+  await plots(outDir, { results, goodput: good, curve, series, slo: SLO });
   console.log(`\nplots: ${join(outDir, 'itl_over_time.svg')}, ${join(outDir, 'slo_attainment.svg')}; ran ${((performance.now() - started) / 1000).toFixed(0)} s`);
 
   const idle = results.idle!.itl_p99_ms;
   const coloc = results.coloc!.itl_p99_ms;
   const dis = results.disagg!.itl_p99_ms;
-  console.log(`targets: disagg ITL p99 ${dis} ms <= 1.5 x idle (${r1(idle * 1.5)}): ${dis <= idle * 1.5}; <= 0.2 x coloc (${r1(coloc * 0.2)}): ${dis <= coloc * 0.2}; goodput ${good.disagg} >= 1.5 x coloc ${good.coloc}: ${good.disagg! >= 1.5 * good.coloc!}`);
+  console.log(`targets: disagg ITL p99 ${dis} ms <= 1.5 x idle (${r1(idle * 1.5)}): ${dis <= idle * 1.5}; <= 0.2 x coloc (${r1(coloc * 0.2)}): ${dis <= coloc * 0.2}; goodput ${good.disagg} >= 1.5 x coloc ${good.coloc}: ${good.coloc! > 0 || good.disagg! > 0 ? good.disagg! >= 1.5 * good.coloc! : 'n/a (neither met the SLO at any rate tried)'}`);
   console.log(
     JSON.stringify({
       bench: 'disagg',

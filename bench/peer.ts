@@ -7,11 +7,11 @@
 //      (dim 1024, 8 layers, 16/4 heads, hidden 2816, untied head). Each is converted to GGUF by
 //      kvc's own converter (src/engine/model/gguf_write.ts, q/k rows permuted for llama.cpp's RoPE).
 //   3. Greedy tokens must match on prompts of 20 and 200 tokens (16 generated tokens each).
-//   4. Speed, both engines in-process with the same threads (kvc: its 2-thread kernel; llama.cpp:
-//      the best of 1 and 2 threads), medians of 3: prefill of a 512-token prompt, decode at batch 1
-//      (one sequence, 64 steps after a 32-token prompt) and batch 8 (8 sequences stepping together).
+//   4. Speed, both engines in-process, each at 1 and at 2 threads (its best counts), medians of 3:
+//      prefill of a 512-token prompt, decode at batch 1 (one sequence, 64 steps after a 32-token
+//      prompt) and batch 8 (8 sequences stepping together).
 //      kvc is measured at the model level (forward + argmax), as llama.cpp is (no HTTP on either).
-//   5. kvc decode at batch 1 from the 156M model's Q8_0 GGUF against its f32 weights.
+//   5. kvc decode at batch 1 from the 156M model's Q8_0 GGUF against its f32 weights (interleaved).
 // Last line: {"bench":"peer","match":…,"prefill_ratio":…,…} — ratios are kvc ÷ llama.cpp.
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -238,11 +238,12 @@ const fmt = (f: Figures) => `prefill ${f.prefill.toFixed(0)} tok/s, decode b1 ${
 async function compare(llama: Llama, label: string, dir: string): Promise<{ match: boolean; ratio: Figures; kvc: Figures; peer: Figures }> {
   const gguf = join(PEER_DIR, 'gguf', `${label}-f32.gguf`);
   await mkdir(dirname(gguf), { recursive: true });
-  let t = now();
+  const t = now();
   await convertToGguf(dir, gguf, 'F32', { name: label });
   console.log(`[${label}] GGUF F32 written by kvc's converter in ${((now() - t) / 1000).toFixed(1)} s: ${gguf}`);
-  const model = await LlamaModel.load(dir);
-  const kvc = new KvcSide(model);
+  // Both engines at 1 and at 2 threads; each engine's best counts per figure.
+  const k1 = new KvcSide(await LlamaModel.load(dir, { threads: 1 }));
+  const k2 = new KvcSide(await LlamaModel.load(dir, { threads: 2 }));
   const pm = await llama.loadModel({ modelPath: gguf, gpuLayers: 0 });
   let match = true;
   try {
@@ -250,60 +251,71 @@ async function compare(llama: Llama, label: string, dir: string): Promise<{ matc
     const p2 = new PeerSide(pm, 2);
     for (const n of [20, 200]) {
       const p = prompt(n, n);
-      const a = kvc.greedy(p, 16);
+      const a = k2.greedy(p, 16);
       const b = await p1.greedy(p, 16);
       const same = a.length === b.length && a.every((x, i) => x === b[i]);
       match &&= same;
       console.log(`[${label}] greedy, ${n}-token prompt: ${same ? 'identical' : 'DIFFERENT'} (kvc ${a.slice(0, 6).join(',')}… llama.cpp ${b.slice(0, 6).join(',')}…)`);
     }
-    // The three engines' runs interleave, so a burst of load on this shared machine hits all of
-    // them rather than one; each figure is the median of RUNS runs after a warm-up.
-    kvc.prefill(prompt(512, 0));
-    kvc.decode(8, 0);
-    for (const p of [p1, p2]) {
-      await p.prefill(prompt(512, 0));
-      await p.decode(8, 0);
+    // The four configurations' runs interleave, so a burst of load on this shared machine hits
+    // all of them rather than one; each figure is the median of RUNS runs after a warm-up.
+    const sides: [string, KvcSide | PeerSide][] = [
+      ['kvc (1 thread)', k1],
+      ['kvc (2 threads)', k2],
+      ['llama.cpp (1 thread)', p1],
+      ['llama.cpp (2 threads)', p2],
+    ];
+    const runs = new Map<string, Figures[]>(sides.map(([n]) => [n, []]));
+    for (const [, side] of sides) {
+      await side.prefill(prompt(512, 0));
+      await side.decode(8, 0);
     }
-    const runs = { kvc: [] as Figures[], p1: [] as Figures[], p2: [] as Figures[] };
     for (let i = 0; i < RUNS; i++) {
       const pre = prompt(512, 1 + i);
-      runs.kvc.push({ prefill: kvc.prefill(pre), decode1: kvc.decode(1, 10 + i), decode8: kvc.decode(8, 20 + 8 * i) });
-      for (const [p, list] of [
-        [p1, runs.p1],
-        [p2, runs.p2],
-      ] as const) {
-        list.push({ prefill: await p.prefill(pre), decode1: await p.decode(1, 10 + i), decode8: await p.decode(8, 20 + 8 * i) });
+      for (const [name, side] of sides) {
+        runs.get(name)!.push({ prefill: await side.prefill(pre), decode1: await side.decode(1, 10 + i), decode8: await side.decode(8, 20 + 8 * i) });
       }
     }
     const med = (list: Figures[]): Figures => ({ prefill: median(list.map((f) => f.prefill)), decode1: median(list.map((f) => f.decode1)), decode8: median(list.map((f) => f.decode8)) });
     const each = (list: Figures[]) => `prefill ${list.map((f) => f.prefill.toFixed(0)).join(' ')} | b1 ${list.map((f) => f.decode1.toFixed(1)).join(' ')} | b8 ${list.map((f) => f.decode8.toFixed(1)).join(' ')}`;
-    const k = med(runs.kvc);
-    const f1 = med(runs.p1);
-    const f2 = med(runs.p2);
-    console.log(`[${label}] kvc (2 threads):       ${fmt(k)}   runs: ${each(runs.kvc)}`);
-    console.log(`[${label}] llama.cpp (1 thread):  ${fmt(f1)}   runs: ${each(runs.p1)}`);
-    console.log(`[${label}] llama.cpp (2 threads): ${fmt(f2)}   runs: ${each(runs.p2)}`);
-    const best: Figures = { prefill: Math.max(f1.prefill, f2.prefill), decode1: Math.max(f1.decode1, f2.decode1), decode8: Math.max(f1.decode8, f2.decode8) };
-    const ratio: Figures = { prefill: k.prefill / best.prefill, decode1: k.decode1 / best.decode1, decode8: k.decode8 / best.decode8 };
-    console.log(`[${label}] kvc ÷ llama.cpp (best of 1 and 2 threads): prefill ${ratio.prefill.toFixed(2)}, decode b1 ${ratio.decode1.toFixed(2)}, decode b8 ${ratio.decode8.toFixed(2)}`);
-    return { match, ratio, kvc: k, peer: best };
+    const fig = new Map<string, Figures>();
+    for (const [name] of sides) {
+      fig.set(name, med(runs.get(name)!));
+      console.log(`[${label}] ${name.padEnd(22)} ${fmt(fig.get(name)!)}   runs: ${each(runs.get(name)!)}`);
+    }
+    const best = (a: Figures, b: Figures): Figures => ({ prefill: Math.max(a.prefill, b.prefill), decode1: Math.max(a.decode1, b.decode1), decode8: Math.max(a.decode8, b.decode8) });
+    const k = best(fig.get('kvc (1 thread)')!, fig.get('kvc (2 threads)')!);
+    const peerBest = best(fig.get('llama.cpp (1 thread)')!, fig.get('llama.cpp (2 threads)')!);
+    const ratio: Figures = { prefill: k.prefill / peerBest.prefill, decode1: k.decode1 / peerBest.decode1, decode8: k.decode8 / peerBest.decode8 };
+    console.log(`[${label}] kvc ÷ llama.cpp (each its best of 1 and 2 threads): prefill ${ratio.prefill.toFixed(2)}, decode b1 ${ratio.decode1.toFixed(2)}, decode b8 ${ratio.decode8.toFixed(2)}`);
+    return { match, ratio, kvc: k, peer: peerBest };
   } finally {
-    model.close();
+    k1.model.close();
+    k2.model.close();
     await pm.dispose();
   }
 }
 
-/** kvc decode at batch 1 from a Q8_0 GGUF of the checkpoint. */
-async function q8Decode(dir: string): Promise<number> {
+/** kvc decode at batch 1 from a Q8_0 GGUF of the checkpoint and from its f32 weights, interleaved. */
+async function q8Decode(dir: string): Promise<{ q8: number; f32: number }> {
   const gguf = join(PEER_DIR, 'gguf', 'big-q8_0.gguf');
   await convertToGguf(dir, gguf, 'Q8_0', { name: 'big-q8_0' });
-  const model = await loadGgufModel(gguf);
+  const q8 = new KvcSide(await loadGgufModel(gguf));
+  const f32 = new KvcSide(await LlamaModel.load(dir));
   try {
-    const side = new KvcSide(model);
-    side.decode(1, 0);
-    return median(Array.from({ length: RUNS }, (_, i) => side.decode(1, 40 + i)));
+    const a: number[] = [];
+    const b: number[] = [];
+    q8.decode(1, 0);
+    f32.decode(1, 0);
+    for (let i = 0; i < RUNS; i++) {
+      a.push(q8.decode(1, 40 + i));
+      b.push(f32.decode(1, 40 + i));
+    }
+    console.log(`[big] kvc decode b1 runs: Q8_0 ${a.map((x) => x.toFixed(1)).join(' ')} | f32 ${b.map((x) => x.toFixed(1)).join(' ')}`);
+    return { q8: median(a), f32: median(b) };
   } finally {
-    model.close();
+    q8.model.close();
+    f32.model.close();
   }
 }
 
@@ -335,20 +347,20 @@ async function main(): Promise<void> {
     const bigDir = await bigModelDir();
     const big = await compare(llama, 'big', bigDir);
     const q8 = await q8Decode(bigDir);
-    console.log(`[big] kvc decode b1: Q8_0 ${q8.toFixed(1)} tok/s vs f32 ${big.kvc.decode1.toFixed(1)} tok/s`);
+    console.log(`[big] kvc decode b1: Q8_0 ${q8.q8.toFixed(1)} tok/s vs f32 ${q8.f32.toFixed(1)} tok/s (x${(q8.q8 / q8.f32).toFixed(2)})`);
     const rows: { model: string; engine: string; figure: string; tps: number }[] = [];
     for (const [model, c] of [
       ['built-in tiny', tiny],
       ['random 156M', big],
     ] as const) {
       for (const [engine, f] of [
-        ['kvc', c.kvc],
+        ['kvc (best of 1, 2 threads)', c.kvc],
         ['llama.cpp (best of 1, 2 threads)', c.peer],
       ] as const) {
         rows.push({ model, engine, figure: 'prefill 512', tps: f.prefill }, { model, engine, figure: 'decode batch 1', tps: f.decode1 }, { model, engine, figure: 'decode batch 8', tps: f.decode8 });
       }
     }
-    rows.push({ model: 'random 156M', engine: 'kvc Q8_0', figure: 'decode batch 1', tps: q8 });
+    rows.push({ model: 'random 156M', engine: 'kvc Q8_0', figure: 'decode batch 1', tps: q8.q8 });
     const svg = join(PEER_DIR, 'peer.svg');
     await plot(svg, rows);
     console.log(`plot: ${svg}`);
@@ -363,8 +375,8 @@ async function main(): Promise<void> {
         big_prefill_ratio: r(big.ratio.prefill),
         big_decode1_ratio: r(big.ratio.decode1),
         big_decode8_ratio: r(big.ratio.decode8),
-        q8_decode1_tps: Number(q8.toFixed(1)),
-        f32_decode1_tps: Number(big.kvc.decode1.toFixed(1)),
+        q8_decode1_tps: Number(q8.q8.toFixed(1)),
+        f32_decode1_tps: Number(q8.f32.toFixed(1)),
       }),
     );
   } finally {

@@ -9,12 +9,12 @@ import assert from 'node:assert/strict';
 import { copyFileSync, readFileSync, writeFileSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { builtinConfigJson, builtinTensors, type BuiltinSpec } from '../src/engine/model/builtin.js';
-import { GGUF_MAGIC, permuteRopeRows } from '../src/engine/model/gguf_format.js';
+import { GGUF_MAGIC, permuteRopeRows, unpermuteRopeRows } from '../src/engine/model/gguf_format.js';
 import { loadGguf } from '../src/engine/model/gguf_model.js';
 import { GgufError, GgufFile } from '../src/engine/model/gguf_read.js';
 import { convertToGguf } from '../src/engine/model/gguf_write.js';
 import { LlamaModel } from '../src/engine/model/model.js';
-import { writeSafetensors } from '../src/engine/model/safetensors.js';
+import { f16ToF32, f32ToF16, writeSafetensors } from '../src/engine/model/safetensors.js';
 import { Tokenizer } from '../src/engine/model/tokenizer.js';
 import { loadEngineModel } from '../src/engine/runtime.js';
 import { tempDir } from './helpers/proc.js';
@@ -44,9 +44,10 @@ function tokenizerFiles(dir: string): void {
   copyFileSync(join(src, 'tokenizer_config.json'), join(dir, 'tokenizer_config.json'));
 }
 
-async function writeDir(dir: string, dtype: 'F32' | 'F16'): Promise<void> {
+async function writeDir(dir: string, dtype: 'F32' | 'F16', roundThroughF16 = false): Promise<void> {
   mkdirSync(dir, { recursive: true });
-  await writeSafetensors(join(dir, 'model.safetensors'), builtinTensors(SPEC).map((t) => ({ ...t, dtype })));
+  const round = (d: Float32Array) => Float32Array.from(d, (v) => f16ToF32(f32ToF16(v)));
+  await writeSafetensors(join(dir, 'model.safetensors'), builtinTensors(SPEC).map((t) => ({ ...t, dtype, data: roundThroughF16 ? round(t.data) : t.data })));
   writeFileSync(join(dir, 'config.json'), JSON.stringify(builtinConfigJson(SPEC)));
   tokenizerFiles(dir);
 }
@@ -86,13 +87,31 @@ before(async () => {
   await writeDir(f16Dir, 'F16');
 });
 
+test('16-bit safetensors stay 16-bit in memory and give the logits of the same values widened to f32, bitwise', async () => {
+  const widened = join(root, 'f16-widened');
+  await writeDir(widened, 'F32', true);
+  const a = await LlamaModel.load(f16Dir);
+  const b = await LlamaModel.load(widened);
+  try {
+    assert.deepEqual(a.weightFormats(), ['f16']);
+    assert.deepEqual(b.weightFormats(), ['f32']);
+    const x = greedy(a, prompt(30, 5), 4);
+    const y = greedy(b, prompt(30, 5), 4);
+    assert.deepEqual(x.tokens, y.tokens);
+    x.logits.forEach((l, i) => bitsEqual(l, y.logits[i]!, `step ${i}`));
+  } finally {
+    a.close();
+    b.close();
+  }
+});
+
 test('gguf: q/k row permutation for llama.cpp RoPE is undone exactly', () => {
   const w = Float32Array.from({ length: 4 * 16 * 3 }, (_, i) => i);
   const p = permuteRopeRows(w, 4, 16, 3);
   assert.notDeepEqual([...p], [...w]);
   // GGUF row 2i+j of a head holds HF row j*8+i: row 1 of head 0 is HF row 8.
   assert.deepEqual([...p.subarray(3, 6)], [...w.subarray(24, 27)]);
-  assert.deepEqual([...permuteRopeRows(p, 4, 16, 3, true)], [...w]);
+  assert.deepEqual([...unpermuteRopeRows(p, 4, 16, 3)], [...w]);
 });
 
 test('gguf: F32 file from the converter gives the safetensors logits bit for bit, and the same greedy tokens', async () => {
@@ -125,7 +144,7 @@ test('gguf: F32 file from the converter gives the safetensors logits bit for bit
   }
 });
 
-test('gguf: F16 and BF16 files equal the same weights as 16-bit safetensors; Q8_0 and Q4_0 within the documented tolerance', async () => {
+test('gguf: an F16 file equals the same weights as F16 safetensors bitwise; BF16, Q8_0 and Q4_0 are held in their encoding and within the documented tolerance', async () => {
   const ref16 = await LlamaModel.load(f16Dir);
   const ref32 = await LlamaModel.load(f32Dir);
   const f16 = join(root, 'm-f16.gguf');
@@ -150,6 +169,7 @@ test('gguf: F16 and BF16 files equal the same weights as 16-bit safetensors; Q8_
       await convertToGguf(f32Dir, file, type);
       const m = (await loadGguf(file)).model;
       try {
+        assert.deepEqual(m.weightFormats(), [type === 'BF16' ? 'bf16' : 'q8'], `${type} held in its encoding`);
         const got = greedy(m, p, 1).logits[0]!;
         let err2 = 0;
         let ref2 = 0;

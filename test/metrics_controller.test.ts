@@ -119,6 +119,11 @@ describe('controller metrics and routes', () => {
       assert.match(r.headers['content-type'] as string, ct, url);
     }
     for (const url of ['/dashboard/vendor/package.json', '/dashboard/../../package.json', '/dashboard/index.html.bak']) assert.equal((await get(url)).statusCode, 404, url);
+    for (const url of ['/dashboard', '/dashboard/']) {
+      const r = await get(url);
+      assert.equal(r.statusCode, 302, url);
+      assert.equal(r.headers.location, '/');
+    }
     const st = (await get('/dashboard/state')).json() as { instances: { instance_id: string }[]; events: unknown[]; event_counts: Record<string, number>; engine_samples: Record<string, unknown[]> };
     assert.deepEqual(st.instances.map((i) => i.instance_id), ['A']);
     assert.ok(st.events.length > 0 && st.events.length <= 50);

@@ -393,3 +393,51 @@ test('after a burst the idle receiver gives its pool memory back', async () => {
   assert.equal(again.ok, true, again.error);
   assert.equal(r.lookup([syntheticKey(70, 0)]), 1);
 });
+
+test('a malformed ALLOC or CANCEL is refused naming the field and reserves nothing; the connection keeps serving', async () => {
+  const { r, spec } = await receiver();
+  const { receiver_init_port: initPort, receiver_alloc_port: allocPort } = spec('x');
+  const open = async (port: number) => {
+    const sock = net.connect(port, '127.0.0.1');
+    closers.push(() => sock.destroy());
+    const frames: { type: FrameType; meta: any }[] = [];
+    const parser = new FrameParser(0, () => null, (type, meta) => frames.push({ type, meta }));
+    sock.on('data', (d) => parser.push(d));
+    await new Promise<void>((res, rej) => sock.once('connect', res).once('error', rej));
+    return { sock, frames };
+  };
+  const init = await open(initPort);
+  writeFrame(init.sock, FrameType.Hello, { version: PROTOCOL_VERSION, sender_id: 't', model_id: MODEL, chunk_size: CHUNK, dtype: layout.dtype, num_layers: layout.numLayers, num_kv_heads: layout.numKvHeads, head_dim: layout.headDim });
+  await until(() => init.frames.length === 1, 'HELLO_REPLY');
+  const session: string = init.frames[0]!.meta.session;
+  const alloc = await open(allocPort);
+  const key = syntheticKey(77, 0);
+  const good = { session, req_id: 'a1', chunks: [[key, FULL]], wait_ms: 100 };
+  const cases: [object, RegExp][] = [
+    [{ ...good, id: 'one' }, /malformed ALLOC: id: expected a number/],
+    [{ ...good, req_id: '' }, /malformed ALLOC: req_id: expected a non-empty string/],
+    [{ ...good, chunks: [] }, /malformed ALLOC: chunks: expected a non-empty array of \[key, bytes\]/],
+    [{ ...good, chunks: [['XYZ', FULL]] }, /malformed ALLOC: chunks\.0\.0: expected a 16-digit lowercase hex chunk key/],
+    [{ ...good, chunks: [[key, 1.5]] }, /malformed ALLOC: chunks\.0\.1: expected an integer number of bytes/],
+    [{ ...good, wait_ms: -1 }, /malformed ALLOC: wait_ms: expected a number >= 0/],
+    [{ ...good, session: 'nope' }, /alloc: unknown "session"/],
+    [{ ...good, chunks: [[key, FULL * 2]] }, new RegExp(`alloc: chunk ${key} size ${FULL * 2} is outside`)],
+  ];
+  for (const [i, [meta]] of cases.entries()) writeFrame(alloc.sock, FrameType.Alloc, { id: i, ...meta });
+  // a CANCEL with the wrong shape is ignored on both ports (no reply, nothing torn down)
+  writeFrame(alloc.sock, FrameType.Cancel, { session: 42, req_id: ['a1'] });
+  writeFrame(init.sock, FrameType.Cancel, { req_id: 7 });
+  await until(() => alloc.frames.length === cases.length, 'the ALLOC_REPLYs');
+  for (const [i, [, re]] of cases.entries()) {
+    const reply = alloc.frames.find((f) => f.meta.id === i) ?? alloc.frames[i]!;
+    assert.equal(reply.type, FrameType.AllocReply);
+    assert.equal(reply.meta.ok, false, `case ${i}`);
+    assert.match(reply.meta.error, re, `case ${i}`);
+  }
+  assert.equal(r.stats().reservations, 0);
+  // the same connection then reserves with a well-formed ALLOC
+  writeFrame(alloc.sock, FrameType.Alloc, { id: 99, ...good });
+  await until(() => alloc.frames.length === cases.length + 1, 'the good ALLOC_REPLY');
+  assert.deepEqual(alloc.frames.at(-1)!.meta, { id: 99, ok: true, have: [] });
+  assert.equal(r.stats().reservations, 1);
+});

@@ -45,6 +45,8 @@ export async function registerDashboard(app: FastifyInstance, ops: Operations): 
     allowedPath: (path) => path === '/uPlot.iife.min.js' || path === '/uPlot.min.css',
   });
   app.get('/', async (_req, reply) => reply.type('text/html; charset=utf-8').sendFile('index.html', root));
+  // The folder itself is not a page: send its visitors to the page.
+  for (const path of ['/dashboard', '/dashboard/']) app.get(path, async (_req, reply) => reply.redirect('/'));
   app.get('/dashboard/state', async () => ({
     time: new Date().toISOString(),
     instances: ops.describeInstances(),

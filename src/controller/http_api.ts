@@ -1,36 +1,15 @@
-// The controller's HTTP API; the dashboard's routes are in dashboard.ts. Request bodies are validated with zod through
+// The controller's HTTP API (routes: docs/controller.md; the dashboard's are in dashboard.ts). Request bodies are validated with zod through
 // parseBody, so a bad field is a 400 naming it; unknown instances, locations and events are
 // 404; workers that cannot be reached or do not answer in time are 503/504.
 import type { FastifyInstance } from 'fastify';
 import { z } from 'zod';
 import { ERRORS, kvcError } from '../common/errors.js';
 import { createHttpServer, requireObject } from '../common/http.js';
-import { parseBody, tokenIds } from '../common/validate.js';
+import { parseBody } from '../common/validate.js';
+import { checkFinishSchema, clearSchema, eventsQuerySchema, healthSchema, lookupSchema, moveSchema, pinSchema, queryInstanceSchema } from '../protocol/controller_api.js';
 import { registerDashboard } from './dashboard.js';
 import { ControllerMetrics } from './metrics.js';
 import type { Operations } from './operations.js';
-
-const str = (what: string) => z.string(`expected a string (${what})`).min(1, `expected a non-empty string (${what})`);
-const position = z
-  .array(z.string('expected a string'), 'expected a position [instance_id, location] of two strings')
-  .length(2, 'expected a position [instance_id, location] of exactly two strings')
-  .transform((a) => [a[0]!, a[1]!] as [string, string]);
-
-export const moveSchema = z.object({
-  old_position: position,
-  new_position: position,
-  tokens: tokenIds.default([]),
-  copy: z.boolean('expected true or false').default(false),
-});
-export const pinSchema = z.object({ tokens: tokenIds, instance_id: str('instance id'), location: str('location name') });
-const lookupSchema = z.object({ tokens: tokenIds });
-const clearSchema = z.object({ instance_id: str('instance id'), location: str('location name') });
-const healthSchema = z.object({ instance_id: str('instance id') });
-const checkFinishSchema = z.object({ event_id: str('event id') });
-const queryInstanceSchema = z.object({ ip: str('ip address') });
-const eventsQuerySchema = z.strictObject({
-  limit: z.coerce.number('expected an integer from 1 to 1000').int('expected an integer from 1 to 1000').min(1, 'expected an integer from 1 to 1000').max(1000, 'expected an integer from 1 to 1000').default(50),
-});
 
 /** Token arrays are the bulk of every body: check them in one tight loop (zod takes ~1 ms for 8192). */
 function validTokens(t: unknown): t is number[] {

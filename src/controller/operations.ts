@@ -13,6 +13,7 @@ import { chunkKeys, type ChunkSpan } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import { EventLog, type EventKind, type EventRecord } from './events.js';
 import { keyHalves, type KeyHalves } from '../common/keys.js';
+import type { ClearRequest, EventReply, LookupReply, MoveRequest, PinRequest } from '../protocol/controller_api.js';
 import type { LocationName } from '../protocol/worker_api.js';
 import type { Registry, WorkerRec } from './registry.js';
 import { callWorker, workerName } from './worker_rpc.js';
@@ -26,17 +27,6 @@ export interface OperationTimeouts {
   transferMs: number;
 }
 
-export interface LookupResult {
-  /** Longest match over all instances. */
-  num_tokens: number;
-  layout_info: Record<string, { location: string; matched_tokens: number; locations: Record<string, number> }>;
-}
-
-export interface PinRequest {
-  tokens: number[];
-  instance_id: string;
-  location: string;
-}
 
 export class Operations {
   /** lookup()'s key scratch: lookup is synchronous, so one buffer serves every call without garbage. */
@@ -106,7 +96,7 @@ export class Operations {
     return ev;
   }
 
-  async move(req: { old_position: [string, string]; new_position: [string, string]; tokens: number[]; copy: boolean }): Promise<{ event_id: string; num_tokens: number }> {
+  async move(req: MoveRequest): Promise<EventReply> {
     const [srcId, srcLoc] = req.old_position;
     const [dstId, dstLoc] = req.new_position;
     const kind: EventKind = req.copy ? 'copy' : 'move';
@@ -168,16 +158,16 @@ export class Operations {
   }
 
   /** Pins the held prefix of `tokens` on every worker of the instance. */
-  pin(req: PinRequest): Promise<{ event_id: string; num_tokens: number }> {
+  pin(req: PinRequest): Promise<EventReply> {
     return this.setPinned(req, 'pin');
   }
 
   /** Unpins the held prefix of `tokens` on every worker of the instance. */
-  unpin(req: PinRequest): Promise<{ event_id: string; num_tokens: number }> {
+  unpin(req: PinRequest): Promise<EventReply> {
     return this.setPinned(req, 'unpin');
   }
 
-  private async setPinned(req: PinRequest, kind: 'pin' | 'unpin'): Promise<{ event_id: string; num_tokens: number }> {
+  private async setPinned(req: PinRequest, kind: 'pin' | 'unpin'): Promise<EventReply> {
     const workers = this.workersOf(req.instance_id, 'instance_id');
     this.checkLocation(workers, req.location, 'location');
     const request = { instance_id: req.instance_id, location: req.location, tokens: req.tokens.length };
@@ -203,7 +193,7 @@ export class Operations {
     return { event_id: ev.event_id, num_tokens: numTokens };
   }
 
-  clear(req: { instance_id: string; location: string }): { event_id: string; num_chunks: number } {
+  clear(req: ClearRequest): { event_id: string; num_chunks: number } {
     const workers = this.workersOf(req.instance_id, 'instance_id');
     this.checkLocation(workers, req.location, 'location');
     let chunks = 0;
@@ -219,8 +209,8 @@ export class Operations {
   }
 
   /** Index-only lookup: per instance, the location with the longest cached prefix. */
-  lookup(tokens: readonly number[]): LookupResult {
-    const out: LookupResult = { num_tokens: 0, layout_info: {} };
+  lookup(tokens: readonly number[]): LookupReply {
+    const out: LookupReply = { num_tokens: 0, layout_info: {} };
     if (tokens.length === 0) return out;
     // Keys depend on (model, chunk size): compute them once per distinct pair among live workers.
     const groups = new Map<string, WorkerRec>();

@@ -14,6 +14,7 @@ import { badRequest, timedOut, upstreamFailed, unavailable, KvcError } from '../
 import { requireObject } from '../common/http.js';
 import { logger } from '../common/log.js';
 import { kvTransferParams, kvTransferParamsSchema, type DisaggSpec } from '../protocol/disagg_spec.js';
+import { tokenizeLengthSchema } from '../protocol/tokenize.js';
 import type { Backend, RoundRobin } from './backend.js';
 import { memoLabels, type ProxyMetrics } from './metrics.js';
 import type { TtftStats } from './stats.js';
@@ -250,16 +251,18 @@ export class Flow {
     for (const dec of candidates) {
       try {
         if (form && 'ids' in form) return dec; // already token ids
-        const r = (await callJson(dec, {
+        const reply = await callJson(dec, {
           method: 'POST',
           path: '/tokenize',
           body: tokBody,
           signal,
           headersTimeoutMs: this.d.timeouts.tokenizeMs,
           bodyTimeoutMs: this.d.timeouts.tokenizeMs,
-        })) as { count?: unknown; max_model_len?: unknown };
-        if (typeof r.count === 'number' && typeof r.max_model_len === 'number' && r.count > r.max_model_len) {
-          throw badRequest(`field \`${kind === 'chat' ? 'messages' : 'prompt'}\`: ${r.count} tokens exceed the model's context of ${r.max_model_len}`);
+        });
+        // A reply of another shape skips the length check; the decoder still enforces it.
+        const r = tokenizeLengthSchema.safeParse(reply);
+        if (r.success && r.data.count > r.data.max_model_len) {
+          throw badRequest(`field \`${kind === 'chat' ? 'messages' : 'prompt'}\`: ${r.data.count} tokens exceed the model's context of ${r.data.max_model_len}`);
         }
         return dec;
       } catch (err) {

@@ -382,22 +382,24 @@ export class XferReceiver extends EventEmitter {
     this.pumpAllocQueue();
   }
 
+  /** CANCEL on the init port from `session` for `reqId`: its never-sent chunks are discarded. */
+  private discardUnsent(session: string, reqId: string): number {
+    return this.abandon(session, reqId, `sender cancelled request ${reqId}`);
+  }
+
   /**
-   * CANCEL from `session` for `reqId`: its never-sent chunks are discarded; with `withdraw`
-   * (alloc port: the sender gave up waiting for the ALLOC's answer) the queued ALLOC or the
-   * granted reservation goes too.
+   * CANCEL on the alloc port (the sender gave up waiting for the ALLOC's answer): the never-sent
+   * chunks are discarded, and the queued ALLOC or the granted reservation goes too.
    */
-  private cancel(session: string, reqId: string, withdraw: boolean): void {
+  private withdrawAlloc(session: string, reqId: string): void {
     const res = this.reservations.get(reqId);
-    const n = this.abandon(session, reqId, `sender cancelled request ${reqId}`);
-    if (withdraw) {
-      this.dropQueued((w) => w.meta.session === session && w.meta.req_id === reqId, `request ${reqId} cancelled by the sender`);
-      if (res && res.session === session && !res.claimed) {
-        this.dropReservation(res);
-        this.pumpAllocQueue();
-      }
+    const n = this.discardUnsent(session, reqId);
+    this.dropQueued((w) => w.meta.session === session && w.meta.req_id === reqId, `request ${reqId} cancelled by the sender`);
+    if (res && res.session === session && !res.claimed) {
+      this.dropReservation(res);
+      this.pumpAllocQueue();
     }
-    if (withdraw) log.info(`request ${reqId}: ALLOC withdrawn by the sender (no answer in time)${n ? `; ${n} chunk(s) discarded` : ''}`);
+    log.info(`request ${reqId}: ALLOC withdrawn by the sender (no answer in time)${n ? `; ${n} chunk(s) discarded` : ''}`);
   }
 
   /** Space a reservation for `meta` still needs (keys not already held). */
@@ -516,7 +518,7 @@ export class XferReceiver extends EventEmitter {
       if (type === FrameType.Cancel) {
         const m = cancelMetaSchema.safeParse(meta);
         // only a live session may withdraw, and only its own requests (checked in cancel())
-        if (m.success && this.sessions.has(m.data.session)) this.cancel(m.data.session, m.data.req_id, true);
+        if (m.success && this.sessions.has(m.data.session)) this.withdrawAlloc(m.data.session, m.data.req_id);
         return;
       }
       if (type !== FrameType.Alloc) throw new ProtocolError(`unexpected frame type ${type} on the alloc port`);
@@ -598,7 +600,7 @@ export class XferReceiver extends EventEmitter {
       if (type === FrameType.Cancel) {
         // the init port's CANCEL comes from the connection's own session, whatever its meta says
         const c = cancelMetaSchema.safeParse(meta);
-        if (c.success) this.cancel(session, c.data.req_id, false);
+        if (c.success) this.discardUnsent(session, c.data.req_id);
         return;
       }
       if (type !== FrameType.Data) throw new ProtocolError(`unexpected frame type ${type} on the init port`);

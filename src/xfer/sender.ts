@@ -213,21 +213,30 @@ class PeerLink {
       .catch((e: Error) => {
         // No answer in time: the ALLOC may still be queued, or granted with the answer late.
         // Withdraw it (same connection, so after the ALLOC): the receiver frees either.
-        if (this.allocs.has(id)) this.cancel(reqId, true);
+        if (this.allocs.has(id)) this.withdrawAlloc(reqId);
         throw e;
       })
       .finally(() => this.allocs.delete(id));
   }
 
   /**
-   * Tells the receiver this sender is done with `reqId`. On the init connection (after the
+   * Tells the receiver this sender is done with `reqId`, on the init connection (so after the
    * request's DATA frames): the chunks it reserved and will not send are discarded there, so
-   * nobody waits for them. On the alloc connection (`withdraw`): the ALLOC is withdrawn.
+   * nobody waits for them.
    */
-  cancel(reqId: string, withdraw: boolean): void {
+  discardUnsent(reqId: string): void {
+    this.sendCancel(this.init, reqId);
+  }
+
+  /** Withdraws the ALLOC for `reqId` (on the alloc connection, so after the ALLOC): queued or granted, it goes. */
+  withdrawAlloc(reqId: string): void {
+    this.sendCancel(this.alloc, reqId);
+  }
+
+  private sendCancel(sock: net.Socket, reqId: string): void {
     if (this.closed) return; // the receiver settles a closed session's chunks itself
     const meta: CancelMeta = { session: this.session, req_id: reqId };
-    writeFrame(withdraw ? this.alloc : this.init, FrameType.Cancel, meta);
+    writeFrame(sock, FrameType.Cancel, meta);
   }
 
   close(): void {
@@ -366,7 +375,7 @@ export class XferSender {
       // Stopped before every chunk was in (or one was rejected): chunks this request reserved
       // and did not send must not keep a consumer waiting. A closed link needs nothing: the
       // receiver settles a closed session's chunks itself.
-      link.cancel(spec.req_id, false);
+      link.discardUnsent(spec.req_id);
       throw e;
     }
   }

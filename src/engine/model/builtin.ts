@@ -7,6 +7,7 @@
 // Several engines may start at once (2P2D): each builds into its own temp directory and
 // renames it into place; rename of a directory is atomic, the loser discards its copy, and the
 // content is deterministic, so whoever wins, every engine loads identical weights.
+import { existsSync } from 'node:fs';
 import { copyFile, mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { homedir } from 'node:os';
@@ -173,15 +174,6 @@ function tokenizerSourceDir(): string {
   return join(dirname(entry), '..', 'models');
 }
 
-async function exists(p: string): Promise<boolean> {
-  try {
-    await stat(p);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
 /** Writes the model into `dir` (which must not exist yet). */
 export async function writeBuiltinModel(spec: BuiltinSpec, dir: string): Promise<void> {
   await mkdir(dir, { recursive: true });
@@ -255,7 +247,7 @@ export async function ensureBuiltinModel(name = 'tiny', env: NodeJS.ProcessEnv =
   const root = builtinCacheRoot(env);
   const final = join(root, builtinDirName(spec));
   await cleanStaleBuiltinTemps(root);
-  if (await exists(join(final, 'config.json'))) return final;
+  if (existsSync(join(final, 'config.json'))) return final;
   await mkdir(root, { recursive: true });
   const tmp = join(root, `.${builtinDirName(spec)}.tmp-${process.pid}-${Math.random().toString(36).slice(2)}`);
   try {
@@ -264,7 +256,7 @@ export async function ensureBuiltinModel(name = 'tiny', env: NodeJS.ProcessEnv =
       await rename(tmp, final);
     } catch (e) {
       // Another process won the race (ENOTEMPTY/EEXIST): its copy is identical; use it.
-      if (!(await exists(join(final, 'config.json')))) throw e;
+      if (!existsSync(join(final, 'config.json'))) throw e;
     }
   } finally {
     await rm(tmp, { recursive: true, force: true });

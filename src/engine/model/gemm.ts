@@ -8,9 +8,10 @@ import { WASM_WEIGHT_CAP, WasmGemm, WasmGemmPool } from './kernel_wasm.js';
 /**
  * The kernel for a model: WASM SIMD (one instance, or a pool of them when the weights exceed
  * one 4 GiB address space), else JS. All give bitwise identical results, so the choice never
- * changes outputs. `weightCapBytes` (tests) lowers the per-instance weight budget.
+ * changes outputs. `weightCapBytes` (tests) lowers the per-instance weight budget; `threads` (1 or 2)
+ * overrides the WASM kernel's default (KVC_GEMM_THREADS, else 2 on a multi-core machine).
  */
-export async function createGemm(opts: { shapes?: [number, number][]; prefer?: 'wasm' | 'js'; weightCapBytes?: number } = {}): Promise<Gemm> {
+export async function createGemm(opts: { shapes?: [number, number][]; prefer?: 'wasm' | 'js'; weightCapBytes?: number; threads?: 1 | 2 } = {}): Promise<Gemm> {
   const prefer = opts.prefer ?? (process.env.KVC_GEMM === 'js' ? 'js' : 'wasm');
   if (prefer === 'js') return new JsGemm();
   const cap = Math.min(opts.weightCapBytes ?? WASM_WEIGHT_CAP, WASM_WEIGHT_CAP);
@@ -27,9 +28,9 @@ export async function createGemm(opts: { shapes?: [number, number][]; prefer?: '
     used += b;
   }
   try {
-    if (parts === 1) return await WasmGemm.create(opts.weightCapBytes !== undefined ? { weightCapBytes: cap } : {});
+    if (parts === 1) return await WasmGemm.create({ ...(opts.weightCapBytes !== undefined ? { weightCapBytes: cap } : {}), ...(opts.threads ? { threads: opts.threads } : {}) });
     const list: WasmGemm[] = [];
-    for (let i = 0; i < parts; i++) list.push(await WasmGemm.create({ weightCapBytes: cap, ...(i > 0 ? { threads: 1 } : {}) }));
+    for (let i = 0; i < parts; i++) list.push(await WasmGemm.create({ weightCapBytes: cap, ...(i > 0 ? { threads: 1 } : opts.threads ? { threads: opts.threads } : {}) }));
     return new WasmGemmPool(list);
   } catch {
     return new JsGemm();

@@ -42,15 +42,26 @@ function loadW(fmt: WFmt, wp: string, col: number, half: number, sreg: string): 
     case 'f32':
       return `(v128.load offset=${c * 4} (local.get ${wp}))`;
     case 'bf16':
-      return `(i32x4.shl (i32x4.extend_${ext}_i16x8_u (v128.load offset=${col * 2} (local.get ${wp}))) (i32.const 16))`;
+      return `(i32x4.shl (i32x4.extend_${ext}_i16x8_u (local.get $wq)) (i32.const 16))`;
     case 'f16': {
-      const h = `(i32x4.extend_${ext}_i16x8_u (v128.load offset=${col * 2} (local.get ${wp})))`;
+      const h = `(i32x4.extend_${ext}_i16x8_u (local.get $wq))`;
       return `(v128.or (f32x4.mul (i32x4.shl (v128.and ${h} (v128.const i32x4 0x7fff 0x7fff 0x7fff 0x7fff)) (i32.const 13)) (v128.const i32x4 0x77800000 0x77800000 0x77800000 0x77800000))
         (i32x4.shl (v128.and ${h} (v128.const i32x4 0x8000 0x8000 0x8000 0x8000)) (i32.const 16)))`;
     }
     case 'q8':
-      return `(f32x4.mul (local.get ${sreg}) (f32x4.convert_i32x4_s (i32x4.extend_${ext}_i16x8_s (v128.load8x8_s offset=${col} (local.get ${wp})))))`;
+      return `(f32x4.mul (local.get ${sreg}) (f32x4.convert_i32x4_s (i32x4.extend_${ext}_i16x8_s (local.get $wq))))`;
   }
+}
+
+/**
+ * For the narrow formats, the statement loading the 8 columns col..col+7 of the k-row at `wp`
+ * into $wq (as i16x8: 16-bit values, or int8 sign-extended), which loadW then widens; one load
+ * serves both halves. Nothing for f32.
+ */
+function loadGroup(fmt: WFmt, wp: string, col: number): string {
+  if (fmt === 'f32') return '';
+  if (fmt === 'q8') return `(local.set $wq (v128.load8x8_s offset=${col} (local.get ${wp})))`;
+  return `(local.set $wq (v128.load offset=${col * 2} (local.get ${wp})))`;
 }
 
 /**
@@ -88,6 +99,7 @@ function kernel4x8(col: number, fmt: WFmt): string {
   lines.push(`(local.set $p3 (i32.add (local.get $p2) (local.get $kb)))`);
   lines.push(`(local.set $wp (local.get $wstrip))`);
   const body: string[] = [];
+  body.push(loadGroup(fmt, '$wp', col));
   body.push(`(local.set $w0 ${loadW(fmt, '$wp', col, 0, '$s0')})`);
   body.push(`(local.set $w1 ${loadW(fmt, '$wp', col, 1, '$s1')})`);
   for (let r = 0; r < 4; r++) {
@@ -112,6 +124,7 @@ function kernel1x32(fmt: WFmt): string {
   const body: string[] = [];
   body.push(`(local.set $x (v128.load32_splat (local.get $p0)))`);
   for (let j = 0; j < 8; j++) {
+    if (j % 2 === 0) body.push(loadGroup(fmt, '$wp', (j >> 1) * 8));
     body.push(`(local.set $b${j} (f32x4.add (local.get $b${j}) (f32x4.mul (local.get $x) ${loadW(fmt, '$wp', (j >> 1) * 8, j & 1, `$s${j}`)})))`);
   }
   body.push(`(local.set $p0 (i32.add (local.get $p0) (i32.const 4)))`);
@@ -328,7 +341,7 @@ function gemmFunc(name: string, packed: boolean, fmt: WFmt = 'f32'): string {
   const v128Locals: string[] = [];
   for (let r = 0; r < 4; r++) for (let j = 0; j < 2; j++) v128Locals.push(`$a${r}${j}`);
   for (let j = 0; j < 8; j++) v128Locals.push(`$b${j}`);
-  v128Locals.push('$w0', '$w1', '$x');
+  v128Locals.push('$w0', '$w1', '$x', '$wq');
   for (let j = 0; j < 8; j++) v128Locals.push(`$s${j}`);
   const stripBase = packed
     ? fmt === 'q8'

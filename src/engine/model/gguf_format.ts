@@ -144,9 +144,20 @@ export function dequantize(type: GgmlTypeName, bytes: Uint8Array, count: number)
 /**
  * llama.cpp's RoPE pairs dimension 2i with 2i+1 of a head; Hugging Face's rotate_half pairs i with
  * i+hd/2. Its converter therefore permutes the q and k projection rows of every head:
- * GGUF row h*hd + 2i + j = HF row h*hd + j*hd/2 + i (j in {0, 1}). `inverse` undoes it.
+ * GGUF row h*hd + 2i + j = HF row h*hd + j*hd/2 + i (j in {0, 1}). This is that permutation
+ * (HF → GGUF); unpermuteRopeRows undoes it.
  */
-export function permuteRopeRows<T extends Float32Array | Uint8Array>(w: T, heads: number, headDim: number, cols: number, inverse = false): T {
+export function permuteRopeRows<T extends Float32Array | Uint8Array>(w: T, heads: number, headDim: number, cols: number): T {
+  return moveRopeRows(w, heads, headDim, cols, (gguf, hf) => [gguf, hf]);
+}
+
+/** GGUF → HF: the inverse of permuteRopeRows. */
+export function unpermuteRopeRows<T extends Float32Array | Uint8Array>(w: T, heads: number, headDim: number, cols: number): T {
+  return moveRopeRows(w, heads, headDim, cols, (gguf, hf) => [hf, gguf]);
+}
+
+/** Copies every row of `w` to its place; `route(gguf row, hf row)` answers [destination, source]. */
+function moveRopeRows<T extends Float32Array | Uint8Array>(w: T, heads: number, headDim: number, cols: number, route: (g: number, f: number) => [number, number]): T {
   // cols: elements per row (for encoded bytes, the row's byte size).
   const out = (w instanceof Float32Array ? new Float32Array(w.length) : new Uint8Array(w.length)) as T;
   const half = headDim / 2;
@@ -155,7 +166,7 @@ export function permuteRopeRows<T extends Float32Array | Uint8Array>(w: T, heads
       for (let j = 0; j < 2; j++) {
         const g = h * headDim + 2 * i + j;
         const f = h * headDim + j * half + i;
-        const [dst, src] = inverse ? [f, g] : [g, f];
+        const [dst, src] = route(g, f);
         out.set(w.subarray(src * cols, src * cols + cols), dst * cols);
       }
     }

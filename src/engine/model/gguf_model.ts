@@ -5,7 +5,7 @@
 // GgufError naming the key or tensor.
 import { basename, resolve } from 'node:path';
 import type { ModelConfig } from './config.js';
-import { dequantize, ggufTensorName, permuteRopeRows } from './gguf_format.js';
+import { dequantize, ggufTensorName, unpermuteRopeRows } from './gguf_format.js';
 import { GgufError, GgufFile, type GgufValue } from './gguf_read.js';
 import { tokenizerFromGguf } from './gguf_tokenizer.js';
 import { LlamaModel, type LoadOptions, type WeightSource } from './model.js';
@@ -114,14 +114,14 @@ export function ggufWeights(g: GgufFile, cfg: ModelConfig): WeightSource {
       const t = tensor(hf, shape);
       const data = dequantize(t.type, await g.read(t.name), shape.reduce((a, x) => a * x, 1));
       const heads = qkHeads(hf);
-      return heads ? permuteRopeRows(data, heads, cfg.headDim, shape[1]!, true) : data;
+      return heads ? unpermuteRopeRows(data, heads, cfg.headDim, shape[1]!) : data;
     },
     getEncoded: async (hf, shape) => {
       const t = tensor(hf, shape);
       if (t.type === 'F32' || shape.length !== 2) return null;
       const bytes = await g.read(t.name);
       const heads = qkHeads(hf);
-      return { type: t.type, bytes: heads ? permuteRopeRows(bytes, heads, cfg.headDim, rowBytes(t.type, shape[1]!), true) : bytes };
+      return { type: t.type, bytes: heads ? unpermuteRopeRows(bytes, heads, cfg.headDim, rowBytes(t.type, shape[1]!)) : bytes };
     },
   };
 }

@@ -63,6 +63,8 @@ export interface LoadOptions {
   kernel?: 'wasm' | 'js';
   /** Per-WASM-instance weight budget (tests exercise the pool with a small one). */
   wasmWeightCapBytes?: number;
+  /** Kernel threads, 1 or 2 (default: KVC_GEMM_THREADS, else 2 on a multi-core machine). */
+  threads?: 1 | 2;
 }
 
 /** Where a model's weights come from, by Hugging Face tensor name. */
@@ -136,6 +138,7 @@ export class LlamaModel {
       shapes,
       ...(opts.kernel ? { prefer: opts.kernel } : {}),
       ...(opts.wasmWeightCapBytes !== undefined ? { weightCapBytes: opts.wasmWeightCapBytes } : {}),
+      ...(opts.threads ? { threads: opts.threads } : {}),
     });
     const vec = async (name: string, n: number) => st.get(name, [n]);
     // A linear layer from one or more tensors stacked by rows. Kept in its stored encoding
@@ -191,6 +194,12 @@ export class LlamaModel {
       lmHead = await mat(['lm_head.weight'], [vocabSize], dim);
     }
     return new LlamaModel(path, modelId, cfg, gemm, embed, layers, finalNorm, lmHead);
+  }
+
+  /** How the linear layers' weights are held by the kernel ('f32', 'f16', 'bf16', 'q8'), distinct, in layer order. */
+  weightFormats(): string[] {
+    const all = this.layers.flatMap((l) => [l.qkv.fmt, l.o.fmt, l.gateUp.fmt, l.down.fmt]).concat(this.lmHead.fmt);
+    return [...new Set(all)];
   }
 
   /** Stops the kernel's worker thread (call on shutdown; forward still works, single-threaded). */

@@ -2,7 +2,8 @@
 // mapping tensor names to {dtype, shape, data_offsets}, then the raw little-endian tensor bytes.
 // Tensors are read one at a time with positioned reads, so a multi-GB checkpoint is never held
 // in memory twice; F32, F16 and BF16 are converted to Float32Array on the way in.
-import { open, readFile, readdir, writeFile, rename, stat } from 'node:fs/promises';
+import { existsSync } from 'node:fs';
+import { open, readFile, readdir, writeFile, rename } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 
@@ -178,7 +179,7 @@ export class SafetensorsCollection {
   static async openDir(dir: string): Promise<SafetensorsCollection> {
     const indexFile = join(dir, 'model.safetensors.index.json');
     let files: string[];
-    if (await exists(indexFile)) {
+    if (existsSync(indexFile)) {
       let index: { weight_map?: Record<string, string> };
       try {
         index = JSON.parse(await readFile(indexFile, 'utf8')) as typeof index;
@@ -238,15 +239,6 @@ export class SafetensorsCollection {
   async get(name: string, expectShape?: number[]): Promise<TensorData> {
     const { shape, dtype, bytes } = await this.getRaw(name, expectShape);
     return { shape, dtype, data: decode(bytes, dtype, shape.reduce((a, x) => a * x, 1)) };
-  }
-}
-
-async function exists(p: string): Promise<boolean> {
-  try {
-    await stat(p);
-    return true;
-  } catch {
-    return false;
   }
 }
 

@@ -2,6 +2,7 @@
 import type { FastifyInstance } from 'fastify';
 import { requireObject } from '../../common/http.js';
 import { parseBody } from '../../common/validate.js';
+import type { TokenizeReply } from '../../protocol/tokenize.js';
 import type { RouteContext } from './context.js';
 import { PromptRules, TOK_LIMIT } from './prompt_rules.js';
 import { detokenizeRequest, tokenizeChatRequest, tokenizePromptRequest } from './tokenize.schema.js';
@@ -11,7 +12,7 @@ export async function tokenizeRoutes(app: FastifyInstance, ctx: RouteContext): P
   const { maxModelLen } = ctx;
   const tok = ctx.model.tokenizer;
 
-  app.post('/tokenize', async (req) => {
+  app.post('/tokenize', async (req): Promise<TokenizeReply> => {
     const body = requireObject(req.body);
     let tokens: number[];
     // `count` may exceed max_model_len (a client asks how long a text is); only text whose

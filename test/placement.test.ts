@@ -35,7 +35,7 @@ test('kvc up --placement: split (default), shared, explicit, colocated', () => {
   assert.deepEqual(placeEngines({ kind: 'shared' }, 1, 1, [0, 1]), { prefill: null, decode: null });
   assert.deepEqual(parsePlacement('prefill=0/decode=1', [0, 1]), { kind: 'explicit', prefill: '0', decode: '1' });
   assert.deepEqual(parsePlacement('split', [0, 1]), { kind: 'split' });
-  assert.throws(() => parsePlacement('prefill=0/decode=3', [0, 1]), /--placement decode=: CPU 3 is not on this machine/);
+  assert.throws(() => parsePlacement('prefill=0/decode=3', [0, 1]), /--placement decode=3: CPU 3 is not on this machine \(its CPUs are 0-1\)/);
   assert.throws(() => parsePlacement('half', [0, 1]), /--placement: expected "split", "shared" or "prefill=LIST\/decode=LIST"/);
   assert.throws(() => parsePlacement('prefill=0', [0, 1]), /"decode=LIST" is missing/);
   assert.throws(() => placeEngines(parsePlacement('prefill=0/decode=1', [0, 1]), 0, 2, [0, 1]), /given with --prefillers 0/);

@@ -34,7 +34,7 @@ export function parsePlacement(text: string, machine: readonly number[] = machin
     const m = /^(prefill|decode)=(.+)$/.exec(item.trim());
     if (!m) throw new Error(`${FLAG}: expected "split", "shared" or "prefill=LIST/decode=LIST" (e.g. "prefill=0/decode=1"), found "${text}"`);
     if (parts.has(m[1]!)) throw new Error(`${FLAG}: "${m[1]}=" is given twice in "${text}"`);
-    parts.set(m[1]!, formatCpuList(validateCpuList(`${FLAG} ${m[1]}=`, m[2]!, machine)));
+    parts.set(m[1]!, formatCpuList(validateCpuList(`${FLAG} ${m[1]}=${m[2]}`, m[2]!, machine)));
   }
   const decode = parts.get('decode');
   if (decode === undefined) throw new Error(`${FLAG}: "decode=LIST" is missing in "${text}"`);

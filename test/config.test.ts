@@ -87,11 +87,8 @@ test('cross-key rules: receivers need ports, disk needs a directory, unknown bac
   assert.throws(() => validateCacheConfig({ enable_controller: true }), /controller_url/);
 });
 
-test('unknown keys are warnings, not errors; an empty file gives defaults; bad YAML is an error', () => {
-  const { config, warnings } = loadCacheConfig(yaml('unk.yaml', 'chunk_sise: 16\n'));
-  assert.equal(config.chunk_size, 256);
-  assert.equal(warnings.length, 1);
-  assert.match(warnings[0]!, /unknown key "chunk_sise"/);
+test('unknown keys stop start-up with a did-you-mean; an empty file gives defaults; bad YAML is an error', () => {
+  assert.throws(() => loadCacheConfig(yaml('unk.yaml', 'chunk_sise: 16\n')), /unk\.yaml: unknown key "chunk_sise" \(did you mean "chunk_size"\?\)/);
   assert.equal(loadCacheConfig(yaml('empty.yaml', '')).config.local_cpu, true);
   assert.throws(() => loadCacheConfig(yaml('broken.yaml', 'a: [1, 2\n')), /not valid YAML/);
   assert.throws(() => loadCacheConfig(join(dir, 'missing.yaml')), /cannot read cache configuration/);
@@ -113,6 +110,9 @@ test('connector JSON: spec roles parse, defaults fill in, errors name the key', 
     /key "kv_connector_extra_config.skip_last_n_tokens"/,
   );
   assert.throws(() => parseConnectorConfig('{nope'), /not valid JSON/);
-  const w = parseConnectorConfig('{"kv_connector":"KvcConnectorV1","kv_role":"kv_both","extra":1}');
-  assert.match(w.warnings[0]!, /unknown key "extra"/);
+  assert.throws(() => parseConnectorConfig('{"kv_connector":"KvcConnectorV1","kv_role":"kv_both","extra":1}'), /unknown key "extra"/);
+  assert.throws(
+    () => parseConnectorConfig('{"kv_connector":"KvcConnectorV1","kv_role":"kv_both","kv_connector_extra_config":{"skip_last_n_token":1}}'),
+    /unknown key "kv_connector_extra_config.skip_last_n_token" \(did you mean "skip_last_n_tokens"\?\)/,
+  );
 });

@@ -2,7 +2,8 @@
 // document outside the repository by section ("spec §2.4", "DESIGN §9").
 //
 // Scanned: docs/*.md, README.md and examples/**/*.md for paths (backticked or bare `src/…`,
-// `test/…`, `bench/…`, `docs/…`, `examples/…`, `scripts/…`, and relative markdown links); those
+// `test/…`, `bench/…`, `docs/…`, `examples/…`, `scripts/…`, and relative markdown links; paths
+// under a folder .gitignore declares generated are outputs of a command and exempt); those
 // files plus every .ts/.mjs/.cjs under src/, test/, bench/ and scripts/ for outside citations.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -77,6 +78,23 @@ export function pathExists(base: string, path: string): boolean {
   return match(base, 0);
 }
 
+/**
+ * Folders .gitignore declares as generated (e.g. `bench/.peer/`): a doc may name what a command
+ * writes there, which a fresh checkout does not have yet.
+ */
+function generatedDirs(): string[] {
+  const p = join(root, '.gitignore');
+  if (!existsSync(p)) return [];
+  return readFileSync(p, 'utf8')
+    .split('\n')
+    .map((l) => l.trim().replace(/^\//, ''))
+    .filter((l) => l.endsWith('/') && !l.startsWith('#') && !/[*?[!]/.test(l));
+}
+
+export function isGenerated(path: string, dirs: string[]): boolean {
+  return dirs.some((d) => path === d.slice(0, -1) || path.startsWith(d));
+}
+
 // "spec §2.4", "DESIGN §9", any "§" section sign, or a design document outside the repository.
 const OUTSIDE = /§|\bDESIGN\b|\bspec\.txt\b/;
 
@@ -100,15 +118,18 @@ test('the checker finds paths, links and citations (it can fail)', () => {
   assert.ok(!pathExists(root, 'src/nope/missing.ts'));
   assert.ok(!pathExists(root, 'src/common/chunk.ts/x'));
   assert.deepEqual(outsideCitations(md), [{ line: 2, text: 'As spec §2.4 says.' }]);
+  assert.ok(isGenerated('bench/.peer/peer.svg', ['bench/.peer/']) && isGenerated('bench/.peer', ['bench/.peer/']));
+  assert.ok(!isGenerated('bench/peer.ts', ['bench/.peer/']));
 });
 
 test('every repository path a doc names exists', () => {
   assert.ok(docFiles.length >= 3, `found docs: ${docFiles.length}`);
   const missing: string[] = [];
+  const generated = generatedDirs();
   for (const f of docFiles) {
     const rel = relative(root, f).split(sep).join('/');
     for (const r of pathRefs(readFileSync(f, 'utf8'), rel)) {
-      if (!pathExists(root, r.path)) missing.push(`${rel}:${r.line}: ${r.text}${r.text !== r.path ? ` (${r.path})` : ''}`);
+      if (!pathExists(root, r.path) && !isGenerated(r.path, generated)) missing.push(`${rel}:${r.line}: ${r.text}${r.text !== r.path ? ` (${r.path})` : ''}`);
     }
   }
   assert.deepEqual(missing, [], `paths named in the docs that do not exist:\n${missing.join('\n')}`);

@@ -22,8 +22,9 @@ test('two processes with the same PYTHONHASHSEED derive identical keys', () => {
   const lines = a.trim().split('\n').map((l) => l.split('\t'));
   assert.deepEqual(lines.map((l) => [l[0], l[1]]), [['0', '4'], ['1', '4'], ['2', '2']]);
   for (const l of lines) assert.match(l[2]!, /^[0-9a-f]{16}$/);
-  // The in-process derivation agrees with the CLI's.
-  const inProc = chunkKeys(tokens, { modelId: 'builtin:tiny', chunkSize: 4, seed: 0n });
+  // The in-process derivation agrees with the CLI's, for the model id the engine keys
+  // builtin:tiny with (its directory name, builtin-tiny-v2: what stored chunks use).
+  const inProc = chunkKeys(tokens, { modelId: 'builtin-tiny-v2', chunkSize: 4, seed: 0n });
   assert.deepEqual(inProc.map((s) => s.key), lines.map((l) => l[2]));
 });
 

@@ -13,7 +13,9 @@ const log = logger('engine');
 interface EngineFlags {
   host: string;
   port: string;
-  model: string;
+  model?: string;
+  dtype: string;
+  enablePrefixCaching?: boolean;
   servedModelName?: string;
   maxModelLen?: string;
   maxNumSeqs?: string;
@@ -30,22 +32,29 @@ export function registerEngine(program: Command): void {
   program
     .command('engine')
     .description('serve a Llama-architecture model on the CPU with an OpenAI-compatible API')
-    .requiredOption('--port <port>', 'HTTP port')
+    .argument('[model]', 'the model, as in `vllm serve <model>` (same as --model)')
+    .option('--port <port>', 'HTTP port', '8000')
     .option('--host <host>', 'address to bind', '127.0.0.1')
-    .option('--model <model>', '"builtin:tiny" (random weights, generated at first use), a Hugging Face checkpoint directory, or a llama.cpp model file ending in .gguf', 'builtin:tiny')
+    .option('--model <model>', '"builtin:tiny" (random weights, generated at first use), a local Hugging Face checkpoint directory (config.json, tokenizer.json, *.safetensors), or a llama.cpp model file ending in .gguf; nothing is downloaded (default: builtin:tiny)')
     .option('--served-model-name <name>', 'model name clients send (default: the --model value)')
     .option('--max-model-len <n>', 'longest prompt + completion in tokens (default: the model\'s max_position_embeddings)')
+    .option('--dtype <dtype>', 'compute type: auto, float32 or float (this CPU engine computes in float32; bf16/f16 weights are widened on load)', 'auto')
     .option('--max-num-seqs <n>', 'sequences computed concurrently', '16')
     .option('--max-num-batched-tokens <n>', 'tokens per engine step (prefill chunk + decode rows)', '512')
     .option('--max-queue-len <n>', 'requests that may wait for a slot before new ones get 503', '1024')
     .option('--kv-cache-memory <GiB>', 'paged KV budget in GiB (default: max-num-seqs full-length sequences, at most 4)')
     .option('--kv-transfer-config <json>', 'connector JSON, e.g. {"kv_connector":"KvcConnectorV1","kv_role":"kv_both"}; the cache instance is read from $KVC_CONFIG_FILE')
     .option('--cpus <list>', 'CPUs this engine runs on, as a cpulist ("0-1", "1", "0,2"); GEMM threads follow the set (default: every CPU)')
-    .option('--enforce-eager', 'accepted for compatibility; the CPU engine has no graph mode (no effect)')
-    .option('--no-enable-prefix-caching', 'accepted for compatibility; prefix reuse is the connector\'s job here (no effect)')
+    .option('--enable-prefix-caching', 'reuse the KV of earlier prompts through a cache instance: without --kv-transfer-config, attaches a kv_both connector with the cache of $KVC_CONFIG_FILE (default: a CPU tier)')
+    .option('--no-enable-prefix-caching', 'no cache instance unless --kv-transfer-config gives one (the default; the engine itself keeps no KV of finished requests)')
+    .option('--enforce-eager', 'accepted for compatibility: the CPU engine always runs eagerly (it has no graph mode)')
     .option('--disable-log-requests', 'do not log one line per finished request (id, tokens, cached tokens, TTFT, duration)')
     .option('--disable-log-stats', 'do not log the periodic statistics line (throughput, running/waiting, KV usage, prefix-cache hit rate)')
-    .action(async (f: EngineFlags) => {
+    .action(async (positional: string | undefined, f: EngineFlags) => {
+      if (positional !== undefined && f.model !== undefined && positional !== f.model) {
+        throw new Error(`the model is given twice, as "${positional}" and as --model "${f.model}"; give one`);
+      }
+      const model = positional ?? f.model ?? 'builtin:tiny';
       const port = portFlag('--port', f.port);
       if (f.cpus !== undefined) {
         // Before the model loads: its GEMM thread count is taken from this process's affinity.
@@ -61,7 +70,9 @@ export function registerEngine(program: Command): void {
       const engine = await startEngine({
         host: f.host,
         port,
-        model: f.model,
+        model,
+        dtype: f.dtype,
+        enablePrefixCaching: f.enablePrefixCaching,
         servedModelName: f.servedModelName,
         maxModelLen: posInt('--max-model-len', f.maxModelLen),
         maxNumSeqs: posInt('--max-num-seqs', f.maxNumSeqs),

@@ -1,24 +1,59 @@
 // `kvc keys`: prints the chunk keys of a token list, one line per chunk, so a user can
 // check by hand that two processes (same PYTHONHASHSEED, model, chunk size) agree.
+// Keys are bound to the model id the engine uses (a checkpoint directory's name, or the
+// built-in model's directory name such as builtin-tiny-v2), not to the name clients send:
+// `--model` takes what `kvc engine --model` took, or a model id, and `--engine` asks a running
+// engine (which knows its served name). The id used is printed to stderr first.
 import type { Command } from 'commander';
+import { existsSync, statSync } from 'node:fs';
 import { chunkKeys, seedFromEnv } from '../common/keys.js';
+import { modelIdOf } from '../engine/model_spec.js';
+
+/** The model id for `--model`: a built-in model, a directory or a .gguf file maps to its id; anything else is taken as the id. */
+export function keyModelId(model: string): string {
+  if (model.startsWith('builtin:')) return modelIdOf(model);
+  if (existsSync(model) && (statSync(model).isDirectory() || /\.gguf$/i.test(model))) return modelIdOf(model);
+  return model;
+}
+
+/** Asks a running engine which model id its keys use (its /v1/models lists it as kvc_model_id). */
+async function engineModelId(url: string, served: string | undefined): Promise<string> {
+  const base = url.replace(/\/+$/, '');
+  let body: { data?: { id: string; kvc_model_id?: string }[] };
+  try {
+    const r = await fetch(`${base}/v1/models`, { signal: AbortSignal.timeout(10_000) });
+    if (!r.ok) throw new Error(`HTTP ${r.status}`);
+    body = (await r.json()) as typeof body;
+  } catch (e) {
+    throw new Error(`--engine ${url}: cannot read /v1/models (${(e as Error).message})`);
+  }
+  const cards = body.data ?? [];
+  const card = served === undefined ? cards[0] : cards.find((c) => c.id === served);
+  if (!card) throw new Error(`--engine ${url}: serves ${cards.map((c) => `"${c.id}"`).join(', ') || 'no model'}${served === undefined ? '' : `, not "${served}"`}`);
+  if (!card.kvc_model_id) throw new Error(`--engine ${url}: its /v1/models does not give kvc_model_id (not a kvc engine?)`);
+  return card.kvc_model_id;
+}
 
 export function registerKeys(program: Command): void {
   program
     .command('keys')
-    .description('print the chunk keys (index, tokens, key) of a list of token ids')
-    .requiredOption('--model <id>', 'model id the keys are bound to')
+    .description('print the chunk keys (index, tokens, key) of a list of token ids; the model id used goes to stderr')
+    .option('--model <model>', 'builtin:tiny, a checkpoint directory (as given to kvc engine), or a model id; with --engine: the served name')
+    .option('--engine <url>', 'ask this running engine for its model id (e.g. http://127.0.0.1:8000)')
     .option('--chunk-size <n>', 'tokens per chunk', '256')
     .option('--discard-partial-chunks', 'give the last, shorter chunk no key', false)
     .argument('<tokens...>', 'token ids (non-negative integers)')
-    .action((tokens: string[], opts: { model: string; chunkSize: string; discardPartialChunks: boolean }) => {
+    .action(async (tokens: string[], opts: { model?: string; engine?: string; chunkSize: string; discardPartialChunks: boolean }) => {
       const chunkSize = Number(opts.chunkSize);
       if (!Number.isInteger(chunkSize) || chunkSize <= 0) throw new Error(`--chunk-size: expected a positive integer, found "${opts.chunkSize}"`);
       const ids = tokens.map((t, i) => {
         if (!/^\d+$/.test(t) || Number(t) > 0xffffffff) throw new Error(`token #${i}: expected a non-negative 32-bit integer, found "${t}"`);
         return Number(t);
       });
-      const spans = chunkKeys(ids, { modelId: opts.model, chunkSize, seed: seedFromEnv(), discardPartialChunks: opts.discardPartialChunks });
+      if (opts.engine === undefined && opts.model === undefined) throw new Error('give --model (builtin:tiny, a checkpoint directory or a model id) or --engine <url>');
+      const modelId = opts.engine !== undefined ? await engineModelId(opts.engine, opts.model) : keyModelId(opts.model!);
+      process.stderr.write(`kvc keys: model id "${modelId}"${opts.model !== undefined && opts.model !== modelId ? ` (for ${opts.model})` : ''}, chunk size ${chunkSize}\n`);
+      const spans = chunkKeys(ids, { modelId, chunkSize, seed: seedFromEnv(), discardPartialChunks: opts.discardPartialChunks });
       for (const s of spans) process.stdout.write(`${s.index}\t${s.end - s.start}\t${s.key}\n`);
     });
 }

@@ -21,7 +21,8 @@ program
   .name('kvc')
   .description('KV-cache-centric LLM serving: cache instances, controller, xfer transfer, engine, proxy')
   .version('0.1.0')
-  .showHelpAfterError();
+  // An unknown or bad flag gets one line (with commander's "did you mean"), not the whole help.
+  .showHelpAfterError('(run with --help for the list of options)');
 
 registerKeys(program);
 registerEngine(program);

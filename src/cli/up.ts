@@ -1,10 +1,21 @@
 // `kvc up`: a whole local disaggregated deployment in one command (see src/deploy/up.ts, docs/proxy.md).
 import type { Command } from 'commander';
 import { fileURLToPath } from 'node:url';
-import { dirname, join } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { parsePlacement } from '../deploy/placement.js';
 import { runUp } from '../deploy/up.js';
-import { intFlag as int, secondsFlag } from './options.js';
+import { DEFAULT_RESTART } from '../deploy/restart.js';
+import { DTYPES_ACCEPTED } from '../engine/settings.js';
+import { intFlag as int, optionalPositiveInt as posInt, secondsFlag } from './options.js';
+
+/** A size in GiB (>= 0, or > 0 with `positive`), or undefined when the flag was not given. */
+function gibFlag(flag: string, v: unknown, positive = false): number | undefined {
+  if (v === undefined) return undefined;
+  const n = Number(v);
+  if (String(v).trim() === '' || !Number.isFinite(n) || n < 0 || (positive && n === 0)) throw new Error(`${flag}: expected a size in GiB ${positive ? '> 0' : '>= 0'}, found "${String(v)}"`);
+  return n;
+}
+const str = (v: unknown) => (v === undefined ? undefined : String(v));
 
 const CLI = join(dirname(fileURLToPath(import.meta.url)), 'main.js');
 
@@ -15,7 +26,19 @@ export function registerUp(program: Command): void {
     .description('start a local disaggregated deployment: controller, X prefillers, Y decoders and the proxy')
     .option('--prefillers <n>', 'number of prefiller engines (ports 7100+i); 0: colocated kv_both engines (as many as --decoders) behind the proxy', '1')
     .option('--decoders <n>', 'number of decoder engines (ports 7200+i)', '1')
-    .option('--model <model>', 'model of every engine', 'builtin:tiny')
+    .option('--model <model>', 'model of every engine: builtin:tiny or a local checkpoint directory', 'builtin:tiny')
+    .option('--host <addr>', 'address every process binds and is reached on', '127.0.0.1')
+    .option('--served-model-name <name>', 'engines: the model name clients send')
+    .option('--max-model-len <n>', 'engines: longest prompt + completion in tokens')
+    .option('--dtype <dtype>', 'engines: compute type (auto, float32, float)')
+    .option('--max-num-seqs <n>', 'engines: sequences computed concurrently')
+    .option('--max-num-batched-tokens <n>', 'engines: tokens per engine step')
+    .option('--kv-cache-memory <GiB>', 'engines: paged KV budget per engine')
+    .option('--chunk-size <n>', 'cache: tokens per KV chunk (default 256)')
+    .option('--max-local-cpu-size <GiB>', 'cache: CPU tier per engine (default: 5 on the prefiller of a 1P1D, 0 elsewhere; 0 turns it off)')
+    .option('--local-disk <dir>', 'cache: disk tier directory; each engine uses <dir>/<engine name>')
+    .option('--max-local-disk-size <GiB>', 'cache: disk tier per engine (needs --local-disk)')
+    .option('--max-restarts <n>', 'restarts in a row (with backoff 1 s, 2 s, … 30 s) before giving up on a process that keeps dying; 0: never restart', String(DEFAULT_RESTART.maxRestarts))
     .option('--port-offset <n>', 'added to every reference port (to run beside another deployment)', '0')
     .option('--no-controller', 'do not start the controller; engines run with enable_controller: false')
     .option('--log-dir <dir>', 'where per-process logs, generated configs and deployment.json go', 'kvc-logs')
@@ -26,14 +49,32 @@ export function registerUp(program: Command): void {
       let code: number;
       try {
         const startupTimeoutMs = secondsFlag('--startup-timeout', String(o.startupTimeout));
+        if (o.dtype !== undefined && !(DTYPES_ACCEPTED as readonly string[]).includes(String(o.dtype))) {
+          throw new Error(`--dtype: expected one of ${DTYPES_ACCEPTED.join(', ')}, found "${String(o.dtype)}"`);
+        }
         code = await runUp({
           prefillers: int('--prefillers', String(o.prefillers)),
           decoders: int('--decoders', String(o.decoders)),
           model: String(o.model),
           portOffset: int('--port-offset', String(o.portOffset)),
           controller: o.controller !== false,
-          host: '127.0.0.1',
+          host: String(o.host),
           placement: parsePlacement(String(o.placement)),
+          engine: {
+            servedModelName: str(o.servedModelName),
+            maxModelLen: posInt('--max-model-len', str(o.maxModelLen)),
+            dtype: str(o.dtype),
+            maxNumSeqs: posInt('--max-num-seqs', str(o.maxNumSeqs)),
+            maxNumBatchedTokens: posInt('--max-num-batched-tokens', str(o.maxNumBatchedTokens)),
+            kvCacheMemory: gibFlag('--kv-cache-memory', o.kvCacheMemory, true),
+          },
+          cache: {
+            chunkSize: posInt('--chunk-size', str(o.chunkSize)),
+            maxLocalCpuSize: gibFlag('--max-local-cpu-size', o.maxLocalCpuSize),
+            localDisk: o.localDisk === undefined ? undefined : resolve(String(o.localDisk)),
+            maxLocalDiskSize: gibFlag('--max-local-disk-size', o.maxLocalDiskSize),
+          },
+          restart: { ...DEFAULT_RESTART, maxRestarts: int('--max-restarts', String(o.maxRestarts), 0, 1000) },
           logDir: String(o.logDir),
           startupTimeoutMs,
           configOnly: o.configOnly === true,

@@ -1,11 +1,15 @@
 // Cache instance configuration (YAML at $KVC_CONFIG_FILE) and the engine's transfer-connector
-// JSON (--kv-transfer-config); every key, its unit and default: docs/configuration.md. Both are validated up front: a wrong type or value
-// stops start-up with one message naming the file, the key, what was expected and what
-// was found. Unknown keys are a warning (a typo should not silently do nothing).
+// JSON (--kv-transfer-config); every key, its unit and default: docs/configuration.md. Both are
+// validated up front: a wrong type or value stops start-up with one message naming the file, the
+// key, what was expected and what was found. LMCache's names are read as kvc's
+// (config_aliases.ts); any other unknown key stops start-up too, with the closest known key when
+// it looks like a typo — a setting that does nothing is never accepted.
 import { readFileSync } from 'node:fs';
 import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 import { describeValue } from './errors.js';
+import { didYouMean } from './did_you_mean.js';
+import { CACHE_KEY_ALIASES, CACHE_KEYS_OFF_ONLY, CONNECTOR_ALIASES, rewriteCacheDoc } from './config_aliases.js';
 import { fieldPath, valueAt } from './validate.js';
 
 export class ConfigError extends Error {
@@ -75,20 +79,34 @@ function crossCheck(c: CacheConfig): [string, string] | null {
 
 export interface Loaded<T> {
   config: T;
+  /** Problems that did not stop start-up (none are produced now: every problem is an error). */
   warnings: string[];
+  /** Aliases applied (LMCache names, file:// paths), for an info log line each. */
+  notes: string[];
 }
 
-function validateObject<S extends z.ZodObject>(schema: S, raw: unknown, source: string): Loaded<z.infer<S>> {
-  const warnings: string[] = [];
+/** Every name the cache YAML accepts: kvc's keys, LMCache's aliases and LMCache's off-only keys. */
+const CACHE_NAMES = [...Object.keys(cacheConfigSchema.shape), ...Object.keys(CACHE_KEY_ALIASES), ...Object.keys(CACHE_KEYS_OFF_ONLY)];
+
+function validateObject<S extends z.ZodObject>(schema: S, raw: unknown, source: string, rewrite?: (d: Record<string, unknown>) => { doc: Record<string, unknown>; notes: string[] }, names: string[] = Object.keys(schema.shape)): Loaded<z.infer<S>> {
   if (raw === null || raw === undefined) raw = {};
   if (typeof raw !== 'object' || Array.isArray(raw)) {
     throw new ConfigError(`${source}: expected a mapping of keys to values, found ${describeValue(raw)}`);
   }
+  let doc = raw as Record<string, unknown>;
+  let notes: string[] = [];
+  if (rewrite) {
+    try {
+      ({ doc, notes } = rewrite(doc));
+    } catch (e) {
+      throw new ConfigError(`${source}: ${(e as Error).message}`);
+    }
+  }
   const known = new Set(Object.keys(schema.shape));
   const obj: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(raw as Record<string, unknown>)) {
-    if (known.has(k)) obj[k] = v;
-    else warnings.push(`${source}: unknown key "${k}" ignored`);
+  for (const [k, v] of Object.entries(doc)) {
+    if (!known.has(k)) throw new ConfigError(`${source}: unknown key "${k}"${didYouMean(k, names, '"')}; the keys are listed in docs/configuration.md`);
+    obj[k] = v;
   }
   const r = schema.safeParse(obj);
   if (!r.success) {
@@ -97,12 +115,12 @@ function validateObject<S extends z.ZodObject>(schema: S, raw: unknown, source: 
     const found = valueAt(obj, issue.path);
     throw new ConfigError(`${source}: key "${fieldPath(issue.path)}": ${issue.message}; found ${describeValue(found)}`);
   }
-  return { config: r.data as z.infer<S>, warnings };
+  return { config: r.data as z.infer<S>, warnings: [], notes: notes.map((n) => `${source}: ${n}`) };
 }
 
 /** Validates an already-parsed cache configuration object. `source` names it in messages. */
 export function validateCacheConfig(raw: unknown, source = 'cache config'): Loaded<CacheConfig> {
-  const loaded = validateObject(cacheConfigSchema, raw, source);
+  const loaded = validateObject(cacheConfigSchema, raw, source, rewriteCacheDoc, CACHE_NAMES);
   const bad = crossCheck(loaded.config);
   if (bad) throw new ConfigError(`${source}: key "${bad[0]}": ${bad[1]}`);
   return loaded;
@@ -125,9 +143,12 @@ export function loadCacheConfig(path: string): Loaded<CacheConfig> {
   return validateCacheConfig(raw, path);
 }
 
-/** Reads $KVC_CONFIG_FILE (or `fallback` when unset). */
+/** Reads $KVC_CONFIG_FILE (LMCache's $LMCACHE_CONFIG_FILE is read when it is unset); defaults when neither is set. */
 export function cacheConfigFromEnv(env: NodeJS.ProcessEnv = process.env): Loaded<CacheConfig> {
-  const p = env.KVC_CONFIG_FILE;
+  const kvc = env.KVC_CONFIG_FILE;
+  const lm = env.LMCACHE_CONFIG_FILE;
+  if (kvc && lm && kvc !== lm) throw new ConfigError(`KVC_CONFIG_FILE (${kvc}) and LMCACHE_CONFIG_FILE (${lm}) name different files; set one`);
+  const p = kvc || lm;
   if (!p) return validateCacheConfig({}, 'default cache config (KVC_CONFIG_FILE unset)');
   return loadCacheConfig(p);
 }
@@ -157,23 +178,26 @@ export function parseConnectorConfig(json: string, source = '--kv-transfer-confi
   } catch (e) {
     throw new ConfigError(`${source}: not valid JSON (${(e as Error).message})`);
   }
-  const warnings: string[] = [];
+  const notes: string[] = [];
   if (raw && typeof raw === 'object' && !Array.isArray(raw)) {
     const o = { ...(raw as Record<string, unknown>) };
     for (const k of Object.keys(o)) {
-      if (!(k in connectorConfigSchema.shape)) {
-        warnings.push(`${source}: unknown key "${k}" ignored`);
-        delete o[k];
-      }
+      if (!(k in connectorConfigSchema.shape)) throw new ConfigError(`${source}: unknown key "${k}"${didYouMean(k, Object.keys(connectorConfigSchema.shape), '"')}`);
+    }
+    const alias = typeof o.kv_connector === 'string' ? CONNECTOR_ALIASES.connector[o.kv_connector] : undefined;
+    if (alias) {
+      notes.push(`${source}: kv_connector "${String(o.kv_connector)}" read as "${alias}"`);
+      o.kv_connector = alias;
     }
     const extra = o.kv_connector_extra_config;
     if (extra && typeof extra === 'object' && !Array.isArray(extra)) {
-      const e = { ...(extra as Record<string, unknown>) };
-      for (const k of Object.keys(e)) {
-        if (!['discard_partial_chunks', 'kvc_rpc_port', 'skip_last_n_tokens'].includes(k)) {
-          warnings.push(`${source}: unknown key "kv_connector_extra_config.${k}" ignored`);
-          delete e[k];
-        }
+      const e: Record<string, unknown> = {};
+      for (const [k0, v] of Object.entries(extra as Record<string, unknown>)) {
+        const k = CONNECTOR_ALIASES.extra[k0] ?? k0;
+        if (!EXTRA_KEYS.includes(k)) throw new ConfigError(`${source}: unknown key "kv_connector_extra_config.${k0}"${didYouMean(k0, EXTRA_KEYS, '"')}`);
+        if (k in e) throw new ConfigError(`${source}: key "kv_connector_extra_config.${k}" is given twice (also as "${k0}")`);
+        if (k !== k0) notes.push(`${source}: LMCache key "kv_connector_extra_config.${k0}" read as "${k}"`);
+        e[k] = v;
       }
       o.kv_connector_extra_config = e;
     }
@@ -185,5 +209,7 @@ export function parseConnectorConfig(json: string, source = '--kv-transfer-confi
     const found = valueAt(raw, issue.path);
     throw new ConfigError(`${source}: key "${fieldPath(issue.path)}": ${issue.message}; found ${describeValue(found)}`);
   }
-  return { config: r.data, warnings };
+  return { config: r.data, warnings: [], notes };
 }
+
+const EXTRA_KEYS = ['discard_partial_chunks', 'kvc_rpc_port', 'skip_last_n_tokens'];

@@ -2,6 +2,7 @@
 // with which cache YAML and connector JSON (both described in docs/configuration.md). The values
 // are the reference values listed in docs/proxy.md; only ports shift with --port-offset. The same generator writes the files
 // committed under examples/1p1d and examples/2p2d, so the examples and `kvc up` cannot drift.
+import { join } from 'node:path';
 import { stringify } from 'yaml';
 import { GiB } from '../common/config.js';
 import { placeEngines, type Placement } from './placement.js';
@@ -12,11 +13,38 @@ export interface PlanOptions {
   model: string;
   portOffset: number;
   controller: boolean;
+  /** The address every process binds and the others reach it on (one machine). */
   host: string;
   /** How engines get CPUs (src/deploy/placement.ts); default `split`. */
   placement?: Placement;
   /** The machine's CPUs (default: the online CPUs); tests pass their own. */
   machineCpus?: readonly number[];
+  /** Passed to every engine as `kvc engine` flags (absent: the engine's default). */
+  engine?: EngineFlags;
+  /** Cache settings written into every engine's YAML (absent: the reference values). */
+  cache?: CacheSettings;
+}
+
+/** `kvc engine` flags `kvc up` passes through to every engine. */
+export interface EngineFlags {
+  servedModelName?: string;
+  maxModelLen?: number;
+  dtype?: string;
+  maxNumSeqs?: number;
+  maxNumBatchedTokens?: number;
+  /** GiB of paged KV per engine. */
+  kvCacheMemory?: number;
+}
+
+/** Cache YAML values `kvc up` writes for every engine. */
+export interface CacheSettings {
+  chunkSize?: number;
+  /** GiB of CPU tier per engine (0: no CPU tier). */
+  maxLocalCpuSize?: number;
+  /** A directory under which each engine gets its own disk tier directory (<dir>/<engine name>). */
+  localDisk?: string;
+  /** GiB of disk tier per engine; needs localDisk. */
+  maxLocalDiskSize?: number;
 }
 
 /** Reference ports of a deployment (docs/architecture.md) before --port-offset. */
@@ -72,6 +100,24 @@ export function makePlan(o: PlanOptions): Plan {
   if (!Number.isInteger(o.portOffset) || o.portOffset < -7000 || BASE_PORTS.proxy + o.portOffset > 65535) {
     throw new Error(`--port-offset: expected an integer that keeps every port in 1..65535, found ${o.portOffset}`);
   }
+  const cache = o.cache ?? {};
+  if (cache.maxLocalDiskSize !== undefined && cache.maxLocalDiskSize > 0 && !cache.localDisk) {
+    throw new Error('--max-local-disk-size: needs --local-disk <dir> (each engine gets <dir>/<engine name>)');
+  }
+  if (cache.localDisk && !(cache.maxLocalDiskSize !== undefined && cache.maxLocalDiskSize > 0)) {
+    throw new Error('--local-disk: needs --max-local-disk-size <GiB> > 0 (the disk tier\'s capacity per engine)');
+  }
+  const chunkSize = cache.chunkSize ?? 256;
+  /** The CPU and disk tiers of one engine: the flags when given, else the reference values. */
+  const tiers = (name: string, refCpu: number) => {
+    const cpu = cache.maxLocalCpuSize ?? refCpu;
+    return {
+      local_cpu: cpu > 0,
+      max_local_cpu_size: cpu,
+      max_local_disk_size: cache.maxLocalDiskSize ?? 0,
+      ...(cache.localDisk ? { local_disk: join(cache.localDisk, name) } : {}),
+    };
+  };
   const off = (p: number) => p + o.portOffset;
   const colocated = o.prefillers === 0;
   const cpus = placeEngines(o.placement ?? { kind: 'split' }, o.prefillers, o.decoders, o.machineCpus);
@@ -95,12 +141,10 @@ export function makePlan(o: PlanOptions): Plan {
       index: i,
       port: off(BASE_PORTS.prefiller + i),
       cacheConfig: {
-        chunk_size: 256,
+        chunk_size: chunkSize,
         // Reference values: the 1p1d prefiller keeps a 5 GiB CPU cache, XpYd prefillers none
         // (their chunks go straight to the decoders).
-        local_cpu: !xpyd,
-        max_local_cpu_size: xpyd ? 0 : 5,
-        max_local_disk_size: 0,
+        ...tiers(name, xpyd ? 0 : 5),
         ...ctl(off(BASE_PORTS.worker + i), off(BASE_PORTS.distributed + i), name),
         enable_xfer: true,
         enable_xpyd: true,
@@ -108,7 +152,8 @@ export function makePlan(o: PlanOptions): Plan {
         xfer_proxy_host: h,
         xfer_proxy_port: notifyPort,
         xfer_buffer_size: GiB,
-        xfer_buffer_device: 'cuda',
+        // The engine computes on the CPU: its transfer buffer is host memory.
+        xfer_buffer_device: 'cpu',
       },
       connector: {
         kv_connector: 'KvcConnectorV1',
@@ -120,7 +165,13 @@ export function makePlan(o: PlanOptions): Plan {
   }
   for (let j = 0; j < o.decoders; j++) {
     if (colocated) {
-      engines.push(colocatedEngine(j, off(BASE_PORTS.decoder + j), ctl(off(BASE_PORTS.worker + MAX_PER_ROLE + j), off(BASE_PORTS.distributed + MAX_PER_ROLE + j), `engine-${j}`), cpus.decode));
+      const cacheConfig = {
+        chunk_size: chunkSize,
+        // Reference value: a colocated engine keeps a 5 GiB CPU tier (--max-local-cpu-size overrides).
+        ...tiers(`engine-${j}`, 5),
+        ...ctl(off(BASE_PORTS.worker + MAX_PER_ROLE + j), off(BASE_PORTS.distributed + MAX_PER_ROLE + j), `engine-${j}`),
+      };
+      engines.push(colocatedEngine(j, off(BASE_PORTS.decoder + j), cacheConfig, cpus.decode));
       continue;
     }
     const name = `decoder-${j}`;
@@ -130,9 +181,8 @@ export function makePlan(o: PlanOptions): Plan {
       index: j,
       port: off(BASE_PORTS.decoder + j),
       cacheConfig: {
-        chunk_size: 256,
-        local_cpu: false,
-        max_local_cpu_size: 0,
+        chunk_size: chunkSize,
+        ...tiers(name, 0),
         ...ctl(off(BASE_PORTS.worker + MAX_PER_ROLE + j), off(BASE_PORTS.distributed + MAX_PER_ROLE + j), name),
         enable_xfer: true,
         enable_xpyd: true,
@@ -141,7 +191,7 @@ export function makePlan(o: PlanOptions): Plan {
         xfer_peer_init_port: off(BASE_PORTS.xferInit + j),
         xfer_peer_alloc_port: off(BASE_PORTS.xferAlloc + j),
         xfer_buffer_size: 2147483648,
-        xfer_buffer_device: 'cuda',
+        xfer_buffer_device: 'cpu',
         xfer_backends: ['tcp'],
       },
       connector: {
@@ -179,19 +229,13 @@ export function makePlan(o: PlanOptions): Plan {
  * step, between the decode rows of running sequences), keeping its chunks in a CPU tier; no xfer.
  * This is how a user runs a colocated engine; the proxy balances requests over them round-robin.
  */
-function colocatedEngine(j: number, port: number, ctl: Record<string, unknown>, cpus: string | null): EngineSpec {
+function colocatedEngine(j: number, port: number, cacheConfig: Record<string, unknown>, cpus: string | null): EngineSpec {
   return {
     name: `engine-${j}`,
     role: 'decoder',
     index: j,
     port,
-    cacheConfig: {
-      chunk_size: 256,
-      local_cpu: true,
-      max_local_cpu_size: 5,
-      max_local_disk_size: 0,
-      ...ctl,
-    },
+    cacheConfig,
     connector: {
       kv_connector: 'KvcConnectorV1',
       kv_role: 'kv_both',
@@ -215,11 +259,20 @@ export function connectorJson(e: EngineSpec): string {
  * runs with (eager mode, no prefix caching, no per-request logs).
  */
 export function engineArgs(plan: Plan, e: EngineSpec, connector: string): string[] {
+  const f = plan.opts.engine ?? {};
+  const pass: string[] = [];
+  if (f.servedModelName !== undefined) pass.push('--served-model-name', f.servedModelName);
+  if (f.maxModelLen !== undefined) pass.push('--max-model-len', String(f.maxModelLen));
+  if (f.dtype !== undefined) pass.push('--dtype', f.dtype);
+  if (f.maxNumSeqs !== undefined) pass.push('--max-num-seqs', String(f.maxNumSeqs));
+  if (f.maxNumBatchedTokens !== undefined) pass.push('--max-num-batched-tokens', String(f.maxNumBatchedTokens));
+  if (f.kvCacheMemory !== undefined) pass.push('--kv-cache-memory', String(f.kvCacheMemory));
   return [
     'engine',
     '--host', plan.opts.host,
     '--port', String(e.port),
     '--model', plan.opts.model,
+    ...pass,
     '--kv-transfer-config', connector,
     '--enforce-eager',
     '--no-enable-prefix-caching',

@@ -29,11 +29,15 @@ export function tailFile(path: string, lines = 15): string {
 
 export class Child {
   proc: ChildProcess | null = null;
+  /** How the current run ended (null while it runs). */
   exit: { code: number | null; signal: NodeJS.Signals | null } | null = null;
-  readonly exited: Promise<void>;
+  /** Settles when the current run's process exits (a restart starts a new run). */
+  exited: Promise<void>;
   private resolveExit!: () => void;
   /** Set once we asked it to stop, so its exit is not reported as a failure. */
   stopping = false;
+  /** Times it was started again after dying. */
+  restarts = 0;
 
   constructor(
     readonly spec: ChildSpec,
@@ -51,6 +55,11 @@ export class Child {
   }
 
   start(): void {
+    if (this.proc) {
+      // A new run (restart): a fresh exit promise and status.
+      this.exit = null;
+      this.exited = new Promise((r) => (this.resolveExit = r));
+    }
     const fd = openSync(this.spec.logPath, 'a');
     writeSync(fd, `# ${new Date().toISOString()} kvc ${this.spec.args.join(' ')}\n`);
     const piped = !!this.spec.onLine;
@@ -85,17 +94,22 @@ export class Child {
         /* ignore */
       }
     });
+    const resolveExit = this.resolveExit;
     proc.once('exit', (code, signal) => {
       this.exit = { code, signal };
-      // Let piped output drain into the log before closing it.
-      setTimeout(() => {
-        try {
-          closeSync(fd);
-        } catch {
-          /* already closed */
-        }
-      }, 100);
-      this.resolveExit();
+      // Let piped output drain into the log before closing it. Only a piped run still holds the
+      // fd here: closing a number already closed could close whatever reused it meanwhile (a
+      // restarted child's pipe, a socket), so it is closed exactly once.
+      if (piped) {
+        setTimeout(() => {
+          try {
+            closeSync(fd);
+          } catch {
+            /* already closed */
+          }
+        }, 100);
+      }
+      resolveExit();
     });
     if (!piped) closeSync(fd);
   }

@@ -16,9 +16,12 @@ import {
   type Plan,
   type PlanOptions,
 } from './plan.js';
+import { DEFAULT_RESTART, superviseRestarts, type RestartPolicy } from './restart.js';
 import { Child, StartError } from './supervisor.js';
 
 export interface UpOptions extends PlanOptions {
+  /** How processes that die are restarted (default DEFAULT_RESTART). */
+  restart?: RestartPolicy;
   logDir: string;
   startupTimeoutMs: number;
   /** Write the configuration files and print the commands, start nothing. */
@@ -194,19 +197,23 @@ export async function runUp(o: UpOptions): Promise<number> {
   } catch {
     /* keep the --model name */
   }
-  const state = {
-    started: new Date().toISOString(),
-    proxy: proxyUrl,
-    model,
-    controller: plan.controller ? `http://${host}:${plan.controller.port}` : null,
-    processes: children.map((c) => ({
-      name: c.name,
-      pid: c.pid,
-      log: c.spec.logPath,
-      url: c.spec.healthUrl.replace(/\/healthz?$/, ''),
-    })),
+  const writeState = () => {
+    const state = {
+      started: new Date().toISOString(),
+      proxy: proxyUrl,
+      model,
+      controller: plan.controller ? `http://${host}:${plan.controller.port}` : null,
+      processes: children.map((c) => ({
+        name: c.name,
+        pid: c.pid,
+        restarts: c.restarts,
+        log: c.spec.logPath,
+        url: c.spec.healthUrl.replace(/\/healthz?$/, ''),
+      })),
+    };
+    writeFileSync(join(logDir, 'deployment.json'), JSON.stringify(state, null, 2) + '\n');
   };
-  writeFileSync(join(logDir, 'deployment.json'), JSON.stringify(state, null, 2) + '\n');
+  writeState();
   out('');
   out(`kvc up: ready. OpenAI-compatible endpoint: ${proxyUrl}/v1  (completions, chat/completions, models; /health, /metrics)`);
   for (const c of children) out(`  ${c.name.padEnd(11)} pid ${String(c.pid).padEnd(7)} ${c.spec.healthUrl.replace(/\/healthz?$/, '').padEnd(24)} log ${c.spec.logPath}`);
@@ -215,17 +222,29 @@ export async function runUp(o: UpOptions): Promise<number> {
   out(`    -d '${JSON.stringify({ model, prompt: 'The KV cache is', max_tokens: 32, temperature: 0, stream: true })}'`);
   out('Ctrl-C stops everything.');
 
-  // Watch: an engine that dies is reported (the proxy routes around it); the proxy dying ends the run.
+  // Watch: a process that dies is reported, counted and restarted with backoff (the proxy
+  // routes around a dead engine meanwhile and back to it once its health check passes). Only
+  // giving up on the proxy ends the run; an engine given up on stays reported as gone.
   let proxyDied = false;
+  const policy = o.restart ?? DEFAULT_RESTART;
   for (const c of children) {
-    void c.exited.then(() => {
-      if (c.stopping || signalled) return;
-      err(`kvc up: ${c.name} (pid ${c.pid}) ${c.describeExit()}; see its log: ${c.spec.logPath}`);
-      if (c.name === 'proxy') {
-        proxyDied = true;
-        wake();
-      }
-    });
+    void superviseRestarts(
+      c,
+      policy,
+      {
+        say: err,
+        recovered: () => writeState(),
+        gaveUp: (x) => {
+          writeState();
+          if (x.name === 'proxy') {
+            proxyDied = true;
+            wake();
+          }
+        },
+      },
+      () => signalled !== null || proxyDied,
+      stopped,
+    );
   }
   await stopped;
   process.off('SIGINT', onSignal);

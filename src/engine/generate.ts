@@ -1,9 +1,11 @@
-// One generation request end to end: submit to the scheduler, turn tokens into text (stop
-// strings, incremental detokenization), and answer as OpenAI JSON or as an SSE stream that
-// ends with `data: [DONE]`. A client that disconnects cancels its sequence, which frees its KV.
+// One generation request end to end: submit one sequence per choice (`n`, or `best_of` of which
+// the n most likely are kept) to the scheduler, turn tokens into text (stop strings, incremental
+// detokenization, logprobs), and answer as OpenAI JSON or as an SSE stream that ends with
+// `data: [DONE]`. A client that disconnects cancels its sequences, which frees their KV.
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { KvcError, asKvcError, unavailable } from '../common/errors.js';
 import { logger } from '../common/log.js';
+import { chatLogprobs, completionLogprobs, tokenNamer, type LogprobEntry } from './logprobs.js';
 import type { EngineMetrics } from './metrics.js';
 import type { Tokenizer } from './model/tokenizer.js';
 import type { SamplingParams } from './sampler.js';
@@ -23,9 +25,21 @@ export interface GenerationRequest {
   modelName: string;
   prompt: number[];
   maxTokens: number;
+  /** Choices answered. */
+  n: number;
+  /** Sequences generated (>= n); the n with the highest cumulative logprob are answered. */
+  bestOf: number;
+  /** The base sampling parameters; choice i samples with seed + i when a seed is given. */
   sampling: SamplingParams;
+  /** Alternatives per token in the answer's logprobs; null: no logprobs in the answer. */
+  logprobs: number | null;
+  /** Logprobs name tokens "token_id:<id>" rather than by their text. */
+  tokensAsIds: boolean;
   stop: string[];
+  includeStopStr: boolean;
   stopTokenIds: Set<number>;
+  /** Completions' `echo`: the prompt text that starts every choice's text. */
+  echo: string | null;
   kvTransferParams: Record<string, unknown> | undefined;
   stream: boolean;
   includeUsage: boolean;
@@ -44,10 +58,21 @@ interface Usage {
   prompt_tokens_details: { cached_tokens: number };
 }
 
-function usageOf(seq: Sequence): Usage {
-  const p = seq.prompt.length;
-  const c = seq.output.length;
-  return { prompt_tokens: p, completion_tokens: c, total_tokens: p + c, prompt_tokens_details: { cached_tokens: seq.loadedTokens } };
+/** The state of one generated sequence (one choice, or a best_of candidate). */
+interface Choice {
+  index: number;
+  sampler: Sampler;
+  stops: StopMatcher;
+  seq: Sequence;
+  text: string;
+  /** Characters the decoder produced so far (text_offset of the next token, before the echo). */
+  decoded: number;
+  entries: LogprobEntry[];
+  /** Entries not yet sent in a stream chunk. */
+  pending: LogprobEntry[];
+  /** Characters of `text` already streamed. */
+  sent: number;
+  finished: Promise<{ reason: FinishReason; error?: Error }>;
 }
 
 async function kvParams(seq: Sequence, requestId: string): Promise<Record<string, unknown> | undefined> {
@@ -73,55 +98,94 @@ export async function runGeneration(ctx: GenerationContext, g: GenerationRequest
   const id = `${g.kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${g.requestId}`;
   const object = g.kind === 'chat' ? 'chat.completion' : 'text_completion';
   const chunkObject = g.kind === 'chat' ? 'chat.completion.chunk' : 'text_completion';
-  const dec = ctx.tokenizer.streamDecoder(g.prompt);
-  const stops = new StopMatcher(g.stop);
-  let text = '';
+  const tok = ctx.tokenizer;
+  const echoLen = g.echo?.length ?? 0;
   let stream: ((s: string) => void) | null = null;
   let clientGone = false;
 
-  const choiceChunk = (delta: string, finish: string | null) =>
-    g.kind === 'chat'
-      ? { index: 0, delta: finish === null ? { content: delta } : delta ? { content: delta } : {}, logprobs: null, finish_reason: finish }
-      : { index: 0, text: delta, logprobs: null, finish_reason: finish };
+  const name = tokenNamer(tok, g.tokensAsIds);
+  const formatLogprobs = (entries: LogprobEntry[]) =>
+    g.logprobs === null ? null : g.kind === 'chat' ? chatLogprobs(entries, name) : completionLogprobs(entries, name);
+  const choiceChunk = (c: Choice, delta: string, finish: string | null) => {
+    const lp = formatLogprobs(c.pending);
+    c.pending = [];
+    return g.kind === 'chat'
+      ? { index: c.index, delta: finish === null ? { content: delta } : delta ? { content: delta } : {}, logprobs: lp, finish_reason: finish }
+      : { index: c.index, text: delta, logprobs: lp, finish_reason: finish };
+  };
   const sse = (body: unknown) => stream?.(`data: ${JSON.stringify(body)}\n\n`);
 
-  let resolveFinish!: (v: { reason: FinishReason; error?: Error }) => void;
-  const finished = new Promise<{ reason: FinishReason; error?: Error }>((r) => {
-    resolveFinish = r;
-  });
-  // Throws a 503 KvcError (queue full, shutting down) before anything was sent.
-  const s = ctx.scheduler.submit({
-    requestId: g.requestId,
-    prompt: g.prompt,
-    maxTokens: g.maxTokens,
-    sampler: new Sampler(g.sampling),
-    stopTokenIds: g.stopTokenIds,
-    kvTransferParams: g.kvTransferParams,
-    events: {
-      onToken(token) {
-        if (g.stopTokenIds.has(token)) return; // EOS ends the text; it is counted, not shown
-        const visible = stops.add(dec.push(token));
-        if (visible) {
-          text += visible;
-          sse({ id, object: chunkObject, created, model: g.modelName, choices: [choiceChunk(visible, null)] });
-        }
-        if (stops.stopped) ctx.scheduler.cancel(s, 'stop');
-      },
-      onFinish(reason, error) {
-        resolveFinish({ reason, error });
-      },
-    },
-  });
+  const choices: Choice[] = [];
+  try {
+    for (let i = 0; i < g.bestOf; i++) choices.push(submitChoice(i));
+  } catch (e) {
+    // The queue filled up part way: the choices already queued are withdrawn, nothing was sent.
+    for (const c of choices) ctx.scheduler.cancel(c.seq, 'abort');
+    throw e;
+  }
 
-  // A client that goes away (closed socket, aborted stream) cancels the sequence.
+  function submitChoice(index: number): Choice {
+    const seed = g.sampling.seed === null ? null : g.sampling.seed + index;
+    const sampler = new Sampler({ ...g.sampling, seed }, g.prompt);
+    const dec = tok.streamDecoder(g.prompt);
+    let resolveFinish!: (v: { reason: FinishReason; error?: Error }) => void;
+    const finished = new Promise<{ reason: FinishReason; error?: Error }>((r) => {
+      resolveFinish = r;
+    });
+    const c = { index, sampler, stops: new StopMatcher(g.stop, g.includeStopStr), text: '', decoded: 0, entries: [], pending: [], sent: 0, finished } as unknown as Choice;
+    // Streams only when every candidate is answered (best_of > n is refused with stream).
+    const streams = g.bestOf === g.n;
+    // Throws a 503 KvcError (queue full, shutting down) before anything was sent.
+    c.seq = ctx.scheduler.submit({
+      requestId: g.bestOf > 1 ? `${g.requestId}-${index}` : g.requestId,
+      prompt: g.prompt,
+      maxTokens: g.maxTokens,
+      sampler,
+      stopTokenIds: g.stopTokenIds,
+      // One transfer carries the prompt's KV once: the first sequence loads it, the others
+      // compute the prompt themselves.
+      kvTransferParams: index === 0 ? g.kvTransferParams : undefined,
+      events: {
+        onToken(token) {
+          if (g.stopTokenIds.has(token)) return; // EOS ends the text; it is counted, not shown
+          const piece = dec.push(token);
+          if (sampler.last) {
+            const e: LogprobEntry = { lp: sampler.last, text: piece || tok.tokenText(token), offset: echoLen + c.decoded };
+            c.entries.push(e);
+            c.pending.push(e);
+          }
+          c.decoded += piece.length;
+          const visible = c.stops.add(piece);
+          if (visible) {
+            c.text += visible;
+            if (streams) {
+              c.sent += visible.length;
+              sse({ id, object: chunkObject, created, model: g.modelName, choices: [choiceChunk(c, visible, null)] });
+            }
+          }
+          if (c.stops.stopped) ctx.scheduler.cancel(c.seq, 'stop');
+        },
+        onFinish(reason, error) {
+          if (reason === 'stop' || reason === 'length') {
+            if (!c.stops.stopped) c.text += c.stops.add(dec.flush());
+            c.text += c.stops.finish();
+          }
+          resolveFinish({ reason, error });
+        },
+      },
+    });
+    return c;
+  }
+
+  // A client that goes away (closed socket, aborted stream) cancels the sequences.
   const onGone = () => {
     if (clientGone || reply.raw.writableFinished) return;
     clientGone = true;
-    ctx.scheduler.cancel(s, 'abort');
+    for (const c of choices) ctx.scheduler.cancel(c.seq, 'abort');
   };
   reply.raw.on('close', onGone);
   // The socket may have closed between the body being read and the listener being attached
-  // (its 'close' event already fired): check now, or the sequence would run to the end unseen.
+  // (its 'close' event already fired): check now, or the sequences would run to the end unseen.
   if (reply.raw.destroyed || reply.raw.socket?.destroyed === true) onGone();
 
   if (g.stream) {
@@ -131,32 +195,54 @@ export async function runGeneration(ctx: GenerationContext, g: GenerationRequest
     stream = (chunk) => {
       if (!raw.destroyed) raw.write(chunk);
     };
-    if (g.kind === 'chat') sse({ id, object: chunkObject, created, model: g.modelName, choices: [{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }] });
+    if (g.echo) for (const c of choices) sse({ id, object: chunkObject, created, model: g.modelName, choices: [choiceChunk(c, g.echo, null)] });
+    if (g.kind === 'chat') {
+      for (const c of choices) sse({ id, object: chunkObject, created, model: g.modelName, choices: [{ index: c.index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }] });
+    }
   }
 
-  const { reason, error } = await finished;
-  let tail = '';
-  if (reason === 'stop' || reason === 'length') {
-    if (!stops.stopped) tail = stops.add(dec.flush()) + stops.finish();
-    text += tail;
-  }
-  const finishReason = reason === 'length' ? 'length' : 'stop';
-  const params = reason === 'stop' || reason === 'length' ? await kvParams(s, g.requestId) : undefined;
-  const usage = usageOf(s);
-  const outcome = reason === 'abort' ? 'cancelled' : reason === 'error' ? 'error' : 'ok';
+  // Every choice ends on its own; the answer (or the streams' last chunks) follows the last one.
+  let params: Record<string, unknown> | undefined;
+  const outcomes = await Promise.all(
+    choices.map(async (c) => {
+      const { reason, error } = await c.finished;
+      const ok = reason === 'stop' || reason === 'length';
+      if (ok && c.index === 0) params = await kvParams(c.seq, g.requestId);
+      return { c, reason, error };
+    }),
+  );
+  const failed = outcomes.find((o) => o.reason === 'abort' || o.reason === 'error');
+  const finishOf = (r: FinishReason) => (r === 'length' ? 'length' : 'stop');
+
+  // best_of: keep the n candidates with the highest cumulative logprob, in that order.
+  const answered = g.bestOf > g.n ? [...outcomes].sort((a, b) => b.c.sampler.cumulativeLogprob - a.c.sampler.cumulativeLogprob).slice(0, g.n) : outcomes;
+  const completionTokens = choices.reduce((s, c) => s + c.seq.output.length, 0);
+  const usage: Usage = {
+    prompt_tokens: g.prompt.length,
+    completion_tokens: completionTokens,
+    total_tokens: g.prompt.length + completionTokens,
+    prompt_tokens_details: { cached_tokens: choices[0]!.seq.loadedTokens },
+  };
+  const outcome = failed === undefined ? 'ok' : failed.reason === 'abort' ? 'cancelled' : 'error';
   ctx.metrics.requests.inc({ endpoint: g.endpoint, outcome });
   req.outcomeCounted = true; // request_outcome.ts: the onResponse hook must not count it again
+
+  const failure = (o: { reason: FinishReason; error?: Error }) =>
+    o.reason === 'error' ? (o.error instanceof KvcError ? o.error : asKvcError(o.error ?? new Error('generation failed'))) : unavailable('the engine is shutting down; request aborted');
 
   if (g.stream) {
     const raw = reply.raw;
     if (clientGone || raw.destroyed) return;
-    if (reason === 'abort' || reason === 'error') {
-      const e = reason === 'error' ? asKvcError(error ?? new Error('generation failed')) : unavailable('the engine is shutting down; request aborted');
-      sse(e.toJSON());
+    if (failed) {
+      sse(failure(failed).toJSON());
     } else {
-      const final: Record<string, unknown> = { id, object: chunkObject, created, model: g.modelName, choices: [choiceChunk(tail, finishReason)] };
-      if (params) final.kv_transfer_params = params;
-      sse(final);
+      for (const { c, reason } of outcomes) {
+        // The text not streamed yet (held back for stop strings, or the decoder's tail).
+        const tail = c.text.slice(c.sent);
+        const final: Record<string, unknown> = { id, object: chunkObject, created, model: g.modelName, choices: [choiceChunk(c, tail, finishOf(reason))] };
+        if (params && c.index === 0) final.kv_transfer_params = params;
+        sse(final);
+      }
       if (g.includeUsage) sse({ id, object: chunkObject, created, model: g.modelName, choices: [], usage });
     }
     stream!('data: [DONE]\n\n');
@@ -164,16 +250,24 @@ export async function runGeneration(ctx: GenerationContext, g: GenerationRequest
     return;
   }
 
-  if (reason === 'abort') {
-    if (clientGone) return;
-    throw unavailable('the engine is shutting down; request aborted');
+  if (failed) {
+    if (failed.reason === 'abort' && clientGone) return;
+    throw failure(failed);
   }
-  if (reason === 'error') throw error instanceof KvcError ? error : asKvcError(error ?? new Error('generation failed'));
-  const choice =
-    g.kind === 'chat'
-      ? { index: 0, message: { role: 'assistant', content: text }, logprobs: null, finish_reason: finishReason }
-      : { index: 0, text, logprobs: null, finish_reason: finishReason };
-  const body: Record<string, unknown> = { id, object, created, model: g.modelName, choices: [choice], usage };
+  const body: Record<string, unknown> = {
+    id,
+    object,
+    created,
+    model: g.modelName,
+    choices: answered.map(({ c, reason }, index) => {
+      const text = (g.echo ?? '') + c.text;
+      const logprobs = formatLogprobs(c.entries);
+      return g.kind === 'chat'
+        ? { index, message: { role: 'assistant', content: text }, logprobs, finish_reason: finishOf(reason) }
+        : { index, text, logprobs, finish_reason: finishOf(reason) };
+    }),
+    usage,
+  };
   if (params) body.kv_transfer_params = params;
   void reply.header('x-request-id', g.requestId).send(body);
 }

@@ -9,6 +9,7 @@ import { logger } from '../common/log.js';
 import type { TransferFactory } from '../common/transfer_seam.js';
 import { createKvTransfer } from '../xfer/engine_plugin.js';
 import type { ModelConfig } from './model/config.js';
+import { checkModelSpec } from './model_spec.js';
 
 const log = logger('engine');
 
@@ -39,6 +40,19 @@ export interface EngineOptions {
   cacheConfig?: CacheConfig;
   /** xfer plugin, only with kv_role kv_producer / kv_consumer; default: the xfer component's createKvTransfer. */
   transfer?: TransferFactory;
+  /**
+   * --dtype: the data type the model computes in. This CPU engine computes in float32 (weights
+   * stored as bf16/f16 are widened on load): `auto`, `float32` and `float` are accepted; a
+   * half-precision type is refused rather than silently computed in float32.
+   */
+  dtype?: string;
+  /**
+   * --enable-prefix-caching: KV of earlier prompts is reused. The engine keeps no KV of finished
+   * requests itself; reuse comes from a cache instance. Without kvTransferConfig this attaches a
+   * kv_both connector with the cache YAML of $KVC_CONFIG_FILE (or the defaults: a CPU tier).
+   * With a connector, its cache instance already reuses prefixes. Default false.
+   */
+  enablePrefixCaching?: boolean;
   /** Add process-level metrics (CPU, memory, event loop) to /metrics; the CLI turns this on. */
   processMetrics?: boolean;
   /** One log line per finished request (default true; `--disable-log-requests` turns it off). */
@@ -69,9 +83,14 @@ export interface EngineSettings {
   cacheConfig: CacheConfig | null;
   transfer: TransferFactory;
   processMetrics: boolean;
+  /** Whether one log line is written per request (false with --disable-log-requests). */
   logRequests: boolean;
   logStats: boolean;
+  /** True when --enable-prefix-caching attached the kv_both connector itself. */
+  prefixCachingConnector: boolean;
 }
+
+export const DTYPES_ACCEPTED = ['auto', 'float32', 'float'] as const;
 
 /** The limits that depend on the loaded model. */
 export interface ModelLimits {
@@ -95,6 +114,12 @@ function nonEmpty(name: string, v: string | undefined, fallback: string): string
 export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
   const env = opts.env ?? process.env;
   const modelSpec = nonEmpty('--model', opts.model, 'builtin:tiny');
+  checkModelSpec(modelSpec);
+  const dtype = opts.dtype ?? 'auto';
+  if (!(DTYPES_ACCEPTED as readonly string[]).includes(dtype)) {
+    const half = ['half', 'float16', 'bfloat16', 'fp16', 'bf16'].includes(dtype);
+    throw new Error(`--dtype: expected one of ${DTYPES_ACCEPTED.join(', ')}, found "${dtype}"${half ? ' (this CPU engine computes in float32; bf16/f16 checkpoints are widened on load)' : ''}`);
+  }
   const modelName = nonEmpty('--served-model-name', opts.servedModelName, modelSpec);
   const host = nonEmpty('--host', opts.host, '127.0.0.1');
   const port = opts.port ?? 0;
@@ -104,16 +129,21 @@ export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
   // An in-process ConnectorConfig or CacheConfig object goes through the same validation as the
   // command line's JSON and the YAML file, so both paths accept and refuse the same values.
   let connectorConfig: ConnectorConfig | null = null;
-  if (opts.kvTransferConfig !== undefined) {
+  const prefixCachingConnector = opts.enablePrefixCaching === true && opts.kvTransferConfig === undefined;
+  if (prefixCachingConnector) {
+    connectorConfig = parseConnectorConfig('{"kv_connector":"KvcConnectorV1","kv_role":"kv_both"}', '--enable-prefix-caching').config;
+  } else if (opts.kvTransferConfig !== undefined) {
     const json = typeof opts.kvTransferConfig === 'string' ? opts.kvTransferConfig : JSON.stringify(opts.kvTransferConfig);
     const loaded = parseConnectorConfig(json, '--kv-transfer-config');
     for (const w of loaded.warnings) log.warn(w);
+    for (const n of loaded.notes) log.info(n);
     connectorConfig = loaded.config;
   }
   let cacheConfig: CacheConfig | null = null;
   if (connectorConfig) {
     const loaded = opts.cacheConfig ? validateCacheConfig(opts.cacheConfig, 'cacheConfig') : cacheConfigFromEnv(env);
     for (const w of loaded.warnings) log.warn(w);
+    for (const n of loaded.notes) log.info(n);
     cacheConfig = loaded.config;
   } else if (opts.cacheConfig) {
     // The cache instance only exists for the connector: say so rather than drop the setting.
@@ -157,6 +187,7 @@ export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
     processMetrics: opts.processMetrics ?? false,
     logRequests: opts.logRequests ?? true,
     logStats: opts.logStats ?? true,
+    prefixCachingConnector,
   };
 }
 

@@ -12,7 +12,11 @@ export class StopMatcher {
   private readonly holdBack: number;
   stopped = false;
 
-  constructor(private readonly stops: string[]) {
+  /** `includeStop`: the matched stop string stays in the text (vLLM's include_stop_str_in_output). */
+  constructor(
+    private readonly stops: string[],
+    private readonly includeStop = false,
+  ) {
     this.holdBack = stops.reduce((m, s) => Math.max(m, s.length - 1), 0);
   }
 
@@ -22,13 +26,17 @@ export class StopMatcher {
     const searchFrom = Math.max(0, this.full.length - this.holdBack);
     this.full += delta;
     let cut = -1;
+    let len = 0;
     for (const s of this.stops) {
       const i = this.full.indexOf(s, searchFrom);
-      if (i >= 0 && (cut < 0 || i < cut)) cut = i;
+      if (i >= 0 && (cut < 0 || i < cut)) {
+        cut = i;
+        len = s.length;
+      }
     }
     if (cut >= 0) {
       this.stopped = true;
-      this.full = this.full.slice(0, cut);
+      this.full = this.full.slice(0, this.includeStop ? cut + len : cut);
       return this.take(this.full.length);
     }
     return this.take(this.full.length - this.holdBack);

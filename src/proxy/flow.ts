@@ -73,7 +73,6 @@ export function checkRequest(kind: Kind, body: Record<string, unknown>): void {
       throw badRequest(`field \`${f}\`: expected an integer >= 1`);
     }
   }
-  if (body.n !== undefined && body.n !== 1) throw badRequest('field `n`: only 1 is supported through the proxy');
 }
 
 interface PrefillResult {
@@ -281,9 +280,10 @@ export class Flow {
     const order = this.d.prefillers.order();
     if (order.length) {
       // One copy of the client's body serves every attempt; only req_id changes between them.
-      const pbody: Record<string, unknown> = { ...body, max_tokens: 1, stream: false };
-      delete pbody.stream_options;
-      delete pbody.max_completion_tokens;
+      // The prefiller only computes the prompt's KV: one sequence of one token. Fields about
+      // the answer's shape are the decoder's (it validates every field of the client's body).
+      const pbody: Record<string, unknown> = { ...body, max_tokens: 1, stream: false, n: 1 };
+      for (const f of ['stream_options', 'max_completion_tokens', 'best_of', 'min_tokens', 'echo', 'logprobs', 'top_logprobs']) delete pbody[f];
       for (const p of order) {
         const reqId = `kvc-${randomUUID()}`;
         pbody.kv_transfer_params = kvTransferParams(specFor(reqId, ep));

@@ -19,6 +19,8 @@ export class ChatTemplateError extends Error {
 export interface ChatMessage {
   role: string;
   content: string;
+  /** The participant's name; templates that know it render it. */
+  name?: string;
 }
 
 /** Llama-2 chat format, used when tokenizer_config.json carries no chat_template. */
@@ -197,6 +199,21 @@ export class Tokenizer {
 
   decode(ids: number[], opts: { skipSpecialTokens?: boolean } = {}): string {
     return this.hf.decode(ids, { skip_special_tokens: opts.skipSpecialTokens ?? true });
+  }
+
+  /**
+   * One token as text on its own, for logprobs: its vocabulary piece with SentencePiece's word
+   * marker as a space and a byte-fallback piece (<0x41>) as that byte when it is ASCII.
+   */
+  tokenText(id: number): string {
+    const piece = this.hf.id_to_token(id);
+    if (piece === undefined || piece === null) return '';
+    const byte = /^<0x([0-9A-Fa-f]{2})>$/.exec(piece);
+    if (byte) {
+      const b = parseInt(byte[1]!, 16);
+      return b < 0x80 ? String.fromCharCode(b) : piece;
+    }
+    return piece.replace(/\u2581/g, ' ');
   }
 
   isSpecial(id: number): boolean {

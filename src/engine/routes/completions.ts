@@ -6,19 +6,17 @@ import { requireObject } from '../../common/http.js';
 import { parseBody } from '../../common/validate.js';
 import { runGeneration, type GenerationContext, type GenerationRequest } from '../generate.js';
 import type { RouteContext } from './context.js';
-import { chatRequest, completionRequest } from './completions.schema.js';
+import { badRequest } from '../../common/errors.js';
+import type { SamplingParams } from '../sampler.js';
+import { chatRequest, completionRequest, refuseUnknownFields, type ChatRequest, type CompletionRequest } from './completions.schema.js';
 import { GEN_LIMIT, PromptRules } from './prompt_rules.js';
 
-type SamplingFields = { temperature?: number | null; top_p?: number | null; top_k?: number | null; seed?: number | null };
-type StopFields = { ignore_eos?: boolean | null; stop_token_ids?: number[] | null; stop?: string | string[] | null };
-
+type Body = ChatRequest | CompletionRequest;
 /** An `X-Request-Id` of word characters (up to 128) is used as the request id, else one is generated. */
 function requestIdOf(req: FastifyRequest): string {
   const h = req.headers['x-request-id'];
   return typeof h === 'string' && /^[\w.:-]{1,128}$/.test(h) ? h : randomBytes(12).toString('hex');
 }
-
-const sampling = (b: SamplingFields) => ({ temperature: b.temperature ?? 1, topP: b.top_p ?? 1, topK: b.top_k ?? -1, seed: b.seed ?? null });
 
 const stopStrings = (stop: string | string[] | null | undefined) => (stop === null || stop === undefined ? [] : typeof stop === 'string' ? [stop] : stop).filter((x) => x.length > 0);
 
@@ -30,25 +28,81 @@ export async function completionRoutes(app: FastifyInstance, ctx: RouteContext):
   // EOS of the model config and of the tokenizer end generation unless `ignore_eos`.
   const eosIds = new Set<number>(ctx.model.config.eosTokenIds);
   if (tok.eosTokenId !== null) eosIds.add(tok.eosTokenId);
-  const stopIds = (b: StopFields) => {
+  const stopIds = (b: Body) => {
     const s = new Set<number>(b.ignore_eos ? [] : eosIds);
     for (const id of b.stop_token_ids ?? []) s.add(id);
     return s;
   };
-  /** The fields both endpoints map the same way. */
-  const common = (req: FastifyRequest, b: SamplingFields & StopFields & { kv_transfer_params?: Record<string, unknown> | null; stream?: boolean | null; stream_options?: { include_usage?: boolean | null } | null }) => ({
-    requestId: requestIdOf(req),
-    modelName,
-    sampling: sampling(b),
-    stop: stopStrings(b.stop),
-    stopTokenIds: stopIds(b),
-    kvTransferParams: b.kv_transfer_params ?? undefined,
-    stream: b.stream ?? false,
-    includeUsage: b.stream_options?.include_usage ?? false,
-  });
+  const vocab = ctx.model.config.vocabSize;
+  const logitBias = (b: Body): Map<number, number> | null => {
+    if (!b.logit_bias) return null;
+    const m = new Map<number, number>();
+    for (const [k, v] of Object.entries(b.logit_bias)) {
+      const id = Number(k);
+      if (id >= vocab) throw badRequest(`field \`logit_bias\`: token id ${k} is out of range for a vocabulary of ${vocab}`);
+      m.set(id, v);
+    }
+    return m;
+  };
+  /** The fields both endpoints map the same way; `logprobs` null: none in the answer. */
+  const common = (req: FastifyRequest, b: Body, maxTokens: number, logprobs: number | null) => {
+    const n = b.n ?? 1;
+    const bestOf = 'best_of' in b && b.best_of != null ? b.best_of : n;
+    if (bestOf < n) throw badRequest(`field \`best_of\`: expected an integer >= n (${n}), found ${bestOf}`);
+    if (bestOf > n && b.stream) throw badRequest('field `best_of`: best_of > n cannot be streamed (set stream to false)');
+    // include_usage only shapes a stream: given without one it would do nothing.
+    if (b.stream_options != null && b.stream !== true) throw badRequest('field `stream_options`: only allowed with `stream: true`');
+    const minTokens = b.min_tokens ?? 0;
+    if (minTokens > maxTokens) throw badRequest(`field \`min_tokens\`: ${minTokens} is more than max_tokens (${maxTokens})`);
+    for (const [i, id] of (b.stop_token_ids ?? []).entries()) {
+      if (id >= vocab) throw badRequest(`field \`stop_token_ids[${i}]\`: token id ${id} is out of range for a vocabulary of ${vocab}`);
+    }
+    const stopTokenIds = stopIds(b);
+    const sampling: SamplingParams = {
+      temperature: b.temperature ?? 1,
+      topP: b.top_p ?? 1,
+      topK: b.top_k ?? -1,
+      minP: b.min_p ?? 0,
+      seed: b.seed ?? null,
+      presencePenalty: b.presence_penalty ?? 0,
+      frequencyPenalty: b.frequency_penalty ?? 0,
+      repetitionPenalty: b.repetition_penalty ?? 1,
+      logitBias: logitBias(b),
+      minTokens,
+      minTokensStopIds: stopTokenIds,
+      // best_of ranks candidates by their cumulative logprob, so they are computed then too.
+      logprobs: logprobs ?? (bestOf > n ? 0 : null),
+    };
+    return {
+      requestId: requestIdOf(req),
+      modelName,
+      maxTokens,
+      n,
+      bestOf,
+      sampling,
+      logprobs,
+      tokensAsIds: b.return_tokens_as_token_ids ?? false,
+      stop: stopStrings(b.stop),
+      includeStopStr: b.include_stop_str_in_output ?? false,
+      stopTokenIds,
+      kvTransferParams: b.kv_transfer_params ?? undefined,
+      stream: b.stream ?? false,
+      includeUsage: b.stream_options?.include_usage ?? false,
+    };
+  };
+  /** The paged KV must be able to hold every choice at once (they run side by side). */
+  const checkChoicesFit = (b: Body, prompt: number[], maxTokens: number) => {
+    const seqs = 'best_of' in b && b.best_of != null ? Math.max(b.best_of, b.n ?? 1) : (b.n ?? 1);
+    const need = seqs * (prompt.length + maxTokens - 1);
+    if (seqs > 1 && need > ctx.kv.capacityTokens) {
+      throw badRequest(`field \`${'best_of' in b && b.best_of != null && b.best_of > (b.n ?? 1) ? 'best_of' : 'n'}\`: ${seqs} sequences of prompt + max_tokens need ${need} KV positions; this engine's KV cache holds ${ctx.kv.capacityTokens}`, 'kv_capacity_exceeded');
+    }
+  };
 
   app.post('/v1/completions', async (req: FastifyRequest, reply: FastifyReply) => {
-    const b = parseBody(completionRequest, requireObject(req.body));
+    const body = requireObject(req.body);
+    refuseUnknownFields(completionRequest, body);
+    const b = parseBody(completionRequest, body);
     rules.checkModel(b.model);
     // A one-element array of a prompt is that prompt (clients batch; this engine takes one).
     const p = Array.isArray(b.prompt) && b.prompt.length === 1 && (typeof b.prompt[0] === 'string' || Array.isArray(b.prompt[0])) ? b.prompt[0]! : b.prompt;
@@ -61,18 +115,25 @@ export async function completionRoutes(app: FastifyInstance, ctx: RouteContext):
       rules.checkIds(prompt, 'prompt');
     }
     const maxTokens = rules.plan(prompt, 'prompt', b.max_tokens, 'max_tokens', Math.min(16, maxModelLen - prompt.length));
-    const g: GenerationRequest = { kind: 'completion', endpoint: '/v1/completions', prompt, maxTokens, ...common(req, b) };
+    if (b.echo && b.logprobs != null) throw badRequest('field `echo`: echo with logprobs would need prompt logprobs, which this engine does not compute');
+    checkChoicesFit(b, prompt, maxTokens);
+    const echo = b.echo ? (typeof p === 'string' ? p : tok.decode(prompt)) : null;
+    const g: GenerationRequest = { kind: 'completion', endpoint: '/v1/completions', prompt, echo, ...common(req, b, maxTokens, b.logprobs ?? null) };
     await runGeneration(gen, g, req, reply);
     return reply;
   });
 
   app.post('/v1/chat/completions', async (req: FastifyRequest, reply: FastifyReply) => {
-    const b = parseBody(chatRequest, requireObject(req.body));
+    const body = requireObject(req.body);
+    refuseUnknownFields(chatRequest, body);
+    const b = parseBody(chatRequest, body);
     rules.checkModel(b.model);
     const prompt = rules.encodeChat(b.messages, maxModelLen, GEN_LIMIT);
     const field = b.max_completion_tokens != null ? 'max_completion_tokens' : 'max_tokens';
     const maxTokens = rules.plan(prompt, 'messages', b.max_completion_tokens ?? b.max_tokens, field, maxModelLen - prompt.length);
-    const g: GenerationRequest = { kind: 'chat', endpoint: '/v1/chat/completions', prompt, maxTokens, ...common(req, b) };
+    if (b.top_logprobs != null && !b.logprobs) throw badRequest('field `top_logprobs`: requires `logprobs: true`');
+    checkChoicesFit(b, prompt, maxTokens);
+    const g: GenerationRequest = { kind: 'chat', endpoint: '/v1/chat/completions', prompt, echo: null, ...common(req, b, maxTokens, b.logprobs ? (b.top_logprobs ?? 0) : null) };
     await runGeneration(gen, g, req, reply);
     return reply;
   });

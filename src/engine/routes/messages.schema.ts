@@ -1,11 +1,14 @@
 // The chat message shape shared by /v1/chat/completions and /tokenize ({messages}).
 import { z } from 'zod';
 
-const textPart = z.object({ type: z.literal('text', 'only text content parts are supported'), text: z.string('expected a string') });
+const textPart = z.strictObject({ type: z.literal('text', 'only text content parts are supported'), text: z.string('expected a string') });
 
-export const chatMessage = z.object({
+// Strict: a message field this engine would not use (tool calls, audio, …) is a 400 naming it.
+export const chatMessage = z.strictObject({
   role: z.enum(['system', 'developer', 'user', 'assistant', 'tool'], 'expected one of system, developer, user, assistant, tool'),
   content: z.union([z.string(), z.array(textPart)], 'expected a string or an array of text parts').nullish(),
+  name: z.string('expected a string').optional(),
+  tool_calls: z.array(z.unknown()).max(0, 'tools (function calling) are not supported by this engine').nullish(),
 });
 export type ChatMessageBody = z.infer<typeof chatMessage>;
 

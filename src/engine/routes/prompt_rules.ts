@@ -43,7 +43,7 @@ export class PromptRules {
   /** Chat messages → prompt ids; refuses a rendered prompt that certainly reaches `limit` tokens. */
   encodeChat(messages: ChatMessageBody[], limit: number, what: string): number[] {
     const tok = this.ctx.model.tokenizer;
-    const msgs: ChatMessage[] = messages.map((m) => ({ role: m.role, content: messageText(m) }));
+    const msgs: ChatMessage[] = messages.map((m) => ({ role: m.role, content: messageText(m), ...(m.name !== undefined ? { name: m.name } : {}) }));
     let text: string;
     try {
       text = tok.applyChatTemplate(msgs);

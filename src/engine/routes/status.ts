@@ -1,4 +1,4 @@
-// GET /v1/models (the served model and its max_model_len), GET /health and GET /metrics
+// GET /v1/models (the served model, its max_model_len and kvc_model_id: the id its chunk keys use), GET /health and GET /metrics
 // (Prometheus text of this engine's registry). None of them take a body.
 import type { FastifyInstance } from 'fastify';
 import type { RouteContext } from './context.js';
@@ -9,7 +9,7 @@ export async function statusRoutes(app: FastifyInstance, ctx: RouteContext): Pro
 
   app.get('/v1/models', async () => ({
     object: 'list',
-    data: [{ id: modelName, object: 'model', created: createdAt, owned_by: 'kvc', root: ctx.model.dir, parent: null, max_model_len: maxModelLen }],
+    data: [{ id: modelName, object: 'model', created: createdAt, owned_by: 'kvc', root: ctx.model.dir, parent: null, max_model_len: maxModelLen, kvc_model_id: ctx.model.modelId }],
   }));
 
   app.get('/health', async () => ({ status: 'ok' }));

@@ -12,6 +12,10 @@ import { Operations } from '../src/controller/operations.js';
 import { Registry } from '../src/controller/registry.js';
 import { EngineMetrics } from '../src/engine/metrics.js';
 import { ProxyMetrics } from '../src/proxy/metrics.js';
+import { parseRemoteUrl } from '../src/common/remote_url.js';
+import { registerRemoteMetrics } from '../src/kvc/remote_metrics.js';
+import { RemoteTier } from '../src/kvc/remote_tier.js';
+import { RoutingMetrics } from '../src/proxy/routing_metrics.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const isProcessMetric = (name: string) => /^kvc_(controller|engine|proxy)_(process_|nodejs_)/.test(name);
@@ -30,7 +34,11 @@ function documented(): Map<string, string> {
 test('docs/metrics.md lists every exported metric with its type, and only those', async () => {
   const controller = new ControllerMetrics(new Operations(new Registry({ heartbeatTimeoutMs: 1000, seed: 0n }), new EventLog(), 0n, { commandMs: 1000, transferMs: 1000 }));
   const engine = new EngineMetrics({ model: 'm' });
+  // An engine with remote_url also exports the remote tier's metrics (the tier is never connected here).
+  const remote = new RemoteTier({ endpoint: parseRemoteUrl('redis://127.0.0.1:1'), modelId: 'm', timeoutMs: 100, queueBytes: 1 << 20 });
+  registerRemoteMetrics(engine.registry, remote);
   const proxy = new ProxyMetrics();
+  new RoutingMetrics(proxy.registry); // the proxy server registers its routing counters in the same registry
   const exported = new Map<string, string>();
   for (const reg of [controller.registry, engine.registry, proxy.registry]) {
     for (const m of await reg.getMetricsAsJSON()) if (!isProcessMetric(m.name)) exported.set(m.name, String(m.type));
@@ -42,6 +50,7 @@ test('docs/metrics.md lists every exported metric with its type, and only those'
   assert.deepEqual(missing, [], 'exported but not in docs/metrics.md');
   assert.deepEqual(stale, [], 'in docs/metrics.md but not exported');
   for (const [name, type] of exported) assert.equal(docs.get(name), type, `type of ${name}`);
+  await remote.close();
 });
 
 test('only counters end in _total, and every counter does', async () => {

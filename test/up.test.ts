@@ -78,6 +78,9 @@ describe('examples', () => {
         assert.equal(config.controller_url, '127.0.0.1:9001');
         // generated configs start without warnings: the CPU engine's transfer buffer is host memory
         assert.equal(config.xfer_buffer_device, 'cpu');
+        // Every engine, prefiller and decoder, 1P1D and XpYd, keeps a CPU tier by default.
+        assert.equal(config.local_cpu, true);
+        assert.equal(config.max_local_cpu_size, 5);
         const conn = parseConnectorConfig(readFileSync(join(repoRoot, 'examples', dir, `${e.name}.connector.json`), 'utf8').trim()).config;
         assert.equal(connectorJson(e), JSON.stringify(e.connector));
         assert.equal(conn.kv_connector_extra_config.discard_partial_chunks, false);
@@ -86,8 +89,6 @@ describe('examples', () => {
           assert.equal(config.xfer_role, 'sender');
           assert.equal(config.xfer_proxy_port, 7500);
           assert.equal(config.xfer_buffer_size, 1073741824);
-          assert.equal(config.local_cpu, p === 1);
-          assert.equal(config.max_local_cpu_size, p === 1 ? 5 : 0);
         } else {
           assert.equal(conn.kv_role, 'kv_consumer');
           assert.equal(conn.kv_connector_extra_config.skip_last_n_tokens, 1);

@@ -2,6 +2,7 @@
 import type { Command } from 'commander';
 import { logger } from '../common/log.js';
 import { ProxyServer } from '../proxy/server.js';
+import { parseRoutingFlags } from '../proxy/routing_flags.js';
 import { parsePort, parseTopology } from '../proxy/topology.js';
 import { secondsFlag as seconds } from './options.js';
 
@@ -11,7 +12,7 @@ const log = logger('proxy');
 export function registerProxy(program: Command): void {
   program
     .command('proxy')
-    .description('disaggregated-prefill proxy: prefill on a prefiller (round-robin), decode and stream from a decoder')
+    .description('disaggregated-prefill proxy: prefill on a prefiller (round-robin or kv-aware), decode and stream from a decoder')
     .option('--host <host>', 'address to listen on', '127.0.0.1')
     .option('--port <port>', 'HTTP port', '9100')
     .option('--prefiller-host <hosts>', 'prefiller host(s), comma-separated', '127.0.0.1')
@@ -30,6 +31,10 @@ export function registerProxy(program: Command): void {
     .option('--tokenize-timeout <s>', 'seconds for the tokenize call', '10')
     .option('--health-interval <s>', 'seconds between backend health probes', '2')
     .option('--stats-interval <s>', 'seconds between TTFT statistics lines', '5')
+    .option('--routing <mode>', 'round-robin (default) or kv-aware (cached prefix + load, from the controller index; docs/routing.md)', 'round-robin')
+    .option('--controller-url <url>', "the controller's HTTP URL (http://host:9000) for the routing lookup; required by kv-aware")
+    .option('--max-local-prefill-tokens <n>', 'send a request straight to its decoder when at most this many prompt tokens are uncached there (kv-aware default 256; round-robin default: never)')
+    .option('--max-prefill-queue <n>', 'send a request straight to its decoder when every prefiller has more than this many prefills in flight (kv-aware default 8; round-robin default: never)')
     .action(async (o: Record<string, string>) => {
       let server: ProxyServer;
       try {
@@ -43,7 +48,10 @@ export function registerProxy(program: Command): void {
           decoderInitPort: o.decoderInitPort!,
           decoderAllocPort: o.decoderAllocPort!,
         });
+        const { routing, controllerUrl } = parseRoutingFlags(o);
         server = new ProxyServer({
+          routing,
+          controllerUrl,
           host: o.host!,
           port: parsePort(o.port!, '--port'),
           topology,
@@ -61,7 +69,9 @@ export function registerProxy(program: Command): void {
         log.info(
           `listening on http://${o.host}:${server.port}; prefillers ${server.prefillers.map((b) => b.url).join(', ')}; ` +
             `decoders ${topology.decoders.map((d) => `http://${d.host}:${d.port} (xfer ${d.initPort}/${d.allocPort})`).join(', ')}; ` +
-            `xfer notify tcp://${o.proxyHost}:${o.proxyPort}`,
+            `xfer notify tcp://${o.proxyHost}:${o.proxyPort}; routing ${routing.mode}` +
+            (controllerUrl ? ` (index ${controllerUrl})` : '') +
+            `, local prefill when uncached <= ${routing.maxLocalPrefillTokens ?? 'never'} or every prefill queue > ${routing.maxPrefillQueue ?? 'never'}`,
         );
       } catch (e) {
         process.stderr.write(`kvc proxy: ${(e as Error).message}\n`);

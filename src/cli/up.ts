@@ -35,7 +35,7 @@ export function registerUp(program: Command): void {
     .option('--max-num-batched-tokens <n>', 'engines: tokens per engine step')
     .option('--kv-cache-memory <GiB>', 'engines: paged KV budget per engine')
     .option('--chunk-size <n>', 'cache: tokens per KV chunk (default 256)')
-    .option('--max-local-cpu-size <GiB>', 'cache: CPU tier per engine (default: 5 on the prefiller of a 1P1D, 0 elsewhere; 0 turns it off)')
+    .option('--max-local-cpu-size <GiB>', 'cache: CPU tier per engine in GiB (default 5 on every engine; 0 turns it off)')
     .option('--local-disk <dir>', 'cache: disk tier directory; each engine uses <dir>/<engine name>')
     .option('--max-local-disk-size <GiB>', 'cache: disk tier per engine (needs --local-disk)')
     .option('--max-restarts <n>', 'restarts in a row (with backoff 1 s, 2 s, … 30 s) before giving up on a process that keeps dying; 0: never restart', String(DEFAULT_RESTART.maxRestarts))
@@ -44,6 +44,9 @@ export function registerUp(program: Command): void {
     .option('--log-dir <dir>', 'where per-process logs, generated configs and deployment.json go', 'kvc-logs')
     .option('--startup-timeout <s>', 'seconds allowed for all processes to become healthy', '300')
     .option('--placement <how>', 'CPUs of the engines: split (prefillers and decoders on disjoint CPUs), shared (no pinning) or prefill=LIST/decode=LIST', 'split')
+    .option('--routing <mode>', 'proxy routing: round-robin (default) or kv-aware (cached prefix + load; docs/routing.md)')
+    .option('--max-local-prefill-tokens <n>', "proxy: prefill on the decoder when at most this many prompt tokens are uncached there (kv-aware default 256)")
+    .option('--max-prefill-queue <n>', 'proxy: prefill on the decoder when every prefiller has more than this many prefills in flight (kv-aware default 8)')
     .option('--config-only', 'write the cache YAML and connector JSON files and print the commands; start nothing')
     .action(async (o: Record<string, string | boolean>) => {
       let code: number;
@@ -58,6 +61,9 @@ export function registerUp(program: Command): void {
           model: String(o.model),
           portOffset: int('--port-offset', String(o.portOffset)),
           controller: o.controller !== false,
+          routing: o.routing === undefined ? undefined : (String(o.routing) as 'round-robin'),
+          maxLocalPrefillTokens: o.maxLocalPrefillTokens === undefined ? undefined : int('--max-local-prefill-tokens', String(o.maxLocalPrefillTokens), 0),
+          maxPrefillQueue: o.maxPrefillQueue === undefined ? undefined : int('--max-prefill-queue', String(o.maxPrefillQueue), 0),
           host: String(o.host),
           placement: parsePlacement(String(o.placement)),
           engine: {

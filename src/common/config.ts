@@ -10,6 +10,7 @@ import { z } from 'zod';
 import { describeValue } from './errors.js';
 import { didYouMean } from './did_you_mean.js';
 import { CACHE_KEY_ALIASES, CACHE_KEYS_OFF_ONLY, CONNECTOR_ALIASES, rewriteCacheDoc } from './config_aliases.js';
+import { parseRemoteUrl, RemoteUrlError, type RemoteEndpoint } from './remote_url.js';
 import { fieldPath, valueAt } from './validate.js';
 
 export class ConfigError extends Error {
@@ -34,7 +35,10 @@ export const cacheConfigSchema = z.strictObject({
   max_local_cpu_size: gib.default(5),
   max_local_disk_size: gib.default(0),
   local_disk: z.string().min(1).nullable().default(null),
-  remote_url: z.string().nullable().default(null),
+  remote_url: z.string().min(1, 'expected a URL like redis://host:6379').nullable().default(null),
+  // Null = unset: the defaults (REMOTE_DEFAULTS) apply with remote_url; set without it they are refused.
+  remote_timeout_ms: z.number().int('expected an integer number of milliseconds').min(1).max(600_000).nullable().default(null),
+  remote_write_queue_size: gib.refine((g) => g > 0, 'expected a size in GiB > 0').nullable().default(null),
   enable_controller: z.boolean().default(false),
   kvc_instance_id: z.string().min(1).default('kvc_default_instance'),
   controller_url: hostPort.nullable().default(null),
@@ -54,6 +58,10 @@ export const cacheConfigSchema = z.strictObject({
 });
 
 export type CacheConfig = z.infer<typeof cacheConfigSchema>;
+/** Keys that only mean something with a remote tier: set without remote_url they would do nothing. */
+const REMOTE_ONLY_KEYS = ['remote_timeout_ms', 'remote_write_queue_size'] as const;
+/** What the remote tier uses for a key left unset. */
+export const REMOTE_DEFAULTS = { remote_timeout_ms: 500, remote_write_queue_size: 0.25 } as const;
 export const CACHE_CONFIG_KEYS = Object.keys(cacheConfigSchema.shape);
 
 /** Cross-field rules that a per-key schema cannot express. Returns [key, problem] or null. */
@@ -123,7 +131,31 @@ export function validateCacheConfig(raw: unknown, source = 'cache config'): Load
   const loaded = validateObject(cacheConfigSchema, raw, source, rewriteCacheDoc, CACHE_NAMES);
   const bad = crossCheck(loaded.config);
   if (bad) throw new ConfigError(`${source}: key "${bad[0]}": ${bad[1]}`);
+  if (loaded.config.remote_url !== null) remoteEndpoint(loaded.config, source);
+  else {
+    const set = REMOTE_ONLY_KEYS.find((k) => loaded.config[k] !== null);
+    if (set) throw new ConfigError(`${source}: key "${set}": only meaningful with remote_url; set remote_url or remove this key`);
+  }
   return loaded;
+}
+
+/** Hides a password in a URL that may not even parse (for error messages). */
+function redactUrl(s: string): string {
+  return s.replace(/^([^:/]+:\/\/[^:@/]*):[^@/]*@/, '$1:***@');
+}
+
+/**
+ * The parsed remote_url of a configuration (null when unset). Throws ConfigError naming
+ * remote_url and what was expected, e.g. for an LMCache `lm://` or `s3://` URL.
+ */
+export function remoteEndpoint(c: Pick<CacheConfig, 'remote_url'>, source = 'cache config'): RemoteEndpoint | null {
+  if (c.remote_url === null) return null;
+  try {
+    return parseRemoteUrl(c.remote_url);
+  } catch (e) {
+    if (e instanceof RemoteUrlError) throw new ConfigError(`${source}: key "remote_url": ${e.message}; found "${redactUrl(c.remote_url)}"`);
+    throw e;
+  }
 }
 
 /** Reads and validates the YAML file at `path`. */

@@ -63,6 +63,8 @@ export interface TransferContext {
   modelId: string;
   chunkSize: number;
   seed: bigint;
+  /** kv_consumer: whether the engine's own cache holds a chunk (such chunks are not transferred again). */
+  heldLocally?: (key: string) => boolean;
 }
 
 export type TransferFactory = (ctx: TransferContext) => Promise<KvTransferPlugin>;

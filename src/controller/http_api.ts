@@ -7,6 +7,7 @@ import { ERRORS, kvcError } from '../common/errors.js';
 import { createHttpServer, requireObject } from '../common/http.js';
 import { parseBody } from '../common/validate.js';
 import { checkFinishSchema, clearSchema, eventsQuerySchema, healthSchema, lookupSchema, moveSchema, pinSchema, queryInstanceSchema } from '../protocol/controller_api.js';
+import { PREFIX_LOOKUP_PATH, prefixLookupRequestSchema, type PrefixLookupReply } from '../protocol/prefix_lookup.js';
 import { registerDashboard } from './dashboard.js';
 import { ControllerMetrics } from './metrics.js';
 import type { Operations } from './operations.js';
@@ -47,6 +48,8 @@ export async function buildHttpApi(ops: Operations, o: HttpApiOptions = {}): Pro
   app.post('/pin', async (req) => ops.pin(parseWithTokens(pinSchema, req.body)));
   app.post('/unpin', async (req) => ops.unpin(parseWithTokens(pinSchema, req.body)));
   app.post('/lookup', async (req) => ops.lookup(parseWithTokens(lookupSchema, req.body).tokens));
+  // The kv-aware router's one call per request: every instance's cached prefix at once.
+  app.post(PREFIX_LOOKUP_PATH, async (req): Promise<PrefixLookupReply> => ops.prefixByInstance(parseWithTokens(prefixLookupRequestSchema, req.body).tokens));
   app.post('/clear', async (req) => ops.clear(parseBody(clearSchema, body(req.body))));
   app.post('/health', async (req) => ops.health(parseBody(healthSchema, body(req.body)).instance_id));
   app.post('/query_instance', async (req) => ops.queryInstance(parseBody(queryInstanceSchema, body(req.body)).ip));

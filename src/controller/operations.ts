@@ -256,6 +256,17 @@ export class Operations {
     return out;
   }
 
+  /**
+   * The routing lookup (src/protocol/prefix_lookup.ts): per instance, the cached prefix of its
+   * best location, from the index alone (no worker is asked, so the answer costs microseconds).
+   */
+  prefixByInstance(tokens: readonly number[]): { num_tokens: number; instances: Record<string, number> } {
+    const r = this.lookup(tokens);
+    const instances: Record<string, number> = {};
+    for (const id in r.layout_info) instances[id] = r.layout_info[id]!.matched_tokens;
+    return { num_tokens: r.num_tokens, instances };
+  }
+
   async health(instanceId: string): Promise<Record<string, unknown>> {
     const workers = this.workersOf(instanceId, 'instance_id');
     const results = await Promise.all(

@@ -19,6 +19,11 @@ export interface PlanOptions {
   placement?: Placement;
   /** The machine's CPUs (default: the online CPUs); tests pass their own. */
   machineCpus?: readonly number[];
+  /** Proxy routing: round-robin (default) or kv-aware (needs the controller). */
+  routing?: 'round-robin' | 'kv-aware';
+  /** --max-local-prefill-tokens / --max-prefill-queue passed to the proxy when given. */
+  maxLocalPrefillTokens?: number;
+  maxPrefillQueue?: number;
   /** Passed to every engine as `kvc engine` flags (absent: the engine's default). */
   engine?: EngineFlags;
   /** Cache settings written into every engine's YAML (absent: the reference values). */
@@ -46,6 +51,12 @@ export interface CacheSettings {
   /** GiB of disk tier per engine; needs localDisk. */
   maxLocalDiskSize?: number;
 }
+
+/**
+ * Every engine, prefiller and decoder, keeps a CPU tier of this many GiB by default, so a
+ * prefix computed or received once can be reused there (and found by kv-aware routing).
+ */
+export const DEFAULT_LOCAL_CPU_GIB = 5;
 
 /** Reference ports of a deployment (docs/architecture.md) before --port-offset. */
 export const BASE_PORTS = {
@@ -100,6 +111,13 @@ export function makePlan(o: PlanOptions): Plan {
   if (!Number.isInteger(o.portOffset) || o.portOffset < -7000 || BASE_PORTS.proxy + o.portOffset > 65535) {
     throw new Error(`--port-offset: expected an integer that keeps every port in 1..65535, found ${o.portOffset}`);
   }
+  if (o.routing !== undefined && o.routing !== 'round-robin' && o.routing !== 'kv-aware') {
+    throw new Error(`--routing: expected round-robin or kv-aware, found "${String(o.routing)}"`);
+  }
+  if (o.routing === 'kv-aware' && !o.controller) throw new Error('--routing kv-aware: needs the controller (its index says where prefixes are cached); drop --no-controller');
+  for (const [flag, v] of [['--max-local-prefill-tokens', o.maxLocalPrefillTokens], ['--max-prefill-queue', o.maxPrefillQueue]] as const) {
+    if (v !== undefined && !(Number.isSafeInteger(v) && v >= 0)) throw new Error(`${flag}: expected an integer >= 0, found ${v}`);
+  }
   const cache = o.cache ?? {};
   if (cache.maxLocalDiskSize !== undefined && cache.maxLocalDiskSize > 0 && !cache.localDisk) {
     throw new Error('--max-local-disk-size: needs --local-disk <dir> (each engine gets <dir>/<engine name>)');
@@ -122,7 +140,6 @@ export function makePlan(o: PlanOptions): Plan {
   const colocated = o.prefillers === 0;
   const cpus = placeEngines(o.placement ?? { kind: 'split' }, o.prefillers, o.decoders, o.machineCpus);
   const h = o.host;
-  const xpyd = o.prefillers > 1 || o.decoders > 1;
   const controllerMonitor = off(BASE_PORTS.controllerMonitor);
   const notifyPort = off(BASE_PORTS.notify);
   const ctl = (worker: number, distributed: number, id: string) => ({
@@ -142,9 +159,9 @@ export function makePlan(o: PlanOptions): Plan {
       port: off(BASE_PORTS.prefiller + i),
       cacheConfig: {
         chunk_size: chunkSize,
-        // Reference values: the 1p1d prefiller keeps a 5 GiB CPU cache, XpYd prefillers none
-        // (their chunks go straight to the decoders).
-        ...tiers(name, xpyd ? 0 : 5),
+        // Every engine keeps a CPU tier (default DEFAULT_LOCAL_CPU_GIB): what it computed is
+        // reused by the next request with the same prefix that is routed here.
+        ...tiers(name, DEFAULT_LOCAL_CPU_GIB),
         ...ctl(off(BASE_PORTS.worker + i), off(BASE_PORTS.distributed + i), name),
         enable_xfer: true,
         enable_xpyd: true,
@@ -167,8 +184,8 @@ export function makePlan(o: PlanOptions): Plan {
     if (colocated) {
       const cacheConfig = {
         chunk_size: chunkSize,
-        // Reference value: a colocated engine keeps a 5 GiB CPU tier (--max-local-cpu-size overrides).
-        ...tiers(`engine-${j}`, 5),
+        // Like every engine of a deployment, a CPU tier (--max-local-cpu-size overrides).
+        ...tiers(`engine-${j}`, DEFAULT_LOCAL_CPU_GIB),
         ...ctl(off(BASE_PORTS.worker + MAX_PER_ROLE + j), off(BASE_PORTS.distributed + MAX_PER_ROLE + j), `engine-${j}`),
       };
       engines.push(colocatedEngine(j, off(BASE_PORTS.decoder + j), cacheConfig, cpus.decode));
@@ -182,7 +199,8 @@ export function makePlan(o: PlanOptions): Plan {
       port: off(BASE_PORTS.decoder + j),
       cacheConfig: {
         chunk_size: chunkSize,
-        ...tiers(name, 0),
+        // A decoder stores what it received or computed, so a prefix it holds needs no transfer.
+        ...tiers(name, DEFAULT_LOCAL_CPU_GIB),
         ...ctl(off(BASE_PORTS.worker + MAX_PER_ROLE + j), off(BASE_PORTS.distributed + MAX_PER_ROLE + j), name),
         enable_xfer: true,
         enable_xpyd: true,
@@ -307,6 +325,10 @@ export function proxyArgs(plan: Plan): string[] {
     '--decoder-alloc-port', String(firstDecoder.xfer_peer_alloc_port ?? BASE_PORTS.xferAlloc + plan.opts.portOffset),
     '--proxy-host', h,
     '--proxy-port', String(plan.proxy.notifyPort),
+    ...(plan.controller ? ['--controller-url', `http://${h}:${plan.controller.port}`] : []),
+    ...(plan.opts.routing ? ['--routing', plan.opts.routing] : []),
+    ...(plan.opts.maxLocalPrefillTokens !== undefined ? ['--max-local-prefill-tokens', String(plan.opts.maxLocalPrefillTokens)] : []),
+    ...(plan.opts.maxPrefillQueue !== undefined ? ['--max-prefill-queue', String(plan.opts.maxPrefillQueue)] : []),
   ];
 }
 

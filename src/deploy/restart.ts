@@ -65,7 +65,8 @@ export async function superviseRestarts(c: Child, policy: RestartPolicy, ev: Res
     }
     if (stopped()) return;
     healthySince = Date.now();
-    ev.say(`kvc up: ${c.name} serving again (pid ${c.pid}, restart #${c.restarts})`);
+    // deployment.json first: whoever reads the line may read the file at once.
     ev.recovered(c);
+    ev.say(`kvc up: ${c.name} serving again (pid ${c.pid}, restart #${c.restarts})`);
   }
 }

@@ -173,7 +173,7 @@ export async function runUp(o: UpOptions): Promise<number> {
       healthUrl: `http://${host}:${plan.proxy.port}/health`,
       // Echo the statistics lines of intervals that saw requests.
       onLine: (l) => {
-        if (/TTFT .*: [1-9]\d* requests/.test(l)) out(l);
+        if (/TTFT .*: [1-9]\d* requests/.test(l) || /^KV hit rate: .* of [1-9]\d* prompt tokens/.test(l)) out(l);
       },
     }, o.cli));
     await guard(proxy.waitHealthy(deadline));

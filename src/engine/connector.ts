@@ -180,9 +180,12 @@ export class KvcConnectorV1 {
     let sliceStart = performance.now();
     // What came from where, counted into the metrics only for chunks actually imported.
     let cacheChunks = 0, cacheBytes = 0, cacheMs = 0, xferChunks = 0, xferBytes = 0;
-    const canQuery = this.store.locations().length > 0;
+    const canQuery = this.store.locations().length > 0 || this.store.remote !== null;
     try {
-      for (const span of spans) {
+      // Chunks read through the remote tier, fetched once at the first local miss.
+      let fromRemote: Map<string, Uint8Array> | null = null;
+      for (let i = 0; i < spans.length; i++) {
+        const span = spans[i]!;
         if (span.start >= maxLoad || req.cancelled()) break;
         if (performance.now() - sliceStart >= this.importSliceMs) {
           // Let the scheduler run a decode step for the sequences already running (the awaits
@@ -207,7 +210,12 @@ export class KvcConnectorV1 {
           // The CPU tier can be read in place: the import below copies synchronously.
           const t0 = performance.now();
           const peeked = this.store.cpu()?.peek(span.key) ?? null;
-          const buf = peeked ?? (this.store.has(span.key) ? await withTimeout(this.store.get(span.key), this.loadTimeoutMs, `reading chunk ${span.key}`) : null);
+          let buf = peeked ?? (this.store.has(span.key) ? await withTimeout(this.store.get(span.key), this.loadTimeoutMs, `reading chunk ${span.key}`) : null);
+          if (!buf && this.store.remote && fromRemote === null) {
+            const want = spans.slice(i).filter((s) => s.start < maxLoad).map((s) => s.key);
+            fromRemote = await withTimeout(this.store.readThrough(want), this.loadTimeoutMs, 'reading through the remote tier');
+          }
+          buf ??= fromRemote?.get(span.key) ?? null;
           if (buf) {
             payload = this.accept(buf, span, 'cache');
             source = 'cache';
@@ -265,7 +273,7 @@ export class KvcConnectorV1 {
    */
   save(req: ConnectorRequest, kv: PagedKvCache): Promise<Record<string, unknown> | undefined> {
     const spans = this.spans(req.prompt);
-    const canStore = this.store.locations().length > 0;
+    const canStore = this.store.locations().length > 0 || this.store.remote !== null;
     const wantSend = this.role === 'kv_producer' && !!this.transfer?.send && req.kvTransferParams?.disagg_spec !== undefined;
     const sealed: SealedChunk[] = [];
     const toStore: SealedChunk[] = [];

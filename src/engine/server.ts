@@ -52,7 +52,8 @@ export interface Engine {
 function buildApp(s: EngineSettings, w: EngineWiring): FastifyInstance {
   const app = createHttpServer({ name: 'engine' });
   countRequestOutcomes(app, w.metrics);
-  const ctx: RouteContext = { modelName: s.modelName, maxModelLen: w.maxModelLen, model: w.model, kv: w.kv, scheduler: w.scheduler, metrics: w.metrics };
+  const ctx: RouteContext = { modelName: s.modelName, maxModelLen: w.maxModelLen, model: w.model, kv: w.kv, scheduler: w.scheduler, metrics: w.metrics,
+    kvcInstanceId: w.controller && s.cacheConfig ? s.cacheConfig.kvc_instance_id : null };
   void app.register(completionRoutes, ctx);
   void app.register(tokenizeRoutes, ctx);
   void app.register(statusRoutes, ctx);

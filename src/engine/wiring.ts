@@ -10,6 +10,7 @@ import { logger } from '../common/log.js';
 import type { KvTransferPlugin } from '../common/transfer_seam.js';
 import { attachController, type ControllerAttachment } from '../kvc/controller_client.js';
 import { KvcStore } from '../kvc/store.js';
+import { registerRemoteMetrics } from '../kvc/remote_metrics.js';
 import { KvcConnectorV1 } from './connector.js';
 import { EngineMetrics } from './metrics.js';
 import { PagedKvCache } from './model/kv_cache.js';
@@ -107,16 +108,19 @@ export class EngineWiring {
       let connector: KvcConnectorV1 | null = null;
       const { connectorConfig, cacheConfig } = s;
       if (connectorConfig && cacheConfig) {
-        const opened = await KvcStore.create(cacheConfig);
+        const opened = await KvcStore.create(cacheConfig, { modelId: model.modelId });
         store = opened;
         releases.push({ what: 'closing the cache store', release: () => opened.close(), mustSucceed: true });
         metrics.watchStore(opened);
+        if (opened.remote) registerRemoteMetrics(metrics.registry, opened.remote);
         const seed = seedFromEnv(s.env);
         if (connectorConfig.kv_role !== 'kv_both') {
           if (!cacheConfig.enable_xfer) {
             log.warn(`kv_role ${connectorConfig.kv_role} without enable_xfer in the cache config: no KV is transferred, prompts are computed here`);
           } else {
-            const plugin = await s.transfer({ role: connectorConfig.kv_role, cacheConfig, connectorConfig, layout: model.layout, modelId: model.modelId, chunkSize: cacheConfig.chunk_size, seed });
+            // A decoder that already holds a prefix in its cache receives only the chunks it lacks.
+            const heldLocally = connectorConfig.kv_role === 'kv_consumer' && opened.locations().length > 0 ? (key: string) => opened.has(key) : undefined;
+            const plugin = await s.transfer({ role: connectorConfig.kv_role, cacheConfig, connectorConfig, layout: model.layout, modelId: model.modelId, chunkSize: cacheConfig.chunk_size, seed, ...(heldLocally ? { heldLocally } : {}) });
             transfer = plugin;
             releases.push({ what: 'closing xfer', release: () => plugin.close(), mustSucceed: false });
           }
@@ -132,7 +136,7 @@ export class EngineWiring {
         }
         connector = new KvcConnectorV1({ config: connectorConfig, cacheConfig, store: opened, modelId: model.modelId, layout: model.layout, seed, metrics, transfer });
         log.info(
-          `connector KvcConnectorV1 role=${connectorConfig.kv_role} chunk_size=${cacheConfig.chunk_size} locations=${opened.locations().join(',') || 'none'}` +
+          `connector KvcConnectorV1 role=${connectorConfig.kv_role} chunk_size=${cacheConfig.chunk_size} locations=${opened.locations().join(',') || 'none'}${opened.remote ? ` remote=${opened.remote.endpoint.display}` : ''}` +
             ` discard_partial_chunks=${connector.discardPartial} seed=${seed}${transfer ? ' xfer=on' : ''}`,
         );
       }

@@ -5,17 +5,22 @@
 //    location, writes through to every configured location; the result says which locations
 //    hold it and whether it is durable (on the disk tier: fsynced, survives a restart);
 //  - get reads the fastest location first and promotes a disk hit into CPU memory;
+//  - with remote_url, a third tier under CPU and disk (remote_tier.ts): every chunk stored
+//    locally is also queued for the shared server, and a local miss reads through it (the
+//    chunk is verified and promoted into CPU memory). The remote tier is not a location the
+//    controller tracks: it is shared by many instances and belongs to none;
 //  - every admission and eviction is emitted as a batched {location, keys} event, which
 //    the controller client forwards so the global index stays exact.
 import { EventEmitter } from 'node:events';
 import type { CacheConfig } from '../common/config.js';
-import { gibToBytes } from '../common/config.js';
+import { REMOTE_DEFAULTS, gibToBytes, remoteEndpoint } from '../common/config.js';
 import { ERRORS, kvcError } from '../common/errors.js';
 import { checkChunkFor } from '../common/chunk.js';
 import { halvesToHex, keyHalves, type ChunkKey, type KeyParams } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import { LocalCPUBackend } from './cpu_backend.js';
 import { LocalDiskBackend } from './disk_backend.js';
+import { RemoteTier, type EnqueueResult, type RemoteStats } from './remote_tier.js';
 import { LOCATIONS, StoreFullError, type BackendStats, type KeyEvent, type LocationName, type PinOptions, type StorageBackend } from './types.js';
 
 const log = logger('kvc.store');
@@ -32,6 +37,17 @@ export interface PutResult {
    * then the chunk lives only in memory.
    */
   durable: boolean;
+  /** With a remote tier only: queued for a background write, already there, or dropped (counted). */
+  remote?: EnqueueResult;
+}
+
+/** Keys of the cache configuration the store reads (the remote ones may be absent: no remote tier). */
+export type StoreConfig = Pick<CacheConfig, 'local_cpu' | 'max_local_cpu_size' | 'max_local_disk_size' | 'local_disk'> &
+  Partial<Pick<CacheConfig, 'remote_url' | 'remote_timeout_ms' | 'remote_write_queue_size'>>;
+
+export interface StoreOptions {
+  /** The model id of the engine: remote keys are `kvc:<model_id>:<chunk key>`. Required with remote_url. */
+  modelId?: string;
 }
 
 export interface StoreEvents {
@@ -46,13 +62,21 @@ export class KvcStore extends EventEmitter<StoreEvents> {
    * are not evictions: they are emitted as 'evict' events too, but not counted here.
    */
   readonly evictions: Partial<Record<LocationName, number>> = {};
+  /** The shared remote tier (remote_url), or null. */
+  remote: RemoteTier | null = null;
 
   private constructor() {
     super();
   }
 
-  /** Builds the locations the configuration enables. With none enabled the store holds nothing. */
-  static async create(cfg: Pick<CacheConfig, 'local_cpu' | 'max_local_cpu_size' | 'max_local_disk_size' | 'local_disk'>): Promise<KvcStore> {
+  /**
+   * Builds the locations the configuration enables, and the remote tier when remote_url is set
+   * (an unsupported scheme throws a ConfigError naming remote_url). With none enabled the store
+   * holds nothing.
+   */
+  static async create(cfg: StoreConfig, o: StoreOptions = {}): Promise<KvcStore> {
+    const endpoint = remoteEndpoint({ remote_url: cfg.remote_url ?? null });
+    if (endpoint && !o.modelId) throw new Error('KvcStore.create: a remote tier needs the model id (remote keys are kvc:<model_id>:<chunk key>)');
     const s = new KvcStore();
     if (cfg.local_cpu && cfg.max_local_cpu_size > 0) {
       s.backends.set('LocalCPUBackend', new LocalCPUBackend(gibToBytes(cfg.max_local_cpu_size)));
@@ -61,6 +85,15 @@ export class KvcStore extends EventEmitter<StoreEvents> {
       const disk = await LocalDiskBackend.open(cfg.local_disk, gibToBytes(cfg.max_local_disk_size));
       disk.onDrop = (keys) => s.emit('evict', { location: 'LocalDiskBackend', keys });
       s.backends.set('LocalDiskBackend', disk);
+    }
+    if (endpoint) {
+      s.remote = new RemoteTier({
+        endpoint,
+        modelId: o.modelId!,
+        timeoutMs: cfg.remote_timeout_ms ?? REMOTE_DEFAULTS.remote_timeout_ms,
+        queueBytes: gibToBytes(cfg.remote_write_queue_size ?? REMOTE_DEFAULTS.remote_write_queue_size),
+      });
+      await s.remote.start();
     }
     return s;
   }
@@ -136,8 +169,13 @@ export class KvcStore extends EventEmitter<StoreEvents> {
   async put(key: ChunkKey, chunk: Uint8Array, loc?: LocationName): Promise<PutResult> {
     checkChunkFor(chunk, key);
     const targets = loc ? [this.backend(loc)] : [...this.backends.values()];
-    if (targets.length === 0) throw new StoreFullError('no storage location is configured on this instance');
     const result: PutResult = { stored: [], failed: [], durable: false };
+    if (targets.length === 0) {
+      // An instance with only a remote tier (e.g. a decoder without local memory) still shares.
+      if (!this.remote) throw new StoreFullError('no storage location is configured on this instance');
+      result.remote = this.remote.enqueue(key, chunk);
+      return result;
+    }
     let firstError: unknown;
     for (const b of targets) {
       const had = b.has(key);
@@ -155,6 +193,8 @@ export class KvcStore extends EventEmitter<StoreEvents> {
       }
     }
     if (!result.stored.length) throw firstError;
+    // Never awaited: the write happens in the background and a full queue drops (and counts) it.
+    if (this.remote) result.remote = this.remote.enqueue(key, chunk);
     for (const f of result.failed) {
       // A disk refusal means the chunk is not durable: worth an operator's attention.
       if (f.location === 'LocalDiskBackend') log.warn(`chunk ${key} not written to LocalDiskBackend (kept only in memory): ${f.error}`);
@@ -163,28 +203,65 @@ export class KvcStore extends EventEmitter<StoreEvents> {
     return result;
   }
 
+  /** Copies a chunk read from a slower tier into the CPU tier when there is room (best effort). */
+  private promote(key: ChunkKey, chunk: Uint8Array): void {
+    const cpu = this.cpu();
+    if (!cpu || cpu.has(key)) return;
+    try {
+      const evicted = cpu.putSync(key, chunk);
+      if (evicted.length) this.evicted(cpu.location, evicted);
+      this.emit('admit', { location: cpu.location, keys: [key] });
+    } catch (e) {
+      if (!(e instanceof StoreFullError)) throw e;
+    }
+  }
+
   /**
    * Copies the chunk into `dest` (or a new buffer), reading `loc` or the fastest location that
-   * has it. A disk hit is promoted into the CPU tier when there is room.
+   * has it; without `loc`, a local miss reads through the remote tier. A disk or remote hit is
+   * promoted into the CPU tier when there is room.
    */
   async get(key: ChunkKey, dest?: Uint8Array, loc?: LocationName): Promise<Uint8Array | null> {
     if (loc) return this.backend(loc).get(key, dest);
     for (const b of this.backends.values()) {
       const got = await b.get(key, dest);
       if (!got) continue;
-      const cpu = this.cpu();
-      if (cpu && b !== cpu && !cpu.has(key)) {
-        try {
-          const evicted = cpu.putSync(key, got);
-          if (evicted.length) this.evicted(cpu.location, evicted);
-          this.emit('admit', { location: cpu.location, keys: [key] });
-        } catch (e) {
-          if (!(e instanceof StoreFullError)) throw e;
-        }
-      }
+      if (b !== this.cpu()) this.promote(key, got);
       return got;
     }
-    return null;
+    if (!this.remote) return null;
+    const got = await this.remote.get(key);
+    if (!got) return null;
+    this.promote(key, got);
+    if (!dest) return got;
+    if (dest.byteLength < got.byteLength) throw new RangeError(`destination of ${dest.byteLength} bytes is too small for chunk ${key} (${got.byteLength} bytes)`);
+    dest.set(got, 0);
+    return dest.subarray(0, got.byteLength);
+  }
+
+  /**
+   * Reads through the remote tier for the `keys` (a prompt's chunk keys, in order) that no local
+   * location holds: they are fetched a few at a time up to the first one the server lacks,
+   * verified, and promoted into the CPU tier. Returns the fetched chunks by key, so a caller
+   * without a CPU tier can use them directly. Bounded by the remote tier's command timeout; never
+   * throws for remote trouble (it is counted in remoteStats()).
+   */
+  async readThrough(keys: readonly ChunkKey[]): Promise<Map<ChunkKey, Uint8Array>> {
+    const out = new Map<ChunkKey, Uint8Array>();
+    if (!this.remote) return out;
+    const missing = keys.filter((k) => !this.has(k));
+    if (!missing.length) return out;
+    const got = await this.remote.getLeading(missing);
+    for (let i = 0; i < got.length; i++) {
+      this.promote(missing[i]!, got[i]!);
+      out.set(missing[i]!, got[i]!);
+    }
+    return out;
+  }
+
+  /** Counters of the remote tier, or null without one. */
+  remoteStats(): RemoteStats | null {
+    return this.remote?.stats() ?? null;
   }
 
   /** Counts and announces chunks that left `location` to make room. */
@@ -226,8 +303,9 @@ export class KvcStore extends EventEmitter<StoreEvents> {
     return [...this.backends.values()].map((b) => b.stats());
   }
 
-  /** Waits for pending disk writes and releases memory. Disk chunks stay for the next start. */
+  /** Waits for pending disk and remote writes (bounded) and releases memory. Disk chunks stay for the next start. */
   async close(): Promise<void> {
+    await this.remote?.close();
     for (const b of this.backends.values()) await b.close();
   }
 }

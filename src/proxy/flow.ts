@@ -16,7 +16,11 @@ import { logger } from '../common/log.js';
 import { kvTransferParams, kvTransferParamsSchema, type DisaggSpec } from '../protocol/disagg_spec.js';
 import { tokenizeLengthSchema } from '../protocol/tokenize.js';
 import type { Backend, RoundRobin } from './backend.js';
+import type { LoadBook } from './load.js';
 import { memoLabels, type ProxyMetrics } from './metrics.js';
+import type { PrefixClient } from './prefix_client.js';
+import type { Route, Router } from './router.js';
+import type { RoutingMetrics } from './routing_metrics.js';
 import type { TtftStats } from './stats.js';
 import type { DecoderEndpoint } from './topology.js';
 import { BackendFailure, Cancelled, CancelSignal, PassThrough, call, callJson, callStream } from './upstream.js';
@@ -43,6 +47,12 @@ export interface FlowDeps {
   stats: TtftStats;
   timeouts: Timeouts;
   onBackendDown: (b: Backend, reason: string) => void;
+  /** Where each request goes (router.ts), with the load it reads and the controller lookup. */
+  router: Router;
+  load: LoadBook;
+  /** The controller's routing lookup; null without --controller-url (nothing is looked up). */
+  prefix: PrefixClient | null;
+  routing: RoutingMetrics;
 }
 
 const isIds = (p: unknown): p is number[] =>
@@ -81,10 +91,21 @@ interface PrefillResult {
   ms: number;
   /** kv_transfer_params the prefiller returned, if any, forwarded to the decoder. */
   params: Record<string, unknown> | null;
+  /** The router chose to prefill on the decoder (not a fallback after prefillers failed). */
+  local: boolean;
+}
+
+interface Tokenized {
+  decoder: Backend;
+  /** The prompt's token ids as the engine will see them (chat: templated); null when the engine did not list them. */
+  tokens: number[] | null;
+  count: number;
 }
 
 /** The statistics line of requests whose decoder prefilled alone (no prefiller was left). */
 export const DECODER_ONLY = 'decoder-only';
+/** The statistics line of requests the router sent straight to their decoder (conditional disaggregation). */
+export const DECODER_LOCAL = 'decoder-local';
 
 /** The disagg_spec naming a decoder's xfer receiver for one request. */
 function specFor(reqId: string, ep: DecoderEndpoint): DisaggSpec {
@@ -196,13 +217,25 @@ export class Flow {
       // A client may not steer transfers: the proxy owns kv_transfer_params.
       delete body.kv_transfer_params;
       const stream = body.stream === true;
-      const decoder = await this.tokenize(kind, body, abort);
-      const pre = await this.prefill(kind, body, decoder, abort);
+      const tok = await this.tokenize(kind, body, abort);
+      const route = await this.route(tok);
+      const decoder = route.decoder;
+      const pre: PrefillResult =
+        route.where === 'remote'
+          ? await this.prefill(kind, body, decoder, route, abort)
+          : { prefiller: null, reqId: `kvc-${randomUUID()}`, ms: 0, params: null, local: route.where !== 'local_no_prefiller' };
+      if (!pre.prefiller && !pre.local) this.noPrefiller(decoder);
       if (pre.prefiller) {
         this.d.stats.record(pre.prefiller.name, pre.ms);
         this.prefillHist(pre.prefiller.name).observe(pre.ms / 1000);
       }
-      status = await this.decode(kind, body, stream, decoder, pre, reply, abort, t0);
+      // The decoder computes what it does not hold when it prefills, else only its recomputed tail.
+      const work = this.d.load.begin(decoder, pre.prefiller ? 1 : route.decoderUncached);
+      try {
+        status = await this.decode(kind, body, stream, decoder, pre, reply, abort, t0, work.prefilled);
+      } finally {
+        work.end();
+      }
     } catch (err) {
       status = this.fail(err, reply);
     } finally {
@@ -240,7 +273,7 @@ export class Flow {
    * decoder. The count lets a prompt longer than the model's context be refused before any
    * prefill work.
    */
-  private async tokenize(kind: Kind, body: Record<string, unknown>, signal: CancelSignal): Promise<Backend> {
+  private async tokenize(kind: Kind, body: Record<string, unknown>, signal: CancelSignal): Promise<Tokenized> {
     const candidates = this.d.decoders.orderOrAny();
     const tokBody: Record<string, unknown> = { model: body.model };
     const form = kind === 'completion' ? promptForm(body.prompt) : null;
@@ -249,7 +282,7 @@ export class Flow {
     let last: BackendFailure | null = null;
     for (const dec of candidates) {
       try {
-        if (form && 'ids' in form) return dec; // already token ids
+        if (form && 'ids' in form) return { decoder: dec, tokens: form.ids, count: form.ids.length }; // already token ids
         const reply = await callJson(dec, {
           method: 'POST',
           path: '/tokenize',
@@ -263,7 +296,10 @@ export class Flow {
         if (r.success && r.data.count > r.data.max_model_len) {
           throw badRequest(`field \`${kind === 'chat' ? 'messages' : 'prompt'}\`: ${r.data.count} tokens exceed the model's context of ${r.data.max_model_len}`);
         }
-        return dec;
+        // The token ids route the request (kv-aware); the controller validates them on lookup.
+        const ids = (reply as { tokens?: unknown } | null)?.tokens;
+        const tokens = Array.isArray(ids) ? (ids as number[]) : null;
+        return { decoder: dec, tokens, count: tokens ? tokens.length : r.success ? r.data.count : 0 };
       } catch (err) {
         if (!(err instanceof BackendFailure)) throw err;
         last = err;
@@ -275,9 +311,42 @@ export class Flow {
     throw last ? upstreamFailed(`no decoder answered: ${last.message}`) : unavailable('no decoder configured');
   }
 
-  private async prefill(kind: Kind, body: Record<string, unknown>, decoder: Backend, signal: CancelSignal): Promise<PrefillResult> {
+  /**
+   * Looks the prompt up on the controller's index (when there is one) and asks the router where
+   * the request goes. A failed lookup routes on load alone; it never fails the request.
+   */
+  private async route(tok: Tokenized): Promise<Route> {
+    const t = performance.now();
+    let cached: Record<string, number> | null = null;
+    let lookupFailed = false;
+    if (this.d.prefix && tok.tokens && tok.tokens.length) {
+      try {
+        cached = (await this.d.prefix.lookup(tok.tokens)).instances;
+        this.d.routing.lookedUp(true);
+      } catch (err) {
+        lookupFailed = true;
+        this.d.routing.lookedUp(false);
+        log.warn(`routing lookup failed (${(err as Error).message}); routing on load alone`);
+      }
+    }
+    const route = this.d.router.route({ promptTokens: tok.count, tokenizer: tok.decoder, cached, lookupFailed });
+    this.d.routing.decisionSeconds.observe((performance.now() - t) / 1000);
+    const computes = route.prefillers[0] ?? route.decoder;
+    this.d.routing.routed(route.reason, route.where, computes.name, tok.count, cached || lookupFailed ? route.cachedTokens : null);
+    return route;
+  }
+
+  private noPrefiller(decoder: Backend): void {
+    // A deployment without prefillers (colocated engines, --num-prefillers 0) is not degraded:
+    // nothing to count or warn about.
+    if (this.d.prefillers.backends.length === 0) return;
+    this.d.metrics.decoderOnly.inc();
+    log.warn(`no prefiller available; ${decoder.name} prefills the request itself`);
+  }
+
+  private async prefill(kind: Kind, body: Record<string, unknown>, decoder: Backend, route: Route, signal: CancelSignal): Promise<PrefillResult> {
     const ep = this.d.decoderEndpoint(decoder);
-    const order = this.d.prefillers.order();
+    const order = route.prefillers;
     if (order.length) {
       // One copy of the client's body serves every attempt; only req_id changes between them.
       // The prefiller only computes the prompt's KV: one sequence of one token. Fields about
@@ -290,6 +359,7 @@ export class Flow {
         const t = performance.now();
         const live = this.d.metrics.live.prefills;
         live.set(p.name, (live.get(p.name) ?? 0) + 1);
+        const work = this.d.load.begin(p, route.promptTokens - this.d.router.cachedOn(p, route.cached));
         try {
           const r = (await callJson(p, {
             method: 'POST',
@@ -302,7 +372,7 @@ export class Flow {
           // The prefiller's own params are forwarded to the decoder; anything but an object is dropped.
           const returned = kvTransferParamsSchema.safeParse(r?.kv_transfer_params);
           const params = returned.success ? returned.data : null;
-          return { prefiller: p, reqId, ms: performance.now() - t, params };
+          return { prefiller: p, reqId, ms: performance.now() - t, params, local: false };
         } catch (err) {
           if (!(err instanceof BackendFailure)) throw err;
           this.prefillFailures(p.name).inc();
@@ -310,14 +380,11 @@ export class Flow {
           this.down(p, err.message);
         } finally {
           live.set(p.name, live.get(p.name)! - 1);
+          work.end();
         }
       }
     }
-    // A deployment without prefillers (colocated engines) is not degraded: nothing to count or warn about.
-    if (this.d.prefillers.backends.length === 0) return { prefiller: null, reqId: `kvc-${randomUUID()}`, ms: 0, params: null };
-    this.d.metrics.decoderOnly.inc();
-    log.warn(`no prefiller available; ${decoder.name} prefills the request itself`);
-    return { prefiller: null, reqId: `kvc-${randomUUID()}`, ms: 0, params: null };
+    return { prefiller: null, reqId: `kvc-${randomUUID()}`, ms: 0, params: null, local: false };
   }
 
   private async decode(
@@ -329,6 +396,7 @@ export class Flow {
     reply: FastifyReply,
     signal: CancelSignal,
     t0: number,
+    prefilled: () => void,
   ): Promise<number> {
     if (pre.prefiller) {
       // The client's body is not used after this: extend it instead of copying it.
@@ -340,8 +408,9 @@ export class Flow {
     /** First token reached the client: end-to-end TTFT, and the decoder's own TTFT when it prefilled alone. */
     const firstToken = () => {
       const now = performance.now();
+      prefilled();
       this.ttft(endpoint).observe((now - t0) / 1000);
-      if (!pre.prefiller) this.d.stats.record(DECODER_ONLY, now - tDecode);
+      if (!pre.prefiller) this.d.stats.record(pre.local ? DECODER_LOCAL : DECODER_ONLY, now - tDecode);
     };
     const opts = {
       method: 'POST' as const,

@@ -6,6 +6,11 @@ import { ERRORS, kvcError } from '../common/errors.js';
 import { formatLine, logFormat, logger } from '../common/log.js';
 import { Backend, RoundRobin } from './backend.js';
 import { Flow, type Timeouts } from './flow.js';
+import { LoadBook } from './load.js';
+import { PrefixClient } from './prefix_client.js';
+import { Router, type RoutingOptions } from './router.js';
+import { RoutingMetrics } from './routing_metrics.js';
+import { engineHealthSchema } from '../protocol/engine_health.js';
 import { ProxyMetrics } from './metrics.js';
 import { NotifyReceiver, type XferNotice } from './notify.js';
 import { TtftStats } from './stats.js';
@@ -25,7 +30,15 @@ export interface ProxyOptions {
   statsIntervalMs: number;
   /** Where the statistics lines go (stdout by default, independent of KVC_LOG_LEVEL). */
   statsSink?: (line: string) => void;
+  /** Routing mode and conditional-disaggregation rules (default: round-robin, always disaggregate). */
+  routing?: RoutingOptions;
+  /** The controller's HTTP URL for the routing lookup; required by kv-aware routing. */
+  controllerUrl?: string | null;
+  /** Bound on one routing lookup (default 50 ms); a late lookup routes on load alone. */
+  lookupTimeoutMs?: number;
 }
+
+export const DEFAULT_ROUTING: RoutingOptions = { mode: 'round-robin', maxLocalPrefillTokens: null, maxPrefillQueue: null };
 
 export const DEFAULT_TIMEOUTS: Timeouts = { tokenizeMs: 10_000, prefillMs: 120_000, decodeMs: 300_000, idleMs: 60_000 };
 
@@ -41,6 +54,12 @@ export class ProxyServer {
   private decoderEp = new Map<Backend, DecoderEndpoint>();
   /** Recent notices by req_id, for the log line of a failed transfer. */
   readonly notices = { ok: 0, failed: 0 };
+  readonly routing: RoutingMetrics;
+  readonly load = new LoadBook();
+  readonly router: Router;
+  private readonly prefix: PrefixClient | null;
+  /** Backend → the kvc_instance_id its /health names (the controller index's name for it). */
+  readonly instanceIds = new Map<Backend, string>();
 
   constructor(readonly opts: ProxyOptions) {
     this.prefillers = opts.topology.prefillers.map((e, i) => new Backend('prefiller', i, e));
@@ -52,9 +71,22 @@ export class ProxyServer {
     for (const b of [...this.prefillers, ...this.decoders]) this.metrics.backendUp.labels(b.role, b.name).set(1);
     for (const p of this.prefillers) this.metrics.live.prefills.set(p.name, 0);
     this.stats = new TtftStats(this.prefillers.map((p) => p.name));
+    const routing = opts.routing ?? DEFAULT_ROUTING;
+    if (routing.mode === 'kv-aware' && !opts.controllerUrl) {
+      throw new Error('--routing kv-aware needs --controller-url (the controller whose index says where prefixes are cached)');
+    }
+    this.routing = new RoutingMetrics(this.metrics.registry);
+    this.prefix = opts.controllerUrl ? new PrefixClient(opts.controllerUrl, opts.lookupTimeoutMs ?? 50) : null;
+    const prefillRR = new RoundRobin(this.prefillers);
+    const decoderRR = new RoundRobin(this.decoders);
+    this.router = new Router(routing, prefillRR, decoderRR, this.load, (b) => this.instanceIds.get(b));
     const flow = new Flow({
-      prefillers: new RoundRobin(this.prefillers),
-      decoders: new RoundRobin(this.decoders),
+      prefillers: prefillRR,
+      decoders: decoderRR,
+      router: this.router,
+      load: this.load,
+      prefix: this.prefix,
+      routing: this.routing,
       decoderEndpoint: (b) => this.decoderEp.get(b)!,
       metrics: this.metrics,
       stats: this.stats,
@@ -120,7 +152,13 @@ export class ProxyServer {
       const timeout = Math.max(1_000, Math.min(5_000, this.opts.healthIntervalMs * 2));
       call(b, { method: 'GET', path: '/health', headersTimeoutMs: timeout, bodyTimeoutMs: timeout })
         .then(async (res) => {
-          await res.body.dump();
+          // The engine names its cache instance here; routing needs it to read the index.
+          const h = engineHealthSchema.safeParse(await res.body.json().catch(() => null));
+          const id = h.success ? h.data.kvc_instance_id : undefined;
+          if (id && this.instanceIds.get(b) !== id) {
+            this.instanceIds.set(b, id);
+            log.info(`${b.name} serves cache instance "${id}"`);
+          } else if (!id && this.instanceIds.has(b)) this.instanceIds.delete(b);
           if (b.markUp()) {
             this.metrics.backendUp.labels(b.role, b.name).set(1);
             log.info(`${b.name} is back up`);
@@ -155,7 +193,16 @@ export class ProxyServer {
       void process.stdout.write(logFormat() === 'json' ? formatLine('json', new Date(), 'info', 'proxy.stats', line) : line + '\n');
     const sink = this.opts.statsSink ?? stdoutSink;
     const intervalS = Math.round(this.opts.statsIntervalMs / 100) / 10;
-    this.timers.push(setInterval(() => this.stats.flush(intervalS).forEach(sink), this.opts.statsIntervalMs));
+    this.timers.push(
+      setInterval(() => {
+        const lines = this.stats.flush(intervalS);
+        const hit = this.routing.flushHitRate(intervalS);
+        if (hit) lines.push(hit);
+        lines.forEach(sink);
+      }, this.opts.statsIntervalMs),
+    );
+    // Learn every backend's cache instance now rather than one health interval later.
+    this.probeAll();
     this.timers.push(setInterval(() => this.probeAll(), this.opts.healthIntervalMs));
     for (const t of this.timers) t.unref();
   }
@@ -170,5 +217,6 @@ export class ProxyServer {
     this.notifyRx?.close();
     await this.app.close();
     await Promise.all([...this.prefillers, ...this.decoders].map((b) => b.close()));
+    await this.prefix?.close();
   }
 }

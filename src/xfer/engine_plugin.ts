@@ -22,7 +22,7 @@ export const createKvTransfer: TransferFactory = async (ctx) => {
     throw new ConfigError(`key "xfer_role": kv_role ${ctx.role} needs xfer_role "${want}" in the cache config; found ${JSON.stringify(ctx.cacheConfig.xfer_role)}`);
   }
   const id = ctx.connectorConfig.kv_connector_extra_config.kvc_rpc_port ?? ctx.cacheConfig.kvc_instance_id;
-  const x = await createXfer(ctx.cacheConfig, { layout: ctx.layout, chunkSize: ctx.chunkSize, modelId: ctx.modelId, id });
+  const x = await createXfer(ctx.cacheConfig, { layout: ctx.layout, chunkSize: ctx.chunkSize, modelId: ctx.modelId, id }, ctx.heldLocally ? { heldLocally: ctx.heldLocally } : {});
   if (!x) throw new ConfigError('key "enable_xfer": must be true for kv_producer / kv_consumer');
 
   if (x.role === 'sender') {

@@ -39,7 +39,11 @@ export function checkXferConfig(cfg: CacheConfig): void {
 }
 
 /** Starts the sender or receiver for `cfg`, or returns null when enable_xfer is false. */
-export async function createXfer(cfg: CacheConfig, model: XferModel, opts: { receiverTtlMs?: number; allocWaitMs?: number } = {}): Promise<Xfer | null> {
+export async function createXfer(
+  cfg: CacheConfig,
+  model: XferModel,
+  opts: { receiverTtlMs?: number; allocWaitMs?: number; heldLocally?: (key: string) => boolean } = {},
+): Promise<Xfer | null> {
   if (!cfg.enable_xfer) return null;
   checkXferConfig(cfg);
   if (cfg.xfer_role === 'receiver') {
@@ -53,6 +57,7 @@ export async function createXfer(cfg: CacheConfig, model: XferModel, opts: { rec
       modelId: model.modelId,
       ...(model.id ? { receiverId: model.id } : {}),
       ...(opts.receiverTtlMs ? { ttlMs: opts.receiverTtlMs } : {}),
+      ...(opts.heldLocally ? { heldLocally: opts.heldLocally } : {}),
     });
     return { role: 'receiver', receiver };
   }

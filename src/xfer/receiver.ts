@@ -56,6 +56,12 @@ export interface ReceiverOptions {
   maxAllocWaitMs?: number;
   /** A sender whose HELLO does not arrive within this time is dropped (default 10 s). */
   helloTimeoutMs?: number;
+  /**
+   * Keys the engine's own cache already holds: an ALLOC reports them in `have` (so the sender
+   * skips them) without reserving room, and take() steps over them (the engine reads them from
+   * its cache). A key evicted in between is simply missing at load: the engine computes from there.
+   */
+  heldLocally?: (key: string) => boolean;
 }
 
 type EntryState = 'pending' | 'ready';
@@ -200,10 +206,11 @@ export class XferReceiver extends EventEmitter {
    */
   async take(keys: readonly string[], reqId?: string, waitMs = 0): Promise<Taken> {
     const deadline = Date.now() + waitMs;
+    const local = this.opts.heldLocally;
     for (const k of keys) {
       const e = this.entries.get(k);
       if (!e || e.state === 'ready') {
-        if (!e) break;
+        if (!e && !local?.(k)) break;
         continue;
       }
       const left = deadline - Date.now();
@@ -236,6 +243,7 @@ export class XferReceiver extends EventEmitter {
     let numTokens = 0;
     for (const k of keys) {
       const e = this.entries.get(k);
+      if (!e && local?.(k)) continue; // read from the engine's cache instead
       if (!e || e.state !== 'ready') break;
       e.refs++;
       held.push(e);
@@ -407,7 +415,7 @@ export class XferReceiver extends EventEmitter {
     let need = 0;
     const seen = new Set<string>();
     for (const [k, b] of meta.chunks) {
-      if (this.entries.has(k) || seen.has(k)) continue;
+      if (this.entries.has(k) || seen.has(k) || this.opts.heldLocally?.(k)) continue;
       seen.add(k);
       need += sizeClass(b);
     }
@@ -423,6 +431,10 @@ export class XferReceiver extends EventEmitter {
       if (keys.includes(k)) continue;
       keys.push(k);
       let e = this.entries.get(k);
+      if (!e && this.opts.heldLocally?.(k)) {
+        have.push(k); // the engine's cache has it: nothing to send, nothing to reserve
+        continue;
+      }
       if (e) {
         have.push(k);
       } else {

@@ -78,9 +78,11 @@ class Cursor {
       case GV.BOOL:
         return b.readUInt8(p) !== 0;
       case GV.U64:
-        return b.readBigUInt64LE(p);
-      case GV.I64:
-        return b.readBigInt64LE(p);
+      case GV.I64: {
+        // 64-bit integers as numbers when exact (ids, lengths, alignment), else as bigint.
+        const v = t === GV.U64 ? b.readBigUInt64LE(p) : b.readBigInt64LE(p);
+        return v <= BigInt(Number.MAX_SAFE_INTEGER) && v >= -BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : v;
+      }
       default:
         return b.readDoubleLE(p);
     }

@@ -13,4 +13,6 @@ export interface RouteContext {
   kv: PagedKvCache;
   scheduler: Scheduler;
   metrics: EngineMetrics;
+  /** The cache instance's kvc_instance_id when it is registered with a controller, else null. */
+  kvcInstanceId: string | null;
 }

@@ -1,6 +1,7 @@
 // GET /v1/models (the served model, its max_model_len and kvc_model_id: the id its chunk keys use), GET /health and GET /metrics
 // (Prometheus text of this engine's registry). None of them take a body.
 import type { FastifyInstance } from 'fastify';
+import type { EngineHealth } from '../../protocol/engine_health.js';
 import type { RouteContext } from './context.js';
 
 export async function statusRoutes(app: FastifyInstance, ctx: RouteContext): Promise<void> {
@@ -12,7 +13,9 @@ export async function statusRoutes(app: FastifyInstance, ctx: RouteContext): Pro
     data: [{ id: modelName, object: 'model', created: createdAt, owned_by: 'kvc', root: ctx.model.dir, parent: null, max_model_len: maxModelLen, kvc_model_id: ctx.model.modelId }],
   }));
 
-  app.get('/health', async () => ({ status: 'ok' }));
+  // The proxy reads kvc_instance_id here to map this address to the controller's name for it.
+  const health: EngineHealth = { status: 'ok', kvc_instance_id: ctx.kvcInstanceId };
+  app.get('/health', async () => health);
 
   app.get('/metrics', async (_req, reply) => {
     const body = await metrics.registry.metrics();

@@ -1,0 +1,55 @@
+// SVG bar charts for benchmarks, rendered with vega-lite + vega in Node (no browser, no canvas).
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { dirname } from 'node:path';
+import * as vega from 'vega';
+import { compile, type TopLevelSpec } from 'vega-lite';
+
+/** Where benchmarks write their plots (ignored by git). */
+export const PLOT_DIR = 'bench-results';
+
+export interface BarRow {
+  /** Panel (facet column). */
+  panel: string;
+  /** Bar within the panel. */
+  series: string;
+  value: number;
+}
+
+/** Grouped bars, one panel per `panel` with its own y scale; writes an SVG file and returns its path. */
+export async function writeBarsSvg(path: string, title: string, rows: BarRow[], yTitle: string): Promise<string> {
+  const spec: TopLevelSpec = {
+    $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
+    title,
+    data: { values: rows },
+    facet: { column: { field: 'panel', type: 'nominal', title: null } },
+    resolve: { scale: { y: 'independent' } },
+    spec: {
+      width: 180,
+      height: 200,
+      layer: [
+        {
+          mark: 'bar',
+          encoding: {
+            x: { field: 'series', type: 'nominal', title: null, axis: { labelAngle: 0 } },
+            y: { field: 'value', type: 'quantitative', title: yTitle },
+            color: { field: 'series', type: 'nominal', legend: null },
+          },
+        },
+        {
+          mark: { type: 'text', dy: -6 },
+          encoding: {
+            x: { field: 'series', type: 'nominal' },
+            y: { field: 'value', type: 'quantitative' },
+            text: { field: 'value', type: 'quantitative', format: '.3~f' },
+          },
+        },
+      ],
+    },
+  };
+  const view = new vega.View(vega.parse(compile(spec).spec), { renderer: 'none' });
+  const svg = await view.toSVG();
+  view.finalize();
+  mkdirSync(dirname(path), { recursive: true });
+  writeFileSync(path, svg);
+  return path;
+}

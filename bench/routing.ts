@@ -1,0 +1,368 @@
+// `npm run bench -- routing [--requests N] [--rate R] [--seed S]`: round-robin against kv-aware
+// routing on a real 2P2D deployment (`kvc up`, built-in model), every engine's CPU tier sized to
+// hold about 40 % of the workload's prefixes.
+//
+// Workload: 8 tenants, each with its own 1,024-token shared prefix; users send 32–96-token
+// questions after it (token-id prompts, max_tokens 16, streamed), with Poisson arrivals. The
+// same request sequence is replayed under round-robin and kv-aware (a fresh deployment each,
+// after the same warm-up: one request per tenant), then a skewed variant where tenant 0 sends
+// half the requests. Reported per run: TTFT p50/p90 (client side, to the first streamed token),
+// prompt tokens computed by the engines vs sent, the hit rate (prompt tokens no engine had to
+// compute / sent), and each instance's share of prefills (the instance that computed
+// the prompt: a prefiller, or the decoder when it prefilled locally).
+//
+// Prefix sharing between instances (P2P) is not implemented: p2p_ttft_ms is null, and
+// recompute_ttft_ms is the TTFT of a request whose 1,024-token prefix nobody holds.
+// Ends with one JSON line (see the end of main()) and writes bench-results/routing.svg.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { performance } from 'node:perf_hooks';
+import * as vega from 'vega';
+import { compile, type TopLevelSpec } from 'vega-lite';
+import { makePlan } from '../src/deploy/plan.js';
+import { takenPorts } from '../src/deploy/up.js';
+import { PrefixClient } from '../src/proxy/prefix_client.js';
+
+const CLI = join(dirname(fileURLToPath(import.meta.url)), '..', 'src', 'cli', 'main.js');
+const TENANTS = 8;
+const PREFIX = 1024;
+/** Bytes of one 256-token chunk of the tiny model (f32, 4 layers, 2 KV heads × 32) plus its header. */
+const CHUNK_BYTES = 2 * 4 * 256 * 64 * 4 + 64;
+/** CPU tier per engine: about 40 % of the 8 prefixes (4 chunks each), in GiB. */
+const CPU_GIB = (0.4 * TENANTS * (PREFIX / 256) * CHUNK_BYTES) / 2 ** 30;
+
+function arg(name: string, def: number): number {
+  const i = process.argv.indexOf(`--${name}`);
+  if (i < 0) return def;
+  const v = Number(process.argv[i + 1]);
+  if (!Number.isFinite(v) || v <= 0) {
+    console.error(`--${name}: expected a positive number, found "${process.argv[i + 1]}"`);
+    process.exit(2);
+  }
+  return v;
+}
+
+/** Deterministic PRNG (mulberry32): the same sequence in every run and every mode. */
+function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+interface Req {
+  at: number;
+  tenant: number;
+  prompt: number[];
+}
+
+function workload(seed: number, n: number, rate: number, skewed: boolean): { prefixes: number[][]; warmup: Req[]; reqs: Req[] } {
+  const r = rng(seed);
+  const tok = () => 100 + Math.floor(r() * 31000);
+  const prefixes = Array.from({ length: TENANTS }, () => Array.from({ length: PREFIX }, tok));
+  const question = () => Array.from({ length: 32 + Math.floor(r() * 65) }, tok);
+  const warmup = prefixes.map((p, tenant) => ({ at: 0, tenant, prompt: [...p, ...question()] }));
+  const reqs: Req[] = [];
+  let t = 0;
+  for (let i = 0; i < n; i++) {
+    t += -Math.log(1 - r()) / rate; // exponential gaps: Poisson arrivals
+    const tenant = skewed && r() < 0.5 ? 0 : Math.floor(r() * TENANTS);
+    reqs.push({ at: t * 1000, tenant, prompt: [...prefixes[tenant]!, ...question()] });
+  }
+  return { prefixes, warmup, reqs };
+}
+
+interface Deployment {
+  proc: ChildProcess;
+  proxy: string;
+  controller: string;
+  engines: { name: string; url: string }[];
+  stop(): Promise<void>;
+}
+
+async function freeOffset(): Promise<number> {
+  for (let i = 0; i < 50; i++) {
+    const off = 12000 + Math.floor(Math.random() * 400) * 100;
+    const plan = makePlan({ prefillers: 2, decoders: 2, model: 'builtin:tiny', controller: true, host: '127.0.0.1', portOffset: off });
+    if ((await takenPorts(plan)).length === 0) return off;
+  }
+  throw new Error('no free port offset');
+}
+
+/** Starts a deployment; another port offset is tried when a port was taken meanwhile (the machine is shared). */
+async function up(routing: string): Promise<Deployment> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await upOnce(routing);
+    } catch (e) {
+      if (attempt >= 3 || !/EADDRINUSE|already in use/.test((e as Error).message)) throw e;
+      console.log(`(a port was taken by another process; retrying on another offset)`);
+    }
+  }
+}
+
+async function upOnce(routing: string): Promise<Deployment> {
+  const off = await freeOffset();
+  const logDir = mkdtempSync(join(tmpdir(), `kvc-bench-routing-${routing}-`));
+  const proc = spawn(process.execPath, [CLI, 'up', '--prefillers', '2', '--decoders', '2', '--routing', routing, '--max-local-cpu-size', CPU_GIB.toFixed(6), '--port-offset', String(off), '--log-dir', logDir], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, KVC_LOG_LEVEL: 'warn' },
+  });
+  let out = '';
+  proc.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+  proc.stderr!.on('data', (d: Buffer) => (out += d.toString()));
+  const exited = new Promise<void>((r) => proc.once('exit', () => r()));
+  const deadline = Date.now() + 240_000;
+  while (!out.includes('kvc up: ready')) {
+    if (proc.exitCode !== null || Date.now() > deadline) {
+      proc.kill('SIGKILL');
+      throw new Error(`kvc up (${routing}) did not become ready:\n${out.slice(-3000)}`);
+    }
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  const engines = [
+    { name: 'prefiller-0', url: `http://127.0.0.1:${7100 + off}` },
+    { name: 'prefiller-1', url: `http://127.0.0.1:${7101 + off}` },
+    { name: 'decoder-0', url: `http://127.0.0.1:${7200 + off}` },
+    { name: 'decoder-1', url: `http://127.0.0.1:${7201 + off}` },
+  ];
+  return {
+    proc,
+    proxy: `http://127.0.0.1:${9100 + off}`,
+    controller: `http://127.0.0.1:${9000 + off}`,
+    engines,
+    async stop() {
+      if (proc.exitCode === null) proc.kill('SIGTERM');
+      const t = setTimeout(() => proc.kill('SIGKILL'), 20_000);
+      await exited;
+      clearTimeout(t);
+    },
+  };
+}
+
+/** One streamed request; resolves with the time to its first token, in ms. */
+async function ttftOf(proxy: string, prompt: number[]): Promise<number> {
+  const t0 = performance.now();
+  const res = await fetch(`${proxy}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'builtin:tiny', prompt, max_tokens: 16, temperature: 0, stream: true }),
+    signal: AbortSignal.timeout(300_000),
+  });
+  if (!res.ok || !res.body) throw new Error(`request failed: HTTP ${res.status} ${await res.text()}`);
+  let first = 0;
+  const dec = new TextDecoder();
+  let buf = '';
+  for await (const piece of res.body as unknown as AsyncIterable<Uint8Array>) {
+    if (!first) {
+      buf += dec.decode(piece, { stream: true });
+      if (/data: \{/.test(buf)) first = performance.now() - t0;
+    }
+  }
+  if (!first) throw new Error('stream ended without a token');
+  return first;
+}
+
+async function scrape(url: string): Promise<string> {
+  return (await fetch(`${url}/metrics`, { signal: AbortSignal.timeout(10_000) })).text();
+}
+
+function sum(text: string, name: string, filter: (labels: string) => boolean = () => true): number {
+  let s = 0;
+  for (const l of text.split('\n')) {
+    if (!l.startsWith(name)) continue;
+    const rest = l.slice(name.length);
+    if (rest[0] !== ' ' && rest[0] !== '{') continue;
+    const labels = rest[0] === '{' ? rest.slice(1, rest.indexOf('}')) : '';
+    if (filter(labels)) s += Number(l.split(' ').pop());
+  }
+  return s;
+}
+
+interface Counters {
+  computed: number;
+  fromCache: number;
+  prefills: Map<string, number>;
+}
+
+async function counters(d: Deployment): Promise<Counters> {
+  let computed = 0;
+  let fromCache = 0;
+  for (const e of d.engines) {
+    const m = await scrape(e.url);
+    computed += sum(m, 'kvc_engine_prompt_tokens_computed_total');
+    fromCache += sum(m, 'kvc_engine_tokens_loaded_by_source_total', (l) => l.includes('source="cache"'));
+  }
+  const pm = await scrape(d.proxy);
+  const prefills = new Map<string, number>();
+  for (const e of d.engines) prefills.set(e.name, sum(pm, 'kvc_proxy_prefills_total', (l) => l.includes(`instance="${e.name}(`)));
+  return { computed, fromCache, prefills };
+}
+
+function pct(sorted: number[], q: number): number {
+  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((q / 100) * sorted.length) - 1))]!;
+}
+
+interface RunResult {
+  name: string;
+  p50: number;
+  p90: number;
+  computedRatio: number;
+  hitRate: number;
+  shares: Record<string, number>;
+  maxShare: number;
+  /** kv-aware: the routing lookup's time (one prompt, 1,024 + 64 tokens), p50 ms; null for round-robin. */
+  decisionP50: number | null;
+}
+
+/**
+ * What routing adds to a request: the proxy's lookup on the controller (the same client and
+ * call the proxy makes) for a workload prompt, 300 times in a row on the loaded deployment.
+ * The cost function itself is a loop over four backends (microseconds).
+ */
+async function decisionTime(d: Deployment, prompt: number[]): Promise<number> {
+  const c = new PrefixClient(d.controller, 1000);
+  try {
+    for (let i = 0; i < 20; i++) await c.lookup(prompt);
+    const t: number[] = [];
+    for (let i = 0; i < 300; i++) {
+      const t0 = performance.now();
+      await c.lookup(prompt);
+      t.push(performance.now() - t0);
+    }
+    return pct(t.sort((a, b) => a - b), 50);
+  } finally {
+    await c.close();
+  }
+}
+
+async function run(name: string, routing: string, w: ReturnType<typeof workload>): Promise<RunResult> {
+  const d = await up(routing);
+  try {
+    // Warm-up, the same in every run: one request per tenant, one at a time.
+    for (const q of w.warmup) await ttftOf(d.proxy, q.prompt);
+    const before = await counters(d);
+    const t0 = performance.now();
+    const ttfts = await Promise.all(
+      w.reqs.map(async (q) => {
+        const wait = q.at - (performance.now() - t0);
+        if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+        return ttftOf(d.proxy, q.prompt);
+      }),
+    );
+    const after = await counters(d);
+    const decisionP50 = routing === 'kv-aware' ? await decisionTime(d, w.reqs[0]!.prompt) : null;
+    const sent = w.reqs.reduce((a, q) => a + q.prompt.length, 0);
+    const sorted = [...ttfts].sort((a, b) => a - b);
+    const shares: Record<string, number> = {};
+    for (const e of d.engines) shares[e.name] = (after.prefills.get(e.name)! - before.prefills.get(e.name)!) / w.reqs.length;
+    const r: RunResult = {
+      name,
+      p50: pct(sorted, 50),
+      p90: pct(sorted, 90),
+      computedRatio: (after.computed - before.computed) / sent,
+      // Prompt tokens no engine had to compute (a decoder loading what a prefiller computed for
+      // it does not count twice): 1 − computed/sent.
+      hitRate: 1 - (after.computed - before.computed) / sent,
+      shares,
+      maxShare: Math.max(...Object.values(shares)),
+      decisionP50,
+    };
+    console.log(
+      `${name.padEnd(14)} TTFT p50 ${r.p50.toFixed(0).padStart(6)} ms  p90 ${r.p90.toFixed(0).padStart(6)} ms  computed/sent ${r.computedRatio.toFixed(3)}  ` +
+        `hit rate ${(100 * r.hitRate).toFixed(1)}%${decisionP50 === null ? '' : `  routing lookup p50 ${decisionP50.toFixed(3)} ms`}  shares ${Object.entries(shares).map(([k, v]) => `${k} ${(100 * v).toFixed(0)}%`).join(', ')}`,
+    );
+    return r;
+  } finally {
+    await d.stop();
+  }
+}
+
+/** TTFT of a request whose 1,024-token prefix no instance holds (what P2P would have to beat). */
+async function recomputeTtft(seed: number): Promise<number> {
+  const d = await up('kv-aware');
+  try {
+    const r = rng(seed + 99);
+    const tok = () => 100 + Math.floor(r() * 31000);
+    await ttftOf(d.proxy, Array.from({ length: 64 }, tok)); // warm the engines
+    const samples: number[] = [];
+    for (let i = 0; i < 3; i++) samples.push(await ttftOf(d.proxy, Array.from({ length: PREFIX + 48 }, tok)));
+    return samples.sort((a, b) => a - b)[1]!;
+  } finally {
+    await d.stop();
+  }
+}
+
+async function plot(file: string, rows: RunResult[]): Promise<void> {
+  const values = rows.flatMap((r) => [
+    { run: r.name, figure: 'TTFT p50', ms: Math.round(r.p50) },
+    { run: r.name, figure: 'TTFT p90', ms: Math.round(r.p90) },
+  ]);
+  const spec: TopLevelSpec = {
+    $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
+    title: 'Routing: TTFT, round-robin vs kv-aware (2P2D, 8 tenants x 1,024-token prefix)',
+    data: { values },
+    mark: 'bar',
+    encoding: {
+      x: { field: 'run', type: 'nominal', title: null, sort: rows.map((r) => r.name) },
+      xOffset: { field: 'figure' },
+      y: { field: 'ms', type: 'quantitative', title: 'ms' },
+      color: { field: 'figure', type: 'nominal', title: null },
+    },
+    width: 420,
+    height: 260,
+  };
+  const view = new vega.View(vega.parse(compile(spec).spec), { renderer: 'none' });
+  writeFileSync(file, await view.toSVG());
+}
+
+async function main(): Promise<void> {
+  const n = Math.round(arg('requests', 64));
+  const rate = arg('rate', 0.75);
+  const seed = Math.round(arg('seed', 11));
+  console.log(`routing bench: 2P2D builtin:tiny, ${TENANTS} tenants x ${PREFIX}-token prefix, ${n} requests at ${rate}/s (Poisson), CPU tier ${(CPU_GIB * 1024).toFixed(1)} MiB per engine (~40% of the prefixes)`);
+  const uniform = workload(seed, n, rate, false);
+  const skew = workload(seed, n, rate, true);
+  const rr = await run('round-robin', 'round-robin', uniform);
+  const kv = await run('kv-aware', 'kv-aware', uniform);
+  const srr = await run('skew rr', 'round-robin', skew);
+  const skv = await run('skew kv', 'kv-aware', skew);
+  const recompute = await recomputeTtft(seed);
+  console.log(`1,024-token prefix recomputed (nobody holds it): TTFT ${recompute.toFixed(0)} ms; P2P prefix sharing is not implemented (p2p_ttft_ms null)`);
+  const fair = 1 / 4;
+  console.log(
+    `targets: kv p90 <= 0.33 x rr p90: ${(kv.p90 / rr.p90).toFixed(2)}; computed kv/rr <= 0.5: ${(kv.computedRatio / rr.computedRatio).toFixed(2)}; ` +
+      `skew kv p90 <= skew rr p90: ${(skv.p90 / srr.p90).toFixed(2)}; skew max share <= 2 x fair (${2 * fair}): ${skv.maxShare.toFixed(2)}`,
+  );
+  mkdirSync('bench-results', { recursive: true });
+  await plot('bench-results/routing.svg', [rr, kv, srr, skv]);
+  console.log('plot: bench-results/routing.svg');
+  const r2 = (v: number) => Math.round(v * 100) / 100;
+  console.log(
+    JSON.stringify({
+      bench: 'routing',
+      rr_ttft_p90_ms: r2(rr.p90),
+      kv_ttft_p90_ms: r2(kv.p90),
+      rr_computed_ratio: r2(rr.computedRatio),
+      kv_computed_ratio: r2(kv.computedRatio),
+      kv_max_share: r2(skv.maxShare),
+      skew_rr_ttft_p90_ms: r2(srr.p90),
+      skew_kv_ttft_p90_ms: r2(skv.p90),
+      p2p_ttft_ms: null,
+      recompute_ttft_ms: r2(recompute),
+      routing_decision_p50_ms: Math.round(kv.decisionP50! * 1000) / 1000,
+    }),
+  );
+}
+
+main().catch((e: unknown) => {
+  console.error((e as Error).stack ?? String(e));
+  process.exit(1);
+});

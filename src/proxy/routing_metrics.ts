@@ -1,0 +1,66 @@
+// Prometheus counters of routing (registered in the proxy's registry beside metrics.ts), and the
+// hit-rate figure the 5-second statistics line prints. "Cached" and "computed" prompt tokens
+// are what the controller's index said when the request was routed: the cached prefix on the
+// instance chosen to compute the prompt, and the rest.
+import { Counter, Histogram, type Registry } from 'prom-client';
+import { memoLabels } from './metrics.js';
+import type { PrefillWhere, RouteReason } from './router.js';
+
+export class RoutingMetrics {
+  readonly decisions: Counter<'reason'>;
+  readonly promptTokens: Counter<'instance' | 'kind'>;
+  readonly prefills: Counter<'where' | 'instance'>;
+  readonly lookups: Counter<'outcome'>;
+  readonly decisionSeconds: Histogram;
+  private readonly decision: (reason: string) => { inc(): void };
+  private readonly tokens: (instance: string, kind: string) => { inc(n: number): void };
+  private readonly prefill: (where: string, instance: string) => { inc(): void };
+  private readonly lookup: (outcome: string) => { inc(): void };
+  /** Prompt tokens of the current statistics interval: [cached, total]. */
+  private window = { cached: 0, total: 0 };
+  private totals = { cached: 0, total: 0 };
+
+  constructor(registry: Registry) {
+    const registers = [registry];
+    this.decisions = new Counter({ name: 'kvc_proxy_routing_decisions_total', help: 'Routing decisions by reason (round_robin, prefix_hit, load_spread, no_prefix, lookup_failed)', labelNames: ['reason'], registers });
+    this.promptTokens = new Counter({ name: 'kvc_proxy_prompt_tokens_total', help: 'Prompt tokens per instance that computes them, by kind: cached (per the controller index) or computed', labelNames: ['instance', 'kind'], registers });
+    this.prefills = new Counter({ name: 'kvc_proxy_prefills_total', help: 'Prefills by where they ran: remote (a prefiller, KV transferred) or local_* (the decoder itself, and why), and the instance that ran them', labelNames: ['where', 'instance'], registers });
+    this.lookups = new Counter({ name: 'kvc_proxy_prefix_lookups_total', help: "Routing lookups on the controller's index, by outcome (ok, failed)", labelNames: ['outcome'], registers });
+    this.decisionSeconds = new Histogram({
+      name: 'kvc_proxy_routing_decision_seconds',
+      help: 'Time to decide where a request goes (controller lookup included)',
+      buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25],
+      registers,
+    });
+    this.decision = memoLabels(this.decisions);
+    this.tokens = memoLabels(this.promptTokens);
+    this.prefill = memoLabels(this.prefills);
+    this.lookup = memoLabels(this.lookups);
+  }
+
+  lookedUp(ok: boolean): void {
+    this.lookup(ok ? 'ok' : 'failed').inc();
+  }
+
+  routed(reason: RouteReason, where: PrefillWhere, instance: string, promptTokens: number, cachedTokens: number | null): void {
+    this.decision(reason).inc();
+    this.prefill(where, instance).inc();
+    if (cachedTokens === null) return; // no lookup: nothing known about the cache
+    const cached = Math.min(cachedTokens, promptTokens);
+    if (cached) this.tokens(instance, 'cached').inc(cached);
+    if (promptTokens - cached) this.tokens(instance, 'computed').inc(promptTokens - cached);
+    this.window.cached += cached;
+    this.window.total += promptTokens;
+    this.totals.cached += cached;
+    this.totals.total += promptTokens;
+  }
+
+  /** The statistics line's hit rate, for the interval since the last call (null: nothing looked up). */
+  flushHitRate(intervalS: number): string | null {
+    const { cached, total } = this.window;
+    this.window = { cached: 0, total: 0 };
+    if (this.totals.total === 0) return null;
+    const pct = (c: number, t: number) => (t ? `${((100 * c) / t).toFixed(1)}%` : '-');
+    return `KV hit rate: ${pct(cached, total)} of ${total} prompt tokens in last ${intervalS}s cached (total ${pct(this.totals.cached, this.totals.total)} of ${this.totals.total})`;
+  }
+}

@@ -3,6 +3,8 @@
 import type { Command } from 'commander';
 import { gibToBytes } from '../common/config.js';
 import { logger } from '../common/log.js';
+import { validateCpuList } from '../common/cpu_set.js';
+import { applyCpuSet } from '../engine/placement.js';
 import { startEngine } from '../engine/server.js';
 import { optionalPositiveInt as posInt, portFlag } from './options.js';
 import { apiKeyFrom, applySecret } from './security.js';
@@ -24,6 +26,7 @@ interface EngineFlags {
   maxQueueLen?: string;
   kvCacheMemory?: string;
   kvTransferConfig?: string;
+  cpus?: string;
   disableLogRequests?: boolean;
   disableLogStats?: boolean;
 }
@@ -44,6 +47,7 @@ export function registerEngine(program: Command): void {
     .option('--max-queue-len <n>', 'requests that may wait for a slot before new ones get 503', '1024')
     .option('--kv-cache-memory <GiB>', 'paged KV budget in GiB (default: max-num-seqs full-length sequences, at most 4)')
     .option('--kv-transfer-config <json>', 'connector JSON, e.g. {"kv_connector":"KvcConnectorV1","kv_role":"kv_both"}; the cache instance is read from $KVC_CONFIG_FILE')
+    .option('--cpus <list>', 'CPUs this engine runs on, as a cpulist ("0-1", "1", "0,2"); GEMM threads follow the set (default: every CPU)')
     .option('--enable-prefix-caching', 'reuse the KV of earlier prompts through a cache instance: without --kv-transfer-config, attaches a kv_both connector with the cache of $KVC_CONFIG_FILE (default: a CPU tier)')
     .option('--no-enable-prefix-caching', 'no cache instance unless --kv-transfer-config gives one (the default; the engine itself keeps no KV of finished requests)')
     .option('--enforce-eager', 'accepted for compatibility: the CPU engine always runs eagerly (it has no graph mode)')
@@ -59,6 +63,11 @@ export function registerEngine(program: Command): void {
       applySecret(f, f.host, 'the engine');
       const apiKey = apiKeyFrom(f);
       const port = portFlag('--port', f.port);
+      if (f.cpus !== undefined) {
+        // Before the model loads: its GEMM thread count is taken from this process's affinity.
+        const n = applyCpuSet(validateCpuList('--cpus', f.cpus));
+        log.info(`running on CPUs ${f.cpus.trim()} (${n} available to this process)`);
+      }
       let kvCacheBytes: number | undefined;
       if (f.kvCacheMemory !== undefined) {
         const g = Number(f.kvCacheMemory);

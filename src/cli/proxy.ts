@@ -18,7 +18,7 @@ export function registerProxy(program: Command): void {
     .option('--port <port>', 'HTTP port', '9100')
     .option('--prefiller-host <hosts>', 'prefiller host(s), comma-separated', '127.0.0.1')
     .option('--prefiller-port <ports>', 'prefiller port(s), comma-separated; one port + --num-prefillers N = N consecutive ports', '7100')
-    .option('--num-prefillers <n>', 'number of prefillers (XPYD)')
+    .option('--num-prefillers <n>', 'number of prefillers (XPYD); 0: no prefiller, requests go straight to the decoders (colocated kv_both engines), round-robin')
     .option('--decoder-host <hosts>', 'decoder host(s), comma-separated', '127.0.0.1')
     .option('--decoder-port <ports>', 'decoder port(s), comma-separated; one port + --num-decoders N = N consecutive ports', '7200')
     .option('--num-decoders <n>', 'number of decoders')

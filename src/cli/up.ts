@@ -2,6 +2,7 @@
 import type { Command } from 'commander';
 import { fileURLToPath } from 'node:url';
 import { dirname, join, resolve } from 'node:path';
+import { parsePlacement } from '../deploy/placement.js';
 import { runUp } from '../deploy/up.js';
 import { DEFAULT_RESTART } from '../deploy/restart.js';
 import { DTYPES_ACCEPTED } from '../engine/settings.js';
@@ -24,7 +25,7 @@ export function registerUp(program: Command): void {
   program
     .command('up')
     .description('start a local disaggregated deployment: controller, X prefillers, Y decoders and the proxy')
-    .option('--prefillers <n>', 'number of prefiller engines (ports 7100+i)', '1')
+    .option('--prefillers <n>', 'number of prefiller engines (ports 7100+i); 0: colocated kv_both engines (as many as --decoders) behind the proxy', '1')
     .option('--decoders <n>', 'number of decoder engines (ports 7200+i)', '1')
     .option('--model <model>', 'model of every engine: builtin:tiny or a local checkpoint directory', 'builtin:tiny')
     .option('--host <addr>', 'address every process binds and is reached on', '127.0.0.1')
@@ -44,6 +45,7 @@ export function registerUp(program: Command): void {
     .option('--log-dir <dir>', 'where per-process logs, generated configs and deployment.json go', 'kvc-logs')
     .option('--startup-timeout <s>', 'seconds allowed for all processes to become healthy', '300')
     .option('--api-key <key>', 'client API key of the deployment: clients send "Authorization: Bearer <key>" (default: $KVC_API_KEY; none: open)')
+    .option('--placement <how>', 'CPUs of the engines: split (prefillers and decoders on disjoint CPUs), shared (no pinning) or prefill=LIST/decode=LIST', 'split')
     .option('--routing <mode>', 'proxy routing: round-robin (default) or kv-aware (cached prefix + load; docs/routing.md)')
     .option('--max-local-prefill-tokens <n>', "proxy: prefill on the decoder when at most this many prompt tokens are uncached there (kv-aware default 256)")
     .option('--max-prefill-queue <n>', 'proxy: prefill on the decoder when every prefiller has more than this many prefills in flight (kv-aware default 8)')
@@ -65,6 +67,7 @@ export function registerUp(program: Command): void {
           maxLocalPrefillTokens: o.maxLocalPrefillTokens === undefined ? undefined : int('--max-local-prefill-tokens', String(o.maxLocalPrefillTokens), 0),
           maxPrefillQueue: o.maxPrefillQueue === undefined ? undefined : int('--max-prefill-queue', String(o.maxPrefillQueue), 0),
           host: String(o.host),
+          placement: parsePlacement(String(o.placement)),
           engine: {
             servedModelName: str(o.servedModelName),
             maxModelLen: posInt('--max-model-len', str(o.maxModelLen)),

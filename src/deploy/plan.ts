@@ -5,6 +5,7 @@
 import { join } from 'node:path';
 import { stringify } from 'yaml';
 import { GiB } from '../common/config.js';
+import { placeEngines, type Placement } from './placement.js';
 
 export interface PlanOptions {
   prefillers: number;
@@ -14,6 +15,10 @@ export interface PlanOptions {
   controller: boolean;
   /** The address every process binds and the others reach it on (one machine). */
   host: string;
+  /** How engines get CPUs (src/deploy/placement.ts); default `split`. */
+  placement?: Placement;
+  /** The machine's CPUs (default: the online CPUs); tests pass their own. */
+  machineCpus?: readonly number[];
   /** Proxy routing: round-robin (default) or kv-aware (needs the controller). */
   routing?: 'round-robin' | 'kv-aware';
   /** --max-local-prefill-tokens / --max-prefill-queue passed to the proxy when given. */
@@ -79,6 +84,8 @@ export interface EngineSpec {
   port: number;
   cacheConfig: Record<string, unknown>;
   connector: Record<string, unknown>;
+  /** `--cpus` of this engine (a cpulist), or null: every CPU. */
+  cpus: string | null;
 }
 
 export interface PortUse {
@@ -95,8 +102,8 @@ export interface Plan {
 }
 
 export function makePlan(o: PlanOptions): Plan {
-  if (!Number.isInteger(o.prefillers) || o.prefillers < 1 || o.prefillers > MAX_PER_ROLE) {
-    throw new Error(`--prefillers: expected an integer 1..${MAX_PER_ROLE}, found ${o.prefillers}`);
+  if (!Number.isInteger(o.prefillers) || o.prefillers < 0 || o.prefillers > MAX_PER_ROLE) {
+    throw new Error(`--prefillers: expected an integer 0..${MAX_PER_ROLE} (0: colocated kv_both engines behind the proxy), found ${o.prefillers}`);
   }
   if (!Number.isInteger(o.decoders) || o.decoders < 1 || o.decoders > MAX_PER_ROLE) {
     throw new Error(`--decoders: expected an integer 1..${MAX_PER_ROLE}, found ${o.decoders}`);
@@ -130,6 +137,8 @@ export function makePlan(o: PlanOptions): Plan {
     };
   };
   const off = (p: number) => p + o.portOffset;
+  const colocated = o.prefillers === 0;
+  const cpus = placeEngines(o.placement ?? { kind: 'split' }, o.prefillers, o.decoders, o.machineCpus);
   const h = o.host;
   const controllerMonitor = off(BASE_PORTS.controllerMonitor);
   const notifyPort = off(BASE_PORTS.notify);
@@ -168,9 +177,20 @@ export function makePlan(o: PlanOptions): Plan {
         kv_role: 'kv_producer',
         kv_connector_extra_config: { discard_partial_chunks: false, kvc_rpc_port: `producer${i + 1}` },
       },
+      cpus: cpus.prefill,
     });
   }
   for (let j = 0; j < o.decoders; j++) {
+    if (colocated) {
+      const cacheConfig = {
+        chunk_size: chunkSize,
+        // Like every engine of a deployment, a CPU tier (--max-local-cpu-size overrides).
+        ...tiers(`engine-${j}`, DEFAULT_LOCAL_CPU_GIB),
+        ...ctl(off(BASE_PORTS.worker + MAX_PER_ROLE + j), off(BASE_PORTS.distributed + MAX_PER_ROLE + j), `engine-${j}`),
+      };
+      engines.push(colocatedEngine(j, off(BASE_PORTS.decoder + j), cacheConfig, cpus.decode));
+      continue;
+    }
     const name = `decoder-${j}`;
     engines.push({
       name,
@@ -197,6 +217,7 @@ export function makePlan(o: PlanOptions): Plan {
         kv_role: 'kv_consumer',
         kv_connector_extra_config: { discard_partial_chunks: false, kvc_rpc_port: `consumer${j + 1}`, skip_last_n_tokens: 1 },
       },
+      cpus: cpus.decode,
     });
   }
   const controller = o.controller ? { port: off(BASE_PORTS.controller), monitorPort: controllerMonitor } : null;
@@ -208,7 +229,7 @@ export function makePlan(o: PlanOptions): Plan {
     ports.push({ port: e.port, what: `${e.name} HTTP` });
     ports.push({ port: c.kvc_worker_port as number, what: `${e.name} kvc_worker_port` });
     ports.push({ port: Number(String(c.distributed_url).split(':').pop()), what: `${e.name} distributed_url` });
-    if (e.role === 'decoder') {
+    if (e.role === 'decoder' && !colocated) {
       ports.push({ port: c.xfer_peer_init_port as number, what: `${e.name} xfer init` });
       ports.push({ port: c.xfer_peer_alloc_port as number, what: `${e.name} xfer alloc` });
     }
@@ -218,6 +239,28 @@ export function makePlan(o: PlanOptions): Plan {
     if (p.port < 1 || p.port > 65535) throw new Error(`--port-offset ${o.portOffset} puts ${p.what} on port ${p.port}, outside 1..65535`);
   }
   return { opts: o, controller, engines, proxy, ports };
+}
+
+/**
+ * One engine of a colocated deployment (`--prefillers 0`): kv_both, prefilling and decoding its own
+ * requests with chunked prefill (a long prompt is computed --max-num-batched-tokens tokens per
+ * step, between the decode rows of running sequences), keeping its chunks in a CPU tier; no xfer.
+ * This is how a user runs a colocated engine; the proxy balances requests over them round-robin.
+ */
+function colocatedEngine(j: number, port: number, cacheConfig: Record<string, unknown>, cpus: string | null): EngineSpec {
+  return {
+    name: `engine-${j}`,
+    role: 'decoder',
+    index: j,
+    port,
+    cacheConfig,
+    connector: {
+      kv_connector: 'KvcConnectorV1',
+      kv_role: 'kv_both',
+      kv_connector_extra_config: { discard_partial_chunks: false, kvc_rpc_port: `engine${j + 1}` },
+    },
+    cpus,
+  };
 }
 
 /** The cache YAML of one engine, with a header saying where it comes from. */
@@ -252,6 +295,7 @@ export function engineArgs(plan: Plan, e: EngineSpec, connector: string): string
     '--enforce-eager',
     '--no-enable-prefix-caching',
     '--disable-log-requests',
+    ...(e.cpus !== null ? ['--cpus', e.cpus] : []),
   ];
 }
 
@@ -264,18 +308,21 @@ export function proxyArgs(plan: Plan): string[] {
   const h = plan.opts.host;
   const p = plan.engines.filter((e) => e.role === 'prefiller');
   const d = plan.engines.filter((e) => e.role === 'decoder');
+  // Colocated (no prefiller): the engines have no xfer receiver; the proxy only balances requests
+  // over them (--num-prefillers 0), so the decoder xfer ports below are never contacted.
+  const firstDecoder = d[0]!.cacheConfig;
   return [
     'proxy',
     '--host', h,
     '--port', String(plan.proxy.port),
     '--prefiller-host', h,
-    '--prefiller-port', String(p[0]!.port),
+    '--prefiller-port', String(p[0]?.port ?? BASE_PORTS.prefiller + plan.opts.portOffset),
     '--num-prefillers', String(p.length),
     '--decoder-host', h,
     '--decoder-port', String(d[0]!.port),
     '--num-decoders', String(d.length),
-    '--decoder-init-port', String(d[0]!.cacheConfig.xfer_peer_init_port),
-    '--decoder-alloc-port', String(d[0]!.cacheConfig.xfer_peer_alloc_port),
+    '--decoder-init-port', String(firstDecoder.xfer_peer_init_port ?? BASE_PORTS.xferInit + plan.opts.portOffset),
+    '--decoder-alloc-port', String(firstDecoder.xfer_peer_alloc_port ?? BASE_PORTS.xferAlloc + plan.opts.portOffset),
     '--proxy-host', h,
     '--proxy-port', String(plan.proxy.notifyPort),
     ...(plan.controller ? ['--controller-url', `http://${h}:${plan.controller.port}`] : []),

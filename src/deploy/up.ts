@@ -146,8 +146,12 @@ export async function runUp(o: UpOptions): Promise<number> {
     await Promise.race([p, interrupted]);
   };
   try {
-    out(`kvc up: ${plan.engines.filter((e) => e.role === 'prefiller').length} prefiller(s), ` +
-      `${plan.engines.filter((e) => e.role === 'decoder').length} decoder(s), model ${o.model}; logs and configs in ${logDir}`);
+    const nP = plan.engines.filter((e) => e.role === 'prefiller').length;
+    const nD = plan.engines.filter((e) => e.role === 'decoder').length;
+    const where = (role: string) => plan.engines.find((e) => e.role === role)?.cpus ?? 'every CPU';
+    out(nP === 0
+      ? `kvc up: ${nD} colocated kv_both engine(s) on ${where('decoder')}, model ${o.model}; logs and configs in ${logDir}`
+      : `kvc up: ${nP} prefiller(s) on ${where('prefiller')}, ${nD} decoder(s) on ${where('decoder')}, model ${o.model}; logs and configs in ${logDir}`);
     if (plan.controller) {
       const c = launch(new Child({
         name: 'controller',

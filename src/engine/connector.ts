@@ -12,6 +12,7 @@
 //
 // Every loaded chunk is verified (checksum, key, layout, token count) before it is used: a
 // bad chunk ends the loaded prefix and the rest is computed, never served wrong.
+import { setImmediate as yieldToLoop } from 'node:timers/promises';
 import { HEADER_BYTES, chunkBytes, describeLayout, payloadBytes, sameLayout, sealChunk, verifyChunk, type KvLayout } from '../common/chunk.js';
 import type { CacheConfig, ConnectorConfig } from '../common/config.js';
 import { chunkKeys, type ChunkSpan } from '../common/keys.js';
@@ -25,6 +26,13 @@ const log = logger('engine.connector');
 
 /** Bound on reading one chunk from the store (a disk tier that hangs must not hang a request). */
 const LOAD_TIMEOUT_MS = 30_000;
+/**
+ * Longest stretch of import work (verify + copy into the paged KV) run without yielding: a long
+ * prefix received for one request is imported in slices of about this much CPU time, the event
+ * loop (and so the scheduler's decode steps for running sequences) running between slices. The
+ * work done between two decode steps is then bounded by this plus one chunk, whatever the length.
+ */
+const IMPORT_SLICE_MS = 2;
 
 export interface ConnectorRequest {
   seqId: number;
@@ -54,6 +62,8 @@ export interface ConnectorOptions {
   transfer: KvTransferPlugin | null;
   /** Bound on the transfer lookup and on reading one chunk (default LOAD_TIMEOUT_MS). */
   loadTimeoutMs?: number;
+  /** CPU time of one import slice before yielding to decode steps (default IMPORT_SLICE_MS). */
+  importSliceMs?: number;
 }
 
 function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
@@ -85,6 +95,7 @@ export class KvcConnectorV1 {
   readonly store: KvcStore;
   readonly transfer: KvTransferPlugin | null;
   private readonly loadTimeoutMs: number;
+  private readonly importSliceMs: number;
 
   constructor(private readonly o: ConnectorOptions) {
     this.role = o.config.kv_role;
@@ -94,6 +105,7 @@ export class KvcConnectorV1 {
     this.store = o.store;
     this.transfer = o.transfer;
     this.loadTimeoutMs = o.loadTimeoutMs ?? LOAD_TIMEOUT_MS;
+    this.importSliceMs = o.importSliceMs ?? IMPORT_SLICE_MS;
   }
 
   spans(prompt: readonly number[]): ChunkSpan[] {
@@ -165,6 +177,7 @@ export class KvcConnectorV1 {
     }
     let loaded = 0;
     let fromTransfer = 0;
+    let sliceStart = performance.now();
     // What came from where, counted into the metrics only for chunks actually imported.
     let cacheChunks = 0, cacheBytes = 0, cacheMs = 0, xferChunks = 0, xferBytes = 0;
     const canQuery = this.store.locations().length > 0 || this.store.remote !== null;
@@ -174,6 +187,14 @@ export class KvcConnectorV1 {
       for (let i = 0; i < spans.length; i++) {
         const span = spans[i]!;
         if (span.start >= maxLoad || req.cancelled()) break;
+        if (performance.now() - sliceStart >= this.importSliceMs) {
+          // Let the scheduler run a decode step for the sequences already running (the awaits
+          // below are microtasks: without this, a long prefix is imported in one block).
+          this.o.metrics.importSlices.inc();
+          await yieldToLoop();
+          sliceStart = performance.now();
+          if (req.cancelled()) break;
+        }
         let payload: Uint8Array | null = null;
         let source: 'cache' | 'transfer' = 'cache';
         let bytes = 0;

@@ -9,6 +9,8 @@
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { EngineSample } from '../protocol/instance_stats.js';
 
+/** Step buckets: fine below 100 ms, where decode steps and their bounds live. */
+const STEP_BUCKETS = [0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5];
 const LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60];
 /** Store/read of one chunk or one request's chunks: from a memory copy to a slow disk. */
 const IO_BUCKETS = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
@@ -43,6 +45,10 @@ export class EngineMetrics {
   readonly itl: Histogram;
   readonly e2e: Histogram;
   // scheduler
+  readonly decodeStepInterval: Histogram;
+  readonly decodeStepGap: Histogram;
+  readonly decodeStepGapCpu: Histogram;
+  readonly importSlices: Counter;
   readonly running: Gauge;
   readonly waiting: Gauge;
   readonly kvUsage: Gauge;
@@ -83,6 +89,25 @@ export class EngineMetrics {
     this.ttft = new Histogram({ name: 'kvc_engine_time_to_first_token_seconds', help: 'Time from request arrival to its first generated token', buckets: LATENCY_BUCKETS, registers });
     this.itl = new Histogram({ name: 'kvc_engine_inter_token_latency_seconds', help: 'Time between consecutive generated tokens of a request', buckets: LATENCY_BUCKETS, registers });
     this.e2e = new Histogram({ name: 'kvc_engine_request_latency_seconds', help: 'Time from request arrival to its last token', buckets: LATENCY_BUCKETS, registers });
+    this.decodeStepInterval = new Histogram({
+      name: 'kvc_engine_decode_step_interval_seconds',
+      help: 'Time between the ends of two consecutive steps that both had decode rows: what a running sequence waits per token, including any work run between the steps (KV imports, transfers, HTTP)',
+      buckets: STEP_BUCKETS,
+      registers,
+    });
+    this.decodeStepGap = new Histogram({
+      name: 'kvc_engine_decode_step_gap_seconds',
+      help: 'Time from the end of a step with decode rows to the start of the next step while sequences are decoding: the work run between decode steps (KV imports, transfers, HTTP), bounded by import slicing',
+      buckets: STEP_BUCKETS,
+      registers,
+    });
+    this.decodeStepGapCpu = new Histogram({
+      name: 'kvc_engine_decode_step_gap_cpu_seconds',
+      help: 'CPU time this process used between the end of a step with decode rows and the start of the next one: the work run between decode steps, without the time other processes held the CPU',
+      buckets: STEP_BUCKETS,
+      registers,
+    });
+    this.importSlices = new Counter({ name: 'kvc_engine_kv_import_slices_total', help: 'Slices a KV import (cache or transfer) was cut into, the engine yielding to decode steps between them', registers });
 
     this.running = new Gauge({ name: 'kvc_engine_num_requests_running', help: 'Sequences holding KV (prefilling or decoding)', registers });
     this.waiting = new Gauge({ name: 'kvc_engine_num_requests_waiting', help: 'Requests queued for admission', registers });

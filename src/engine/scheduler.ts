@@ -21,6 +21,12 @@ import type { Sampler } from './sampler.js';
 
 const log = logger('engine.scheduler');
 
+/** CPU time of this process so far (µs): a gap measured in it is not stretched by other processes. */
+function cpuMicros(): number {
+  const u = process.cpuUsage();
+  return u.user + u.system;
+}
+
 export interface ForwardSegment {
   seqId: number;
   tokens: number[];
@@ -115,6 +121,10 @@ export class Scheduler {
   private readonly done: Promise<void>;
   /** Steps run so far (for tests and logs). */
   steps = 0;
+  /** End of the last step that had decode rows, while decoding goes on without a pause (0: none). */
+  private lastDecodeEnd = 0;
+  /** process.cpuUsage() at lastDecodeEnd (user + system, µs). */
+  private lastDecodeCpu = 0;
 
   constructor(private readonly o: SchedulerOptions) {
     this.done = this.loop();
@@ -253,6 +263,7 @@ export class Scheduler {
         continue;
       }
       if (this.closed) break;
+      this.lastDecodeEnd = 0; // idle: the next decode step starts a new run of intervals
       await new Promise<void>((r) => {
         this.wake = r;
       });
@@ -272,6 +283,7 @@ export class Scheduler {
       rows.push({ seq, n: 1, logits: true });
       budget--;
     }
+    const decodeRows = segs.length;
     // Then prompt chunks, oldest request first, within what is left of the budget.
     for (const seq of this.active) {
       if (budget <= 0) break;
@@ -283,16 +295,24 @@ export class Scheduler {
       rows.push({ seq, n, logits });
       budget -= n;
     }
-    if (!segs.length) return false;
+    if (!segs.length) {
+      this.lastDecodeEnd = 0;
+      return false;
+    }
     this.steps++;
     let out: Float32Array[];
     const t0 = performance.now();
+    if (this.lastDecodeEnd && decodeRows > 0) {
+      this.o.metrics.decodeStepGap.observe((t0 - this.lastDecodeEnd) / 1000);
+      this.o.metrics.decodeStepGapCpu.observe((cpuMicros() - this.lastDecodeCpu) / 1e6);
+    }
     try {
       out = this.o.model.forward(segs, this.o.kv);
       const decodes = rows.filter((r) => !r.seq.prefilling).length;
       const phase = decodes === rows.length ? 'decode' : decodes === 0 ? 'prefill' : 'mixed';
       this.o.metrics.stepSeconds.observe({ phase }, (performance.now() - t0) / 1000);
       this.o.metrics.stepTokens.observe({ phase }, this.o.maxNumBatchedTokens - budget);
+      this.stepTimes(decodeRows > 0);
     } catch (e) {
       // A bug in the model must not take the server down: fail the sequences of this step.
       log.error(`forward failed: ${(e as Error).stack ?? (e as Error).message}`);
@@ -321,6 +341,22 @@ export class Scheduler {
       this.emit(seq, seq.init.sampler.sample(logits, this.o.model.argmax));
     }
     return true;
+  }
+
+  /**
+   * For steps with decode rows, the interval since the previous such step (what a decoding
+   * sequence waits per token, whatever ran in between); remembers when (and at what process CPU
+   * time) this one ended, for the next gap.
+   */
+  private stepTimes(hadDecode: boolean): void {
+    const now = performance.now();
+    if (!hadDecode) {
+      this.lastDecodeEnd = 0;
+      return;
+    }
+    if (this.lastDecodeEnd) this.o.metrics.decodeStepInterval.observe((now - this.lastDecodeEnd) / 1000);
+    this.lastDecodeEnd = now;
+    this.lastDecodeCpu = cpuMicros();
   }
 
   private emit(seq: Sequence, token: number): void {

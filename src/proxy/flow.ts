@@ -378,6 +378,9 @@ export class Flow {
   }
 
   private noPrefiller(decoder: Backend): void {
+    // A deployment without prefillers (colocated engines, --num-prefillers 0) is not degraded:
+    // nothing to count or warn about.
+    if (this.d.prefillers.backends.length === 0) return;
     this.d.metrics.decoderOnly.inc();
     log.warn(`no prefiller available; ${decoder.name} prefills the request itself`);
   }

@@ -123,11 +123,16 @@ export interface Topology {
 }
 
 export function parseTopology(a: TopologyArgs): Topology {
-  const prefillers = pairEndpoints(a.prefillerHost, a.prefillerPort, a.numPrefillers, {
-    host: '--prefiller-host',
-    port: '--prefiller-port',
-    num: '--num-prefillers',
-  });
+  // --num-prefillers 0: a colocated deployment (kv_both engines that prefill their own requests);
+  // the proxy only balances requests over the decoders and the prefiller flags are not used.
+  const noPrefillers = a.numPrefillers !== undefined && String(a.numPrefillers).trim() === '0';
+  const prefillers = noPrefillers
+    ? []
+    : pairEndpoints(a.prefillerHost, a.prefillerPort, a.numPrefillers, {
+        host: '--prefiller-host',
+        port: '--prefiller-port',
+        num: '--num-prefillers',
+      });
   const dec = pairEndpoints(a.decoderHost, a.decoderPort, a.numDecoders, {
     host: '--decoder-host',
     port: '--decoder-port',

@@ -1,0 +1,414 @@
+// npm run bench -- disagg
+// Does disaggregated prefill protect decoding? Three configurations on the built-in model, each a
+// real deployment started with `kvc up` on the same machine (the same cores):
+//   idle      steady streaming short chats alone (on the 1P1D deployment): the ITL baseline;
+//   coloc     `kvc up --prefillers 0 --decoders 2`: two kv_both engines (chunked prefill) behind
+//             the proxy's round-robin, both on every CPU;
+//   disagg    `kvc up --prefillers 1 --decoders 1` (default placement: prefiller on the first
+//             CPU, decoder on the rest).
+// Workload: USERS clients each streaming short chats back to back (PROMPT_SHORT tokens in,
+// SHORT_TOKENS out) plus long prompts (LONG_MIN..LONG_MAX tokens, LONG_TOKENS out) arriving as a
+// Poisson process at a fixed rate. Reported: ITL p50/p99/max over every stream, TTFT p50/p99 of
+// short and long requests, and goodput: the highest long-prompt arrival rate at which at least
+// 90 % of the short AND of the long requests meet the SLO (below), found by a bounded search.
+// Plots (Vega-Lite rendered to SVG): ITL over time per configuration, SLO attainment vs rate.
+// Output folder: bench-out/disagg/ (or --out DIR); `--replot DIR/results.json` redraws the plots of
+// an earlier run without running anything. Last line:
+// {"bench":"disagg","idle_itl_p99_ms":…,"coloc_itl_p99_ms":…,"disagg_itl_p99_ms":…,
+//  "coloc_goodput_rps":…,"disagg_goodput_rps":…,"long_ttft_p50_ms":…}
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import * as vega from 'vega';
+import * as vl from 'vega-lite';
+import { isPortFree } from '../src/common/ports.js';
+
+const CLI = join(dirname(fileURLToPath(import.meta.url)), '..', 'src', 'cli', 'main.js');
+
+// ---- workload and SLO -------------------------------------------------------------------------
+const USERS = 3;
+const PROMPT_SHORT = 48;
+const SHORT_TOKENS = 48;
+const LONG_MIN = 1500;
+const LONG_MAX = 3000;
+const LONG_TOKENS = 8;
+/** Long-prompt arrival rate (per second) of the main measurement. */
+const MAIN_RATE = 0.2;
+const MAIN_WINDOW_S = 25;
+const IDLE_WINDOW_S = 12;
+const PROBE_WINDOW_S = 15;
+/** Requests still running this long after a window closes are cut and count as SLO misses. */
+const DRAIN_S = 20;
+/** The SLO a request must meet: TTFT (by class) and the p99 of its own inter-token gaps. */
+const SLO = { shortTtftMs: 2000, longTtftMs: 6000, itlP99Ms: 50 } as const;
+const ATTAINMENT = 0.9;
+/** Bounded search: rates tried by doubling from the first, then bisection; at most this many probes per configuration. */
+const SEARCH = { first: 0.1, max: 1.6, probes: 5 } as const;
+
+type Config = 'idle' | 'coloc' | 'disagg';
+
+interface Done {
+  kind: 'short' | 'long';
+  /** Start, relative to the window start (s). */
+  t0: number;
+  ttftMs: number | null;
+  /** Inter-token gaps (ms) with their arrival time relative to the window start (s). */
+  gaps: { t: number; ms: number }[];
+  ok: boolean;
+}
+
+// ---- deterministic randomness -----------------------------------------------------------------
+function rng(seed: number): () => number {
+  let s = seed >>> 0 || 1;
+  return () => {
+    s ^= s << 13;
+    s ^= s >>> 17;
+    s ^= s << 5;
+    return (s >>> 0) / 4294967296;
+  };
+}
+const ids = (n: number, r: () => number) => Array.from({ length: n }, () => 100 + Math.floor(r() * 31000));
+
+// ---- one streamed request ---------------------------------------------------------------------
+async function streamOne(url: string, prompt: number[], maxTokens: number, kind: Done['kind'], w0: number, signal: AbortSignal): Promise<Done> {
+  const t0 = performance.now();
+  const out: Done = { kind, t0: (t0 - w0) / 1000, ttftMs: null, gaps: [], ok: false };
+  try {
+    const res = await fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'builtin:tiny', prompt, max_tokens: maxTokens, temperature: 0, ignore_eos: true, stream: true }),
+      signal,
+    });
+    if (res.status !== 200 || !res.body) {
+      await res.body?.cancel();
+      return out;
+    }
+    const dec = new TextDecoder();
+    let buf = '';
+    let last = 0;
+    for await (const piece of res.body as unknown as AsyncIterable<Uint8Array>) {
+      const now = performance.now();
+      buf += dec.decode(piece, { stream: true });
+      let i: number;
+      while ((i = buf.indexOf('\n\n')) >= 0) {
+        const ev = buf.slice(0, i);
+        buf = buf.slice(i + 2);
+        if (!ev.startsWith('data: ') || ev === 'data: [DONE]') continue;
+        const j = JSON.parse(ev.slice(6)) as { choices?: { text?: string }[] };
+        if (!j.choices?.some((c) => typeof c.text === 'string')) continue;
+        if (out.ttftMs === null) out.ttftMs = now - t0;
+        else out.gaps.push({ t: (now - w0) / 1000, ms: now - last });
+        last = now;
+      }
+    }
+    out.ok = out.ttftMs !== null;
+  } catch {
+    /* cut at the drain deadline or failed: counted as not meeting the SLO */
+  }
+  return out;
+}
+
+// ---- one measurement window -------------------------------------------------------------------
+async function window(url: string, rate: number, seconds: number, seed: number): Promise<Done[]> {
+  const r = rng(seed);
+  const done: Done[] = [];
+  const cut = new AbortController();
+  const w0 = performance.now();
+  const end = w0 + seconds * 1000;
+  const inflight: Promise<void>[] = [];
+  const users = Array.from({ length: USERS }, async () => {
+    while (performance.now() < end) done.push(await streamOne(url, ids(PROMPT_SHORT, r), SHORT_TOKENS, 'short', w0, cut.signal));
+  });
+  if (rate > 0) {
+    // Poisson arrivals at `rate` per second: exponential inter-arrival times.
+    let next = w0 + (-Math.log(1 - r()) / rate) * 1000;
+    while (next < end) {
+      await new Promise((res) => setTimeout(res, Math.max(0, next - performance.now())));
+      const n = LONG_MIN + Math.floor(r() * (LONG_MAX - LONG_MIN + 1));
+      inflight.push(streamOne(url, ids(n, r), LONG_TOKENS, 'long', w0, cut.signal).then((d) => void done.push(d)));
+      next += (-Math.log(1 - r()) / rate) * 1000;
+    }
+  }
+  const drain = setTimeout(() => cut.abort(), Math.max(0, end - performance.now()) + DRAIN_S * 1000);
+  await Promise.all([...users, ...inflight]);
+  clearTimeout(drain);
+  return done;
+}
+
+// ---- statistics -------------------------------------------------------------------------------
+function pct(xs: number[], p: number): number {
+  if (!xs.length) return NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))]!;
+}
+const r1 = (x: number) => Math.round(x * 10) / 10;
+
+function meetsSlo(d: Done): boolean {
+  if (!d.ok || d.ttftMs === null) return false;
+  if (d.ttftMs > (d.kind === 'short' ? SLO.shortTtftMs : SLO.longTtftMs)) return false;
+  return d.gaps.length === 0 || pct(d.gaps.map((g) => g.ms), 99) <= SLO.itlP99Ms;
+}
+
+/** Fraction of short and of long requests meeting the SLO; the attainment is the smaller one. */
+function attainment(ds: Done[]): { short: number; long: number; both: number } {
+  const frac = (k: Done['kind']) => {
+    const xs = ds.filter((d) => d.kind === k);
+    return xs.length ? xs.filter(meetsSlo).length / xs.length : 1;
+  };
+  const short = frac('short');
+  const long = frac('long');
+  return { short, long, both: Math.min(short, long) };
+}
+
+function summary(ds: Done[]) {
+  const gaps = ds.flatMap((d) => d.gaps.map((g) => g.ms));
+  const ttft = (k: Done['kind']) => ds.filter((d) => d.kind === k && d.ttftMs !== null).map((d) => d.ttftMs!);
+  return {
+    requests: ds.length,
+    long_requests: ds.filter((d) => d.kind === 'long').length,
+    failed: ds.filter((d) => !d.ok).length,
+    itl_p50_ms: r1(pct(gaps, 50)),
+    itl_p99_ms: r1(pct(gaps, 99)),
+    itl_max_ms: r1(gaps.length ? Math.max(...gaps) : NaN),
+    short_ttft_p50_ms: r1(pct(ttft('short'), 50)),
+    short_ttft_p99_ms: r1(pct(ttft('short'), 99)),
+    long_ttft_p50_ms: r1(pct(ttft('long'), 50)),
+    long_ttft_p99_ms: r1(pct(ttft('long'), 99)),
+    slo_attainment: attainment(ds),
+  };
+}
+
+// ---- deployments ------------------------------------------------------------------------------
+interface Deployment {
+  url: string;
+  stop(): Promise<void>;
+}
+
+/** Starts `kvc up` with `args` on a free port offset; resolves when it prints "ready". */
+async function up(args: string[], logRoot: string): Promise<Deployment> {
+  for (let attempt = 0; attempt < 5; attempt++) {
+    const offset = 20000 + Math.floor(Math.random() * 200) * 100;
+    if (!(await isPortFree(9100 + offset, '127.0.0.1')) || !(await isPortFree(7100 + offset, '127.0.0.1'))) continue;
+    const logDir = join(logRoot, `up-${offset}`);
+    const child: ChildProcess = spawn(process.execPath, [CLI, 'up', ...args, '--port-offset', String(offset), '--log-dir', logDir], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+      env: { ...process.env },
+    });
+    let out = '';
+    const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+    const ready = await new Promise<string | null>((res) => {
+      const timer = setTimeout(() => res(null), 180_000);
+      const onData = (d: Buffer) => {
+        out += d.toString();
+        const m = /endpoint: (http:\/\/[\d.]+:\d+)\/v1/.exec(out);
+        if (m) {
+          clearTimeout(timer);
+          res(m[1]!);
+        }
+      };
+      child.stdout!.on('data', onData);
+      child.stderr!.on('data', onData);
+      void exited.then(() => {
+        clearTimeout(timer);
+        res(null);
+      });
+    });
+    const stop = async () => {
+      if (child.exitCode === null && child.signalCode === null) {
+        child.kill('SIGTERM');
+        const t = setTimeout(() => child.kill('SIGKILL'), 30_000);
+        await exited;
+        clearTimeout(t);
+      }
+    };
+    if (ready) {
+      process.on('exit', () => child.exitCode === null && child.kill('SIGKILL'));
+      return { url: ready, stop };
+    }
+    await stop();
+    // Another program may take a port between the check and the start: try another offset.
+    if (!/ports already in use|EADDRINUSE/.test(out)) throw new Error(`kvc up ${args.join(' ')} did not start:\n${out.slice(-3000)}`);
+  }
+  throw new Error('no free port offset found for kvc up');
+}
+
+/** A few requests so that every engine has compiled its kernels before measuring. */
+async function warm(url: string): Promise<void> {
+  const r = rng(7);
+  const w0 = performance.now();
+  const c = new AbortController();
+  const t = setTimeout(() => c.abort(), 60_000);
+  await Promise.all([0, 1, 2, 3].map(() => streamOne(url, ids(600, r), 4, 'long', w0, c.signal)));
+  clearTimeout(t);
+}
+
+/** Bounded goodput search: doubling from SEARCH.first until a rate fails, then bisection. */
+async function goodput(url: string, name: Config, curve: { config: Config; rate: number; attainment: number }[]): Promise<number> {
+  let good = 0;
+  let bad = Infinity;
+  let rate: number = SEARCH.first;
+  for (let probe = 0; probe < SEARCH.probes; probe++) {
+    const ds = await window(url, rate, PROBE_WINDOW_S, 1000 + probe);
+    const a = attainment(ds);
+    curve.push({ config: name, rate, attainment: r1(a.both * 100) });
+    console.log(`  ${name} @ ${rate.toFixed(3)} long/s: SLO attainment short ${(a.short * 100).toFixed(0)} %, long ${(a.long * 100).toFixed(0)} % (${ds.length} requests)`);
+    if (a.both >= ATTAINMENT) good = Math.max(good, rate);
+    else bad = Math.min(bad, rate);
+    if (bad === Infinity) {
+      if (rate >= SEARCH.max) break;
+      rate = Math.min(SEARCH.max, rate * 2);
+    } else {
+      if (good === 0 && bad <= SEARCH.first / 4) break;
+      rate = good === 0 ? bad / 2 : (good + bad) / 2;
+    }
+  }
+  return good;
+}
+
+// ---- plots ------------------------------------------------------------------------------------
+/** Width of the time bins of the ITL plot (s): one point per bin and statistic keeps the SVG small. */
+const BIN_S = 0.5;
+
+/** ITL samples → p50 / p99 / max per configuration and BIN_S-second bin. */
+function binned(series: { config: Config; t: number; itl_ms: number }[]): { config: Config; t: number; stat: string; ms: number }[] {
+  const bins = new Map<string, { config: Config; t: number; xs: number[] }>();
+  for (const s of series) {
+    const t = Math.floor(s.t / BIN_S) * BIN_S;
+    const k = `${s.config}@${t}`;
+    let b = bins.get(k);
+    if (!b) bins.set(k, (b = { config: s.config, t, xs: [] }));
+    b.xs.push(s.itl_ms);
+  }
+  const out: { config: Config; t: number; stat: string; ms: number }[] = [];
+  for (const b of [...bins.values()].sort((x, y) => x.t - y.t)) {
+    // Tokens that reached the client in one read have a 0 ms gap: floored at 0.1 ms for the log scale.
+    const floor = (ms: number) => Math.max(0.1, ms);
+    out.push({ config: b.config, t: b.t, stat: 'p50', ms: floor(pct(b.xs, 50)) });
+    out.push({ config: b.config, t: b.t, stat: 'p99', ms: floor(pct(b.xs, 99)) });
+    out.push({ config: b.config, t: b.t, stat: 'max', ms: floor(Math.max(...b.xs)) });
+  }
+  return out;
+}
+
+async function svg(spec: vl.TopLevelSpec): Promise<string> {
+  const view = new vega.View(vega.parse(vl.compile(spec).spec), { renderer: 'none' });
+  return view.toSVG();
+}
+
+
+interface Saved {
+  results: Partial<Record<Config, ReturnType<typeof summary>>>;
+  goodput: Partial<Record<Config, number>>;
+  curve: { config: Config; rate: number; attainment: number }[];
+  series: { config: Config; t: number; itl_ms: number }[];
+  slo: typeof SLO;
+}
+
+/** Writes the two SVG plots and results.json (which --replot FILE reads back to redraw them). */
+async function plots(outDir: string, saved: Saved): Promise<void> {
+  const { series, curve } = saved;
+  const itlPlot = await svg({
+    $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
+    title: `Inter-token latency over time, per ${BIN_S} s (${USERS} streaming users; long prompts ${LONG_MIN}-${LONG_MAX} tokens at ${MAIN_RATE}/s)`,
+    data: { values: binned(series) },
+    mark: { type: 'line', interpolate: 'step-after' },
+    encoding: {
+      x: { field: 't', type: 'quantitative', title: 'time in the window (s)' },
+      y: { field: 'ms', type: 'quantitative', title: 'ITL (ms, log)', scale: { type: 'log' } },
+      color: { field: 'stat', type: 'nominal', title: 'per bin', sort: ['p50', 'p99', 'max'] },
+      row: { field: 'config', type: 'nominal', title: null, sort: ['idle', 'coloc', 'disagg'] },
+    },
+    width: 640,
+    height: 130,
+  });
+  const sloPlot = await svg({
+    $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
+    title: `SLO attainment vs long-prompt arrival rate (TTFT <= ${SLO.shortTtftMs}/${SLO.longTtftMs} ms, ITL p99 <= ${SLO.itlP99Ms} ms)`,
+    width: 520,
+    height: 300,
+    layer: [
+      {
+        data: { values: curve },
+        mark: { type: 'line', point: true },
+        encoding: {
+          x: { field: 'rate', type: 'quantitative', title: 'long prompts per second' },
+          y: { field: 'attainment', type: 'quantitative', title: 'requests meeting the SLO (%, lower of short and long)', scale: { domain: [0, 100] } },
+          color: { field: 'config', type: 'nominal', title: 'configuration' },
+          order: { field: 'rate', type: 'quantitative' },
+        },
+      },
+      { data: { values: [{ y: ATTAINMENT * 100 }] }, mark: { type: 'rule', strokeDash: [4, 4] }, encoding: { y: { field: 'y', type: 'quantitative' } } },
+    ],
+  });
+  writeFileSync(join(outDir, 'itl_over_time.svg'), itlPlot);
+  writeFileSync(join(outDir, 'slo_attainment.svg'), sloPlot);
+  writeFileSync(join(outDir, 'results.json'), JSON.stringify(saved) + '\n');
+}
+
+async function main(): Promise<void> {
+  const argOut = process.argv.indexOf('--out');
+  const outDir = resolve(argOut > 0 ? process.argv[argOut + 1]! : join('bench-out', 'disagg'));
+  mkdirSync(outDir, { recursive: true });
+  const replot = process.argv.indexOf('--replot');
+  if (replot > 0) {
+    // Redraw the plots of an earlier run from its results.json, without running anything.
+    await plots(outDir, JSON.parse(readFileSync(process.argv[replot + 1]!, 'utf8')) as Saved);
+    console.log(`plots redrawn in ${outDir}`);
+    return;
+  }
+  const logRoot = mkdtempSync(join(tmpdir(), 'kvc-bench-disagg-'));
+  const started = performance.now();
+  console.log(`disagg bench: ${USERS} streaming users (${PROMPT_SHORT} → ${SHORT_TOKENS} tokens) + long prompts ${LONG_MIN}-${LONG_MAX} tokens (→ ${LONG_TOKENS}) at ${MAIN_RATE}/s`);
+  console.log(`SLO: TTFT <= ${SLO.shortTtftMs} ms (short) / ${SLO.longTtftMs} ms (long) and the request's ITL p99 <= ${SLO.itlP99Ms} ms; goodput = highest long-prompt rate with >= ${ATTAINMENT * 100} % of short and of long requests meeting it`);
+  const results: Partial<Record<Config, ReturnType<typeof summary>>> = {};
+  const series: { config: Config; t: number; itl_ms: number }[] = [];
+  const curve: { config: Config; rate: number; attainment: number }[] = [];
+  const good: Partial<Record<Config, number>> = {};
+  const keep = (name: Config, ds: Done[]) => {
+    results[name] = summary(ds);
+    for (const d of ds) for (const g of d.gaps) series.push({ config: name, t: g.t, itl_ms: r1(g.ms) });
+    console.log(`${name}: ${JSON.stringify(results[name])}`);
+  };
+
+  for (const [name, args] of [
+    ['disagg', ['--prefillers', '1', '--decoders', '1']],
+    ['coloc', ['--prefillers', '0', '--decoders', '2']],
+  ] as const) {
+    console.log(`\nstarting: kvc up ${args.join(' ')}`);
+    const dep = await up([...args], logRoot);
+    try {
+      await warm(dep.url);
+      if (name === 'disagg') keep('idle', await window(dep.url, 0, IDLE_WINDOW_S, 1));
+      keep(name, await window(dep.url, MAIN_RATE, MAIN_WINDOW_S, 2));
+      good[name] = await goodput(dep.url, name, curve);
+      console.log(`  ${name} goodput: ${good[name]} long prompts/s`);
+    } finally {
+      await dep.stop();
+    }
+  }
+  rmSync(logRoot, { recursive: true, force: true });
+
+  await plots(outDir, { results, goodput: good, curve, series, slo: SLO });
+  console.log(`\nplots: ${join(outDir, 'itl_over_time.svg')}, ${join(outDir, 'slo_attainment.svg')}; ran ${((performance.now() - started) / 1000).toFixed(0)} s`);
+
+  const idle = results.idle!.itl_p99_ms;
+  const coloc = results.coloc!.itl_p99_ms;
+  const dis = results.disagg!.itl_p99_ms;
+  console.log(`targets: disagg ITL p99 ${dis} ms <= 1.5 x idle (${r1(idle * 1.5)}): ${dis <= idle * 1.5}; <= 0.2 x coloc (${r1(coloc * 0.2)}): ${dis <= coloc * 0.2}; goodput ${good.disagg} >= 1.5 x coloc ${good.coloc}: ${good.coloc! > 0 || good.disagg! > 0 ? good.disagg! >= 1.5 * good.coloc! : 'n/a (neither met the SLO at any rate tried)'}`);
+  console.log(
+    JSON.stringify({
+      bench: 'disagg',
+      idle_itl_p99_ms: idle,
+      coloc_itl_p99_ms: coloc,
+      disagg_itl_p99_ms: dis,
+      coloc_goodput_rps: good.coloc,
+      disagg_goodput_rps: good.disagg,
+      long_ttft_p50_ms: results.disagg!.long_ttft_p50_ms,
+    }),
+  );
+}
+
+await main();

@@ -1,0 +1,56 @@
+// CPU placement of a local deployment (`kvc up --placement`): which cores each engine runs on,
+// handed to every engine as `kvc engine --cpus LIST`. The controller and the proxy are not pinned
+// (they do little work and may run anywhere).
+//
+//   split (default)  prefillers and decoders get disjoint halves of the machine's CPUs, in
+//                    proportion to their counts (at least one CPU each): a long prompt being
+//                    prefilled never takes a decoder's core. On 2 CPUs: prefillers on CPU 0,
+//                    decoders on CPU 1. With one CPU, or with no prefillers (`--prefillers 0`:
+//                    colocated kv_both engines), every engine runs on every CPU.
+//   shared           no pinning: every engine may run on every CPU.
+//   prefill=LIST/decode=LIST
+//                    explicit cpulists for each role (e.g. `prefill=0/decode=1`,
+//                    `prefill=0-1/decode=2-3`); every engine of a role shares its list.
+//                    With --prefillers 0 only `decode=LIST` is accepted.
+import { formatCpuList, machineCpus, validateCpuList } from '../common/cpu_set.js';
+
+export type Placement = { kind: 'split' } | { kind: 'shared' } | { kind: 'explicit'; prefill: string | null; decode: string };
+
+/** The cpulist of each role (null: not pinned). */
+export interface RoleCpus {
+  prefill: string | null;
+  decode: string | null;
+}
+
+const FLAG = '--placement';
+
+/** Parses the flag's text; CPU lists are checked against `machine`. */
+export function parsePlacement(text: string, machine: readonly number[] = machineCpus()): Placement {
+  const s = text.trim();
+  if (s === 'split') return { kind: 'split' };
+  if (s === 'shared') return { kind: 'shared' };
+  const parts = new Map<string, string>();
+  for (const item of s.split('/')) {
+    const m = /^(prefill|decode)=(.+)$/.exec(item.trim());
+    if (!m) throw new Error(`${FLAG}: expected "split", "shared" or "prefill=LIST/decode=LIST" (e.g. "prefill=0/decode=1"), found "${text}"`);
+    if (parts.has(m[1]!)) throw new Error(`${FLAG}: "${m[1]}=" is given twice in "${text}"`);
+    parts.set(m[1]!, formatCpuList(validateCpuList(`${FLAG} ${m[1]}=${m[2]}`, m[2]!, machine)));
+  }
+  const decode = parts.get('decode');
+  if (decode === undefined) throw new Error(`${FLAG}: "decode=LIST" is missing in "${text}"`);
+  return { kind: 'explicit', prefill: parts.get('prefill') ?? null, decode };
+}
+
+/** The CPU lists of prefillers and decoders for `p` prefillers and `d` decoders. */
+export function placeEngines(pl: Placement, p: number, d: number, machine: readonly number[] = machineCpus()): RoleCpus {
+  if (pl.kind === 'shared') return { prefill: null, decode: null };
+  if (pl.kind === 'explicit') {
+    if (p === 0 && pl.prefill !== null) throw new Error(`${FLAG}: "prefill=${pl.prefill}" given with --prefillers 0 (there is no prefiller to place)`);
+    if (p > 0 && pl.prefill === null) throw new Error(`${FLAG}: "prefill=LIST" is missing (the deployment has ${p} prefiller(s))`);
+    return { prefill: pl.prefill, decode: pl.decode };
+  }
+  const cpus = [...machine].sort((a, b) => a - b);
+  if (p === 0 || cpus.length < 2) return { prefill: null, decode: null };
+  const nPrefill = Math.max(1, Math.min(cpus.length - 1, Math.round((cpus.length * p) / (p + d))));
+  return { prefill: formatCpuList(cpus.slice(0, nPrefill)), decode: formatCpuList(cpus.slice(nPrefill)) };
+}

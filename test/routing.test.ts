@@ -13,6 +13,8 @@
 import { test, before, after, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { CLI, postJson, startKvc, tempDir, waitHttp, type Proc } from './helpers/proc.js';
 import { freePortRange } from '../src/common/ports.js';
 import { makePlan, type PlanOptions } from '../src/deploy/plan.js';
@@ -112,9 +114,13 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
     return [indexSays, real];
   }
 
+  // kvc up generates the deployment secret that guards the controller's mutations (/move, /clear).
+  let logDir = '';
+  const secretHeader = () => ({ authorization: `Bearer ${readFileSync(join(logDir, 'deployment.secret'), 'utf8').trim()}` });
+
   before(async () => {
     offset = await freeOffset(base);
-    const logDir = tempDir('kvc-routing-');
+    logDir = tempDir('kvc-routing-');
     // 0.005 GiB: about 10 chunks of 256 tokens of the tiny model per engine.
     up = startKvc(['up', '--prefillers', '2', '--decoders', '2', '--routing', 'kv-aware', '--max-local-cpu-size', '0.005', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150']);
     const refPort = await freePortRange(1, 40000, 50000);
@@ -179,7 +185,7 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
     const from = Object.keys(held).find((id) => id.startsWith('decoder-'))!;
     const to = from === 'decoder-0' ? 'decoder-1' : 'decoder-0';
     const toIdx = Number(to.split('-')[1]);
-    const mv = await postJson(`${ctl}/move`, { old_position: [from, 'LocalCPUBackend'], new_position: [to, 'LocalCPUBackend'], tokens: t1.slice(0, 512) });
+    const mv = await postJson(`${ctl}/move`, { old_position: [from, 'LocalCPUBackend'], new_position: [to, 'LocalCPUBackend'], tokens: t1.slice(0, 512) }, 60_000, secretHeader());
     assert.equal(mv.status, 200, JSON.stringify(mv.json));
     await waitEvent(mv.json.event_id);
     const moved = await lookupUntil(t1, (m) => (m[to] ?? 0) >= 512 && (m[from] ?? 0) === 0, 'index after the move');
@@ -197,7 +203,7 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
 
     // /clear every instance: the index forgets them and the next request is routed as a miss.
     for (const id of ['prefiller-0', 'prefiller-1', 'decoder-0', 'decoder-1']) {
-      const c = await postJson(`${ctl}/clear`, { instance_id: id, location: 'LocalCPUBackend' });
+      const c = await postJson(`${ctl}/clear`, { instance_id: id, location: 'LocalCPUBackend' }, 60_000, secretHeader());
       assert.equal(c.status, 200, JSON.stringify(c.json));
       await waitEvent(c.json.event_id);
     }

@@ -19,6 +19,7 @@
 import { stringify } from 'yaml';
 import { REDIS_SERVER_SETTINGS } from '../common/remote_url.js';
 import { connectorJson, controllerArgs, engineArgs, makePlan, proxyArgs, type EngineSpec, type Plan } from './plan.js';
+import type { Placement } from './placement.js';
 
 export const K8S_IMAGE = 'kvc:latest';
 export const REDIS_IMAGE = 'redis:7.2-alpine';
@@ -27,6 +28,9 @@ export const K8S_REMOTE_URL = 'redis://redis:6379/0';
 const CONFIG_DIR = '/etc/kvc';
 const CACHE_DIR = '/var/cache/kvc';
 const BIND = '0.0.0.0';
+// No --cpus in pods: Kubernetes gives each engine its CPUs (resources, the CPU manager), and the
+// generating machine's CPU numbers mean nothing on a node.
+const K8S_PLACEMENT: Placement = { kind: 'shared' };
 /** The uid of the `node` user in the image (see Dockerfile). */
 const KVC_UID = 1000;
 
@@ -275,7 +279,7 @@ function redisDocs(): unknown[] {
 /** Every file under k8s/, by path relative to it. */
 export function k8sManifests(model = 'builtin:tiny'): Map<string, string> {
   const files = new Map<string, string>();
-  const basePlan = makePlan({ prefillers: 1, decoders: 1, model, portOffset: 0, controller: true, host: BIND });
+  const basePlan = makePlan({ prefillers: 1, decoders: 1, model, portOffset: 0, controller: true, host: BIND, placement: K8S_PLACEMENT });
   files.set(
     'base/kustomization.yaml',
     HEADER +
@@ -288,7 +292,7 @@ export function k8sManifests(model = 'builtin:tiny'): Map<string, string> {
   files.set('base/redis.yaml', yamlDocs(redisDocs()));
   files.set('base/controller.yaml', yamlDocs(controllerDocs(basePlan)));
   for (const o of OVERLAYS) {
-    const plan = makePlan({ prefillers: o.prefillers, decoders: o.decoders, model, portOffset: 0, controller: true, host: BIND });
+    const plan = makePlan({ prefillers: o.prefillers, decoders: o.decoders, model, portOffset: 0, controller: true, host: BIND, placement: K8S_PLACEMENT });
     const dir = `overlays/${o.name}`;
     files.set(
       `${dir}/kustomization.yaml`,

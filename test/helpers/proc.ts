@@ -93,10 +93,10 @@ export function tempDir(prefix = 'kvc-test-'): string {
   return mkdtempSync(join(tmpdir(), prefix));
 }
 
-export async function postJson(url: string, body: unknown, timeoutMs = 60_000): Promise<{ status: number; json: any }> {
+export async function postJson(url: string, body: unknown, timeoutMs = 60_000, headers: Record<string, string> = {}): Promise<{ status: number; json: any }> {
   const r = await fetch(url, {
     method: 'POST',
-    headers: { 'content-type': 'application/json' },
+    headers: { 'content-type': 'application/json', ...headers },
     body: typeof body === 'string' ? body : JSON.stringify(body),
     signal: AbortSignal.timeout(timeoutMs),
   });

@@ -300,7 +300,10 @@ export function k8sManifests(model = 'builtin:tiny'): Map<string, string> {
         stringify({
           apiVersion: 'kustomize.config.k8s.io/v1beta1',
           kind: 'Kustomization',
-          resources: ['../../base', 'engines.yaml', 'proxy.yaml'],
+          // `bases` (not a directory under `resources`): Debian's kubectl 1.20 (kustomize v2) reads
+          // only this form, and current kustomize still accepts it.
+          bases: ['../../base'],
+          resources: ['engines.yaml', 'proxy.yaml'],
           configMapGenerator: [{ name: 'kvc-cache-config', files: plan.engines.map((e) => `${e.name}.yaml`) }],
         }),
     );

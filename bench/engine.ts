@@ -8,6 +8,7 @@
 import { validateCacheConfig } from '../src/common/config.js';
 import { measureGemm } from '../src/engine/model/gemm_bench.js';
 import { startEngine, type Engine } from '../src/engine/server.js';
+import { readStreamTtft } from './_stream_ttft.js';
 
 const MODEL = 'builtin:tiny';
 const prompt = (n: number, salt: number) => Array.from({ length: n }, (_, i) => 1000 + ((i * 7919 + salt * 104729) % 30000));
@@ -35,17 +36,7 @@ async function ttft(e: Engine, p: number[]): Promise<number> {
     body: JSON.stringify({ model: MODEL, prompt: p, max_tokens: 2, temperature: 0, ignore_eos: true, stream: true }),
     signal: AbortSignal.timeout(600_000),
   });
-  const reader = r.body!.getReader();
-  const dec = new TextDecoder();
-  let buf = '';
-  let first = 0;
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buf += dec.decode(value, { stream: true });
-    if (!first && /"text":"[^"]/.test(buf)) first = performance.now() - t;
-  }
-  if (!first) throw new Error(`no token streamed: ${buf.slice(0, 300)}`);
+  const { first } = await readStreamTtft(r, t);
   return first;
 }
 

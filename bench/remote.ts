@@ -16,6 +16,7 @@ import { RemoteTier } from '../src/kvc/remote_tier.js';
 import { startEngine, type Engine } from '../src/engine/server.js';
 import { REDIS_SKIP, findRedisServer, startRedisServer } from '../test/helpers/redis_server.js';
 import { PLOT_DIR, writeBarsSvg } from './_plot.js';
+import { readStreamTtft } from './_stream_ttft.js';
 
 const GB = 1e9;
 const GiB = 1024 ** 3;
@@ -46,17 +47,7 @@ async function ttft(e: Engine, p: number[]): Promise<{ ms: number; cached: numbe
     signal: AbortSignal.timeout(600_000),
   });
   if (!r.ok) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
-  const reader = r.body!.getReader();
-  const dec = new TextDecoder();
-  let buf = '';
-  let first = 0;
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buf += dec.decode(value, { stream: true });
-    if (!first && /"text":"[^"]/.test(buf)) first = performance.now() - t;
-  }
-  if (!first) throw new Error(`no token streamed: ${buf.slice(0, 300)}`);
+  const { first, body: buf } = await readStreamTtft(r, t);
   const m = /"cached_tokens":(\d+)/.exec(buf);
   return { ms: first, cached: m ? Number(m[1]) : -1 };
 }

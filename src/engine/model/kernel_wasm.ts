@@ -19,10 +19,12 @@ interface GemmExports {
   gemm(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
   /** Strip-packed Wt (model weights); same arguments and bits as gemm. */
   gemmp(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
-  /** gemmp for 16-bit and Q8 strip-packed weights (gemm_wat.ts WFmt); same bits as gemmp on the decoded values. */
+  /** gemmp for 16-bit strip-packed weights (gemm_wat.ts WFmt); same bits as gemmp on the decoded values. */
   gemmpbf16(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
   gemmpf16(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
+  /** Q8 weights: A is the activation quantq8 made (int8 dot products, q8_dot.ts's bits). */
   gemmpq8(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
+  quantq8(X: number, M: number, K: number, Q: number): void;
   softmax(S: number, rows: number, stride: number, L: number, scale: number): void;
   gatherkv(src: number, P: number, Pb: number, kvDim: number, off: number, hd: number, kt: number, v: number, hdPad: number): void;
   argmax(p: number, n: number): number;
@@ -383,11 +385,17 @@ export class WasmGemm implements Gemm {
     if (m === 0) return;
     const { k: K, n: N, nPad } = w;
     const aBytes = padTo(m * K * 4, 64);
-    const A = this.scratch(aBytes + m * nPad * 4);
-    const C = A + aBytes;
+    // Q8: the activations quantized (int16 [m][K], then f32 scales [m][K/32]) next to the f32 copy.
+    const qBytes = w.fmt === 'q8' ? padTo(m * K * 2 + m * (K / 32) * 4, 64) : 0;
+    const A = this.scratch(aBytes + qBytes + m * nPad * 4);
+    const Q = A + aBytes;
+    const C = Q + qBytes;
     const f32 = this.f32;
     f32.set(a.subarray(0, m * K), A / 4);
-    this.run(A, w.ptr, C, m, K, nPad, w.fmt);
+    if (w.fmt === 'q8') {
+      this.exp.quantq8(A, m, K, Q);
+      this.run(Q, w.ptr, C, m, K, nPad, w.fmt);
+    } else this.run(A, w.ptr, C, m, K, nPad, w.fmt);
     const c0 = C / 4;
     if (nPad === N) out.set(f32.subarray(c0, c0 + m * N));
     else for (let r = 0; r < m; r++) out.set(f32.subarray(c0 + r * nPad, c0 + r * nPad + N), r * N);

@@ -326,6 +326,7 @@ async function compare(llama: Llama, label: string, dir: string): Promise<{ matc
 /** kvc decode at batch 1 from a Q8_0 GGUF of the checkpoint and from its f32 weights, interleaved. */
 async function q8Decode(dir: string): Promise<{ q8: number; f32: number }> {
   const gguf = join(PEER_DIR, 'gguf', 'big-q8_0.gguf');
+  await mkdir(dirname(gguf), { recursive: true });
   await convertToGguf(dir, gguf, 'Q8_0', { name: 'big-q8_0' });
   const q8 = new KvcSide(await loadGgufModel(gguf));
   const f32 = new KvcSide(await LlamaModel.load(dir));

@@ -44,14 +44,15 @@ test('encoded weights: WASM F16/BF16/Q8_0/Q4_0 kernels equal the JS kernel bitwi
           const enc: EncodedWeight = { type, bytes: encodeTensor(type, w) };
           const ref = type === 'Q8_0' || type === 'Q4_0' ? js.uploadEncoded(enc, n, k) : js.upload(decodeWeight(enc, n, k), n, k);
           const wt = wasm.uploadEncoded(enc, n, k);
-          const a = rand(9 * k, 7);
+          // 70 rows: past the kernel's 64-row block, and large enough to be split with the worker.
+          const a = rand(70 * k, 7);
           // Q8 activation quantization edge cases: an all-zero block (scale 0) and exact halves
           // (amax 127 makes the scale 1, so 2.5 → 2 and -3.5 → -4: half to even).
           a.fill(0, k, k + 32);
           a.set([127, 2.5, -3.5, 0.5, -0.5, 1.5, -127], 2 * k);
-          const full = new Float32Array(9 * n);
-          wasm.matmul(wt, a, 9, full);
-          for (const m of [1, 4, 9]) {
+          const full = new Float32Array(70 * n);
+          wasm.matmul(wt, a, 70, full);
+          for (const m of [1, 4, 9, 70]) {
             const got = new Float32Array(m * n);
             const exp = new Float32Array(m * n);
             wasm.matmul(wt, a, m, got);

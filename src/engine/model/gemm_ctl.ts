@@ -20,9 +20,12 @@ export const CTL = {
    * one never holds the main thread back. Which thread computes a column changes no bits.
    */
   NEXT: 14,
-  /** Columns per chunk (a multiple of the strip width). */
+  /** Columns per chunk (a multiple of the strip width), or rows for attendrows. */
   CHUNK: 15,
-  /** Which kernel export the job runs: 0 dense (gemm), 1 gemmp, 2 gemmpbf16, 3 gemmpf16, 4 gemmpq8. */
+  /**
+   * Which kernel export the job runs: 0 dense (gemm), 1 gemmp, 2 gemmpbf16, 3 gemmpf16, 4 gemmpq8,
+   * 5 attendrows (its range [n0, n1) is query rows, not columns).
+   */
   PACKED: 16,
   SIZE: 17,
 } as const;

@@ -627,6 +627,33 @@ function attendHeadsFunc(): string {
   )`;
 }
 
+/**
+ * attendrows(prm, _, _, _, _, _, _, _, r0, r1): one head's attention for query rows [r0, r1), with
+ * the gemm entry points' argument shape so the worker thread can share the rows (gemm_worker.ts).
+ * prm points at 11 i32 words: Q, KT, S, V, O, L, M, hd, P, hdPad, scale (f32 bits). Per row, the
+ * same calls the whole-block path makes — S = Q·KT, softmax over its length, O = S·V — and every
+ * result element depends only on its own row, so splitting rows between threads changes no bit.
+ * Rows, not columns, are split: the softmax and O = S·V (one 32-column strip) of a block could not
+ * be shared by columns, and one hand-off per head replaces three.
+ */
+function attendRowsFunc(): string {
+  const ld = (i: number) => `(i32.load offset=${i * 4} (local.get $prm))`;
+  return `
+  (func (export "attendrows") (param $prm i32) (param $u1 i32) (param $u2 i32) (param $u3 i32) (param $u4 i32) (param $u5 i32)
+      (param $u6 i32) (param $u7 i32) (param $r0 i32) (param $r1 i32)
+    (local $S i32) (local $M i32) (local $P i32)
+    (if (i32.ge_u (local.get $r0) (local.get $r1)) (then (return)))
+    (local.set $S ${ld(2)})
+    (local.set $M ${ld(6)})
+    (local.set $P ${ld(8)})
+    (call $gemm ${ld(0)} ${ld(1)} (local.get $S) (local.get $M) ${ld(7)} (local.get $P) (local.get $r0) (local.get $r1) (i32.const 0) (local.get $P))
+    (call $softmax (i32.add (local.get $S) (i32.shl (i32.mul (local.get $r0) (local.get $P)) (i32.const 2)))
+      (i32.sub (local.get $r1) (local.get $r0)) (local.get $P)
+      (i32.add ${ld(5)} (i32.shl (local.get $r0) (i32.const 2))) (f32.reinterpret_i32 ${ld(10)}))
+    (call $gemm (local.get $S) ${ld(3)} ${ld(4)} (local.get $M) (local.get $P) ${ld(9)} (local.get $r0) (local.get $r1) (i32.const 0) ${ld(9)})
+  )`;
+}
+
 /** The module: shared memory is imported so a worker thread can run the same kernel on it. */
 export function gemmWat(): string {
   return `(module
@@ -642,5 +669,6 @@ ${swigluFunc()}
 ${gatherFunc()}
 ${argmaxFunc()}
 ${attendHeadsFunc()}
+${attendRowsFunc()}
 )`;
 }

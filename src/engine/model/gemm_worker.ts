@@ -8,8 +8,9 @@ const { module, memory, ctl } = workerData as { module: WebAssembly.Module; memo
 const c = new Int32Array(ctl);
 const inst = new WebAssembly.Instance(module, { env: { mem: memory } });
 type Kernel = (...args: number[]) => void;
-// Indexed by CTL.PACKED (kernel_wasm.ts FMT_CODE): dense, then the strip-packed weight formats.
-const kernels = ['gemm', 'gemmp', 'gemmpbf16', 'gemmpf16', 'gemmpq8'].map((n) => inst.exports[n] as Kernel);
+// Indexed by CTL.PACKED (kernel_wasm.ts FMT_CODE): dense, the strip-packed weight formats, then
+// attendrows (whose range is query rows).
+const kernels = ['gemm', 'gemmp', 'gemmpbf16', 'gemmpf16', 'gemmpq8', 'attendrows'].map((n) => inst.exports[n] as Kernel);
 // Read the job counter BEFORE announcing readiness: the main thread posts the first job only
 // after 'ready', so that job is always seen as new.
 let seen = Atomics.load(c, CTL.SEQ);

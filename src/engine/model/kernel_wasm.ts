@@ -13,6 +13,8 @@ import { kernelFormat, packEncoded, packedBytes, type EncodedWeight } from './we
 
 /** CTL.PACKED codes: which export a job runs (the worker picks the same). */
 const FMT_CODE: Record<WFmt, number> = { f32: 1, bf16: 2, f16: 3, q8: 4 };
+/** CTL.PACKED code of attendrows (a job over query rows). */
+const ATTEND_ROWS = 5;
 
 interface GemmExports {
   /** Dense Wt [K][N] (attention operands). */
@@ -30,6 +32,8 @@ interface GemmExports {
   argmax(p: number, n: number): number;
   swiglu(GU: number, O: number, rows: number, hidden: number): void;
   attendheads(stage: number, Q: number, KT: number, S: number, V: number, O: number, L: number, M: number, hd: number, hdPad: number, kvDim: number, heads: number, keys: number, P: number, scale: number): void;
+  /** One head's attention for query rows [r0, r1); prm holds Q, KT, S, V, O, L, M, hd, P, hdPad, scale bits. */
+  attendrows(prm: number, u1: number, u2: number, u3: number, u4: number, u5: number, u6: number, u7: number, r0: number, r1: number): void;
 }
 
 let wasmModulePromise: Promise<WebAssembly.Module> | null = null;
@@ -157,13 +161,23 @@ export class WasmGemm implements Gemm {
       gemm(A, W, C, m, K, nPad, 0, m, 0, nPad);
       return;
     }
-    const c = this.ctl;
-    c[CTL.PACKED] = code;
-    const args = [A, W, C, m, K, nPad, 0, m, 0, nPad];
-    for (let i = 0; i < args.length; i++) c[CTL.ARGS + i] = args[i]!;
     // ~16 chunks: fine enough to balance a late or preempted worker, coarse enough that the
     // per-call overhead stays negligible.
-    const chunk = Math.ceil(strips / CHUNKS_PER_CALL) * STRIP;
+    this.share(code, gemm, [A, W, C, m, K, nPad, 0, m], nPad, Math.ceil(strips / CHUNKS_PER_CALL) * STRIP);
+  }
+
+  /**
+   * Computes kernel `code` (`fn` here, the same export in the worker) over the range [0, n1) in
+   * chunks of `chunk`, pulled by both threads from a shared counter. `args` are the kernel's
+   * first 8 arguments; the chunk's bounds are the last two.
+   */
+  private share(code: number, fn: (...a: number[]) => void, args: number[], n1: number, chunk: number): void {
+    const A = args;
+    const c = this.ctl;
+    c[CTL.PACKED] = code;
+    for (let i = 0; i < 8; i++) c[CTL.ARGS + i] = A[i]!;
+    c[CTL.ARGS + 8] = 0;
+    c[CTL.ARGS + 9] = n1;
     c[CTL.CHUNK] = chunk;
     Atomics.store(c, CTL.NEXT, 0);
     const seq = (this.seq = (this.seq + 1) | 0);
@@ -171,8 +185,8 @@ export class WasmGemm implements Gemm {
     Atomics.notify(c, CTL.SEQ);
     for (;;) {
       const n0 = Atomics.add(c, CTL.NEXT, 1) * chunk;
-      if (n0 >= nPad) break;
-      gemm(A, W, C, m, K, nPad, 0, m, n0, Math.min(n0 + chunk, nPad));
+      if (n0 >= n1) break;
+      fn(A[0]!, A[1]!, A[2]!, A[3]!, A[4]!, A[5]!, A[6]!, A[7]!, n0, Math.min(n0 + chunk, n1));
     }
     // The worker never joined this job: every chunk was computed here.
     if (Atomics.compareExchange(c, CTL.CLAIM, (seq - 1) | 0, seq) === ((seq - 1) | 0)) return;
@@ -184,7 +198,7 @@ export class WasmGemm implements Gemm {
       if (left <= 0) {
         // Broken worker: recompute everything here (same bits) and continue single-threaded.
         this.dropWorker();
-        gemm(A, W, C, m, K, nPad, 0, m, 0, nPad);
+        fn(A[0]!, A[1]!, A[2]!, A[3]!, A[4]!, A[5]!, A[6]!, A[7]!, 0, n1);
         return;
       }
       Atomics.wait(c, CTL.DONE, done, Math.min(left, 1000));
@@ -346,11 +360,21 @@ export class WasmGemm implements Gemm {
     if (M === 0) return;
     const { Q, KT, S, V, O, L, hdPad } = this.attnScratch(q, 1, M, hd, P, lens);
     fillKV(KT, V, hdPad);
-    this.run(Q, KT, S, M, hd, P, null);
-    this.exp.softmax(S, M, P, L, scale);
-    this.run(S, V, O, M, P, hdPad, null);
+    // S = Q·KT, softmax and O = S·V per query row (attendrows), the rows shared with the worker
+    // when the head is big enough: the softmax and O = S·V (a single 32-column strip) could not
+    // be split by columns, and one hand-off replaces three.
+    this.prm ||= this.alloc(64);
+    const w = new Int32Array(this.mem.buffer, this.prm, 11);
+    w.set([Q, KT, S, V, O, L, M, hd, P, hdPad]);
+    new Float32Array(this.mem.buffer, this.prm + 40, 1)[0] = scale;
+    const args = [this.prm, 0, 0, 0, 0, 0, 0, 0];
+    if (this.worker && M >= 8 && M * P * (hd + hdPad) >= SPLIT_MIN_MACS) this.share(ATTEND_ROWS, this.exp.attendrows, args, M, Math.max(4, Math.ceil(M / CHUNKS_PER_CALL / 4) * 4));
+    else this.exp.attendrows(this.prm, 0, 0, 0, 0, 0, 0, 0, 0, M);
     this.copyRows(O, M, hd, hdPad, out);
   }
+
+  /** Byte address of attendrows' parameter block (allocated at first use). */
+  private prm = 0;
 
   matmulDense(a: Float32Array, m: number, K: number, b: Float32Array, N: number, out: Float32Array): void {
     if (m === 0 || N === 0) return;

@@ -15,6 +15,12 @@ import { kernelFormat, packEncoded, packedBytes, type EncodedWeight } from './we
 const FMT_CODE: Record<WFmt, number> = { f32: 1, bf16: 2, f16: 3, q8: 4 };
 /** CTL.PACKED code of attendrows (a job over query rows). */
 const ATTEND_ROWS = 5;
+/**
+ * Query rows per attendrows chunk: a chunk carries a whole row's attention (three products'
+ * worth), so chunks are kept small — a worker preempted in the middle of one holds the call
+ * back by at most that much.
+ */
+const ATTEND_ROW_CHUNK = 8;
 
 interface GemmExports {
   /** Dense Wt [K][N] (attention operands). */
@@ -368,7 +374,7 @@ export class WasmGemm implements Gemm {
     w.set([Q, KT, S, V, O, L, M, hd, P, hdPad]);
     new Float32Array(this.mem.buffer, this.prm + 40, 1)[0] = scale;
     const args = [this.prm, 0, 0, 0, 0, 0, 0, 0];
-    if (this.worker && M >= 8 && M * P * (hd + hdPad) >= SPLIT_MIN_MACS) this.share(ATTEND_ROWS, this.exp.attendrows, args, M, Math.max(4, Math.ceil(M / CHUNKS_PER_CALL / 4) * 4));
+    if (this.worker && M >= 8 && M * P * (hd + hdPad) >= SPLIT_MIN_MACS) this.share(ATTEND_ROWS, this.exp.attendrows, args, M, ATTEND_ROW_CHUNK);
     else this.exp.attendrows(this.prm, 0, 0, 0, 0, 0, 0, 0, 0, M);
     this.copyRows(O, M, hd, hdPad, out);
   }

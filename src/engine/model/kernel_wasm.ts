@@ -5,7 +5,7 @@ import { createRequire } from 'node:module';
 import { availableParallelism } from 'node:os';
 import { Worker } from 'node:worker_threads';
 import { stageInto } from './attention.js';
-import { CTL } from './gemm_ctl.js';
+import { CTL, takeChunk } from './gemm_ctl.js';
 import { gemmWat, STRIP, type WFmt } from './gemm_wat.js';
 import { checkArgs, packStrips, padTo, type Gemm, type Weight } from './kernel.js';
 import { BLOCK_TOKENS } from './kv_cache.js';
@@ -15,12 +15,8 @@ import { kernelFormat, packEncoded, packedBytes, type EncodedWeight } from './we
 const FMT_CODE: Record<WFmt, number> = { f32: 1, bf16: 2, f16: 3, q8: 4 };
 /** CTL.PACKED code of attendrows (a job over query rows). */
 const ATTEND_ROWS = 5;
-/**
- * Query rows per attendrows chunk: a chunk carries a whole row's attention (three products'
- * worth), so chunks are kept small — a worker preempted in the middle of one holds the call
- * back by at most that much.
- */
-const ATTEND_ROW_CHUNK = 8;
+/** attendrows chunks are whole groups of 4 query rows (the GEMM's 4-row register block). */
+const ATTEND_ROW_UNIT = 4;
 
 interface GemmExports {
   /** Dense Wt [K][N] (attention operands). */
@@ -69,7 +65,6 @@ export const WASM_WEIGHT_CAP = WASM_MAX_BYTES - 512 * 1024 * 1024;
 
 /** Below this many multiply-adds a call stays on one thread (hand-off costs ~tens of µs). */
 const SPLIT_MIN_MACS = 1 << 20;
-const CHUNKS_PER_CALL = 16;
 /** A worker that has not finished its half by then is considered broken. */
 const WORKER_TIMEOUT_MS = 30_000;
 
@@ -167,33 +162,27 @@ export class WasmGemm implements Gemm {
       gemm(A, W, C, m, K, nPad, 0, m, 0, nPad);
       return;
     }
-    // ~16 chunks: fine enough to balance a late or preempted worker, coarse enough that the
-    // per-call overhead stays negligible.
-    this.share(code, gemm, [A, W, C, m, K, nPad, 0, m], nPad, Math.ceil(strips / CHUNKS_PER_CALL) * STRIP);
+    this.share(code, gemm, [A, W, C, m, K, nPad, 0, m], nPad, STRIP);
   }
 
   /**
    * Computes kernel `code` (`fn` here, the same export in the worker) over the range [0, n1) in
-   * chunks of `chunk`, pulled by both threads from a shared counter. `args` are the kernel's
-   * first 8 arguments; the chunk's bounds are the last two.
+   * chunks of whole `unit`s, pulled by both threads from a shared counter (takeChunk). `args`
+   * are the kernel's first 8 arguments; the chunk's bounds are the last two.
    */
-  private share(code: number, fn: (...a: number[]) => void, args: number[], n1: number, chunk: number): void {
+  private share(code: number, fn: (...a: number[]) => void, args: number[], n1: number, unit: number): void {
     const A = args;
     const c = this.ctl;
     c[CTL.PACKED] = code;
     for (let i = 0; i < 8; i++) c[CTL.ARGS + i] = A[i]!;
     c[CTL.ARGS + 8] = 0;
     c[CTL.ARGS + 9] = n1;
-    c[CTL.CHUNK] = chunk;
+    c[CTL.CHUNK] = unit;
     Atomics.store(c, CTL.NEXT, 0);
     const seq = (this.seq = (this.seq + 1) | 0);
     Atomics.store(c, CTL.SEQ, seq);
     Atomics.notify(c, CTL.SEQ);
-    for (;;) {
-      const n0 = Atomics.add(c, CTL.NEXT, 1) * chunk;
-      if (n0 >= n1) break;
-      fn(A[0]!, A[1]!, A[2]!, A[3]!, A[4]!, A[5]!, A[6]!, A[7]!, n0, Math.min(n0 + chunk, n1));
-    }
+    for (let r = takeChunk(c, n1, unit); r; r = takeChunk(c, n1, unit)) fn(A[0]!, A[1]!, A[2]!, A[3]!, A[4]!, A[5]!, A[6]!, A[7]!, r[0], r[1]);
     // The worker never joined this job: every chunk was computed here.
     if (Atomics.compareExchange(c, CTL.CLAIM, (seq - 1) | 0, seq) === ((seq - 1) | 0)) return;
     const deadline = Date.now() + WORKER_TIMEOUT_MS;
@@ -374,7 +363,7 @@ export class WasmGemm implements Gemm {
     w.set([Q, KT, S, V, O, L, M, hd, P, hdPad]);
     new Float32Array(this.mem.buffer, this.prm + 40, 1)[0] = scale;
     const args = [this.prm, 0, 0, 0, 0, 0, 0, 0];
-    if (this.worker && M >= 8 && M * P * (hd + hdPad) >= SPLIT_MIN_MACS) this.share(ATTEND_ROWS, this.exp.attendrows, args, M, ATTEND_ROW_CHUNK);
+    if (this.worker && M >= 8 && M * P * (hd + hdPad) >= SPLIT_MIN_MACS) this.share(ATTEND_ROWS, this.exp.attendrows, args, M, ATTEND_ROW_UNIT);
     else this.exp.attendrows(this.prm, 0, 0, 0, 0, 0, 0, 0, 0, M);
     this.copyRows(O, M, hd, hdPad, out);
   }

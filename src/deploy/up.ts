@@ -118,8 +118,8 @@ export async function runUp(o: UpOptions): Promise<number> {
     // to every host works (relative: run from its parent).
     const dir = o.logDirAsGiven ?? o.logDir;
     const plan = makePlan({ ...o, secretFile: join(dir, 'deployment.secret') });
-    writeConfigs(plan, logDir);
     const secret = loadDeploymentSecret(undefined) ?? generateSecret();
+    writeConfigs(plan, logDir);
     const secretFile = join(logDir, 'deployment.secret');
     writeFileSync(secretFile, secret + '\n', { mode: 0o600 });
     chmodSync(secretFile, 0o600);

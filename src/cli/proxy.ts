@@ -26,7 +26,7 @@ export function registerProxy(program: Command): void {
     .option('--num-decoders <n>', 'number of decoders')
     .option('--decoder-init-port <ports>', "decoders' xfer receiver init port(s); one value: consecutive ports for decoders sharing a host, the same port on distinct hosts", '7300')
     .option('--decoder-alloc-port <ports>', "decoders' xfer receiver alloc port(s); one value: consecutive ports for decoders sharing a host, the same port on distinct hosts", '7400')
-    .option('--proxy-host <host>', 'address of the xfer notify port (prefillers push transfer-done notices here)', '127.0.0.1')
+    .option('--proxy-host <host>', 'address the xfer notify port binds (prefillers push transfer-done notices to it at their xfer_proxy_host: this proxy\'s advertised address)', '127.0.0.1')
     .option('--proxy-port <port>', 'xfer notify port', '7500')
     .option('--prefill-timeout <s>', 'seconds a prefiller may take to answer before the next one is tried', '120')
     .option('--decode-timeout <s>', "seconds until the decoder's response starts (a non-streamed one: ends)", '300')

@@ -167,7 +167,7 @@ describe('1P1D across network namespaces', { skip: skip ?? false }, () => {
     // Started with --host 0.0.0.0 --advertise-host: each says where it is reached.
     const ctlLog = procs.find((p) => p.name === 'controller')!.out();
     assert.match(ctlLog, new RegExp(`http://${A.ctl!.replace(/\./g, '\\.')}:9000`), 'the controller prints its advertised URL');
-    assert.match(procs.find((p) => p.name === 'decoder-0')!.out(), new RegExp(`reached at http://${A.dec!.replace(/\./g, '\\.')}:7200`));
+    assert.match(procs.find((p) => p.name === 'decoder-0')!.out(), new RegExp(`engine listening on http://${A.dec!.replace(/\./g, '\\.')}:7200 \\(bound on 0\\.0\\.0\\.0\\)`));
   });
 
   it('greedy output through the proxy across hosts equals a single engine; a prefix is shared through the remote tier both ways', async () => {

@@ -97,7 +97,8 @@ export function registerEngine(program: Command): void {
         logStats: !f.disableLogStats,
       });
       log.info(`serving "${engine.modelName}" (model id ${engine.modelId}, max_model_len ${engine.maxModelLen})`);
-      process.stdout.write(`engine listening on ${host}:${engine.port}, reached at ${engine.url}\n`);
+      // `engine listening on <URL>` is the line scripts wait for: the URL is the advertised one.
+      process.stdout.write(`engine listening on ${engine.url}${host !== advertiseHost ? ` (bound on ${host})` : ''}\n`);
       let stopping = false;
       const stop = (sig: string) => {
         if (stopping) return;

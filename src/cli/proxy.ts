@@ -79,7 +79,7 @@ export function registerProxy(program: Command): void {
         });
         await server.start();
         log.info(
-          `listening on ${host}:${server.port}, reached at http://${urlHost(advertiseHost)}:${server.port}; prefillers ${server.prefillers.map((b) => b.url).join(', ')}; ` +
+          `listening on http://${urlHost(advertiseHost)}:${server.port}${host !== advertiseHost ? ` (bound on ${host})` : ''}; prefillers ${server.prefillers.map((b) => b.url).join(', ')}; ` +
             `decoders ${topology.decoders.map((d) => `http://${d.host}:${d.port} (xfer ${d.initPort}/${d.allocPort})`).join(', ')}; ` +
             `xfer notify bound on ${o.proxyHost}:${o.proxyPort}; routing ${routing.mode}` +
             (controllerUrl ? ` (index ${controllerUrl})` : '') +

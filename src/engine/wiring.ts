@@ -133,7 +133,7 @@ export class EngineWiring {
             engineAddress: { bindHost: s.host, advertiseHost: s.advertiseHost, advertiseExplicit: s.advertiseExplicit } });
           controller = attached;
           releases.push({ what: 'detaching from the controller', release: () => attached.close(), mustSucceed: false });
-          log.info(`cache instance ${cacheConfig.kvc_instance_id} attached to controller ${cacheConfig.controller_url} (worker port ${attached.workerPort})`);
+          log.info(`cache instance ${cacheConfig.kvc_instance_id} attached to controller ${cacheConfig.controller_url} (worker port ${attached.workerPort}, registered at ${attached.advertiseHost})`);
         }
         connector = new KvcConnectorV1({ config: connectorConfig, cacheConfig, store: opened, modelId: model.modelId, layout: model.layout, seed, metrics, transfer });
         log.info(

@@ -61,6 +61,8 @@ export interface ControllerAttachment {
   readonly state: 'registering' | 'live' | 'closed';
   readonly workerPort: number;
   readonly peerPort: number | null;
+  /** The address registered with the controller (worker port and distributed_url host). */
+  readonly advertiseHost: string;
 }
 
 export async function attachController(store: KvcStore, cfg: CacheConfig, o: AttachOptions): Promise<ControllerAttachment> {
@@ -253,6 +255,7 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
     },
     workerPort: cfg.kvc_worker_port,
     peerPort: peer?.port ?? null,
+    advertiseHost: ip,
     async close() {
       if (state === 'closed') return;
       const wasLive = state === 'live';

@@ -14,7 +14,7 @@ import { SlotArenaPool } from '../src/common/slot_arena.js';
 import { copyingHash } from '../src/common/stream_hash.js';
 import { checksum64 } from '../src/common/keys.js';
 import { FrameParser, FrameType, writeFrame } from '../src/protocol/xfer_frames.js';
-import { readDirect } from '../src/xfer/direct_read.js';
+import { readDirect } from '../src/common/direct_read.js';
 
 const { h64Raw } = await xxhash();
 

@@ -16,7 +16,7 @@
 // receiver costs nothing and a busy one writes into warm pages.
 //
 // Zero-copy receive: the init port's connections are read with the socket's `onread` option
-// (direct_read.ts): a DATA body is read by the kernel straight into its reserved slot, and the
+// (src/common/direct_read.ts): a DATA body is read by the kernel straight into its reserved slot, and the
 // slot lives in the WASM memory of the xxh64 kernel, which hashes each read where it landed. No
 // per-read buffer, no staging copy, no copy into the hasher.
 //
@@ -44,7 +44,7 @@ import {
   type HelloMeta,
 } from '../protocol/xfer_frames.js';
 import { deploymentSecret, verifyTag } from '../common/auth.js';
-import { readDirect } from './direct_read.js';
+import { readDirect } from '../common/direct_read.js';
 
 const log = logger('xfer-recv');
 

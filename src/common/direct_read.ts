@@ -7,7 +7,7 @@
 // pressure turns into a full mark-compact every ~30 MB received — the 2× CPU per byte of issue 10.
 // A socket created with the `onread` option instead reads into a buffer we return, every time:
 // the reader's scratch buffer for headers, the reserved slot itself for a chunk's body
-// (FrameReader.readBuffer). No allocation per read, and no copy of the body.
+// (FrameReader.readBuffer in src/protocol/frame_reader.ts). No allocation per read, and no copy of the body.
 //
 // `onread` is an option of the Socket constructor only (net.createServer has none), so a server
 // accepted with pauseOnConnect (nothing read yet) hands its connection's handle to a new Socket

@@ -56,6 +56,13 @@ export interface FrameHooks<M> {
 const EMPTY = Buffer.alloc(0);
 /** Reads that carry headers and meta (and bodies nobody keeps) land in a reused buffer of this size. */
 const SCRATCH_BYTES = 64 * 1024;
+/**
+ * Most bytes one read may put straight into a body. libuv reads a ready socket up to 32 times in a
+ * row while each read fills its buffer, and all of that work (the kernel's copy, first-touch page
+ * faults of a fresh slot, the hash) runs before the event loop can do anything else, e.g. a
+ * decoder's next step: 64 KiB — Node's own read size — keeps that at most 2 MiB per turn.
+ */
+export const MAX_DIRECT_READ = 64 * 1024;
 
 /** Incremental reader for one connection: feed it every 'data' buffer. */
 export class FrameReader<M> {
@@ -110,13 +117,14 @@ export class FrameReader<M> {
 
   /**
    * Pull mode (a socket's `onread.buffer`): where the next read should land. Inside a body that
-   * is kept, the rest of that body itself — the kernel writes the bytes into their final place and
-   * never past the frame; elsewhere a reused scratch buffer. Pair every call with readDone().
+   * is kept, the next (at most MAX_DIRECT_READ) bytes of that body itself — the kernel writes them
+   * into their final place and never past the frame; elsewhere a reused scratch buffer. Pair every
+   * call with readDone().
    */
   readBuffer(): Uint8Array {
     if (this.state === 'body' && this.body && !this.busy && !this.stopped && this.bodyFill < this.bodyLen) {
       this.lent = 'body';
-      return this.body.subarray(this.bodyFill, this.bodyLen);
+      return this.body.subarray(this.bodyFill, Math.min(this.bodyLen, this.bodyFill + MAX_DIRECT_READ));
     }
     this.lent = 'scratch';
     return (this.scratch ??= Buffer.allocUnsafe(SCRATCH_BYTES));

@@ -60,9 +60,11 @@ const SCRATCH_BYTES = 64 * 1024;
  * Most bytes one read may put straight into a body. libuv reads a ready socket up to 32 times in a
  * row while each read fills its buffer, and all of that work (the kernel's copy, first-touch page
  * faults of a fresh slot, the hash) runs before the event loop can do anything else, e.g. a
- * decoder's next step: 64 KiB — Node's own read size — keeps that at most 2 MiB per turn.
+ * decoder's next step. 256 KiB bounds a turn at 8 MiB: ~3 ms with warm slots here (the decoder's
+ * bound between steps is 50 ms, docs/disaggregation.md), while a read costs a system call and a
+ * callback (~5–10 µs): at Node's own 64 KiB a 32 MiB chunk took 512 of them, ~0.15 s of CPU per GB.
  */
-export const MAX_DIRECT_READ = 64 * 1024;
+export const MAX_DIRECT_READ = 256 * 1024;
 
 /** Incremental reader for one connection: feed it every 'data' buffer. */
 export class FrameReader<M> {

@@ -13,6 +13,7 @@ import xxhash from 'xxhash-wasm';
 import { SlotArenaPool } from '../src/common/slot_arena.js';
 import { copyingHash } from '../src/common/stream_hash.js';
 import { checksum64 } from '../src/common/keys.js';
+import { xxh64InPlace } from '../src/common/xxh64_kernel.js';
 import { FrameParser, FrameType, writeFrame } from '../src/protocol/xfer_frames.js';
 import { readDirect } from '../src/common/direct_read.js';
 import { MAX_DIRECT_READ } from '../src/protocol/frame_reader.js';
@@ -50,6 +51,21 @@ test('in-place xxh64 over arena slots equals xxhash-wasm for random inputs, odd 
     ),
     { numRuns: 300 },
   );
+});
+
+test('checksum64 of bytes in a slot (hashed in place) equals xxhash-wasm, for any offset and length; not after the arena is gone', () => {
+  const pool = new SlotArenaPool(8 << 20);
+  const slot = pool.acquire(300_000)!;
+  slot.set(randomBytes(slot.byteLength));
+  for (const [from, to] of [[0, 300_000], [64, 300_000], [3, 4], [17, 17], [1, 299_999]] as const) {
+    const v = slot.subarray(from, to);
+    assert.notEqual(xxh64InPlace(v), null, 'a slot is hashed in place');
+    assert.equal(checksum64(v), h64Raw(Uint8Array.from(v)));
+  }
+  pool.release(slot);
+  pool.trim();
+  assert.equal(xxh64InPlace(slot), null, 'a trimmed arena is no longer registered');
+  assert.equal(checksum64(slot.subarray(0, 1000)), h64Raw(Uint8Array.from(slot.subarray(0, 1000))));
 });
 
 test('two streams in one arena, interleaved, keep their own state', () => {

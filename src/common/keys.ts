@@ -7,7 +7,7 @@
 // including its chunk, so "longest cached prefix" is "first missing key".
 // Keys travel as 16-digit lowercase hex strings: a JS number cannot hold 64 bits.
 import xxhash from 'xxhash-wasm';
-import { xxh64Instance } from './xxh64_kernel.js';
+import { xxh64InPlace, xxh64Instance } from './xxh64_kernel.js';
 
 const { h64Raw } = await xxhash();
 
@@ -171,7 +171,11 @@ export function chunkKeys(tokens: ArrayLike<number>, p: KeyParams): ChunkSpan[] 
   return out;
 }
 
-/** xxh64 of arbitrary bytes, as used for chunk payload checksums (src/common/chunk.ts). */
+/**
+ * xxh64 of arbitrary bytes, as used for chunk payload checksums (src/common/chunk.ts). Bytes that
+ * live in a kernel memory registered for it (a transfer receiver's slots) are hashed in place;
+ * others are copied into xxhash-wasm's memory first (h64Raw).
+ */
 export function checksum64(bytes: Uint8Array): bigint {
-  return h64Raw(bytes);
+  return xxh64InPlace(bytes) ?? h64Raw(bytes);
 }

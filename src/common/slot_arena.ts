@@ -18,7 +18,7 @@
 // plain buffer (hashed by copying).
 import { sizeClass } from './buffer_pool.js';
 import { copyingHash, type StreamHash } from './stream_hash.js';
-import { asU64, xxh64Instance, XXH64_STATE_BYTES, type Xxh64Exports } from './xxh64_kernel.js';
+import { asU64, registerInPlace, unregisterInPlace, xxh64Instance, XXH64_STATE_BYTES, type Xxh64Exports } from './xxh64_kernel.js';
 
 const WASM_PAGE = 65536;
 const HEADER = 4096;
@@ -46,6 +46,7 @@ class Arena {
     if (bytes > have) k.mem.grow(Math.ceil((bytes - have) / WASM_PAGE));
     this.k = k;
     this.buffer = k.mem.buffer; // final: never grown again
+    registerInPlace(k); // checksum64 (keys.ts) hashes a slot's bytes in place too
   }
 
   slot(i: number): Uint8Array {
@@ -162,6 +163,7 @@ export class SlotArenaPool {
     this.warmBytes -= a.warm.length * a.cls;
     a.warm.length = 0;
     this.owner.delete(a.buffer);
+    unregisterInPlace(a.buffer);
   }
 
   /** Held memory over the budget: idle arenas of other classes go first. */

@@ -1,7 +1,8 @@
 // The xxh64 WASM kernel shipped inside the xxhash-wasm package (workerd/xxhash.wasm), compiled once
 // per process, for the places that must hash bytes where they already lie in WASM memory instead of
 // letting xxhash-wasm's JS wrapper copy them into its own memory first (chunk keys in keys.ts; the
-// transfer receiver's slots in slot_arena.ts). Same module as xxhash-wasm's h64 / create64, so the
+// transfer receiver's slots in slot_arena.ts, which checksum64 in keys.ts also hashes in place when
+// a consumer verifies a received chunk again). Same module as xxhash-wasm's h64 / create64, so the
 // same values.
 //
 // Exports of the module (all pointers are byte offsets into its own exported memory `mem`):
@@ -44,4 +45,22 @@ const mod = compile();
 /** A fresh instance of the kernel with its own memory, or null when the package does not ship it. */
 export function xxh64Instance(): Xxh64Exports | null {
   return mod ? (new WebAssembly.Instance(mod, {}).exports as unknown as Xxh64Exports) : null;
+}
+
+// Memories whose bytes may be hashed where they lie, each with its kernel: an owner registers a
+// memory once it will never grow again (slot_arena.ts), so a view's offset stays valid.
+const inPlace = new WeakMap<ArrayBufferLike, Xxh64Exports>();
+
+export function registerInPlace(k: Xxh64Exports): void {
+  inPlace.set(k.mem.buffer, k);
+}
+
+export function unregisterInPlace(buffer: ArrayBufferLike): void {
+  inPlace.delete(buffer);
+}
+
+/** xxh64 of `bytes` computed where they lie when they are in a registered kernel memory, else null. */
+export function xxh64InPlace(bytes: Uint8Array, seed = 0n): bigint | null {
+  const k = inPlace.get(bytes.buffer);
+  return k ? asU64(k.xxh64(bytes.byteOffset, bytes.byteLength, seed)) : null;
 }

@@ -4,7 +4,10 @@
 //   large: Llama-3-8B-shaped chunks (32 layers, 8 KV heads, head dim 128, f16, 256 tokens = 32 MiB)
 //   small: the built-in model's chunks (4 layers, 2 KV heads, head dim 32, f32, 256 tokens = 512 KiB)
 // The receiver consumes (take + release) each request as soon as it is complete, as a decoder
-// would, so its buffer is recycled. Last line: {"bench":"xfer","xfer_gbps":…,"tcp_gbps":…,"small_chunks_per_s":…}
+// would, so its buffer is recycled. Also reported: the receiver's CPU time per GB received and its
+// garbage collections during the measured transfer, beside the raw TCP sink's CPU per GB.
+// Last line: {"bench":"xfer","xfer_gbps":…,"tcp_gbps":…,"small_chunks_per_s":…,"recv_cpu_s_per_gb":…,
+//             "tcp_sink_cpu_s_per_gb":…,"recv_full_gcs":…}
 import net from 'node:net';
 import { fork, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
@@ -31,9 +34,14 @@ if (process.argv[2] === 'tcp-sink') {
   const srv = net.createServer((s) => {
     let got = 0;
     const want = Number(process.argv[4]);
+    const cpu0 = process.cpuUsage();
     s.on('data', (d) => {
       got += d.length;
-      if (got >= want) s.end('done');
+      if (got >= want) {
+        const u = process.cpuUsage(cpu0);
+        process.send!({ cpuMicros: u.user + u.system });
+        s.end('done');
+      }
     });
   });
   srv.listen(Number(process.argv[3]), '127.0.0.1', () => process.send!({ ready: true }));
@@ -90,7 +98,7 @@ function startPeer(cfg: Record<string, unknown>): Promise<Peer> {
   });
 }
 
-async function tcpBaseline(total: number, size: number): Promise<number> {
+async function tcpBaseline(total: number, size: number): Promise<{ gbps: number; sinkCpuPerGb: number }> {
   const port = await freePortRange(1);
   const sink = fork(here, ['tcp-sink', String(port), String(total)], { stdio: 'inherit' });
   try {
@@ -98,18 +106,28 @@ async function tcpBaseline(total: number, size: number): Promise<number> {
       const t = setTimeout(() => j(new Error('tcp sink did not start')), 10_000);
       sink.once('message', () => (clearTimeout(t), r()));
     });
+    const sinkCpu = new Promise<number>((r) => sink.once('message', (m: any) => r(m.cpuMicros)));
     const source = fork(here, ['tcp-source', String(port), String(total), String(size)], { stdio: 'inherit' });
     const { seconds } = await new Promise<{ seconds: number }>((r, j) => {
       const t = setTimeout(() => (source.kill('SIGKILL'), j(new Error('tcp baseline timed out'))), 120_000);
       source.once('message', (m: any) => (clearTimeout(t), r(m)));
     });
-    return (total * 8) / seconds / 1e9;
+    return { gbps: (total * 8) / seconds / 1e9, sinkCpuPerGb: (await sinkCpu) / 1e6 / (total / 1e9) };
   } finally {
     sink.kill('SIGKILL');
   }
 }
 
-async function xferRun(layout: KvLayout, perReq: number, reqs: number, tag: string): Promise<{ gbps: number; chunksPerS: number; bytes: number }> {
+interface XferFigures {
+  gbps: number;
+  chunksPerS: number;
+  bytes: number;
+  /** receiver process CPU seconds per GB received, and its full GCs, during the measured part */
+  recvCpuPerGb: number;
+  recvFullGcs: number;
+}
+
+async function xferRun(layout: KvLayout, perReq: number, reqs: number, tag: string): Promise<XferFigures> {
   const port = await freePortRange(2);
   const chunk = chunkBytes(layout, TOKENS);
   const recv = await startPeer({
@@ -130,10 +148,18 @@ async function xferRun(layout: KvLayout, perReq: number, reqs: number, tag: stri
     const tokens = Array(perReq).fill(TOKENS);
     // warm-up: first-touch of the receiver's pooled buffers and the connection
     await send.call('sendRepeated', { specs: specs(2 * LANES, 'warm'), tokens, seed: 1, lanes: LANES });
+    const u0 = await recv.call('usage');
     const r = await send.call('sendRepeated', { specs: specs(reqs, 'run'), tokens, seed: 1000, lanes: LANES });
+    const u1 = await recv.call('usage');
     const st = await recv.call('stats');
     if (st.chunksRejected) throw new Error(`${st.chunksRejected} chunks rejected during the benchmark`);
-    return { gbps: (r.bytes * 8) / r.seconds / 1e9, chunksPerS: r.chunks / r.seconds, bytes: r.bytes };
+    return {
+      gbps: (r.bytes * 8) / r.seconds / 1e9,
+      chunksPerS: r.chunks / r.seconds,
+      bytes: r.bytes,
+      recvCpuPerGb: (u1.cpuMicros - u0.cpuMicros) / 1e6 / (r.bytes / 1e9),
+      recvFullGcs: u1.gcFull - u0.gcFull,
+    };
   } finally {
     recv.child.kill('SIGKILL');
     send.child.kill('SIGKILL');
@@ -149,24 +175,36 @@ async function main(): Promise<void> {
   console.log(`  ${LANES} requests in flight on the sender; raw TCP and xfer runs interleaved, best of three each`);
   const total = large * LARGE_PER_REQ * LARGE_REQS;
   // Interleave baseline and xfer, best of three each, so both see the same machine state.
-  const tcp: number[] = [];
-  const xf: number[] = [];
+  const tcpRuns: { gbps: number; sinkCpuPerGb: number }[] = [];
+  const xfRuns: XferFigures[] = [];
   for (let i = 0; i < 3; i++) {
-    tcp.push(await tcpBaseline(total, large));
-    xf.push((await xferRun(LLAMA, LARGE_PER_REQ, LARGE_REQS, `l${i}`)).gbps);
+    tcpRuns.push(await tcpBaseline(total, large));
+    xfRuns.push(await xferRun(LLAMA, LARGE_PER_REQ, LARGE_REQS, `l${i}`));
   }
+  const tcp = tcpRuns.map((x) => x.gbps);
+  const xf = xfRuns.map((x) => x.gbps);
   const tcpGbps = Math.max(...tcp);
   const xferGbps = Math.max(...xf);
+  // CPU per byte moves less with machine load than throughput does: the median of the three
+  const median = (v: number[]) => [...v].sort((a, b) => a - b)[1]!;
+  const recvCpu = median(xfRuns.map((x) => x.recvCpuPerGb));
+  const sinkCpu = median(tcpRuns.map((x) => x.sinkCpuPerGb));
+  const fullGcs = median(xfRuns.map((x) => x.recvFullGcs));
   const smallRun = await xferRun(BUILTIN, SMALL_PER_REQ, SMALL_REQS, 's');
   console.log(`  raw TCP (2 processes)   : ${tcp.map((x) => x.toFixed(2)).join(', ')} Gbit/s`);
   console.log(`  xfer 32 MiB chunks      : ${xf.map((x) => x.toFixed(2)).join(', ')} Gbit/s (${((xferGbps / tcpGbps) * 100).toFixed(0)}% of raw TCP; target >= 80%)`);
   console.log(`  xfer built-in chunks    : ${smallRun.chunksPerS.toFixed(0)} chunks/s (${smallRun.gbps.toFixed(2)} Gbit/s)`);
+  console.log(`  receiver CPU per GB     : ${xfRuns.map((x) => x.recvCpuPerGb.toFixed(3)).join(', ')} s (raw TCP sink: ${tcpRuns.map((x) => x.sinkCpuPerGb.toFixed(3)).join(', ')} s)`);
+  console.log(`  receiver full GCs       : ${xfRuns.map((x) => x.recvFullGcs).join(', ')} per ${(total / 2 ** 30).toFixed(1)} GiB`);
   console.log(
     JSON.stringify({
       bench: 'xfer',
       xfer_gbps: Number(xferGbps.toFixed(3)),
       tcp_gbps: Number(tcpGbps.toFixed(3)),
       small_chunks_per_s: Math.round(smallRun.chunksPerS),
+      recv_cpu_s_per_gb: Number(recvCpu.toFixed(3)),
+      tcp_sink_cpu_s_per_gb: Number(sinkCpu.toFixed(3)),
+      recv_full_gcs: fullGcs,
     }),
   );
 }

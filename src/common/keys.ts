@@ -6,10 +6,8 @@
 // H is xxh64 (xxhash-wasm). Chaining makes a key identify the whole prefix up to and
 // including its chunk, so "longest cached prefix" is "first missing key".
 // Keys travel as 16-digit lowercase hex strings: a JS number cannot hold 64 bits.
-import { readFileSync } from 'node:fs';
-import { createRequire } from 'node:module';
-import { dirname, join } from 'node:path';
 import xxhash from 'xxhash-wasm';
+import { xxh64InPlace, xxh64Instance } from './xxh64_kernel.js';
 
 const { h64Raw } = await xxhash();
 
@@ -94,26 +92,12 @@ export interface KeyHalves {
 // The hot path of /lookup (8192 tokens → 32 chained keys). xxhash-wasm's h64Raw copies its input
 // into WASM memory and returns a BigInt on every call, which made key derivation ~20 µs of a ~21 µs
 // lookup. Instead we instantiate the same xxh64 WASM module (shipped in the package as
-// workerd/xxhash.wasm) a second time and write the tokens straight into its memory: layout
+// workerd/xxhash.wasm, see xxh64_kernel.ts) a second time and write the tokens straight into its memory: layout
 // [8 spare bytes][all tokens as uint32le]; chunk i is hashed in place as the 8 bytes just before its
 // first token (overwritten with k_{i-1}; they belong to chunk i-1, already hashed) followed by its
 // tokens. No per-chunk copy, and the i64 result is split into halves through a BigUint64Array
 // instead of BigInt arithmetic. WASM memory is little-endian, as xxh64's input must be.
-interface RawXxh64 {
-  mem: WebAssembly.Memory;
-  xxh64(ptr: number, len: number, seed: bigint): bigint;
-}
-function loadRawXxh64(): RawXxh64 | null {
-  try {
-    const pkgMain = createRequire(import.meta.url).resolve('xxhash-wasm');
-    const bytes = readFileSync(join(dirname(pkgMain), '..', 'workerd', 'xxhash.wasm'));
-    const ex = new WebAssembly.Instance(new WebAssembly.Module(bytes), {}).exports as unknown as RawXxh64;
-    return ex.mem instanceof WebAssembly.Memory && typeof ex.xxh64 === 'function' ? ex : null;
-  } catch {
-    return null; // package layout changed: fall back to h64Raw (same values, slower)
-  }
-}
-const raw = loadRawXxh64();
+const raw = xxh64Instance();
 let words = new Uint32Array(raw ? raw.mem.buffer : new ArrayBuffer(8 + 4 * 8192));
 const result64 = new BigUint64Array(1);
 const result32 = new Uint32Array(result64.buffer);
@@ -187,7 +171,11 @@ export function chunkKeys(tokens: ArrayLike<number>, p: KeyParams): ChunkSpan[] 
   return out;
 }
 
-/** xxh64 of arbitrary bytes, as used for chunk payload checksums (src/common/chunk.ts). */
+/**
+ * xxh64 of arbitrary bytes, as used for chunk payload checksums (src/common/chunk.ts). Bytes that
+ * live in a kernel memory registered for it (a transfer receiver's slots) are hashed in place;
+ * others are copied into xxhash-wasm's memory first (h64Raw).
+ */
 export function checksum64(bytes: Uint8Array): bigint {
-  return h64Raw(bytes);
+  return xxh64InPlace(bytes) ?? h64Raw(bytes);
 }

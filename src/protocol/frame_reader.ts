@@ -5,17 +5,19 @@
 //   - header → `refuse` is asked before any buffer is reserved for the body (size limits,
 //     frames out of order), so a hostile length never allocates;
 //   - meta (xfer frames only) is decoded by the layout;
-//   - the body is copied once, from the socket's buffer straight into the buffer `sink` returns
-//     (a reserved pool slot, a reused scratch buffer), or dropped when it returns null;
+//   - the body goes into the buffer `sink` returns (a reserved pool slot, a reused scratch buffer),
+//     or is dropped when it returns null. Fed by push() (socket 'data' events), it is copied once
+//     from the socket's buffer; fed by readBuffer()/readDone() (a socket's `onread` option), the
+//     socket reads it straight into that buffer and only the few bytes that arrive in the same read
+//     as the frame's header are copied;
 //   - the hashing hook: `hashFrom` names the body offset from which the bytes are hashed (xxh64)
-//     while they are copied, still hot in cache, so the receiver verifies a 32 MiB chunk without a
-//     second pass over it (verifyStreamed in src/common/chunk.ts);
+//     as they arrive, still hot in cache, so the receiver verifies a 32 MiB chunk without a second
+//     pass over it (verifyStreamed in src/common/chunk.ts); `hasher` may hash them where they lie
+//     (src/common/slot_arena.ts) instead of through a copy;
 //   - a frame handler may return a promise: reading stops until it settles (the caller pauses
 //     its socket), later data waits in a backlog.
 // Binary payloads are never parsed here; only headers and meta.
-import xxhash from 'xxhash-wasm';
-
-const { create64 } = await xxhash();
+import { copyingHash, type StreamHash } from '../common/stream_hash.js';
 
 export class ProtocolError extends Error {
   override name = 'ProtocolError';
@@ -43,6 +45,8 @@ export interface FrameHooks<M> {
   sink(type: number, meta: M, bodyLen: number): Uint8Array | null;
   /** The hashing hook: offset in the body from which its bytes are hashed as they arrive, or null for no hash. Asked only for a body that is kept. */
   hashFrom?(type: number, meta: M): number | null;
+  /** How pieces of this body (as returned by sink) are hashed; default: by copying (xxhash-wasm). */
+  hasher?(body: Uint8Array): StreamHash;
   /** A complete frame. `digest` is the xxh64 of the body from `hashFrom` on, or null. */
   onFrame(type: number, meta: M, body: Uint8Array | null, bodyLen: number, digest: bigint | null): void | Promise<void>;
   /** Errors raised while replaying data held back during an asynchronous handler (push() throws the others). */
@@ -50,6 +54,17 @@ export interface FrameHooks<M> {
 }
 
 const EMPTY = Buffer.alloc(0);
+/** Reads that carry headers and meta (and bodies nobody keeps) land in a reused buffer of this size. */
+const SCRATCH_BYTES = 64 * 1024;
+/**
+ * Most bytes one read may put straight into a body. libuv reads a ready socket up to 32 times in a
+ * row while each read fills its buffer, and all of that work (the kernel's copy, first-touch page
+ * faults of a fresh slot, the hash) runs before the event loop can do anything else, e.g. a
+ * decoder's next step. 256 KiB bounds a turn at 8 MiB: ~3 ms with warm slots here (the decoder's
+ * bound between steps is 50 ms, docs/disaggregation.md), while a read costs a system call and a
+ * callback (~5–10 µs): at Node's own 64 KiB a 32 MiB chunk took 512 of them, ~0.15 s of CPU per GB.
+ */
+export const MAX_DIRECT_READ = 256 * 1024;
 
 /** Incremental reader for one connection: feed it every 'data' buffer. */
 export class FrameReader<M> {
@@ -65,7 +80,10 @@ export class FrameReader<M> {
   private body: Uint8Array | null = null;
   private bodyFill = 0;
   private hashAt = -1;
-  private hasher: ReturnType<typeof create64> | null = null;
+  private hasher: StreamHash | null = null;
+  /** Pull mode: the reused buffer for reads outside a kept body, and what readBuffer() lent last. */
+  private scratch: Buffer | null = null;
+  private lent: 'scratch' | 'body' = 'scratch';
   private busy = false;
   private stopped = false;
   private backlog: Buffer[] = [];
@@ -99,11 +117,39 @@ export class FrameReader<M> {
     else this.whenIdle = then ?? null;
   }
 
+  /**
+   * Pull mode (a socket's `onread.buffer`): where the next read should land. Inside a body that
+   * is kept, the next (at most MAX_DIRECT_READ) bytes of that body itself — the kernel writes them
+   * into their final place and never past the frame; elsewhere a reused scratch buffer. Pair every
+   * call with readDone().
+   */
+  readBuffer(): Uint8Array {
+    if (this.state === 'body' && this.body && !this.busy && !this.stopped && this.bodyFill < this.bodyLen) {
+      this.lent = 'body';
+      return this.body.subarray(this.bodyFill, Math.min(this.bodyLen, this.bodyFill + MAX_DIRECT_READ));
+    }
+    this.lent = 'scratch';
+    return (this.scratch ??= Buffer.allocUnsafe(SCRATCH_BYTES));
+  }
+
+  /** Pull mode (a socket's `onread.callback`): `n` bytes arrived in the last readBuffer(). Throws like push(). */
+  readDone(n: number): void {
+    if (this.stopped || n <= 0) return;
+    if (this.lent === 'scratch') return this.push(this.scratch!.subarray(0, n));
+    try {
+      this.bodyArrived(n);
+      if (this.bodyFill === this.bodyLen) this.finishFrame(); // later bytes are read into scratch anyway
+    } catch (e) {
+      this.stopped = true;
+      throw e;
+    }
+  }
+
   /** Consumes one piece of the stream. Throws ProtocolError (and stops) on malformed input. */
   push(data: Buffer): void {
     if (this.stopped) return;
     if (this.busy) {
-      this.backlog.push(data);
+      this.backlog.push(data.buffer === this.scratch?.buffer ? Buffer.from(data) : data); // pull mode reuses scratch
       return;
     }
     try {
@@ -147,19 +193,21 @@ export class FrameReader<M> {
       }
       // body
       const n = Math.min(this.bodyLen - this.bodyFill, buf.length - off);
-      const body = this.body;
-      if (body) {
-        body.set(buf.subarray(off, off + n), this.bodyFill);
-        if (this.hasher) {
-          // Hash the part of what was just copied that lies past hashAt, from the copy (still in cache).
-          const from = Math.max(this.bodyFill, this.hashAt);
-          if (from < this.bodyFill + n) this.hasher.update(body.subarray(from, this.bodyFill + n));
-        }
-      }
-      this.bodyFill += n;
+      if (this.body) this.body.set(buf.subarray(off, off + n), this.bodyFill);
+      this.bodyArrived(n);
       off += n;
       if (this.bodyFill === this.bodyLen && this.finishFrame()) return this.holdBack(buf, off);
     }
+  }
+
+  /** `n` more body bytes are in place (copied, or read straight into the body): hash them, count them. */
+  private bodyArrived(n: number): void {
+    if (this.body && this.hasher) {
+      // Hash the part of what just arrived that lies past hashAt, where it lies (still in cache).
+      const from = Math.max(this.bodyFill, this.hashAt);
+      if (from < this.bodyFill + n) this.hasher.update(this.body.subarray(from, this.bodyFill + n));
+    }
+    this.bodyFill += n;
   }
 
   /** Meta complete: decode it, ask for the body's buffer. Returns true when reading must wait (async handler). */
@@ -175,7 +223,7 @@ export class FrameReader<M> {
       const at = this.hooks.hashFrom(this.type, meta);
       if (at !== null) {
         this.hashAt = at;
-        this.hasher = create64();
+        this.hasher = this.hooks.hasher?.(this.body) ?? copyingHash();
       }
     }
     this.state = 'body';
@@ -199,7 +247,8 @@ export class FrameReader<M> {
 
   /** Keeps the unread rest of `buf` for when the running handler settles. */
   private holdBack(buf: Buffer, off: number): void {
-    if (off < buf.length) this.backlog.unshift(buf.subarray(off));
+    // (a copy when it is the scratch buffer of pull mode: the next read reuses it)
+    if (off < buf.length) this.backlog.unshift(buf.buffer === this.scratch?.buffer ? Buffer.from(buf.subarray(off)) : buf.subarray(off));
   }
 
   private resume(): void {

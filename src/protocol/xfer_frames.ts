@@ -16,6 +16,7 @@ import type { Socket } from 'node:net';
 import { decode, encode } from '@msgpack/msgpack';
 import { z } from 'zod';
 import { CHUNK_KEY_PATTERN } from '../common/keys.js';
+import type { StreamHash } from '../common/stream_hash.js';
 import { FrameReader, ProtocolError, type FrameHead, type FrameLayout } from './frame_reader.js';
 
 export { ProtocolError } from './frame_reader.js';
@@ -167,17 +168,24 @@ export type FrameHandler = (type: FrameType, meta: any, body: Uint8Array | null,
 
 /**
  * FrameReader over the xfer framing for one connection, with the size limits of the protocol:
- * meta at most MAX_META_BYTES, body at most `maxBody`. `hashFrom` is the hashing hook of
- * FrameReader (the receiver hashes a DATA body's payload, past the chunk header).
+ * meta at most MAX_META_BYTES, body at most `maxBody`. `hashFrom` and `hasher` are the hashing
+ * hooks of FrameReader (the receiver hashes a DATA body's payload, past the chunk header, in place).
  * push() throws ProtocolError on malformed input (the caller closes the connection).
  */
 export class FrameParser extends FrameReader<any> {
-  constructor(maxBody: number, sink: BodySink, onFrame: FrameHandler, hashFrom?: (type: FrameType, meta: any) => number | null) {
+  constructor(
+    maxBody: number,
+    sink: BodySink,
+    onFrame: FrameHandler,
+    hashFrom?: (type: FrameType, meta: any) => number | null,
+    hasher?: (body: Uint8Array) => StreamHash,
+  ) {
     super(XFER_FRAMES, {
       refuse: (h) =>
         h.metaLen > MAX_META_BYTES ? `frame meta of ${h.metaLen} bytes exceeds ${MAX_META_BYTES}` : h.bodyLen > maxBody ? `frame body of ${h.bodyLen} bytes exceeds ${maxBody}` : null,
       sink,
       hashFrom,
+      ...(hasher ? { hasher } : {}),
       onFrame,
     });
   }

@@ -5,11 +5,12 @@
 //   fork('dist/src/xfer/peer.js', [JSON.stringify({role: 'receiver', ...ReceiverOptions, autoRelease?})])
 //   fork('dist/src/xfer/peer.js', [JSON.stringify({role: 'sender', ...SenderOptions})])
 // Requests: {id, op, ...}; replies: {id, ok, result} or {id, ok: false, error}.
-//   receiver ops: stats, lookup {keys}, take {keys, reqId?, waitMs?} (verifies, then releases), release {reqId}
+//   receiver ops: stats, usage (process CPU µs and GC counts, for the benchmark), lookup {keys}, take {keys, reqId?, waitMs?} (verifies, then releases), release {reqId}
 //   sender ops:   send {spec, seed, tokens: number[], corrupt?: number[], failAt?: number} (one synthetic
 //                 chunk per entry of tokens; chunks in `corrupt` get a payload byte flipped after
 //                 sealing; building chunk `failAt` throws, as a failed KV export would),
 //                 sendRepeated {specs, tokens, seed} (same payloads, fresh keys per spec; for the benchmark)
+import { PerformanceObserver, constants as perf } from 'node:perf_hooks';
 import { encodeChunk, HEADER_BYTES, payloadBytes, verifyChunk, type KvLayout } from '../common/chunk.js';
 import { XferReceiver, type ReceiverOptions } from './receiver.js';
 import { XferSender, type DisaggSpec, type OutChunk, type SenderOptions } from './sender.js';
@@ -50,6 +51,15 @@ async function main(): Promise<void> {
 
   if (cfg.role === 'receiver') {
     const recv = await XferReceiver.start(cfg as ReceiverOptions);
+    // full (mark-compact) and young-generation collections, for the benchmark's report
+    const gcs = { full: 0, young: 0 };
+    new PerformanceObserver((list) => {
+      for (const e of list.getEntries()) {
+        const kind = (e as { detail?: { kind?: number } }).detail?.kind;
+        if (kind === perf.NODE_PERFORMANCE_GC_MAJOR) gcs.full++;
+        else if (kind === perf.NODE_PERFORMANCE_GC_MINOR) gcs.young++;
+      }
+    }).observe({ entryTypes: ['gc'] });
     if (cfg.autoRelease) {
       // Benchmark mode: a request's chunks are consumed as soon as all of them arrived.
       recv.on('complete', (reqId: string, keys: string[]) => {
@@ -59,6 +69,10 @@ async function main(): Promise<void> {
     process.on('message', async (m: Msg) => {
       try {
         if (m.op === 'stats') return reply(m.id, recv.stats());
+        if (m.op === 'usage') {
+          const u = process.cpuUsage();
+          return reply(m.id, { cpuMicros: u.user + u.system, gcFull: gcs.full, gcYoung: gcs.young });
+        }
         if (m.op === 'lookup') return reply(m.id, recv.lookup(m.keys));
         if (m.op === 'release') return reply(m.id, recv.release(m.reqId));
         if (m.op === 'take') {

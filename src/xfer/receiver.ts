@@ -12,15 +12,21 @@
 //
 // Memory: chunks are entries shared by reservations (refcounted). Space is accounted in
 // bytes at reservation time, bounded by xfer_buffer_size; the memory itself comes from a
-// BufferPool that grows on demand and recycles buffers, so an idle receiver costs nothing
-// and a busy one writes into warm pages.
+// SlotArenaPool (src/common/slot_arena.ts) that grows on demand and recycles slots, so an idle
+// receiver costs nothing and a busy one writes into warm pages.
+//
+// Zero-copy receive: the init port's connections are read with the socket's `onread` option
+// (src/common/direct_read.ts): a DATA body is read by the kernel straight into its reserved slot, and the
+// slot lives in the WASM memory of the xxh64 kernel, which hashes each read where it landed. No
+// per-read buffer, no staging copy, no copy into the hasher.
 //
 // Consumer API (the engine's kv_consumer): lookup(keys), take(keys, reqId?) → leading ready
 // chunks + release(), release(reqId). Reservations never taken expire after ttlMs.
 import net from 'node:net';
 import { randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
-import { BufferPool, sizeClass } from '../common/buffer_pool.js';
+import { sizeClass } from '../common/buffer_pool.js';
+import { SlotArenaPool } from '../common/slot_arena.js';
 import { chunkBytes, describeLayout, HEADER_BYTES, verifyStreamed, type KvLayout } from '../common/chunk.js';
 import { logger } from '../common/log.js';
 import {
@@ -38,6 +44,7 @@ import {
   type HelloMeta,
 } from '../protocol/xfer_frames.js';
 import { deploymentSecret, verifyTag } from '../common/auth.js';
+import { readDirect } from '../common/direct_read.js';
 
 const log = logger('xfer-recv');
 
@@ -140,7 +147,7 @@ export interface Taken {
 
 export class XferReceiver extends EventEmitter {
   readonly receiverId: string;
-  private readonly pool: BufferPool;
+  private readonly pool: SlotArenaPool;
   private readonly entries = new Map<string, Entry>();
   private readonly reservations = new Map<string, Reservation>();
   private readonly sessions = new Map<string, net.Socket>();
@@ -171,14 +178,15 @@ export class XferReceiver extends EventEmitter {
     this.maxChunkBytes = chunkBytes(l, opts.chunkSize);
     // Slack of a few chunks: a buffer whose reservation expired mid-transfer is returned
     // only when its last byte has arrived, while its bytes are already free for others.
-    this.pool = new BufferPool(opts.bufferBytes + 4 * sizeClass(this.maxChunkBytes));
+    this.pool = new SlotArenaPool(opts.bufferBytes + 4 * sizeClass(this.maxChunkBytes));
   }
 
   /** Starts both listeners; rejects (e.g. port in use) with a message naming the port. */
   static async start(opts: ReceiverOptions): Promise<XferReceiver> {
     const r = new XferReceiver(opts);
     try {
-      r.initServer = await listen(opts.host, opts.initPort, 'xfer_peer_init_port', (s) => r.onInitConnection(s));
+      // pauseOnConnect: nothing is read before readDirect takes the connection over
+      r.initServer = await listen(opts.host, opts.initPort, 'xfer_peer_init_port', (s) => r.onInitConnection(s), true);
       r.allocServer = await listen(opts.host, opts.allocPort, 'xfer_peer_alloc_port', (s) => r.onAllocConnection(s));
     } catch (e) {
       await r.close();
@@ -620,13 +628,15 @@ export class XferReceiver extends EventEmitter {
     return problems.length ? `incompatible sender ${m.sender_id ?? '?'}: ${problems.join('; ')}` : null;
   }
 
-  private onInitConnection(sock: net.Socket): void {
-    this.track(sock);
+  private onInitConnection(accepted: net.Socket): void {
+    // assigned below, once the parser exists (readDirect asks it for a buffer at once)
+    let sock!: net.Socket;
     let session: string | null = null;
     const helloTimer = setTimeout(() => {
       log.warn(`init connection from ${sock.remoteAddress}: no handshake within ${this.helloTimeoutMs} ms; closing it`);
       sock.destroy();
     }, this.helloTimeoutMs);
+    const remote = accepted.remoteAddress;
     /** Where the DATA body goes: the pending entry's pooled buffer, or nowhere (dropped). */
     let target: Entry | null = null;
     const sink = (type: FrameType, meta: any, bodyLen: number): Uint8Array | null => {
@@ -710,15 +720,15 @@ export class XferReceiver extends EventEmitter {
       // 'complete' (reqId, keys): every chunk of the reservation is here and verified.
       if (res && res.entries.every((x) => x.state === 'ready' && this.entries.get(x.key) === x)) this.emit('complete', res.reqId, res.keys);
       ack(true);
-    }, (type) => (type === FrameType.Data ? HEADER_BYTES : null)); // hash the payload while it arrives (see src/protocol/frame_reader.ts)
-    sock.on('data', (d) => {
-      try {
-        parser.push(d);
-      } catch (err) {
-        log.warn(`init connection from ${sock.remoteAddress}: ${(err as Error).message}; closing it`);
-        sock.destroy();
-      }
+    },
+      (type) => (type === FrameType.Data ? HEADER_BYTES : null), // hash the payload while it arrives (see src/protocol/frame_reader.ts)
+      (body) => this.pool.hasher(body), // in place, in the slot's WASM memory
+    );
+    sock = readDirect(accepted, parser, (err) => {
+      log.warn(`init connection from ${remote}: ${err.message}; closing it`);
+      sock.destroy();
     });
+    this.track(sock);
     sock.on('close', () => {
       clearTimeout(helloTimer);
       if (session === null) return;
@@ -736,9 +746,9 @@ export class XferReceiver extends EventEmitter {
   }
 }
 
-function listen(host: string, port: number, what: string, onConn: (s: net.Socket) => void): Promise<net.Server> {
+function listen(host: string, port: number, what: string, onConn: (s: net.Socket) => void, pauseOnConnect = false): Promise<net.Server> {
   return new Promise((resolve, reject) => {
-    const srv = net.createServer(onConn);
+    const srv = net.createServer({ pauseOnConnect }, onConn);
     srv.once('error', (e: NodeJS.ErrnoException) =>
       reject(new Error(`xfer receiver cannot listen on ${host}:${port} (${what}): ${e.code === 'EADDRINUSE' ? 'port already in use' : e.message}`)),
     );

@@ -26,6 +26,7 @@ import { loadGgufModel } from '../src/engine/model/gguf_model.js';
 import { convertToGguf } from '../src/engine/model/gguf_write.js';
 import { LlamaModel, type Segment } from '../src/engine/model/model.js';
 import { writeSafetensors } from '../src/engine/model/safetensors.js';
+import { resultsDir } from './_plot.js';
 
 const PEER_VERSION = '3.22.1';
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -361,7 +362,9 @@ async function main(): Promise<void> {
       }
     }
     rows.push({ model: 'random 156M', engine: 'kvc Q8_0', figure: 'decode batch 1', tps: q8.q8 });
-    const svg = join(PEER_DIR, 'peer.svg');
+    const svgDir = join(ROOT, resultsDir('peer'));
+    await mkdir(svgDir, { recursive: true });
+    const svg = join(svgDir, 'peer.svg');
     await plot(svg, rows);
     console.log(`plot: ${svg}`);
     const r = (x: number) => Number(x.toFixed(3));

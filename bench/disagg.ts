@@ -203,6 +203,8 @@ interface Deployment {
   url: string;
   /** HTTP address of the first decoder (`decoder-0`, or `engine-0` when colocated). */
   decoder: string;
+  /** Its pid (read from the deployment.json `kvc up` writes), for /proc/<pid>/schedstat. */
+  decoderPid: number | null;
   stop(): Promise<void>;
 }
 
@@ -246,7 +248,14 @@ async function up(args: string[], logRoot: string): Promise<Deployment> {
     if (ready) {
       process.on('exit', () => child.exitCode === null && child.kill('SIGKILL'));
       // The first decoder's HTTP port is 7200 + offset (docs/proxy.md), engine-0 too when colocated.
-      return { url: ready, decoder: `http://127.0.0.1:${7200 + offset}`, stop };
+      let decoderPid: number | null = null;
+      try {
+        const procs = (JSON.parse(readFileSync(join(logDir, 'deployment.json'), 'utf8')) as { processes: { name: string; pid: number }[] }).processes;
+        decoderPid = procs.find((p) => p.name === 'decoder-0' || p.name === 'engine-0')?.pid ?? null;
+      } catch {
+        /* no pid: the run-queue figures are reported as null */
+      }
+      return { url: ready, decoder: `http://127.0.0.1:${7200 + offset}`, decoderPid, stop };
     }
     await stop();
     // Another program may take a port between the check and the start: try another offset.
@@ -277,9 +286,9 @@ function histogram(text: string, name: string): Map<number, number> {
   return out;
 }
 
-/** One unlabelled gauge or counter value (NaN if absent). */
+/** The value of a gauge or counter with a single label set (NaN if absent). */
 function value(text: string, name: string): number {
-  const m = new RegExp(`^${name}(?:\\{\\})? ([\\d.e+-]+)$`, 'm').exec(text);
+  const m = new RegExp(`^${name}(?:\\{[^}]*\\})? ([\\d.e+-]+)$`, 'm').exec(text);
   return m ? Number(m[1]) : NaN;
 }
 
@@ -291,11 +300,31 @@ function histogramSum(text: string, name: string): number {
 }
 
 /**
+ * The kernel's scheduler statistics of a process: seconds it ran on a CPU and seconds it was
+ * runnable but waited for one (/proc/<pid>/schedstat). The wait says how much of a stall other
+ * programs on the same CPUs caused, which no change to the engine can remove.
+ */
+function schedstat(pid: number | null): { run: number; wait: number } | null {
+  if (pid === null) return null;
+  try {
+    const [run, wait] = readFileSync(`/proc/${pid}/schedstat`, 'utf8').trim().split(/\s+/).map(Number);
+    return { run: run! / 1e9, wait: wait! / 1e9 };
+  } catch {
+    return null;
+  }
+}
+
+/**
  * What the decoder itself saw during a window: how many intervals between its decode steps there
- * were, how many exceeded 50 ms and 100 ms, and the bucket bound under which 99 % fell. A stall the
+ * were, how many exceeded 50 ms and 100 ms, and the bucket bounds under which 99 % and all fell. A stall the
  * clients saw that is missing here happened after the engine (HTTP, proxy, the client's reads).
  */
-function stepIntervals(beforeText: string, afterText: string, proxyLagMaxS: number) {
+function stepIntervals(
+  beforeText: string,
+  afterText: string,
+  proxyLagMaxS: number,
+  sched: { before: ReturnType<typeof schedstat>; after: ReturnType<typeof schedstat>; seconds: number },
+) {
   const name = 'kvc_engine_decode_step_interval_seconds';
   const before = histogram(beforeText, name);
   const after = histogram(afterText, name);
@@ -303,6 +332,8 @@ function stepIntervals(beforeText: string, afterText: string, proxyLagMaxS: numb
   const total = d(Infinity);
   const bounds = [...after.keys()].sort((a, b) => a - b);
   const p99 = bounds.find((le) => d(le) >= 0.99 * total);
+  const max = bounds.find((le) => d(le) >= total);
+  const ms = (le: number | undefined) => (le === undefined || !total ? null : le === Infinity ? 'inf' : le * 1000);
   // Garbage collection in the decoder (prom-client's default metrics: buckets 1, 10, 100 ms, …).
   const gc = 'kvc_engine_nodejs_gc_duration_seconds';
   const gcBefore = histogram(beforeText, gc);
@@ -312,13 +343,17 @@ function stepIntervals(beforeText: string, afterText: string, proxyLagMaxS: numb
     intervals: total,
     over_50ms: total - d(0.05),
     over_100ms: total - d(0.1),
-    p99_le_ms: p99 === undefined || !total ? null : p99 === Infinity ? 'inf' : p99 * 1000,
+    p99_le_ms: ms(p99),
+    max_le_ms: ms(max),
     gc_pauses: g(Infinity),
     gc_over_10ms: g(Infinity) - g(0.01),
     gc_total_ms: r1((histogramSum(afterText, gc) - histogramSum(beforeText, gc)) * 1000),
     // Longest event-loop delay since the previous scrape (prom-client resets it per collection).
     event_loop_lag_max_ms: r1(value(afterText, 'kvc_engine_nodejs_eventloop_lag_max_seconds') * 1000),
     proxy_event_loop_lag_max_ms: r1(proxyLagMaxS * 1000),
+    // Share of the window the decoder ran on a CPU, and waited runnable for one (machine load).
+    cpu_share: sched.before && sched.after ? r1((100 * (sched.after.run - sched.before.run)) / sched.seconds) / 100 : null,
+    runqueue_wait_share: sched.before && sched.after ? r1((100 * (sched.after.wait - sched.before.wait)) / sched.seconds) / 100 : null,
   };
 }
 
@@ -480,9 +515,12 @@ async function main(): Promise<void> {
       const measured = async (config: Config, rate: number, seconds: number, seed: number) => {
         const before = await scrape(dep.decoder);
         await scrape(dep.url); // resets the proxy's event-loop lag maximum
+        const s0 = schedstat(dep.decoderPid);
+        const t0 = performance.now();
         const ds = await window(dep.url, rate, seconds, seed);
+        const sched = { before: s0, after: schedstat(dep.decoderPid), seconds: (performance.now() - t0) / 1000 };
         const proxyLag = value(await scrape(dep.url), 'kvc_proxy_nodejs_eventloop_lag_max_seconds');
-        steps[config] = stepIntervals(before, await scrape(dep.decoder), proxyLag);
+        steps[config] = stepIntervals(before, await scrape(dep.decoder), proxyLag, sched);
         keep(config, ds);
         console.log(`  ${config}: decoder ${name === 'coloc' ? 'engine-0' : 'decoder-0'} step intervals ${JSON.stringify(steps[config])}`);
       };

@@ -131,6 +131,9 @@ async function streamOne(url: string, prompt: number[], maxTokens: number, kind:
 // ---- one measurement window -------------------------------------------------------------------
 async function window(url: string, rate: number, seconds: number, seed: number): Promise<Done[]> {
   const r = rng(seed);
+  // Long arrivals draw from their own stream: the same seed gives every configuration the same
+  // long-prompt schedule and lengths, however many short requests it completed meanwhile.
+  const rl = rng(seed * 7919 + 17);
   const done: Done[] = [];
   const cut = new AbortController();
   const w0 = performance.now();
@@ -141,12 +144,12 @@ async function window(url: string, rate: number, seconds: number, seed: number):
   });
   if (rate > 0) {
     // Poisson arrivals at `rate` per second: exponential inter-arrival times.
-    let next = w0 + (-Math.log(1 - r()) / rate) * 1000;
+    let next = w0 + (-Math.log(1 - rl()) / rate) * 1000;
     while (next < end) {
       await new Promise((res) => setTimeout(res, Math.max(0, next - performance.now())));
-      const n = LONG_MIN + Math.floor(r() * (LONG_MAX - LONG_MIN + 1));
-      inflight.push(streamOne(url, ids(n, r), LONG_TOKENS, 'long', w0, cut.signal).then((d) => void done.push(d)));
-      next += (-Math.log(1 - r()) / rate) * 1000;
+      const n = LONG_MIN + Math.floor(rl() * (LONG_MAX - LONG_MIN + 1));
+      inflight.push(streamOne(url, ids(n, rl), LONG_TOKENS, 'long', w0, cut.signal).then((d) => void done.push(d)));
+      next += (-Math.log(1 - rl()) / rate) * 1000;
     }
   }
   const drain = setTimeout(() => cut.abort(), Math.max(0, end - performance.now()) + DRAIN_S * 1000);

@@ -9,9 +9,9 @@
 //             of at most 256 uncached tokens are prefilled on the decoder itself, longer ones on the
 //             prefiller), what a user who wants decoding protected from long prompts runs.
 // Workload: USERS clients each streaming short chats back to back (PROMPT_SHORT tokens in,
-// SHORT_TOKENS out) plus long prompts (LONG_MIN..LONG_MAX tokens, LONG_TOKENS out) arriving as a
-// Poisson process at a fixed rate. Reported: ITL p50/p99/max over every stream, TTFT p50/p99 of
-// short and long requests, and goodput: the highest long-prompt arrival rate at which at least
+// SHORT_TOKENS out) plus long prompts (LONG_MIN..LONG_MAX tokens, LONG_TOKENS out) arriving at a
+// fixed rate (evenly in the main window, as a Poisson process in the goodput probes). Reported:
+// ITL p50/p99/max over every stream, TTFT p50/p99 of short and long requests, and goodput: the highest long-prompt arrival rate at which at least
 // 90 % of the short AND of the long requests meet the SLO (below), found by a bounded search.
 // Plots (Vega-Lite rendered to SVG): ITL over time per configuration, SLO attainment vs rate.
 // Output folder: bench-results/disagg/ (or --out DIR); `--replot DIR/results.json` redraws the plots
@@ -129,7 +129,12 @@ async function streamOne(url: string, prompt: number[], maxTokens: number, kind:
 }
 
 // ---- one measurement window -------------------------------------------------------------------
-async function window(url: string, rate: number, seconds: number, seed: number): Promise<Done[]> {
+/**
+ * One window of `seconds`: the short-request clients plus long prompts at `rate` per second,
+ * `arrivals` 'poisson' (exponential gaps: the goodput probes) or 'even' (one every 1/rate s from
+ * half a gap in: the main window, so that it holds exactly rate × seconds long prompts).
+ */
+async function window(url: string, rate: number, seconds: number, seed: number, arrivals: 'poisson' | 'even' = 'poisson'): Promise<Done[]> {
   const r = rng(seed);
   // Long arrivals draw from their own stream: the same seed gives every configuration the same
   // long-prompt schedule and lengths, however many short requests it completed meanwhile.
@@ -143,13 +148,13 @@ async function window(url: string, rate: number, seconds: number, seed: number):
     while (performance.now() < end) done.push(await streamOne(url, ids(PROMPT_SHORT, r), SHORT_TOKENS, 'short', w0, cut.signal));
   });
   if (rate > 0) {
-    // Poisson arrivals at `rate` per second: exponential inter-arrival times.
-    let next = w0 + (-Math.log(1 - rl()) / rate) * 1000;
+    const gap = () => (arrivals === 'even' ? 1 : -Math.log(1 - rl())) * (1000 / rate);
+    let next = w0 + (arrivals === 'even' ? 500 / rate : gap());
     while (next < end) {
       await new Promise((res) => setTimeout(res, Math.max(0, next - performance.now())));
       const n = LONG_MIN + Math.floor(rl() * (LONG_MAX - LONG_MIN + 1));
       inflight.push(streamOne(url, ids(n, rl), LONG_TOKENS, 'long', w0, cut.signal).then((d) => void done.push(d)));
-      next += (-Math.log(1 - rl()) / rate) * 1000;
+      next += gap();
     }
   }
   const drain = setTimeout(() => cut.abort(), Math.max(0, end - performance.now()) + DRAIN_S * 1000);
@@ -170,6 +175,15 @@ function meetsSlo(d: Done): boolean {
   if (!d.ok || d.ttftMs === null) return false;
   if (d.ttftMs > (d.kind === 'short' ? SLO.shortTtftMs : SLO.longTtftMs)) return false;
   return d.gaps.length === 0 || pct(d.gaps.map((g) => g.ms), 99) <= SLO.itlP99Ms;
+}
+
+/** Why requests of one kind missed the SLO: failed or cut, TTFT over its bound, ITL p99 over its bound (both can count). */
+function misses(ds: Done[], kind: Done['kind']): string {
+  const xs = ds.filter((d) => d.kind === kind);
+  const failed = xs.filter((d) => !d.ok || d.ttftMs === null).length;
+  const ttft = xs.filter((d) => d.ttftMs !== null && d.ttftMs > (kind === 'short' ? SLO.shortTtftMs : SLO.longTtftMs)).length;
+  const itl = xs.filter((d) => d.gaps.length > 0 && pct(d.gaps.map((g) => g.ms), 99) > SLO.itlP99Ms).length;
+  return `${kind} misses: ${failed} failed, ${ttft} TTFT, ${itl} ITL`;
 }
 
 /** Fraction of short and of long requests meeting the SLO; the attainment is the smaller one. */
@@ -382,7 +396,7 @@ async function goodput(url: string, name: Config, curve: { config: Config; rate:
     curve.push({ config: name, rate, attainment: r1(a.both * 100) });
     const longs = ds.filter((d) => d.kind === 'long').length;
     console.log(
-      `  ${name} @ ${rate.toFixed(4)} long/s (${seconds.toFixed(0)} s): SLO attainment short ${(a.short * 100).toFixed(0)} %, long ${(a.long * 100).toFixed(0)} % (${ds.length - longs} short, ${longs} long)`,
+      `  ${name} @ ${rate.toFixed(4)} long/s (${seconds.toFixed(0)} s): SLO attainment short ${(a.short * 100).toFixed(0)} %, long ${(a.long * 100).toFixed(0)} % (${ds.length - longs} short, ${longs} long; ${misses(ds, 'short')}; ${misses(ds, 'long')})`,
     );
     if (a.both >= ATTAINMENT) good = Math.max(good, rate);
     else bad = Math.min(bad, rate);
@@ -516,15 +530,17 @@ async function main(): Promise<void> {
     try {
       await warm(dep.url);
       const measured = async (config: Config, rate: number, seconds: number, seed: number) => {
+        // The main window's long prompts arrive evenly (exactly rate × seconds of them).
         const before = await scrape(dep.decoder);
         await scrape(dep.url); // resets the proxy's event-loop lag maximum
         const s0 = schedstat(dep.decoderPid);
         const t0 = performance.now();
-        const ds = await window(dep.url, rate, seconds, seed);
+        const ds = await window(dep.url, rate, seconds, seed, 'even');
         const sched = { before: s0, after: schedstat(dep.decoderPid), seconds: (performance.now() - t0) / 1000 };
         const proxyLag = value(await scrape(dep.url), 'kvc_proxy_nodejs_eventloop_lag_max_seconds');
         steps[config] = stepIntervals(before, await scrape(dep.decoder), proxyLag, sched);
         keep(config, ds);
+        console.log(`  ${config}: ${misses(ds, 'short')}; ${misses(ds, 'long')}`);
         console.log(`  ${config}: decoder ${name === 'coloc' ? 'engine-0' : 'decoder-0'} step intervals ${JSON.stringify(steps[config])}`);
       };
       if (name === 'disagg') await measured('idle', 0, IDLE_WINDOW_S, 1);

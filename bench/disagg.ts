@@ -11,8 +11,10 @@
 // Workload: USERS clients each streaming short chats back to back (PROMPT_SHORT tokens in,
 // SHORT_TOKENS out) plus long prompts (LONG_MIN..LONG_MAX tokens, LONG_TOKENS out) arriving at a
 // fixed rate (evenly in the main window, as a Poisson process in the goodput probes). Reported:
-// ITL p50/p99/max over every stream, TTFT p50/p99 of short and long requests, and goodput: the highest long-prompt arrival rate at which at least
-// 90 % of the short AND of the long requests meet the SLO (below), found by a bounded search.
+// ITL p50/p99/max over every stream, TTFT p50/p99 of short and long requests, and goodput: the
+// highest long-prompt arrival rate at which at least 90 % of the short AND of the long requests
+// meet the SLO (below), found by a bounded search. Per window, the first decoder's own step
+// intervals, GC pauses, event-loop delay and CPU / run-queue shares say where a stall came from.
 // Plots (Vega-Lite rendered to SVG): ITL over time per configuration, SLO attainment vs rate.
 // Output folder: bench-results/disagg/ (or --out DIR); `--replot DIR/results.json` redraws the plots
 // of an earlier run without running anything. Last line:

@@ -13,12 +13,16 @@
 //      kvc is measured at the model level (forward + argmax), as llama.cpp is (no HTTP on either).
 //   5. kvc decode at batch 1 from the 156M model's Q8_0 GGUF against its f32 weights (interleaved).
 // Last line: {"bench":"peer","match":…,"prefill_ratio":…,…} — ratios are kvc ÷ llama.cpp.
+// Parts for targeted runs (the default is the whole benchmark, ~25 min on 2 cores):
+//   --only tiny,big,q8   any subset (figures of parts not run are null, "parts" lists those run)
+//   --reps N             runs per figure (median; default 3)
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdir, rename, rm, writeFile, copyFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
+import { Command, InvalidArgumentError, Option } from 'commander';
 import * as vega from 'vega';
 import { compile, type TopLevelSpec } from 'vega-lite';
 import { builtinConfigJson, ensureBuiltinModel, builtinTensors, Rng, randn, type BuiltinSpec } from '../src/engine/model/builtin.js';
@@ -31,7 +35,30 @@ import { resultsDir } from './_plot.js';
 const PEER_VERSION = '3.22.1';
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const PEER_DIR = join(ROOT, 'bench', '.peer');
-const RUNS = 3;
+const PARTS = ['tiny', 'big', 'q8'] as const;
+type Part = (typeof PARTS)[number];
+
+function parseOptions(argv: string[]): { only: Set<Part>; reps: number } {
+  const parts = (v: string): Part[] => {
+    const list = v.split(',').map((x) => x.trim());
+    for (const x of list) if (!(PARTS as readonly string[]).includes(x)) throw new InvalidArgumentError(`"${x}" is not a part; expected a comma-separated subset of ${PARTS.join(', ')}`);
+    return list as Part[];
+  };
+  const reps = (v: string): number => {
+    if (!/^[1-9][0-9]*$/.test(v) || Number(v) > 100) throw new InvalidArgumentError(`expected an integer from 1 to 100, got "${v}"`);
+    return Number(v);
+  };
+  const o = new Command('peer')
+    .description('kvc against llama.cpp on identical weights')
+    .addOption(new Option('--only <parts>', `parts to run, comma-separated: ${PARTS.join(', ')}`).argParser(parts).default([...PARTS]))
+    .addOption(new Option('--reps <n>', 'runs per figure (the median counts)').argParser(reps).default(3))
+    .parse(argv, { from: 'user' })
+    .opts<{ only: Part[]; reps: number }>();
+  return { only: new Set(o.only), reps: o.reps };
+}
+
+const OPTS = parseOptions(process.argv.slice(2));
+const RUNS = OPTS.reps;
 const DECODE_STEPS = 64;
 /** A llama.cpp decode run stops after this long (its rate is then taken over the steps done). */
 const PEER_RUN_CAP_MS = 30_000;
@@ -300,6 +327,7 @@ async function compare(llama: Llama, label: string, dir: string): Promise<{ matc
 /** kvc decode at batch 1 from a Q8_0 GGUF of the checkpoint and from its f32 weights, interleaved. */
 async function q8Decode(dir: string): Promise<{ q8: number; f32: number }> {
   const gguf = join(PEER_DIR, 'gguf', 'big-q8_0.gguf');
+  await mkdir(dirname(gguf), { recursive: true });
   await convertToGguf(dir, gguf, 'Q8_0', { name: 'big-q8_0' });
   const q8 = new KvcSide(await loadGgufModel(gguf));
   const f32 = new KvcSide(await LlamaModel.load(dir));
@@ -342,18 +370,20 @@ async function plot(file: string, rows: { model: string; engine: string; figure:
 }
 
 async function main(): Promise<void> {
-  const llama = await peer();
+  const { only } = OPTS;
+  const llama = only.has('tiny') || only.has('big') ? await peer() : null;
   try {
-    const tiny = await compare(llama, 'tiny', await ensureBuiltinModel('tiny'));
-    const bigDir = await bigModelDir();
-    const big = await compare(llama, 'big', bigDir);
-    const q8 = await q8Decode(bigDir);
-    console.log(`[big] kvc decode b1: Q8_0 ${q8.q8.toFixed(1)} tok/s vs f32 ${q8.f32.toFixed(1)} tok/s (x${(q8.q8 / q8.f32).toFixed(2)})`);
+    const tiny = llama && only.has('tiny') ? await compare(llama, 'tiny', await ensureBuiltinModel('tiny')) : null;
+    const bigDir = only.has('big') || only.has('q8') ? await bigModelDir() : '';
+    const big = llama && only.has('big') ? await compare(llama, 'big', bigDir) : null;
+    const q8 = only.has('q8') ? await q8Decode(bigDir) : null;
+    if (q8) console.log(`[big] kvc decode b1: Q8_0 ${q8.q8.toFixed(1)} tok/s vs f32 ${q8.f32.toFixed(1)} tok/s (x${(q8.q8 / q8.f32).toFixed(2)})`);
     const rows: { model: string; engine: string; figure: string; tps: number }[] = [];
     for (const [model, c] of [
       ['built-in tiny', tiny],
       ['random 156M', big],
     ] as const) {
+      if (!c) continue;
       for (const [engine, f] of [
         ['kvc (best of 1, 2 threads)', c.kvc],
         ['llama.cpp (best of 1, 2 threads)', c.peer],
@@ -361,29 +391,32 @@ async function main(): Promise<void> {
         rows.push({ model, engine, figure: 'prefill 512', tps: f.prefill }, { model, engine, figure: 'decode batch 1', tps: f.decode1 }, { model, engine, figure: 'decode batch 8', tps: f.decode8 });
       }
     }
-    rows.push({ model: 'random 156M', engine: 'kvc Q8_0', figure: 'decode batch 1', tps: q8.q8 });
+    if (q8) rows.push({ model: 'random 156M', engine: 'kvc Q8_0', figure: 'decode batch 1', tps: q8.q8 }, { model: 'random 156M', engine: 'kvc f32', figure: 'decode batch 1', tps: q8.f32 });
     const svgDir = join(ROOT, resultsDir('peer'));
     await mkdir(svgDir, { recursive: true });
     const svg = join(svgDir, 'peer.svg');
     await plot(svg, rows);
     console.log(`plot: ${svg}`);
-    const r = (x: number) => Number(x.toFixed(3));
+    const r = (x: number | undefined) => (x === undefined ? null : Number(x.toFixed(3)));
+    const matches = [tiny, big].filter((c) => c !== null).map((c) => c.match);
     console.log(
       JSON.stringify({
         bench: 'peer',
-        match: tiny.match && big.match,
-        prefill_ratio: r(tiny.ratio.prefill),
-        decode1_ratio: r(tiny.ratio.decode1),
-        decode8_ratio: r(tiny.ratio.decode8),
-        big_prefill_ratio: r(big.ratio.prefill),
-        big_decode1_ratio: r(big.ratio.decode1),
-        big_decode8_ratio: r(big.ratio.decode8),
-        q8_decode1_tps: Number(q8.q8.toFixed(1)),
-        f32_decode1_tps: Number(q8.f32.toFixed(1)),
+        parts: PARTS.filter((p) => only.has(p)),
+        reps: RUNS,
+        match: matches.length ? matches.every(Boolean) : null,
+        prefill_ratio: r(tiny?.ratio.prefill),
+        decode1_ratio: r(tiny?.ratio.decode1),
+        decode8_ratio: r(tiny?.ratio.decode8),
+        big_prefill_ratio: r(big?.ratio.prefill),
+        big_decode1_ratio: r(big?.ratio.decode1),
+        big_decode8_ratio: r(big?.ratio.decode8),
+        q8_decode1_tps: q8 ? Number(q8.q8.toFixed(1)) : null,
+        f32_decode1_tps: q8 ? Number(q8.f32.toFixed(1)) : null,
       }),
     );
   } finally {
-    await llama.dispose();
+    await llama?.dispose();
   }
 }
 

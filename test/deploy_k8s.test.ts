@@ -8,16 +8,12 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { readFileSync, readdirSync, statSync } from 'node:fs';
 import { join, relative } from 'node:path';
-import { Command, type Option } from 'commander';
+import { Command } from 'commander';
+import { checkArgs, cliProgram } from './helpers/cli_args.js';
 import { parseAllDocuments } from 'yaml';
 import { parseConnectorConfig, validateCacheConfig } from '../src/common/config.js';
 import { parseRemoteUrl } from '../src/common/remote_url.js';
-import { registerController } from '../src/cli/controller.js';
-import { registerEngine } from '../src/cli/engine.js';
 import { K8S_IMAGE, OVERLAYS, k8sManifests } from '../src/deploy/k8s.js';
-import { registerKeys } from '../src/cli/keys.js';
-import { registerProxy } from '../src/cli/proxy.js';
-import { registerUp } from '../src/cli/up.js';
 import { parseTopology } from '../src/proxy/topology.js';
 
 const ROOT = process.cwd();
@@ -35,36 +31,6 @@ function listFiles(dir: string): string[] {
     else out.push(p);
   }
   return out;
-}
-
-/** The real `kvc` command tree, built by the same register functions main.ts calls. */
-function cliProgram(): Command {
-  const program = new Command().name('kvc');
-  for (const register of [registerKeys, registerEngine, registerController, registerProxy, registerUp]) register(program);
-  return program;
-}
-
-/** Checks an argument list against a subcommand's options; returns the flag values. */
-function checkArgs(program: Command, args: string[], where: string): Map<string, string | true> {
-  const sub = program.commands.find((c) => c.name() === args[0]);
-  assert.ok(sub, `${where}: "kvc ${args[0]}" is not a kvc subcommand`);
-  const byLong = new Map<string, Option>();
-  for (const o of sub.options) if (o.long) byLong.set(o.long, o);
-  const seen = new Map<string, string | true>();
-  for (let i = 1; i < args.length; i++) {
-    const a = args[i]!;
-    assert.ok(a.startsWith('--'), `${where}: unexpected positional argument "${a}" for kvc ${args[0]}`);
-    const o = byLong.get(a);
-    assert.ok(o, `${where}: kvc ${args[0]} has no option ${a} (known: ${[...byLong.keys()].join(' ')})`);
-    assert.ok(!seen.has(a), `${where}: ${a} given twice`);
-    if (o.required) {
-      const v = args[++i];
-      assert.ok(v !== undefined && !v.startsWith('--'), `${where}: ${a} needs a value`);
-      seen.set(a, v);
-    } else seen.set(a, true);
-  }
-  for (const o of sub.options) if (o.mandatory) assert.ok(seen.has(o.long!), `${where}: kvc ${args[0]} requires ${o.long}`);
-  return seen;
 }
 
 describe('Kubernetes manifests', () => {
@@ -128,8 +94,13 @@ describe('Kubernetes manifests', () => {
             assert.ok(Number.isInteger(v) && v >= 1 && v <= 65535, `${where}: ${flag} is a port`);
             return v;
           };
+          // Every process binds 0.0.0.0 (no DNS record needed to start) and advertises its own Service.
+          if (c.args[0] === 'engine' || c.args[0] === 'controller' || c.args[0] === 'proxy') {
+            assert.equal(flags.get('--host'), '0.0.0.0', `${where}: binds every interface`);
+            const own = w.metadata.name === 'proxy' ? 'proxy' : w.metadata.name;
+            assert.equal(flags.get('--advertise-host'), own, `${where}: advertises its Service name`);
+          }
           if (c.args[0] === 'engine') {
-            assert.equal(flags.get('--host'), '0.0.0.0');
             const p = port('--port');
             assert.ok(containerPorts.has(p));
             reach(w.metadata.name, p, `${where} --port`);
@@ -144,20 +115,25 @@ describe('Kubernetes manifests', () => {
             const [ch, cp] = config.controller_url!.split(':');
             reach(ch!, Number(cp), `${where} controller_url`);
             const [dh, dp] = config.distributed_url!.split(':');
-            assert.equal(dh, w.metadata.name, 'distributed_url is the engine\'s own Service');
-            reach(dh!, Number(dp), `${where} distributed_url`);
+            // distributed_url is what the peer and worker ports bind; the instance registers the
+            // engine's --advertise-host (its Service) with the same port.
+            assert.equal(dh, '0.0.0.0', `${where}: distributed_url binds every interface`);
+            assert.equal(config.advertise_host, null, `${where}: the instance advertises the engine's --advertise-host`);
+            reach(String(flags.get('--advertise-host')), Number(dp), `${where} advertised distributed_url`);
             assert.ok(containerPorts.has(Number(dp)) && containerPorts.has(config.kvc_worker_port!));
             reach(w.metadata.name, config.kvc_worker_port!, `${where} kvc_worker_port`);
+            // Prefillers and decoders share the remote tier.
+            assert.ok(config.remote_url, `${where}: remote_url is set`);
+            const ep = parseRemoteUrl(config.remote_url);
+            reach(ep.host, ep.port, `${where} remote_url`);
             if (connector.kv_role === 'kv_producer') {
               reach(config.xfer_proxy_host!, config.xfer_proxy_port!, `${where} xfer_proxy_host`);
-              const ep = parseRemoteUrl(config.remote_url!);
-              reach(ep.host, ep.port, `${where} remote_url`);
             } else {
               assert.equal(connector.kv_role, 'kv_consumer');
               assert.ok(containerPorts.has(config.xfer_peer_init_port!) && containerPorts.has(config.xfer_peer_alloc_port!));
+              assert.equal(config.xfer_peer_host, '0.0.0.0', `${where}: the xfer receiver binds every interface`);
             }
           } else if (c.args[0] === 'controller') {
-            assert.equal(flags.get('--host'), '0.0.0.0');
             for (const f of ['--port', '--monitor-port']) reach('controller', port(f), `${where} ${f}`);
           } else {
             assert.equal(c.args[0], 'proxy');

@@ -1,6 +1,7 @@
 // Weights kept in their stored encoding (F16, BF16, Q8_0, Q4_0) in the WASM kernel: every product
-// equals, bit for bit, the plain-JS kernel on the decoded f32 values, for any number of rows
-// (batch invariance) and whether or not the worker thread takes a share of the columns.
+// equals, bit for bit, the plain-JS kernel's (16-bit: on the decoded f32 values; Q8_0/Q4_0: the
+// int8 dot product of q8_dot.ts), for any number of rows (batch invariance) and whether or not
+// the worker thread takes a share of the columns.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { encodeTensor } from '../src/engine/model/gguf_write.js';
@@ -24,7 +25,7 @@ function sameBits(a: Float32Array, b: Float32Array, what: string): void {
   for (let i = 0; i < a.length; i++) if (ua[i] !== ub[i]) assert.fail(`${what}: element ${i}: ${a[i]} vs ${b[i]}`);
 }
 
-test('encoded weights: WASM F16/BF16/Q8_0/Q4_0 kernels equal the JS kernel on decoded weights, bitwise, alone or batched', async () => {
+test('encoded weights: WASM F16/BF16/Q8_0/Q4_0 kernels equal the JS kernel bitwise (16-bit: on decoded weights), alone or batched', async () => {
   const js = new JsGemm();
   for (const threads of [1, 2]) {
     const wasm = await WasmGemm.create({ threads });
@@ -41,12 +42,17 @@ test('encoded weights: WASM F16/BF16/Q8_0/Q4_0 kernels equal the JS kernel on de
         w[7] = 0;
         for (const type of ['F16', 'BF16', 'Q8_0', 'Q4_0'] as const) {
           const enc: EncodedWeight = { type, bytes: encodeTensor(type, w) };
-          const ref = js.upload(decodeWeight(enc, n, k), n, k);
+          const ref = type === 'Q8_0' || type === 'Q4_0' ? js.uploadEncoded(enc, n, k) : js.upload(decodeWeight(enc, n, k), n, k);
           const wt = wasm.uploadEncoded(enc, n, k);
-          const a = rand(9 * k, 7);
-          const full = new Float32Array(9 * n);
-          wasm.matmul(wt, a, 9, full);
-          for (const m of [1, 4, 9]) {
+          // 70 rows: past the kernel's 64-row block, and large enough to be split with the worker.
+          const a = rand(70 * k, 7);
+          // Q8 activation quantization edge cases: an all-zero block (scale 0) and exact halves
+          // (amax 127 makes the scale 1, so 2.5 → 2 and -3.5 → -4: half to even).
+          a.fill(0, k, k + 32);
+          a.set([127, 2.5, -3.5, 0.5, -0.5, 1.5, -127], 2 * k);
+          const full = new Float32Array(70 * n);
+          wasm.matmul(wt, a, 70, full);
+          for (const m of [1, 4, 9, 70]) {
             const got = new Float32Array(m * n);
             const exp = new Float32Array(m * n);
             wasm.matmul(wt, a, m, got);
@@ -60,6 +66,28 @@ test('encoded weights: WASM F16/BF16/Q8_0/Q4_0 kernels equal the JS kernel on de
       wasm.close();
     }
   }
+});
+
+test('Q8 product: close to the f32 product of the decoded weights (activations quantized per block of 32)', async () => {
+  const js = new JsGemm();
+  const [n, k, m] = [96, 256, 3];
+  const w = rand(n * k, 11, 0.2);
+  const enc: EncodedWeight = { type: 'Q8_0', bytes: encodeTensor('Q8_0', w) };
+  const a = rand(m * k, 5);
+  const q8 = new Float32Array(m * n);
+  const f32 = new Float32Array(m * n);
+  js.matmul(js.uploadEncoded(enc, n, k), a, m, q8);
+  js.matmul(js.upload(decodeWeight(enc, n, k), n, k), a, m, f32);
+  let err = 0;
+  let ref = 0;
+  for (let i = 0; i < q8.length; i++) {
+    err += (q8[i]! - f32[i]!) ** 2;
+    ref += f32[i]! ** 2;
+  }
+  // int8 activations carry ~0.4 % noise per value; the dot averages it down.
+  const rel = Math.sqrt(err / ref);
+  assert.ok(rel < 0.01, `relative RMS error ${rel}`);
+  assert.ok(rel > 0, 'the Q8 product quantizes the activations, so it differs from the f32 one');
 });
 
 test('encoded weights: F16 Inf/NaN and malformed sizes are refused at upload', async () => {

@@ -1,7 +1,11 @@
 // 1P1D across hosts: every process in its own network namespace ("host") on a private subnet:
 //   ctl   controller + proxy      pre   prefiller-0      dec   decoder-0 + sharer (kv_both)
 //   redis redis-server (the shared remote tier)
-// Checks: greedy output through the proxy equals a single engine's; a prefix computed on one host
+// Addresses as on real machines: the controller, the proxy, the prefiller and the decoder bind
+// 0.0.0.0 (their cache instances' worker, peer and xfer ports too) and advertise their host's
+// address with --advertise-host; the single engine binds its host's address. Nothing is told
+// 0.0.0.0 or 127.0.0.1: a peer given a wrong address would reach the wrong namespace or nothing.
+// Checks: the controller registered every instance at its host's address; greedy output through the proxy equals a single engine's; a prefix computed on one host
 // is a remote-tier hit on another (both directions); a controller move of a prompt's chunks from
 // the prefiller's host to the decoder's host; the decoder's link cut mid-request: the request ends
 // (answered or a clean JSON error) within a bound, nothing hangs, and service resumes once the link
@@ -106,24 +110,27 @@ describe('1P1D across network namespaces', { skip: skip ?? false }, () => {
       return p;
     };
     const common = { chunk_size: 16, local_cpu: true, max_local_cpu_size: 0.05, enable_controller: true, controller_url: `${A.ctl}:9001`, remote_url: remote, remote_timeout_ms: 500 };
-    const pre = yaml('prefiller-0', { ...common, kvc_instance_id: 'prefiller-0', kvc_worker_port: 7700, distributed_url: `${A.pre}:7800`, enable_xfer: true, xfer_role: 'sender', xfer_proxy_host: A.ctl, xfer_proxy_port: 7500 });
-    const dec = yaml('decoder-0', { ...common, kvc_instance_id: 'decoder-0', kvc_worker_port: 7750, distributed_url: `${A.dec}:7850`, enable_xfer: true, xfer_role: 'receiver', xfer_peer_host: A.dec, xfer_peer_init_port: 7300, xfer_peer_alloc_port: 7400 });
+    // The instances bind every interface (distributed_url 0.0.0.0, the receiver too) and register
+    // the engine's --advertise-host.
+    const pre = yaml('prefiller-0', { ...common, kvc_instance_id: 'prefiller-0', kvc_worker_port: 7700, distributed_url: '0.0.0.0:7800', enable_xfer: true, xfer_role: 'sender', xfer_proxy_host: A.ctl, xfer_proxy_port: 7500 });
+    const dec = yaml('decoder-0', { ...common, kvc_instance_id: 'decoder-0', kvc_worker_port: 7750, distributed_url: '0.0.0.0:7850', enable_xfer: true, xfer_role: 'receiver', xfer_peer_host: '0.0.0.0', xfer_peer_init_port: 7300, xfer_peer_alloc_port: 7400 });
     const sharer = yaml('sharer', { chunk_size: 16, local_cpu: true, max_local_cpu_size: 0.05, remote_url: remote, remote_timeout_ms: 500 });
-    kvc('controller', 'ctl', ['controller', '--host', A.ctl!, '--port', '9000', '--monitor-port', '9001']);
+    kvc('controller', 'ctl', ['controller', '--host', '0.0.0.0', '--advertise-host', A.ctl!, '--port', '9000', '--monitor-port', '9001']);
     ctlUrl = `http://${A.ctl}:9000`;
     await waitUntil('the controller', healthy('ctl', `${ctlUrl}/healthz`));
-    const engine = (port: number, role: string, extra: Record<string, unknown> = {}) =>
-      ['engine', '--host', A[port === 7100 ? 'pre' : 'dec']!, '--port', String(port), '--model', MODEL, '--max-model-len', '512', '--kv-transfer-config', JSON.stringify({ kv_connector: 'KvcConnectorV1', kv_role: role, ...extra })];
-    kvc('prefiller-0', 'pre', engine(7100, 'kv_producer'), { KVC_CONFIG_FILE: pre });
-    kvc('decoder-0', 'dec', engine(7200, 'kv_consumer', { kv_connector_extra_config: { skip_last_n_tokens: 1 } }), { KVC_CONFIG_FILE: dec });
-    kvc('sharer', 'dec', engine(7201, 'kv_both'), { KVC_CONFIG_FILE: sharer });
+    const engine = (host: string[], port: number, role: string, extra: Record<string, unknown> = {}) =>
+      ['engine', ...host, '--port', String(port), '--model', MODEL, '--max-model-len', '512', '--kv-transfer-config', JSON.stringify({ kv_connector: 'KvcConnectorV1', kv_role: role, ...extra })];
+    kvc('prefiller-0', 'pre', engine(['--host', '0.0.0.0', '--advertise-host', A.pre!], 7100, 'kv_producer'), { KVC_CONFIG_FILE: pre });
+    kvc('decoder-0', 'dec', engine(['--host', '0.0.0.0', '--advertise-host', A.dec!], 7200, 'kv_consumer', { kv_connector_extra_config: { skip_last_n_tokens: 1 } }), { KVC_CONFIG_FILE: dec });
+    // Bound to its host's address: advertised as that address by default.
+    kvc('sharer', 'dec', engine(['--host', A.dec!], 7201, 'kv_both'), { KVC_CONFIG_FILE: sharer });
     preUrl = `http://${A.pre}:7100`;
     sharerUrl = `http://${A.dec}:7201`;
     await waitUntil('the engines', async () =>
       (await healthy('ctl', `${preUrl}/health`)()) && (await healthy('ctl', `http://${A.dec}:7200/health`)()) && (await healthy('ctl', `${sharerUrl}/health`)()),
     );
     kvc('proxy', 'ctl', [
-      'proxy', '--host', A.ctl!, '--port', '9100', '--proxy-host', A.ctl!, '--proxy-port', '7500',
+      'proxy', '--host', '0.0.0.0', '--advertise-host', A.ctl!, '--port', '9100', '--proxy-host', '0.0.0.0', '--proxy-port', '7500',
       '--prefiller-host', A.pre!, '--prefiller-port', '7100', '--decoder-host', A.dec!, '--decoder-port', '7200',
       '--decoder-init-port', '7300', '--decoder-alloc-port', '7400',
       '--prefill-timeout', '15', '--decode-timeout', '30', '--idle-timeout', '10', '--health-interval', '1',
@@ -143,6 +150,24 @@ describe('1P1D across network namespaces', { skip: skip ?? false }, () => {
     hosts?.teardown();
     if (dir) rmSync(dir, { recursive: true, force: true });
     if (timings.length) process.stdout.write(`# multi-host timings: ${timings.join('; ')}\n`);
+  });
+
+  it('the controller registered each cache instance at its host\'s advertised address', async () => {
+    let instances: any[] = [];
+    await waitUntil('both instances registered', async () => {
+      instances = (await request('ctl', 'GET', `${ctlUrl}/instances`)).json?.instances ?? [];
+      return instances.length === 2;
+    }, 60_000);
+    const byId = Object.fromEntries(instances.map((i) => [i.instance_id, i.workers[0]]));
+    assert.deepEqual(
+      { pre: [byId['prefiller-0']?.ip, byId['prefiller-0']?.distributed_url], dec: [byId['decoder-0']?.ip, byId['decoder-0']?.distributed_url] },
+      { pre: [A.pre, `${A.pre}:7800`], dec: [A.dec, `${A.dec}:7850`] },
+      JSON.stringify(instances),
+    );
+    // Started with --host 0.0.0.0 --advertise-host: each says where it is reached.
+    const ctlLog = procs.find((p) => p.name === 'controller')!.out();
+    assert.match(ctlLog, new RegExp(`http://${A.ctl!.replace(/\./g, '\\.')}:9000`), 'the controller prints its advertised URL');
+    assert.match(procs.find((p) => p.name === 'decoder-0')!.out(), new RegExp(`engine listening on http://${A.dec!.replace(/\./g, '\\.')}:7200 \\(bound on 0\\.0\\.0\\.0\\)`));
   });
 
   it('greedy output through the proxy across hosts equals a single engine; a prefix is shared through the remote tier both ways', async () => {

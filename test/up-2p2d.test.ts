@@ -41,7 +41,9 @@ describe('kvc up 2P2D (built-in model)', () => {
     offset = await freeOffset({ prefillers: 2, decoders: 2, model: 'builtin:tiny', controller: true, host: '127.0.0.1' });
     logDir = tempDir('kvc-up2p2d-');
     // A seed other than 0 in kvc up's own environment: the children must still get 0.
-    up = startKvc(['up', '--prefillers', '2', '--decoders', '2', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150'], { PYTHONHASHSEED: '7' });
+    // Restarts off: the kill test checks the proxy's view of a dead prefiller (degraded), which a
+    // restart could hide on a slow machine; restarting is covered by up_restart.test.ts.
+    up = startKvc(['up', '--prefillers', '2', '--decoders', '2', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150', '--max-restarts', '0'], { PYTHONHASHSEED: '7' });
     await up.waitFor(/kvc up: ready/, 170_000);
     proxyUrl = `http://127.0.0.1:${9100 + offset}`;
     client = new OpenAI({ baseURL: `${proxyUrl}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });

@@ -1,28 +1,32 @@
 // `kvc controller`: the cache controller (HTTP API on --port, monitor port for instances).
 import type { Command } from 'commander';
 import { startController } from '../controller/server.js';
-import { portFlag, secondsFlag } from './options.js';
+import { ADVERTISE_HELP, hostFlags, portFlag, secondsFlag } from './options.js';
 import { applySecret } from './security.js';
+import { urlHost } from '../common/address.js';
 
 
 export function registerController(program: Command): void {
   program
     .command('controller')
     .description('run the KV cache controller: instance registry, global chunk index, move/copy/pin/lookup/clear')
-    .option('--host <host>', 'address to bind (HTTP and monitor)', '127.0.0.1')
+    .option('--host <host>', 'address to bind (HTTP and monitor; 0.0.0.0: every interface)', '127.0.0.1')
+    .option('--advertise-host <host>', ADVERTISE_HELP)
     .option('--port <port>', 'HTTP port of the operations', '9000')
     .option('--monitor-port <port>', 'port cache instances connect to (controller_url)', '9001')
     .option('--heartbeat-timeout <seconds>', 'reap a worker silent for this long', '10')
     .option('--command-timeout <seconds>', 'deadline of a short command to a worker (lookup, pin, health)', '5')
     .option('--transfer-timeout <seconds>', 'deadline of a move, copy or clear', '300')
     .option('--deployment-secret-file <path>', 'file whose first line is the secret the processes of this deployment share (default: $KVC_DEPLOYMENT_SECRET; none: internal channels are open)')
-    .action(async (opts: { host: string; port: string; monitorPort: string; heartbeatTimeout: string; commandTimeout: string; transferTimeout: string; deploymentSecretFile?: string }) => {
-      applySecret(opts, opts.host, 'the controller');
+    .action(async (opts: { host: string; advertiseHost?: string; port: string; monitorPort: string; heartbeatTimeout: string; commandTimeout: string; transferTimeout: string; deploymentSecretFile?: string }) => {
+      const { host, advertiseHost } = hostFlags(opts);
+      applySecret(opts, host, 'the controller');
       const port = portFlag('--port', opts.port);
       const monitorPort = portFlag('--monitor-port', opts.monitorPort);
       if (port === monitorPort) throw new Error('--port and --monitor-port must differ');
       const ctl = await startController({
-        host: opts.host,
+        host,
+        advertiseHost,
         port,
         monitorPort,
         heartbeatTimeoutMs: secondsFlag('--heartbeat-timeout', opts.heartbeatTimeout),
@@ -30,7 +34,7 @@ export function registerController(program: Command): void {
         transferTimeoutMs: secondsFlag('--transfer-timeout', opts.transferTimeout),
         processMetrics: true,
       });
-      process.stdout.write(`kvc controller ready: http ${ctl.url} monitor tcp://${opts.host}:${monitorPort} dashboard ${ctl.url}/\n`);
+      process.stdout.write(`kvc controller ready: http ${ctl.url} monitor tcp://${urlHost(advertiseHost)}:${monitorPort} (bound on ${host}) dashboard ${ctl.url}/\n`);
       let stopping = false;
       const stop = () => {
         if (stopping) return;

@@ -6,7 +6,7 @@ import { logger } from '../common/log.js';
 import { validateCpuList } from '../common/cpu_set.js';
 import { applyCpuSet } from '../engine/placement.js';
 import { startEngine } from '../engine/server.js';
-import { optionalPositiveInt as posInt, portFlag } from './options.js';
+import { ADVERTISE_HELP, hostFlags, optionalPositiveInt as posInt, portFlag } from './options.js';
 import { apiKeyFrom, applySecret } from './security.js';
 
 const log = logger('engine');
@@ -15,6 +15,7 @@ interface EngineFlags {
   deploymentSecretFile?: string;
   apiKey?: string;
   host: string;
+  advertiseHost?: string;
   port: string;
   model?: string;
   dtype: string;
@@ -37,7 +38,8 @@ export function registerEngine(program: Command): void {
     .description('serve a Llama-architecture model on the CPU with an OpenAI-compatible API')
     .argument('[model]', 'the model, as in `vllm serve <model>` (same as --model)')
     .option('--port <port>', 'HTTP port', '8000')
-    .option('--host <host>', 'address to bind', '127.0.0.1')
+    .option('--host <host>', 'address to bind (0.0.0.0: every interface)', '127.0.0.1')
+    .option('--advertise-host <host>', ADVERTISE_HELP + '; also the address its cache instance registers with the controller when bound to 0.0.0.0')
     .option('--model <model>', '"builtin:tiny" (random weights, generated at first use), a local Hugging Face checkpoint directory (config.json, tokenizer.json, *.safetensors), or a llama.cpp model file ending in .gguf; nothing is downloaded (default: builtin:tiny)')
     .option('--served-model-name <name>', 'model name clients send (default: the --model value)')
     .option('--max-model-len <n>', 'longest prompt + completion in tokens (default: the model\'s max_position_embeddings)')
@@ -60,7 +62,8 @@ export function registerEngine(program: Command): void {
         throw new Error(`the model is given twice, as "${positional}" and as --model "${f.model}"; give one`);
       }
       const model = positional ?? f.model ?? 'builtin:tiny';
-      applySecret(f, f.host, 'the engine');
+      const { host, advertiseHost } = hostFlags(f);
+      applySecret(f, host, 'the engine');
       const apiKey = apiKeyFrom(f);
       const port = portFlag('--port', f.port);
       if (f.cpus !== undefined) {
@@ -75,7 +78,8 @@ export function registerEngine(program: Command): void {
         kvCacheBytes = gibToBytes(g);
       }
       const engine = await startEngine({
-        host: f.host,
+        host,
+        advertiseHost,
         port,
         model,
         dtype: f.dtype,
@@ -93,7 +97,8 @@ export function registerEngine(program: Command): void {
         logStats: !f.disableLogStats,
       });
       log.info(`serving "${engine.modelName}" (model id ${engine.modelId}, max_model_len ${engine.maxModelLen})`);
-      process.stdout.write(`engine listening on ${engine.url}\n`);
+      // `engine listening on <URL>` is the line scripts wait for: the URL is the advertised one.
+      process.stdout.write(`engine listening on ${engine.url}${host !== advertiseHost ? ` (bound on ${host})` : ''}\n`);
       let stopping = false;
       const stop = (sig: string) => {
         if (stopping) return;

@@ -1,5 +1,6 @@
 // Parsing of numeric command-line flags, shared by every subcommand so that a bad value is
 // refused the same way everywhere: "<flag>: expected <what>, found "<value>"".
+import { checkBindHost, resolveAdvertiseHost } from '../common/address.js';
 
 /** An integer within [min, max]. */
 export function intFlag(flag: string, v: string, min = Number.MIN_SAFE_INTEGER, max = Number.MAX_SAFE_INTEGER): number {
@@ -29,3 +30,11 @@ export function secondsFlag(flag: string, v: string): number {
   if (v.trim() === '' || !Number.isFinite(n) || n <= 0) throw new Error(`${flag}: expected a number of seconds > 0, found "${v}"`);
   return Math.round(n * 1000);
 }
+
+/** `--host` (bind) and `--advertise-host` (what the process hands out), checked; see src/common/address.ts. */
+export function hostFlags(o: { host?: unknown; advertiseHost?: unknown }): { host: string; advertiseHost: string } {
+  const host = checkBindHost('--host', String(o.host));
+  return { host, advertiseHost: resolveAdvertiseHost('--advertise-host', o.advertiseHost === undefined ? undefined : String(o.advertiseHost), host) };
+}
+
+export const ADVERTISE_HELP = 'address other processes reach this one at, which it registers and hands out (default: --host, or this machine\'s hostname when --host is 0.0.0.0 or ::)';

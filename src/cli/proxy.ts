@@ -4,7 +4,8 @@ import { logger } from '../common/log.js';
 import { ProxyServer } from '../proxy/server.js';
 import { parseRoutingFlags } from '../proxy/routing_flags.js';
 import { parsePort, parseTopology } from '../proxy/topology.js';
-import { secondsFlag as seconds } from './options.js';
+import { ADVERTISE_HELP, hostFlags, secondsFlag as seconds } from './options.js';
+import { checkBindHost, urlHost } from '../common/address.js';
 import { apiKeyFrom, applySecret } from './security.js';
 
 const log = logger('proxy');
@@ -14,7 +15,8 @@ export function registerProxy(program: Command): void {
   program
     .command('proxy')
     .description('disaggregated-prefill proxy: prefill on a prefiller (round-robin or kv-aware), decode and stream from a decoder')
-    .option('--host <host>', 'address to listen on', '127.0.0.1')
+    .option('--host <host>', 'address to listen on (0.0.0.0: every interface)', '127.0.0.1')
+    .option('--advertise-host <host>', ADVERTISE_HELP + '; the prefillers\' xfer_proxy_host names it')
     .option('--port <port>', 'HTTP port', '9100')
     .option('--prefiller-host <hosts>', 'prefiller host(s), comma-separated', '127.0.0.1')
     .option('--prefiller-port <ports>', 'prefiller port(s), comma-separated; one port + --num-prefillers N = N consecutive ports', '7100')
@@ -24,7 +26,7 @@ export function registerProxy(program: Command): void {
     .option('--num-decoders <n>', 'number of decoders')
     .option('--decoder-init-port <ports>', "decoders' xfer receiver init port(s); one value: consecutive ports for decoders sharing a host, the same port on distinct hosts", '7300')
     .option('--decoder-alloc-port <ports>', "decoders' xfer receiver alloc port(s); one value: consecutive ports for decoders sharing a host, the same port on distinct hosts", '7400')
-    .option('--proxy-host <host>', 'address of the xfer notify port (prefillers push transfer-done notices here)', '127.0.0.1')
+    .option('--proxy-host <host>', 'address the xfer notify port binds (prefillers push transfer-done notices to it at their xfer_proxy_host: this proxy\'s advertised address)', '127.0.0.1')
     .option('--proxy-port <port>', 'xfer notify port', '7500')
     .option('--prefill-timeout <s>', 'seconds a prefiller may take to answer before the next one is tried', '120')
     .option('--decode-timeout <s>', "seconds until the decoder's response starts (a non-streamed one: ends)", '300')
@@ -42,7 +44,9 @@ export function registerProxy(program: Command): void {
     .action(async (o: Record<string, string>) => {
       let server: ProxyServer;
       try {
-        applySecret(o, o.host!, 'the proxy');
+        const { host, advertiseHost } = hostFlags(o);
+        checkBindHost('--proxy-host', o.proxyHost!);
+        applySecret(o, host, 'the proxy');
         const apiKey = apiKeyFrom(o);
         const topology = parseTopology({
           prefillerHost: o.prefillerHost!,
@@ -58,7 +62,7 @@ export function registerProxy(program: Command): void {
         server = new ProxyServer({
           routing,
           controllerUrl,
-          host: o.host!,
+          host,
           port: parsePort(o.port!, '--port'),
           topology,
           notify: { host: o.proxyHost!, port: parsePort(o.proxyPort!, '--proxy-port') },
@@ -75,9 +79,9 @@ export function registerProxy(program: Command): void {
         });
         await server.start();
         log.info(
-          `listening on http://${o.host}:${server.port}; prefillers ${server.prefillers.map((b) => b.url).join(', ')}; ` +
+          `listening on http://${urlHost(advertiseHost)}:${server.port}${host !== advertiseHost ? ` (bound on ${host})` : ''}; prefillers ${server.prefillers.map((b) => b.url).join(', ')}; ` +
             `decoders ${topology.decoders.map((d) => `http://${d.host}:${d.port} (xfer ${d.initPort}/${d.allocPort})`).join(', ')}; ` +
-            `xfer notify tcp://${o.proxyHost}:${o.proxyPort}; routing ${routing.mode}` +
+            `xfer notify bound on ${o.proxyHost}:${o.proxyPort}; routing ${routing.mode}` +
             (controllerUrl ? ` (index ${controllerUrl})` : '') +
             `, local prefill when uncached <= ${routing.maxLocalPrefillTokens ?? 'never'} or every prefill queue > ${routing.maxPrefillQueue ?? 'never'}`,
         );

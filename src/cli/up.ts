@@ -1,5 +1,7 @@
 // `kvc up`: a whole local disaggregated deployment in one command (see src/deploy/up.ts, docs/proxy.md).
 import type { Command } from 'commander';
+import { checkBindHost, isWildcardHost } from '../common/address.js';
+import { parseHostList } from '../deploy/hosts.js';
 import { fileURLToPath } from 'node:url';
 import { dirname, join, resolve } from 'node:path';
 import { parsePlacement } from '../deploy/placement.js';
@@ -28,7 +30,11 @@ export function registerUp(program: Command): void {
     .option('--prefillers <n>', 'number of prefiller engines (ports 7100+i); 0: colocated kv_both engines (as many as --decoders) behind the proxy', '1')
     .option('--decoders <n>', 'number of decoder engines (ports 7200+i)', '1')
     .option('--model <model>', 'model of every engine: builtin:tiny or a local checkpoint directory', 'builtin:tiny')
-    .option('--host <addr>', 'address every process binds and is reached on', '127.0.0.1')
+    .option('--host <addr>', 'address every process binds (with --hosts: 0.0.0.0 unless --bind-addresses)', '127.0.0.1')
+    .option('--advertise-host <addr>', 'address the processes reach each other at (default: --host, or this machine\'s hostname when --host is 0.0.0.0)')
+    .option('--hosts <list>', 'with --config-only: the machines of a deployment over several hosts, as name=address pairs (ctl=10.0.0.1,p0=10.0.0.2,d0=10.0.0.3) or a YAML file; prints each host\'s commands (docs/deploy.md)')
+    .option('--bind-addresses', 'with --hosts: each process binds its host\'s address instead of 0.0.0.0')
+    .option('--remote-url <url>', 'cache: the shared remote tier of every engine (redis://host:6379/0, rediss://, valkey://)')
     .option('--served-model-name <name>', 'engines: the model name clients send')
     .option('--max-model-len <n>', 'engines: longest prompt + completion in tokens')
     .option('--dtype <dtype>', 'engines: compute type (auto, float32, float)')
@@ -49,10 +55,20 @@ export function registerUp(program: Command): void {
     .option('--routing <mode>', 'proxy routing: round-robin (default) or kv-aware (cached prefix + load; docs/routing.md)')
     .option('--max-local-prefill-tokens <n>', "proxy: prefill on the decoder when at most this many prompt tokens are uncached there (kv-aware default 256)")
     .option('--max-prefill-queue <n>', 'proxy: prefill on the decoder when every prefiller has more than this many prefills in flight (kv-aware default 8)')
-    .option('--config-only', 'write the cache YAML and connector JSON files and print the commands; start nothing')
-    .action(async (o: Record<string, string | boolean>) => {
+    .option('--config-only', 'write the cache YAML and connector JSON files and print the commands (with --hosts: per host, plus the deployment secret file); start nothing')
+    .action(async (o: Record<string, string | boolean>, cmd: Command) => {
       let code: number;
       try {
+        const multi = o.hosts !== undefined;
+        if (!multi && o.bindAddresses === true) throw new Error('--bind-addresses: only with --hosts (one machine: --host is the bind address)');
+        if (multi && o.advertiseHost !== undefined) throw new Error('--advertise-host: not used with --hosts (each process advertises the address --hosts gives it)');
+        // With --hosts every process binds 0.0.0.0 unless --host names another wildcard (::).
+        const hostGiven = cmd.getOptionValueSource('host') === 'cli';
+        if (multi && hostGiven && !isWildcardHost(String(o.host))) {
+          throw new Error(`--host: with --hosts only 0.0.0.0 or :: (each process binds every interface), or --bind-addresses to bind each host's address; found "${String(o.host)}"`);
+        }
+        const host = checkBindHost('--host', multi && !hostGiven ? '0.0.0.0' : String(o.host));
+        const hostList = multi ? parseHostList(String(o.hosts)) : undefined;
         const startupTimeoutMs = secondsFlag('--startup-timeout', String(o.startupTimeout));
         if (o.dtype !== undefined && !(DTYPES_ACCEPTED as readonly string[]).includes(String(o.dtype))) {
           throw new Error(`--dtype: expected one of ${DTYPES_ACCEPTED.join(', ')}, found "${String(o.dtype)}"`);
@@ -66,8 +82,13 @@ export function registerUp(program: Command): void {
           routing: o.routing === undefined ? undefined : (String(o.routing) as 'round-robin'),
           maxLocalPrefillTokens: o.maxLocalPrefillTokens === undefined ? undefined : int('--max-local-prefill-tokens', String(o.maxLocalPrefillTokens), 0),
           maxPrefillQueue: o.maxPrefillQueue === undefined ? undefined : int('--max-prefill-queue', String(o.maxPrefillQueue), 0),
-          host: String(o.host),
-          placement: parsePlacement(String(o.placement)),
+          host,
+          advertiseHost: o.advertiseHost === undefined ? undefined : String(o.advertiseHost),
+          hostList,
+          bindAddresses: o.bindAddresses === true,
+          logDirAsGiven: String(o.logDir),
+          // With --hosts the default is shared: this machine's CPUs say nothing about the others.
+          placement: multi && cmd.getOptionValueSource('placement') !== 'cli' ? { kind: 'shared' } : parsePlacement(String(o.placement)),
           engine: {
             servedModelName: str(o.servedModelName),
             maxModelLen: posInt('--max-model-len', str(o.maxModelLen)),
@@ -81,6 +102,7 @@ export function registerUp(program: Command): void {
             maxLocalCpuSize: gibFlag('--max-local-cpu-size', o.maxLocalCpuSize),
             localDisk: o.localDisk === undefined ? undefined : resolve(String(o.localDisk)),
             maxLocalDiskSize: gibFlag('--max-local-disk-size', o.maxLocalDiskSize),
+            remoteUrl: str(o.remoteUrl),
           },
           restart: { ...DEFAULT_RESTART, maxRestarts: int('--max-restarts', String(o.maxRestarts), 0, 1000) },
           logDir: String(o.logDir),

@@ -12,6 +12,16 @@ import { didYouMean } from './did_you_mean.js';
 import { CACHE_KEY_ALIASES, CACHE_KEYS_OFF_ONLY, CONNECTOR_ALIASES, rewriteCacheDoc } from './config_aliases.js';
 import { parseRemoteUrl, RemoteUrlError, type RemoteEndpoint } from './remote_url.js';
 import { fieldPath, valueAt } from './validate.js';
+import { checkAdvertiseHost } from './address.js';
+
+function advertiseHostOk(h: string): boolean {
+  try {
+    checkAdvertiseHost('advertise_host', h);
+    return true;
+  } catch {
+    return false;
+  }
+}
 
 export class ConfigError extends Error {
   override name = 'ConfigError';
@@ -44,6 +54,8 @@ export const cacheConfigSchema = z.strictObject({
   controller_url: hostPort.nullable().default(null),
   kvc_worker_port: port.nullable().default(null),
   distributed_url: hostPort.nullable().default(null),
+  // What the instance registers with the controller instead of distributed_url's host (bind) address.
+  advertise_host: z.string().nullable().default(null).refine((h) => h === null || advertiseHostOk(h), 'expected the IP address or host name peers reach this instance at (not 0.0.0.0 or ::)'),
   enable_xfer: z.boolean().default(false),
   enable_xpyd: z.boolean().default(false),
   xfer_role: z.enum(['sender', 'receiver']).nullable().default(null),

@@ -3,6 +3,7 @@
 import type { FastifyInstance } from 'fastify';
 import { seedFromEnv } from '../common/keys.js';
 import { logger } from '../common/log.js';
+import { resolveAdvertiseHost, urlHost } from '../common/address.js';
 import { EventLog } from './events.js';
 import { buildHttpApi } from './http_api.js';
 import { MonitorServer } from './monitor.js';
@@ -12,7 +13,10 @@ import { Registry } from './registry.js';
 const log = logger('controller');
 
 export interface ControllerOptions {
+  /** The address the HTTP and monitor ports bind. */
   host: string;
+  /** The address the controller is reached at (its URL); default: host, or the hostname for 0.0.0.0/::. */
+  advertiseHost?: string;
   port: number;
   monitorPort: number;
   /** A worker silent for longer than this is reaped and its chunks leave the index. */
@@ -53,7 +57,7 @@ export async function startController(o: ControllerOptions): Promise<Controller>
   }
   const reaper = setInterval(() => registry.reap(), Math.max(50, Math.floor(heartbeatTimeoutMs / 4)));
   reaper.unref();
-  const url = `http://${o.host.includes(':') ? `[${o.host}]` : o.host}:${o.port}`;
+  const url = `http://${urlHost(resolveAdvertiseHost('--advertise-host', o.advertiseHost, o.host))}:${o.port}`;
   log.info(`seed ${seed}, heartbeat timeout ${heartbeatTimeoutMs} ms`);
   return {
     url,

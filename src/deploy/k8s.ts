@@ -10,12 +10,12 @@
 // engine's address is simply its name, e.g. `prefiller-0`), the proxy, and a ConfigMap with the
 // engines' cache YAML files.
 //
-// Addresses: `kvc up` uses one host for binding and for what processes tell each other. In a
-// cluster each process binds 0.0.0.0 and is reached by its Service name, so the values that name
-// another process are rewritten here, by meaning: controller_url → controller, distributed_url →
-// the engine's own Service, xfer_proxy_host → proxy, and the proxy's backend host lists → the
-// engines' Services. A flag or key this file expects and the plan no longer produces is an error,
-// so a change to the plan cannot silently leave the manifests behind.
+// Addresses: the plan is a multi-host plan (src/deploy/plan.ts) whose hosts are the Services:
+// every process binds 0.0.0.0 and advertises its Service name (`--advertise-host prefiller-0`),
+// so an engine never needs its own DNS record to start (it only binds 0.0.0.0; the name is only
+// told to the controller and the proxy), and everything that names another process names its
+// Service: controller_url → controller, xfer_proxy_host → proxy, the proxy's backend lists → the
+// engines' Services. Every engine, prefiller and decoder, shares the Redis remote tier.
 import { stringify } from 'yaml';
 import { REDIS_SERVER_SETTINGS } from '../common/remote_url.js';
 import { connectorJson, controllerArgs, engineArgs, makePlan, proxyArgs, type EngineSpec, type Plan } from './plan.js';
@@ -23,7 +23,7 @@ import type { Placement } from './placement.js';
 
 export const K8S_IMAGE = 'kvc:latest';
 export const REDIS_IMAGE = 'redis:7.2-alpine';
-/** The remote tier every prefiller shares. */
+/** The remote tier every engine shares. */
 export const K8S_REMOTE_URL = 'redis://redis:6379/0';
 const CONFIG_DIR = '/etc/kvc';
 const CACHE_DIR = '/var/cache/kvc';
@@ -51,15 +51,6 @@ function yamlDocs(docs: unknown[]): string {
   return HEADER + docs.map((d) => stringify(d, { lineWidth: 0 })).join('---\n');
 }
 
-/** Replaces the value after `flag` in an argument list; throws when the plan no longer has the flag. */
-function setFlag(args: string[], flag: string, value: string): string[] {
-  const i = args.indexOf(flag);
-  if (i < 0 || i + 1 >= args.length) throw new Error(`k8s: the plan's command has no ${flag} (args: ${args.join(' ')})`);
-  const out = [...args];
-  out[i + 1] = value;
-  return out;
-}
-
 function flagValue(args: string[], flag: string): string {
   const i = args.indexOf(flag);
   if (i < 0 || i + 1 >= args.length) throw new Error(`k8s: the plan's command has no ${flag}`);
@@ -72,28 +63,25 @@ function portOf(hostPort: unknown, what: string): number {
   return Number(m[1]);
 }
 
-/** The cache configuration of one engine as it runs in the cluster. */
-export function clusterCacheConfig(plan: Plan, e: EngineSpec): Record<string, unknown> {
-  const c: Record<string, unknown> = { ...e.cacheConfig };
-  const expect = (key: string) => {
-    if (!(key in c)) throw new Error(`k8s: the plan's ${e.name} configuration has no ${key}`);
-  };
-  if (plan.controller) {
-    expect('controller_url');
-    c.controller_url = `controller:${plan.controller.monitorPort}`;
-  }
-  expect('distributed_url');
-  c.distributed_url = `${e.name}:${portOf(c.distributed_url, 'distributed_url')}`;
-  if (e.role === 'prefiller') {
-    expect('xfer_proxy_host');
-    c.xfer_proxy_host = 'proxy';
-    // Prefillers compute prompts: sharing their chunks makes a prefix computed anywhere a hit everywhere.
-    c.remote_url = K8S_REMOTE_URL;
-  } else {
-    expect('xfer_peer_host');
-    c.xfer_peer_host = BIND;
-  }
-  return c;
+/** The cluster's plan: every process on its own Service name, bound to 0.0.0.0, one shared remote tier. */
+export function clusterPlan(prefillers: number, decoders: number, model: string): Plan {
+  const names = ['controller', 'proxy', ...Array.from({ length: prefillers }, (_, i) => `prefiller-${i}`), ...Array.from({ length: decoders }, (_, j) => `decoder-${j}`)];
+  return makePlan({
+    prefillers,
+    decoders,
+    model,
+    portOffset: 0,
+    controller: true,
+    host: BIND,
+    hostList: new Map(names.map((n) => [n, n])),
+    placement: K8S_PLACEMENT,
+    cache: { remoteUrl: K8S_REMOTE_URL },
+  });
+}
+
+/** The cache configuration of one engine as it runs in the cluster: the plan's, unchanged. */
+export function clusterCacheConfig(e: EngineSpec): Record<string, unknown> {
+  return e.cacheConfig;
 }
 
 const labels = (component: string, name: string) => ({ 'app.kubernetes.io/name': 'kvc', 'app.kubernetes.io/component': component, 'kvc/process': name });
@@ -105,7 +93,8 @@ function headlessService(name: string, component: string, ports: { name: string;
     metadata: { name, labels: labels(component, name) },
     spec: {
       clusterIP: 'None',
-      // Peers must resolve the name while the process starts (it binds and registers early).
+      // The name resolves as soon as the pod has an address, before it is ready: the controller
+      // reaches a registering engine's worker port, and the proxy probes engines that are starting.
       publishNotReadyAddresses: true,
       selector: { 'kvc/process': name },
       ports: ports.map((p) => ({ name: p.name, port: p.port, targetPort: p.port })),
@@ -163,7 +152,7 @@ function statefulSet(name: string, component: string, container: unknown, withCo
 
 /** The StatefulSet and headless Service of one engine. */
 function engineDocs(plan: Plan, e: EngineSpec): unknown[] {
-  const args = setFlag(engineArgs(plan, e, connectorJson(e)), '--host', BIND);
+  const args = engineArgs(plan, e, connectorJson(e));
   const c = e.cacheConfig;
   const ports = [
     { name: 'http', port: e.port },
@@ -182,7 +171,7 @@ function engineDocs(plan: Plan, e: EngineSpec): unknown[] {
 
 function controllerDocs(plan: Plan): unknown[] {
   const c = plan.controller!;
-  const args = setFlag(controllerArgs(plan), '--host', BIND);
+  const args = controllerArgs(plan);
   const ports = [
     { name: 'http', port: c.port },
     { name: 'monitor', port: c.monitorPort },
@@ -191,19 +180,7 @@ function controllerDocs(plan: Plan): unknown[] {
 }
 
 function proxyDocs(plan: Plan): unknown[] {
-  const p = plan.engines.filter((e) => e.role === 'prefiller');
-  const d = plan.engines.filter((e) => e.role === 'decoder');
-  let args = proxyArgs(plan);
-  args = setFlag(args, '--host', BIND);
-  args = setFlag(args, '--proxy-host', BIND);
-  args = setFlag(args, '--prefiller-host', p.map((e) => e.name).join(','));
-  args = setFlag(args, '--prefiller-port', p.map((e) => e.port).join(','));
-  args = setFlag(args, '--decoder-host', d.map((e) => e.name).join(','));
-  args = setFlag(args, '--decoder-port', d.map((e) => e.port).join(','));
-  args = setFlag(args, '--decoder-init-port', d.map((e) => e.cacheConfig.xfer_peer_init_port).join(','));
-  args = setFlag(args, '--decoder-alloc-port', d.map((e) => e.cacheConfig.xfer_peer_alloc_port).join(','));
-  // The proxy asks the controller where prefixes are cached (routing), when the plan has a controller.
-  if (args.includes('--controller-url')) args = setFlag(args, '--controller-url', `http://controller:${plan.controller!.port}`);
+  const args = proxyArgs(plan);
   const ports = [
     { name: 'http', port: plan.proxy.port },
     { name: 'notify', port: Number(flagValue(args, '--proxy-port')) },
@@ -279,7 +256,7 @@ function redisDocs(): unknown[] {
 /** Every file under k8s/, by path relative to it. */
 export function k8sManifests(model = 'builtin:tiny'): Map<string, string> {
   const files = new Map<string, string>();
-  const basePlan = makePlan({ prefillers: 1, decoders: 1, model, portOffset: 0, controller: true, host: BIND, placement: K8S_PLACEMENT });
+  const basePlan = clusterPlan(1, 1, model);
   files.set(
     'base/kustomization.yaml',
     HEADER +
@@ -292,7 +269,7 @@ export function k8sManifests(model = 'builtin:tiny'): Map<string, string> {
   files.set('base/redis.yaml', yamlDocs(redisDocs()));
   files.set('base/controller.yaml', yamlDocs(controllerDocs(basePlan)));
   for (const o of OVERLAYS) {
-    const plan = makePlan({ prefillers: o.prefillers, decoders: o.decoders, model, portOffset: 0, controller: true, host: BIND, placement: K8S_PLACEMENT });
+    const plan = clusterPlan(o.prefillers, o.decoders, model);
     const dir = `overlays/${o.name}`;
     files.set(
       `${dir}/kustomization.yaml`,
@@ -310,7 +287,7 @@ export function k8sManifests(model = 'builtin:tiny'): Map<string, string> {
     files.set(`${dir}/engines.yaml`, yamlDocs(plan.engines.flatMap((e) => engineDocs(plan, e))));
     files.set(`${dir}/proxy.yaml`, yamlDocs(proxyDocs(plan)));
     for (const e of plan.engines) {
-      files.set(`${dir}/${e.name}.yaml`, `# ${e.name}: cache instance configuration. ` + HEADER.slice(2) + stringify(clusterCacheConfig(plan, e)));
+      files.set(`${dir}/${e.name}.yaml`, `# ${e.name}: cache instance configuration. ` + HEADER.slice(2) + stringify(clusterCacheConfig(e)));
     }
   }
   return files;

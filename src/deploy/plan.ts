@@ -2,10 +2,19 @@
 // with which cache YAML and connector JSON (both described in docs/configuration.md). The values
 // are the reference values listed in docs/proxy.md; only ports shift with --port-offset. The same generator writes the files
 // committed under examples/1p1d and examples/2p2d, so the examples and `kvc up` cannot drift.
+//
+// Addresses: every process has a bind address (its --host) and an advertised one (its
+// --advertise-host: what the others are given to reach it). On one machine both come from
+// --host (and --advertise-host). Over several machines (`hostList`, `kvc up --config-only
+// --hosts`) each process advertises its own host's address and binds 0.0.0.0 (or, with
+// bindAddresses, that same address); the Kubernetes manifests are such a plan whose addresses
+// are Service names (src/deploy/k8s.ts).
 import { join } from 'node:path';
 import { stringify } from 'yaml';
-import { GiB } from '../common/config.js';
+import { GiB, remoteEndpoint } from '../common/config.js';
+import { resolveAdvertiseHost, urlHost } from '../common/address.js';
 import { placeEngines, type Placement } from './placement.js';
+import { assignHosts } from './hosts.js';
 
 export interface PlanOptions {
   prefillers: number;
@@ -13,8 +22,16 @@ export interface PlanOptions {
   model: string;
   portOffset: number;
   controller: boolean;
-  /** The address every process binds and the others reach it on (one machine). */
+  /** The address every process binds (one machine; with hostList: 0.0.0.0 unless bindAddresses). */
   host: string;
+  /** One machine: the address processes reach each other at (default: host, or the hostname for 0.0.0.0). */
+  advertiseHost?: string;
+  /** Several machines: process name (controller, proxy, prefiller-0, p0, ...) → its address (src/deploy/hosts.ts). */
+  hostList?: Map<string, string>;
+  /** With hostList: each process binds its own address instead of 0.0.0.0. */
+  bindAddresses?: boolean;
+  /** Passed to every process as --deployment-secret-file (the printed commands of a multi-host plan). */
+  secretFile?: string;
   /** How engines get CPUs (src/deploy/placement.ts); default `split`. */
   placement?: Placement;
   /** The machine's CPUs (default: the online CPUs); tests pass their own. */
@@ -50,6 +67,8 @@ export interface CacheSettings {
   localDisk?: string;
   /** GiB of disk tier per engine; needs localDisk. */
   maxLocalDiskSize?: number;
+  /** remote_url of every engine (the shared Redis/Valkey tier); absent: no remote tier. */
+  remoteUrl?: string;
 }
 
 /**
@@ -79,6 +98,9 @@ export const MAX_PER_ROLE = 50;
 
 export interface EngineSpec {
   name: string;
+  /** The address this engine binds (--host, distributed_url, xfer_peer_host) and the one it is reached at. */
+  bindHost: string;
+  advertiseHost: string;
   role: 'prefiller' | 'decoder';
   index: number;
   port: number;
@@ -93,11 +115,19 @@ export interface PortUse {
   what: string;
 }
 
+/** Where a process listens and is reached. */
+export interface Addresses {
+  bindHost: string;
+  advertiseHost: string;
+}
+
 export interface Plan {
   opts: PlanOptions;
-  controller: { port: number; monitorPort: number } | null;
+  /** True for a plan over several machines (hostList): every command names its --advertise-host. */
+  multiHost: boolean;
+  controller: ({ port: number; monitorPort: number } & Addresses) | null;
   engines: EngineSpec[];
-  proxy: { port: number; notifyPort: number };
+  proxy: { port: number; notifyPort: number } & Addresses;
   ports: PortUse[];
 }
 
@@ -136,24 +166,44 @@ export function makePlan(o: PlanOptions): Plan {
       ...(cache.localDisk ? { local_disk: join(cache.localDisk, name) } : {}),
     };
   };
+  if (cache.remoteUrl !== undefined) remoteEndpoint({ remote_url: cache.remoteUrl }, '--remote-url');
   const off = (p: number) => p + o.portOffset;
   const colocated = o.prefillers === 0;
-  const cpus = placeEngines(o.placement ?? { kind: 'split' }, o.prefillers, o.decoders, o.machineCpus);
-  const h = o.host;
+  if (o.hostList && o.placement?.kind === 'split') {
+    throw new Error('--placement split: splits this machine\'s CPUs, which mean nothing on other hosts; with --hosts use shared (the default) or prefill=LIST/decode=LIST (applied on every host)');
+  }
+  const cpus = placeEngines(o.placement ?? { kind: o.hostList ? 'shared' : 'split' }, o.prefillers, o.decoders, o.machineCpus);
+  const engineNames = [
+    ...Array.from({ length: o.prefillers }, (_, i) => `prefiller-${i}`),
+    ...Array.from({ length: o.decoders }, (_, j) => (colocated ? `engine-${j}` : `decoder-${j}`)),
+  ];
+  const assigned = o.hostList ? assignHosts(o.hostList, engineNames, o.controller) : null;
+  const oneAdvertised = assigned ? '' : resolveAdvertiseHost('--advertise-host', o.advertiseHost, o.host);
+  /** Bind and advertised address of a process (by name: controller, proxy or an engine's). */
+  const at = (name: string): Addresses => {
+    if (!assigned) return { bindHost: o.host, advertiseHost: oneAdvertised };
+    const adv = name === 'controller' ? assigned.controller! : name === 'proxy' ? assigned.proxy : assigned.engines[name]!;
+    return { bindHost: o.bindAddresses ? adv : o.host, advertiseHost: adv };
+  };
+  const ctlAt = o.controller ? at('controller') : null;
+  const proxyAt = at('proxy');
   const controllerMonitor = off(BASE_PORTS.controllerMonitor);
   const notifyPort = off(BASE_PORTS.notify);
   const ctl = (worker: number, distributed: number, id: string) => ({
     enable_controller: o.controller,
     kvc_instance_id: id,
-    ...(o.controller ? { controller_url: `${h}:${controllerMonitor}` } : {}),
+    ...(ctlAt ? { controller_url: `${urlHost(ctlAt.advertiseHost)}:${controllerMonitor}` } : {}),
     kvc_worker_port: worker,
-    distributed_url: `${h}:${distributed}`,
+    // The peer and worker ports bind this address; the engine registers its --advertise-host.
+    distributed_url: `${urlHost(at(id).bindHost)}:${distributed}`,
   });
+  const remote = cache.remoteUrl !== undefined ? { remote_url: cache.remoteUrl } : {};
   const engines: EngineSpec[] = [];
   for (let i = 0; i < o.prefillers; i++) {
     const name = `prefiller-${i}`;
     engines.push({
       name,
+      ...at(name),
       role: 'prefiller',
       index: i,
       port: off(BASE_PORTS.prefiller + i),
@@ -162,11 +212,12 @@ export function makePlan(o: PlanOptions): Plan {
         // Every engine keeps a CPU tier (default DEFAULT_LOCAL_CPU_GIB): what it computed is
         // reused by the next request with the same prefix that is routed here.
         ...tiers(name, DEFAULT_LOCAL_CPU_GIB),
+        ...remote,
         ...ctl(off(BASE_PORTS.worker + i), off(BASE_PORTS.distributed + i), name),
         enable_xfer: true,
         enable_xpyd: true,
         xfer_role: 'sender',
-        xfer_proxy_host: h,
+        xfer_proxy_host: proxyAt.advertiseHost,
         xfer_proxy_port: notifyPort,
         xfer_buffer_size: GiB,
         // The engine computes on the CPU: its transfer buffer is host memory.
@@ -186,14 +237,16 @@ export function makePlan(o: PlanOptions): Plan {
         chunk_size: chunkSize,
         // Like every engine of a deployment, a CPU tier (--max-local-cpu-size overrides).
         ...tiers(`engine-${j}`, DEFAULT_LOCAL_CPU_GIB),
+        ...remote,
         ...ctl(off(BASE_PORTS.worker + MAX_PER_ROLE + j), off(BASE_PORTS.distributed + MAX_PER_ROLE + j), `engine-${j}`),
       };
-      engines.push(colocatedEngine(j, off(BASE_PORTS.decoder + j), cacheConfig, cpus.decode));
+      engines.push(colocatedEngine(j, off(BASE_PORTS.decoder + j), cacheConfig, cpus.decode, at(`engine-${j}`)));
       continue;
     }
     const name = `decoder-${j}`;
     engines.push({
       name,
+      ...at(name),
       role: 'decoder',
       index: j,
       port: off(BASE_PORTS.decoder + j),
@@ -201,11 +254,13 @@ export function makePlan(o: PlanOptions): Plan {
         chunk_size: chunkSize,
         // A decoder stores what it received or computed, so a prefix it holds needs no transfer.
         ...tiers(name, DEFAULT_LOCAL_CPU_GIB),
+        ...remote,
         ...ctl(off(BASE_PORTS.worker + MAX_PER_ROLE + j), off(BASE_PORTS.distributed + MAX_PER_ROLE + j), name),
         enable_xfer: true,
         enable_xpyd: true,
         xfer_role: 'receiver',
-        xfer_peer_host: h,
+        // The receiver binds here; prefillers are given the decoder's advertised address by the proxy.
+        xfer_peer_host: at(name).bindHost,
         xfer_peer_init_port: off(BASE_PORTS.xferInit + j),
         xfer_peer_alloc_port: off(BASE_PORTS.xferAlloc + j),
         xfer_buffer_size: 2147483648,
@@ -220,8 +275,8 @@ export function makePlan(o: PlanOptions): Plan {
       cpus: cpus.decode,
     });
   }
-  const controller = o.controller ? { port: off(BASE_PORTS.controller), monitorPort: controllerMonitor } : null;
-  const proxy = { port: off(BASE_PORTS.proxy), notifyPort };
+  const controller = ctlAt ? { port: off(BASE_PORTS.controller), monitorPort: controllerMonitor, ...ctlAt } : null;
+  const proxy = { port: off(BASE_PORTS.proxy), notifyPort, ...proxyAt };
   const ports: PortUse[] = [];
   if (controller) ports.push({ port: controller.port, what: 'controller HTTP' }, { port: controller.monitorPort, what: 'controller monitor' });
   for (const e of engines) {
@@ -238,7 +293,7 @@ export function makePlan(o: PlanOptions): Plan {
   for (const p of ports) {
     if (p.port < 1 || p.port > 65535) throw new Error(`--port-offset ${o.portOffset} puts ${p.what} on port ${p.port}, outside 1..65535`);
   }
-  return { opts: o, controller, engines, proxy, ports };
+  return { opts: o, multiHost: assigned !== null, controller, engines, proxy, ports };
 }
 
 /**
@@ -247,9 +302,10 @@ export function makePlan(o: PlanOptions): Plan {
  * step, between the decode rows of running sequences), keeping its chunks in a CPU tier; no xfer.
  * This is how a user runs a colocated engine; the proxy balances requests over them round-robin.
  */
-function colocatedEngine(j: number, port: number, cacheConfig: Record<string, unknown>, cpus: string | null): EngineSpec {
+function colocatedEngine(j: number, port: number, cacheConfig: Record<string, unknown>, cpus: string | null, at: Addresses): EngineSpec {
   return {
     name: `engine-${j}`,
+    ...at,
     role: 'decoder',
     index: j,
     port,
@@ -287,7 +343,7 @@ export function engineArgs(plan: Plan, e: EngineSpec, connector: string): string
   if (f.kvCacheMemory !== undefined) pass.push('--kv-cache-memory', String(f.kvCacheMemory));
   return [
     'engine',
-    '--host', plan.opts.host,
+    ...hostArgs(plan, e),
     '--port', String(e.port),
     '--model', plan.opts.model,
     ...pass,
@@ -295,37 +351,66 @@ export function engineArgs(plan: Plan, e: EngineSpec, connector: string): string
     '--enforce-eager',
     '--no-enable-prefix-caching',
     '--disable-log-requests',
+    ...secretArgs(plan),
     ...(e.cpus !== null ? ['--cpus', e.cpus] : []),
   ];
 }
 
+/** --host, and --advertise-host when it differs from it or the plan spans several machines. */
+function hostArgs(plan: Plan, a: Addresses): string[] {
+  return ['--host', a.bindHost, ...(plan.multiHost || a.advertiseHost !== a.bindHost ? ['--advertise-host', a.advertiseHost] : [])];
+}
+
+function secretArgs(plan: Plan): string[] {
+  return plan.opts.secretFile !== undefined ? ['--deployment-secret-file', plan.opts.secretFile] : [];
+}
+
 export function controllerArgs(plan: Plan): string[] {
   const c = plan.controller!;
-  return ['controller', '--host', plan.opts.host, '--port', String(c.port), '--monitor-port', String(c.monitorPort)];
+  return ['controller', ...hostArgs(plan, c), '--port', String(c.port), '--monitor-port', String(c.monitorPort), ...secretArgs(plan)];
 }
 
 export function proxyArgs(plan: Plan): string[] {
-  const h = plan.opts.host;
   const p = plan.engines.filter((e) => e.role === 'prefiller');
   const d = plan.engines.filter((e) => e.role === 'decoder');
   // Colocated (no prefiller): the engines have no xfer receiver; the proxy only balances requests
   // over them (--num-prefillers 0), so the decoder xfer ports below are never contacted.
   const firstDecoder = d[0]!.cacheConfig;
+  const initPort = (e: EngineSpec) => String(e.cacheConfig.xfer_peer_init_port ?? BASE_PORTS.xferInit + plan.opts.portOffset + e.index);
+  const allocPort = (e: EngineSpec) => String(e.cacheConfig.xfer_peer_alloc_port ?? BASE_PORTS.xferAlloc + plan.opts.portOffset + e.index);
+  // The proxy reaches every engine at its advertised address, and hands the decoder's to the
+  // prefiller as the xfer receiver (disagg_spec.receiver_host). On one machine: one host, first
+  // ports and counts; over several: one entry per engine.
+  const backends = plan.multiHost
+    ? [
+        ...(p.length ? ['--prefiller-host', p.map((e) => e.advertiseHost).join(','), '--prefiller-port', p.map((e) => e.port).join(',')] : []),
+        '--num-prefillers', String(p.length),
+        '--decoder-host', d.map((e) => e.advertiseHost).join(','),
+        '--decoder-port', d.map((e) => e.port).join(','),
+        '--num-decoders', String(d.length),
+        '--decoder-init-port', d.map(initPort).join(','),
+        '--decoder-alloc-port', d.map(allocPort).join(','),
+      ]
+    : [
+        '--prefiller-host', plan.proxy.advertiseHost,
+        '--prefiller-port', String(p[0]?.port ?? BASE_PORTS.prefiller + plan.opts.portOffset),
+        '--num-prefillers', String(p.length),
+        '--decoder-host', d[0]!.advertiseHost,
+        '--decoder-port', String(d[0]!.port),
+        '--num-decoders', String(d.length),
+        '--decoder-init-port', String(firstDecoder.xfer_peer_init_port ?? BASE_PORTS.xferInit + plan.opts.portOffset),
+        '--decoder-alloc-port', String(firstDecoder.xfer_peer_alloc_port ?? BASE_PORTS.xferAlloc + plan.opts.portOffset),
+      ];
   return [
     'proxy',
-    '--host', h,
+    ...hostArgs(plan, plan.proxy),
     '--port', String(plan.proxy.port),
-    '--prefiller-host', h,
-    '--prefiller-port', String(p[0]?.port ?? BASE_PORTS.prefiller + plan.opts.portOffset),
-    '--num-prefillers', String(p.length),
-    '--decoder-host', h,
-    '--decoder-port', String(d[0]!.port),
-    '--num-decoders', String(d.length),
-    '--decoder-init-port', String(firstDecoder.xfer_peer_init_port ?? BASE_PORTS.xferInit + plan.opts.portOffset),
-    '--decoder-alloc-port', String(firstDecoder.xfer_peer_alloc_port ?? BASE_PORTS.xferAlloc + plan.opts.portOffset),
-    '--proxy-host', h,
+    ...backends,
+    // The notify port binds with the HTTP port; prefillers reach it at xfer_proxy_host (the proxy's advertised address).
+    '--proxy-host', plan.proxy.bindHost,
     '--proxy-port', String(plan.proxy.notifyPort),
-    ...(plan.controller ? ['--controller-url', `http://${h}:${plan.controller.port}`] : []),
+    ...secretArgs(plan),
+    ...(plan.controller ? ['--controller-url', `http://${urlHost(plan.controller.advertiseHost)}:${plan.controller.port}`] : []),
     ...(plan.opts.routing ? ['--routing', plan.opts.routing] : []),
     ...(plan.opts.maxLocalPrefillTokens !== undefined ? ['--max-local-prefill-tokens', String(plan.opts.maxLocalPrefillTokens)] : []),
     ...(plan.opts.maxPrefillQueue !== undefined ? ['--max-prefill-queue', String(plan.opts.maxPrefillQueue)] : []),

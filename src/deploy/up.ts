@@ -13,12 +13,14 @@ import {
   makePlan,
   proxyArgs,
   shQuote,
+  type EngineSpec,
   type Plan,
   type PlanOptions,
 } from './plan.js';
 import { DEFAULT_RESTART, superviseRestarts, type RestartPolicy } from './restart.js';
 import { Child, StartError } from './supervisor.js';
 import { generateSecret, loadDeploymentSecret } from '../common/auth.js';
+import { isWildcardHost, urlHost } from '../common/address.js';
 
 export interface UpOptions extends PlanOptions {
   /** How processes that die are restarted (default DEFAULT_RESTART). */
@@ -30,6 +32,8 @@ export interface UpOptions extends PlanOptions {
   cli: string;
   /** The client API key every process checks (and the proxy sends to the engines); null: open. */
   apiKey?: string | null;
+  /** The --log-dir as the user gave it: the printed commands of a multi-host plan name files by it. */
+  logDirAsGiven?: string;
 }
 
 const out = (s: string) => process.stdout.write(s + '\n');
@@ -52,17 +56,41 @@ export function writeConfigs(plan: Plan, dir: string): WrittenFiles {
   return { engines };
 }
 
+/** The shell command of one engine, reading its connector JSON and cache YAML from configDir. */
+function engineCommand(plan: Plan, e: EngineSpec, configDir: string): string {
+  const args = engineArgs(plan, e, `$(cat ${shQuote(join(configDir, `${e.name}.connector.json`))})`);
+  const quoted = args.map((a) => (a.startsWith('$(') ? `"${a}"` : shQuote(a)));
+  return `PYTHONHASHSEED=0 KVC_CONFIG_FILE=${shQuote(join(configDir, `${e.name}.yaml`))} kvc ${quoted.join(' ')}`;
+}
+
 /** The by-hand commands equivalent to `kvc up` (also used by the examples' READMEs). */
 export function handCommands(plan: Plan, configDir: string): string[] {
   const lines: string[] = [];
   if (plan.controller) lines.push(`PYTHONHASHSEED=0 kvc ${controllerArgs(plan).map(shQuote).join(' ')} &`);
-  for (const e of plan.engines) {
-    const args = engineArgs(plan, e, `$(cat ${join(configDir, `${e.name}.connector.json`)})`);
-    const quoted = args.map((a) => (a.startsWith('$(') ? `"${a}"` : shQuote(a)));
-    lines.push(`PYTHONHASHSEED=0 KVC_CONFIG_FILE=${join(configDir, `${e.name}.yaml`)} kvc ${quoted.join(' ')} &`);
-  }
+  for (const e of plan.engines) lines.push(`${engineCommand(plan, e, configDir)} &`);
   lines.push(`PYTHONHASHSEED=0 kvc ${proxyArgs(plan).map(shQuote).join(' ')}`);
   return lines;
+}
+
+/**
+ * The commands of a plan over several machines, grouped by host: a `# host <address>: ...`
+ * comment line, then that host's commands (each in the background). Every process retries
+ * what it needs (engines re-register, the proxy probes the engines), so hosts may start in any order.
+ */
+export function hostCommands(plan: Plan, configDir: string): string[] {
+  const byHost = new Map<string, { names: string[]; lines: string[] }>();
+  const add = (host: string, name: string, line: string) => {
+    const h = byHost.get(host) ?? { names: [], lines: [] };
+    byHost.set(host, h);
+    h.names.push(name);
+    h.lines.push(`${line} &`);
+  };
+  if (plan.controller) add(plan.controller.advertiseHost, 'controller', `PYTHONHASHSEED=0 kvc ${controllerArgs(plan).map(shQuote).join(' ')}`);
+  for (const e of plan.engines) add(e.advertiseHost, e.name, engineCommand(plan, e, configDir));
+  add(plan.proxy.advertiseHost, 'proxy', `PYTHONHASHSEED=0 kvc ${proxyArgs(plan).map(shQuote).join(' ')}`);
+  const out: string[] = [];
+  for (const [host, h] of byHost) out.push(`# host ${host}: ${h.names.join(', ')}`, ...h.lines);
+  return out;
 }
 
 export async function takenPorts(plan: Plan): Promise<string[]> {
@@ -81,8 +109,28 @@ export async function takenPorts(plan: Plan): Promise<string[]> {
 
 /** Runs the deployment until a signal; resolves with the process exit code. */
 export async function runUp(o: UpOptions): Promise<number> {
-  const plan = makePlan(o);
+  if (o.hostList && !o.configOnly) {
+    throw new Error('--hosts: kvc up starts processes on this machine only; with --hosts add --config-only and run the printed commands on each host');
+  }
   const logDir = resolve(o.logDir);
+  if (o.hostList) {
+    // The commands name the files as the user named the directory, so the same directory copied
+    // to every host works (relative: run from its parent).
+    const dir = o.logDirAsGiven ?? o.logDir;
+    const plan = makePlan({ ...o, secretFile: join(dir, 'deployment.secret') });
+    const secret = loadDeploymentSecret(undefined) ?? generateSecret();
+    writeConfigs(plan, logDir);
+    const secretFile = join(logDir, 'deployment.secret');
+    writeFileSync(secretFile, secret + '\n', { mode: 0o600 });
+    chmodSync(secretFile, 0o600);
+    const hosts = new Set([plan.controller?.advertiseHost, plan.proxy.advertiseHost, ...plan.engines.map((e) => e.advertiseHost)].filter((h) => h !== undefined));
+    out(`# kvc up --config-only: ${plan.engines.length} engine(s) on ${hosts.size} host(s); wrote ${plan.engines.length * 2} configuration files and deployment.secret (mode 0600) to ${logDir}`);
+    out(`# Copy ${dir}/ to every host (keep it private: it holds the deployment secret) and run that host's commands from the directory that contains it.`);
+    out(`# Every process binds ${o.bindAddresses ? 'its host\'s address' : o.host} and advertises its host's address; open these ports between the hosts: ${[...new Set(plan.ports.map((p) => p.port))].sort((a, b) => a - b).join(' ')}.`);
+    for (const l of hostCommands(plan, dir)) out(l);
+    return 0;
+  }
+  const plan = makePlan(o);
   if (o.configOnly) {
     writeConfigs(plan, logDir);
     out(`wrote ${plan.engines.length * 2} configuration files to ${logDir}`);
@@ -104,7 +152,12 @@ export async function runUp(o: UpOptions): Promise<number> {
   chmodSync(secretFile, 0o600);
   const env: NodeJS.ProcessEnv = { ...process.env, PYTHONHASHSEED: '0', KVC_DEPLOYMENT_SECRET: secret };
   if (o.apiKey) env.KVC_API_KEY = o.apiKey;
-  const host = plan.opts.host;
+  // This process checks the health of the children it started on this machine: at their bind
+  // address, or over loopback when they bind every interface. What it prints for others to use
+  // is the advertised address.
+  const bind = plan.opts.host;
+  const host = isWildcardHost(bind) ? (bind.includes(':') ? '[::1]' : '127.0.0.1') : urlHost(bind);
+  const shown = urlHost(plan.proxy.advertiseHost);
   const children: Child[] = [];
   let stopping: Promise<void> | null = null;
   const stopAll = () => {
@@ -199,10 +252,11 @@ export async function runUp(o: UpOptions): Promise<number> {
     return 1;
   }
 
-  const proxyUrl = `http://${host}:${plan.proxy.port}`;
+  const proxyUrl = `http://${shown}:${plan.proxy.port}`;
+  const localProxyUrl = `http://${host}:${plan.proxy.port}`;
   let model = o.model;
   try {
-    const r = await fetch(`${proxyUrl}/v1/models`, { headers: o.apiKey ? { authorization: `Bearer ${o.apiKey}` } : {}, signal: AbortSignal.timeout(5_000) });
+    const r = await fetch(`${localProxyUrl}/v1/models`, { headers: o.apiKey ? { authorization: `Bearer ${o.apiKey}` } : {}, signal: AbortSignal.timeout(5_000) });
     const j = (await r.json()) as { data?: { id?: string }[] };
     if (j.data?.[0]?.id) model = j.data[0].id;
   } catch {

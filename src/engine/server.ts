@@ -25,6 +25,7 @@ import type { Scheduler } from './scheduler.js';
 import { resolveEngineSettings, type EngineOptions, type EngineSettings } from './settings.js';
 import { EngineWiring } from './wiring.js';
 import { requireBearer } from '../common/auth.js';
+import { urlHost } from '../common/address.js';
 
 export type { EngineOptions } from './settings.js';
 
@@ -86,7 +87,8 @@ export async function startEngine(opts: EngineOptions = {}): Promise<Engine> {
   }
   const addr = app.server.address();
   const port = typeof addr === 'object' && addr ? addr.port : s.port;
-  const url = `http://${s.host.includes(':') ? `[${s.host}]` : s.host}:${port}`;
+  // The URL others reach this engine at: the advertised address, not a 0.0.0.0 bind.
+  const url = `http://${urlHost(s.advertiseHost)}:${port}`;
 
   return {
     url,

@@ -11,6 +11,7 @@ import { createKvTransfer } from '../xfer/engine_plugin.js';
 import type { ModelConfig } from './model/config.js';
 import { loadApiKey } from '../common/auth.js';
 import { checkModelSpec } from './model_spec.js';
+import { checkBindHost, resolveAdvertiseHost } from '../common/address.js';
 
 const log = logger('engine');
 
@@ -18,7 +19,14 @@ const log = logger('engine');
 const DEFAULT_KV_BUDGET_CAP = 4 * GiB;
 
 export interface EngineOptions {
+  /** The address the HTTP server binds (default 127.0.0.1; 0.0.0.0: every interface). */
   host?: string;
+  /**
+   * The address this engine is reached at, which it hands out (its URL, and its cache
+   * instance's registration when bound to 0.0.0.0 or when given); default: `host`, or the
+   * machine's hostname when `host` is 0.0.0.0 / ::.
+   */
+  advertiseHost?: string;
   /** 0 (default) picks a free port. */
   port?: number;
   /** `builtin:tiny` (default) or a Hugging Face checkpoint directory. */
@@ -71,6 +79,10 @@ export interface EngineSettings {
   /** The client API key, or null (docs/security.md). */
   apiKey: string | null;
   host: string;
+  /** The advertised address (resolved: never a wildcard). */
+  advertiseHost: string;
+  /** Whether --advertise-host was given (it then also names the cache instance's address). */
+  advertiseExplicit: boolean;
   port: number;
   /** What --model names (`builtin:tiny`, a directory, or a `.gguf` file). */
   modelSpec: string;
@@ -126,7 +138,8 @@ export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
     throw new Error(`--dtype: expected one of ${DTYPES_ACCEPTED.join(', ')}, found "${dtype}"${half ? ' (this CPU engine computes in float32; bf16/f16 checkpoints are widened on load)' : ''}`);
   }
   const modelName = nonEmpty('--served-model-name', opts.servedModelName, modelSpec);
-  const host = nonEmpty('--host', opts.host, '127.0.0.1');
+  const host = checkBindHost('--host', nonEmpty('--host', opts.host, '127.0.0.1'));
+  const advertiseHost = resolveAdvertiseHost('--advertise-host', opts.advertiseHost, host);
   const port = opts.port ?? 0;
   if (!Number.isInteger(port) || port < 0 || port > 65535) throw new Error(`--port: expected an integer between 0 and 65535, found ${port}`);
 
@@ -179,6 +192,8 @@ export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
     env,
     apiKey: opts.apiKey === undefined ? loadApiKey(undefined, env) : opts.apiKey,
     host,
+    advertiseHost,
+    advertiseExplicit: opts.advertiseHost !== undefined,
     port,
     modelSpec,
     modelName,

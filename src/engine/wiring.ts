@@ -129,10 +129,11 @@ export class EngineWiring {
           // Registers this cache instance with the controller (monitor port) and serves its worker
           // and peer ports, so the controller can look up, move, copy, pin and clear our chunks.
           // Each heartbeat also carries the engine's counters, for the controller's dashboard.
-          const attached = await attachController(opened, cacheConfig, { modelId: model.modelId, chunkSize: cacheConfig.chunk_size, seed, layout: model.layout, engineSample: () => metrics.sample() });
+          const attached = await attachController(opened, cacheConfig, { modelId: model.modelId, chunkSize: cacheConfig.chunk_size, seed, layout: model.layout, engineSample: () => metrics.sample(),
+            engineAddress: { bindHost: s.host, advertiseHost: s.advertiseHost, advertiseExplicit: s.advertiseExplicit } });
           controller = attached;
           releases.push({ what: 'detaching from the controller', release: () => attached.close(), mustSucceed: false });
-          log.info(`cache instance ${cacheConfig.kvc_instance_id} attached to controller ${cacheConfig.controller_url} (worker port ${attached.workerPort})`);
+          log.info(`cache instance ${cacheConfig.kvc_instance_id} attached to controller ${cacheConfig.controller_url} (worker port ${attached.workerPort}, registered at ${attached.advertiseHost})`);
         }
         connector = new KvcConnectorV1({ config: connectorConfig, cacheConfig, store: opened, modelId: model.modelId, layout: model.layout, seed, metrics, transfer });
         log.info(

@@ -26,6 +26,7 @@ import { parseHostPort, startPeerServer, type PeerServer } from './worker_peer.j
 import { startWorkerServer } from './worker_server.js';
 import { DEFAULT_ZMQ_MAX_MESSAGE_BYTES } from '../common/limits.js';
 import { deploymentSecret, tag } from '../common/auth.js';
+import { instanceAddresses, urlHost } from '../common/address.js';
 
 const log = logger('kvc.controller_client');
 
@@ -45,6 +46,12 @@ export interface AttachOptions {
    * only leaves them out of that heartbeat.
    */
   engineSample?: () => Promise<EngineSample>;
+  /**
+   * The engine's --host and advertised address: the worker port binds the engine's --host when
+   * the cache YAML has no distributed_url, and a wildcard bind is advertised as the engine's
+   * address (src/common/address.ts). Default: loopback (an in-process instance).
+   */
+  engineAddress?: { bindHost: string; advertiseHost: string; advertiseExplicit: boolean };
 }
 
 export interface ControllerAttachment {
@@ -54,6 +61,8 @@ export interface ControllerAttachment {
   readonly state: 'registering' | 'live' | 'closed';
   readonly workerPort: number;
   readonly peerPort: number | null;
+  /** The address registered with the controller (worker port and distributed_url host). */
+  readonly advertiseHost: string;
 }
 
 export async function attachController(store: KvcStore, cfg: CacheConfig, o: AttachOptions): Promise<ControllerAttachment> {
@@ -61,13 +70,17 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
   if (cfg.kvc_worker_port === null) throw new Error('cache config: kvc_worker_port is required when enable_controller is true');
   const workerId = o.workerId ?? 0;
   const peerAddr = cfg.distributed_url ? parseHostPort(cfg.distributed_url) : null;
-  // The worker port listens on the instance's own address: the host of distributed_url.
-  const ip = peerAddr?.host ?? '127.0.0.1';
+  // The worker and peer ports bind the host of distributed_url (else the engine's --host); the
+  // controller is told the advertised address, which peers on other machines can reach.
+  const addr = instanceAddresses(cfg, o.engineAddress ?? { bindHost: '127.0.0.1', advertiseHost: '127.0.0.1', advertiseExplicit: false });
+  const bindIp = addr.bindHost;
+  const ip = addr.advertiseHost;
+  const advertisedUrl = peerAddr ? `${urlHost(ip)}:${peerAddr.port}` : null;
 
   let worker: FastifyInstance | null = null;
   let peer: PeerServer | null = null;
   try {
-    worker = await startWorkerServer(store, { instanceId: cfg.kvc_instance_id, workerId, modelId: o.modelId, chunkSize: o.chunkSize }, ip, cfg.kvc_worker_port);
+    worker = await startWorkerServer(store, { instanceId: cfg.kvc_instance_id, workerId, modelId: o.modelId, chunkSize: o.chunkSize }, bindIp, cfg.kvc_worker_port);
     if (peerAddr) peer = await startPeerServer(store, peerAddr.host, peerAddr.port, { layout: o.layout ?? null, chunkSize: o.chunkSize });
   } catch (e) {
     await worker?.close();
@@ -119,7 +132,7 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
       session,
       ip,
       worker_port: cfg.kvc_worker_port!,
-      distributed_url: cfg.distributed_url,
+      distributed_url: advertisedUrl,
       chunk_size: o.chunkSize,
       model_id: o.modelId,
       seed: String(o.seed),
@@ -242,6 +255,7 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
     },
     workerPort: cfg.kvc_worker_port,
     peerPort: peer?.port ?? null,
+    advertiseHost: ip,
     async close() {
       if (state === 'closed') return;
       const wasLive = state === 'live';

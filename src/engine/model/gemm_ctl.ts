@@ -15,14 +15,34 @@ export const CTL = {
   /** 10 kernel arguments: A, W, C, M, K, N, m0, m1, n0, n1. */
   ARGS: 4,
   /**
-   * Next column chunk to take (Atomics.add): both threads pull chunks of CHUNK columns from
-   * [n0, n1) until none is left, so a worker that wakes late still takes its share and a slow
-   * one never holds the main thread back. Which thread computes a column changes no bits.
+   * Start of the range not yet taken (takeChunk): both threads pull chunks from [0, n1) until
+   * none is left, so a worker that wakes late still takes its share and a slow one never holds
+   * the main thread back. Which thread computes a column (or row) changes no bits.
    */
   NEXT: 14,
-  /** Columns per chunk (a multiple of the strip width). */
+  /** The unit chunks are made of: the strip width for columns, 4 rows for attendrows. */
   CHUNK: 15,
-  /** Which kernel export the job runs: 0 dense (gemm), 1 gemmp, 2 gemmpbf16, 3 gemmpf16, 4 gemmpq8. */
+  /**
+   * Which kernel export the job runs: 0 dense (gemm), 1 gemmp, 2 gemmpbf16, 3 gemmpf16, 4 gemmpq8,
+   * 5 attendrows (its range [n0, n1) is query rows, not columns).
+   */
   PACKED: 16,
   SIZE: 17,
 } as const;
+
+/**
+ * The next chunk [n0, n) of a shared job over [0, n1), or null when all is taken: ~1/16 of the
+ * job, and once less than a quarter of that is left, a quarter of what is left (guided
+ * self-scheduling), in whole units. The chunks shrink towards the end, so the thread that
+ * finishes first waits at most a small last chunk for the other; none is larger than 1/16, so a
+ * thread preempted in the middle of one (a loaded machine) holds the call back by little.
+ */
+export function takeChunk(c: Int32Array, n1: number, unit: number): [number, number] | null {
+  const cap = Math.ceil(n1 / (16 * unit)) * unit;
+  for (;;) {
+    const n0 = Atomics.load(c, CTL.NEXT);
+    if (n0 >= n1) return null;
+    const n = Math.min(n1, n0 + Math.max(unit, Math.min(cap, Math.ceil((n1 - n0) / (4 * unit)) * unit)));
+    if (Atomics.compareExchange(c, CTL.NEXT, n0, n) === n0) return [n0, n];
+  }
+}

@@ -26,16 +26,17 @@ export const MB = 64;
  *   bf16  [K][32] u16 per strip: the f32 bits are the u16 << 16;
  *   f16   [K][32] u16 per strip: |h| << 13 reinterpreted as f32, times 2^112 (exact for normal and
  *         subnormal halves; Inf/NaN weights are refused at upload), then the sign;
- *   q8    per block of 32 k: 32 f32 column scales (128 bytes), then [32][32] i8 (1024 bytes);
- *         the weight is f32(scale * q).
+ *   q8    per block of 32 k: 32 f32 column scales (128 bytes), then 16 k-pairs of [32 columns][2]
+ *         i8 (1024 bytes) — the layout i32x4.dot_i16x8_s takes; computed as an int8 dot product
+ *         against quantized activations (q8_dot.ts defines the bits; gemmpq8 below), not widened.
  */
 export type WFmt = 'f32' | 'bf16' | 'f16' | 'q8';
 export const WFMT_ROW_BYTES: Record<WFmt, number> = { f32: STRIP * 4, bf16: STRIP * 2, f16: STRIP * 2, q8: STRIP };
 /** q8: bytes of one k-block of a strip (scales + 32 rows of 32 i8). */
 export const Q8_BLOCK_BYTES = STRIP * 4 + 32 * STRIP;
 
-/** v128 (f32x4) of columns col + 4*half .. +3 of the k-row at `wp`; q8 scales are in $s{...}. */
-function loadW(fmt: WFmt, wp: string, col: number, half: number, sreg: string): string {
+/** v128 (f32x4) of columns col + 4*half .. +3 of the k-row at `wp` (f32 and 16-bit formats). */
+function loadW(fmt: WFmt, wp: string, col: number, half: number): string {
   const c = col + 4 * half;
   const ext = half ? 'high' : 'low';
   switch (fmt) {
@@ -49,7 +50,7 @@ function loadW(fmt: WFmt, wp: string, col: number, half: number, sreg: string): 
         (i32x4.shl (v128.and ${h} (v128.const i32x4 0x8000 0x8000 0x8000 0x8000)) (i32.const 16)))`;
     }
     case 'q8':
-      return `(f32x4.mul (local.get ${sreg}) (f32x4.convert_i32x4_s (i32x4.extend_${ext}_i16x8_s (local.get $wq))))`;
+      throw new Error('q8 weights use gemmpq8 (q8GemmFunc), not the widening kernels');
   }
 }
 
@@ -60,7 +61,6 @@ function loadW(fmt: WFmt, wp: string, col: number, half: number, sreg: string): 
  */
 function loadGroup(fmt: WFmt, wp: string, col: number): string {
   if (fmt === 'f32') return '';
-  if (fmt === 'q8') return `(local.set $wq (v128.load8x8_s offset=${col} (local.get ${wp})))`;
   return `(local.set $wq (v128.load offset=${col * 2} (local.get ${wp})))`;
 }
 
@@ -68,25 +68,14 @@ function loadGroup(fmt: WFmt, wp: string, col: number): string {
  * The k loop around `body` (which reads the weight row at $wp): K rows, $wp advancing one row;
  * for q8, in blocks of 32 rows after the block's scales (`loadScales`, at the block start).
  */
-function kLoop(fmt: WFmt, label: string, body: string[], loadScales: string[]): string {
-  // f32 rows are $ws apart (STRIP*4 packed, N*4 for the dense layout); other formats are packed only.
+/** The k loop around `body` (which reads the weight row at $wp): K rows, $wp advancing one row. */
+function kLoop(fmt: WFmt, label: string, body: string[]): string {
+  // f32 rows are $ws apart (STRIP*4 packed, N*4 for the dense layout); 16-bit formats are packed only.
   const step = `(local.set $wp (i32.add (local.get $wp) ${fmt === 'f32' ? '(local.get $ws)' : `(i32.const ${WFMT_ROW_BYTES[fmt]})`}))`;
-  if (fmt !== 'q8') {
-    return `(local.set $k (local.get $K))
+  return `(local.set $k (local.get $K))
       (loop $${label} ${body.join('\n')} ${step}
         (local.set $k (i32.sub (local.get $k) (i32.const 1)))
         (br_if $${label} (local.get $k)))`;
-  }
-  return `(local.set $kq (i32.shr_u (local.get $K) (i32.const 5)))
-    (loop $${label}b
-      ${loadScales.join('\n')}
-      (local.set $wp (i32.add (local.get $wp) (i32.const ${STRIP * 4})))
-      (local.set $k (i32.const 32))
-      (loop $${label} ${body.join('\n')} ${step}
-        (local.set $k (i32.sub (local.get $k) (i32.const 1)))
-        (br_if $${label} (local.get $k)))
-      (local.set $kq (i32.sub (local.get $kq) (i32.const 1)))
-      (br_if $${label}b (local.get $kq)))`;
 }
 
 function kernel4x8(col: number, fmt: WFmt): string {
@@ -100,14 +89,14 @@ function kernel4x8(col: number, fmt: WFmt): string {
   lines.push(`(local.set $wp (local.get $wstrip))`);
   const body: string[] = [];
   body.push(loadGroup(fmt, '$wp', col));
-  body.push(`(local.set $w0 ${loadW(fmt, '$wp', col, 0, '$s0')})`);
-  body.push(`(local.set $w1 ${loadW(fmt, '$wp', col, 1, '$s1')})`);
+  body.push(`(local.set $w0 ${loadW(fmt, '$wp', col, 0)})`);
+  body.push(`(local.set $w1 ${loadW(fmt, '$wp', col, 1)})`);
   for (let r = 0; r < 4; r++) {
     body.push(`(local.set $x (v128.load32_splat (local.get $p${r})))`);
     for (let j = 0; j < 2; j++) body.push(`(local.set $a${r}${j} (f32x4.add (local.get $a${r}${j}) (f32x4.mul (local.get $x) (local.get $w${j}))))`);
     body.push(`(local.set $p${r} (i32.add (local.get $p${r}) (i32.const 4)))`);
   }
-  lines.push(kLoop(fmt, 'kl', body, [0, 1].map((j) => `(local.set $s${j} (v128.load offset=${(col + 4 * j) * 4} (local.get $wp)))`)));
+  lines.push(kLoop(fmt, 'kl', body));
   // store: C + ((m+r)*N + n0 + col)*4
   for (let r = 0; r < 4; r++) {
     lines.push(`(local.set $cp (i32.add (local.get $crow) (i32.add (i32.mul (i32.const ${r}) (local.get $nb)) (i32.const ${col * 4}))))`);
@@ -125,10 +114,10 @@ function kernel1x32(fmt: WFmt): string {
   body.push(`(local.set $x (v128.load32_splat (local.get $p0)))`);
   for (let j = 0; j < 8; j++) {
     if (j % 2 === 0) body.push(loadGroup(fmt, '$wp', (j >> 1) * 8));
-    body.push(`(local.set $b${j} (f32x4.add (local.get $b${j}) (f32x4.mul (local.get $x) ${loadW(fmt, '$wp', (j >> 1) * 8, j & 1, `$s${j}`)})))`);
+    body.push(`(local.set $b${j} (f32x4.add (local.get $b${j}) (f32x4.mul (local.get $x) ${loadW(fmt, '$wp', (j >> 1) * 8, j & 1)})))`);
   }
   body.push(`(local.set $p0 (i32.add (local.get $p0) (i32.const 4)))`);
-  lines.push(kLoop(fmt, 'kl1', body, Array.from({ length: 8 }, (_, j) => `(local.set $s${j} (v128.load offset=${j * 16} (local.get $wp)))`)));
+  lines.push(kLoop(fmt, 'kl1', body));
   for (let j = 0; j < 8; j++) lines.push(`(v128.store offset=${j * 16} (local.get $crow) (local.get $b${j}))`);
   return lines.join('\n');
 }
@@ -342,11 +331,8 @@ function gemmFunc(name: string, packed: boolean, fmt: WFmt = 'f32'): string {
   for (let r = 0; r < 4; r++) for (let j = 0; j < 2; j++) v128Locals.push(`$a${r}${j}`);
   for (let j = 0; j < 8; j++) v128Locals.push(`$b${j}`);
   v128Locals.push('$w0', '$w1', '$x', '$wq');
-  for (let j = 0; j < 8; j++) v128Locals.push(`$s${j}`);
   const stripBase = packed
-    ? fmt === 'q8'
-      ? `(i32.add (local.get $W) (i32.mul (i32.shr_u (local.get $n) (i32.const 5)) (i32.mul (i32.shr_u (local.get $K) (i32.const 5)) (i32.const ${Q8_BLOCK_BYTES}))))`
-      : `(i32.add (local.get $W) (i32.mul (local.get $n) (i32.mul (local.get $K) (i32.const ${WFMT_ROW_BYTES[fmt] / STRIP}))))`
+    ? `(i32.add (local.get $W) (i32.mul (local.get $n) (i32.mul (local.get $K) (i32.const ${WFMT_ROW_BYTES[fmt] / STRIP}))))`
     : `(i32.add (local.get $W) (i32.shl (local.get $n) (i32.const 2)))`;
   return `
   ;; ${name}(A, Wt, C, M, K, N, m0, m1, n0, n1): rows [m0,m1) x columns [n0,n1) of C (n0, n1 multiples of ${STRIP})
@@ -354,7 +340,7 @@ function gemmFunc(name: string, packed: boolean, fmt: WFmt = 'f32'): string {
       (param $m0 i32) (param $m1 i32) (param $n0 i32) (param $n1 i32)
     (local $kb i32) (local $nb i32) (local $ws i32) (local $mb i32) (local $mEnd i32) (local $n i32) (local $m i32) (local $k i32)
     (local $arow i32) (local $crow i32) (local $wstrip i32) (local $wp i32) (local $cp i32)
-    (local $p0 i32) (local $p1 i32) (local $p2 i32) (local $p3 i32) (local $kq i32)
+    (local $p0 i32) (local $p1 i32) (local $p2 i32) (local $p3 i32)
     ${v128Locals.map((l) => `(local ${l} v128)`).join(' ')}
     (local.set $kb (i32.shl (local.get $K) (i32.const 2)))
     (local.set $nb (i32.shl (local.get $N) (i32.const 2)))
@@ -385,6 +371,116 @@ function gemmFunc(name: string, packed: boolean, fmt: WFmt = 'f32'): string {
           ${kernel1x32(fmt)}
           (local.set $m (i32.add (local.get $m) (i32.const 1)))
           (br $r1loop)))
+        (local.set $n (i32.add (local.get $n) (i32.const ${STRIP})))
+        (br $nloop)))
+      (local.set $mb (local.get $mEnd))
+      (br $mloop)))
+  )`;
+}
+
+
+// ---- Q8: int8 dot products (q8_dot.ts defines the bits) -----------------------------------------
+
+/**
+ * quantq8(X, M, K, Q): rows X [M][K] f32 (K a multiple of 32) quantized per block of 32 into
+ * int16 values Q [M][K] and f32 scales at Q + M*K*2 ([M][K/32]): amax = max |x|,
+ * d = f32(amax / 127), id = d ≠ 0 ? f32(1/d) : 0, q = nearest-even(f32(x·id)) (trunc_sat: NaN → 0).
+ * Rows are contiguous, so the blocks of all rows are one run.
+ */
+function quantQ8Func(): string {
+  const lines: string[] = [];
+  lines.push(`(local.set $mx (f32x4.abs (v128.load (local.get $xp))))`);
+  for (let j = 1; j < 8; j++) lines.push(`(local.set $mx (f32x4.max (local.get $mx) (f32x4.abs (v128.load offset=${j * 16} (local.get $xp)))))`);
+  const q = (off: number) => `(i32x4.trunc_sat_f32x4_s (f32x4.nearest (f32x4.mul (v128.load offset=${off} (local.get $xp)) (local.get $idv))))`;
+  const stores: string[] = [];
+  for (let j = 0; j < 4; j++) stores.push(`(v128.store offset=${j * 16} (local.get $qp) (i16x8.narrow_i32x4_s ${q(j * 32)} ${q(j * 32 + 16)}))`);
+  return `
+  (func (export "quantq8") (param $X i32) (param $M i32) (param $K i32) (param $Q i32)
+    (local $blocks i32) (local $xp i32) (local $qp i32) (local $sp i32)
+    (local $mx v128) (local $idv v128) (local $amax f32) (local $d f32)
+    (local.set $blocks (i32.shr_u (i32.mul (local.get $M) (local.get $K)) (i32.const 5)))
+    (local.set $xp (local.get $X))
+    (local.set $qp (local.get $Q))
+    (local.set $sp (i32.add (local.get $Q) (i32.shl (i32.mul (local.get $M) (local.get $K)) (i32.const 1))))
+    (block $done (loop $each
+      (br_if $done (i32.eqz (local.get $blocks)))
+      ${lines.join('\n      ')}
+      (local.set $amax (f32.max (f32.max (f32x4.extract_lane 0 (local.get $mx)) (f32x4.extract_lane 1 (local.get $mx)))
+                                (f32.max (f32x4.extract_lane 2 (local.get $mx)) (f32x4.extract_lane 3 (local.get $mx)))))
+      (local.set $d (f32.div (local.get $amax) (f32.const 127)))
+      (f32.store (local.get $sp) (local.get $d))
+      (local.set $idv (f32x4.splat (select (f32.div (f32.const 1) (local.get $d)) (f32.const 0) (f32.ne (local.get $d) (f32.const 0)))))
+      ${stores.join('\n      ')}
+      (local.set $xp (i32.add (local.get $xp) (i32.const 128)))
+      (local.set $qp (i32.add (local.get $qp) (i32.const 64)))
+      (local.set $sp (i32.add (local.get $sp) (i32.const 4)))
+      (local.set $blocks (i32.sub (local.get $blocks) (i32.const 1)))
+      (br $each)))
+  )`;
+}
+
+/**
+ * gemmpq8(Q, W, C, M, K, N, m0, m1, n0, n1): the gemm entry point's arguments, with Q the
+ * activations as quantq8 left them (int16 [M][K], scales after) and W strip-packed q8. Per row
+ * and 32-column strip, per k-block: eight i32x4 accumulators of i32x4.dot_i16x8_s over the 16
+ * k-pairs (the pair (x_k, x_k+1) splatted as one i32), then C += f32(isum) · f32(dw · dx), C
+ * starting at 0 — q8_dot.ts's order. Rows one at a time: the integer dot leaves no widening work
+ * to share between rows, and the strip stays cache-resident over the row block.
+ */
+function q8GemmFunc(): string {
+  const acc = Array.from({ length: 8 }, (_, g) => `$c${g}`);
+  const pair: string[] = [`(local.set $x (v128.load32_splat (local.get $ap)))`];
+  for (let g = 0; g < 8; g++) pair.push(`(local.set $c${g} (i32x4.add (local.get $c${g}) (i32x4.dot_i16x8_s (v128.load8x8_s offset=${g * 8} (local.get $wp)) (local.get $x))))`);
+  const flush: string[] = [`(local.set $dx (f32x4.splat (f32.load (local.get $sp))))`];
+  for (let g = 0; g < 8; g++) {
+    flush.push(`(v128.store offset=${g * 16} (local.get $crow) (f32x4.add (v128.load offset=${g * 16} (local.get $crow))
+        (f32x4.mul (f32x4.convert_i32x4_s (local.get $c${g})) (f32x4.mul (v128.load offset=${g * 16} (local.get $wsc)) (local.get $dx)))))`);
+  }
+  return `
+  (func $gemmpq8 (export "gemmpq8") (param $A i32) (param $W i32) (param $C i32) (param $M i32) (param $K i32) (param $N i32)
+      (param $m0 i32) (param $m1 i32) (param $n0 i32) (param $n1 i32)
+    (local $kb2 i32) (local $nblk i32) (local $sbase i32) (local $nb i32) (local $mb i32) (local $mEnd i32) (local $n i32) (local $m i32)
+    (local $wstrip i32) (local $wp i32) (local $wsc i32) (local $ap i32) (local $sp i32) (local $crow i32) (local $kq i32) (local $k i32)
+    (local $x v128) (local $dx v128) ${acc.map((a) => `(local ${a} v128)`).join(' ')}
+    (local.set $kb2 (i32.shl (local.get $K) (i32.const 1)))
+    (local.set $nblk (i32.shr_u (local.get $K) (i32.const 5)))
+    (local.set $sbase (i32.add (local.get $A) (i32.mul (local.get $M) (local.get $kb2))))
+    (local.set $nb (i32.shl (local.get $N) (i32.const 2)))
+    (local.set $mb (local.get $m0))
+    (block $mdone (loop $mloop
+      (br_if $mdone (i32.ge_u (local.get $mb) (local.get $m1)))
+      (local.set $mEnd (select (i32.add (local.get $mb) (i32.const ${MB})) (local.get $m1)
+        (i32.lt_u (i32.add (local.get $mb) (i32.const ${MB})) (local.get $m1))))
+      (local.set $n (local.get $n0))
+      (block $ndone (loop $nloop
+        (br_if $ndone (i32.ge_u (local.get $n) (local.get $n1)))
+        (local.set $wstrip (i32.add (local.get $W) (i32.mul (i32.shr_u (local.get $n) (i32.const 5)) (i32.mul (local.get $nblk) (i32.const ${Q8_BLOCK_BYTES})))))
+        (local.set $m (local.get $mb))
+        (block $rdone (loop $rloop
+          (br_if $rdone (i32.ge_u (local.get $m) (local.get $mEnd)))
+          (local.set $ap (i32.add (local.get $A) (i32.mul (local.get $m) (local.get $kb2))))
+          (local.set $sp (i32.add (local.get $sbase) (i32.shl (i32.mul (local.get $m) (local.get $nblk)) (i32.const 2))))
+          (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const 2)))))
+          ${Array.from({ length: 8 }, (_, g) => `(v128.store offset=${g * 16} (local.get $crow) (v128.const i32x4 0 0 0 0))`).join('\n          ')}
+          (local.set $wp (local.get $wstrip))
+          (local.set $kq (local.get $nblk))
+          (if (local.get $kq) (then (loop $kbl
+            ${acc.map((a) => `(local.set ${a} (v128.const i32x4 0 0 0 0))`).join(' ')}
+            (local.set $wsc (local.get $wp))
+            (local.set $wp (i32.add (local.get $wp) (i32.const ${STRIP * 4})))
+            (local.set $k (i32.const 16))
+            (loop $kpl
+              ${pair.join('\n              ')}
+              (local.set $ap (i32.add (local.get $ap) (i32.const 4)))
+              (local.set $wp (i32.add (local.get $wp) (i32.const ${2 * STRIP})))
+              (local.set $k (i32.sub (local.get $k) (i32.const 1)))
+              (br_if $kpl (local.get $k)))
+            ${flush.join('\n            ')}
+            (local.set $sp (i32.add (local.get $sp) (i32.const 4)))
+            (local.set $kq (i32.sub (local.get $kq) (i32.const 1)))
+            (br_if $kbl (local.get $kq)))))
+          (local.set $m (i32.add (local.get $m) (i32.const 1)))
+          (br $rloop)))
         (local.set $n (i32.add (local.get $n) (i32.const ${STRIP})))
         (br $nloop)))
       (local.set $mb (local.get $mEnd))
@@ -531,6 +627,33 @@ function attendHeadsFunc(): string {
   )`;
 }
 
+/**
+ * attendrows(prm, _, _, _, _, _, _, _, r0, r1): one head's attention for query rows [r0, r1), with
+ * the gemm entry points' argument shape so the worker thread can share the rows (gemm_worker.ts).
+ * prm points at 11 i32 words: Q, KT, S, V, O, L, M, hd, P, hdPad, scale (f32 bits). Per row, the
+ * same calls the whole-block path makes — S = Q·KT, softmax over its length, O = S·V — and every
+ * result element depends only on its own row, so splitting rows between threads changes no bit.
+ * Rows, not columns, are split: the softmax and O = S·V (one 32-column strip) of a block could not
+ * be shared by columns, and one hand-off per head replaces three.
+ */
+function attendRowsFunc(): string {
+  const ld = (i: number) => `(i32.load offset=${i * 4} (local.get $prm))`;
+  return `
+  (func (export "attendrows") (param $prm i32) (param $u1 i32) (param $u2 i32) (param $u3 i32) (param $u4 i32) (param $u5 i32)
+      (param $u6 i32) (param $u7 i32) (param $r0 i32) (param $r1 i32)
+    (local $S i32) (local $M i32) (local $P i32)
+    (if (i32.ge_u (local.get $r0) (local.get $r1)) (then (return)))
+    (local.set $S ${ld(2)})
+    (local.set $M ${ld(6)})
+    (local.set $P ${ld(8)})
+    (call $gemm ${ld(0)} ${ld(1)} (local.get $S) (local.get $M) ${ld(7)} (local.get $P) (local.get $r0) (local.get $r1) (i32.const 0) (local.get $P))
+    (call $softmax (i32.add (local.get $S) (i32.shl (i32.mul (local.get $r0) (local.get $P)) (i32.const 2)))
+      (i32.sub (local.get $r1) (local.get $r0)) (local.get $P)
+      (i32.add ${ld(5)} (i32.shl (local.get $r0) (i32.const 2))) (f32.reinterpret_i32 ${ld(10)}))
+    (call $gemm (local.get $S) ${ld(3)} ${ld(4)} (local.get $M) (local.get $P) ${ld(9)} (local.get $r0) (local.get $r1) (i32.const 0) ${ld(9)})
+  )`;
+}
+
 /** The module: shared memory is imported so a worker thread can run the same kernel on it. */
 export function gemmWat(): string {
   return `(module
@@ -539,11 +662,13 @@ ${gemmFunc('gemm', false)}
 ${gemmFunc('gemmp', true)}
 ${gemmFunc('gemmpbf16', true, 'bf16')}
 ${gemmFunc('gemmpf16', true, 'f16')}
-${gemmFunc('gemmpq8', true, 'q8')}
+${q8GemmFunc()}
+${quantQ8Func()}
 ${softmaxFunc()}
 ${swigluFunc()}
 ${gatherFunc()}
 ${argmaxFunc()}
 ${attendHeadsFunc()}
+${attendRowsFunc()}
 )`;
 }

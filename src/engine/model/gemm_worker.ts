@@ -2,14 +2,15 @@
 // computes the column range the main thread hands it through a small shared control block.
 // Splitting columns never changes any element's summation order, so results stay bitwise equal.
 import { parentPort, workerData } from 'node:worker_threads';
-import { CTL } from './gemm_ctl.js';
+import { CTL, takeChunk } from './gemm_ctl.js';
 
 const { module, memory, ctl } = workerData as { module: WebAssembly.Module; memory: WebAssembly.Memory; ctl: SharedArrayBuffer };
 const c = new Int32Array(ctl);
 const inst = new WebAssembly.Instance(module, { env: { mem: memory } });
 type Kernel = (...args: number[]) => void;
-// Indexed by CTL.PACKED (kernel_wasm.ts FMT_CODE): dense, then the strip-packed weight formats.
-const kernels = ['gemm', 'gemmp', 'gemmpbf16', 'gemmpf16', 'gemmpq8'].map((n) => inst.exports[n] as Kernel);
+// Indexed by CTL.PACKED (kernel_wasm.ts FMT_CODE): dense, the strip-packed weight formats, then
+// attendrows (whose range is query rows).
+const kernels = ['gemm', 'gemmp', 'gemmpbf16', 'gemmpf16', 'gemmpq8', 'attendrows'].map((n) => inst.exports[n] as Kernel);
 // Read the job counter BEFORE announcing readiness: the main thread posts the first job only
 // after 'ready', so that job is always seen as new.
 let seen = Atomics.load(c, CTL.SEQ);
@@ -23,14 +24,12 @@ for (;;) {
   seen = seq;
   if (Atomics.compareExchange(c, CTL.CLAIM, (seq - 1) | 0, seq) !== ((seq - 1) | 0)) continue; // main took it
   const a = CTL.ARGS;
-  // Pull column chunks until none is left (the main thread pulls from the same counter).
+  // Pull chunks until none is left (the main thread pulls from the same counter).
   const n1 = c[a + 9]!;
-  const chunk = c[CTL.CHUNK]!;
+  const unit = c[CTL.CHUNK]!;
   const gemm = kernels[c[CTL.PACKED]!]!;
-  for (;;) {
-    const n0 = c[a + 8]! + Atomics.add(c, CTL.NEXT, 1) * chunk;
-    if (n0 >= n1) break;
-    gemm(c[a]!, c[a + 1]!, c[a + 2]!, c[a + 3]!, c[a + 4]!, c[a + 5]!, c[a + 6]!, c[a + 7]!, n0, Math.min(n0 + chunk, n1));
+  for (let r = takeChunk(c, n1, unit); r; r = takeChunk(c, n1, unit)) {
+    gemm(c[a]!, c[a + 1]!, c[a + 2]!, c[a + 3]!, c[a + 4]!, c[a + 5]!, c[a + 6]!, c[a + 7]!, r[0], r[1]);
   }
   Atomics.store(c, CTL.DONE, seq);
   Atomics.notify(c, CTL.DONE);

@@ -13,6 +13,7 @@
 // (JS evaluates in f64; rounding the product and the sum to f32 each step gives exactly the f32
 // results, since f64 has more than 2*24+2 bits.)
 import { STRIP, type WFmt } from './gemm_wat.js';
+import type { Q8Weight } from './q8_dot.js';
 import type { EncodedWeight } from './weight_pack.js';
 
 export interface Weight {
@@ -27,8 +28,10 @@ export interface Weight {
   readonly data: Float32Array | null;
   /** Which WASM instance holds it (WasmGemmPool). */
   readonly part: number;
-  /** How the WASM kernel holds it (weight_pack.ts); always 'f32' in the JS kernel. */
+  /** How the kernel holds it (weight_pack.ts); the JS kernel holds 'f32' or 'q8'. */
   readonly fmt: WFmt;
+  /** The JS kernel's Q8 weight (int8 values and block scales, q8_dot.ts); null otherwise. */
+  readonly q8?: Q8Weight | null;
 }
 
 export interface Gemm {
@@ -36,8 +39,9 @@ export interface Gemm {
   /** Copies a weight given as [n][k] (row-major, HF layout) into kernel layout. */
   upload(w: Float32Array, n: number, k: number): Weight;
   /**
-   * Same, for a weight kept in its stored encoding (16-bit, Q8_0, Q4_0): the products equal, bit
-   * for bit, upload(decodeWeight(w)) — only the memory it takes differs.
+   * Same, for a weight kept in its stored encoding. 16-bit: the products equal, bit for bit,
+   * upload(decodeWeight(w)) — only the memory it takes differs. Q8_0/Q4_0: int8 dot products
+   * against per-row quantized activations (q8_dot.ts), the same bits in both kernels.
    */
   uploadEncoded(w: EncodedWeight, n: number, k: number): Weight;
   /** out[0..m*n) = a[0..m*k) · Wᵀ. */

@@ -1,9 +1,11 @@
-// The plain-JS kernel: the exact summation order of the WASM kernel (kernel.ts), used as the
-// bitwise reference in tests and as the fallback where WASM SIMD is unavailable.
+// The plain-JS kernel: the exact summation order of the WASM kernel (kernel.ts; Q8 weights:
+// q8_dot.ts), used as the bitwise reference in tests and as the fallback where WASM SIMD is
+// unavailable.
 import { gatherStagedJs, softmaxRowsJs, stageInto, swigluJs } from './attention.js';
 import { STRIP } from './gemm_wat.js';
 import { argmaxJs, checkArgs, padTo, transposePadded, type Gemm, type Weight } from './kernel.js';
 import { BLOCK_TOKENS } from './kv_cache.js';
+import { matmulQ8Js, q8WeightOf } from './q8_dot.js';
 import { decodeWeight, type EncodedWeight } from './weight_pack.js';
 
 /** Plain-JS kernel with the exact summation order of the WASM kernel (reference and fallback). */
@@ -20,11 +22,16 @@ export class JsGemm implements Gemm {
   }
 
   uploadEncoded(w: EncodedWeight, n: number, k: number): Weight {
+    if (w.type === 'Q8_0' || w.type === 'Q4_0') return { k, n, nPad: padTo(n, STRIP), ptr: -1, data: null, part: 0, fmt: 'q8', q8: q8WeightOf(w, n, k) };
     return this.upload(decodeWeight(w, n, k), n, k);
   }
 
   matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void {
     checkArgs(w, a, m, out);
+    if (w.q8) {
+      matmulQ8Js(w.q8, w.n, w.k, a, m, out);
+      return;
+    }
     const wt = w.data!;
     const { k: K, n: N, nPad } = w;
     const fr = Math.fround;

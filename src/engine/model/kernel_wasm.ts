@@ -5,7 +5,7 @@ import { createRequire } from 'node:module';
 import { availableParallelism } from 'node:os';
 import { Worker } from 'node:worker_threads';
 import { stageInto } from './attention.js';
-import { CTL } from './gemm_ctl.js';
+import { CTL, takeChunk } from './gemm_ctl.js';
 import { gemmWat, STRIP, type WFmt } from './gemm_wat.js';
 import { checkArgs, packStrips, padTo, type Gemm, type Weight } from './kernel.js';
 import { BLOCK_TOKENS } from './kv_cache.js';
@@ -13,21 +13,29 @@ import { kernelFormat, packEncoded, packedBytes, type EncodedWeight } from './we
 
 /** CTL.PACKED codes: which export a job runs (the worker picks the same). */
 const FMT_CODE: Record<WFmt, number> = { f32: 1, bf16: 2, f16: 3, q8: 4 };
+/** CTL.PACKED code of attendrows (a job over query rows). */
+const ATTEND_ROWS = 5;
+/** attendrows chunks are whole groups of 4 query rows (the GEMM's 4-row register block). */
+const ATTEND_ROW_UNIT = 4;
 
 interface GemmExports {
   /** Dense Wt [K][N] (attention operands). */
   gemm(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
   /** Strip-packed Wt (model weights); same arguments and bits as gemm. */
   gemmp(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
-  /** gemmp for 16-bit and Q8 strip-packed weights (gemm_wat.ts WFmt); same bits as gemmp on the decoded values. */
+  /** gemmp for 16-bit strip-packed weights (gemm_wat.ts WFmt); same bits as gemmp on the decoded values. */
   gemmpbf16(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
   gemmpf16(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
+  /** Q8 weights: A is the activation quantq8 made (int8 dot products, q8_dot.ts's bits). */
   gemmpq8(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
+  quantq8(X: number, M: number, K: number, Q: number): void;
   softmax(S: number, rows: number, stride: number, L: number, scale: number): void;
   gatherkv(src: number, P: number, Pb: number, kvDim: number, off: number, hd: number, kt: number, v: number, hdPad: number): void;
   argmax(p: number, n: number): number;
   swiglu(GU: number, O: number, rows: number, hidden: number): void;
   attendheads(stage: number, Q: number, KT: number, S: number, V: number, O: number, L: number, M: number, hd: number, hdPad: number, kvDim: number, heads: number, keys: number, P: number, scale: number): void;
+  /** One head's attention for query rows [r0, r1); prm holds Q, KT, S, V, O, L, M, hd, P, hdPad, scale bits. */
+  attendrows(prm: number, u1: number, u2: number, u3: number, u4: number, u5: number, u6: number, u7: number, r0: number, r1: number): void;
 }
 
 let wasmModulePromise: Promise<WebAssembly.Module> | null = null;
@@ -57,7 +65,6 @@ export const WASM_WEIGHT_CAP = WASM_MAX_BYTES - 512 * 1024 * 1024;
 
 /** Below this many multiply-adds a call stays on one thread (hand-off costs ~tens of µs). */
 const SPLIT_MIN_MACS = 1 << 20;
-const CHUNKS_PER_CALL = 16;
 /** A worker that has not finished its half by then is considered broken. */
 const WORKER_TIMEOUT_MS = 30_000;
 
@@ -155,23 +162,27 @@ export class WasmGemm implements Gemm {
       gemm(A, W, C, m, K, nPad, 0, m, 0, nPad);
       return;
     }
+    this.share(code, gemm, [A, W, C, m, K, nPad, 0, m], nPad, STRIP);
+  }
+
+  /**
+   * Computes kernel `code` (`fn` here, the same export in the worker) over the range [0, n1) in
+   * chunks of whole `unit`s, pulled by both threads from a shared counter (takeChunk). `args`
+   * are the kernel's first 8 arguments; the chunk's bounds are the last two.
+   */
+  private share(code: number, fn: (...a: number[]) => void, args: number[], n1: number, unit: number): void {
+    const A = args;
     const c = this.ctl;
     c[CTL.PACKED] = code;
-    const args = [A, W, C, m, K, nPad, 0, m, 0, nPad];
-    for (let i = 0; i < args.length; i++) c[CTL.ARGS + i] = args[i]!;
-    // ~16 chunks: fine enough to balance a late or preempted worker, coarse enough that the
-    // per-call overhead stays negligible.
-    const chunk = Math.ceil(strips / CHUNKS_PER_CALL) * STRIP;
-    c[CTL.CHUNK] = chunk;
+    for (let i = 0; i < 8; i++) c[CTL.ARGS + i] = A[i]!;
+    c[CTL.ARGS + 8] = 0;
+    c[CTL.ARGS + 9] = n1;
+    c[CTL.CHUNK] = unit;
     Atomics.store(c, CTL.NEXT, 0);
     const seq = (this.seq = (this.seq + 1) | 0);
     Atomics.store(c, CTL.SEQ, seq);
     Atomics.notify(c, CTL.SEQ);
-    for (;;) {
-      const n0 = Atomics.add(c, CTL.NEXT, 1) * chunk;
-      if (n0 >= nPad) break;
-      gemm(A, W, C, m, K, nPad, 0, m, n0, Math.min(n0 + chunk, nPad));
-    }
+    for (let r = takeChunk(c, n1, unit); r; r = takeChunk(c, n1, unit)) fn(A[0]!, A[1]!, A[2]!, A[3]!, A[4]!, A[5]!, A[6]!, A[7]!, r[0], r[1]);
     // The worker never joined this job: every chunk was computed here.
     if (Atomics.compareExchange(c, CTL.CLAIM, (seq - 1) | 0, seq) === ((seq - 1) | 0)) return;
     const deadline = Date.now() + WORKER_TIMEOUT_MS;
@@ -182,7 +193,7 @@ export class WasmGemm implements Gemm {
       if (left <= 0) {
         // Broken worker: recompute everything here (same bits) and continue single-threaded.
         this.dropWorker();
-        gemm(A, W, C, m, K, nPad, 0, m, 0, nPad);
+        fn(A[0]!, A[1]!, A[2]!, A[3]!, A[4]!, A[5]!, A[6]!, A[7]!, 0, n1);
         return;
       }
       Atomics.wait(c, CTL.DONE, done, Math.min(left, 1000));
@@ -344,11 +355,21 @@ export class WasmGemm implements Gemm {
     if (M === 0) return;
     const { Q, KT, S, V, O, L, hdPad } = this.attnScratch(q, 1, M, hd, P, lens);
     fillKV(KT, V, hdPad);
-    this.run(Q, KT, S, M, hd, P, null);
-    this.exp.softmax(S, M, P, L, scale);
-    this.run(S, V, O, M, P, hdPad, null);
+    // S = Q·KT, softmax and O = S·V per query row (attendrows), the rows shared with the worker
+    // when the head is big enough: the softmax and O = S·V (a single 32-column strip) could not
+    // be split by columns, and one hand-off replaces three.
+    this.prm ||= this.alloc(64);
+    const w = new Int32Array(this.mem.buffer, this.prm, 11);
+    w.set([Q, KT, S, V, O, L, M, hd, P, hdPad]);
+    new Float32Array(this.mem.buffer, this.prm + 40, 1)[0] = scale;
+    const args = [this.prm, 0, 0, 0, 0, 0, 0, 0];
+    if (this.worker && M >= 8 && M * P * (hd + hdPad) >= SPLIT_MIN_MACS) this.share(ATTEND_ROWS, this.exp.attendrows, args, M, ATTEND_ROW_UNIT);
+    else this.exp.attendrows(this.prm, 0, 0, 0, 0, 0, 0, 0, 0, M);
     this.copyRows(O, M, hd, hdPad, out);
   }
+
+  /** Byte address of attendrows' parameter block (allocated at first use). */
+  private prm = 0;
 
   matmulDense(a: Float32Array, m: number, K: number, b: Float32Array, N: number, out: Float32Array): void {
     if (m === 0 || N === 0) return;
@@ -383,11 +404,17 @@ export class WasmGemm implements Gemm {
     if (m === 0) return;
     const { k: K, n: N, nPad } = w;
     const aBytes = padTo(m * K * 4, 64);
-    const A = this.scratch(aBytes + m * nPad * 4);
-    const C = A + aBytes;
+    // Q8: the activations quantized (int16 [m][K], then f32 scales [m][K/32]) next to the f32 copy.
+    const qBytes = w.fmt === 'q8' ? padTo(m * K * 2 + m * (K / 32) * 4, 64) : 0;
+    const A = this.scratch(aBytes + qBytes + m * nPad * 4);
+    const Q = A + aBytes;
+    const C = Q + qBytes;
     const f32 = this.f32;
     f32.set(a.subarray(0, m * K), A / 4);
-    this.run(A, w.ptr, C, m, K, nPad, w.fmt);
+    if (w.fmt === 'q8') {
+      this.exp.quantq8(A, m, K, Q);
+      this.run(Q, w.ptr, C, m, K, nPad, w.fmt);
+    } else this.run(A, w.ptr, C, m, K, nPad, w.fmt);
     const c0 = C / 4;
     if (nPad === N) out.set(f32.subarray(c0, c0 + m * N));
     else for (let r = 0; r < m; r++) out.set(f32.subarray(c0 + r * nPad, c0 + r * nPad + N), r * N);

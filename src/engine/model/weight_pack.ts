@@ -1,9 +1,10 @@
 // Weights kept in their checkpoint's encoding (16-bit floats, 8- or 4-bit blocks) instead of being
 // widened to f32 at load, and their strip-packed layouts for the WASM kernel's formats (gemm_wat.ts
-// WFmt). The kernel turns each packed value into exactly the f32 that `dequantize` gives, so a
-// model computes the same bits either way: only memory (and the bandwidth decode is bound by)
-// shrinks — 2x for 16-bit, 3.8x for Q8_0 (Q4_0 is held in the Q8 layout: its 4-bit values widen
-// to int8 exactly, same scale).
+// WFmt). For 16-bit weights the kernel turns each packed value into exactly the f32 that
+// `dequantize` gives, so a model computes the same bits either way and only memory (and the
+// bandwidth decode is bound by) halves. Q8_0 (3.6x smaller than f32) and Q4_0 (held in the Q8
+// layout: its 4-bit values widen to int8 exactly, same scale) are computed as int8 dot products
+// against quantized activations (q8_dot.ts), in the JS kernel too.
 import { dequantize, type GgmlTypeName } from './gguf_format.js';
 import { Q8_BLOCK_BYTES, STRIP, type WFmt } from './gemm_wat.js';
 import { f16ToF32 } from './safetensors.js';
@@ -74,15 +75,18 @@ export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8A
       const at = i * rb + b * bb;
       const blk = (s * kBlocks + b) * Q8_BLOCK_BYTES;
       out.setFloat32(blk + col * 4, f16ToF32(src.getUint16(at, true)), true);
-      const q0 = blk + STRIP * 4 + col; // row r of the block at q0 + r*STRIP
+      // k-row r of the block: pair r>>1 (2*STRIP bytes each), column col, slot r&1 (the layout
+      // i32x4.dot_i16x8_s takes: a column's two k values side by side).
+      const q0 = blk + STRIP * 4 + col * 2;
+      const at8 = (r: number) => q0 + (r >> 1) * 2 * STRIP + (r & 1);
       if (q4) {
         for (let j = 0; j < 16; j++) {
           const v = w.bytes[at + 2 + j]!;
-          out.setInt8(q0 + j * STRIP, (v & 15) - 8);
-          out.setInt8(q0 + (j + 16) * STRIP, (v >> 4) - 8);
+          out.setInt8(at8(j), (v & 15) - 8);
+          out.setInt8(at8(j + 16), (v >> 4) - 8);
         }
       } else {
-        for (let r = 0; r < 32; r++) out.setInt8(q0 + r * STRIP, src.getInt8(at + 2 + r));
+        for (let r = 0; r < 32; r++) out.setInt8(at8(r), src.getInt8(at + 2 + r));
       }
     }
   }

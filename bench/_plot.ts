@@ -1,11 +1,16 @@
 // SVG bar charts for benchmarks, rendered with vega-lite + vega in Node (no browser, no canvas).
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { dirname } from 'node:path';
+import { dirname, join } from 'node:path';
 import * as vega from 'vega';
 import { compile, type TopLevelSpec } from 'vega-lite';
 
-/** Where benchmarks write their plots (ignored by git). */
-export const PLOT_DIR = 'bench-results';
+/** Where every benchmark writes its plots and result files (ignored by git): one folder per benchmark. */
+export const RESULTS_ROOT = 'bench-results';
+
+/** `bench-results/<bench>/`, relative to the working directory (created by the writers). */
+export function resultsDir(bench: string): string {
+  return join(RESULTS_ROOT, bench);
+}
 
 export interface BarRow {
   /** Panel (facet column). */

@@ -4,16 +4,20 @@
 //   idle      steady streaming short chats alone (on the 1P1D deployment): the ITL baseline;
 //   coloc     `kvc up --prefillers 0 --decoders 2`: two kv_both engines (chunked prefill) behind
 //             the proxy's round-robin, both on every CPU;
-//   disagg    `kvc up --prefillers 1 --decoders 1` (default placement: prefiller on the first
-//             CPU, decoder on the rest).
+//   disagg    `kvc up --prefillers 1 --decoders 1 --routing kv-aware` (default placement:
+//             prefiller on the first CPU, decoder on the rest; conditional disaggregation: prompts
+//             of at most 256 uncached tokens are prefilled on the decoder itself, longer ones on the
+//             prefiller), what a user who wants decoding protected from long prompts runs.
 // Workload: USERS clients each streaming short chats back to back (PROMPT_SHORT tokens in,
-// SHORT_TOKENS out) plus long prompts (LONG_MIN..LONG_MAX tokens, LONG_TOKENS out) arriving as a
-// Poisson process at a fixed rate. Reported: ITL p50/p99/max over every stream, TTFT p50/p99 of
-// short and long requests, and goodput: the highest long-prompt arrival rate at which at least
-// 90 % of the short AND of the long requests meet the SLO (below), found by a bounded search.
+// SHORT_TOKENS out) plus long prompts (LONG_MIN..LONG_MAX tokens, LONG_TOKENS out) arriving at a
+// fixed rate (evenly in the main window, as a Poisson process in the goodput probes). Reported:
+// ITL p50/p99/max over every stream, TTFT p50/p99 of short and long requests, and goodput: the
+// highest long-prompt arrival rate at which at least 90 % of the short AND of the long requests
+// meet the SLO (below), found by a bounded search. Per window, the first decoder's own step
+// intervals, GC pauses, event-loop delay and CPU / run-queue shares say where a stall came from.
 // Plots (Vega-Lite rendered to SVG): ITL over time per configuration, SLO attainment vs rate.
-// Output folder: bench-out/disagg/ (or --out DIR); `--replot DIR/results.json` redraws the plots of
-// an earlier run without running anything. Last line:
+// Output folder: bench-results/disagg/ (or --out DIR); `--replot DIR/results.json` redraws the plots
+// of an earlier run without running anything. Last line:
 // {"bench":"disagg","idle_itl_p99_ms":…,"coloc_itl_p99_ms":…,"disagg_itl_p99_ms":…,
 //  "coloc_goodput_rps":…,"disagg_goodput_rps":…,"long_ttft_p50_ms":…}
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -24,6 +28,7 @@ import { fileURLToPath } from 'node:url';
 import * as vega from 'vega';
 import * as vl from 'vega-lite';
 import { isPortFree } from '../src/common/ports.js';
+import { resultsDir } from './_plot.js';
 
 const CLI = join(dirname(fileURLToPath(import.meta.url)), '..', 'src', 'cli', 'main.js');
 
@@ -38,14 +43,28 @@ const LONG_TOKENS = 8;
 const MAIN_RATE = 0.2;
 const MAIN_WINDOW_S = 25;
 const IDLE_WINDOW_S = 12;
-const PROBE_WINDOW_S = 15;
+/**
+ * Goodput probe windows last long enough for PROBE_LONGS long prompts to arrive on average
+ * (PROBE_LONGS / rate seconds), within [PROBE_MIN_S, PROBE_MAX_S]: a 15 s window at 0.05/s would
+ * hold no long prompt most of the time and say nothing about them.
+ */
+const PROBE_LONGS = 4;
+const PROBE_MIN_S = 15;
+const PROBE_MAX_S = 60;
 /** Requests still running this long after a window closes are cut and count as SLO misses. */
 const DRAIN_S = 20;
 /** The SLO a request must meet: TTFT (by class) and the p99 of its own inter-token gaps. */
 const SLO = { shortTtftMs: 2000, longTtftMs: 6000, itlP99Ms: 50 } as const;
 const ATTAINMENT = 0.9;
-/** Bounded search: rates tried by doubling from the first, then bisection; at most this many probes per configuration. */
-const SEARCH = { first: 0.1, max: 1.6, probes: 5 } as const;
+/**
+ * Bounded search over the long-prompt rate (per second). From `first`: doubling while the SLO holds
+ * (up to `max`), halving while it fails (down to `min`), then bisection between the highest rate
+ * that held and the lowest that failed; at most `probes` probes per configuration. The bracket
+ * fits this 2-CPU machine: one CPU prefills a 1,500–3,000-token prompt of the built-in model in
+ * roughly 2–5 s, so a prefiller saturates near 0.3 long prompts/s, and colocated engines stall
+ * their streams at every long prompt, which only very low rates tolerate.
+ */
+const SEARCH = { first: 0.1, min: 0.025, max: 0.8, probes: 6 } as const;
 
 type Config = 'idle' | 'coloc' | 'disagg';
 
@@ -112,8 +131,16 @@ async function streamOne(url: string, prompt: number[], maxTokens: number, kind:
 }
 
 // ---- one measurement window -------------------------------------------------------------------
-async function window(url: string, rate: number, seconds: number, seed: number): Promise<Done[]> {
+/**
+ * One window of `seconds`: the short-request clients plus long prompts at `rate` per second,
+ * `arrivals` 'poisson' (exponential gaps: the goodput probes) or 'even' (one every 1/rate s from
+ * half a gap in: the main window, so that it holds exactly rate × seconds long prompts).
+ */
+async function window(url: string, rate: number, seconds: number, seed: number, arrivals: 'poisson' | 'even' = 'poisson'): Promise<Done[]> {
   const r = rng(seed);
+  // Long arrivals draw from their own stream: the same seed gives every configuration the same
+  // long-prompt schedule and lengths, however many short requests it completed meanwhile.
+  const rl = rng(seed * 7919 + 17);
   const done: Done[] = [];
   const cut = new AbortController();
   const w0 = performance.now();
@@ -123,13 +150,13 @@ async function window(url: string, rate: number, seconds: number, seed: number):
     while (performance.now() < end) done.push(await streamOne(url, ids(PROMPT_SHORT, r), SHORT_TOKENS, 'short', w0, cut.signal));
   });
   if (rate > 0) {
-    // Poisson arrivals at `rate` per second: exponential inter-arrival times.
-    let next = w0 + (-Math.log(1 - r()) / rate) * 1000;
+    const gap = () => (arrivals === 'even' ? 1 : -Math.log(1 - rl())) * (1000 / rate);
+    let next = w0 + (arrivals === 'even' ? 500 / rate : gap());
     while (next < end) {
       await new Promise((res) => setTimeout(res, Math.max(0, next - performance.now())));
-      const n = LONG_MIN + Math.floor(r() * (LONG_MAX - LONG_MIN + 1));
-      inflight.push(streamOne(url, ids(n, r), LONG_TOKENS, 'long', w0, cut.signal).then((d) => void done.push(d)));
-      next += (-Math.log(1 - r()) / rate) * 1000;
+      const n = LONG_MIN + Math.floor(rl() * (LONG_MAX - LONG_MIN + 1));
+      inflight.push(streamOne(url, ids(n, rl), LONG_TOKENS, 'long', w0, cut.signal).then((d) => void done.push(d)));
+      next += gap();
     }
   }
   const drain = setTimeout(() => cut.abort(), Math.max(0, end - performance.now()) + DRAIN_S * 1000);
@@ -150,6 +177,15 @@ function meetsSlo(d: Done): boolean {
   if (!d.ok || d.ttftMs === null) return false;
   if (d.ttftMs > (d.kind === 'short' ? SLO.shortTtftMs : SLO.longTtftMs)) return false;
   return d.gaps.length === 0 || pct(d.gaps.map((g) => g.ms), 99) <= SLO.itlP99Ms;
+}
+
+/** Why requests of one kind missed the SLO: failed or cut, TTFT over its bound, ITL p99 over its bound (both can count). */
+function misses(ds: Done[], kind: Done['kind']): string {
+  const xs = ds.filter((d) => d.kind === kind);
+  const failed = xs.filter((d) => !d.ok || d.ttftMs === null).length;
+  const ttft = xs.filter((d) => d.ttftMs !== null && d.ttftMs > (kind === 'short' ? SLO.shortTtftMs : SLO.longTtftMs)).length;
+  const itl = xs.filter((d) => d.gaps.length > 0 && pct(d.gaps.map((g) => g.ms), 99) > SLO.itlP99Ms).length;
+  return `${kind} misses: ${failed} failed, ${ttft} TTFT, ${itl} ITL`;
 }
 
 /** Fraction of short and of long requests meeting the SLO; the attainment is the smaller one. */
@@ -184,6 +220,10 @@ function summary(ds: Done[]) {
 // ---- deployments ------------------------------------------------------------------------------
 interface Deployment {
   url: string;
+  /** HTTP address of the first decoder (`decoder-0`, or `engine-0` when colocated). */
+  decoder: string;
+  /** Its pid (read from the deployment.json `kvc up` writes), for /proc/<pid>/schedstat. */
+  decoderPid: number | null;
   stop(): Promise<void>;
 }
 
@@ -226,13 +266,114 @@ async function up(args: string[], logRoot: string): Promise<Deployment> {
     };
     if (ready) {
       process.on('exit', () => child.exitCode === null && child.kill('SIGKILL'));
-      return { url: ready, stop };
+      // The first decoder's HTTP port is 7200 + offset (docs/proxy.md), engine-0 too when colocated.
+      let decoderPid: number | null = null;
+      try {
+        const procs = (JSON.parse(readFileSync(join(logDir, 'deployment.json'), 'utf8')) as { processes: { name: string; pid: number }[] }).processes;
+        decoderPid = procs.find((p) => p.name === 'decoder-0' || p.name === 'engine-0')?.pid ?? null;
+      } catch {
+        /* no pid: the run-queue figures are reported as null */
+      }
+      return { url: ready, decoder: `http://127.0.0.1:${7200 + offset}`, decoderPid, stop };
     }
     await stop();
     // Another program may take a port between the check and the start: try another offset.
     if (!/ports already in use|EADDRINUSE/.test(out)) throw new Error(`kvc up ${args.join(' ')} did not start:\n${out.slice(-3000)}`);
   }
   throw new Error('no free port offset found for kvc up');
+}
+
+// ---- the decoder's own view -------------------------------------------------------------------
+/** The Prometheus text of a process's /metrics ('' if unreadable: reported as no data). */
+async function scrape(base: string): Promise<string> {
+  try {
+    const res = await fetch(`${base}/metrics`, { signal: AbortSignal.timeout(10_000) });
+    return res.status === 200 ? await res.text() : '';
+  } catch {
+    return '';
+  }
+}
+
+/** Cumulative buckets (le → count) of one histogram, summed over its label sets (e.g. GC kinds). */
+function histogram(text: string, name: string): Map<number, number> {
+  const out = new Map<number, number>();
+  const re = new RegExp(`^${name}_bucket\\{[^}]*le="([^"]+)"[^}]*\\} (\\d+)`, 'gm');
+  for (const m of text.matchAll(re)) {
+    const le = m[1] === '+Inf' ? Infinity : Number(m[1]);
+    out.set(le, (out.get(le) ?? 0) + Number(m[2]));
+  }
+  return out;
+}
+
+/** The value of a gauge or counter with a single label set (NaN if absent). */
+function value(text: string, name: string): number {
+  const m = new RegExp(`^${name}(?:\\{[^}]*\\})? ([\\d.e+-]+)$`, 'm').exec(text);
+  return m ? Number(m[1]) : NaN;
+}
+
+/** Sum of a histogram's _sum over its label sets. */
+function histogramSum(text: string, name: string): number {
+  let sum = 0;
+  for (const m of text.matchAll(new RegExp(`^${name}_sum(?:\\{[^}]*\\})? ([\\d.e+-]+)$`, 'gm'))) sum += Number(m[1]);
+  return sum;
+}
+
+/**
+ * The kernel's scheduler statistics of a process: seconds it ran on a CPU and seconds it was
+ * runnable but waited for one (/proc/<pid>/schedstat). The wait says how much of a stall other
+ * programs on the same CPUs caused, which no change to the engine can remove.
+ */
+function schedstat(pid: number | null): { run: number; wait: number } | null {
+  if (pid === null) return null;
+  try {
+    const [run, wait] = readFileSync(`/proc/${pid}/schedstat`, 'utf8').trim().split(/\s+/).map(Number);
+    return { run: run! / 1e9, wait: wait! / 1e9 };
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * What the decoder itself saw during a window: how many intervals between its decode steps there
+ * were, how many exceeded 50 ms and 100 ms, and the bucket bounds under which 99 % and all fell. A stall the
+ * clients saw that is missing here happened after the engine (HTTP, proxy, the client's reads).
+ */
+function stepIntervals(
+  beforeText: string,
+  afterText: string,
+  proxyLagMaxS: number,
+  sched: { before: ReturnType<typeof schedstat>; after: ReturnType<typeof schedstat>; seconds: number },
+) {
+  const name = 'kvc_engine_decode_step_interval_seconds';
+  const before = histogram(beforeText, name);
+  const after = histogram(afterText, name);
+  const d = (le: number) => (after.get(le) ?? 0) - (before.get(le) ?? 0);
+  const total = d(Infinity);
+  const bounds = [...after.keys()].sort((a, b) => a - b);
+  const p99 = bounds.find((le) => d(le) >= 0.99 * total);
+  const max = bounds.find((le) => d(le) >= total);
+  const ms = (le: number | undefined) => (le === undefined || !total ? null : le === Infinity ? 'inf' : le * 1000);
+  // Garbage collection in the decoder (prom-client's default metrics: buckets 1, 10, 100 ms, …).
+  const gc = 'kvc_engine_nodejs_gc_duration_seconds';
+  const gcBefore = histogram(beforeText, gc);
+  const gcAfter = histogram(afterText, gc);
+  const g = (le: number) => (gcAfter.get(le) ?? 0) - (gcBefore.get(le) ?? 0);
+  return {
+    intervals: total,
+    over_50ms: total - d(0.05),
+    over_100ms: total - d(0.1),
+    p99_le_ms: ms(p99),
+    max_le_ms: ms(max),
+    gc_pauses: g(Infinity),
+    gc_over_10ms: g(Infinity) - g(0.01),
+    gc_total_ms: r1((histogramSum(afterText, gc) - histogramSum(beforeText, gc)) * 1000),
+    // Longest event-loop delay since the previous scrape (prom-client resets it per collection).
+    event_loop_lag_max_ms: r1(value(afterText, 'kvc_engine_nodejs_eventloop_lag_max_seconds') * 1000),
+    proxy_event_loop_lag_max_ms: r1(proxyLagMaxS * 1000),
+    // Share of the window the decoder ran on a CPU, and waited runnable for one (machine load).
+    cpu_share: sched.before && sched.after ? r1((100 * (sched.after.run - sched.before.run)) / sched.seconds) / 100 : null,
+    runqueue_wait_share: sched.before && sched.after ? r1((100 * (sched.after.wait - sched.before.wait)) / sched.seconds) / 100 : null,
+  };
 }
 
 /** A few requests so that every engine has compiled its kernels before measuring. */
@@ -251,19 +392,24 @@ async function goodput(url: string, name: Config, curve: { config: Config; rate:
   let bad = Infinity;
   let rate: number = SEARCH.first;
   for (let probe = 0; probe < SEARCH.probes; probe++) {
-    const ds = await window(url, rate, PROBE_WINDOW_S, 1000 + probe);
+    const seconds = Math.min(PROBE_MAX_S, Math.max(PROBE_MIN_S, PROBE_LONGS / rate));
+    const ds = await window(url, rate, seconds, 1000 + probe);
     const a = attainment(ds);
     curve.push({ config: name, rate, attainment: r1(a.both * 100) });
-    console.log(`  ${name} @ ${rate.toFixed(3)} long/s: SLO attainment short ${(a.short * 100).toFixed(0)} %, long ${(a.long * 100).toFixed(0)} % (${ds.length} requests)`);
+    const longs = ds.filter((d) => d.kind === 'long').length;
+    console.log(
+      `  ${name} @ ${rate.toFixed(4)} long/s (${seconds.toFixed(0)} s): SLO attainment short ${(a.short * 100).toFixed(0)} %, long ${(a.long * 100).toFixed(0)} % (${ds.length - longs} short, ${longs} long; ${misses(ds, 'short')}; ${misses(ds, 'long')})`,
+    );
     if (a.both >= ATTAINMENT) good = Math.max(good, rate);
     else bad = Math.min(bad, rate);
-    if (bad === Infinity) {
-      if (rate >= SEARCH.max) break;
-      rate = Math.min(SEARCH.max, rate * 2);
-    } else {
-      if (good === 0 && bad <= SEARCH.first / 4) break;
-      rate = good === 0 ? bad / 2 : (good + bad) / 2;
-    }
+    let next: number;
+    if (bad === Infinity) next = rate * 2; // everything so far held: go up
+    else if (good === 0) next = rate / 2; // everything so far failed: go down
+    else next = (good + bad) / 2;
+    if (next > SEARCH.max || next < SEARCH.min) break;
+    // Bisection ends once the bracket is within 20 % of its upper end.
+    if (good > 0 && bad !== Infinity && (bad - good) / bad <= 0.2) break;
+    rate = next;
   }
   return good;
 }
@@ -305,6 +451,8 @@ interface Saved {
   curve: { config: Config; rate: number; attainment: number }[];
   series: { config: Config; t: number; itl_ms: number }[];
   slo: typeof SLO;
+  /** The first decoder's step intervals per measured window (absent in results of older runs). */
+  steps?: Partial<Record<Config, ReturnType<typeof stepIntervals>>>;
 }
 
 /** Writes the two SVG plots and results.json (which --replot FILE reads back to redraw them). */
@@ -350,7 +498,7 @@ async function plots(outDir: string, saved: Saved): Promise<void> {
 
 async function main(): Promise<void> {
   const argOut = process.argv.indexOf('--out');
-  const outDir = resolve(argOut > 0 ? process.argv[argOut + 1]! : join('bench-out', 'disagg'));
+  const outDir = resolve(argOut > 0 ? process.argv[argOut + 1]! : resultsDir('disagg'));
   mkdirSync(outDir, { recursive: true });
   const replot = process.argv.indexOf('--replot');
   if (replot > 0) {
@@ -362,11 +510,13 @@ async function main(): Promise<void> {
   const logRoot = mkdtempSync(join(tmpdir(), 'kvc-bench-disagg-'));
   const started = performance.now();
   console.log(`disagg bench: ${USERS} streaming users (${PROMPT_SHORT} → ${SHORT_TOKENS} tokens) + long prompts ${LONG_MIN}-${LONG_MAX} tokens (→ ${LONG_TOKENS}) at ${MAIN_RATE}/s`);
+  console.log('configurations: idle and disagg on `kvc up --prefillers 1 --decoders 1 --routing kv-aware` (prefiller CPU 0, decoder CPU 1; prompts of <= 256 uncached tokens prefilled on the decoder), coloc on `kvc up --prefillers 0 --decoders 2` (both engines on both CPUs, round-robin)');
   console.log(`SLO: TTFT <= ${SLO.shortTtftMs} ms (short) / ${SLO.longTtftMs} ms (long) and the request's ITL p99 <= ${SLO.itlP99Ms} ms; goodput = highest long-prompt rate with >= ${ATTAINMENT * 100} % of short and of long requests meeting it`);
   const results: Partial<Record<Config, ReturnType<typeof summary>>> = {};
   const series: { config: Config; t: number; itl_ms: number }[] = [];
   const curve: { config: Config; rate: number; attainment: number }[] = [];
   const good: Partial<Record<Config, number>> = {};
+  const steps: Partial<Record<Config, ReturnType<typeof stepIntervals>>> = {};
   const keep = (name: Config, ds: Done[]) => {
     results[name] = summary(ds);
     for (const d of ds) for (const g of d.gaps) series.push({ config: name, t: g.t, itl_ms: r1(g.ms) });
@@ -374,15 +524,29 @@ async function main(): Promise<void> {
   };
 
   for (const [name, args] of [
-    ['disagg', ['--prefillers', '1', '--decoders', '1']],
+    ['disagg', ['--prefillers', '1', '--decoders', '1', '--routing', 'kv-aware']],
     ['coloc', ['--prefillers', '0', '--decoders', '2']],
   ] as const) {
     console.log(`\nstarting: kvc up ${args.join(' ')}`);
     const dep = await up([...args], logRoot);
     try {
       await warm(dep.url);
-      if (name === 'disagg') keep('idle', await window(dep.url, 0, IDLE_WINDOW_S, 1));
-      keep(name, await window(dep.url, MAIN_RATE, MAIN_WINDOW_S, 2));
+      const measured = async (config: Config, rate: number, seconds: number, seed: number) => {
+        // The main window's long prompts arrive evenly (exactly rate × seconds of them).
+        const before = await scrape(dep.decoder);
+        await scrape(dep.url); // resets the proxy's event-loop lag maximum
+        const s0 = schedstat(dep.decoderPid);
+        const t0 = performance.now();
+        const ds = await window(dep.url, rate, seconds, seed, 'even');
+        const sched = { before: s0, after: schedstat(dep.decoderPid), seconds: (performance.now() - t0) / 1000 };
+        const proxyLag = value(await scrape(dep.url), 'kvc_proxy_nodejs_eventloop_lag_max_seconds');
+        steps[config] = stepIntervals(before, await scrape(dep.decoder), proxyLag, sched);
+        keep(config, ds);
+        console.log(`  ${config}: ${misses(ds, 'short')}; ${misses(ds, 'long')}`);
+        console.log(`  ${config}: decoder ${name === 'coloc' ? 'engine-0' : 'decoder-0'} step intervals ${JSON.stringify(steps[config])}`);
+      };
+      if (name === 'disagg') await measured('idle', 0, IDLE_WINDOW_S, 1);
+      await measured(name, MAIN_RATE, MAIN_WINDOW_S, 2);
       good[name] = await goodput(dep.url, name, curve);
       console.log(`  ${name} goodput: ${good[name]} long prompts/s`);
     } finally {
@@ -391,7 +555,7 @@ async function main(): Promise<void> {
   }
   rmSync(logRoot, { recursive: true, force: true });
 
-  await plots(outDir, { results, goodput: good, curve, series, slo: SLO });
+  await plots(outDir, { results, goodput: good, curve, series, slo: SLO, steps });
   console.log(`\nplots: ${join(outDir, 'itl_over_time.svg')}, ${join(outDir, 'slo_attainment.svg')}; ran ${((performance.now() - started) / 1000).toFixed(0)} s`);
 
   const idle = results.idle!.itl_p99_ms;

@@ -30,6 +30,7 @@ import { loadGgufModel } from '../src/engine/model/gguf_model.js';
 import { convertToGguf } from '../src/engine/model/gguf_write.js';
 import { LlamaModel, type Segment } from '../src/engine/model/model.js';
 import { writeSafetensors } from '../src/engine/model/safetensors.js';
+import { resultsDir } from './_plot.js';
 
 const PEER_VERSION = '3.22.1';
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -391,8 +392,9 @@ async function main(): Promise<void> {
       }
     }
     if (q8) rows.push({ model: 'random 156M', engine: 'kvc Q8_0', figure: 'decode batch 1', tps: q8.q8 }, { model: 'random 156M', engine: 'kvc f32', figure: 'decode batch 1', tps: q8.f32 });
-    const svg = join(PEER_DIR, 'peer.svg');
-    await mkdir(PEER_DIR, { recursive: true });
+    const svgDir = join(ROOT, resultsDir('peer'));
+    await mkdir(svgDir, { recursive: true });
+    const svg = join(svgDir, 'peer.svg');
     await plot(svg, rows);
     console.log(`plot: ${svg}`);
     const r = (x: number | undefined) => (x === undefined ? null : Number(x.toFixed(3)));

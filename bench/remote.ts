@@ -7,7 +7,7 @@
 //   TTFT           a 1,024-token prompt computed by engine A vs the same prompt on engine B, whose
 //                  local tiers are empty so its KV comes through the remote tier (medians of 3).
 // Targets: remote put and get >= 0.8 x raw; remote-hit TTFT <= 0.25 x recompute.
-// Plot: bench-results/remote.svg (vega-lite).
+// Plot: bench-results/remote/remote.svg (vega-lite).
 import { Redis } from 'ioredis';
 import { DType, encodeChunk, payloadBytes, type KvLayout } from '../src/common/chunk.js';
 import { validateCacheConfig } from '../src/common/config.js';
@@ -15,7 +15,7 @@ import { parseRemoteUrl } from '../src/common/remote_url.js';
 import { RemoteTier } from '../src/kvc/remote_tier.js';
 import { startEngine, type Engine } from '../src/engine/server.js';
 import { REDIS_SKIP, findRedisServer, startRedisServer } from '../test/helpers/redis_server.js';
-import { PLOT_DIR, writeBarsSvg } from './_plot.js';
+import { resultsDir, writeBarsSvg } from './_plot.js';
 import { readStreamTtft } from './_stream_ttft.js';
 
 const GB = 1e9;
@@ -141,7 +141,7 @@ async function main(): Promise<void> {
       const rs = b.store!.remoteStats()!;
       console.log(`TTFT 1,024-token prompt: computed ${recompute.toFixed(1)} ms, remote hit ${hit.toFixed(1)} ms (x${(hit / recompute).toFixed(3)}); engine B remote reads: ${rs.hits} hits, ${(rs.getBytes / 2 ** 20).toFixed(1)} MiB`);
       const svg = await writeBarsSvg(
-        `${PLOT_DIR}/remote.svg`,
+        `${resultsDir('remote')}/remote.svg`,
         'Remote tier (Redis on loopback): throughput vs the raw client, and TTFT of a 1,024-token prompt',
         [
           { panel: 'put (GB/s)', series: 'raw SET', value: m.rawPut },

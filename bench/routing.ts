@@ -13,7 +13,7 @@
 //
 // Prefix sharing between instances (P2P) is not implemented: p2p_ttft_ms is null, and
 // recompute_ttft_ms is the TTFT of a request whose 1,024-token prefix nobody holds.
-// Ends with one JSON line (see the end of main()) and writes bench-results/routing.svg.
+// Ends with one JSON line (see the end of main()) and writes bench-results/routing/routing.svg.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -25,6 +25,7 @@ import { compile, type TopLevelSpec } from 'vega-lite';
 import { makePlan } from '../src/deploy/plan.js';
 import { takenPorts } from '../src/deploy/up.js';
 import { PrefixClient } from '../src/proxy/prefix_client.js';
+import { resultsDir } from './_plot.js';
 
 const CLI = join(dirname(fileURLToPath(import.meta.url)), '..', 'src', 'cli', 'main.js');
 const TENANTS = 8;
@@ -341,9 +342,10 @@ async function main(): Promise<void> {
     `targets: kv p90 <= 0.33 x rr p90: ${(kv.p90 / rr.p90).toFixed(2)}; computed kv/rr <= 0.5: ${(kv.computedRatio / rr.computedRatio).toFixed(2)}; ` +
       `skew kv p90 <= skew rr p90: ${(skv.p90 / srr.p90).toFixed(2)}; skew max share <= 2 x fair (${2 * fair}): ${skv.maxShare.toFixed(2)}`,
   );
-  mkdirSync('bench-results', { recursive: true });
-  await plot('bench-results/routing.svg', [rr, kv, srr, skv]);
-  console.log('plot: bench-results/routing.svg');
+  const out = resultsDir('routing');
+  mkdirSync(out, { recursive: true });
+  await plot(join(out, 'routing.svg'), [rr, kv, srr, skv]);
+  console.log(`plot: ${join(out, 'routing.svg')}`);
   const r2 = (v: number) => Math.round(v * 100) / 100;
   console.log(
     JSON.stringify({

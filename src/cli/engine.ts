@@ -45,7 +45,7 @@ export function registerEngine(program: Command): void {
     .option('--max-model-len <n>', 'longest prompt + completion in tokens (default: the model\'s max_position_embeddings)')
     .option('--dtype <dtype>', 'compute type: auto, float32 or float (this CPU engine computes in float32; bf16/f16 weights are widened on load)', 'auto')
     .option('--max-num-seqs <n>', 'sequences computed concurrently', '16')
-    .option('--max-num-batched-tokens <n>', 'tokens per engine step (prefill chunk + decode rows)', '512')
+    .option('--max-num-batched-tokens <n>', 'most tokens per engine step (prefill chunk + decode rows; fewer prompt tokens when a step would exceed ~200 ms)', '512')
     .option('--max-queue-len <n>', 'requests that may wait for a slot before new ones get 503', '1024')
     .option('--kv-cache-memory <GiB>', 'paged KV budget in GiB (default: max-num-seqs full-length sequences, at most 4)')
     .option('--kv-transfer-config <json>', 'connector JSON, e.g. {"kv_connector":"KvcConnectorV1","kv_role":"kv_both"}; the cache instance is read from $KVC_CONFIG_FILE')

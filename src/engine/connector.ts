@@ -144,6 +144,21 @@ export class KvcConnectorV1 {
     }
   }
 
+  /** Stores a received, verified chunk (the store copies it before put() resolves); a failure is logged, save() retries it. */
+  private async keepReceived(req: ConnectorRequest, key: string, chunk: Uint8Array): Promise<void> {
+    const m = this.o.metrics;
+    const t0 = performance.now();
+    try {
+      await withTimeout(this.store.put(key, chunk), this.loadTimeoutMs, `storing received chunk ${key}`);
+      m.chunksSaved.inc();
+      m.cacheStoredBytes.inc(chunk.byteLength);
+      m.cacheStoreSeconds.observe((performance.now() - t0) / 1000);
+    } catch (e) {
+      m.cacheStoreFailures.inc();
+      log.warn(`request ${req.requestId}: received chunk ${key} not stored: ${(e as Error).message}`);
+    }
+  }
+
   /**
    * Imports the longest usable prefix of the prompt's KV into `kv` for `req.seqId` (which must
    * already hold room for the prompt). Never throws for a missing or bad chunk: it stops there.
@@ -204,6 +219,10 @@ export class KvcConnectorV1 {
             payload = this.accept(buf, span, 'transfer');
             source = 'transfer';
             bytes = buf.byteLength;
+            // Keep the verified chunk as it arrived, now, inside this import slice: otherwise
+            // save() exports and re-seals the whole received prompt from the paged KV in the
+            // step that computes its last token, which every decoding sequence waits for.
+            if (payload && canQuery && !this.store.has(span.key)) await this.keepReceived(req, span.key, buf);
           }
         }
         if (!payload) {

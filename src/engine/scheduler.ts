@@ -6,7 +6,10 @@
 // request ever fails for lack of memory. Each engine step builds ONE model forward over
 // the decode rows of every running sequence plus prefill chunks of sequences still reading
 // their prompt, within a token budget (--max-num-batched-tokens). Between steps the loop
-// yields to the event loop, so HTTP stays responsive while the model computes.
+// yields to the event loop, so HTTP stays responsive while the model computes. A step's prompt
+// tokens are also bounded by time (STEP_TARGET_MS): the forward is synchronous, so one step of
+// 512 prompt tokens on a slow or shared CPU would hold every decoding sequence, every health
+// probe and every HTTP request for seconds.
 //
 // The model's forward is batch-invariant (each row's arithmetic does not depend on what else
 // is in the batch), so greedy output is identical alone or among other requests, and a
@@ -20,6 +23,19 @@ import type { PagedKvCache } from './model/kv_cache.js';
 import type { Sampler } from './sampler.js';
 
 const log = logger('engine.scheduler');
+
+/**
+ * Wall time one step should take at most. The prompt tokens of a step are cut so that, at the
+ * cost per token measured on recent steps, the step fits in this; --max-num-batched-tokens stays
+ * the upper bound. 200 ms keeps an engine that prefills long prompts answering its health probes
+ * (≥ 1 s timeouts) and bounds what a colocated decode row waits behind a prompt chunk, while a
+ * 200 ms chunk (≥ 100 tokens of the built-in model on one core) keeps the GEMMs efficient.
+ */
+export const STEP_TARGET_MS = 200;
+/** Fewest prompt tokens a step takes when a prompt is waiting (progress, and GEMMs not too thin). */
+export const MIN_PREFILL_TOKENS = 32;
+/** Weight of the newest step in the running cost per token (exponential average). */
+const COST_EWMA = 0.5;
 
 /** CPU time of this process so far (µs): a gap measured in it is not stretched by other processes. */
 function cpuMicros(): number {
@@ -107,6 +123,10 @@ export interface SchedulerOptions {
   maxNumSeqs: number;
   maxNumBatchedTokens: number;
   maxQueue: number;
+  /** Wall time a step should take at most (default STEP_TARGET_MS; 0: tokens-only budget). */
+  stepTargetMs?: number;
+  /** Clock for the step-time budget (default performance.now; tests drive it). */
+  now?: () => number;
   /** Told of every sequence that ended, after its KV was released (the request log line). */
   onFinished?: (seq: Sequence) => void;
 }
@@ -125,8 +145,14 @@ export class Scheduler {
   private lastDecodeEnd = 0;
   /** process.cpuUsage() at lastDecodeEnd (user + system, µs). */
   private lastDecodeCpu = 0;
+  /** Running wall time per computed token (ms) over recent steps with prompt tokens (0: none yet). */
+  private msPerToken = 0;
+  private readonly stepTargetMs: number;
+  private readonly now: () => number;
 
   constructor(private readonly o: SchedulerOptions) {
+    this.stepTargetMs = o.stepTargetMs ?? STEP_TARGET_MS;
+    this.now = o.now ?? (() => performance.now());
     this.done = this.loop();
   }
 
@@ -284,7 +310,14 @@ export class Scheduler {
       budget--;
     }
     const decodeRows = segs.length;
-    // Then prompt chunks, oldest request first, within what is left of the budget.
+    // Then prompt chunks, oldest request first, within what is left of the budget and of the
+    // step's time (at the measured cost per token; the first prompt step measures it).
+    if (this.stepTargetMs > 0 && this.msPerToken > 0) {
+      const byTime = Math.floor(this.stepTargetMs / this.msPerToken) - decodeRows;
+      budget = Math.min(budget, Math.max(MIN_PREFILL_TOKENS, byTime));
+    } else if (this.stepTargetMs > 0) {
+      budget = Math.min(budget, 4 * MIN_PREFILL_TOKENS);
+    }
     for (const seq of this.active) {
       if (budget <= 0) break;
       if (seq.state !== 'running' || !seq.prefilling) continue;
@@ -302,16 +335,24 @@ export class Scheduler {
     this.steps++;
     let out: Float32Array[];
     const t0 = performance.now();
+    const c0 = this.now();
     if (this.lastDecodeEnd && decodeRows > 0) {
       this.o.metrics.decodeStepGap.observe((t0 - this.lastDecodeEnd) / 1000);
       this.o.metrics.decodeStepGapCpu.observe((cpuMicros() - this.lastDecodeCpu) / 1e6);
     }
     try {
       out = this.o.model.forward(segs, this.o.kv);
+      const stepTokens = rows.reduce((a, r) => a + r.n, 0);
+      if (stepTokens > decodeRows) {
+        // Only steps with prompt tokens teach the cost: decode-only steps are cheap per row and
+        // would make the next prompt chunk too long.
+        const perToken = (this.now() - c0) / stepTokens;
+        this.msPerToken = this.msPerToken ? COST_EWMA * perToken + (1 - COST_EWMA) * this.msPerToken : perToken;
+      }
       const decodes = rows.filter((r) => !r.seq.prefilling).length;
       const phase = decodes === rows.length ? 'decode' : decodes === 0 ? 'prefill' : 'mixed';
       this.o.metrics.stepSeconds.observe({ phase }, (performance.now() - t0) / 1000);
-      this.o.metrics.stepTokens.observe({ phase }, this.o.maxNumBatchedTokens - budget);
+      this.o.metrics.stepTokens.observe({ phase }, stepTokens);
       this.stepTimes(decodeRows > 0);
     } catch (e) {
       // A bug in the model must not take the server down: fail the sequences of this step.

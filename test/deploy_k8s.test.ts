@@ -13,7 +13,7 @@ import { checkArgs, cliProgram } from './helpers/cli_args.js';
 import { parseAllDocuments } from 'yaml';
 import { parseConnectorConfig, validateCacheConfig } from '../src/common/config.js';
 import { parseRemoteUrl } from '../src/common/remote_url.js';
-import { K8S_IMAGE, OVERLAYS, k8sManifests } from '../src/deploy/k8s.js';
+import { DEPLOYMENT_SECRET_NAME, K8S_IMAGE, OVERLAYS, k8sManifests } from '../src/deploy/k8s.js';
 import { parseTopology } from '../src/proxy/topology.js';
 
 const ROOT = process.cwd();
@@ -88,6 +88,9 @@ describe('Kubernetes manifests', () => {
           for (const [flag, v] of flags) if (v === true ? false : String(v).includes('0.0.0.0')) assert.ok(['--host', '--proxy-host'].includes(flag), `${where}: ${flag} hands out 0.0.0.0 (${v})`);
           const env = new Map<string, string>((c.env ?? []).map((e: any) => [e.name, e.value]));
           assert.equal(env.get('PYTHONHASHSEED'), '0', `${where}: every process derives the same chunk keys`);
+          // Bound to 0.0.0.0, every internal channel must be closed by the deployment secret.
+          const secretRef = (c.env ?? []).find((e: any) => e.name === 'KVC_DEPLOYMENT_SECRET')?.valueFrom?.secretKeyRef;
+          assert.deepEqual(secretRef, { name: DEPLOYMENT_SECRET_NAME, key: 'secret' }, `${where}: the deployment secret comes from the Secret`);
           const containerPorts = new Set<number>(c.ports.map((p: any) => p.containerPort));
           const port = (flag: string) => {
             const v = Number(flags.get(flag));

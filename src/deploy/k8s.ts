@@ -102,6 +102,9 @@ function headlessService(name: string, component: string, ports: { name: string;
   };
 }
 
+/** The Secret (key `secret`) holding the deployment secret; created by the operator, never generated into the repository. */
+export const DEPLOYMENT_SECRET_NAME = 'kvc-deployment-secret';
+
 const podSecurity = { runAsNonRoot: true, runAsUser: KVC_UID, runAsGroup: KVC_UID, fsGroup: KVC_UID };
 const containerSecurity = { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: ['ALL'] } };
 
@@ -111,7 +114,12 @@ function kvcContainer(name: string, args: string[], ports: { name: string; port:
     image: K8S_IMAGE,
     imagePullPolicy: 'IfNotPresent',
     args,
-    env: Object.entries({ PYTHONHASHSEED: '0', KVC_CACHE_DIR: CACHE_DIR, ...env }).map(([k, v]) => ({ name: k, value: v })),
+    env: [
+      ...Object.entries({ PYTHONHASHSEED: '0', KVC_CACHE_DIR: CACHE_DIR, ...env }).map(([k, v]) => ({ name: k, value: v })),
+      // The deployment secret every internal channel checks (docs/security.md), from a Secret the
+      // operator creates once (docs/deploy.md); not optional, so a pod never starts with open channels.
+      { name: 'KVC_DEPLOYMENT_SECRET', valueFrom: { secretKeyRef: { name: DEPLOYMENT_SECRET_NAME, key: 'secret' } } },
+    ],
     ports: ports.map((p) => ({ name: p.name, containerPort: p.port })),
     readinessProbe: { httpGet: { path: health, port: ports[0]!.name }, periodSeconds: 5, failureThreshold: 3 },
     livenessProbe: { httpGet: { path: health, port: ports[0]!.name }, initialDelaySeconds: 60, periodSeconds: 10, failureThreshold: 6 },

@@ -29,6 +29,8 @@ describe('engine settings', () => {
       [{ maxNumBatchedTokens: 2.5 }, /^--max-num-batched-tokens: expected a positive integer, found 2.5$/],
       [{ maxNumSeqs: 8, maxNumBatchedTokens: 4 }, /--max-num-batched-tokens \(4\) must be >= --max-num-seqs \(8\)/],
       [{ maxQueue: 0 }, /^--max-queue-len: expected a positive integer, found 0$/],
+      [{ stepTargetMs: -1 }, /^--step-target-ms: expected an integer number of milliseconds from 0 \(off\) to 60000, found -1$/],
+      [{ stepTargetMs: 1.5 }, /^--step-target-ms: expected an integer number of milliseconds from 0 \(off\) to 60000, found 1.5$/],
       [{ maxModelLen: 1 }, /^--max-model-len: expected an integer >= 2, found 1$/],
       [{ port: 70000 }, /^--port: expected an integer between 0 and 65535, found 70000$/],
       [{ host: '' }, /^--host: expected a non-empty string/],

@@ -6,7 +6,7 @@ import { logger } from '../common/log.js';
 import { validateCpuList } from '../common/cpu_set.js';
 import { applyCpuSet } from '../engine/placement.js';
 import { startEngine } from '../engine/server.js';
-import { ADVERTISE_HELP, hostFlags, optionalPositiveInt as posInt, portFlag } from './options.js';
+import { ADVERTISE_HELP, hostFlags, intFlag, optionalPositiveInt as posInt, portFlag } from './options.js';
 import { apiKeyFrom, applySecret } from './security.js';
 
 const log = logger('engine');
@@ -24,6 +24,7 @@ interface EngineFlags {
   maxModelLen?: string;
   maxNumSeqs?: string;
   maxNumBatchedTokens?: string;
+  stepTargetMs?: string;
   maxQueueLen?: string;
   kvCacheMemory?: string;
   kvTransferConfig?: string;
@@ -45,7 +46,8 @@ export function registerEngine(program: Command): void {
     .option('--max-model-len <n>', 'longest prompt + completion in tokens (default: the model\'s max_position_embeddings)')
     .option('--dtype <dtype>', 'compute type: auto, float32 or float (this CPU engine computes in float32; bf16/f16 weights are widened on load)', 'auto')
     .option('--max-num-seqs <n>', 'sequences computed concurrently', '16')
-    .option('--max-num-batched-tokens <n>', 'most tokens per engine step (prefill chunk + decode rows; fewer prompt tokens when a step would exceed ~200 ms)', '512')
+    .option('--max-num-batched-tokens <n>', 'most tokens per engine step (prefill chunk + decode rows; fewer prompt tokens when a step would exceed --step-target-ms)', '512')
+    .option('--step-target-ms <ms>', 'wall time a step\'s prompt tokens should take at most, at the measured cost per token, so the engine answers HTTP (health probes) and decode rows between prompt chunks; 0: budget in tokens only', '200')
     .option('--max-queue-len <n>', 'requests that may wait for a slot before new ones get 503', '1024')
     .option('--kv-cache-memory <GiB>', 'paged KV budget in GiB (default: max-num-seqs full-length sequences, at most 4)')
     .option('--kv-transfer-config <json>', 'connector JSON, e.g. {"kv_connector":"KvcConnectorV1","kv_role":"kv_both"}; the cache instance is read from $KVC_CONFIG_FILE')
@@ -88,6 +90,7 @@ export function registerEngine(program: Command): void {
         maxModelLen: posInt('--max-model-len', f.maxModelLen),
         maxNumSeqs: posInt('--max-num-seqs', f.maxNumSeqs),
         maxNumBatchedTokens: posInt('--max-num-batched-tokens', f.maxNumBatchedTokens),
+        stepTargetMs: f.stepTargetMs === undefined ? undefined : intFlag('--step-target-ms', f.stepTargetMs, 0, 60_000),
         maxQueue: posInt('--max-queue-len', f.maxQueueLen),
         kvCacheBytes,
         kvTransferConfig: f.kvTransferConfig,

@@ -11,6 +11,7 @@ import { createKvTransfer } from '../xfer/engine_plugin.js';
 import type { ModelConfig } from './model/config.js';
 import { loadApiKey } from '../common/auth.js';
 import { checkModelSpec } from './model_spec.js';
+import { STEP_TARGET_MS } from './scheduler.js';
 import { checkBindHost, resolveAdvertiseHost } from '../common/address.js';
 
 const log = logger('engine');
@@ -39,6 +40,8 @@ export interface EngineOptions {
   maxNumSeqs?: number;
   /** Tokens per engine step (prefill chunks + decode rows), default 512. */
   maxNumBatchedTokens?: number;
+  /** Wall time an engine step's prompt tokens should take at most, ms (default STEP_TARGET_MS; 0: tokens-only budget). */
+  stepTargetMs?: number;
   /** Requests that may wait for admission before new ones get 503 (default 1024). */
   maxQueue?: number;
   /** Paged KV budget in bytes; default: max_num_seqs full-length sequences, capped at 4 GiB. */
@@ -92,6 +95,7 @@ export interface EngineSettings {
   maxModelLen: number | undefined;
   maxNumSeqs: number;
   maxNumBatchedTokens: number;
+  stepTargetMs: number;
   maxQueue: number;
   kvCacheBytes: number | undefined;
   /** Null: no connector (and no cache instance). */
@@ -180,6 +184,10 @@ export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
       `--max-num-batched-tokens (${maxNumBatchedTokens}) must be >= --max-num-seqs (${maxNumSeqs}): each running sequence's decode row takes one token of every step's budget`,
     );
   }
+  const stepTargetMs = opts.stepTargetMs ?? STEP_TARGET_MS;
+  if (!Number.isInteger(stepTargetMs) || stepTargetMs < 0 || stepTargetMs > 60_000) {
+    throw new Error(`--step-target-ms: expected an integer number of milliseconds from 0 (off) to 60000, found ${stepTargetMs}`);
+  }
   const maxQueue = positiveInt('--max-queue-len', opts.maxQueue, 1024);
   if (opts.maxModelLen !== undefined && (!Number.isInteger(opts.maxModelLen) || opts.maxModelLen < 2)) {
     throw new Error(`--max-model-len: expected an integer >= 2, found ${opts.maxModelLen}`);
@@ -200,6 +208,7 @@ export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
     maxModelLen: opts.maxModelLen,
     maxNumSeqs,
     maxNumBatchedTokens,
+    stepTargetMs,
     maxQueue,
     kvCacheBytes: opts.kvCacheBytes,
     connectorConfig,

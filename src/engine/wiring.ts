@@ -143,7 +143,7 @@ export class EngineWiring {
       }
 
       const scheduler = new Scheduler({
-        model, kv, metrics, connector, maxNumSeqs: s.maxNumSeqs, maxNumBatchedTokens: s.maxNumBatchedTokens, maxQueue: s.maxQueue,
+        model, kv, metrics, connector, maxNumSeqs: s.maxNumSeqs, maxNumBatchedTokens: s.maxNumBatchedTokens, stepTargetMs: s.stepTargetMs, maxQueue: s.maxQueue,
         onFinished: s.logRequests ? (seq) => logRequest(finishedRequest(seq)) : undefined,
       });
       releases.push({ what: 'stopping the scheduler', release: () => scheduler.close(), mustSucceed: false });

@@ -10,6 +10,11 @@ import type { Endpoint } from './topology.js';
 
 export type Role = 'prefiller' | 'decoder';
 
+/** A call in flight on a backend (upstream.ts): aborted with `err` when the backend is found hung or dead. */
+export interface InflightCall {
+  kill(err: Error): void;
+}
+
 export class Backend {
   readonly url: string;
   readonly name: string;
@@ -26,8 +31,8 @@ export class Backend {
   /** Request headers of every call (shared, never modified: undici only reads them). */
   readonly getHeaders: Record<string, string>;
   readonly postHeaders: Record<string, string>;
-  /** Abort functions of the calls in flight on this backend. */
-  readonly inflight = new Set<(err: Error) => void>();
+  /** The calls in flight on this backend (and those that wait on it, like a prefill on its decoder). */
+  readonly inflight = new Set<InflightCall>();
 
   constructor(
     readonly role: Role,
@@ -55,7 +60,7 @@ export class Backend {
   abortInflight(err: Error): number {
     const all = [...this.inflight];
     this.inflight.clear();
-    for (const abort of all) abort(err);
+    for (const c of all) c.kill(err);
     return all.length;
   }
 

@@ -417,7 +417,7 @@ export class Flow {
             headersTimeoutMs: this.d.timeouts.prefillMs,
             bodyTimeoutMs: this.d.timeouts.prefillMs,
             // The prefill waits on the decoder's xfer receiver: a decoder found hung ends it too.
-            dependsOn: [decoder],
+            dependsOn: decoder,
           })) as { kv_transfer_params?: unknown };
           // The prefiller's own params are forwarded to the decoder; anything but an object is dropped.
           const returned = kvTransferParamsSchema.safeParse(r?.kv_transfer_params);

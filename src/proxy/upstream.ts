@@ -83,10 +83,10 @@ export interface CallOptions {
   /** Longest silence between body bytes, ms. */
   bodyTimeoutMs: number;
   /**
-   * Other backends this call waits on (a prefill waits on its decoder's xfer receiver): the call is
-   * aborted too when one of them is found hung or dead, with that backend's failure.
+   * Another backend this call waits on (a prefill waits on its decoder's xfer receiver): the call
+   * is aborted too when that one is found hung or dead, with its failure.
    */
-  dependsOn?: Backend[];
+  dependsOn?: Backend;
 }
 
 
@@ -104,18 +104,18 @@ export function classify(err: unknown, backend: Backend, signal?: CancelSignal, 
 }
 
 /**
- * Registers a call in flight on `backend` (and on the backends it waits on): `c.kill` aborts it
- * when one of them is found hung. The call object itself is registered, not a closure: three
- * calls per client request make this part of the per-request path.
+ * Registers a call in flight on `backend` (and on the backend it waits on): `c.kill` aborts it
+ * when either is found hung. The call object itself is registered, not a closure, in a list
+ * without hashing: three calls per client request make this part of the per-request path.
  */
-function track(backend: Backend, c: InflightCall, dependsOn: readonly Backend[] | undefined): void {
-  backend.inflight.add(c);
-  if (dependsOn) for (const b of dependsOn) b.inflight.add(c);
+function track(backend: Backend, c: InflightCall, waitsOn: Backend | undefined): void {
+  backend.inflight.add(c, 0);
+  waitsOn?.inflight.add(c, 1);
 }
 
-function untrack(backend: Backend, c: InflightCall, dependsOn: readonly Backend[] | undefined): void {
-  backend.inflight.delete(c);
-  if (dependsOn) for (const b of dependsOn) b.inflight.delete(c);
+function untrack(backend: Backend, c: InflightCall, waitsOn: Backend | undefined): void {
+  backend.inflight.delete(c, 0);
+  waitsOn?.inflight.delete(c, 1);
 }
 
 /**
@@ -135,6 +135,7 @@ export async function call(backend: Backend, o: CallOptions, pool = backend.pool
       killed = err;
       local.abort();
     },
+    at: [-1, -1],
   };
   track(backend, inflight, o.dependsOn);
   const release = () => {
@@ -197,12 +198,13 @@ abstract class CallHandler implements Dispatcher.DispatchHandler, InflightCall {
   // `on`, not `once`: done() always removes it, and once() would wrap it in one more closure per call.
   private readonly onAbort = () => this.abortCall?.(new Cancelled('client disconnected'));
   private killedBy: Error | null = null;
+  readonly at: [number, number] = [-1, -1];
 
   constructor(
     protected readonly backend: Backend,
     private readonly signal: CancelSignal | undefined,
     protected readonly reject: (e: Error) => void,
-    private readonly dependsOn?: readonly Backend[],
+    private readonly dependsOn?: Backend,
   ) {
     signal?.on('abort', this.onAbort);
     track(backend, this, dependsOn);
@@ -246,7 +248,7 @@ abstract class CallHandler implements Dispatcher.DispatchHandler, InflightCall {
  * answer (two such calls per client request: tokenize and prefill).
  */
 class JsonHandler extends CallHandler {
-  constructor(backend: Backend, signal: CancelSignal | undefined, private readonly resolve: (v: unknown) => void, reject: (e: Error) => void, dependsOn?: Backend[]) {
+  constructor(backend: Backend, signal: CancelSignal | undefined, private readonly resolve: (v: unknown) => void, reject: (e: Error) => void, dependsOn?: Backend) {
     super(backend, signal, reject, dependsOn);
   }
 

@@ -19,23 +19,27 @@ const KEY = Buffer.from('"tokens"');
 /** Ids are written here while scanning (sync, so one per process is enough), then copied out at their count. */
 let scratch = new Uint32Array(16_384);
 
+/** The index of the first non-whitespace byte at or after `i` (a plain function: a closure over `i` would make every access to it a context load). */
+function skipWs(b: Uint8Array, i: number): number {
+  for (let c = b[i]; c === SPACE || c === LF || c === CR || c === TAB; c = b[++i]);
+  return i;
+}
+
 /** The token ids of a body that is exactly `{"tokens": [non-negative 32-bit integers]}` (JSON whitespace allowed); undefined otherwise. */
 export function scanTokenBody(b: Uint8Array): Uint32Array | undefined {
   const n = b.length;
   let i = 0;
-  const skip = () => {
-    for (let c = b[i]; c === SPACE || c === LF || c === CR || c === TAB; c = b[++i]);
-  };
-  skip();
+  i = skipWs(b, i);
   if (b[i++] !== 0x7b /* { */) return undefined;
-  skip();
+  i = skipWs(b, i);
   for (let k = 0; k < KEY.length; k++) if (b[i++] !== KEY[k]) return undefined;
-  skip();
+  i = skipWs(b, i);
   if (b[i++] !== 0x3a /* : */) return undefined;
-  skip();
+  i = skipWs(b, i);
   if (b[i++] !== 0x5b /* [ */) return undefined;
-  skip();
+  i = skipWs(b, i);
   let count = 0;
+  let out = scratch; // a local: the module variable is a context slot
   if (b[i] === 0x5d /* ] */) i++;
   else {
     for (;;) {
@@ -50,24 +54,24 @@ export function scanTokenBody(b: Uint8Array): Uint32Array | undefined {
         if (v > 0xffffffff) return undefined;
         c = b[++i]!;
       }
-      if (count === scratch.length) {
-        const bigger = new Uint32Array(scratch.length * 2);
-        bigger.set(scratch);
-        scratch = bigger;
+      if (count === out.length) {
+        const bigger = new Uint32Array(out.length * 2);
+        bigger.set(out);
+        scratch = out = bigger;
       }
-      scratch[count++] = v;
-      skip();
+      out[count++] = v;
+      i = skipWs(b, i);
       c = b[i++]!;
       if (c === 0x2c /* , */) {
-        skip();
+        i = skipWs(b, i);
         continue;
       }
       if (c === 0x5d /* ] */) break;
       return undefined;
     }
   }
-  skip();
+  i = skipWs(b, i);
   if (b[i++] !== 0x7d /* } */) return undefined;
-  skip();
-  return i === n ? scratch.slice(0, count) : undefined;
+  i = skipWs(b, i);
+  return i === n ? out.slice(0, count) : undefined;
 }

@@ -9,6 +9,9 @@
 //             "ttft_proxy_p50_ms":…,"ttft_direct_p50_ms":…}
 // `--stub-only` runs (a) alone and ends with {"bench":"proxy","stub_only":true,"proxy_rps":…,
 // "direct_rps":…,"ratio":…,"overhead_p50_ms":…,"overhead_p99_ms":…}.
+// In (a), `--proxy-cli <path to another build's dist/src/cli/main.js>` runs that build's proxy
+// instead (to compare two trees under the same bench), and `--cpu-prof-dir <dir>` has the proxy
+// process write a V8 CPU profile there.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';

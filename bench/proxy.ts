@@ -9,6 +9,9 @@
 //             "ttft_proxy_p50_ms":…,"ttft_direct_p50_ms":…}
 // `--stub-only` runs (a) alone and ends with {"bench":"proxy","stub_only":true,"proxy_rps":…,
 // "direct_rps":…,"ratio":…,"overhead_p50_ms":…,"overhead_p99_ms":…}.
+// In (a), `--proxy-cli <path to another build's dist/src/cli/main.js>` runs that build's proxy
+// instead (to compare two trees under the same bench), and `--cpu-prof-dir <dir>` has the proxy
+// process write a V8 CPU profile there.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
@@ -119,7 +122,13 @@ async function ttft(pool: Pool, body: Record<string, unknown>): Promise<number> 
 async function stubPart() {
   const [stubPort, proxyPort, notifyPort] = [await freePortRange(1), await freePortRange(1), await freePortRange(1)];
   const stub = spawnNode([fileURLToPath(import.meta.url), '--stub-server', String(stubPort)]);
-  const proxy = spawnNode([CLI, 'proxy', '--port', String(proxyPort), '--prefiller-port', String(stubPort), '--decoder-port', String(stubPort),
+  // --cpu-prof-dir <dir>: the proxy process writes a V8 CPU profile there (to find its per-request cost).
+  const profAt = process.argv.indexOf('--cpu-prof-dir');
+  const prof = profAt > 0 ? ['--cpu-prof', '--cpu-prof-dir', process.argv[profAt + 1]!] : [];
+  // --proxy-cli <main.js>: run another tree's proxy (e.g. an older build) under the same load, to compare.
+  const cliAt = process.argv.indexOf('--proxy-cli');
+  const cli = cliAt > 0 ? process.argv[cliAt + 1]! : CLI;
+  const proxy = spawnNode([...prof, cli, 'proxy', '--port', String(proxyPort), '--prefiller-port', String(stubPort), '--decoder-port', String(stubPort),
     '--proxy-port', String(notifyPort), '--stats-interval', '3600']);
   try {
     await stub.waitFor(/stub listening/, 20_000);

@@ -5,6 +5,9 @@
 // status, TTFT p50/p99 and every process's RSS. Its last line is one JSON object: whether each
 // process's RSS stayed flat (the second half's peak within 25 % + 64 MiB of the first half's) and
 // whether anything was lost (a request never answered, or engines left with requests in flight).
+// An engine's RSS is judged net of its CPU tier (RSS − kvc_cache_bytes{location="LocalCPUBackend"}
+// from its /metrics, sampled with the RSS): the tier filling up to its size (5 GiB by default under
+// `kvc up`) is the cache doing its job, not a leak; what is left is the process's own memory.
 // Options: --minutes N (default 1), --concurrency C (default 16), --no-faults.
 import { join } from 'node:path';
 import type { ChildProcess } from 'node:child_process';
@@ -36,6 +39,17 @@ async function engineGauge(url: string, name: string): Promise<number> {
   const text = await (await fetch(`${url}/metrics`, { signal: AbortSignal.timeout(5_000) })).text();
   const m = new RegExp(`^${name}(?:\\{[^}]*\\})? (\\d+(?:\\.\\d+)?)$`, 'm').exec(text);
   return m ? Number(m[1]) : NaN;
+}
+
+/** Bytes an engine's in-memory (CPU) tier holds now; 0 when its metrics cannot be read (a killed or stopped engine). */
+async function cpuTierBytes(url: string): Promise<number> {
+  try {
+    const text = await (await fetch(`${url}/metrics`, { signal: AbortSignal.timeout(5_000) })).text();
+    const m = /^kvc_cache_bytes\{[^}]*location="LocalCPUBackend"[^}]*\} (\d+(?:\.\d+)?(?:e\+?\d+)?)$/m.exec(text);
+    return m ? Number(m[1]) : 0;
+  } catch {
+    return 0;
+  }
 }
 
 async function main(): Promise<void> {
@@ -86,17 +100,22 @@ async function main(): Promise<void> {
       for (const r of batch) byStatus[r.status] = (byStatus[r.status] ?? 0) + 1;
       const ttft = batch.filter((r) => r.status === 200).map((r) => r.ttftMs).sort((a, b) => a - b);
       const rssNow: Record<string, number> = {};
+      const tierNow: Record<string, number> = {};
       for (const [name, pid] of dep.pids) {
+        const engine = dep.engines.find((e) => e.name === name);
+        const tier = engine ? await cpuTierBytes(engine.http) : 0;
         const b = rssBytes(pid);
         rssNow[name] = Math.round(b / 1048576);
+        if (engine) tierNow[name] = Math.round(tier / 1048576);
         if (!rss.has(name)) rss.set(name, []);
-        rss.get(name)!.push(b);
+        // Judged net of the CPU tier (see the file comment).
+        rss.get(name)!.push(Math.max(0, b - tier));
       }
-      const line = { minute: m + 1, fault: fault?.what ?? null, requests: batch.length, by_status: byStatus, ttft_p50_ms: Math.round(pct(ttft, 50)), ttft_p99_ms: Math.round(pct(ttft, 99)), rss_mib: rssNow };
+      const line = { minute: m + 1, fault: fault?.what ?? null, requests: batch.length, by_status: byStatus, ttft_p50_ms: Math.round(pct(ttft, 50)), ttft_p99_ms: Math.round(pct(ttft, 99)), rss_mib: rssNow, cpu_tier_mib: tierNow };
       perMinute.push(line);
       console.log(
         `minute ${m + 1}: ${batch.length} requests, status ${Object.entries(byStatus).map(([s, n]) => `${s}×${n}`).join(' ')}, TTFT p50 ${line.ttft_p50_ms} ms p99 ${line.ttft_p99_ms} ms; ` +
-          `RSS MiB ${Object.entries(rssNow).map(([k, v]) => `${k} ${v}`).join(', ')}${fault ? `; fault: ${fault.what}` : ''}`,
+          `RSS MiB ${Object.entries(rssNow).map(([k, v]) => `${k} ${v}${k in tierNow ? ` (CPU tier ${tierNow[k]})` : ''}`).join(', ')}${fault ? `; fault: ${fault.what}` : ''}`,
       );
     }
   } finally {
@@ -132,6 +151,7 @@ async function main(): Promise<void> {
       errors_by_status: errors,
       unanswered,
       left_in_flight: leftInFlight,
+      // Engines: RSS net of their CPU tier's bytes; other processes: RSS.
       rss_flat: rssFlat,
       rss_flat_by_process: flat,
       nothing_lost: unanswered === 0 && leftInFlight === 0,

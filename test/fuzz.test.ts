@@ -21,7 +21,10 @@ import { alive, startDeployment, type Deployment } from '../bench/_deployment.js
 const SEED = Number(process.env.KVC_FUZZ_SEED ?? 20261123);
 const SCALE = Number(process.env.KVC_FUZZ_SCALE ?? 1);
 const CONCURRENCY = 8;
-const CALL_TIMEOUT_MS = 20_000;
+// Bounds that turn a hang into a failure; generous, so a loaded machine (other tests, other
+// sessions) is not taken for a hang.
+const CALL_TIMEOUT_MS = 60_000;
+const TCP_CLOSE_MS = 30_000;
 
 interface HttpCase {
   method: string;
@@ -206,7 +209,7 @@ function tcpCase(port: number, bytes: Buffer): Promise<string> {
     const timer = setTimeout(() => {
       s.destroy();
       resolve('hung');
-    }, 5_000);
+    }, TCP_CLOSE_MS);
     s.on('data', (d) => (got += d.length));
     s.on('error', () => undefined);
     s.on('connect', () => s.end(bytes));
@@ -222,7 +225,7 @@ async function fuzzTcp(tally: Tally, surface: string, port: number, runs: number
   await pooled(cases, CONCURRENCY, async (b) => {
     const outcome = await tcpCase(port, b);
     tally.add(surface, outcome);
-    if (outcome === 'hung') tally.fail(surface, `connection not closed 5 s after the client ended it (${b.length} bytes sent)`);
+    if (outcome === 'hung') tally.fail(surface, `connection not closed ${TCP_CLOSE_MS / 1000} s after the client ended it (${b.length} bytes sent)`);
   });
 }
 
@@ -253,7 +256,7 @@ describe('fuzzing every surface of a 1P1D deployment', () => {
   let before0 = '';
 
   const complete = async () => {
-    const r = await fetch(`${dep.proxy}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(greedy), signal: AbortSignal.timeout(30_000) });
+    const r = await fetch(`${dep.proxy}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(greedy), signal: AbortSignal.timeout(120_000) });
     assert.equal(r.status, 200);
     return ((await r.json()) as { choices: { text: string }[] }).choices[0]!.text;
   };

@@ -210,7 +210,7 @@ export class Operations {
   }
 
   /** Index-only lookup: per instance, the location with the longest cached prefix. */
-  lookup(tokens: readonly number[]): LookupReply {
+  lookup(tokens: ArrayLike<number>): LookupReply {
     const out: LookupReply = { num_tokens: 0, layout_info: {} };
     if (tokens.length === 0) return out;
     // Keys depend on (model, chunk size): compute them once per distinct pair among live workers.
@@ -261,7 +261,7 @@ export class Operations {
    * The routing lookup (src/protocol/prefix_lookup.ts): per instance, the cached prefix of its
    * best location, from the index alone (no worker is asked, so the answer costs microseconds).
    */
-  prefixByInstance(tokens: readonly number[]): { num_tokens: number; instances: Record<string, number> } {
+  prefixByInstance(tokens: ArrayLike<number>): { num_tokens: number; instances: Record<string, number> } {
     const r = this.lookup(tokens);
     const instances: Record<string, number> = {};
     for (const id in r.layout_info) instances[id] = r.layout_info[id]!.matched_tokens;

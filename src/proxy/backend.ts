@@ -10,6 +10,59 @@ import type { Endpoint } from './topology.js';
 
 export type Role = 'prefiller' | 'decoder';
 
+/**
+ * A call in flight (upstream.ts): aborted with `err` when its backend, or the backend it waits
+ * on, is found hung or dead. `at` holds its index in those two backends' lists (-1: not on it);
+ * InflightList keeps them right.
+ */
+export interface InflightCall {
+  kill(err: Error): void;
+  at: [own: number, waitsOn: number];
+}
+
+/** Which of a call's two places a list entry is: on its own backend, or on the one it waits on. */
+export type InflightRole = 0 | 1;
+
+/**
+ * The calls in flight on one backend. Three calls per client request come and go through here,
+ * so adding and removing is a push and a swap with the last element: no hashing and no
+ * allocation once the arrays have grown.
+ */
+export class InflightList {
+  private readonly calls: InflightCall[] = [];
+  private readonly roles: InflightRole[] = [];
+
+  get size(): number {
+    return this.calls.length;
+  }
+
+  add(c: InflightCall, role: InflightRole): void {
+    c.at[role] = this.calls.length;
+    this.calls.push(c);
+    this.roles.push(role);
+  }
+
+  delete(c: InflightCall, role: InflightRole): void {
+    const i = c.at[role];
+    if (i < 0 || this.calls[i] !== c) return; // not on this list (or taken by take())
+    c.at[role] = -1;
+    const last = this.calls.pop()!;
+    const lastRole = this.roles.pop()!;
+    if (last !== c || lastRole !== role) {
+      this.calls[i] = last;
+      this.roles[i] = lastRole;
+      last.at[lastRole] = i;
+    }
+  }
+
+  /** Empties the list and returns the calls it held. */
+  take(): InflightCall[] {
+    for (let i = 0; i < this.calls.length; i++) this.calls[i]!.at[this.roles[i]!] = -1;
+    this.roles.length = 0;
+    return this.calls.splice(0);
+  }
+}
+
 export class Backend {
   readonly url: string;
   readonly name: string;
@@ -26,8 +79,8 @@ export class Backend {
   /** Request headers of every call (shared, never modified: undici only reads them). */
   readonly getHeaders: Record<string, string>;
   readonly postHeaders: Record<string, string>;
-  /** Abort functions of the calls in flight on this backend. */
-  readonly inflight = new Set<(err: Error) => void>();
+  /** The calls in flight on this backend (and those that wait on it, like a prefill on its decoder). */
+  readonly inflight = new InflightList();
 
   constructor(
     readonly role: Role,
@@ -53,9 +106,8 @@ export class Backend {
 
   /** Aborts every call in flight on this backend with `err` (it was found hung or dead). */
   abortInflight(err: Error): number {
-    const all = [...this.inflight];
-    this.inflight.clear();
-    for (const abort of all) abort(err);
+    const all = this.inflight.take();
+    for (const c of all) c.kill(err);
     return all.length;
   }
 

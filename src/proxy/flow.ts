@@ -220,7 +220,8 @@ export class Flow {
       delete body.kv_transfer_params;
       const stream = body.stream === true;
       const tok = await this.tokenize(kind, body, abort);
-      const route = await this.route(tok);
+      const routing = this.route(tok);
+      const route = routing instanceof Promise ? await routing : routing;
       let decoder = route.decoder;
       const tried = new Set<Backend>();
       let pre: PrefillResult;
@@ -354,22 +355,28 @@ export class Flow {
 
   /**
    * Looks the prompt up on the controller's index (when there is one) and asks the router where
-   * the request goes. A failed lookup routes on load alone; it never fails the request.
+   * the request goes. A failed lookup routes on load alone; it never fails the request. Without a
+   * lookup the decision is synchronous (no promise on the per-request path).
    */
-  private async route(tok: Tokenized): Promise<Route> {
+  private route(tok: Tokenized): Route | Promise<Route> {
     const t = performance.now();
-    let cached: Record<string, number> | null = null;
-    let lookupFailed = false;
-    if (this.d.prefix && tok.tokens && tok.tokens.length) {
-      try {
-        cached = (await this.d.prefix.lookup(tok.tokens)).instances;
-        this.d.routing.lookedUp(true);
-      } catch (err) {
-        lookupFailed = true;
-        this.d.routing.lookedUp(false);
-        log.warn(`routing lookup failed (${(err as Error).message}); routing on load alone`);
-      }
+    if (!this.d.prefix || !tok.tokens || !tok.tokens.length) return this.decide(tok, null, false, t);
+    return this.lookupAndDecide(this.d.prefix, tok.tokens, tok, t);
+  }
+
+  private async lookupAndDecide(prefix: PrefixClient, tokens: number[], tok: Tokenized, t: number): Promise<Route> {
+    try {
+      const cached = (await prefix.lookup(tokens)).instances;
+      this.d.routing.lookedUp(true);
+      return this.decide(tok, cached, false, t);
+    } catch (err) {
+      this.d.routing.lookedUp(false);
+      log.warn(`routing lookup failed (${(err as Error).message}); routing on load alone`);
+      return this.decide(tok, null, true, t);
     }
+  }
+
+  private decide(tok: Tokenized, cached: Record<string, number> | null, lookupFailed: boolean, t: number): Route {
     const route = this.d.router.route({ promptTokens: tok.count, tokenizer: tok.decoder, cached, lookupFailed });
     this.d.routing.decisionSeconds.observe((performance.now() - t) / 1000);
     const computes = route.prefillers[0] ?? route.decoder;
@@ -410,7 +417,7 @@ export class Flow {
             headersTimeoutMs: this.d.timeouts.prefillMs,
             bodyTimeoutMs: this.d.timeouts.prefillMs,
             // The prefill waits on the decoder's xfer receiver: a decoder found hung ends it too.
-            dependsOn: [decoder],
+            dependsOn: decoder,
           })) as { kv_transfer_params?: unknown };
           // The prefiller's own params are forwarded to the decoder; anything but an object is dropped.
           const returned = kvTransferParamsSchema.safeParse(r?.kv_transfer_params);

@@ -110,17 +110,22 @@ export class ProxyMetrics {
 /**
  * prom-client's `labels()` validates and hashes its arguments on every call; the proxy's label
  * sets are few and fixed (endpoints, backends, statuses), so each child is looked up once and
- * kept, off the per-request path.
+ * kept, off the per-request path. One or two label values, looked up in nested maps: no rest
+ * array or joined key string is built per call.
  */
-export function memoLabels<C>(metric: { labels(...values: string[]): C }): (...values: string[]) => C {
-  const children = new Map<string, C>();
-  return (...values: string[]) => {
-    const k = values.length === 1 ? values[0]! : values.join('\u0000');
-    let c = children.get(k);
-    if (c === undefined) {
-      c = metric.labels(...values);
-      children.set(k, c);
+export function memoLabels<C>(metric: { labels(...values: string[]): C }): (a: string, b?: string) => C {
+  const one = new Map<string, C>();
+  const two = new Map<string, Map<string, C>>();
+  return (a: string, b?: string) => {
+    if (b === undefined) {
+      let c = one.get(a);
+      if (c === undefined) one.set(a, (c = metric.labels(a)));
+      return c;
     }
+    let inner = two.get(a);
+    if (inner === undefined) two.set(a, (inner = new Map()));
+    let c = inner.get(b);
+    if (c === undefined) inner.set(b, (c = metric.labels(a, b)));
     return c;
   };
 }

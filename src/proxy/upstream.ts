@@ -13,7 +13,7 @@
 import { EventEmitter } from 'node:events';
 import { performance } from 'node:perf_hooks';
 import type { Dispatcher } from 'undici';
-import type { Backend } from './backend.js';
+import type { Backend, InflightCall } from './backend.js';
 
 /** The client's own request was rejected upstream; relayed as is. */
 export class PassThrough extends Error {
@@ -83,10 +83,10 @@ export interface CallOptions {
   /** Longest silence between body bytes, ms. */
   bodyTimeoutMs: number;
   /**
-   * Other backends this call waits on (a prefill waits on its decoder's xfer receiver): the call is
-   * aborted too when one of them is found hung or dead, with that backend's failure.
+   * Another backend this call waits on (a prefill waits on its decoder's xfer receiver): the call
+   * is aborted too when that one is found hung or dead, with its failure.
    */
-  dependsOn?: Backend[];
+  dependsOn?: Backend;
 }
 
 
@@ -104,16 +104,18 @@ export function classify(err: unknown, backend: Backend, signal?: CancelSignal, 
 }
 
 /**
- * Registers a call in flight on `backend`: `kill` aborts it when the backend is found hung. The
- * returned function unregisters it.
+ * Registers a call in flight on `backend` (and on the backend it waits on): `c.kill` aborts it
+ * when either is found hung. The call object itself is registered, not a closure, in a list
+ * without hashing: three calls per client request make this part of the per-request path.
  */
-function track(backend: Backend, kill: (err: Error) => void, dependsOn: Backend[] = []): () => void {
-  backend.inflight.add(kill);
-  for (const b of dependsOn) b.inflight.add(kill);
-  return () => {
-    backend.inflight.delete(kill);
-    for (const b of dependsOn) b.inflight.delete(kill);
-  };
+function track(backend: Backend, c: InflightCall, waitsOn: Backend | undefined): void {
+  backend.inflight.add(c, 0);
+  waitsOn?.inflight.add(c, 1);
+}
+
+function untrack(backend: Backend, c: InflightCall, waitsOn: Backend | undefined): void {
+  backend.inflight.delete(c, 0);
+  waitsOn?.inflight.delete(c, 1);
 }
 
 /**
@@ -128,16 +130,16 @@ export async function call(backend: Backend, o: CallOptions, pool = backend.pool
   const onClient = () => local.abort();
   o.signal?.once('abort', onClient);
   if (o.signal?.aborted) local.abort();
-  const untrack = track(
-    backend,
-    (err) => {
+  const inflight: InflightCall = {
+    kill: (err) => {
       killed = err;
       local.abort();
     },
-    o.dependsOn,
-  );
+    at: [-1, -1],
+  };
+  track(backend, inflight, o.dependsOn);
   const release = () => {
-    untrack();
+    untrack(backend, inflight, o.dependsOn);
     o.signal?.off('abort', onClient);
   };
   let res: Dispatcher.ResponseData;
@@ -188,35 +190,35 @@ function contentType(raw: Buffer[] | string[] | null): string {
  * body (a JSON answer, or a failed stream's error body), and the abort that a client disconnect
  * (the request's CancelSignal) triggers on the upstream call.
  */
-abstract class CallHandler implements Dispatcher.DispatchHandler {
+abstract class CallHandler implements Dispatcher.DispatchHandler, InflightCall {
   protected status = 0;
   protected rawHeaders: Buffer[] | string[] | null = null;
   protected chunks: Buffer[] = [];
   private abortCall: ((err?: Error) => void) | null = null;
+  // `on`, not `once`: done() always removes it, and once() would wrap it in one more closure per call.
   private readonly onAbort = () => this.abortCall?.(new Cancelled('client disconnected'));
   private killedBy: Error | null = null;
-  private readonly untrack: () => void;
+  readonly at: [number, number] = [-1, -1];
 
   constructor(
     protected readonly backend: Backend,
     private readonly signal: CancelSignal | undefined,
     protected readonly reject: (e: Error) => void,
-    dependsOn: Backend[] = [],
+    private readonly dependsOn?: Backend,
   ) {
-    signal?.once('abort', this.onAbort);
-    this.untrack = track(
-      backend,
-      (err) => {
-        this.killedBy = err;
-        this.abortCall?.(err);
-      },
-      dependsOn,
-    );
+    signal?.on('abort', this.onAbort);
+    track(backend, this, dependsOn);
+  }
+
+  /** The backend (or one this call waits on) was found hung or dead. */
+  kill(err: Error): void {
+    this.killedBy = err;
+    this.abortCall?.(err);
   }
 
   protected done(): void {
     this.signal?.off('abort', this.onAbort);
-    this.untrack();
+    untrack(this.backend, this, this.dependsOn);
   }
 
   protected body(): Buffer {
@@ -246,7 +248,7 @@ abstract class CallHandler implements Dispatcher.DispatchHandler {
  * answer (two such calls per client request: tokenize and prefill).
  */
 class JsonHandler extends CallHandler {
-  constructor(backend: Backend, signal: CancelSignal | undefined, private readonly resolve: (v: unknown) => void, reject: (e: Error) => void, dependsOn?: Backend[]) {
+  constructor(backend: Backend, signal: CancelSignal | undefined, private readonly resolve: (v: unknown) => void, reject: (e: Error) => void, dependsOn?: Backend) {
     super(backend, signal, reject, dependsOn);
   }
 

@@ -9,6 +9,8 @@ import { ChunkIndex } from './chunk_index.js';
 import { describeIssues, isKeyOp, keyOpSchema, MONITOR_PROTOCOL_VERSION, registerMsgSchema, syncMsgSchema, type ControllerMsg } from '../protocol/monitor.js';
 import { instanceStatsSchema, type EngineSample, type LocationUsage } from '../protocol/instance_stats.js';
 import { deploymentSecret, verifyTag } from '../common/auth.js';
+import { p2pLookupMsgSchema, type P2pHoldersMsg } from '../protocol/p2p_holders.js';
+import { p2pHolders } from './p2p_holders.js';
 
 const log = logger('controller.registry');
 
@@ -61,7 +63,7 @@ export class Registry {
   private readonly holderRefs = new Map<number, HolderRef>();
   private nextHolder = 1;
   /** Counters for /metrics. */
-  readonly stats = { admitted: 0, evicted: 0, synced: 0, reaped: 0, registrations: 0, badMessages: 0 };
+  readonly stats = { admitted: 0, evicted: 0, synced: 0, reaped: 0, registrations: 0, badMessages: 0, p2pLookups: 0 };
   /** instance_id → its engine's recent samples, oldest first (bounded by ENGINE_SAMPLES_KEPT). */
   private readonly samples = new Map<string, TimedEngineSample[]>();
 
@@ -84,8 +86,17 @@ export class Registry {
   }
 
   /** Handles one monitor message; returns the reply to send back, if any. */
-  handle(routingId: string, msg: Record<string, unknown>, now = Date.now()): ControllerMsg | null {
+  handle(routingId: string, msg: Record<string, unknown>, now = Date.now()): ControllerMsg | P2pHoldersMsg | null {
     switch (msg.t) {
+      case 'p2p_lookup': {
+        // Only a registered (so authenticated) session may ask where chunks are.
+        const w = this.byRouting.get(routingId);
+        if (!w) return { t: 'reregister' };
+        const r = p2pLookupMsgSchema.safeParse(msg);
+        if (!r.success) return this.bad(routingId, 'p2p_lookup', describeIssues(r.error));
+        this.stats.p2pLookups++;
+        return { t: 'p2p_holders', id: r.data.id, holders: p2pHolders(this, w, r.data.keys) };
+      }
       case 'register':
         return this.register(routingId, msg, now);
       case 'hb': {

@@ -146,6 +146,9 @@ export function makePlan(o: PlanOptions): Plan {
     enable_controller: o.controller,
     kvc_instance_id: id,
     ...(o.controller ? { controller_url: `${h}:${controllerMonitor}` } : {}),
+    // With the controller, every engine fetches a prefix it lacks from the engine that holds it
+    // (P2P, docs/p2p.md) instead of recomputing it.
+    ...(o.controller ? { enable_p2p: true } : {}),
     kvc_worker_port: worker,
     distributed_url: `${h}:${distributed}`,
   });

@@ -3,8 +3,23 @@
 // alone. The keys are the asker's own (it computed them exactly as it stores them), so the
 // controller does not recompute anything: an instance of another model or chunk size cannot hold
 // the same keys, and is skipped anyway so that a bad answer is impossible.
-import { P2P_MAX_HOLDERS, type P2pHolder } from '../protocol/p2p_holders.js';
+import { describeIssues, type ControllerMsg } from '../protocol/monitor.js';
+import { P2P_MAX_HOLDERS, p2pLookupMsgSchema, type P2pHolder, type P2pHoldersMsg } from '../protocol/p2p_holders.js';
 import type { Registry, WorkerRec } from './registry.js';
+
+/**
+ * Answers one `p2p_lookup` monitor message. Only a registered (so authenticated) session may ask
+ * where chunks are: an unknown one is told to re-register.
+ */
+export function answerP2pLookup(registry: Registry, routingId: string, msg: Record<string, unknown>): ControllerMsg | P2pHoldersMsg {
+  const w = registry.worker(routingId);
+  if (!w) return { t: 'reregister' };
+  const r = p2pLookupMsgSchema.safeParse(msg);
+  if (!r.success) return registry.bad(routingId, 'p2p_lookup', describeIssues(r.error));
+  w.lastSeen = Date.now();
+  registry.stats.p2pLookups++;
+  return { t: 'p2p_holders', id: r.data.id, holders: p2pHolders(registry, w, r.data.keys) };
+}
 
 /** Holders of the leading keys of `packed`, longest run first (a CPU location first on a tie). */
 export function p2pHolders(registry: Registry, asker: WorkerRec, packed: Uint8Array): P2pHolder[] {

@@ -9,8 +9,7 @@ import { ChunkIndex } from './chunk_index.js';
 import { describeIssues, isKeyOp, keyOpSchema, MONITOR_PROTOCOL_VERSION, registerMsgSchema, syncMsgSchema, type ControllerMsg } from '../protocol/monitor.js';
 import { instanceStatsSchema, type EngineSample, type LocationUsage } from '../protocol/instance_stats.js';
 import { deploymentSecret, verifyTag } from '../common/auth.js';
-import { p2pLookupMsgSchema, type P2pHoldersMsg } from '../protocol/p2p_holders.js';
-import { p2pHolders } from './p2p_holders.js';
+
 
 const log = logger('controller.registry');
 
@@ -86,17 +85,13 @@ export class Registry {
   }
 
   /** Handles one monitor message; returns the reply to send back, if any. */
-  handle(routingId: string, msg: Record<string, unknown>, now = Date.now()): ControllerMsg | P2pHoldersMsg | null {
+  /** The registered worker of a monitor session, if any. */
+  worker(routingId: string): WorkerRec | undefined {
+    return this.byRouting.get(routingId);
+  }
+
+  handle(routingId: string, msg: Record<string, unknown>, now = Date.now()): ControllerMsg | null {
     switch (msg.t) {
-      case 'p2p_lookup': {
-        // Only a registered (so authenticated) session may ask where chunks are.
-        const w = this.byRouting.get(routingId);
-        if (!w) return { t: 'reregister' };
-        const r = p2pLookupMsgSchema.safeParse(msg);
-        if (!r.success) return this.bad(routingId, 'p2p_lookup', describeIssues(r.error));
-        this.stats.p2pLookups++;
-        return { t: 'p2p_holders', id: r.data.id, holders: p2pHolders(this, w, r.data.keys) };
-      }
       case 'register':
         return this.register(routingId, msg, now);
       case 'hb': {
@@ -163,7 +158,7 @@ export class Registry {
     }
   }
 
-  private bad(routingId: string, what: string, why: string): ControllerMsg {
+  bad(routingId: string, what: string, why: string): ControllerMsg {
     this.stats.badMessages++;
     log.warn(`dropped malformed ${what} message from ${routingId}: ${why}`);
     return { t: 'error', message: `malformed ${what} message: ${why}` };

@@ -12,7 +12,6 @@
 // `peer_url` is the holder's distributed_url as it registered it (its advertised address), never
 // a guess: the asker connects to exactly that.
 import { z } from 'zod';
-import { packedKeysSchema } from './monitor.js';
 
 /** Most keys one query may carry (a prompt of 2,048 chunks). */
 export const P2P_LOOKUP_MAX_KEYS = 2048;
@@ -23,7 +22,10 @@ export const p2pLookupMsgSchema = z.object({
   t: z.literal('p2p_lookup'),
   /** Chosen by the asker; echoed in the answer. */
   id: z.number().int().min(0),
-  keys: packedKeysSchema.refine((u) => u.byteLength >= 8 && u.byteLength <= P2P_LOOKUP_MAX_KEYS * 8, `expected 1 to ${P2P_LOOKUP_MAX_KEYS} packed keys`),
+  /** Packed keys: 8 bytes each, big-endian (as in the monitor's sync and ops messages). */
+  keys: z
+    .custom<Uint8Array>((u) => u instanceof Uint8Array, 'expected packed keys (binary)')
+    .refine((u) => u.byteLength % 8 === 0 && u.byteLength >= 8 && u.byteLength <= P2P_LOOKUP_MAX_KEYS * 8, `expected 1 to ${P2P_LOOKUP_MAX_KEYS} packed 8-byte keys`),
 });
 export type P2pLookupMsg = z.infer<typeof p2pLookupMsgSchema>;
 

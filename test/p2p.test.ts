@@ -5,7 +5,8 @@
 //     A's, and afterwards the controller's index finds the prompt on both under the same keys;
 //   - a holder that answers with a corrupt chunk, or a short reply, is a fallback: the verified
 //     chunks before it are used, the rest is computed, the output is unchanged;
-//   - the holder SIGKILLed while B's fetch is waiting on it: B's request succeeds, output identical.
+//   - the holder SIGKILLed while B's fetch is waiting on it: B's request succeeds, output identical;
+//   - the controller killed: B's fetch fails at once (no holder query) and B computes.
 // The hostile holder is a test peer registered with the controller like an instance (it serves
 // A's real chunk bytes, damaged); nothing stands in for a kvc component.
 import { after, before, test } from 'node:test';
@@ -320,4 +321,15 @@ test('the holder SIGKILLed while B fetches from it: B answers, output identical'
   engines.A = null;
   // B keeps serving.
   assert.equal(await complete('B', p), outA);
+});
+
+test('the controller gone: B computes without waiting for the time bound, counted as a controller failure', async () => {
+  const p = prompt('no-controller');
+  await ctl.kill('SIGKILL');
+  const failed0 = await metric('B', 'kvc_p2p_failures_total', { reason: 'controller' });
+  const r = await completion('B', p);
+  assert.equal(r.status, 200, JSON.stringify(r.json));
+  assert.equal((await metric('B', 'kvc_p2p_failures_total', { reason: 'controller' })) - failed0, 1);
+  // Computed locally: a second request is a local hit with the same greedy output.
+  assert.equal(await complete('B', p), r.json.choices[0].text);
 });

@@ -47,4 +47,10 @@ test('kvc up turns P2P on for every engine when it runs a controller, and only t
   for (const e of on.engines) assert.equal(validateCacheConfig(e.cacheConfig, e.name).config.enable_p2p, true, e.name);
   const off = makePlan({ prefillers: 1, decoders: 1, model: 'builtin:tiny', portOffset: 0, controller: false, host: '127.0.0.1' });
   for (const e of off.engines) assert.equal(validateCacheConfig(e.cacheConfig, e.name).config.enable_p2p, false, e.name);
+  // kvc up --no-p2p: the controller without P2P.
+  const noP2p = makePlan({ prefillers: 1, decoders: 1, model: 'builtin:tiny', portOffset: 0, controller: true, p2p: false, host: '127.0.0.1' });
+  for (const e of noP2p.engines) {
+    const c = validateCacheConfig(e.cacheConfig, e.name).config;
+    assert.deepEqual([c.enable_controller, c.enable_p2p], [true, false], e.name);
+  }
 });

@@ -13,6 +13,8 @@ export interface PlanOptions {
   model: string;
   portOffset: number;
   controller: boolean;
+  /** P2P prefix sharing between the engines (needs the controller); default: on with the controller. */
+  p2p?: boolean;
   /** The address every process binds and the others reach it on (one machine). */
   host: string;
   /** How engines get CPUs (src/deploy/placement.ts); default `split`. */
@@ -148,7 +150,7 @@ export function makePlan(o: PlanOptions): Plan {
     ...(o.controller ? { controller_url: `${h}:${controllerMonitor}` } : {}),
     // With the controller, every engine fetches a prefix it lacks from the engine that holds it
     // (P2P, docs/p2p.md) instead of recomputing it.
-    ...(o.controller ? { enable_p2p: true } : {}),
+    ...(o.controller && o.p2p !== false ? { enable_p2p: true } : {}),
     kvc_worker_port: worker,
     distributed_url: `${h}:${distributed}`,
   });

@@ -30,7 +30,12 @@ export interface P2pClientOptions {
   metrics: P2pMetrics;
 }
 
+/** One warning per failure reason per this many ms (a controller that is down would otherwise log once per request). */
+const WARN_EVERY_MS = 10_000;
+
 export class P2pClient {
+  private readonly warned = new Map<P2pFailure, { at: number; suppressed: number }>();
+
   constructor(private readonly o: P2pClientOptions) {}
 
   /**
@@ -95,7 +100,15 @@ export class P2pClient {
 
   private fail(reason: P2pFailure, msg: string): void {
     this.o.metrics.failures.inc({ reason });
-    log.warn(`P2P fetch: ${msg}; computing the rest`);
+    const now = Date.now();
+    const w = this.warned.get(reason);
+    if (w && now - w.at < WARN_EVERY_MS) {
+      w.suppressed++;
+      return;
+    }
+    const more = w?.suppressed ? ` (${w.suppressed} more "${reason}" failure(s) since the last warning)` : '';
+    this.warned.set(reason, { at: now, suppressed: 0 });
+    log.warn(`P2P fetch: ${msg}; computing the rest${more}`);
   }
 
   /** Into the CPU tier, like a disk or remote hit: the next request finds them locally. */

@@ -83,7 +83,8 @@ test('a pull from a real holder gets its run in order and stops at the first key
 });
 
 test('a silent holder ends at the time bound, a wrong key as corrupt, a closed port as connect', async () => {
-  const silent = net.createServer((s) => s.on('error', () => {}));
+  // Reads (and drops) what arrives, so it sees the requester close; it never answers.
+  const silent = net.createServer((s) => s.on('error', () => {}).resume());
   await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r));
   closers.push(() => new Promise((r) => silent.close(() => r())));
   const slow = await fetchFromPeer({ peerUrl: `127.0.0.1:${(silent.address() as net.AddressInfo).port}`, keys: keys.slice(0, 2), from: 't', deadline: Date.now() + 200, layout, chunkSize: 4 });

@@ -11,8 +11,10 @@
 // compute / sent), and each instance's share of prefills (the instance that computed
 // the prompt: a prefiller, or the decoder when it prefilled locally).
 //
-// Prefix sharing between instances (P2P) is not implemented: p2p_ttft_ms is null, and
-// recompute_ttft_ms is the TTFT of a request whose 1,024-token prefix nobody holds.
+// P2P (docs/p2p.md), in one kv-aware deployment of its own: recompute_ttft_ms is the TTFT of a
+// request sent to prefiller-0 whose 1,024-token prefix nobody holds; p2p_ttft_ms the TTFT of the
+// same prefix with another question sent to prefiller-1, which fetches the prefix's 4 chunks from
+// prefiller-0 over P2P (medians of 3 pairs, alternating). `--only p2p` runs just this part.
 // Ends with one JSON line (see the end of main()) and writes bench-results/routing/routing.svg.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
@@ -286,16 +288,47 @@ async function run(name: string, routing: string, w: ReturnType<typeof workload>
   }
 }
 
-/** TTFT of a request whose 1,024-token prefix no instance holds (what P2P would have to beat). */
-async function recomputeTtft(seed: number): Promise<number> {
+interface P2pResult {
+  recompute: number;
+  p2p: number;
+  /** Chunks prefiller-1 received over P2P during the p2p requests (4 per request when it works). */
+  chunks: number;
+}
+
+/**
+ * TTFT of a request whose 1,024-token prefix no instance holds, against the same prefix fetched
+ * by P2P from the instance that computed it. Requests go straight to the engines (not through
+ * the proxy) so that which engine computes and which fetches is fixed.
+ */
+async function p2pTtft(seed: number): Promise<P2pResult> {
   const d = await up('kv-aware');
   try {
+    const [computer, fetcher] = [d.engines[0]!, d.engines[1]!];
     const r = rng(seed + 99);
     const tok = () => 100 + Math.floor(r() * 31000);
-    await ttftOf(d.proxy, Array.from({ length: 64 }, tok)); // warm the engines
-    const samples: number[] = [];
-    for (let i = 0; i < 3; i++) samples.push(await ttftOf(d.proxy, Array.from({ length: PREFIX + 48 }, tok)));
-    return samples.sort((a, b) => a - b)[1]!;
+    // Warm both engines (model pages, buffers, the peer connection path).
+    for (const e of [computer, fetcher]) await ttftOf(e.url, Array.from({ length: 64 }, tok));
+    const chunks0 = sum(await scrape(fetcher.url), 'kvc_p2p_chunks_total');
+    const rec: number[] = [];
+    const p2p: number[] = [];
+    for (let i = 0; i < 3; i++) {
+      const prefix = Array.from({ length: PREFIX }, tok);
+      rec.push(await ttftOf(computer.url, [...prefix, ...Array.from({ length: 48 }, tok)]));
+      // The computer's chunks reach the controller's index within a few ms; wait for them.
+      const deadline = Date.now() + 30_000;
+      for (;;) {
+        const held = (await fetch(`${d.controller}/prefix_lookup`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ tokens: prefix }), signal: AbortSignal.timeout(5_000) })
+          .then((res) => res.json())
+          .catch(() => null)) as { instances: Record<string, number> } | null;
+        if (held && (held.instances[computer.name] ?? 0) >= PREFIX) break;
+        if (Date.now() > deadline) throw new Error(`the controller did not index ${computer.name}'s prefix within 30 s`);
+        await new Promise((res) => setTimeout(res, 20));
+      }
+      p2p.push(await ttftOf(fetcher.url, [...prefix, ...Array.from({ length: 48 }, tok)]));
+    }
+    const chunks = sum(await scrape(fetcher.url), 'kvc_p2p_chunks_total') - chunks0;
+    const med = (v: number[]) => v.sort((a, b) => a - b)[1]!;
+    return { recompute: med(rec), p2p: med(p2p), chunks };
   } finally {
     await d.stop();
   }
@@ -324,7 +357,34 @@ async function plot(file: string, rows: RunResult[]): Promise<void> {
   writeFileSync(file, await view.toSVG());
 }
 
+function onlyPart(): 'p2p' | null {
+  const i = process.argv.indexOf('--only');
+  if (i < 0) return null;
+  const v = process.argv[i + 1];
+  if (v !== 'p2p') {
+    console.error(`--only: expected "p2p" (run only the P2P part), found "${v ?? ''}"`);
+    process.exit(2);
+  }
+  return v;
+}
+
+async function runP2p(seed: number): Promise<P2pResult> {
+  const p = await p2pTtft(seed);
+  console.log(
+    `1,024-token prefix: recomputed TTFT ${p.recompute.toFixed(0)} ms, fetched by P2P TTFT ${p.p2p.toFixed(0)} ms (x${(p.p2p / p.recompute).toFixed(3)}, target <= 0.25); ` +
+      `${p.chunks} chunks arrived over P2P (expected ${3 * (PREFIX / 256)})`,
+  );
+  return p;
+}
+
 async function main(): Promise<void> {
+  const r2 = (v: number) => Math.round(v * 100) / 100;
+  if (onlyPart() === 'p2p') {
+    const seed = Math.round(arg('seed', 11));
+    const p = await runP2p(seed);
+    console.log(JSON.stringify({ bench: 'routing', p2p_ttft_ms: r2(p.p2p), recompute_ttft_ms: r2(p.recompute), p2p_chunks: p.chunks }));
+    return;
+  }
   const n = Math.round(arg('requests', 64));
   const rate = arg('rate', 0.75);
   const seed = Math.round(arg('seed', 11));
@@ -335,8 +395,7 @@ async function main(): Promise<void> {
   const kv = await run('kv-aware', 'kv-aware', uniform);
   const srr = await run('skew rr', 'round-robin', skew);
   const skv = await run('skew kv', 'kv-aware', skew);
-  const recompute = await recomputeTtft(seed);
-  console.log(`1,024-token prefix recomputed (nobody holds it): TTFT ${recompute.toFixed(0)} ms; P2P prefix sharing is not implemented (p2p_ttft_ms null)`);
+  const p2p = await runP2p(seed);
   const fair = 1 / 4;
   console.log(
     `targets: kv p90 <= 0.33 x rr p90: ${(kv.p90 / rr.p90).toFixed(2)}; computed kv/rr <= 0.5: ${(kv.computedRatio / rr.computedRatio).toFixed(2)}; ` +
@@ -346,7 +405,6 @@ async function main(): Promise<void> {
   mkdirSync(out, { recursive: true });
   await plot(join(out, 'routing.svg'), [rr, kv, srr, skv]);
   console.log(`plot: ${join(out, 'routing.svg')}`);
-  const r2 = (v: number) => Math.round(v * 100) / 100;
   console.log(
     JSON.stringify({
       bench: 'routing',
@@ -357,8 +415,8 @@ async function main(): Promise<void> {
       kv_max_share: r2(skv.maxShare),
       skew_rr_ttft_p90_ms: r2(srr.p90),
       skew_kv_ttft_p90_ms: r2(skv.p90),
-      p2p_ttft_ms: null,
-      recompute_ttft_ms: r2(recompute),
+      p2p_ttft_ms: r2(p2p.p2p),
+      recompute_ttft_ms: r2(p2p.recompute),
       routing_decision_p50_ms: Math.round(kv.decisionP50! * 1000) / 1000,
     }),
   );

@@ -15,6 +15,7 @@ import { ProxyMetrics } from '../src/proxy/metrics.js';
 import { parseRemoteUrl } from '../src/common/remote_url.js';
 import { registerRemoteMetrics } from '../src/kvc/remote_metrics.js';
 import { RemoteTier } from '../src/kvc/remote_tier.js';
+import { P2pMetrics } from '../src/kvc/p2p_metrics.js';
 import { RoutingMetrics } from '../src/proxy/routing_metrics.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -37,6 +38,8 @@ test('docs/metrics.md lists every exported metric with its type, and only those'
   // An engine with remote_url also exports the remote tier's metrics (the tier is never connected here).
   const remote = new RemoteTier({ endpoint: parseRemoteUrl('redis://127.0.0.1:1'), modelId: 'm', timeoutMs: 100, queueBytes: 1 << 20 });
   registerRemoteMetrics(engine.registry, remote);
+  // An engine with enable_p2p also exports the P2P counters.
+  new P2pMetrics(engine.registry);
   const proxy = new ProxyMetrics();
   new RoutingMetrics(proxy.registry); // the proxy server registers its routing counters in the same registry
   const exported = new Map<string, string>();

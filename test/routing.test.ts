@@ -109,7 +109,17 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
    */
   async function indexAndReal(i: number, prompt: string): Promise<[number, number]> {
     const indexSays = (await lookup(await tokens({ prompt })))[`decoder-${i}`] ?? 0;
-    const real = (await complete(decoderUrl(i), prompt)).cached;
+    // kvc up turns P2P on: the chunks the decoder fetched from a peer are cached for this request
+    // but were not held by the decoder, so they are not counted here. They are the tail of the
+    // loaded run (P2P starts at the first local miss), so the decoder held the chunks before them.
+    const p2pChunks = async () => {
+      const text = await (await fetch(`${decoderUrl(i)}/metrics`, { signal: AbortSignal.timeout(5_000) })).text();
+      return Number(/^kvc_p2p_chunks_total(?:\{[^}]*\})? (\S+)$/m.exec(text)?.[1] ?? 0);
+    };
+    const fetched0 = await p2pChunks();
+    const cached = (await complete(decoderUrl(i), prompt)).cached;
+    const fetched = (await p2pChunks()) - fetched0;
+    const real = fetched > 0 ? (Math.ceil(cached / 256) - fetched) * 256 : cached;
     await sleep(300);
     return [indexSays, real];
   }

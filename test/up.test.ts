@@ -76,6 +76,8 @@ describe('examples', () => {
         assert.equal(config.chunk_size, 256);
         assert.equal(config.enable_controller, true);
         assert.equal(config.controller_url, '127.0.0.1:9001');
+        // With the controller every engine fetches prefixes it lacks from the engine that holds them.
+        assert.equal(config.enable_p2p, true);
         // generated configs start without warnings: the CPU engine's transfer buffer is host memory
         assert.equal(config.xfer_buffer_device, 'cpu');
         // Every engine, prefiller and decoder, 1P1D and XpYd, keeps a CPU tier by default.

@@ -20,6 +20,7 @@ interface EngineFlags {
   model?: string;
   dtype: string;
   enablePrefixCaching?: boolean;
+  enableP2p?: boolean;
   servedModelName?: string;
   maxModelLen?: string;
   maxNumSeqs?: string;
@@ -54,6 +55,7 @@ export function registerEngine(program: Command): void {
     .option('--cpus <list>', 'CPUs this engine runs on, as a cpulist ("0-1", "1", "0,2"); GEMM threads follow the set (default: every CPU)')
     .option('--enable-prefix-caching', 'reuse the KV of earlier prompts through a cache instance: without --kv-transfer-config, attaches a kv_both connector with the cache of $KVC_CONFIG_FILE (default: a CPU tier)')
     .option('--no-enable-prefix-caching', 'no cache instance unless --kv-transfer-config gives one (the default; the engine itself keeps no KV of finished requests)')
+    .option('--enable-p2p', 'on a local cache miss, fetch the following chunks from the instance the controller says holds them (sets enable_p2p of $KVC_CONFIG_FILE; needs enable_controller)')
     .option('--enforce-eager', 'accepted for compatibility: the CPU engine always runs eagerly (it has no graph mode)')
     .option('--disable-log-requests', 'do not log one line per finished request (id, tokens, cached tokens, TTFT, duration)')
     .option('--disable-log-stats', 'do not log the periodic statistics line (throughput, running/waiting, KV usage, prefix-cache hit rate)')
@@ -86,6 +88,7 @@ export function registerEngine(program: Command): void {
         model,
         dtype: f.dtype,
         enablePrefixCaching: f.enablePrefixCaching,
+        enableP2p: f.enableP2p,
         servedModelName: f.servedModelName,
         maxModelLen: posInt('--max-model-len', f.maxModelLen),
         maxNumSeqs: posInt('--max-num-seqs', f.maxNumSeqs),

@@ -48,6 +48,7 @@ export function registerUp(program: Command): void {
     .option('--max-restarts <n>', 'restarts in a row (with backoff 1 s, 2 s, … 30 s) before giving up on a process that keeps dying; 0: never restart', String(DEFAULT_RESTART.maxRestarts))
     .option('--port-offset <n>', 'added to every reference port (to run beside another deployment)', '0')
     .option('--no-controller', 'do not start the controller; engines run with enable_controller: false')
+    .option('--no-p2p', 'engines do not fetch prefixes they lack from each other (P2P, on by default with the controller; docs/p2p.md)')
     .option('--log-dir <dir>', 'where per-process logs, generated configs and deployment.json go', 'kvc-logs')
     .option('--startup-timeout <s>', 'seconds allowed for all processes to become healthy', '300')
     .option('--api-key <key>', 'client API key of the deployment: clients send "Authorization: Bearer <key>" (default: $KVC_API_KEY; none: open)')
@@ -79,6 +80,7 @@ export function registerUp(program: Command): void {
           model: String(o.model),
           portOffset: int('--port-offset', String(o.portOffset)),
           controller: o.controller !== false,
+          p2p: o.p2p !== false,
           routing: o.routing === undefined ? undefined : (String(o.routing) as 'round-robin'),
           maxLocalPrefillTokens: o.maxLocalPrefillTokens === undefined ? undefined : int('--max-local-prefill-tokens', String(o.maxLocalPrefillTokens), 0),
           maxPrefillQueue: o.maxPrefillQueue === undefined ? undefined : int('--max-prefill-queue', String(o.maxPrefillQueue), 0),

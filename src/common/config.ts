@@ -56,6 +56,9 @@ export const cacheConfigSchema = z.strictObject({
   distributed_url: hostPort.nullable().default(null),
   // What the instance registers with the controller instead of distributed_url's host (bind) address.
   advertise_host: z.string().nullable().default(null).refine((h) => h === null || advertiseHostOk(h), 'expected the IP address or host name peers reach this instance at (not 0.0.0.0 or ::)'),
+  enable_p2p: z.boolean().default(false),
+  // Null = unset: P2P_DEFAULTS applies with enable_p2p; set without it, it is refused.
+  p2p_timeout_ms: z.number().int('expected an integer number of milliseconds').min(1).max(600_000).nullable().default(null),
   enable_xfer: z.boolean().default(false),
   enable_xpyd: z.boolean().default(false),
   xfer_role: z.enum(['sender', 'receiver']).nullable().default(null),
@@ -74,12 +77,16 @@ export type CacheConfig = z.infer<typeof cacheConfigSchema>;
 const REMOTE_ONLY_KEYS = ['remote_timeout_ms', 'remote_write_queue_size'] as const;
 /** What the remote tier uses for a key left unset. */
 export const REMOTE_DEFAULTS = { remote_timeout_ms: 500, remote_write_queue_size: 0.25 } as const;
+/** What P2P uses for a key left unset (docs/p2p.md). */
+export const P2P_DEFAULTS = { p2p_timeout_ms: 1000 } as const;
 export const CACHE_CONFIG_KEYS = Object.keys(cacheConfigSchema.shape);
 
 /** Cross-field rules that a per-key schema cannot express. Returns [key, problem] or null. */
 function crossCheck(c: CacheConfig): [string, string] | null {
   if (c.enable_controller && !c.controller_url) return ['controller_url', 'required when enable_controller is true'];
   if (c.enable_controller && c.kvc_worker_port === null) return ['kvc_worker_port', 'required when enable_controller is true'];
+  if (c.enable_p2p && !c.enable_controller) return ['enable_p2p', 'needs the controller (enable_controller: true and controller_url): it says which instance holds the chunks this one lacks'];
+  if (c.p2p_timeout_ms !== null && !c.enable_p2p) return ['p2p_timeout_ms', 'only meaningful with enable_p2p: true; set enable_p2p or remove this key'];
   if (c.max_local_disk_size > 0 && !c.local_disk) return ['local_disk', 'required (a directory) when max_local_disk_size > 0'];
   if (c.enable_xfer) {
     if (!c.xfer_role) return ['xfer_role', 'required ("sender" or "receiver") when enable_xfer is true'];
@@ -171,7 +178,8 @@ export function remoteEndpoint(c: Pick<CacheConfig, 'remote_url'>, source = 'cac
 }
 
 /** Reads and validates the YAML file at `path`. */
-export function loadCacheConfig(path: string): Loaded<CacheConfig> {
+/** `overrides` (command-line switches such as --enable-p2p) are applied over the file's keys before validation. */
+export function loadCacheConfig(path: string, overrides?: Record<string, unknown>): Loaded<CacheConfig> {
   let text: string;
   try {
     text = readFileSync(path, 'utf8');
@@ -184,17 +192,18 @@ export function loadCacheConfig(path: string): Loaded<CacheConfig> {
   } catch (e) {
     throw new ConfigError(`${path}: not valid YAML (${(e as Error).message.split('\n')[0]})`);
   }
+  if (overrides && (raw === null || raw === undefined || (typeof raw === 'object' && !Array.isArray(raw)))) raw = { ...(raw as object | null), ...overrides };
   return validateCacheConfig(raw, path);
 }
 
 /** Reads $KVC_CONFIG_FILE (LMCache's $LMCACHE_CONFIG_FILE is read when it is unset); defaults when neither is set. */
-export function cacheConfigFromEnv(env: NodeJS.ProcessEnv = process.env): Loaded<CacheConfig> {
+export function cacheConfigFromEnv(env: NodeJS.ProcessEnv = process.env, overrides?: Record<string, unknown>): Loaded<CacheConfig> {
   const kvc = env.KVC_CONFIG_FILE;
   const lm = env.LMCACHE_CONFIG_FILE;
   if (kvc && lm && kvc !== lm) throw new ConfigError(`KVC_CONFIG_FILE (${kvc}) and LMCACHE_CONFIG_FILE (${lm}) name different files; set one`);
   const p = kvc || lm;
-  if (!p) return validateCacheConfig({}, 'default cache config (KVC_CONFIG_FILE unset)');
-  return loadCacheConfig(p);
+  if (!p) return validateCacheConfig({ ...overrides }, 'default cache config (KVC_CONFIG_FILE unset)');
+  return loadCacheConfig(p, overrides);
 }
 
 export const GiB = 1024 ** 3;

@@ -47,6 +47,7 @@ export class ControllerMetrics {
     counter('kvc_controller_registrations_total', 'Worker registrations (including re-registrations)', () => r.stats.registrations);
     counter('kvc_controller_reaped_workers_total', 'Workers reaped for missing heartbeats', () => r.stats.reaped);
     counter('kvc_controller_bad_messages_total', 'Malformed monitor messages dropped', () => r.stats.badMessages);
+    counter('kvc_controller_p2p_lookups_total', 'P2P holder queries answered (an instance asking who holds the chunks it missed)', () => r.stats.p2pLookups);
     new Gauge({
       name: 'kvc_controller_operations_in_progress',
       help: 'Operations (move, copy, pin, unpin, clear) not yet completed, by status (pending, running)',

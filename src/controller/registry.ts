@@ -10,6 +10,7 @@ import { describeIssues, isKeyOp, keyOpSchema, MONITOR_PROTOCOL_VERSION, registe
 import { instanceStatsSchema, type EngineSample, type LocationUsage } from '../protocol/instance_stats.js';
 import { deploymentSecret, verifyTag } from '../common/auth.js';
 
+
 const log = logger('controller.registry');
 
 export interface WorkerRec {
@@ -61,7 +62,7 @@ export class Registry {
   private readonly holderRefs = new Map<number, HolderRef>();
   private nextHolder = 1;
   /** Counters for /metrics. */
-  readonly stats = { admitted: 0, evicted: 0, synced: 0, reaped: 0, registrations: 0, badMessages: 0 };
+  readonly stats = { admitted: 0, evicted: 0, synced: 0, reaped: 0, registrations: 0, badMessages: 0, p2pLookups: 0 };
   /** instance_id → its engine's recent samples, oldest first (bounded by ENGINE_SAMPLES_KEPT). */
   private readonly samples = new Map<string, TimedEngineSample[]>();
 
@@ -84,6 +85,11 @@ export class Registry {
   }
 
   /** Handles one monitor message; returns the reply to send back, if any. */
+  /** The registered worker of a monitor session, if any. */
+  worker(routingId: string): WorkerRec | undefined {
+    return this.byRouting.get(routingId);
+  }
+
   handle(routingId: string, msg: Record<string, unknown>, now = Date.now()): ControllerMsg | null {
     switch (msg.t) {
       case 'register':
@@ -152,7 +158,7 @@ export class Registry {
     }
   }
 
-  private bad(routingId: string, what: string, why: string): ControllerMsg {
+  bad(routingId: string, what: string, why: string): ControllerMsg {
     this.stats.badMessages++;
     log.warn(`dropped malformed ${what} message from ${routingId}: ${why}`);
     return { t: 'error', message: `malformed ${what} message: ${why}` };

@@ -22,6 +22,8 @@ export interface PlanOptions {
   model: string;
   portOffset: number;
   controller: boolean;
+  /** P2P prefix sharing between the engines (needs the controller); default: on with the controller. */
+  p2p?: boolean;
   /** The address every process binds (one machine; with hostList: 0.0.0.0 unless bindAddresses). */
   host: string;
   /** One machine: the address processes reach each other at (default: host, or the hostname for 0.0.0.0). */
@@ -193,6 +195,9 @@ export function makePlan(o: PlanOptions): Plan {
     enable_controller: o.controller,
     kvc_instance_id: id,
     ...(ctlAt ? { controller_url: `${urlHost(ctlAt.advertiseHost)}:${controllerMonitor}` } : {}),
+    // With the controller, every engine fetches a prefix it lacks from the engine that holds it
+    // (P2P, docs/p2p.md) instead of recomputing it.
+    ...(o.controller && o.p2p !== false ? { enable_p2p: true } : {}),
     kvc_worker_port: worker,
     // The peer and worker ports bind this address; the engine registers its --advertise-host.
     distributed_url: `${urlHost(at(id).bindHost)}:${distributed}`,

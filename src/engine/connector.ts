@@ -18,6 +18,7 @@ import type { CacheConfig, ConnectorConfig } from '../common/config.js';
 import { chunkKeys, type ChunkSpan } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import type { KvcStore } from '../kvc/store.js';
+import type { P2pClient } from '../kvc/p2p_client.js';
 import type { PagedKvCache } from './model/kv_cache.js';
 import type { EngineMetrics } from './metrics.js';
 import type { KvTransferPlugin, ReceivedKv, SealedChunk, TransferRequest } from '../common/transfer_seam.js';
@@ -60,6 +61,8 @@ export interface ConnectorOptions {
   seed: bigint;
   metrics: EngineMetrics;
   transfer: KvTransferPlugin | null;
+  /** enable_p2p: fetches what the local (and remote) tiers lack from other instances (docs/p2p.md). */
+  p2p?: P2pClient | null;
   /** Bound on the transfer lookup and on reading one chunk (default LOAD_TIMEOUT_MS). */
   loadTimeoutMs?: number;
   /** CPU time of one import slice before yielding to decode steps (default IMPORT_SLICE_MS). */
@@ -195,10 +198,12 @@ export class KvcConnectorV1 {
     let sliceStart = performance.now();
     // What came from where, counted into the metrics only for chunks actually imported.
     let cacheChunks = 0, cacheBytes = 0, cacheMs = 0, xferChunks = 0, xferBytes = 0;
-    const canQuery = this.store.locations().length > 0 || this.store.remote !== null;
+    const canQuery = this.store.locations().length > 0 || this.store.remote !== null || !!this.o.p2p;
+    const p2p = this.o.p2p ?? null;
     try {
-      // Chunks read through the remote tier, fetched once at the first local miss.
-      let fromRemote: Map<string, Uint8Array> | null = null;
+      // Chunks read through the remote tier and then fetched from peers (P2P), once, at the
+      // first local miss: both are verified and promoted into the CPU tier, then used like hits.
+      let fetched: Map<string, Uint8Array> | null = null;
       for (let i = 0; i < spans.length; i++) {
         const span = spans[i]!;
         if (span.start >= maxLoad || req.cancelled()) break;
@@ -230,11 +235,18 @@ export class KvcConnectorV1 {
           const t0 = performance.now();
           const peeked = this.store.cpu()?.peek(span.key) ?? null;
           let buf = peeked ?? (this.store.has(span.key) ? await withTimeout(this.store.get(span.key), this.loadTimeoutMs, `reading chunk ${span.key}`) : null);
-          if (!buf && this.store.remote && fromRemote === null) {
+          if (!buf && (this.store.remote || p2p) && fetched === null) {
             const want = spans.slice(i).filter((s) => s.start < maxLoad).map((s) => s.key);
-            fromRemote = await withTimeout(this.store.readThrough(want), this.loadTimeoutMs, 'reading through the remote tier');
+            fetched = new Map();
+            if (this.store.remote) fetched = await withTimeout(this.store.readThrough(want), this.loadTimeoutMs, 'reading through the remote tier');
+            // P2P asks for what follows the remote tier's run (itself bounded by p2p_timeout_ms).
+            let have = 0;
+            while (have < want.length && fetched.has(want[have]!)) have++;
+            if (p2p && have < want.length && !req.cancelled()) {
+              for (const [k, v] of await p2p.fetch(want.slice(have))) fetched.set(k, v);
+            }
           }
-          buf ??= fromRemote?.get(span.key) ?? null;
+          buf ??= fetched?.get(span.key) ?? null;
           if (buf) {
             payload = this.accept(buf, span, 'cache');
             source = 'cache';

@@ -65,6 +65,11 @@ export interface EngineOptions {
    * With a connector, its cache instance already reuses prefixes. Default false.
    */
   enablePrefixCaching?: boolean;
+  /**
+   * --enable-p2p: the cache instance fetches prefixes it lacks from other instances (sets the
+   * cache YAML's enable_p2p; needs a connector and the controller). Default: the YAML's value.
+   */
+  enableP2p?: boolean;
   /** Add process-level metrics (CPU, memory, event loop) to /metrics; the CLI turns this on. */
   processMetrics?: boolean;
   /** One log line per finished request (default true; `--disable-log-requests` turns it off). */
@@ -163,10 +168,21 @@ export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
   }
   let cacheConfig: CacheConfig | null = null;
   if (connectorConfig) {
-    const loaded = opts.cacheConfig ? validateCacheConfig(opts.cacheConfig, 'cacheConfig') : cacheConfigFromEnv(env);
+    // --enable-p2p sets enable_p2p before validation, so keys that need it (p2p_timeout_ms) are
+    // accepted and a configuration without the controller is refused naming the flag.
+    const overrides = opts.enableP2p ? { enable_p2p: true } : undefined;
+    let loaded;
+    try {
+      loaded = opts.cacheConfig ? validateCacheConfig({ ...opts.cacheConfig, ...overrides }, 'cacheConfig') : cacheConfigFromEnv(env, overrides);
+    } catch (e) {
+      if (opts.enableP2p && /"enable_p2p"/.test((e as Error).message)) throw new Error(`--enable-p2p: ${(e as Error).message}`);
+      throw e;
+    }
     for (const w of loaded.warnings) log.warn(w);
     for (const n of loaded.notes) log.info(n);
     cacheConfig = loaded.config;
+  } else if (opts.enableP2p) {
+    throw new Error('--enable-p2p: needs a cache instance (--kv-transfer-config or --enable-prefix-caching) with the controller (enable_controller in $KVC_CONFIG_FILE)');
   } else if (opts.cacheConfig) {
     // The cache instance only exists for the connector: say so rather than drop the setting.
     throw new Error('cacheConfig: given without kvTransferConfig (--kv-transfer-config); the cache instance is used only by the connector');

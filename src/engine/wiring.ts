@@ -11,6 +11,9 @@ import type { KvTransferPlugin } from '../common/transfer_seam.js';
 import { attachController, type ControllerAttachment } from '../kvc/controller_client.js';
 import { KvcStore } from '../kvc/store.js';
 import { registerRemoteMetrics } from '../kvc/remote_metrics.js';
+import { P2pClient } from '../kvc/p2p_client.js';
+import { P2pMetrics } from '../kvc/p2p_metrics.js';
+import { P2P_DEFAULTS } from '../common/config.js';
 import { KvcConnectorV1 } from './connector.js';
 import { EngineMetrics } from './metrics.js';
 import { PagedKvCache } from './model/kv_cache.js';
@@ -135,9 +138,25 @@ export class EngineWiring {
           releases.push({ what: 'detaching from the controller', release: () => attached.close(), mustSucceed: false });
           log.info(`cache instance ${cacheConfig.kvc_instance_id} attached to controller ${cacheConfig.controller_url} (worker port ${attached.workerPort}, registered at ${attached.advertiseHost})`);
         }
-        connector = new KvcConnectorV1({ config: connectorConfig, cacheConfig, store: opened, modelId: model.modelId, layout: model.layout, seed, metrics, transfer });
+        let p2p: P2pClient | null = null;
+        if (cacheConfig.enable_p2p) {
+          // The config check guarantees the controller attachment (enable_p2p needs it).
+          if (!controller) throw new Error('cache config: key "enable_p2p": needs the controller (enable_controller: true)');
+          const ctl = controller;
+          p2p = new P2pClient({
+            store: opened,
+            instanceId: cacheConfig.kvc_instance_id,
+            layout: model.layout,
+            chunkSize: cacheConfig.chunk_size,
+            timeoutMs: cacheConfig.p2p_timeout_ms ?? P2P_DEFAULTS.p2p_timeout_ms,
+            askHolders: (keys, ms) => ctl.askHolders(keys, ms),
+            metrics: new P2pMetrics(metrics.registry),
+          });
+          log.info(`P2P on: chunks this instance lacks are fetched from the instances the controller names (time bound ${cacheConfig.p2p_timeout_ms ?? P2P_DEFAULTS.p2p_timeout_ms} ms)`);
+        }
+        connector = new KvcConnectorV1({ config: connectorConfig, cacheConfig, store: opened, modelId: model.modelId, layout: model.layout, seed, metrics, transfer, p2p });
         log.info(
-          `connector KvcConnectorV1 role=${connectorConfig.kv_role} chunk_size=${cacheConfig.chunk_size} locations=${opened.locations().join(',') || 'none'}${opened.remote ? ` remote=${opened.remote.endpoint.display}` : ''}` +
+          `connector KvcConnectorV1 role=${connectorConfig.kv_role} chunk_size=${cacheConfig.chunk_size} locations=${opened.locations().join(',') || 'none'}${opened.remote ? ` remote=${opened.remote.endpoint.display}` : ''}${p2p ? ' p2p=on' : ''}` +
             ` discard_partial_chunks=${connector.discardPartial} seed=${seed}${transfer ? ' xfer=on' : ''}`,
         );
       }

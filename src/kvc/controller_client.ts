@@ -27,6 +27,7 @@ import { startWorkerServer } from './worker_server.js';
 import { DEFAULT_ZMQ_MAX_MESSAGE_BYTES } from '../common/limits.js';
 import { deploymentSecret, tag } from '../common/auth.js';
 import { instanceAddresses, urlHost } from '../common/address.js';
+import { p2pHoldersMsgSchema, P2P_LOOKUP_MAX_KEYS, type P2pHolder, type P2pLookupMsg } from '../protocol/p2p_holders.js';
 
 const log = logger('kvc.controller_client');
 
@@ -63,6 +64,12 @@ export interface ControllerAttachment {
   readonly peerPort: number | null;
   /** The address registered with the controller (worker port and distributed_url host). */
   readonly advertiseHost: string;
+  /**
+   * P2P holder query (src/protocol/p2p_holders.ts): which other instances hold the leading
+   * `keys`, best first. Rejects at once when the controller connection is not live, and after
+   * `timeoutMs` without an answer.
+   */
+  askHolders(keys: readonly string[], timeoutMs: number): Promise<P2pHolder[]>;
 }
 
 export async function attachController(store: KvcStore, cfg: CacheConfig, o: AttachOptions): Promise<ControllerAttachment> {
@@ -104,9 +111,21 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
   const flushMs = o.flushMs ?? 20;
   const maxBatch = o.maxBatchKeys ?? 16_384;
 
+  /** Holder queries awaiting their answer, by id. */
+  const queries = new Map<number, { resolve: (h: P2pHolder[]) => void; reject: (e: Error) => void; timer: NodeJS.Timeout }>();
+  let nextQuery = 1;
+  /** A lost registration answers no query: fail them now rather than at their time bound. */
+  const failQueries = (why: string) => {
+    for (const [id, q] of queries) {
+      clearTimeout(q.timer);
+      q.reject(new Error(why));
+      queries.delete(id);
+    }
+  };
   const toRegistering = (why: string) => {
     if (state !== 'live') return;
     log.warn(`controller connection lost (${why}); re-registering`);
+    failQueries(`controller connection lost (${why})`);
     state = 'registering';
     ops = [];
     opsKeys = 0;
@@ -115,7 +134,7 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
     (f) => sock.send(f),
     (e) => toRegistering(`send failed: ${(e as Error).message}`),
   );
-  const send = (m: InstanceMsg) => out.send(encodeMsg(m));
+  const send = (m: InstanceMsg | P2pLookupMsg) => out.send(encodeMsg(m));
 
   // One register per heartbeat interval at most: several `reregister` replies arriving together
   // (heartbeat, ops...) must not each start a registration and a full sync.
@@ -229,9 +248,18 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
           restartHeartbeat();
         } else if (m.t === 'hb_ack') {
           lastAck = Date.now();
+        } else if (m.t === 'p2p_holders') {
+          const r = p2pHoldersMsgSchema.safeParse(m);
+          const q = typeof m.id === 'number' ? queries.get(m.id) : undefined;
+          if (!q) continue; // answered after its time bound
+          queries.delete(m.id as number);
+          clearTimeout(q.timer);
+          if (r.success) q.resolve(r.data.holders);
+          else q.reject(new Error(`malformed p2p_holders answer: ${r.error.issues[0]?.message ?? 'invalid'}`));
         } else if (m.t === 'reregister') {
           if (state === 'live') {
             log.info('controller does not know this worker (restarted or reaped it); re-registering');
+            failQueries('the controller does not know this instance (re-registering)');
             state = 'registering';
             ops = [];
             opsKeys = 0;
@@ -256,10 +284,28 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
     workerPort: cfg.kvc_worker_port,
     peerPort: peer?.port ?? null,
     advertiseHost: ip,
+    askHolders(keys, timeoutMs) {
+      if (state !== 'live') return Promise.reject(new Error(`the controller connection is ${state}`));
+      if (keys.length === 0) return Promise.resolve([]);
+      const id = nextQuery++;
+      return new Promise<P2pHolder[]>((resolve, reject) => {
+        const timer = setTimeout(() => {
+          queries.delete(id);
+          reject(new Error(`no answer from the controller within ${timeoutMs} ms`));
+        }, timeoutMs);
+        queries.set(id, { resolve, reject, timer });
+        send({ t: 'p2p_lookup', id, keys: packKeys(keys.slice(0, P2P_LOOKUP_MAX_KEYS)) }).catch((e: unknown) => {
+          if (!queries.delete(id)) return;
+          clearTimeout(timer);
+          reject(new Error(`holder query not sent: ${(e as Error).message}`));
+        });
+      });
+    },
     async close() {
       if (state === 'closed') return;
       const wasLive = state === 'live';
       flush();
+      failQueries('the cache instance is closing');
       state = 'closed';
       if (hbTimer) clearInterval(hbTimer);
       if (flushTimer) clearTimeout(flushTimer);

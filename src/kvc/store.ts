@@ -203,6 +203,16 @@ export class KvcStore extends EventEmitter<StoreEvents> {
     return result;
   }
 
+  /**
+   * Copies a chunk that came from a peer (P2P, already verified by the caller) into the CPU tier
+   * when there is room, exactly like a disk or remote hit (an admit the controller sees; it is
+   * not written to the remote tier). Best effort: a full tier keeps what it has.
+   */
+  promoteFetched(key: ChunkKey, chunk: Uint8Array): void {
+    checkChunkFor(chunk, key);
+    this.promote(key, chunk);
+  }
+
   /** Copies a chunk read from a slower tier into the CPU tier when there is room (best effort). */
   private promote(key: ChunkKey, chunk: Uint8Array): void {
     const cpu = this.cpu();

@@ -34,18 +34,20 @@ import {
   peerCommitOkSchema,
   peerCommitSchema,
   peerControlFrame,
+  peerFetchSchema,
   peerHelloOkSchema,
   peerHelloSchema,
   splitChunkBody,
 } from '../protocol/peer_frames.js';
 import type { KvcStore } from './store.js';
+import { serveFetch } from './p2p_serve.js';
 import { transferHolds } from './transfer_holds.js';
 import { isLocationName, type LocationName } from './types.js';
 
 const log = logger('kvc.peer');
 
 export { MAX_CONTROL_BODY } from '../protocol/peer_frames.js';
-const { Hello: HELLO, Chunk: CHUNK, Commit: COMMIT, HelloOk: HELLO_OK, Ack: ACK, CommitOk: COMMIT_OK } = PeerFrame;
+const { Hello: HELLO, Chunk: CHUNK, Commit: COMMIT, Fetch: FETCH, HelloOk: HELLO_OK, Ack: ACK, CommitOk: COMMIT_OK } = PeerFrame;
 /** A receiving connection with no traffic for this long is closed. */
 export const DEFAULT_PEER_IDLE_MS = 60_000;
 /** How many missing keys a COMMIT_OK names. */
@@ -122,6 +124,8 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
     sock.setNoDelay(true);
     let location: LocationName | null = null;
     let storing = false;
+    /** A P2P pull (FETCH) is being answered: the connection carries nothing else. */
+    let fetching = false;
     /** Keys stored (and held) for the transfer on this connection, until COMMIT or close. */
     let held: string[] = [];
     const releaseHolds = (loc: LocationName | null) => {
@@ -140,12 +144,21 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
     sock.setTimeout(idleMs);
     sock.on('timeout', () => {
       if (storing) return; // our own store is slow; the ACK written afterwards re-arms the timer
+      if (fetching) {
+        // The requester stopped reading what it asked for: nothing to say, just close.
+        log.warn(`peer ${peerName}: P2P fetch idle for ${idleMs} ms; connection closed`);
+        sock.destroy();
+        return;
+      }
       stopReading(); // nothing more is read from this peer
       fail(`no traffic for ${idleMs} ms; connection closed`);
     });
     const refuse = (type: number, len: number): string | null => {
       if (len > PEER_MAX_BODY) return `frame of ${len} bytes exceeds the limit`;
-      if (type === HELLO || type === COMMIT) return len > MAX_CONTROL_BODY ? `${type === HELLO ? 'HELLO' : 'COMMIT'} frame of ${len} bytes exceeds ${MAX_CONTROL_BODY}` : null;
+      if (type === HELLO || type === COMMIT || type === FETCH) {
+        const name = type === HELLO ? 'HELLO' : type === COMMIT ? 'COMMIT' : 'FETCH';
+        return len > MAX_CONTROL_BODY ? `${name} frame of ${len} bytes exceeds ${MAX_CONTROL_BODY}` : null;
+      }
       if (type === CHUNK) {
         if (location === null) return 'CHUNK before HELLO';
         return len > chunkLimit ? `CHUNK frame of ${len} bytes exceeds the largest chunk this instance stores (${chunkLimit} bytes)` : null;
@@ -155,6 +168,16 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
     const scratch = new Scratch();
     const stopReading = () => reader.stop(() => scratch.give());
     const onFrame = (type: number, body: Uint8Array, payloadSum: bigint | null): void | Promise<void> => {
+      if (type === FETCH) {
+        // A P2P pull (src/kvc/p2p_serve.ts): the requester sends nothing after it.
+        if (location !== null) return fail('FETCH during a transfer');
+        const req = decodePeerControl(peerFetchSchema, 'FETCH', body);
+        if (!req.ok) return fail(req.error);
+        fetching = true;
+        stopReading();
+        void serveFetch(sock, store, req.msg, peerName);
+        return;
+      }
       if (type === HELLO) {
         if (location !== null) return fail('second HELLO on one connection');
         const hello = decodePeerControl(peerHelloSchema, 'HELLO', body);

@@ -9,6 +9,10 @@
 //   receiver → sender  HELLO_OK (0x81)  msgpack {ok, error?}  (also carries a refusal at any point)
 //                      ACK (0x82)       msgpack {key, ok, error?}  once the chunk is STORED
 //                      COMMIT_OK (0x83) msgpack {ok, stored, missing, first_missing}
+// P2P pull (an engine that missed a prefix fetches it from a holder; docs/p2p.md), same port:
+//   requester → holder FETCH (4)        msgpack {v, from, nonce, auth?, keys}  (the only frame it sends)
+//   holder → requester CHUNK (2)        one per key, in order, up to the first key it lacks
+//                      FETCH_END (0x84) msgpack {ok, sent, error?}  then the holder closes
 // Control bodies are small msgpack maps described once below (zod); CHUNK bodies are binary and
 // are never parsed beyond the chunk header (the reader hashes the payload as it arrives).
 import { decode, encode } from '@msgpack/msgpack';
@@ -23,10 +27,15 @@ export const PeerFrame = {
   Hello: 1,
   Chunk: 2,
   Commit: 3,
+  Fetch: 4,
   HelloOk: 0x81,
   Ack: 0x82,
   CommitOk: 0x83,
+  FetchEnd: 0x84,
 } as const;
+
+/** Most keys one FETCH may ask for (a 64 KiB control frame holds about 3,500 hex keys). */
+export const P2P_MAX_FETCH_KEYS = 2048;
 
 export const PEER_FRAME_HEAD = 5;
 /** Offset of the chunk payload inside a CHUNK body (key digits, then the chunk header). */
@@ -47,7 +56,31 @@ export type PeerAck = z.infer<typeof peerAckSchema>;
 export const peerCommitOkSchema = z.object({ ok: z.boolean(), stored: z.number(), missing: z.number(), first_missing: z.array(z.string()) });
 export type PeerCommitOk = z.infer<typeof peerCommitOkSchema>;
 
-type PeerControl = { [PeerFrame.Hello]: PeerHello; [PeerFrame.Commit]: PeerCommit; [PeerFrame.HelloOk]: PeerHelloOk; [PeerFrame.Ack]: PeerAck; [PeerFrame.CommitOk]: PeerCommitOk };
+/**
+ * FETCH: the chunks `keys` (consecutive chunk keys of one prompt), in order. `auth` is
+ * HMAC-SHA256(deployment secret, "p2p-fetch:<from>:<nonce>") when the deployment has a secret.
+ */
+export const peerFetchSchema = z.object({
+  v: z.number(),
+  from: z.string().min(1).max(200),
+  nonce: z.string().min(8).max(64),
+  auth: z.string().optional(),
+  keys: z.array(z.string().regex(/^[0-9a-f]{16}$/, 'expected a 16-digit lowercase hex chunk key')).min(1).max(P2P_MAX_FETCH_KEYS),
+});
+export type PeerFetch = z.infer<typeof peerFetchSchema>;
+/** FETCH_END: `sent` CHUNK frames preceded it; ok false with `error` when the fetch was refused. */
+export const peerFetchEndSchema = z.object({ ok: z.boolean(), sent: z.number().int().min(0), error: z.string().optional() });
+export type PeerFetchEnd = z.infer<typeof peerFetchEndSchema>;
+
+type PeerControl = {
+  [PeerFrame.Hello]: PeerHello;
+  [PeerFrame.Commit]: PeerCommit;
+  [PeerFrame.Fetch]: PeerFetch;
+  [PeerFrame.HelloOk]: PeerHelloOk;
+  [PeerFrame.Ack]: PeerAck;
+  [PeerFrame.CommitOk]: PeerCommitOk;
+  [PeerFrame.FetchEnd]: PeerFetchEnd;
+};
 
 /** A control frame (HELLO, COMMIT or a reply): head + msgpack body. */
 export function peerControlFrame<T extends keyof PeerControl>(type: T, msg: PeerControl[T]): Buffer {

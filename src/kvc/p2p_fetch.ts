@@ -1,0 +1,128 @@
+// The requester side of a P2P pull (docs/p2p.md): connects to a holder's peer port, sends one
+// FETCH for consecutive chunk keys and reads the CHUNK frames that come back, in order, until
+// FETCH_END. Every chunk is verified as it arrives like every other hop (header, exact length,
+// layout, key = the key asked for at that position, xxh64 payload checksum hashed while the bytes
+// are copied off the socket); the first bad frame ends the fetch. Never rejects: the result says
+// what arrived (all verified, usable) and why it stopped, so the caller computes the rest.
+import net from 'node:net';
+import { chunkBytes, describeLayout, sameLayout, verifyStreamed, type KvLayout } from '../common/chunk.js';
+import { CHUNK_KEY_CHARS } from '../common/keys.js';
+import { FrameReader } from '../protocol/frame_reader.js';
+import {
+  decodePeerControl,
+  MAX_CONTROL_BODY,
+  PEER_FRAMES,
+  PEER_PAYLOAD_AT,
+  PEER_PROTOCOL_VERSION,
+  PeerFrame,
+  peerControlFrame,
+  peerFetchEndSchema,
+  peerHelloOkSchema,
+  splitChunkBody,
+} from '../protocol/peer_frames.js';
+import { fetchAuth } from './p2p_serve.js';
+import { parseHostPort } from './worker_peer.js';
+
+/** Why a fetch ended before every asked chunk arrived (a label of kvc_p2p_failures_total). */
+export type P2pFailure = 'controller' | 'connect' | 'closed' | 'corrupt' | 'timeout' | 'refused';
+
+export interface PeerFetchResult {
+  /** The verified chunks that arrived, in key order (chunk i is keys[i]). */
+  chunks: Uint8Array[];
+  /** Null when the holder sent every chunk it had (FETCH_END ok). */
+  failure: P2pFailure | null;
+  /** What went wrong, for the log. */
+  error: string | null;
+}
+
+export interface PeerFetchOptions {
+  /** host:port of the holder's peer port. */
+  peerUrl: string;
+  keys: readonly string[];
+  /** Who asks (instance id), for the holder's log and the FETCH tag. */
+  from: string;
+  /** Absolute time (Date.now() scale) by which the fetch ends, whatever it got. */
+  deadline: number;
+  layout: KvLayout;
+  chunkSize: number;
+  /** Called when the connection is open and the FETCH written (tests and metrics). */
+  onStarted?: () => void;
+}
+
+export function fetchFromPeer(o: PeerFetchOptions): Promise<PeerFetchResult> {
+  const { host, port } = parseHostPort(o.peerUrl);
+  const maxChunk = CHUNK_KEY_CHARS + chunkBytes(o.layout, o.chunkSize);
+  return new Promise<PeerFetchResult>((resolve) => {
+    const chunks: Uint8Array[] = [];
+    let settled = false;
+    const sock = net.connect({ host, port });
+    sock.setNoDelay(true);
+    const done = (failure: P2pFailure | null, error: string | null) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      reader.stop();
+      sock.destroy();
+      resolve({ chunks, failure, error });
+    };
+    const left = Math.max(0, o.deadline - Date.now());
+    const timer = setTimeout(() => done('timeout', `no complete answer from ${o.peerUrl} within the P2P time bound (${chunks.length}/${o.keys.length} chunks arrived)`), left);
+    const onFrame = (type: number, body: Uint8Array, digest: bigint | null) => {
+      if (type === PeerFrame.Chunk) {
+        const { key, chunk } = splitChunkBody(body);
+        const want = o.keys[chunks.length];
+        if (want === undefined) return done('corrupt', `${o.peerUrl} sent more chunks than asked`);
+        if (key !== want) return done('corrupt', `${o.peerUrl} sent chunk ${key} where ${want} was expected`);
+        try {
+          if (digest === null) throw new Error('chunk arrived without its checksum computed');
+          const h = verifyStreamed(chunk, want, digest);
+          if (!sameLayout(h, o.layout)) throw new Error(`layout ${describeLayout(h)} differs from this instance's ${describeLayout(o.layout)}`);
+          if (h.numTokens < 1 || h.numTokens > o.chunkSize) throw new Error(`chunk of ${h.numTokens} tokens, chunk size is ${o.chunkSize}`);
+        } catch (e) {
+          return done('corrupt', `chunk ${want} from ${o.peerUrl} rejected: ${(e as Error).message}`);
+        }
+        chunks.push(chunk);
+        return;
+      }
+      if (type === PeerFrame.FetchEnd) {
+        const r = decodePeerControl(peerFetchEndSchema, 'FETCH_END', body);
+        if (!r.ok) return done('corrupt', `${o.peerUrl}: ${r.error}`);
+        if (r.msg.sent !== chunks.length) return done('corrupt', `${o.peerUrl} says it sent ${r.msg.sent} chunks, ${chunks.length} arrived`);
+        if (!r.msg.ok) return done('refused', `${o.peerUrl} stopped the fetch: ${r.msg.error ?? 'no reason given'}`);
+        return done(null, null);
+      }
+      if (type === PeerFrame.HelloOk) {
+        // The peer port's generic refusal (a malformed FETCH, an older instance).
+        const r = decodePeerControl(peerHelloOkSchema, 'refusal', body);
+        return done('refused', `${o.peerUrl} refused the fetch: ${r.ok ? (r.msg.error ?? 'no reason given') : r.error}`);
+      }
+      return done('corrupt', `${o.peerUrl} sent an unexpected frame type ${type}`);
+    };
+    const reader = new FrameReader(PEER_FRAMES, {
+      refuse: (h) => {
+        if (h.type === PeerFrame.Chunk) return h.bodyLen > maxChunk || h.bodyLen < PEER_PAYLOAD_AT ? `CHUNK frame of ${h.bodyLen} bytes (at most ${maxChunk})` : null;
+        return h.bodyLen > MAX_CONTROL_BODY ? `reply frame (type ${h.type}) of ${h.bodyLen} bytes exceeds ${MAX_CONTROL_BODY}` : null;
+      },
+      // Each chunk lands in its own buffer: it is kept (promoted into the CPU tier, imported).
+      sink: (_type, _meta, len) => new Uint8Array(len),
+      hashFrom: (type) => (type === PeerFrame.Chunk ? PEER_PAYLOAD_AT : null),
+      onFrame: (type, _meta, body, bodyLen, digest) => onFrame(type, body ?? new Uint8Array(bodyLen), digest),
+      onError: (e) => done('corrupt', `bad frame from ${o.peerUrl}: ${e.message}`),
+    });
+    let connected = false;
+    sock.on('connect', () => {
+      connected = true;
+      sock.write(peerControlFrame(PeerFrame.Fetch, { v: PEER_PROTOCOL_VERSION, from: o.from, keys: [...o.keys], ...fetchAuth(o.from) }));
+      o.onStarted?.();
+    });
+    sock.on('data', (d: Buffer) => {
+      try {
+        reader.push(d);
+      } catch (e) {
+        done('corrupt', `bad frame from ${o.peerUrl}: ${(e as Error).message}`);
+      }
+    });
+    sock.on('error', (e) => done(connected ? 'closed' : 'connect', `${connected ? 'connection to' : 'cannot connect to'} ${o.peerUrl}: ${e.message}`));
+    sock.on('close', () => done(connected ? 'closed' : 'connect', `${o.peerUrl} closed the connection after ${chunks.length}/${o.keys.length} chunks`));
+  });
+}

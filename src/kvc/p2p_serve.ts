@@ -1,0 +1,78 @@
+// The holder side of a P2P pull (docs/p2p.md): a FETCH frame on the peer port
+// (src/kvc/worker_peer.ts hands it here) asks for consecutive chunks of one prompt. They are
+// sent in order as CHUNK frames up to the first one this instance no longer holds, then
+// FETCH_END says how many were sent, and the connection closes. Each chunk is copied out of the
+// store before it is written (so an eviction meanwhile cannot change bytes on the wire) and
+// checked against its key; the requester verifies the checksum as the bytes arrive.
+// Authentication: with a deployment secret the FETCH must carry
+// HMAC-SHA256(secret, "p2p-fetch:<from>:<nonce>") (src/common/auth.ts), like every internal channel.
+import type net from 'node:net';
+import { randomBytes } from 'node:crypto';
+import { checkChunkFor } from '../common/chunk.js';
+import { deploymentSecret, tag, verifyTag } from '../common/auth.js';
+import { logger } from '../common/log.js';
+import { PeerFrame, peerChunkHead, peerControlFrame, type PeerFetch } from '../protocol/peer_frames.js';
+import type { KvcStore } from './store.js';
+
+const log = logger('kvc.p2p');
+
+/** The channel name of the FETCH tag. */
+const CHANNEL = 'p2p-fetch';
+
+/** Fields of a FETCH that authenticate it (none without a secret). */
+export function fetchAuth(from: string): { nonce: string; auth?: string } {
+  const nonce = randomBytes(12).toString('hex');
+  const secret = deploymentSecret();
+  return secret === null ? { nonce } : { nonce, auth: tag(secret, CHANNEL, `${from}:${nonce}`) };
+}
+
+/** The chunk for `key` from the fastest local location that has it (a copy), or null. Never the remote tier. */
+async function readLocal(store: KvcStore, key: string): Promise<Uint8Array | null> {
+  for (const loc of store.locations()) {
+    if (!store.has(key, loc)) continue;
+    const got = await store.get(key, undefined, loc).catch(() => null);
+    if (got) return got;
+  }
+  return null;
+}
+
+function write(sock: net.Socket, b: Uint8Array): Promise<void> {
+  return new Promise<void>((res, rej) => {
+    if (sock.destroyed) return rej(new Error('connection closed'));
+    const onClose = () => rej(new Error('connection closed'));
+    if (sock.write(b)) return res();
+    sock.once('close', onClose);
+    sock.once('drain', () => {
+      sock.off('close', onClose);
+      res();
+    });
+  });
+}
+
+/** Serves one FETCH; resolves when the answer is written (or the connection is gone). */
+export async function serveFetch(sock: net.Socket, store: KvcStore, req: PeerFetch, peerName: string): Promise<void> {
+  const end = (sent: number, error?: string) => {
+    if (!sock.destroyed) sock.end(peerControlFrame(PeerFrame.FetchEnd, error === undefined ? { ok: true, sent } : { ok: false, sent, error }));
+  };
+  if (!verifyTag(deploymentSecret(), CHANNEL, `${req.from}:${req.nonce}`, req.auth)) {
+    log.warn(`refused a P2P fetch from ${peerName} (${req.from}): ${req.auth === undefined ? 'no' : 'a wrong'} deployment secret`);
+    return end(0, 'fetch refused: the deployment secret is missing or wrong');
+  }
+  let sent = 0;
+  try {
+    for (const key of req.keys) {
+      if (sock.destroyed) return;
+      const chunk = await readLocal(store, key);
+      if (!chunk) break; // the run ends here: the requester computes the rest
+      checkChunkFor(chunk, key);
+      await write(sock, peerChunkHead(key, chunk.byteLength));
+      await write(sock, chunk);
+      sent++;
+    }
+  } catch (e) {
+    log.warn(`P2P fetch by ${req.from} (${peerName}) stopped after ${sent} chunk(s): ${(e as Error).message}`);
+    return end(sent, (e as Error).message);
+  }
+  log.debug(`P2P fetch by ${req.from}: sent ${sent}/${req.keys.length} chunk(s)`);
+  end(sent);
+}

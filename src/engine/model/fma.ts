@@ -33,11 +33,12 @@ let cached: FmaSupport | null = null;
 
 /** Whether this process's kernels use FMA (KVC_WASM_FMA, then a probe); decided once. */
 export function fmaSupport(): FmaSupport {
-  cached ??= detect(process.env.KVC_WASM_FMA);
+  cached ??= detectFma(process.env.KVC_WASM_FMA);
   return cached;
 }
 
-function detect(setting: string | undefined): FmaSupport {
+/** The decision for a KVC_WASM_FMA value (exported for tests; fmaSupport() caches it for the process). */
+export function detectFma(setting: string | undefined): FmaSupport {
   if (setting !== undefined && setting !== '' && setting !== '0' && setting !== '1') {
     throw new Error(`KVC_WASM_FMA must be "0" (off) or "1" (required), or unset (use when available); got ${JSON.stringify(setting)}`);
   }

@@ -1,5 +1,6 @@
 // `npm run bench -- engine_kernels`: the model's compute kernels in isolation (no server):
 // GEMM rate of the kernel prefill uses vs the plain-JS triple loop, single- and two-threaded,
+// the FMA kernel against the mul+add one (one thread each, interleaved; fma.ts),
 // then prefill and decode rates of the built-in model straight through LlamaModel.forward.
 import { ensureBuiltinModel } from '../src/engine/model/builtin.js';
 import { measureGemm, measureGemmFma } from '../src/engine/model/gemm_bench.js';

@@ -1,8 +1,9 @@
 // `npm run bench -- engine_kernels`: the model's compute kernels in isolation (no server):
 // GEMM rate of the kernel prefill uses vs the plain-JS triple loop, single- and two-threaded,
+// the FMA kernel against the mul+add one (one thread each, interleaved; fma.ts),
 // then prefill and decode rates of the built-in model straight through LlamaModel.forward.
 import { ensureBuiltinModel } from '../src/engine/model/builtin.js';
-import { measureGemm } from '../src/engine/model/gemm_bench.js';
+import { measureGemm, measureGemmFma } from '../src/engine/model/gemm_bench.js';
 import { LlamaModel } from '../src/engine/model/model.js';
 
 const MiB = 1024 * 1024;
@@ -11,7 +12,23 @@ const prompt = (n: number, salt: number) => Array.from({ length: n }, (_, i) => 
 async function main(): Promise<void> {
   // The shape of the tiny model's fused gate/up projection over a 512-row prefill chunk.
   const g = await measureGemm(512, 1536, 256, 5);
-  console.log(`GEMM 512x1536x256: kernel (${g.kernel}) ${g.kernelGflops.toFixed(2)} GFLOP/s, plain JS ${g.jsGflops.toFixed(2)} GFLOP/s (x${(g.kernelGflops / g.jsGflops).toFixed(1)})`);
+  console.log(`GEMM 512x1536x256: kernel (${g.kernel}${g.fma ? ', FMA' : ''}) ${g.kernelGflops.toFixed(2)} GFLOP/s, plain JS ${g.jsGflops.toFixed(2)} GFLOP/s (x${(g.kernelGflops / g.jsGflops).toFixed(1)})`);
+  // FMA against mul+add, one thread each, interleaved: the tiny model's gate/up shape and the
+  // 156M model's (dim 1024 -> 2 x 2816).
+  const fmaRuns = [] as { shape: string; fma: number; plain: number; fmaMed: number; plainMed: number }[];
+  let fmaUnavailable: string | null = null;
+  for (const [m, n, k] of [[512, 1536, 256], [256, 5632, 1024]] as const) {
+    const r = await measureGemmFma(m, n, k);
+    if ('unavailable' in r) {
+      fmaUnavailable = r.unavailable;
+      console.log(`FMA kernel: not measured (${r.unavailable})`);
+      break;
+    }
+    fmaRuns.push({ shape: `${m}x${n}x${k}`, fma: r.fmaGflops, plain: r.plainGflops, fmaMed: r.fmaMedian, plainMed: r.plainMedian });
+    console.log(
+      `GEMM ${m}x${n}x${k}, 1 thread, best of 15: FMA ${r.fmaGflops.toFixed(2)} GFLOP/s, mul+add ${r.plainGflops.toFixed(2)} GFLOP/s (x${(r.fmaGflops / r.plainGflops).toFixed(2)}); medians ${r.fmaMedian.toFixed(2)} / ${r.plainMedian.toFixed(2)}`,
+    );
+  }
 
   const model = await LlamaModel.load(await ensureBuiltinModel('tiny'));
   const kv = model.createKvCache(512 * MiB);
@@ -47,6 +64,9 @@ async function main(): Promise<void> {
       bench: 'engine_kernels',
       kernel_gflops: +g.kernelGflops.toFixed(3),
       js_baseline_gflops: +g.jsGflops.toFixed(3),
+      fma: g.fma,
+      fma_unavailable: fmaUnavailable,
+      fma_gflops: fmaRuns.map((r) => ({ shape: r.shape, fma: +r.fma.toFixed(2), mul_add: +r.plain.toFixed(2), ratio: +(r.fma / r.plain).toFixed(3), fma_median: +r.fmaMed.toFixed(2), mul_add_median: +r.plainMed.toFixed(2) })),
       prefill_tps: +((1024 * 1000) / prefillMs).toFixed(1),
       decode_tps: +d1.toFixed(1),
       decode_tps_batch8: +d8.toFixed(1),

@@ -27,6 +27,7 @@ import * as vega from 'vega';
 import { compile, type TopLevelSpec } from 'vega-lite';
 import { builtinConfigJson, ensureBuiltinModel, builtinTensors, Rng, randn, type BuiltinSpec } from '../src/engine/model/builtin.js';
 import { loadGgufModel } from '../src/engine/model/gguf_model.js';
+import { fmaSupport } from '../src/engine/model/fma.js';
 import { convertToGguf } from '../src/engine/model/gguf_write.js';
 import { LlamaModel, type Segment } from '../src/engine/model/model.js';
 import { writeSafetensors } from '../src/engine/model/safetensors.js';
@@ -371,6 +372,8 @@ async function plot(file: string, rows: { model: string; engine: string; figure:
 
 async function main(): Promise<void> {
   const { only } = OPTS;
+  // KVC_WASM_FMA=0 measures the mul+add kernel; unset uses FMA where the platform has it.
+  console.log(`kvc GEMM: ${fmaSupport().fma ? 'fused multiply-add' : 'mul+add'} (${fmaSupport().reason})`);
   const llama = only.has('tiny') || only.has('big') ? await peer() : null;
   try {
     const tiny = llama && only.has('tiny') ? await compare(llama, 'tiny', await ensureBuiltinModel('tiny')) : null;
@@ -404,6 +407,7 @@ async function main(): Promise<void> {
         bench: 'peer',
         parts: PARTS.filter((p) => only.has(p)),
         reps: RUNS,
+        fma: fmaSupport().fma,
         match: matches.length ? matches.every(Boolean) : null,
         prefill_ratio: r(tiny?.ratio.prefill),
         decode1_ratio: r(tiny?.ratio.decode1),

@@ -1,5 +1,6 @@
 // Chooses the kernel for a model (kernel.ts describes the interface and the determinism
 // contract every implementation keeps).
+import { fmaSupport } from './fma.js';
 import { JsGemm } from './kernel_js.js';
 import { padTo, type Gemm } from './kernel.js';
 import { STRIP } from './gemm_wat.js';
@@ -7,11 +8,14 @@ import { WASM_WEIGHT_CAP, WasmGemm, WasmGemmPool } from './kernel_wasm.js';
 
 /**
  * The kernel for a model: WASM SIMD (one instance, or a pool of them when the weights exceed
- * one 4 GiB address space), else JS. All give bitwise identical results, so the choice never
- * changes outputs. `weightCapBytes` (tests) lowers the per-instance weight budget; `threads` (1 or 2)
+ * one 4 GiB address space), else JS. All give bitwise identical results (all use the process's
+ * fma setting, fma.ts), so the choice never changes outputs. `weightCapBytes` (tests) lowers the per-instance weight budget; `threads` (1 or 2)
  * overrides the WASM kernel's default (KVC_GEMM_THREADS, else 2 on a multi-core machine).
  */
 export async function createGemm(opts: { shapes?: [number, number][]; prefer?: 'wasm' | 'js'; weightCapBytes?: number; threads?: 1 | 2 } = {}): Promise<Gemm> {
+  // Decided first and outside the fallback below: a bad or unsatisfiable KVC_WASM_FMA is an
+  // error at start, never a silent switch of arithmetic.
+  fmaSupport();
   const prefer = opts.prefer ?? (process.env.KVC_GEMM === 'js' ? 'js' : 'wasm');
   if (prefer === 'js') return new JsGemm();
   const cap = Math.min(opts.weightCapBytes ?? WASM_WEIGHT_CAP, WASM_WEIGHT_CAP);

@@ -1,5 +1,7 @@
 // GEMM rates for the engine benchmarks: the model's kernel against a plain-JS triple loop.
+import { fmaSupport } from './fma.js';
 import { createGemm } from './gemm.js';
+import { WasmGemm } from './kernel_wasm.js';
 
 /** The textbook triple loop (i-k-j order) over Float32Arrays: the "plain JS" baseline. */
 export function plainJsMatmul(a: Float32Array, b: Float32Array, c: Float32Array, m: number, n: number, k: number): void {
@@ -28,7 +30,7 @@ function randomArray(len: number, seed: number): Float32Array {
  * GEMM rates for the engine benchmark: the model's kernel (as prefill uses it) against the plain-JS
  * triple loop, on the same M x N x K problem, GFLOP/s counting a multiply-add as 2 FLOPs.
  */
-export async function measureGemm(m = 256, n = 768, k = 256, iters = 5): Promise<{ kernelGflops: number; jsGflops: number; kernel: string }> {
+export async function measureGemm(m = 256, n = 768, k = 256, iters = 5): Promise<{ kernelGflops: number; jsGflops: number; kernel: string; fma: boolean }> {
   const flops = 2 * m * n * k;
   const a = randomArray(m * k, 1);
   const w = randomArray(n * k, 2);
@@ -47,5 +49,38 @@ export async function measureGemm(m = 256, n = 768, k = 256, iters = 5): Promise
   for (let i = 0; i < iters; i++) plainJsMatmul(a, b, c, m, n, k);
   const jsSec = Number(process.hrtime.bigint() - t) / 1e9;
   gemm.close();
-  return { kernelGflops: (flops * iters) / kernelSec / 1e9, jsGflops: (flops * iters) / jsSec / 1e9, kernel: gemm.kind };
+  return { kernelGflops: (flops * iters) / kernelSec / 1e9, jsGflops: (flops * iters) / jsSec / 1e9, kernel: gemm.kind, fma: gemm.fma };
+}
+/**
+ * The WASM kernel with and without fused multiply-add (fma.ts) on one M x N x K problem, one
+ * thread each (per-thread GFLOP/s), interleaved call by call so load on a shared machine hits
+ * both alike; the best of `rounds` short calls each (load only ever slows a call down, so the
+ * best is the closest to the unloaded rate) and the median. `unavailable` when the platform has
+ * no fused relaxed_madd.
+ */
+export async function measureGemmFma(m: number, n: number, k: number, rounds = 15, iters = 1): Promise<{ fmaGflops: number; plainGflops: number; fmaMedian: number; plainMedian: number } | { unavailable: string }> {
+  const support = fmaSupport();
+  if (!support.fma) return { unavailable: support.reason };
+  const a = randomArray(m * k, 3);
+  const w = randomArray(n * k, 4);
+  const out = new Float32Array(m * n);
+  let kernels: WasmGemm[];
+  try {
+    kernels = [await WasmGemm.create({ threads: 1, fma: true }), await WasmGemm.create({ threads: 1, fma: false })];
+  } catch (e) {
+    return { unavailable: (e as Error).message };
+  }
+  const wts = kernels.map((g) => g.upload(w, n, k));
+  kernels.forEach((g, i) => g.matmul(wts[i]!, a, m, out)); // warm-up
+  const rates: number[][] = [[], []];
+  for (let r = 0; r < rounds; r++) {
+    for (let i = 0; i < 2; i++) {
+      const t = process.hrtime.bigint();
+      for (let j = 0; j < iters; j++) kernels[i]!.matmul(wts[i]!, a, m, out);
+      rates[i]!.push((2 * m * n * k * iters) / (Number(process.hrtime.bigint() - t) / 1e9) / 1e9);
+    }
+  }
+  kernels.forEach((g) => g.close());
+  const med = (x: number[]) => [...x].sort((p, q) => p - q)[Math.floor(x.length / 2)]!;
+  return { fmaGflops: Math.max(...rates[0]!), plainGflops: Math.max(...rates[1]!), fmaMedian: med(rates[0]!), plainMedian: med(rates[1]!) };
 }

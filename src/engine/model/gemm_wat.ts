@@ -3,9 +3,11 @@
 //   A  row-major [M][K] f32,  Wt row-major [K][N] f32 (the weight pre-transposed, N padded to a
 //   multiple of STRIP), C row-major [M][N] f32.
 // Vectorised over n: every output element is ONE f32 accumulator updated as acc = acc + a*w for
-// k = 0, 1, ..., K-1 (separate mul and add, no FMA). That order does not depend on M, on which
-// rows share a register block, or on the column strip, so results are batch invariant and equal
-// bit for bit to the plain-JS reference in gemm.ts.
+// k = 0, 1, ..., K-1: separate mul and add, or, when the module is built with `fma` (fma.ts:
+// only where relaxed SIMD's f32x4.relaxed_madd is fused), one fused multiply-add. That order does
+// not depend on M, on which rows share a register block, or on the column strip, so results are
+// batch invariant and equal bit for bit to the plain-JS reference (kernel_js.ts, with the same
+// fma setting).
 //
 // Blocking: rows in blocks of MB (A block stays in L1/L2), columns in strips of STRIP=32 (a strip
 // of Wt is K*128 bytes, cache resident across the row block); inside, 4 rows x 8 columns (8 vector
@@ -78,7 +80,12 @@ function kLoop(fmt: WFmt, label: string, body: string[]): string {
         (br_if $${label} (local.get $k)))`;
 }
 
-function kernel4x8(col: number, fmt: WFmt): string {
+/** acc + x*w as a v128 expression: fused (relaxed_madd) in an FMA module, else mul then add. */
+function madd(fma: boolean, acc: string, x: string, w: string): string {
+  return fma ? `(f32x4.relaxed_madd ${x} ${w} ${acc})` : `(f32x4.add ${acc} (f32x4.mul ${x} ${w}))`;
+}
+
+function kernel4x8(col: number, fmt: WFmt, fma: boolean): string {
   // accumulators $a{r}{j}, r in 0..3, j in 0..1
   const lines: string[] = [];
   for (let r = 0; r < 4; r++) for (let j = 0; j < 2; j++) lines.push(`(local.set $a${r}${j} (v128.const i32x4 0 0 0 0))`);
@@ -93,7 +100,7 @@ function kernel4x8(col: number, fmt: WFmt): string {
   body.push(`(local.set $w1 ${loadW(fmt, '$wp', col, 1)})`);
   for (let r = 0; r < 4; r++) {
     body.push(`(local.set $x (v128.load32_splat (local.get $p${r})))`);
-    for (let j = 0; j < 2; j++) body.push(`(local.set $a${r}${j} (f32x4.add (local.get $a${r}${j}) (f32x4.mul (local.get $x) (local.get $w${j}))))`);
+    for (let j = 0; j < 2; j++) body.push(`(local.set $a${r}${j} ${madd(fma, `(local.get $a${r}${j})`, '(local.get $x)', `(local.get $w${j})`)})`);
     body.push(`(local.set $p${r} (i32.add (local.get $p${r}) (i32.const 4)))`);
   }
   lines.push(kLoop(fmt, 'kl', body));
@@ -105,7 +112,7 @@ function kernel4x8(col: number, fmt: WFmt): string {
   return lines.join('\n');
 }
 
-function kernel1x32(fmt: WFmt): string {
+function kernel1x32(fmt: WFmt, fma: boolean): string {
   const lines: string[] = [];
   for (let j = 0; j < 8; j++) lines.push(`(local.set $b${j} (v128.const i32x4 0 0 0 0))`);
   lines.push(`(local.set $p0 (local.get $arow))`);
@@ -114,7 +121,7 @@ function kernel1x32(fmt: WFmt): string {
   body.push(`(local.set $x (v128.load32_splat (local.get $p0)))`);
   for (let j = 0; j < 8; j++) {
     if (j % 2 === 0) body.push(loadGroup(fmt, '$wp', (j >> 1) * 8));
-    body.push(`(local.set $b${j} (f32x4.add (local.get $b${j}) (f32x4.mul (local.get $x) ${loadW(fmt, '$wp', (j >> 1) * 8, j & 1)})))`);
+    body.push(`(local.set $b${j} ${madd(fma, `(local.get $b${j})`, '(local.get $x)', loadW(fmt, '$wp', (j >> 1) * 8, j & 1))})`);
   }
   body.push(`(local.set $p0 (i32.add (local.get $p0) (i32.const 4)))`);
   lines.push(kLoop(fmt, 'kl1', body));
@@ -326,7 +333,7 @@ function swigluFunc(): string {
  *          is bound by exactly that stream.
  * The arithmetic, and so every result bit, is the same for both layouts.
  */
-function gemmFunc(name: string, packed: boolean, fmt: WFmt = 'f32'): string {
+function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean): string {
   const v128Locals: string[] = [];
   for (let r = 0; r < 4; r++) for (let j = 0; j < 2; j++) v128Locals.push(`$a${r}${j}`);
   for (let j = 0; j < 8; j++) v128Locals.push(`$b${j}`);
@@ -360,7 +367,7 @@ function gemmFunc(name: string, packed: boolean, fmt: WFmt = 'f32'): string {
           (br_if $r4done (i32.gt_u (i32.add (local.get $m) (i32.const 4)) (local.get $mEnd)))
           (local.set $arow (i32.add (local.get $A) (i32.mul (local.get $m) (local.get $kb))))
           (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const 2)))))
-          ${[0, 8, 16, 24].map((c) => kernel4x8(c, fmt)).join('\n')}
+          ${[0, 8, 16, 24].map((c) => kernel4x8(c, fmt, fma)).join('\n')}
           (local.set $m (i32.add (local.get $m) (i32.const 4)))
           (br $r4loop)))
         ;; leftover rows, one at a time
@@ -368,7 +375,7 @@ function gemmFunc(name: string, packed: boolean, fmt: WFmt = 'f32'): string {
           (br_if $r1done (i32.ge_u (local.get $m) (local.get $mEnd)))
           (local.set $arow (i32.add (local.get $A) (i32.mul (local.get $m) (local.get $kb))))
           (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const 2)))))
-          ${kernel1x32(fmt)}
+          ${kernel1x32(fmt, fma)}
           (local.set $m (i32.add (local.get $m) (i32.const 1)))
           (br $r1loop)))
         (local.set $n (i32.add (local.get $n) (i32.const ${STRIP})))
@@ -654,14 +661,20 @@ function attendRowsFunc(): string {
   )`;
 }
 
-/** The module: shared memory is imported so a worker thread can run the same kernel on it. */
-export function gemmWat(): string {
+/**
+ * The module: shared memory is imported so a worker thread can run the same kernel on it.
+ * `fma`: the f32 and 16-bit GEMMs (model weights and attention's dense products) accumulate with
+ * relaxed_madd (needs relaxed SIMD; fma.ts decides). Q8 (integer dots), softmax, SwiGLU and the
+ * rest are the same in both.
+ */
+export function gemmWat(opts: { fma: boolean } = { fma: false }): string {
+  const fma = opts.fma;
   return `(module
   (import "env" "mem" (memory 1 65536 shared))
-${gemmFunc('gemm', false)}
-${gemmFunc('gemmp', true)}
-${gemmFunc('gemmpbf16', true, 'bf16')}
-${gemmFunc('gemmpf16', true, 'f16')}
+${gemmFunc('gemm', false, 'f32', fma)}
+${gemmFunc('gemmp', true, 'f32', fma)}
+${gemmFunc('gemmpbf16', true, 'bf16', fma)}
+${gemmFunc('gemmpf16', true, 'f16', fma)}
 ${q8GemmFunc()}
 ${quantQ8Func()}
 ${softmaxFunc()}

@@ -5,13 +5,15 @@
 // Hugging Face [out][in] layout, pre-transposed once at load to Wt [k][nPad].
 //
 // Determinism contract (shared by both implementations, and tested bitwise):
-//   every output element is a single f32 accumulator, starting at 0, updated as
-//   acc = f32(acc + f32(a[m][k] * Wt[k][n])) for k ascending.
+//   every output element is a single f32 accumulator, starting at 0, updated for k ascending as
+//   acc = f32(acc + f32(a[m][k] * Wt[k][n]))   (fma off), or
+//   acc = f32(a[m][k] * Wt[k][n] + acc)         (fma on: one rounding, fma.ts).
 // Nothing depends on M, on the row's position in the batch or on how columns are split, so a
 // row's result is the same alone or in any batch (batch invariance), and the WASM SIMD kernel
-// (vectorised over n, separate mul and add, no FMA) equals the plain-JS reference bit for bit.
+// (vectorised over n) equals the plain-JS reference with the same fma setting bit for bit.
 // (JS evaluates in f64; rounding the product and the sum to f32 each step gives exactly the f32
-// results, since f64 has more than 2*24+2 bits.)
+// results, since f64 has more than 2*24+2 bits; fma.ts fmaf gives the fused result exactly.)
+// One process uses one setting (fmaSupport(): KVC_WASM_FMA, then the platform) for every kernel.
 import { STRIP, type WFmt } from './gemm_wat.js';
 import type { Q8Weight } from './q8_dot.js';
 import type { EncodedWeight } from './weight_pack.js';
@@ -36,6 +38,8 @@ export interface Weight {
 
 export interface Gemm {
   readonly kind: 'wasm-simd' | 'js';
+  /** Products accumulate with a fused multiply-add (fma.ts; both kernels, the same bits). */
+  readonly fma: boolean;
   /** Copies a weight given as [n][k] (row-major, HF layout) into kernel layout. */
   upload(w: Float32Array, n: number, k: number): Weight;
   /**

@@ -2,6 +2,7 @@
 // q8_dot.ts), used as the bitwise reference in tests and as the fallback where WASM SIMD is
 // unavailable.
 import { gatherStagedJs, softmaxRowsJs, stageInto, swigluJs } from './attention.js';
+import { fmaf, fmaSupport } from './fma.js';
 import { STRIP } from './gemm_wat.js';
 import { argmaxJs, checkArgs, padTo, transposePadded, type Gemm, type Weight } from './kernel.js';
 import { BLOCK_TOKENS } from './kv_cache.js';
@@ -11,6 +12,12 @@ import { decodeWeight, type EncodedWeight } from './weight_pack.js';
 /** Plain-JS kernel with the exact summation order of the WASM kernel (reference and fallback). */
 export class JsGemm implements Gemm {
   readonly kind = 'js' as const;
+  /** Fused multiply-add (fmaf) like the WASM FMA kernel; default: fmaSupport(). */
+  readonly fma: boolean;
+
+  constructor(opts: { fma?: boolean } = {}) {
+    this.fma = opts.fma ?? fmaSupport().fma;
+  }
 
   close(): void {}
 
@@ -32,17 +39,22 @@ export class JsGemm implements Gemm {
       matmulQ8Js(w.q8, w.n, w.k, a, m, out);
       return;
     }
-    const wt = w.data!;
-    const { k: K, n: N, nPad } = w;
+    this.accumulate(a, m, w.k, w.data!, w.n, w.nPad, out);
+  }
+
+  /** out[m][N] = a[m][K] · b[K][stride] (first N columns), in the kernel's order (kernel.ts). */
+  private accumulate(a: Float32Array, m: number, K: number, b: Float32Array, N: number, stride: number, out: Float32Array): void {
     const fr = Math.fround;
+    const fma = this.fma;
     for (let r = 0; r < m; r++) {
       const c = out.subarray(r * N, r * N + N);
       c.fill(0);
       const ar = r * K;
       for (let kk = 0; kk < K; kk++) {
         const av = a[ar + kk]!;
-        const base = kk * nPad;
-        for (let j = 0; j < N; j++) c[j] = c[j]! + fr(av * wt[base + j]!);
+        const base = kk * stride;
+        if (fma) for (let j = 0; j < N; j++) c[j] = fmaf(av, b[base + j]!, c[j]!);
+        else for (let j = 0; j < N; j++) c[j] = c[j]! + fr(av * b[base + j]!);
       }
     }
   }
@@ -88,16 +100,6 @@ export class JsGemm implements Gemm {
   }
 
   matmulDense(a: Float32Array, m: number, K: number, b: Float32Array, N: number, out: Float32Array): void {
-    const fr = Math.fround;
-    for (let r = 0; r < m; r++) {
-      const c = out.subarray(r * N, r * N + N);
-      c.fill(0);
-      const ar = r * K;
-      for (let kk = 0; kk < K; kk++) {
-        const av = a[ar + kk]!;
-        const base = kk * N;
-        for (let j = 0; j < N; j++) c[j] = c[j]! + fr(av * b[base + j]!);
-      }
-    }
+    this.accumulate(a, m, K, b, N, N, out);
   }
 }

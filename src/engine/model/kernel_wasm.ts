@@ -5,6 +5,7 @@ import { createRequire } from 'node:module';
 import { availableParallelism } from 'node:os';
 import { Worker } from 'node:worker_threads';
 import { stageInto } from './attention.js';
+import { fmaSupport } from './fma.js';
 import { CTL, takeChunk } from './gemm_ctl.js';
 import { gemmWat, STRIP, type WFmt } from './gemm_wat.js';
 import { checkArgs, packStrips, padTo, type Gemm, type Weight } from './kernel.js';
@@ -38,15 +39,22 @@ interface GemmExports {
   attendrows(prm: number, u1: number, u2: number, u3: number, u4: number, u5: number, u6: number, u7: number, r0: number, r1: number): void;
 }
 
-let wasmModulePromise: Promise<WebAssembly.Module> | null = null;
+const wasmModulePromises = new Map<boolean, Promise<WebAssembly.Module>>();
 
-/** Compiles the kernel's WAT (gemm_wat.ts) with wabt, once per process. */
-export function gemmModule(): Promise<WebAssembly.Module> {
-  wasmModulePromise ??= (async () => {
+/**
+ * Compiles the kernel's WAT (gemm_wat.ts) with wabt, once per process and `fma` setting. The FMA
+ * module needs relaxed SIMD, which fmaSupport() switches on in V8 (process-wide, so the worker
+ * thread can instantiate it too) — asking for it where fmaSupport() found none is an error.
+ */
+export function gemmModule(fma = false): Promise<WebAssembly.Module> {
+  if (fma && !fmaSupport().fma) return Promise.reject(new Error(`FMA kernel requested but unavailable: ${fmaSupport().reason}`));
+  let p = wasmModulePromises.get(fma);
+  if (p) return p;
+  p = (async () => {
     const require = createRequire(import.meta.url);
     const wabtInit = require('wabt') as () => Promise<{ parseWat(f: string, s: string, o: object): { toBinary(o: object): { buffer: Uint8Array }; destroy(): void } }>;
     const wabt = await wabtInit();
-    const mod = wabt.parseWat('gemm.wat', gemmWat(), { simd: true, threads: true });
+    const mod = wabt.parseWat('gemm.wat', gemmWat({ fma }), { simd: true, threads: true, relaxed_simd: fma });
     try {
       const { buffer } = mod.toBinary({});
       return await WebAssembly.compile(new Uint8Array(buffer));
@@ -54,7 +62,8 @@ export function gemmModule(): Promise<WebAssembly.Module> {
       mod.destroy();
     }
   })();
-  return wasmModulePromise;
+  wasmModulePromises.set(fma, p);
+  return p;
 }
 
 const PAGE = 65536;
@@ -87,6 +96,8 @@ export class WasmGemm implements Gemm {
   private constructor(
     private readonly mem: WebAssembly.Memory,
     private readonly exp: GemmExports,
+    /** The f32/16-bit GEMMs use fused multiply-add (fma.ts). */
+    readonly fma: boolean,
   ) {
     this.f32 = new Float32Array(mem.buffer);
   }
@@ -94,12 +105,15 @@ export class WasmGemm implements Gemm {
   /**
    * `threads`: 1 or 2 (default: 2 when the machine has 2+ cores, unless KVC_GEMM_THREADS=1).
    * `weightCapBytes`: weights this instance accepts (default: what wasm32 leaves after scratch).
+   * `fma`: fused multiply-add in the GEMMs (default: fmaSupport(), i.e. KVC_WASM_FMA and the
+   * platform); true where it is unavailable is an error.
    */
-  static async create(opts: { threads?: number; weightCapBytes?: number } = {}): Promise<WasmGemm> {
-    const mod = await gemmModule();
+  static async create(opts: { threads?: number; weightCapBytes?: number; fma?: boolean } = {}): Promise<WasmGemm> {
+    const fma = opts.fma ?? fmaSupport().fma;
+    const mod = await gemmModule(fma);
     const mem = new WebAssembly.Memory({ initial: 16, maximum: 65536, shared: true });
     const inst = await WebAssembly.instantiate(mod, { env: { mem } });
-    const g = new WasmGemm(mem, inst.exports as unknown as GemmExports);
+    const g = new WasmGemm(mem, inst.exports as unknown as GemmExports, fma);
     if (opts.weightCapBytes !== undefined) g.weightCap = Math.min(opts.weightCapBytes, WASM_WEIGHT_CAP);
     const threads = opts.threads ?? (process.env.KVC_GEMM_THREADS === '1' ? 1 : Math.min(2, availableParallelism()));
     if (threads >= 2) await g.startWorker(mod);
@@ -432,6 +446,12 @@ export class WasmGemmPool implements Gemm {
 
   constructor(private readonly parts: WasmGemm[]) {
     if (parts.length === 0) throw new Error('WasmGemmPool needs at least one instance');
+    // One model, one arithmetic: mixing FMA and mul+add instances would change bits by layer.
+    if (parts.some((p) => p.fma !== parts[0]!.fma)) throw new Error('WasmGemmPool instances must share one fma setting');
+  }
+
+  get fma(): boolean {
+    return this.parts[0]!.fma;
   }
 
   get size(): number {

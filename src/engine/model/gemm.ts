@@ -7,6 +7,19 @@ import { STRIP } from './gemm_wat.js';
 import { WASM_WEIGHT_CAP, WasmGemm, WasmGemmPool } from './kernel_wasm.js';
 
 /**
+ * The kernel settings of the environment, checked: KVC_GEMM = "wasm" (default) or "js";
+ * KVC_GEMM_THREADS = "1" or "2" (default: 2 on a multi-core machine). Any other value is an
+ * error naming the variable, never a silently ignored setting.
+ */
+export function kernelEnv(env: NodeJS.ProcessEnv): { prefer: 'wasm' | 'js'; threads: 1 | 2 | undefined } {
+  const g = env.KVC_GEMM ?? '';
+  if (g !== '' && g !== 'js' && g !== 'wasm') throw new Error(`KVC_GEMM must be "wasm" (default) or "js"; got ${JSON.stringify(g)}`);
+  const t = env.KVC_GEMM_THREADS ?? '';
+  if (t !== '' && t !== '1' && t !== '2') throw new Error(`KVC_GEMM_THREADS must be "1" or "2" (kernel threads); got ${JSON.stringify(t)}`);
+  return { prefer: g === 'js' ? 'js' : 'wasm', threads: t === '' ? undefined : (Number(t) as 1 | 2) };
+}
+
+/**
  * The kernel for a model: WASM SIMD (one instance, or a pool of them when the weights exceed
  * one 4 GiB address space), else JS. All give bitwise identical results (all use the process's
  * fma setting, fma.ts), so the choice never changes outputs. `weightCapBytes` (tests) lowers the per-instance weight budget; `threads` (1 or 2)
@@ -16,7 +29,8 @@ export async function createGemm(opts: { shapes?: [number, number][]; prefer?: '
   // Decided first and outside the fallback below: a bad or unsatisfiable KVC_WASM_FMA is an
   // error at start, never a silent switch of arithmetic.
   fmaSupport();
-  const prefer = opts.prefer ?? (process.env.KVC_GEMM === 'js' ? 'js' : 'wasm');
+  const env = kernelEnv(process.env);
+  const prefer = opts.prefer ?? env.prefer;
   if (prefer === 'js') return new JsGemm();
   const cap = Math.min(opts.weightCapBytes ?? WASM_WEIGHT_CAP, WASM_WEIGHT_CAP);
   // Pack the weights (in upload order, first fit like WasmGemmPool.upload) to count instances.
@@ -32,9 +46,10 @@ export async function createGemm(opts: { shapes?: [number, number][]; prefer?: '
     used += b;
   }
   try {
-    if (parts === 1) return await WasmGemm.create({ ...(opts.weightCapBytes !== undefined ? { weightCapBytes: cap } : {}), ...(opts.threads ? { threads: opts.threads } : {}) });
+    const threads = opts.threads ?? env.threads;
+    if (parts === 1) return await WasmGemm.create({ ...(opts.weightCapBytes !== undefined ? { weightCapBytes: cap } : {}), ...(threads ? { threads } : {}) });
     const list: WasmGemm[] = [];
-    for (let i = 0; i < parts; i++) list.push(await WasmGemm.create({ weightCapBytes: cap, ...(i > 0 ? { threads: 1 } : opts.threads ? { threads: opts.threads } : {}) }));
+    for (let i = 0; i < parts; i++) list.push(await WasmGemm.create({ weightCapBytes: cap, ...(i > 0 ? { threads: 1 } : threads ? { threads } : {}) }));
     return new WasmGemmPool(list);
   } catch {
     return new JsGemm();

@@ -125,29 +125,15 @@ export function createHttpServer(opts: HttpServerOptions): FastifyInstance {
 }
 
 /**
- * A fast reader for one body shape that is the bulk of a route's traffic: returns the parsed
- * body, or undefined to leave the bytes to the generic JSON path.
- */
-export type JsonFastPath = (body: Buffer) => unknown;
-
-/**
- * The JSON body parser of every server (installed by createHttpServer; a plugin scope may install
- * it again with a fast path for its own routes): refuse deep nesting before parsing, so nothing
+ * The JSON body parser of every server (installed by createHttpServer): refuse deep nesting before parsing, so nothing
  * recursive behind the parser (validators, JSON.stringify of a forwarded body) can overflow the
  * stack, then fastify's secure JSON parser.
  */
-export function installJsonParser(app: FastifyInstance, bodyLimit: number, maxDepth: number, fast?: JsonFastPath): void {
+export function installJsonParser(app: FastifyInstance, bodyLimit: number, maxDepth: number): void {
   const defaultJson = app.getDefaultJsonParser('error', 'ignore');
   app.removeContentTypeParser('application/json');
-  app.addContentTypeParser('application/json', { parseAs: fast ? 'buffer' : 'string', bodyLimit }, (req, body, done) => {
-    if (fast && typeof body !== 'string') {
-      const v = fast(body);
-      if (v !== undefined) {
-        done(null, v);
-        return;
-      }
-    }
-    const text = typeof body === 'string' ? body : body.toString('utf8');
+  app.addContentTypeParser('application/json', { parseAs: 'string', bodyLimit }, (req, body, done) => {
+    const text = body as string;
     if (jsonDeeperThan(text, maxDepth)) {
       done(kvcError(ERRORS.json_too_deep, `malformed JSON body: nesting deeper than ${maxDepth} levels`), undefined);
       return;

@@ -4,13 +4,11 @@
 import type { FastifyInstance } from 'fastify';
 import { z } from 'zod';
 import { ERRORS, kvcError } from '../common/errors.js';
-import { createHttpServer, installJsonParser, requireObject } from '../common/http.js';
-import { DEFAULT_BODY_LIMIT, DEFAULT_MAX_JSON_DEPTH } from '../common/limits.js';
+import { createHttpServer, requireObject } from '../common/http.js';
 import { parseBody } from '../common/validate.js';
 import { checkFinishSchema, clearSchema, eventsQuerySchema, healthSchema, lookupSchema, moveSchema, pinSchema, queryInstanceSchema } from '../protocol/controller_api.js';
 import { PREFIX_LOOKUP_PATH, prefixLookupRequestSchema, type PrefixLookupReply } from '../protocol/prefix_lookup.js';
 import { registerDashboard } from './dashboard.js';
-import { scanTokenBody } from './token_body.js';
 import { ControllerMetrics } from './metrics.js';
 import type { Operations } from './operations.js';
 import { deploymentSecret, requireBearer } from '../common/auth.js';
@@ -34,14 +32,6 @@ function parseWithTokens<S extends z.ZodType<{ tokens: number[] }>>(schema: S, r
   return parsed;
 }
 
-/** A lookup body's tokens: the scanner's ids, or the generic path's checked through the schema. */
-function tokensOf(schema: z.ZodType<{ tokens: number[] }>, raw: unknown): ArrayLike<number> {
-  const t = (raw as { tokens?: unknown } | null)?.tokens;
-  // JSON.parse never makes a typed array: this body came through scanTokenBody.
-  if (t instanceof Uint32Array) return t;
-  return parseWithTokens(schema, raw).tokens;
-}
-
 export interface HttpApiOptions {
   /** Also export the process metrics (CPU, memory, event loop) — for the `kvc controller` process. */
   processMetrics?: boolean;
@@ -61,22 +51,16 @@ export async function buildHttpApi(ops: Operations, o: HttpApiOptions = {}): Pro
   app.post('/move', async (req) => ops.move(parseWithTokens(moveSchema, req.body)));
   app.post('/pin', async (req) => ops.pin(parseWithTokens(pinSchema, req.body)));
   app.post('/unpin', async (req) => ops.unpin(parseWithTokens(pinSchema, req.body)));
-  // The two lookups, per request on the routing path: their bodies are read by a scanner made
-  // for `{"tokens": [...]}` (token_body.ts), in a scope of their own so no other route sees it.
-  // Handlers are synchronous: no promise per request.
-  await app.register(async (scope) => {
-    installJsonParser(scope, app.initialConfig.bodyLimit ?? DEFAULT_BODY_LIMIT, DEFAULT_MAX_JSON_DEPTH, (b) => {
-      const tokens = scanTokenBody(b);
-      return tokens === undefined ? undefined : { tokens };
-    });
-    scope.post('/lookup', (req, reply) => {
-      void reply.send(ops.lookup(tokensOf(lookupSchema, req.body)));
-    });
-    // The kv-aware router's one call per request: every instance's cached prefix at once.
-    scope.post(PREFIX_LOOKUP_PATH, (req, reply) => {
-      const r: PrefixLookupReply = ops.prefixByInstance(tokensOf(prefixLookupRequestSchema, req.body));
-      void reply.send(r);
-    });
+  // Synchronous handlers: no promise per request on the routing path. (A scanner reading the
+  // body straight into a Uint32Array was tried and removed: p50 halved but p99 doubled, see
+  // docs/controller.md "Benchmark".)
+  app.post('/lookup', (req, reply) => {
+    void reply.send(ops.lookup(parseWithTokens(lookupSchema, req.body).tokens));
+  });
+  // The kv-aware router's one call per request: every instance's cached prefix at once.
+  app.post(PREFIX_LOOKUP_PATH, (req, reply) => {
+    const r: PrefixLookupReply = ops.prefixByInstance(parseWithTokens(prefixLookupRequestSchema, req.body).tokens);
+    void reply.send(r);
   });
   app.post('/clear', async (req) => ops.clear(parseBody(clearSchema, body(req.body))));
   app.post('/health', async (req) => ops.health(parseBody(healthSchema, body(req.body)).instance_id));

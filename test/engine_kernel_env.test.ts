@@ -2,7 +2,7 @@
 // naming the variable, never silently replaced by the default.
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { kernelEnv } from '../src/engine/model/gemm.js';
+import { kernelEnv } from '../src/engine/model/kernel_env.js';
 
 describe('kernel environment', () => {
   it('accepts the documented values and defaults', () => {

@@ -1,23 +1,11 @@
 // Chooses the kernel for a model (kernel.ts describes the interface and the determinism
 // contract every implementation keeps).
 import { fmaSupport } from './fma.js';
+import { kernelEnv } from './kernel_env.js';
 import { JsGemm } from './kernel_js.js';
 import { padTo, type Gemm } from './kernel.js';
 import { STRIP } from './gemm_wat.js';
 import { WASM_WEIGHT_CAP, WasmGemm, WasmGemmPool } from './kernel_wasm.js';
-
-/**
- * The kernel settings of the environment, checked: KVC_GEMM = "wasm" (default) or "js";
- * KVC_GEMM_THREADS = "1" or "2" (default: 2 on a multi-core machine). Any other value is an
- * error naming the variable, never a silently ignored setting.
- */
-export function kernelEnv(env: NodeJS.ProcessEnv): { prefer: 'wasm' | 'js'; threads: 1 | 2 | undefined } {
-  const g = env.KVC_GEMM ?? '';
-  if (g !== '' && g !== 'js' && g !== 'wasm') throw new Error(`KVC_GEMM must be "wasm" (default) or "js"; got ${JSON.stringify(g)}`);
-  const t = env.KVC_GEMM_THREADS ?? '';
-  if (t !== '' && t !== '1' && t !== '2') throw new Error(`KVC_GEMM_THREADS must be "1" or "2" (kernel threads); got ${JSON.stringify(t)}`);
-  return { prefer: g === 'js' ? 'js' : 'wasm', threads: t === '' ? undefined : (Number(t) as 1 | 2) };
-}
 
 /**
  * The kernel for a model: WASM SIMD (one instance, or a pool of them when the weights exceed

@@ -6,6 +6,7 @@ import { availableParallelism } from 'node:os';
 import { Worker } from 'node:worker_threads';
 import { stageInto } from './attention.js';
 import { fmaSupport } from './fma.js';
+import { kernelEnv } from './kernel_env.js';
 import { CTL, takeChunk } from './gemm_ctl.js';
 import { gemmWat, STRIP, type WFmt } from './gemm_wat.js';
 import { checkArgs, packStrips, padTo, type Gemm, type Weight } from './kernel.js';
@@ -115,7 +116,7 @@ export class WasmGemm implements Gemm {
     const inst = await WebAssembly.instantiate(mod, { env: { mem } });
     const g = new WasmGemm(mem, inst.exports as unknown as GemmExports, fma);
     if (opts.weightCapBytes !== undefined) g.weightCap = Math.min(opts.weightCapBytes, WASM_WEIGHT_CAP);
-    const threads = opts.threads ?? (process.env.KVC_GEMM_THREADS === '1' ? 1 : Math.min(2, availableParallelism()));
+    const threads = opts.threads ?? kernelEnv(process.env).threads ?? Math.min(2, availableParallelism());
     if (threads >= 2) await g.startWorker(mod);
     return g;
   }

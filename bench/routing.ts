@@ -14,7 +14,8 @@
 // P2P (docs/p2p.md), in one kv-aware deployment of its own: recompute_ttft_ms is the TTFT of a
 // request sent to prefiller-0 whose 1,024-token prefix nobody holds; p2p_ttft_ms the TTFT of the
 // same prefix with another question sent to prefiller-1, which fetches the prefix's 4 chunks from
-// prefiller-0 over P2P (medians of 3 pairs, alternating). `--only p2p` runs just this part.
+// prefiller-0 over P2P (medians of 3 pairs, alternating). `--only p2p|rr|kv|skew-rr|skew-kv` runs
+// just that part (for diagnosis; each run prints where its prompt tokens came from, per engine).
 // Ends with one JSON line (see the end of main()) and writes bench-results/routing/routing.svg.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
@@ -189,24 +190,82 @@ function sum(text: string, name: string, filter: (labels: string) => boolean = (
   return s;
 }
 
+/** What one engine did, from its own counters (the breakdown of where prompt tokens came from). */
+interface EngineCounters {
+  /** Prompt tokens it computed. */
+  computed: number;
+  /** Prompt tokens loaded from its cache (its own tiers, and chunks P2P brought into them). */
+  fromCache: number;
+  /** Prompt tokens that arrived by xfer from a prefiller (a decoder's disaggregated requests). */
+  fromTransfer: number;
+  /** Chunks that arrived from peers (P2P), and P2P fetches that ended early. */
+  p2pChunks: number;
+  p2pFailures: number;
+  /** Chunks its CPU tier evicted. */
+  evicted: number;
+}
+
 interface Counters {
   computed: number;
   fromCache: number;
+  engines: Map<string, EngineCounters>;
   prefills: Map<string, number>;
+  /** Proxy: prefills by where (remote, local_short_uncached, ...) and routing decisions by reason. */
+  where: Map<string, number>;
+  reasons: Map<string, number>;
+}
+
+const labelValue = (labels: string, name: string): string | null => new RegExp(`${name}="([^"]*)"`).exec(labels)?.[1] ?? null;
+
+function byLabel(text: string, metric: string, label: string): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const l of text.split('\n')) {
+    if (!l.startsWith(`${metric}{`)) continue;
+    const v = labelValue(l.slice(metric.length + 1, l.indexOf('}')), label);
+    if (v !== null) out.set(v, (out.get(v) ?? 0) + Number(l.split(' ').pop()));
+  }
+  return out;
 }
 
 async function counters(d: Deployment): Promise<Counters> {
   let computed = 0;
   let fromCache = 0;
+  const engines = new Map<string, EngineCounters>();
   for (const e of d.engines) {
     const m = await scrape(e.url);
-    computed += sum(m, 'kvc_engine_prompt_tokens_computed_total');
-    fromCache += sum(m, 'kvc_engine_tokens_loaded_by_source_total', (l) => l.includes('source="cache"'));
+    const c: EngineCounters = {
+      computed: sum(m, 'kvc_engine_prompt_tokens_computed_total'),
+      fromCache: sum(m, 'kvc_engine_tokens_loaded_by_source_total', (l) => l.includes('source="cache"')),
+      fromTransfer: sum(m, 'kvc_engine_tokens_loaded_by_source_total', (l) => l.includes('source="transfer"')),
+      p2pChunks: sum(m, 'kvc_p2p_chunks_total'),
+      p2pFailures: sum(m, 'kvc_p2p_failures_total'),
+      evicted: sum(m, 'kvc_cache_evicted_chunks_total'),
+    };
+    engines.set(e.name, c);
+    computed += c.computed;
+    fromCache += c.fromCache;
   }
   const pm = await scrape(d.proxy);
   const prefills = new Map<string, number>();
   for (const e of d.engines) prefills.set(e.name, sum(pm, 'kvc_proxy_prefills_total', (l) => l.includes(`instance="${e.name}(`)));
-  return { computed, fromCache, prefills };
+  return { computed, fromCache, engines, prefills, where: byLabel(pm, 'kvc_proxy_prefills_total', 'where'), reasons: byLabel(pm, 'kvc_proxy_routing_decisions_total', 'reason') };
+}
+
+/** Prints what each engine computed, loaded and fetched during a run (after − before), and the proxy's decisions. */
+function breakdown(before: Counters, after: Counters, requests: number): void {
+  const d = (a: number, b: number) => Math.round(a - b);
+  const parts: string[] = [];
+  for (const [name, a] of after.engines) {
+    const b = before.engines.get(name)!;
+    parts.push(
+      `${name}: computed ${d(a.computed, b.computed)}, cache ${d(a.fromCache, b.fromCache)}, xfer ${d(a.fromTransfer, b.fromTransfer)}, ` +
+        `p2p chunks ${d(a.p2pChunks, b.p2pChunks)} (failed ${d(a.p2pFailures, b.p2pFailures)}), evicted ${d(a.evicted, b.evicted)}`,
+    );
+  }
+  const delta = (a: Map<string, number>, b: Map<string, number>) =>
+    [...a].map(([k, v]) => [k, d(v, b.get(k) ?? 0)] as const).filter(([, v]) => v > 0).map(([k, v]) => `${k} ${v}`).join(', ');
+  console.log(`  per engine (tokens): ${parts.join('; ')}`);
+  console.log(`  proxy (${requests} requests): prefills ${delta(after.where, before.where)}; decisions ${delta(after.reasons, before.reasons)}`);
 }
 
 function pct(sorted: number[], q: number): number {
@@ -261,6 +320,10 @@ async function run(name: string, routing: string, w: ReturnType<typeof workload>
       }),
     );
     const after = await counters(d);
+    breakdown(before, after, w.reqs.length);
+    // The tail that sets p90: which requests (index, tenant) were slowest.
+    const slow = ttfts.map((ms, i) => ({ ms, i })).sort((a, b) => b.ms - a.ms).slice(0, Math.ceil(w.reqs.length / 8));
+    console.log(`  slowest: ${slow.map((x) => `#${x.i} t${w.reqs[x.i]!.tenant} ${x.ms.toFixed(0)}ms`).join(', ')}`);
     const decisionP50 = routing === 'kv-aware' ? await decisionTime(d, w.reqs[0]!.prompt) : null;
     const sent = w.reqs.reduce((a, q) => a + q.prompt.length, 0);
     const sorted = [...ttfts].sort((a, b) => a - b);
@@ -357,15 +420,19 @@ async function plot(file: string, rows: RunResult[]): Promise<void> {
   writeFileSync(file, await view.toSVG());
 }
 
-function onlyPart(): 'p2p' | null {
+const PARTS = ['p2p', 'rr', 'kv', 'skew-rr', 'skew-kv'] as const;
+type Part = (typeof PARTS)[number];
+
+/** `--only p2p|rr|kv|skew-rr|skew-kv`: one part of the bench (diagnosis; the targets need the full run). */
+function onlyPart(): Part | null {
   const i = process.argv.indexOf('--only');
   if (i < 0) return null;
   const v = process.argv[i + 1];
-  if (v !== 'p2p') {
-    console.error(`--only: expected "p2p" (run only the P2P part), found "${v ?? ''}"`);
+  if (!PARTS.includes(v as Part)) {
+    console.error(`--only: expected one of ${PARTS.join(', ')} (run only that part), found "${v ?? ''}"`);
     process.exit(2);
   }
-  return v;
+  return v as Part;
 }
 
 async function runP2p(seed: number): Promise<P2pResult> {
@@ -379,7 +446,8 @@ async function runP2p(seed: number): Promise<P2pResult> {
 
 async function main(): Promise<void> {
   const r2 = (v: number) => Math.round(v * 100) / 100;
-  if (onlyPart() === 'p2p') {
+  const only = onlyPart();
+  if (only === 'p2p') {
     const seed = Math.round(arg('seed', 11));
     const p = await runP2p(seed);
     console.log(JSON.stringify({ bench: 'routing', p2p_ttft_ms: r2(p.p2p), recompute_ttft_ms: r2(p.recompute), p2p_chunks: p.chunks }));
@@ -391,6 +459,12 @@ async function main(): Promise<void> {
   console.log(`routing bench: 2P2D builtin:tiny, ${TENANTS} tenants x ${PREFIX}-token prefix, ${n} requests at ${rate}/s (Poisson), CPU tier ${(CPU_GIB * 1024).toFixed(1)} MiB per engine (~40% of the prefixes)`);
   const uniform = workload(seed, n, rate, false);
   const skew = workload(seed, n, rate, true);
+  if (only !== null) {
+    const [name, routing, w] = ({ rr: ['round-robin', 'round-robin', uniform], kv: ['kv-aware', 'kv-aware', uniform], 'skew-rr': ['skew rr', 'round-robin', skew], 'skew-kv': ['skew kv', 'kv-aware', skew] } as const)[only];
+    const r = await run(name, routing, w);
+    console.log(JSON.stringify({ bench: 'routing', part: only, ttft_p50_ms: r2(r.p50), ttft_p90_ms: r2(r.p90), computed_ratio: r2(r.computedRatio), max_share: r2(r.maxShare) }));
+    return;
+  }
   const rr = await run('round-robin', 'round-robin', uniform);
   const kv = await run('kv-aware', 'kv-aware', uniform);
   const srr = await run('skew rr', 'round-robin', skew);

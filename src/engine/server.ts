@@ -57,7 +57,8 @@ function buildApp(s: EngineSettings, w: EngineWiring): FastifyInstance {
   requireBearer(app, { key: s.apiKey, applies: (_m, p) => p.startsWith('/v1/') || p === '/tokenize' || p === '/detokenize', what: 'API key', name: 'engine' });
   countRequestOutcomes(app, w.metrics);
   const ctx: RouteContext = { modelName: s.modelName, maxModelLen: w.maxModelLen, model: w.model, kv: w.kv, scheduler: w.scheduler, metrics: w.metrics,
-    kvcInstanceId: w.controller && s.cacheConfig ? s.cacheConfig.kvc_instance_id : null };
+    kvcInstanceId: w.controller && s.cacheConfig ? s.cacheConfig.kvc_instance_id : null,
+    kvcP2p: !!(w.controller && w.connector && s.cacheConfig?.enable_p2p) };
   void app.register(completionRoutes, ctx);
   void app.register(tokenizeRoutes, ctx);
   void app.register(statusRoutes, ctx);

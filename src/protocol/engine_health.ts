@@ -3,10 +3,17 @@
 // address, so kv-aware routing needs no second list of names that could disagree with the
 // engines' own configuration. Sender: the engine (src/engine/routes/status.ts); receiver: the
 // proxy (src/proxy/server.ts). Engines without a cache instance answer `kvc_instance_id: null`.
+// `kvc_p2p` says whether the instance fetches what it lacks from its peers.
 import { z } from 'zod';
 
 export const engineHealthSchema = z.object({
   status: z.literal('ok'),
   kvc_instance_id: z.string().min(1).nullable().optional(),
+  /**
+   * True when the engine's cache instance fetches chunks it lacks from other instances (P2P,
+   * docs/p2p.md): kv-aware routing then prices a prefix another instance holds as a fetch, not a
+   * recompute. Absent (older engines) counts as false.
+   */
+  kvc_p2p: z.boolean().optional(),
 });
 export type EngineHealth = z.infer<typeof engineHealthSchema>;

@@ -407,7 +407,7 @@ export class Flow {
         const t = performance.now();
         const live = this.d.metrics.live.prefills;
         live.set(p.name, (live.get(p.name) ?? 0) + 1);
-        const work = this.d.load.begin(p, route.promptTokens - this.d.router.cachedOn(p, route.cached));
+        const work = this.d.load.begin(p, this.d.router.work(p, route.promptTokens, route.cached, route.best));
         try {
           const r = (await callJson(p, {
             method: 'POST',

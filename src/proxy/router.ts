@@ -7,17 +7,21 @@
 // kv-aware: from the controller's index, each instance's cached prefix of the request's token
 //   ids (`cached`), combined with the load the proxy has placed on it into one cost in tokens
 //   of prefill work,
-//       cost(x) = (prompt − cached(x)) + queued(x) + REQUEST_WEIGHT × in_flight(x)
-//   where queued(x) is the uncached prompt tokens x still has to compute for requests in flight
-//   and in_flight(x) its requests in flight. The lowest cost wins; equal costs rotate. A popular
+//       work(x) = (prompt − best) + f(x) × (best − cached(x))
+//       cost(x) = work(x) + queued(x) + REQUEST_WEIGHT × in_flight(x)
+//   where best is the longest prefix any healthy instance holds, f(x) = P2P_FETCH_WEIGHT when x
+//   fetches what it lacks from its peers (its /health says kvc_p2p) and 1 otherwise (it would
+//   recompute those tokens), queued(x) the work x still has to do for requests in flight and
+//   in_flight(x) its requests in flight. The lowest cost wins; equal costs rotate. A popular
 //   prefix spreads because its holder's queued work and in-flight requests grow with every
-//   request it takes: once they exceed what recomputing the prefix elsewhere costs, the next
-//   request goes elsewhere (and that instance then holds the prefix too).
+//   request it takes: once they exceed what fetching (or, without P2P, recomputing) the prefix
+//   elsewhere costs, the next request goes elsewhere (and that instance then holds it too).
 //
 // Conditional disaggregation (both modes): the request goes straight to its decoder, which
-// prefills locally, when the decoder's uncached part (prompt − cached(decoder)) is at most
-// maxLocalPrefillTokens, or when every healthy prefiller has more than maxPrefillQueue prefill
-// calls in flight; otherwise it is disaggregated. null disables a rule (round-robin's default).
+// prefills locally, when the decoder's work (its uncached part, P2P-fetchable tokens priced as
+// a fetch under kv-aware) is at most maxLocalPrefillTokens, or when every healthy prefiller has
+// more than maxPrefillQueue prefill calls in flight; otherwise it is disaggregated. null
+// disables a rule (round-robin's default).
 import type { Backend, RoundRobin } from './backend.js';
 import type { LoadBook } from './load.js';
 
@@ -31,6 +35,24 @@ export const ROUTING_MODES: readonly RoutingMode[] = ['round-robin', 'kv-aware']
  */
 export const REQUEST_WEIGHT = 128;
 
+/**
+ * What fetching a prompt token from a peer (P2P) costs, as a fraction of computing it. Measured
+ * with `npm run bench -- routing`: a 1,024-token prefix fetched by P2P gave a TTFT of 0.14 ×
+ * recomputing it on the built-in model (rounded up: the fetch also stores the chunks).
+ */
+export const P2P_FETCH_WEIGHT = 0.15;
+
+/**
+ * The anti-hot-spot rule: of the last SHARE_WINDOW kv-aware decisions, an instance that computed
+ * at least HOT_SHARE × its fair share (1 / the number of healthy instances that can compute a
+ * prompt, prefillers and decoders) is passed over while another can take the request. Cache
+ * affinity alone sends every request of a popular tenant to its holder whenever that holder is
+ * idle, which at a moderate rate is almost always, so the load terms never see it; 1.5 keeps every
+ * instance well under twice its fair share while leaving affinity free below that.
+ */
+export const SHARE_WINDOW = 32;
+export const HOT_SHARE = 1.5;
+
 /** Defaults of the conditional-disaggregation rules under kv-aware routing. */
 export const KV_AWARE_DEFAULTS = { maxLocalPrefillTokens: 256, maxPrefillQueue: 8 } as const;
 
@@ -43,7 +65,7 @@ export interface RoutingOptions {
 }
 
 /** Why a request went to the instance that computes its prompt (label of kvc_proxy_routing_decisions_total). */
-export type RouteReason = 'round_robin' | 'prefix_hit' | 'load_spread' | 'no_prefix' | 'lookup_failed';
+export type RouteReason = 'round_robin' | 'prefix_hit' | 'p2p_fetch' | 'load_spread' | 'share_cap' | 'no_prefix' | 'lookup_failed';
 /** Where its prompt is computed and why (label of kvc_proxy_prefills_total). */
 export type PrefillWhere = 'remote' | 'local_short_uncached' | 'local_prefill_queue_full' | 'local_no_prefiller';
 
@@ -65,8 +87,13 @@ export interface Route {
   reason: RouteReason;
   /** Cached prefix tokens of the instance that computes the prompt (first prefiller, or the decoder). */
   cachedTokens: number;
-  /** Uncached prompt tokens on the decoder. */
+  /**
+   * The decoder's prefill work in tokens: its uncached part, with what it can fetch by P2P priced
+   * at P2P_FETCH_WEIGHT under kv-aware (round-robin: the plain uncached part).
+   */
   decoderUncached: number;
+  /** The longest prefix any healthy instance holds (0 without a lookup). */
+  best: number;
   promptTokens: number;
   /** What the lookup said (null: no lookup). */
   cached: Record<string, number> | null;
@@ -74,6 +101,10 @@ export interface Route {
 
 export class Router {
   private rot = { prefiller: 0, decoder: 0 };
+  /** The instances that computed the last SHARE_WINDOW kv-aware decisions (a ring), and their counts. */
+  private readonly recent: (Backend | undefined)[] = new Array<Backend | undefined>(SHARE_WINDOW);
+  private recentAt = 0;
+  private readonly recentCount = new Map<Backend, number>();
 
   constructor(
     readonly opts: RoutingOptions,
@@ -82,6 +113,8 @@ export class Router {
     private readonly load: LoadBook,
     /** Backend → its kvc_instance_id (learnt from its /health), when known. */
     private readonly instanceOf: (b: Backend) => string | undefined,
+    /** Backend → whether its cache instance fetches what it lacks by P2P (its /health), when known. */
+    private readonly p2pOf: (b: Backend) => boolean = () => false,
   ) {}
 
   cachedOn(b: Backend, cached: Record<string, number> | null): number {
@@ -90,54 +123,105 @@ export class Router {
     return id === undefined ? 0 : (cached[id] ?? 0);
   }
 
-  cost(b: Backend, promptTokens: number, cached: Record<string, number> | null): number {
+  /** The longest prefix any healthy instance holds. */
+  best(cached: Record<string, number> | null): number {
+    if (!cached) return 0;
+    let best = 0;
+    for (const b of this.prefillers.backends) if (b.up) best = Math.max(best, this.cachedOn(b, cached));
+    for (const b of this.decoders.backends) if (b.up) best = Math.max(best, this.cachedOn(b, cached));
+    return best;
+  }
+
+  /**
+   * Prefill work of the request on `b`, in tokens: what it computes, plus what it fetches from a
+   * peer at P2P_FETCH_WEIGHT per token when it fetches by P2P (else those tokens are computed).
+   */
+  work(b: Backend, promptTokens: number, cached: Record<string, number> | null, best: number): number {
+    const own = this.cachedOn(b, cached);
+    const fetchable = this.p2pOf(b) && best > own ? best - own : 0;
+    return promptTokens - own - fetchable + P2P_FETCH_WEIGHT * fetchable;
+  }
+
+  cost(b: Backend, promptTokens: number, cached: Record<string, number> | null, best = this.best(cached)): number {
     const l = this.load.of(b);
-    return promptTokens - this.cachedOn(b, cached) + l.queuedTokens + REQUEST_WEIGHT * l.inFlight;
+    return this.work(b, promptTokens, cached, best) + l.queuedTokens + REQUEST_WEIGHT * l.inFlight;
   }
 
   /**
    * The healthy backends ordered by cost, lowest first; equal costs keep the rotation order,
    * which starts one past the previous winner of this role.
    */
-  private byCost(role: 'prefiller' | 'decoder', all: readonly Backend[], promptTokens: number, cached: Record<string, number> | null): Backend[] {
+  private byCost(role: 'prefiller' | 'decoder', all: readonly Backend[], promptTokens: number, cached: Record<string, number> | null, best: number): Backend[] {
     const n = all.length;
     const start = this.rot[role] % Math.max(1, n);
     const ranked: { b: Backend; c: number; i: number }[] = [];
     for (let k = 0; k < n; k++) {
       const b = all[(start + k) % n]!;
-      if (b.up) ranked.push({ b, c: this.cost(b, promptTokens, cached), i: k });
+      if (b.up) ranked.push({ b, c: this.cost(b, promptTokens, cached, best), i: k });
     }
     ranked.sort((x, y) => x.c - y.c || x.i - y.i);
     if (ranked.length) this.rot[role] = (all.indexOf(ranked[0]!.b) + 1) % n;
     return ranked.map((r) => r.b);
   }
 
+  /** The instance computed at least HOT_SHARE × its fair share of the recent decisions. */
+  hot(b: Backend): boolean {
+    let n = 0;
+    for (const x of this.prefillers.backends) if (x.up) n++;
+    for (const x of this.decoders.backends) if (x.up) n++;
+    return n > 1 && (this.recentCount.get(b) ?? 0) >= (HOT_SHARE * SHARE_WINDOW) / n;
+  }
+
+  private remember(b: Backend): void {
+    const old = this.recent[this.recentAt];
+    if (old) this.recentCount.set(old, this.recentCount.get(old)! - 1);
+    this.recent[this.recentAt] = b;
+    this.recentAt = (this.recentAt + 1) % SHARE_WINDOW;
+    this.recentCount.set(b, (this.recentCount.get(b) ?? 0) + 1);
+  }
+
+  /** Stable partition: instances under their share first (in cost order), then the hot ones. */
+  private coolFirst(ranked: Backend[]): Backend[] {
+    const cool = ranked.filter((b) => !this.hot(b));
+    return cool.length === ranked.length || cool.length === 0 ? ranked : [...cool, ...ranked.filter((b) => this.hot(b))];
+  }
+
   route(r: RouteInput): Route {
     const kv = this.opts.mode === 'kv-aware';
     const { promptTokens, cached } = r;
+    const best = this.best(cached);
     let decoder = r.tokenizer;
-    if (kv) decoder = this.byCost('decoder', this.decoders.backends, promptTokens, cached)[0] ?? r.tokenizer;
+    let capped = false;
+    if (kv) {
+      const ranked = this.byCost('decoder', this.decoders.backends, promptTokens, cached, best);
+      const cool = this.coolFirst(ranked);
+      capped = cool[0] !== ranked[0];
+      decoder = cool[0] ?? r.tokenizer;
+    }
     const decoderCached = this.cachedOn(decoder, cached);
-    const decoderUncached = promptTokens - decoderCached;
-    const prefillers = kv ? this.byCost('prefiller', this.prefillers.backends, promptTokens, cached) : this.prefillers.order();
+    // Round-robin does not use the index to decide: its decoder's uncached part is the whole prompt.
+    const decoderUncached = kv ? this.work(decoder, promptTokens, cached, best) : promptTokens - decoderCached;
+    const ranked = kv ? this.byCost('prefiller', this.prefillers.backends, promptTokens, cached, best) : this.prefillers.order();
+    const prefillers = kv ? this.coolFirst(ranked) : ranked;
     let where: PrefillWhere = 'remote';
     const { maxLocalPrefillTokens: maxLocal, maxPrefillQueue: maxQueue } = this.opts;
     if (prefillers.length === 0) where = 'local_no_prefiller';
-    else if (maxLocal !== null && decoderUncached <= maxLocal) where = 'local_short_uncached';
+    // (kv-aware: not on a decoder over its share while a prefiller under its share can take it)
+    else if (maxLocal !== null && decoderUncached <= maxLocal && !(kv && this.hot(decoder) && !this.hot(prefillers[0]!))) where = 'local_short_uncached';
     else if (maxQueue !== null && prefillers.every((p) => this.load.of(p).inFlight > maxQueue)) where = 'local_prefill_queue_full';
     const local = where !== 'remote';
     const computes = local ? decoder : prefillers[0]!;
+    if (!local) capped = prefillers[0] !== ranked[0] || (maxLocal !== null && decoderUncached <= maxLocal);
+    if (kv) this.remember(computes);
     const cachedTokens = local ? decoderCached : this.cachedOn(computes, cached);
     let reason: RouteReason;
     if (!kv) reason = 'round_robin';
     else if (r.lookupFailed) reason = 'lookup_failed';
     else {
-      // The best prefix any healthy instance holds: computing elsewhere than on it is a load decision.
-      let best = 0;
-      for (const b of this.prefillers.backends) if (b.up) best = Math.max(best, this.cachedOn(b, cached));
-      for (const b of this.decoders.backends) if (b.up) best = Math.max(best, this.cachedOn(b, cached));
-      reason = best === 0 ? 'no_prefix' : cachedTokens >= best ? 'prefix_hit' : 'load_spread';
+      // Computing elsewhere than on the best holder is a load decision; with P2P the rest is fetched.
+      // share_cap: the cheapest instance was passed over by the anti-hot-spot rule.
+      reason = best === 0 ? 'no_prefix' : capped ? 'share_cap' : cachedTokens >= best ? 'prefix_hit' : this.p2pOf(computes) ? 'p2p_fetch' : 'load_spread';
     }
-    return { decoder, prefillers: local ? [] : prefillers, where, reason, cachedTokens, decoderUncached, promptTokens, cached };
+    return { decoder, prefillers: local ? [] : prefillers, where, reason, cachedTokens, decoderUncached, best, promptTokens, cached };
   }
 }

@@ -22,7 +22,7 @@ export class RoutingMetrics {
 
   constructor(registry: Registry) {
     const registers = [registry];
-    this.decisions = new Counter({ name: 'kvc_proxy_routing_decisions_total', help: 'Routing decisions by reason (round_robin, prefix_hit, load_spread, no_prefix, lookup_failed)', labelNames: ['reason'], registers });
+    this.decisions = new Counter({ name: 'kvc_proxy_routing_decisions_total', help: 'Routing decisions by reason (round_robin, prefix_hit, p2p_fetch, load_spread, share_cap, no_prefix, lookup_failed)', labelNames: ['reason'], registers });
     this.promptTokens = new Counter({ name: 'kvc_proxy_prompt_tokens_total', help: 'Prompt tokens per instance that computes them, by kind: cached (per the controller index) or computed', labelNames: ['instance', 'kind'], registers });
     this.prefills = new Counter({ name: 'kvc_proxy_prefills_total', help: 'Prefills by where they ran: remote (a prefiller, KV transferred) or local_* (the decoder itself, and why), and the instance that ran them', labelNames: ['where', 'instance'], registers });
     this.lookups = new Counter({ name: 'kvc_proxy_prefix_lookups_total', help: "Routing lookups on the controller's index, by outcome (ok, failed)", labelNames: ['outcome'], registers });

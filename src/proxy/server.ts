@@ -70,6 +70,8 @@ export class ProxyServer {
   private readonly prefix: PrefixClient | null;
   /** Backend → the kvc_instance_id its /health names (the controller index's name for it). */
   readonly instanceIds = new Map<Backend, string>();
+  /** Backends whose /health says their cache instance fetches by P2P (kvc_p2p). */
+  readonly p2pBackends = new Set<Backend>();
 
   constructor(readonly opts: ProxyOptions) {
     this.prefillers = opts.topology.prefillers.map((e, i) => new Backend('prefiller', i, e, 128, opts.apiKey ?? null));
@@ -89,7 +91,7 @@ export class ProxyServer {
     this.prefix = opts.controllerUrl ? new PrefixClient(opts.controllerUrl, opts.lookupTimeoutMs ?? 50) : null;
     const prefillRR = new RoundRobin(this.prefillers);
     const decoderRR = new RoundRobin(this.decoders);
-    this.router = new Router(routing, prefillRR, decoderRR, this.load, (b) => this.instanceIds.get(b));
+    this.router = new Router(routing, prefillRR, decoderRR, this.load, (b) => this.instanceIds.get(b), (b) => this.p2pBackends.has(b));
     const flow = new Flow({
       prefillers: prefillRR,
       decoders: decoderRR,
@@ -186,6 +188,8 @@ export class ProxyServer {
           this.instanceIds.set(b, id);
           log.info(`${b.name} serves cache instance "${id}"`);
         } else if (!id && this.instanceIds.has(b)) this.instanceIds.delete(b);
+        if (h.success && h.data.kvc_p2p === true && id) this.p2pBackends.add(b);
+        else this.p2pBackends.delete(b);
         if (b.markUp()) {
           this.metrics.backendUp.labels(b.role, b.name).set(1);
           log.info(`${b.name} is back up`);

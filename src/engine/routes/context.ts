@@ -15,4 +15,6 @@ export interface RouteContext {
   metrics: EngineMetrics;
   /** The cache instance's kvc_instance_id when it is registered with a controller, else null. */
   kvcInstanceId: string | null;
+  /** The cache instance fetches chunks it lacks from other instances (enable_p2p with a controller). */
+  kvcP2p: boolean;
 }

@@ -13,8 +13,9 @@ export async function statusRoutes(app: FastifyInstance, ctx: RouteContext): Pro
     data: [{ id: modelName, object: 'model', created: createdAt, owned_by: 'kvc', root: ctx.model.dir, parent: null, max_model_len: maxModelLen, kvc_model_id: ctx.model.modelId }],
   }));
 
-  // The proxy reads kvc_instance_id here to map this address to the controller's name for it.
-  const health: EngineHealth = { status: 'ok', kvc_instance_id: ctx.kvcInstanceId };
+  // The proxy reads kvc_instance_id here to map this address to the controller's name for it,
+  // and kvc_p2p to know that a prefix held elsewhere costs this engine a fetch, not a recompute.
+  const health: EngineHealth = { status: 'ok', kvc_instance_id: ctx.kvcInstanceId, kvc_p2p: ctx.kvcP2p };
   app.get('/health', async () => health);
 
   app.get('/metrics', async (_req, reply) => {

@@ -201,6 +201,8 @@ interface EngineCounters {
   /** Chunks that arrived from peers (P2P), and P2P fetches that ended early. */
   p2pChunks: number;
   p2pFailures: number;
+  /** P2P fetches that ended early, by reason (controller, connect, closed, corrupt, timeout, refused). */
+  p2pFailureReasons: Map<string, number>;
   /** Chunks its CPU tier evicted. */
   evicted: number;
 }
@@ -239,6 +241,7 @@ async function counters(d: Deployment): Promise<Counters> {
       fromTransfer: sum(m, 'kvc_engine_tokens_loaded_by_source_total', (l) => l.includes('source="transfer"')),
       p2pChunks: sum(m, 'kvc_p2p_chunks_total'),
       p2pFailures: sum(m, 'kvc_p2p_failures_total'),
+      p2pFailureReasons: byLabel(m, 'kvc_p2p_failures_total', 'reason'),
       evicted: sum(m, 'kvc_cache_evicted_chunks_total'),
     };
     engines.set(e.name, c);
@@ -257,9 +260,10 @@ function breakdown(before: Counters, after: Counters, requests: number): void {
   const parts: string[] = [];
   for (const [name, a] of after.engines) {
     const b = before.engines.get(name)!;
+    const why = [...a.p2pFailureReasons].map(([k, v]) => [k, v - (b.p2pFailureReasons.get(k) ?? 0)] as const).filter(([, v]) => v > 0).map(([k, v]) => `${k} ${v}`).join(' ');
     parts.push(
       `${name}: computed ${d(a.computed, b.computed)}, cache ${d(a.fromCache, b.fromCache)}, xfer ${d(a.fromTransfer, b.fromTransfer)}, ` +
-        `p2p chunks ${d(a.p2pChunks, b.p2pChunks)} (failed ${d(a.p2pFailures, b.p2pFailures)}), evicted ${d(a.evicted, b.evicted)}`,
+        `p2p chunks ${d(a.p2pChunks, b.p2pChunks)} (failed ${d(a.p2pFailures, b.p2pFailures)}${why ? `: ${why}` : ''}), evicted ${d(a.evicted, b.evicted)}`,
     );
   }
   const delta = (a: Map<string, number>, b: Map<string, number>) =>

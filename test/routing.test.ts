@@ -5,6 +5,8 @@
 //     /prefix_lookup (keys computed by the controller from the decoder's token ids) on the engines
 //     that stored it, and the proxy routes the next request with that prefix to a holder
 //     (prefix_hit, prefilled locally on the decoder since only the question is uncached);
+//   - a popular prefix spreads to the other decoder once its holder is busy, which fetches it by
+//     P2P (the proxy prices that as a fetch, learnt from the engines' /health kvc_p2p);
 //   - chat requests are routed on the templated tokens the engine sees;
 //   - the index the router reads agrees with what the decoders really hold (their own
 //     cached_tokens when asked directly) after moves, /clear and evictions;
@@ -167,6 +169,55 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
     const dname = `decoder-${holderDecoder!.split('-')[1]}(127.0.0.1:${7200 + Number(holderDecoder!.split('-')[1]) + offset})`;
     assert.ok(metric(after, 'kvc_proxy_prompt_tokens_total', `instance="${dname}",kind="cached"`) >= 512, 'cached tokens counted on the holder decoder');
     assert.ok(r2.cached >= 512, `the decoder loaded the prefix from its cache (cached_tokens ${r2.cached})`);
+  });
+
+  test('a popular prefix spreads to the other decoder once its holder is busy, fetched by P2P instead of recomputed; output identical', async () => {
+    // Token-id prompts: a 1,024-token prefix (4 full chunks) and 24-token questions.
+    const prefix = Array.from({ length: 1024 }, (_, i) => 100 + ((i * 7919 + 13) % 30000));
+    const prompt = (k: number) => [...prefix, ...Array.from({ length: 24 }, (_, i) => 200 + ((k * 331 + i * 17) % 20000))];
+    const ask = async (url: string, ids: number[]) => {
+      const r = await postJson(`${url}/v1/completions`, { model: 'builtin:tiny', prompt: ids, max_tokens: 8, temperature: 0 }, 120_000);
+      assert.equal(r.status, 200, JSON.stringify(r.json));
+      return r.json.choices[0].text as string;
+    };
+    const engineSum = async (name: string) => {
+      let s = 0;
+      for (const port of [7100, 7101, 7200, 7201]) {
+        const text = await (await fetch(`http://127.0.0.1:${port + offset}/metrics`, { signal: AbortSignal.timeout(5_000) })).text();
+        for (const m of text.matchAll(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, 'gm'))) s += Number(m[1]);
+      }
+      return s;
+    };
+    assert.equal(await ask(proxy, prompt(0)), await ask(refUrl, prompt(0)));
+    const held = await lookupUntil(prefix, (m) => Object.keys(m).some((id) => id.startsWith('decoder-') && m[id]! >= 1024), 'the prefix on a decoder');
+    const holder = Object.keys(held).find((id) => id.startsWith('decoder-') && held[id]! >= 1024)!;
+    const other = holder === 'decoder-0' ? 'decoder-1' : 'decoder-0';
+    const before = await metrics();
+    const [computed0, p2p0] = [await engineSum('kvc_engine_prompt_tokens_computed_total'), await engineSum('kvc_p2p_chunks_total')];
+    // Six requests 30 ms apart: the holder takes the first; with one request in flight there, the
+    // other decoder (a P2P fetch of the prefix: 24 + 0.15 x 1024 tokens of work) costs less.
+    const n = 6;
+    const texts = await Promise.all(
+      Array.from({ length: n }, async (_, k) => {
+        await sleep(30 * k);
+        return ask(proxy, prompt(k + 1));
+      }),
+    );
+    for (let k = 0; k < n; k++) assert.equal(texts[k], await ask(refUrl, prompt(k + 1)), `request ${k + 1}: greedy output equals the plain engine`);
+    const after = await metrics();
+    const computedOn = (id: string) => {
+      const i = Number(id.split('-')[1]);
+      const name = `instance="${id}(127.0.0.1:${7200 + i + offset})"`;
+      return metric(after, 'kvc_proxy_prefills_total', name) - metric(before, 'kvc_proxy_prefills_total', name);
+    };
+    assert.ok(computedOn(holder) >= 1, `the holder ${holder} took part of the burst`);
+    assert.ok(n - computedOn(holder) >= 1, `the burst spread beyond the holder ${holder} (it computed ${computedOn(holder)} of ${n}; ${other} ${computedOn(other)})`);
+    const fetched = (await engineSum('kvc_p2p_chunks_total')) - p2p0;
+    const computed = (await engineSum('kvc_engine_prompt_tokens_computed_total')) - computed0;
+    assert.ok(fetched >= 4, `the prefix reached another instance by P2P (${fetched} chunks)`);
+    assert.ok(computed < (n * 1024) / 2, `the prefix was fetched, not recomputed for every request (${computed} prompt tokens computed for ${n} requests)`);
+    const spreadReasons = ['p2p_fetch', 'share_cap', 'load_spread'].reduce((a, r) => a + metric(after, 'kvc_proxy_routing_decisions_total', `reason="${r}"`) - metric(before, 'kvc_proxy_routing_decisions_total', `reason="${r}"`), 0);
+    assert.ok(spreadReasons >= 1, 'the spread decisions are counted by reason');
   });
 
   test('chat requests are routed on the templated tokens the engine sees', async () => {

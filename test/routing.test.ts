@@ -188,6 +188,11 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
       }
       return s;
     };
+    // Every engine says it fetches by P2P (kvc up turns it on): the proxy prices a prefix held elsewhere as a fetch.
+    for (const port of [7100, 7101, 7200, 7201]) {
+      const h = (await (await fetch(`http://127.0.0.1:${port + offset}/health`, { signal: AbortSignal.timeout(5_000) })).json()) as { kvc_p2p?: boolean };
+      assert.equal(h.kvc_p2p, true, `engine on port ${port + offset}: /health kvc_p2p`);
+    }
     assert.equal(await ask(proxy, prompt(0)), await ask(refUrl, prompt(0)));
     const held = await lookupUntil(prefix, (m) => Object.keys(m).some((id) => id.startsWith('decoder-') && m[id]! >= 1024), 'the prefix on a decoder');
     const holder = Object.keys(held).find((id) => id.startsWith('decoder-') && held[id]! >= 1024)!;

@@ -290,7 +290,7 @@ function swigluFunc(): string {
         (f32.store (local.get $op) (f32.mul (f32.mul (local.get $sg1) (local.get $ss)) (f32.load (i32.add (local.get $gp) (local.get $hb)))))`;
   };
   return `
-  (func (export "swiglu") (param $GU i32) (param $O i32) (param $rows i32) (param $hidden i32)
+  (func $swiglu (export "swiglu") (param $GU i32) (param $O i32) (param $rows i32) (param $hidden i32)
     (local $r i32) (local $i i32) (local $h4 i32) (local $hb i32) (local $gp i32) (local $op i32)
     (local $g v128) (local $e v128) (local $d v128) (local $sg v128)
     (local $ex v128) (local $efx v128) (local $ey v128) (local $ez v128)
@@ -320,6 +320,21 @@ function swigluFunc(): string {
         (br $sl)))
       (local.set $r (i32.add (local.get $r) (i32.const 1)))
       (br $rl)))
+  )`;
+}
+
+/**
+ * swiglurows(GU, O, hidden, _, _, _, _, _, r0, r1): swiglu of rows [r0, r1), with the gemm entry
+ * points' argument shape so the worker thread can share the rows (gemm_worker.ts).
+ */
+function swigluRowsFunc(): string {
+  return `
+  (func (export "swiglurows") (param $GU i32) (param $O i32) (param $hidden i32) (param $u3 i32) (param $u4 i32) (param $u5 i32)
+      (param $u6 i32) (param $u7 i32) (param $r0 i32) (param $r1 i32)
+    (if (i32.ge_u (local.get $r0) (local.get $r1)) (then (return)))
+    (call $swiglu (i32.add (local.get $GU) (i32.shl (i32.mul (local.get $r0) (local.get $hidden)) (i32.const 3)))
+      (i32.add (local.get $O) (i32.shl (i32.mul (local.get $r0) (local.get $hidden)) (i32.const 2)))
+      (i32.sub (local.get $r1) (local.get $r0)) (local.get $hidden))
   )`;
 }
 
@@ -679,6 +694,7 @@ ${q8GemmFunc()}
 ${quantQ8Func()}
 ${softmaxFunc()}
 ${swigluFunc()}
+${swigluRowsFunc()}
 ${gatherFunc()}
 ${argmaxFunc()}
 ${attendHeadsFunc()}

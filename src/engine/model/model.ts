@@ -327,22 +327,20 @@ export class LlamaModel {
           }
         }
         const blocks = tables[rowSeg[r]!]!;
-        const kOff = kv.offset(blocks, l, 0, rowPos[r]!);
-        const vOff = kv.offset(blocks, l, 1, rowPos[r]!);
-        pool.set(qkv.subarray(base + qDim, base + qDim + kvDim), kOff);
-        pool.set(qkv.subarray(base + qDim + kvDim, base + qkvDim), vOff);
+        copy(qkv, base + qDim, pool, kv.offset(blocks, l, 0, rowPos[r]!), kvDim);
+        copy(qkv, base + qDim + kvDim, pool, kv.offset(blocks, l, 1, rowPos[r]!), kvDim);
       }
 
       this.attention(segments, tables, kv, l, qkv, attn);
 
       this.gemm.matmul(L.o, attn, R, proj);
-      for (let i = 0; i < R * dim; i++) x[i] = x[i]! + proj[i]!;
+      addInto(x, proj, R * dim);
 
       rmsNorm(x, L.mlpNorm, h, R, dim, normEps);
       this.gemm.matmul(L.gateUp, h, R, gu);
       this.gemm.swiglu(gu, R, hiddenDim, act);
       this.gemm.matmul(L.down, act, R, proj);
-      for (let i = 0; i < R * dim; i++) x[i] = x[i]! + proj[i]!;
+      addInto(x, proj, R * dim);
     }
 
     for (const s of segments) kv.setLength(s.seqId, s.startPos + s.tokens.length);
@@ -415,8 +413,7 @@ export class LlamaModel {
         for (let g = 0; g < numKvHeads; g++) {
           for (let t = t0; t < t1; t++) {
             for (let hi = 0; hi < group; hi++) {
-              const src = (row0 + t) * qkvDim + (g * group + hi) * headDim;
-              q.set(qkv.subarray(src, src + headDim), (g * M + (t - t0) * group + hi) * headDim);
+              copy(qkv, (row0 + t) * qkvDim + (g * group + hi) * headDim, q, (g * M + (t - t0) * group + hi) * headDim, headDim);
             }
           }
         }
@@ -426,8 +423,7 @@ export class LlamaModel {
         for (let g = 0; g < numKvHeads; g++) {
           for (let t = t0; t < t1; t++) {
             for (let hi = 0; hi < group; hi++) {
-              const src = (g * M + (t - t0) * group + hi) * headDim;
-              attn.set(out.subarray(src, src + headDim), (row0 + t) * qDim + (g * group + hi) * headDim);
+              copy(out, (g * M + (t - t0) * group + hi) * headDim, attn, (row0 + t) * qDim + (g * group + hi) * headDim, headDim);
             }
           }
         }
@@ -439,6 +435,19 @@ export class LlamaModel {
 
 /** Query tokens per attention block (bounds the score matrix to ATTN_ROW_BLOCK*group*P floats). */
 const ATTN_ROW_BLOCK = 128;
+
+/**
+ * dst[d..d+n) = src[s..s+n). A loop rather than dst.set(src.subarray(…)): the forward pass copies
+ * tens of thousands of head-sized rows, and a view per copy was ~7 % of a prefill in GC alone.
+ */
+function copy(src: Float32Array, s: number, dst: Float32Array, d: number, n: number): void {
+  for (let i = 0; i < n; i++) dst[d + i] = src[s + i]!;
+}
+
+/** x[i] += y[i] for i < n (the residual adds; f32 results as x[i] + y[i] rounded on store). */
+function addInto(x: Float32Array, y: Float32Array, n: number): void {
+  for (let i = 0; i < n; i++) x[i] = x[i]! + y[i]!;
+}
 
 /** out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, per row, fixed order. */
 function rmsNorm(x: Float32Array, w: Float32Array, out: Float32Array, rows: number, dim: number, eps: number): void {

@@ -152,7 +152,9 @@ function expV(x: string): string {
   const C = EXP_CONSTS;
   let y = vc(C.p[0]!);
   const lines = [
-    `(local.set $ex (f32x4.max ${x} ${vc(C.lo)}))`,
+    // pmax(x, lo) = x < lo ? lo : x: max(x, lo) for every x, NaN included (x is kept), in one
+    // instruction where f32x4.max's NaN and signed-zero rules cost several on x86.
+    `(local.set $ex (f32x4.pmax ${x} ${vc(C.lo)}))`,
     `(local.set $efx (f32x4.floor (f32x4.add (f32x4.mul (local.get $ex) ${vc(C.log2e)}) ${vc(C.half)})))`,
     `(local.set $ex (f32x4.sub (local.get $ex) (f32x4.mul (local.get $efx) ${vc(C.c1)})))`,
     `(local.set $ex (f32x4.sub (local.get $ex) (f32x4.mul (local.get $efx) ${vc(C.c2)})))`,
@@ -161,7 +163,10 @@ function expV(x: string): string {
   ];
   for (let i = 1; i < C.p.length; i++) lines.push(`(local.set $ey (f32x4.add (f32x4.mul (local.get $ey) (local.get $ex)) ${vc(C.p[i]!)}))`);
   lines.push(`(local.set $ey (f32x4.add (f32x4.add (f32x4.mul (local.get $ey) (local.get $ez)) (local.get $ex)) ${vc(C.one)}))`);
-  lines.push(`(f32x4.mul (local.get $ey) (i32x4.shl (i32x4.add (i32x4.trunc_sat_f32x4_s (local.get $efx)) (v128.const i32x4 127 127 127 127)) (i32.const 23)))`);
+  // 2^fx from the integral fx without a float→int conversion: fx + 1.5·2^23 holds fx in its low
+  // mantissa bits (|fx| < 2^22), and the exponent bits above them vanish in the shift by 23 — the
+  // same bits as (trunc(fx) + 127) << 23 for every finite fx the clamp above lets through.
+  lines.push(`(f32x4.mul (local.get $ey) (i32x4.shl (i32x4.add (f32x4.add (local.get $efx) ${vc(12582912)}) (v128.const i32x4 127 127 127 127)) (i32.const 23)))`);
   y = lines.join('\n');
   return y;
 }
@@ -193,7 +198,7 @@ function softmaxFunc(): string {
   return `
   (func $softmax (export "softmax") (param $S i32) (param $rows i32) (param $stride i32) (param $L i32) (param $scale f32)
     (local $r i32) (local $p i32) (local $len i32) (local $len4 i32) (local $j i32) (local $m f32) (local $sum f32) (local $inv f32)
-    (local $sv v128) (local $mv v128) (local $acc v128) (local $e v128)
+    (local $sv v128) (local $mv v128) (local $acc v128) (local $e v128) (local $nan v128)
     (local $ex v128) (local $efx v128) (local $ey v128) (local $ez v128)
     (local $sx f32) (local $sfx f32) (local $sy f32) (local $sz f32) (local $se f32)
     (local.set $sv (f32x4.splat (local.get $scale)))
@@ -205,14 +210,21 @@ function softmaxFunc(): string {
       (local.set $len4 (i32.and (local.get $len) (i32.const -4)))
       ;; max
       (local.set $mv (f32x4.splat (f32.const -inf)))
+      (local.set $nan (v128.const i32x4 0 0 0 0))
       (local.set $j (i32.const 0))
       (block $d1 (loop $l1
         (br_if $d1 (i32.ge_u (local.get $j) (local.get $len4)))
-        (local.set $mv (f32x4.max (local.get $mv) (f32x4.mul (v128.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))) (local.get $sv))))
+        ;; pmax (one instruction) plus a NaN flag: the same maximum as f32x4.max — NaN if any
+        ;; score is NaN — up to the sign of a zero maximum, which no exp below can see (x - ±0
+        ;; differs only for x = -0, and both give exp = 1).
+        (local.set $e (f32x4.mul (v128.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))) (local.get $sv)))
+        (local.set $mv (f32x4.pmax (local.get $mv) (local.get $e)))
+        (local.set $nan (v128.or (local.get $nan) (f32x4.ne (local.get $e) (local.get $e))))
         (local.set $j (i32.add (local.get $j) (i32.const 4)))
         (br $l1)))
       (local.set $m (f32.max (f32.max (f32x4.extract_lane 0 (local.get $mv)) (f32x4.extract_lane 1 (local.get $mv)))
                              (f32.max (f32x4.extract_lane 2 (local.get $mv)) (f32x4.extract_lane 3 (local.get $mv)))))
+      (if (v128.any_true (local.get $nan)) (then (local.set $m (f32.const nan))))
       (block $d2 (loop $l2
         (br_if $d2 (i32.ge_u (local.get $j) (local.get $len)))
         (local.set $m (f32.max (local.get $m) (f32.mul (f32.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))) (local.get $scale))))

@@ -11,6 +11,8 @@ import { CTL, SPIN_MS, takeChunk } from './gemm_ctl.js';
 import { gemmWat, STRIP, type WFmt } from './gemm_wat.js';
 import { checkArgs, packStrips, padTo, type Gemm, type Weight } from './kernel.js';
 import { BLOCK_TOKENS } from './kv_cache.js';
+import { addIntoJs, rmsNormJs, ropeJs } from './ops_js.js';
+import { opsWat } from './ops_wat.js';
 import { kernelFormat, packEncoded, packedBytes, type EncodedWeight } from './weight_pack.js';
 
 /** CTL.PACKED codes: which export a job runs (the worker picks the same). */
@@ -44,6 +46,41 @@ interface GemmExports {
   attendrows(prm: number, u1: number, u2: number, u3: number, u4: number, u5: number, u6: number, u7: number, r0: number, r1: number): void;
 }
 
+/** The element-wise operations' module (ops_wat.ts), on the same memory. */
+interface OpsExports {
+  rmsnorm(X: number, W: number, O: number, rows: number, dim: number, eps: number): void;
+  rope(QKV: number, rows: number, stride: number, heads: number, hd: number, POS: number, COS: number, SIN: number): void;
+  addinto(X: number, Y: number, n: number): void;
+}
+
+type Wabt = { parseWat(f: string, s: string, o: object): { toBinary(o: object): { buffer: Uint8Array }; destroy(): void } };
+
+async function compileWat(name: string, wat: string, features: object): Promise<WebAssembly.Module> {
+  const require = createRequire(import.meta.url);
+  const wabt = await (require('wabt') as () => Promise<Wabt>)();
+  const mod = wabt.parseWat(name, wat, features);
+  try {
+    const { buffer } = mod.toBinary({});
+    return await WebAssembly.compile(new Uint8Array(buffer));
+  } finally {
+    mod.destroy();
+  }
+}
+
+let opsModulePromise: Promise<WebAssembly.Module> | null = null;
+
+/** Compiles the element-wise operations' WAT (ops_wat.ts), once per process. */
+export function opsModule(): Promise<WebAssembly.Module> {
+  opsModulePromise ??= compileWat('ops.wat', opsWat(), { simd: true, threads: true });
+  return opsModulePromise;
+}
+
+/**
+ * Activation buffers stay in kernel memory up to this many bytes in all (beyond, plain arrays
+ * that the kernel copies through scratch): weights take most of a large model's address space.
+ */
+const ACTIVATION_CAP = 1024 * 1024 * 1024;
+
 const wasmModulePromises = new Map<boolean, Promise<WebAssembly.Module>>();
 
 /**
@@ -55,18 +92,7 @@ export function gemmModule(fma = false): Promise<WebAssembly.Module> {
   if (fma && !fmaSupport().fma) return Promise.reject(new Error(`FMA kernel requested but unavailable: ${fmaSupport().reason}`));
   let p = wasmModulePromises.get(fma);
   if (p) return p;
-  p = (async () => {
-    const require = createRequire(import.meta.url);
-    const wabtInit = require('wabt') as () => Promise<{ parseWat(f: string, s: string, o: object): { toBinary(o: object): { buffer: Uint8Array }; destroy(): void } }>;
-    const wabt = await wabtInit();
-    const mod = wabt.parseWat('gemm.wat', gemmWat({ fma }), { simd: true, threads: true, relaxed_simd: fma });
-    try {
-      const { buffer } = mod.toBinary({});
-      return await WebAssembly.compile(new Uint8Array(buffer));
-    } finally {
-      mod.destroy();
-    }
-  })();
+  p = compileWat('gemm.wat', gemmWat({ fma }), { simd: true, threads: true, relaxed_simd: fma });
   wasmModulePromises.set(fma, p);
   return p;
 }
@@ -100,13 +126,76 @@ export class WasmGemm implements Gemm {
   private readonly ctl = new Int32Array(new SharedArrayBuffer(CTL.SIZE * 4));
   private seq = 0;
 
+  /** Every buffer object this memory has had (it changes on growth; older views stay valid). */
+  private readonly ownBuffers = new WeakSet<ArrayBufferLike>();
+  /** Activation slots: byte address and capacity in floats. */
+  private readonly acts: { ptr: number; floats: number }[] = [];
+  private actBytes = 0;
+
   private constructor(
     private readonly mem: WebAssembly.Memory,
     private readonly exp: GemmExports,
+    private readonly ops: OpsExports,
     /** The f32/16-bit GEMMs use fused multiply-add (fma.ts). */
     readonly fma: boolean,
   ) {
     this.f32 = new Float32Array(mem.buffer);
+    this.ownBuffers.add(mem.buffer);
+  }
+
+  /** Byte address of `a` when it is a view of this kernel's memory, else -1. */
+  private addrOf(a: ArrayBufferView): number {
+    return this.ownBuffers.has(a.buffer) ? a.byteOffset : -1;
+  }
+
+  activation(slot: number, n: number): Float32Array {
+    let s = this.acts[slot];
+    if (!s || s.floats < n) {
+      const floats = Math.max(n, (s?.floats ?? 0) * 2);
+      if (this.actBytes + floats * 4 > ACTIVATION_CAP) return new Float32Array(n);
+      s = { ptr: this.alloc(floats * 4), floats };
+      this.actBytes += floats * 4;
+      this.acts[slot] = s;
+    }
+    const buf = this.mem.buffer;
+    this.ownBuffers.add(buf);
+    return new Float32Array(buf, s.ptr, n);
+  }
+
+  hold(v: Float32Array): Float32Array {
+    const ptr = this.alloc(v.length * 4);
+    const out = new Float32Array(this.mem.buffer, ptr, v.length);
+    out.set(v);
+    return out;
+  }
+
+  rmsNorm(x: Float32Array, w: Float32Array, out: Float32Array, rows: number, dim: number, eps: number): void {
+    const X = this.addrOf(x);
+    const W = this.addrOf(w);
+    const O = this.addrOf(out);
+    if (X < 0 || W < 0 || O < 0 || x.length < rows * dim || out.length < rows * dim || w.length < dim) rmsNormJs(x, w, out, rows, dim, eps);
+    else this.ops.rmsnorm(X, W, O, rows, dim, eps);
+  }
+
+  rope(qkv: Float32Array, rows: number, stride: number, heads: number, hd: number, pos: Int32Array, cos: Float32Array, sin: Float32Array): void {
+    const Q = this.addrOf(qkv);
+    const P = this.addrOf(pos);
+    const C = this.addrOf(cos);
+    const S = this.addrOf(sin);
+    if (Q < 0 || P < 0 || C < 0 || S < 0 || rows === 0 || qkv.length < (rows - 1) * stride + heads * hd || pos.length < rows) ropeJs(qkv, rows, stride, heads, hd, pos, cos, sin);
+    else {
+      // The tables must cover every row's position (the JS twin reads undefined → NaN otherwise).
+      const half = hd >> 1;
+      for (let r = 0; r < rows; r++) if ((pos[r]! + 1) * half > Math.min(cos.length, sin.length)) throw new Error(`rope: position ${pos[r]} is beyond the cos/sin tables`);
+      this.ops.rope(Q, rows, stride, heads, hd, P, C, S);
+    }
+  }
+
+  addInto(x: Float32Array, y: Float32Array, n: number): void {
+    const X = this.addrOf(x);
+    const Y = this.addrOf(y);
+    if (X < 0 || Y < 0 || x.length < n || y.length < n) addIntoJs(x, y, n);
+    else this.ops.addinto(X, Y, n);
   }
 
   /**
@@ -120,7 +209,8 @@ export class WasmGemm implements Gemm {
     const mod = await gemmModule(fma);
     const mem = new WebAssembly.Memory({ initial: 16, maximum: 65536, shared: true });
     const inst = await WebAssembly.instantiate(mod, { env: { mem } });
-    const g = new WasmGemm(mem, inst.exports as unknown as GemmExports, fma);
+    const ops = await WebAssembly.instantiate(await opsModule(), { env: { mem } });
+    const g = new WasmGemm(mem, inst.exports as unknown as GemmExports, ops.exports as unknown as OpsExports, fma);
     if (opts.weightCapBytes !== undefined) g.weightCap = Math.min(opts.weightCapBytes, WASM_WEIGHT_CAP);
     const threads = opts.threads ?? kernelEnv(process.env).threads ?? Math.min(2, availableParallelism());
     if (threads >= 2) await g.startWorker(mod);
@@ -232,6 +322,7 @@ export class WasmGemm implements Gemm {
     if (end > have) this.mem.grow(Math.ceil((end - have) / PAGE));
     this.top = end;
     this.f32 = new Float32Array(this.mem.buffer);
+    this.ownBuffers.add(this.mem.buffer);
     return ptr;
   }
 
@@ -272,6 +363,8 @@ export class WasmGemm implements Gemm {
   /** SIMD argmax over 32000 logits is ~5x the JS loop; batched greedy decode runs one per row and step. */
   argmax(x: Float32Array): number {
     if (x.length === 0) return 0;
+    const at = this.addrOf(x);
+    if (at >= 0) return this.exp.argmax(at, x.length);
     const p = this.scratch(x.length * 4);
     this.f32.set(x, p / 4);
     return this.exp.argmax(p, x.length);
@@ -281,14 +374,17 @@ export class WasmGemm implements Gemm {
   swiglu(gu: Float32Array, rows: number, hidden: number, out: Float32Array): void {
     if (rows === 0 || hidden === 0) return;
     const n = rows * hidden;
-    const GU = this.scratch(padTo(2 * n * 4, 64) + n * 4);
-    const O = GU + padTo(2 * n * 4, 64);
-    this.f32.set(gu.subarray(0, 2 * n), GU / 4);
+    // In place when both are in kernel memory (activation buffers), else through scratch.
+    const inGU = gu.length >= 2 * n ? this.addrOf(gu) : -1;
+    const inO = out.length >= n ? this.addrOf(out) : -1;
+    const GU = inGU >= 0 ? inGU : this.scratch(padTo(2 * n * 4, 64) + n * 4);
+    const O = inO >= 0 ? inO : inGU >= 0 ? this.scratch(n * 4) : GU + padTo(2 * n * 4, 64);
+    if (inGU < 0) this.f32.set(gu.subarray(0, 2 * n), GU / 4);
     // Per element, so splitting rows with the worker changes no bit; serial, it was ~5 % of a
     // two-thread prefill.
     if (this.worker && n >= SWIGLU_SPLIT_MIN) this.share(SWIGLU_ROWS, this.exp.swiglurows, [GU, O, hidden, 0, 0, 0, 0, 0], rows, 1);
     else this.exp.swiglu(GU, O, rows, hidden);
-    out.set(this.f32.subarray(O / 4, O / 4 + n));
+    if (inO < 0) out.set(this.f32.subarray(O / 4, O / 4 + n));
   }
 
   private stagePtr = 0;
@@ -430,18 +526,25 @@ export class WasmGemm implements Gemm {
     checkArgs(w, a, m, out);
     if (m === 0) return;
     const { k: K, n: N, nPad } = w;
-    const aBytes = padTo(m * K * 4, 64);
+    // Operands in kernel memory (activation buffers) are read and written in place; others
+    // pass through scratch (the output only when its rows have the kernel's padded stride).
+    const inA = this.addrOf(a);
+    const inC = nPad === N ? this.addrOf(out) : -1;
+    const aBytes = inA >= 0 ? 0 : padTo(m * K * 4, 64);
     // Q8: the activations quantized (int16 [m][K], then f32 scales [m][K/32]) next to the f32 copy.
     const qBytes = w.fmt === 'q8' ? padTo(m * K * 2 + m * (K / 32) * 4, 64) : 0;
-    const A = this.scratch(aBytes + qBytes + m * nPad * 4);
-    const Q = A + aBytes;
-    const C = Q + qBytes;
+    const cBytes = inC >= 0 ? 0 : m * nPad * 4;
+    const base = aBytes + qBytes + cBytes > 0 ? this.scratch(aBytes + qBytes + cBytes) : 0;
+    const A = inA >= 0 ? inA : base;
+    const Q = base + aBytes;
+    const C = inC >= 0 ? inC : Q + qBytes;
     const f32 = this.f32;
-    f32.set(a.subarray(0, m * K), A / 4);
+    if (inA < 0) f32.set(a.subarray(0, m * K), A / 4);
     if (w.fmt === 'q8') {
       this.exp.quantq8(A, m, K, Q);
       this.run(Q, w.ptr, C, m, K, nPad, w.fmt);
     } else this.run(A, w.ptr, C, m, K, nPad, w.fmt);
+    if (inC >= 0) return;
     const c0 = C / 4;
     if (nPad === N) out.set(f32.subarray(c0, c0 + m * N));
     else for (let r = 0; r < m; r++) out.set(f32.subarray(c0 + r * nPad, c0 + r * nPad + N), r * N);
@@ -516,6 +619,27 @@ export class WasmGemmPool implements Gemm {
 
   attendStagedHeads(q: Float32Array, M: number, hd: number, heads: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
     this.parts[0]!.attendStagedHeads(q, M, hd, heads, keys, lens, scale, out);
+  }
+
+  // Activations live in the first instance; a weight in another one copies them (matmul).
+  activation(slot: number, n: number): Float32Array {
+    return this.parts[0]!.activation(slot, n);
+  }
+
+  hold(v: Float32Array): Float32Array {
+    return this.parts[0]!.hold(v);
+  }
+
+  rmsNorm(x: Float32Array, w: Float32Array, out: Float32Array, rows: number, dim: number, eps: number): void {
+    this.parts[0]!.rmsNorm(x, w, out, rows, dim, eps);
+  }
+
+  rope(qkv: Float32Array, rows: number, stride: number, heads: number, hd: number, pos: Int32Array, cos: Float32Array, sin: Float32Array): void {
+    this.parts[0]!.rope(qkv, rows, stride, heads, hd, pos, cos, sin);
+  }
+
+  addInto(x: Float32Array, y: Float32Array, n: number): void {
+    this.parts[0]!.addInto(x, y, n);
   }
 
   close(): void {

@@ -1,4 +1,4 @@
-// The forward pass's element-wise operations and the in-place paths of the WASM kernel: RMSNorm,
+// The forward pass's element-wise operations (and strided row copies) and the in-place paths of the WASM kernel: RMSNorm,
 // RoPE and the residual add in WASM SIMD (ops_wat.ts) equal their JS definitions (ops_js.ts) bit
 // for bit, on activation buffers in kernel memory and on plain arrays alike; GEMMs and SwiGLU
 // reading and writing activation buffers in place give the bits of the copying path, with one
@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { swigluJs } from '../src/engine/model/attention.js';
 import { JsGemm } from '../src/engine/model/kernel_js.js';
 import { WasmGemm } from '../src/engine/model/kernel_wasm.js';
-import { addIntoJs, rmsNormJs, ropeJs } from '../src/engine/model/ops_js.js';
+import { addIntoJs, copyRowsJs, rmsNormJs, ropeJs } from '../src/engine/model/ops_js.js';
 
 function sameBits(a: Float32Array, b: Float32Array, what: string): void {
   assert.equal(a.length, b.length, `${what}: lengths differ`);
@@ -78,6 +78,19 @@ test('RMSNorm, RoPE and the residual add: WASM SIMD equals the JS definition bit
       const plain = Float32Array.from(qkv);
       g.rope(plain, rows, stride, heads, hd, pos, cos, sin);
       sameBits(plain, want, `rope ${rows}x${heads}x${hd} (plain arrays)`);
+    }
+    // Strided row copies (attention's query gather and output scatter), n with a scalar tail.
+    for (const [rows, n, ss, ds] of [[5, 128, 384, 128], [3, 7, 9, 11], [1, 4, 4, 4]] as const) {
+      const src = rand(rows * ss + n, n + ss);
+      const want = rand(rows * ds + n + 3, 77);
+      const dst = g.activation(9, want.length);
+      dst.set(want);
+      copyRowsJs(src, 2, ss, want, 3, ds, rows, n);
+      g.copyRows(inKernel(g, 8, src), 2, ss, dst, 3, ds, rows, n);
+      sameBits(dst, want, `copyRows ${rows}x${n} (in place)`);
+      const plain = rand(rows * ds + n + 3, 77);
+      g.copyRows(src, 2, ss, plain, 3, ds, rows, n);
+      sameBits(plain, want, `copyRows ${rows}x${n} (plain arrays)`);
     }
     // A position beyond the tables is refused rather than read past them.
     const pb = g.activation(5, 1);

@@ -96,6 +96,8 @@ export interface Gemm {
   rope(qkv: Float32Array, rows: number, stride: number, heads: number, hd: number, pos: Int32Array, cos: Float32Array, sin: Float32Array): void;
   /** x[i] += y[i] for i < n (ops_js.ts addIntoJs). */
   addInto(x: Float32Array, y: Float32Array, n: number): void;
+  /** `rows` rows of n floats, src[so + r*ss …] → dst[d0 + r*ds …] (ops_js.ts copyRowsJs). */
+  copyRows(src: Float32Array, so: number, ss: number, dst: Float32Array, d0: number, ds: number, rows: number, n: number): void;
 }
 
 /** Greedy decoding's scalar argmax: the largest value, the lowest index on ties. */

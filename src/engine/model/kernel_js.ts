@@ -6,7 +6,7 @@ import { fmaf, fmaSupport } from './fma.js';
 import { STRIP } from './gemm_wat.js';
 import { argmaxJs, checkArgs, padTo, transposePadded, type Gemm, type Weight } from './kernel.js';
 import { BLOCK_TOKENS } from './kv_cache.js';
-import { addIntoJs, rmsNormJs, ropeJs } from './ops_js.js';
+import { addIntoJs, copyRowsJs, rmsNormJs, ropeJs } from './ops_js.js';
 import { matmulQ8Js, q8WeightOf } from './q8_dot.js';
 import { decodeWeight, type EncodedWeight } from './weight_pack.js';
 
@@ -92,6 +92,10 @@ export class JsGemm implements Gemm {
 
   addInto(x: Float32Array, y: Float32Array, n: number): void {
     addIntoJs(x, y, n);
+  }
+
+  copyRows(src: Float32Array, so: number, ss: number, dst: Float32Array, d0: number, ds: number, rows: number, n: number): void {
+    copyRowsJs(src, so, ss, dst, d0, ds, rows, n);
   }
 
   attendStagedHeads(q: Float32Array, M: number, hd: number, heads: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {

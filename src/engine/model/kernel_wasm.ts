@@ -11,7 +11,7 @@ import { CTL, SPIN_MS, takeChunk } from './gemm_ctl.js';
 import { gemmWat, STRIP, type WFmt } from './gemm_wat.js';
 import { checkArgs, packStrips, padTo, type Gemm, type Weight } from './kernel.js';
 import { BLOCK_TOKENS } from './kv_cache.js';
-import { addIntoJs, rmsNormJs, ropeJs } from './ops_js.js';
+import { addIntoJs, copyRowsJs, rmsNormJs, ropeJs } from './ops_js.js';
 import { opsWat } from './ops_wat.js';
 import { kernelFormat, packEncoded, packedBytes, type EncodedWeight } from './weight_pack.js';
 
@@ -51,6 +51,7 @@ interface OpsExports {
   rmsnorm(X: number, W: number, O: number, rows: number, dim: number, eps: number): void;
   rope(QKV: number, rows: number, stride: number, heads: number, hd: number, POS: number, COS: number, SIN: number): void;
   addinto(X: number, Y: number, n: number): void;
+  copyrows(S: number, ss: number, D: number, ds: number, rows: number, n: number): void;
 }
 
 type Wabt = { parseWat(f: string, s: string, o: object): { toBinary(o: object): { buffer: Uint8Array }; destroy(): void } };
@@ -196,6 +197,15 @@ export class WasmGemm implements Gemm {
     const Y = this.addrOf(y);
     if (X < 0 || Y < 0 || x.length < n || y.length < n) addIntoJs(x, y, n);
     else this.ops.addinto(X, Y, n);
+  }
+
+  copyRows(src: Float32Array, so: number, ss: number, dst: Float32Array, d0: number, ds: number, rows: number, n: number): void {
+    if (rows <= 0 || n <= 0) return;
+    const S = this.addrOf(src);
+    const D = this.addrOf(dst);
+    const fits = so >= 0 && d0 >= 0 && so + (rows - 1) * ss + n <= src.length && d0 + (rows - 1) * ds + n <= dst.length;
+    if (S < 0 || D < 0 || !fits) copyRowsJs(src, so, ss, dst, d0, ds, rows, n);
+    else this.ops.copyrows(S + so * 4, ss, D + d0 * 4, ds, rows, n);
   }
 
   /**
@@ -423,9 +433,9 @@ export class WasmGemm implements Gemm {
       }
       return;
     }
-    const s = this.attnScratch(q, heads, M, hd, P, lens);
+    const s = this.attnScratch(q, heads, M, hd, P, lens, out);
     this.exp.attendheads(this.stagePtr, s.Q, s.KT, s.S, s.V, s.O, s.L, M, hd, s.hdPad, this.stageKvDim, heads, keys, P, scale);
-    this.copyRows(s.O, heads * M, hd, s.hdPad, out);
+    if (s.O !== s.outAt) this.readRows(s.O, heads * M, hd, s.hdPad, out);
   }
 
   attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void {
@@ -448,22 +458,28 @@ export class WasmGemm implements Gemm {
    * queries, copied in, [heads][M][hd]), KT ([hd][P]), S ([M][P]), V ([P][hdPad]), O
    * ([heads][M][hdPad]) and L (the M row lengths, copied in), as byte addresses.
    */
-  private attnScratch(q: Float32Array, heads: number, M: number, hd: number, P: number, lens: Int32Array) {
+  private attnScratch(q: Float32Array, heads: number, M: number, hd: number, P: number, lens: Int32Array, out: Float32Array) {
     const hdPad = padTo(hd, STRIP);
     const sz = (n: number) => padTo(n * 4, 64);
-    const Q = this.scratch(sz(heads * M * hd) + sz(hd * P) + sz(M * P) + sz(P * hdPad) + sz(heads * M * hdPad) + sz(M));
-    const KT = Q + sz(heads * M * hd);
+    // Queries in kernel memory (an activation buffer) are read in place.
+    const inQ = q.length >= heads * M * hd ? this.addrOf(q) : -1;
+    const base = this.scratch(sz(heads * M * hd) + sz(hd * P) + sz(M * P) + sz(P * hdPad) + sz(heads * M * hdPad) + sz(M));
+    const Q = inQ >= 0 ? inQ : base;
+    const KT = base + sz(heads * M * hd);
     const S = KT + sz(hd * P);
     const V = S + sz(M * P);
-    const O = V + sz(P * hdPad);
-    const L = O + sz(heads * M * hdPad);
-    this.f32.set(q.subarray(0, heads * M * hd), Q / 4);
+    const O0 = V + sz(P * hdPad);
+    const L = O0 + sz(heads * M * hdPad);
+    // The output written in place when it is in kernel memory with the kernel's row stride.
+    const outAt = hdPad === hd && out.length >= heads * M * hd ? this.addrOf(out) : -1;
+    const O = outAt >= 0 ? outAt : O0;
+    if (inQ < 0) this.f32.set(q.subarray(0, heads * M * hd), Q / 4);
     new Int32Array(this.mem.buffer, L, M).set(lens.subarray(0, M));
-    return { Q, KT, S, V, O, L, hdPad };
+    return { Q, KT, S, V, O, L, hdPad, outAt };
   }
 
   /** `rows` rows of `hd` floats from kernel memory at byte address O (row stride hdPad) into out. */
-  private copyRows(O: number, rows: number, hd: number, hdPad: number, out: Float32Array): void {
+  private readRows(O: number, rows: number, hd: number, hdPad: number, out: Float32Array): void {
     const f32 = this.f32;
     const o0 = O / 4;
     if (hdPad === hd) out.set(f32.subarray(o0, o0 + rows * hd));
@@ -476,7 +492,7 @@ export class WasmGemm implements Gemm {
    */
   private attendCore(q: Float32Array, M: number, hd: number, P: number, lens: Int32Array, scale: number, out: Float32Array, fillKV: (KT: number, V: number, hdPad: number) => void): void {
     if (M === 0) return;
-    const { Q, KT, S, V, O, L, hdPad } = this.attnScratch(q, 1, M, hd, P, lens);
+    const { Q, KT, S, V, O, L, hdPad, outAt } = this.attnScratch(q, 1, M, hd, P, lens, out);
     fillKV(KT, V, hdPad);
     // S = Q·KT, softmax and O = S·V per query row (attendrows), the rows shared with the worker
     // when the head is big enough: the softmax and O = S·V (a single 32-column strip) could not
@@ -488,7 +504,7 @@ export class WasmGemm implements Gemm {
     const args = [this.prm, 0, 0, 0, 0, 0, 0, 0];
     if (this.worker && M >= 8 && M * P * (hd + hdPad) >= SPLIT_MIN_MACS) this.share(ATTEND_ROWS, this.exp.attendrows, args, M, ATTEND_ROW_UNIT);
     else this.exp.attendrows(this.prm, 0, 0, 0, 0, 0, 0, 0, 0, M);
-    this.copyRows(O, M, hd, hdPad, out);
+    if (O !== outAt) this.readRows(O, M, hd, hdPad, out);
   }
 
   /** Byte address of attendrows' parameter block (allocated at first use). */
@@ -640,6 +656,10 @@ export class WasmGemmPool implements Gemm {
 
   addInto(x: Float32Array, y: Float32Array, n: number): void {
     this.parts[0]!.addInto(x, y, n);
+  }
+
+  copyRows(src: Float32Array, so: number, ss: number, dst: Float32Array, d0: number, ds: number, rows: number, n: number): void {
+    this.parts[0]!.copyRows(src, so, ss, dst, d0, ds, rows, n);
   }
 
   close(): void {

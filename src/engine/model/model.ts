@@ -403,23 +403,13 @@ export class LlamaModel {
         for (let t = t0; t < t1; t++) {
           for (let hi = 0; hi < group; hi++) lens[(t - t0) * group + hi] = seg.startPos + t + 1; // causal: keys 0..pos
         }
-        for (let g = 0; g < numKvHeads; g++) {
-          for (let t = t0; t < t1; t++) {
-            for (let hi = 0; hi < group; hi++) {
-              copy(qkv, (row0 + t) * qkvDim + (g * group + hi) * headDim, q, (g * M + (t - t0) * group + hi) * headDim, headDim);
-            }
-          }
-        }
+        // KV head g's query heads are adjacent in a qkv row: one strided copy per KV head.
+        const gw = group * headDim;
+        for (let g = 0; g < numKvHeads; g++) this.gemm.copyRows(qkv, (row0 + t0) * qkvDim + g * gw, qkvDim, q, g * M * headDim, gw, t1 - t0, gw);
         // Keys after this block's last position are masked for all its rows: they are not
         // gathered (each score is computed independently, so this changes no value).
         this.gemm.attendStagedHeads(q, M, headDim, numKvHeads, seg.startPos + t1, lens, scale, out);
-        for (let g = 0; g < numKvHeads; g++) {
-          for (let t = t0; t < t1; t++) {
-            for (let hi = 0; hi < group; hi++) {
-              copy(out, (g * M + (t - t0) * group + hi) * headDim, attn, (row0 + t) * qDim + (g * group + hi) * headDim, headDim);
-            }
-          }
-        }
+        for (let g = 0; g < numKvHeads; g++) this.gemm.copyRows(out, g * M * headDim, gw, attn, (row0 + t0) * qDim + g * gw, qDim, t1 - t0, gw);
       }
       row0 += T;
     }
@@ -427,7 +417,7 @@ export class LlamaModel {
 }
 
 /** Query tokens per attention block (bounds the score matrix to ATTN_ROW_BLOCK*group*P floats). */
-const ATTN_ROW_BLOCK = 128;
+const ATTN_ROW_BLOCK = 64;
 
 /**
  * dst[d..d+n) = src[s..s+n). A loop rather than dst.set(src.subarray(…)): the forward pass copies

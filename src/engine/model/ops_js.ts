@@ -51,3 +51,15 @@ export function ropeJs(qkv: Float32Array, rows: number, stride: number, heads: n
 export function addIntoJs(x: Float32Array, y: Float32Array, n: number): void {
   for (let i = 0; i < n; i++) x[i] = x[i]! + y[i]!;
 }
+
+/**
+ * `rows` rows of n floats from src[so + r*ss …] to dst[do + r*ds …] (attention's query gather
+ * and output scatter). Plain copies: no arithmetic.
+ */
+export function copyRowsJs(src: Float32Array, so: number, ss: number, dst: Float32Array, d0: number, ds: number, rows: number, n: number): void {
+  for (let r = 0; r < rows; r++) {
+    const a = so + r * ss;
+    const b = d0 + r * ds;
+    for (let i = 0; i < n; i++) dst[b + i] = src[a + i]!;
+  }
+}

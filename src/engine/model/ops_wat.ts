@@ -127,6 +127,35 @@ function addIntoFunc(): string {
   )`;
 }
 
+/** copyrows(S, ss, D, ds, rows, n): ops_js.ts copyRowsJs with byte addresses and float strides. */
+function copyRowsFunc(): string {
+  return `
+  (func (export "copyrows") (param $S i32) (param $ss i32) (param $D i32) (param $ds i32) (param $rows i32) (param $n i32)
+    (local $r i32) (local $i i32) (local $n4 i32)
+    (local.set $n4 (i32.shl (i32.and (local.get $n) (i32.const -4)) (i32.const 2)))
+    (local.set $n (i32.shl (local.get $n) (i32.const 2)))
+    (local.set $ss (i32.shl (local.get $ss) (i32.const 2)))
+    (local.set $ds (i32.shl (local.get $ds) (i32.const 2)))
+    (block $rd (loop $rl
+      (br_if $rd (i32.ge_u (local.get $r) (local.get $rows)))
+      (local.set $i (i32.const 0))
+      (block $vd (loop $vl
+        (br_if $vd (i32.ge_u (local.get $i) (local.get $n4)))
+        (v128.store (i32.add (local.get $D) (local.get $i)) (v128.load (i32.add (local.get $S) (local.get $i))))
+        (local.set $i (i32.add (local.get $i) (i32.const 16)))
+        (br $vl)))
+      (block $td (loop $tl
+        (br_if $td (i32.ge_u (local.get $i) (local.get $n)))
+        (i32.store (i32.add (local.get $D) (local.get $i)) (i32.load (i32.add (local.get $S) (local.get $i))))
+        (local.set $i (i32.add (local.get $i) (i32.const 4)))
+        (br $tl)))
+      (local.set $S (i32.add (local.get $S) (local.get $ss)))
+      (local.set $D (i32.add (local.get $D) (local.get $ds)))
+      (local.set $r (i32.add (local.get $r) (i32.const 1)))
+      (br $rl)))
+  )`;
+}
+
 /** The module, on the kernel's imported shared memory. */
 export function opsWat(): string {
   return `(module
@@ -134,5 +163,6 @@ export function opsWat(): string {
 ${rmsNormFunc()}
 ${ropeFunc()}
 ${addIntoFunc()}
+${copyRowsFunc()}
 )`;
 }

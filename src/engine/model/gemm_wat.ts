@@ -266,11 +266,23 @@ function softmaxFunc(): string {
           (f32.mul (f32.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))) (local.get $inv)))
         (local.set $j (i32.add (local.get $j) (i32.const 1)))
         (br $l6)))
+      ;; zeros: one by one up to a multiple of 4, then 4 at a time (causal prefill rows end
+      ;; tens of columns short of their block's key count), then the rest one by one
       (block $d7 (loop $l7
-        (br_if $d7 (i32.ge_u (local.get $j) (local.get $stride)))
+        (br_if $d7 (i32.or (i32.ge_u (local.get $j) (local.get $stride)) (i32.eqz (i32.and (local.get $j) (i32.const 3)))))
         (f32.store (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2))) (f32.const 0))
         (local.set $j (i32.add (local.get $j) (i32.const 1)))
         (br $l7)))
+      (block $d8 (loop $l8
+        (br_if $d8 (i32.gt_u (i32.add (local.get $j) (i32.const 4)) (local.get $stride)))
+        (v128.store (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2))) (v128.const i32x4 0 0 0 0))
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br $l8)))
+      (block $d9 (loop $l9
+        (br_if $d9 (i32.ge_u (local.get $j) (local.get $stride)))
+        (f32.store (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2))) (f32.const 0))
+        (local.set $j (i32.add (local.get $j) (i32.const 1)))
+        (br $l9)))
       (local.set $r (i32.add (local.get $r) (i32.const 1)))
       (br $rloop)))
   )`;

@@ -272,6 +272,8 @@ interface Deployment {
   decoderPid: number | null;
   /** `kvc up --log-dir` of this deployment (the proxy's log is read for backends marked down). */
   logDir: string;
+  /** HTTP address of every engine (prefillers, decoders, colocated engines). */
+  engines: string[];
   stop(): Promise<void>;
 }
 
@@ -316,13 +318,19 @@ async function up(args: string[], logRoot: string): Promise<Deployment> {
       process.on('exit', () => child.exitCode === null && child.kill('SIGKILL'));
       // The first decoder's HTTP port is 7200 + offset (docs/proxy.md), engine-0 too when colocated.
       let decoderPid: number | null = null;
+      const engines: string[] = [];
       try {
         const procs = (JSON.parse(readFileSync(join(logDir, 'deployment.json'), 'utf8')) as { processes: { name: string; pid: number }[] }).processes;
         decoderPid = procs.find((p) => p.name === 'decoder-0' || p.name === 'engine-0')?.pid ?? null;
+        // Prefillers listen on 7100 + i, decoders and colocated engines on 7200 + i (+ offset).
+        for (const p of procs) {
+          const m = /^(prefiller|decoder|engine)-(\d+)$/.exec(p.name);
+          if (m) engines.push(`http://127.0.0.1:${(m[1] === 'prefiller' ? 7100 : 7200) + Number(m[2]) + offset}`);
+        }
       } catch {
-        /* no pid: the run-queue figures are reported as null */
+        /* no pid: the run-queue figures are reported as null; no engine list: windows do not wait to settle */
       }
-      return { url: ready, decoder: `http://127.0.0.1:${7200 + offset}`, decoderPid, logDir, stop };
+      return { url: ready, decoder: `http://127.0.0.1:${7200 + offset}`, decoderPid, logDir, engines, stop };
     }
     await stop();
     // Another program may take a port between the check and the start: try another offset.
@@ -357,6 +365,27 @@ function histogram(text: string, name: string): Map<number, number> {
 function value(text: string, name: string): number {
   const m = new RegExp(`^${name}(?:\\{[^}]*\\})? ([\\d.e+-]+)$`, 'm').exec(text);
   return m ? Number(m[1]) : NaN;
+}
+
+/** A counter's values per value of one label, summed over the other labels. */
+function counterBy(text: string, name: string, label: string): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const m of text.matchAll(new RegExp(`^${name}\\{([^}]*)\\} ([\\d.e+-]+)$`, 'gm'))) {
+    const v = new RegExp(`${label}="([^"]*)"`).exec(m[1]!)?.[1];
+    if (v !== undefined) out.set(v, (out.get(v) ?? 0) + Number(m[2]));
+  }
+  return out;
+}
+
+/**
+ * Where the proxy had prompts prefilled during a window (`remote`: a prefiller; `local_*`: the
+ * decoder itself, and why): a long prompt prefilled on the decoder stalls its streams.
+ */
+function prefillsWhere(beforeText: string, afterText: string): Record<string, number> {
+  const before = counterBy(beforeText, 'kvc_proxy_prefills_total', 'where');
+  const out: Record<string, number> = {};
+  for (const [k, v] of counterBy(afterText, 'kvc_proxy_prefills_total', 'where')) if (v - (before.get(k) ?? 0) > 0) out[k] = v - (before.get(k) ?? 0);
+  return out;
 }
 
 /** Sum of a histogram's _sum over its label sets. */
@@ -436,6 +465,28 @@ function markedDown(logDir: string): number {
   }
 }
 
+/** Longest wait for a deployment to finish the work of the previous window (s). */
+const SETTLE_MAX_S = 30;
+
+/**
+ * Waits until no engine has a request running or queued (requests cut at a window's drain deadline
+ * are cancelled through the proxy, but a long prefill may still be finishing), at most SETTLE_MAX_S:
+ * each window starts from an idle deployment, so one window's backlog does not fail the next.
+ */
+async function settle(engines: string[]): Promise<void> {
+  const t0 = performance.now();
+  while (performance.now() - t0 < SETTLE_MAX_S * 1000) {
+    let busy = 0;
+    for (const e of engines) {
+      const text = await scrape(e);
+      busy += (value(text, 'kvc_engine_num_requests_running') || 0) + (value(text, 'kvc_engine_num_requests_waiting') || 0);
+    }
+    if (busy === 0) return;
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  console.log(`  (the deployment still had requests in flight ${SETTLE_MAX_S} s after the window: the next window starts anyway)`);
+}
+
 /** A few requests so that every engine has compiled its kernels before measuring. */
 async function warm(url: string): Promise<void> {
   const r = rng(7);
@@ -465,7 +516,7 @@ const probeSeed = (rate: number, repeat: number) => 1000 + Math.round(rate * 10_
  * Bounded goodput search (SEARCH): doubling / halving from SEARCH.first until the SLO's outcome
  * flips, then bisection; probes near the 90 % line are repeated and pooled.
  */
-async function goodput(url: string, name: Config, curve: CurvePoint[]): Promise<number> {
+async function goodput(url: string, engines: string[], name: Config, curve: CurvePoint[]): Promise<number> {
   let good = 0;
   let bad = Infinity;
   let rate: number = SEARCH.first;
@@ -473,6 +524,7 @@ async function goodput(url: string, name: Config, curve: CurvePoint[]): Promise<
   const pooled = new Map<number, Done[]>();
   const probe = async (repeat: number) => {
     const seconds = Math.min(PROBE_MAX_S, Math.max(PROBE_MIN_S, PROBE_LONGS / rate));
+    await settle(engines);
     const ds = await window(url, schedule(seconds, probeSeed(rate, repeat), { kind: 'poisson', rate }), seconds);
     windows++;
     const all = [...(pooled.get(rate) ?? []), ...ds];
@@ -545,7 +597,7 @@ interface Saved {
   /** Start of each long-prompt burst of the main window (s; absent in results of older runs). */
   bursts?: number[];
   /** The first decoder's step intervals per measured window (absent in results of older runs). */
-  steps?: Partial<Record<Config, ReturnType<typeof stepIntervals> & { proxy_marked_down?: number }>>;
+  steps?: Partial<Record<Config, ReturnType<typeof stepIntervals> & { proxy_marked_down?: number; proxy_prefills?: Record<string, number> }>>;
 }
 
 /** Writes the two SVG plots and results.json (which --replot FILE reads back to redraw them). */
@@ -635,7 +687,7 @@ async function main(): Promise<void> {
   const series: { config: Config; t: number; itl_ms: number }[] = [];
   const curve: CurvePoint[] = [];
   const good: Partial<Record<Config, number>> = {};
-  const steps: Partial<Record<Config, ReturnType<typeof stepIntervals> & { proxy_marked_down: number }>> = {};
+  const steps: Partial<Record<Config, ReturnType<typeof stepIntervals> & { proxy_marked_down: number; proxy_prefills: Record<string, number> }>> = {};
   const keep = (name: Config, ds: Done[]) => {
     results[name] = summary(ds);
     for (const d of ds) for (const g of d.gaps) series.push({ config: name, t: g.t, itl_ms: r1(g.ms) });
@@ -651,22 +703,28 @@ async function main(): Promise<void> {
     try {
       await warm(dep.url);
       const measured = async (config: Config, plan: Arrival[]) => {
+        await settle(dep.engines);
         const before = await scrape(dep.decoder);
-        await scrape(dep.url); // resets the proxy's event-loop lag maximum
+        const proxyBefore = await scrape(dep.url); // also resets the proxy's event-loop lag maximum
         const s0 = schedstat(dep.decoderPid);
         const downs0 = markedDown(dep.logDir);
         const t0 = performance.now();
         const ds = await window(dep.url, plan, MAIN_WINDOW_S);
         const sched = { before: s0, after: schedstat(dep.decoderPid), seconds: (performance.now() - t0) / 1000 };
-        const proxyLag = value(await scrape(dep.url), 'kvc_proxy_nodejs_eventloop_lag_max_seconds');
-        steps[config] = { ...stepIntervals(before, await scrape(dep.decoder), proxyLag, sched), proxy_marked_down: markedDown(dep.logDir) - downs0 };
+        const proxyAfter = await scrape(dep.url);
+        const proxyLag = value(proxyAfter, 'kvc_proxy_nodejs_eventloop_lag_max_seconds');
+        steps[config] = {
+          ...stepIntervals(before, await scrape(dep.decoder), proxyLag, sched),
+          proxy_marked_down: markedDown(dep.logDir) - downs0,
+          proxy_prefills: prefillsWhere(proxyBefore, proxyAfter),
+        };
         keep(config, ds);
         console.log(`  ${config}: ${misses(ds, 'short')}; ${misses(ds, 'long')}`);
         console.log(`  ${config}: decoder ${name === 'coloc' ? 'engine-0' : 'decoder-0'} step intervals ${JSON.stringify(steps[config])}`);
       };
       if (name === 'disagg') await measured('idle', mainPlan.filter((a) => a.kind === 'short'));
       await measured(name, mainPlan);
-      good[name] = await goodput(dep.url, name, curve);
+      good[name] = await goodput(dep.url, dep.engines, name, curve);
       console.log(`  ${name} goodput: ${r4(good[name]!)} long prompts/s`);
     } finally {
       await dep.stop();

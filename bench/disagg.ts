@@ -19,7 +19,7 @@
 // proxy marked down say where a stall came from.
 // Plots (Vega-Lite rendered to SVG): ITL over time per configuration, SLO attainment vs rate.
 // Output folder: bench-results/disagg/ (or --out DIR); `--replot DIR/results.json` redraws the plots
-// of an earlier run without running anything. Last line:
+// of an earlier run without running anything; --keep-logs keeps the deployments' logs. Last line:
 // {"bench":"disagg","idle_itl_p99_ms":…,"coloc_itl_p99_ms":…,"disagg_itl_p99_ms":…,
 //  "coloc_goodput_rps":…,"disagg_goodput_rps":…,"long_ttft_p50_ms":…}
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -96,6 +96,8 @@ interface Done {
   /** Inter-token gaps (ms) with their arrival time relative to the window start (s). */
   gaps: { t: number; ms: number }[];
   ok: boolean;
+  /** Why it failed (HTTP status and error message, or cut at the drain deadline). */
+  error?: string;
 }
 
 // ---- deterministic randomness -----------------------------------------------------------------
@@ -122,7 +124,8 @@ async function streamOne(url: string, prompt: number[], maxTokens: number, kind:
       signal,
     });
     if (res.status !== 200 || !res.body) {
-      await res.body?.cancel();
+      const text = await res.text().catch(() => '');
+      out.error = `HTTP ${res.status}: ${(/"message":"([^"]*)"/.exec(text)?.[1] ?? text).slice(0, 120)}`;
       return out;
     }
     const dec = new TextDecoder();
@@ -144,8 +147,10 @@ async function streamOne(url: string, prompt: number[], maxTokens: number, kind:
       }
     }
     out.ok = out.ttftMs !== null;
-  } catch {
-    /* cut at the drain deadline or failed: counted as not meeting the SLO */
+    if (!out.ok) out.error = 'the stream ended without a token';
+  } catch (e) {
+    // Cut at the drain deadline or failed: counted as not meeting the SLO.
+    out.error = signal.aborted ? 'cut at the drain deadline' : `${(e as Error).message}${(e as Error & { cause?: Error }).cause ? ` (${(e as Error & { cause?: Error }).cause!.message})` : ''}`.slice(0, 160);
   }
   return out;
 }
@@ -229,7 +234,10 @@ function misses(ds: Done[], kind: Done['kind']): string {
   const failed = xs.filter((d) => !d.ok || d.ttftMs === null).length;
   const ttft = xs.filter((d) => d.ttftMs !== null && d.ttftMs > (kind === 'short' ? SLO.shortTtftMs : SLO.longTtftMs)).length;
   const itl = xs.filter((d) => d.gaps.length > 0 && pct(d.gaps.map((g) => g.ms), 99) > SLO.itlP99Ms).length;
-  return `${kind} misses: ${failed} failed, ${ttft} TTFT, ${itl} ITL`;
+  const why = new Map<string, number>();
+  for (const d of xs) if (d.error) why.set(d.error, (why.get(d.error) ?? 0) + 1);
+  const reasons = [...why].sort((a, b) => b[1] - a[1]).slice(0, 3).map(([e, n]) => `${n}× ${e}`);
+  return `${kind} misses: ${failed} failed${reasons.length ? ` [${reasons.join('; ')}]` : ''}, ${ttft} TTFT, ${itl} ITL`;
 }
 
 /** Fraction of short and of long requests meeting the SLO; the attainment is the smaller one. */
@@ -730,7 +738,9 @@ async function main(): Promise<void> {
       await dep.stop();
     }
   }
-  rmSync(logRoot, { recursive: true, force: true });
+  // --keep-logs keeps every process's log (and deployment.json) for a closer look.
+  if (process.argv.includes('--keep-logs')) console.log(`logs kept in ${logRoot}`);
+  else rmSync(logRoot, { recursive: true, force: true });
 
   const bursts = [...new Set(mainLongs.map((a) => Math.floor(a.atMs / (BURST.everyS * 1000))))].map((k) => BURST.firstS + k * BURST.everyS);
   await plots(outDir, { results, goodput: good, curve, series, slo: SLO, steps, bursts });

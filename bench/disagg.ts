@@ -1,7 +1,7 @@
 // npm run bench -- disagg
 // Does disaggregated prefill protect decoding? Three configurations on the built-in model, each a
 // real deployment started with `kvc up` on the same machine (the same cores):
-//   idle      steady streaming short chats alone (on the 1P1D deployment): the ITL baseline;
+//   idle      the main window's short requests alone (on the 1P1D deployment): the ITL baseline;
 //   coloc     `kvc up --prefillers 0 --decoders 2`: two kv_both engines (chunked prefill) behind
 //             the proxy's round-robin, both on every CPU;
 //   disagg    `kvc up --prefillers 1 --decoders 1 --routing kv-aware` (default placement:

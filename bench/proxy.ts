@@ -113,6 +113,17 @@ async function throughput(fn: (i: number) => Promise<void>, concurrency: number,
   return done / ((performance.now() - t0) / 1000);
 }
 
+/** `n` requests at concurrency 8 (or as many as fit in `capMs`). */
+async function warmUp(fn: (i: number) => Promise<void>, n: number, capMs: number): Promise<void> {
+  let i = 0;
+  const end = performance.now() + capMs;
+  await Promise.all(
+    Array.from({ length: 8 }, async () => {
+      while (i < n && performance.now() < end) await fn(i++);
+    }),
+  );
+}
+
 async function latencies(fn: (i: number) => Promise<void>, n: number): Promise<number[]> {
   const out: number[] = [];
   for (let i = 0; i < n; i++) {
@@ -153,10 +164,11 @@ async function stubPart() {
     const viaProxy = new Pool(`http://127.0.0.1:${proxyPort}`, { connections: 64 });
     const d = (i: number) => directOnce(direct, i);
     const p = (i: number) => proxyOnce(viaProxy, i);
-    // Warm-up: the proxy is a fresh process whose JIT compiles its hot path in the first
-    // thousands of requests (its first seconds cost ~1.5x the CPU per request of later ones).
-    await throughput(d, 8, 2000);
-    await throughput(p, 8, 2000);
+    // Warm-up by count, not time: the proxy is a fresh process whose JIT compiles its hot path
+    // over its first few thousand requests (until then a request costs it 1.5-4x the CPU of later
+    // ones); on a loaded machine a fixed time would cover too few of them.
+    await warmUp(d, 3000, 30_000);
+    await warmUp(p, 3000, 30_000);
     const conc = 16;
     // Interleaved rounds, median of each: the machine's load (other processes) drifts over
     // time, and both variants should see the same drift.

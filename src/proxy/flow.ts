@@ -24,7 +24,7 @@ import type { RoutingMetrics } from './routing_metrics.js';
 import type { TtftStats } from './stats.js';
 import type { DecoderEndpoint } from './topology.js';
 import { ClientRelay } from './relay.js';
-import { BackendFailure, Cancelled, CancelSignal, PassThrough, call, callJson, callStream } from './upstream.js';
+import { BackendFailure, Cancelled, CancelSignal, PassThrough, callJson, callStream, callWhole } from './upstream.js';
 
 const log = logger('proxy');
 
@@ -481,22 +481,19 @@ export class Flow {
     if (!stream) {
       let res;
       try {
-        res = await call(decoder, opts);
+        res = await callWhole(decoder, opts);
       } catch (err) {
+        // Cut off after its headers: the decoder answered, so it is counted, not marked down.
+        if (err instanceof BackendFailure && !err.beforeResponse && err.answered === null) {
+          this.decoderFailures(decoder.name).inc();
+          throw new BackendFailure(decoder, `response cut off: ${err.message}`);
+        }
         throw failed(err);
-      }
-      const ct = String(res.headers['content-type'] ?? 'application/json');
-      let buf: Buffer;
-      try {
-        buf = Buffer.from(await res.body.arrayBuffer());
-      } catch (err) {
-        this.decoderFailures(decoder.name).inc();
-        throw err instanceof Error && signal.aborted ? new Cancelled('client disconnected') : new BackendFailure(decoder, `response cut off: ${(err as Error).message}`);
       }
       // A non-streamed answer comes whole: its first token reaches the client with the rest.
       firstToken();
-      void reply.code(res.statusCode).header('content-type', ct).send(buf);
-      return res.statusCode;
+      void reply.code(res.status).header('content-type', res.contentType).send(res.body);
+      return res.status;
     }
     // Streamed: relay the decoder's SSE bytes as they come (undici dispatch, no body stream in
     // between; relay.ts gathers the pieces of one event-loop turn into one write), pausing the

@@ -289,13 +289,30 @@ abstract class CallHandler implements Dispatcher.DispatchHandler, InflightCall, 
 }
 
 /**
- * The handler behind callJson(): collects the body's buffers and settles one promise, with
- * the same outcomes as call() + res.body.json(). Written against undici's dispatch() rather
- * than request(): no AsyncResource, no body stream and no consume machinery for a small JSON
- * answer (two such calls per client request: tokenize and prefill).
+ * A 2xx answer read whole: its status, content-type and body bytes, as they came.
  */
-class JsonHandler extends CallHandler {
-  constructor(backend: Backend, signal: CancelSignal | undefined, private readonly resolve: (v: unknown) => void, reject: (e: Error) => void, dependsOn?: Backend) {
+export interface WholeAnswer {
+  status: number;
+  contentType: string;
+  body: Buffer;
+}
+
+/**
+ * The handler behind callJson() and callWhole(): collects the body's buffers and settles one
+ * promise, with the same outcomes as call() + reading the body. Written against undici's
+ * dispatch() rather than request(): no AsyncResource, no body stream and no consume machinery
+ * for an answer read whole (tokenize and prefill, two per client request, and the non-streamed
+ * decode). `parse` turns a 2xx answer into the value (JSON for callJson).
+ */
+class WholeHandler<T> extends CallHandler {
+  constructor(
+    backend: Backend,
+    signal: CancelSignal | undefined,
+    private readonly parse: (h: WholeHandler<T>) => T,
+    private readonly resolve: (v: T) => void,
+    reject: (e: Error) => void,
+    dependsOn?: Backend,
+  ) {
     super(backend, signal, reject, dependsOn);
   }
 
@@ -320,16 +337,33 @@ class JsonHandler extends CallHandler {
       this.reject(this.failure());
       return;
     }
-    let v: unknown;
+    let v: T;
     try {
-      v = JSON.parse(this.body().toString('utf8'));
+      v = this.parse(this);
     } catch (err) {
-      this.reject(new BackendFailure(this.backend, `answered a body that is not JSON (${(err as Error).message})`, false, { answered: this.status }));
+      this.reject(err as Error);
       return;
     }
     this.resolve(v);
   }
+
+  /** The status, content-type and bytes of the answer (after onComplete). */
+  whole(): WholeAnswer {
+    return { status: this.status, contentType: contentType(this.rawHeaders), body: this.body() };
+  }
+
+  /** The answer parsed as JSON, or a BackendFailure saying it is not JSON. */
+  json(): unknown {
+    try {
+      return JSON.parse(this.body().toString('utf8'));
+    } catch (err) {
+      throw new BackendFailure(this.backend, `answered a body that is not JSON (${(err as Error).message})`, false, { answered: this.status });
+    }
+  }
 }
+
+const asJson = (h: WholeHandler<unknown>) => h.json();
+const asWhole = (h: WholeHandler<WholeAnswer>) => h.whole();
 
 /** undici dispatch options of one upstream call. */
 function dispatchOptions(o: CallOptions, b: Backend): Dispatcher.DispatchOptions {
@@ -346,7 +380,18 @@ function dispatchOptions(o: CallOptions, b: Backend): Dispatcher.DispatchOptions
 /** One request whose answer is a small JSON body: the parsed body, or the errors of call(). */
 export function callJson(backend: Backend, o: CallOptions): Promise<unknown> {
   return new Promise((resolve, reject) => {
-    backend.pool.dispatch(dispatchOptions(o, backend), new JsonHandler(backend, o.signal, resolve, reject, o.dependsOn));
+    backend.pool.dispatch(dispatchOptions(o, backend), new WholeHandler(backend, o.signal, asJson, resolve, reject, o.dependsOn));
+  });
+}
+
+/**
+ * One request whose 2xx answer is read whole and relayed as is (the non-streamed decode): its
+ * status, content-type and bytes, or the errors of call(). A failure after the answer's headers
+ * has `beforeResponse` false.
+ */
+export function callWhole(backend: Backend, o: CallOptions): Promise<WholeAnswer> {
+  return new Promise((resolve, reject) => {
+    backend.pool.dispatch(dispatchOptions(o, backend), new WholeHandler(backend, o.signal, asWhole, resolve, reject, o.dependsOn));
   });
 }
 

@@ -1,6 +1,7 @@
 // `npm run bench -- engine_kernels`: the model's compute kernels in isolation (no server):
 // GEMM rate of the kernel prefill uses vs the plain-JS triple loop, single- and two-threaded,
-// the FMA kernel against the mul+add one (one thread each, interleaved; fma.ts),
+// the FMA kernel against the mul+add one (one thread each, interleaved; fma.ts), the kernel on
+// each GEMM shape of the 156M model's 512-token prefill (1 and 2 threads; gemm_bench.ts),
 // then prefill and decode rates of the built-in model straight through LlamaModel.forward.
 import { ensureBuiltinModel } from '../src/engine/model/builtin.js';
 import { measureGemm, measureGemmFma, measureGemmShapes, PREFILL_156M_SHAPES } from '../src/engine/model/gemm_bench.js';

@@ -10,9 +10,12 @@
 // the SSE bytes themselves are not re-framed or parsed (the first-content check looks at the
 // first event or two only).
 //
-// Backpressure: once a write finds the client's socket full, `data()` answers false, which
-// pauses the decoder (undici) until the socket drains; a client that stays full for the idle
-// timeout is given up on (its decode is cancelled and its connection closed).
+// Backpressure: `data()` answers false, which pauses the decoder (undici), once a write found
+// the client's socket full (until it drains) or once the gathered pieces reach the socket's
+// high-water mark (until the next flush took them): the proxy holds at most about that much
+// per client beyond what the socket holds (libuv may read many times from the decoder before a
+// turn ends). A client that stays full for the idle timeout is given up on (its decode is
+// cancelled and its connection closed).
 import type { ServerResponse } from 'node:http';
 import type { FastifyReply } from 'fastify';
 import type { StreamSink } from './upstream.js';
@@ -38,6 +41,9 @@ export class ClientRelay implements StreamSink {
   status = 0;
   private readonly raw: ServerResponse;
   private pending: Buffer[] = [];
+  private pendingBytes = 0;
+  /** data() answered false: the decoder's body is paused until resume(). */
+  private paused = false;
   private scheduled = false;
   private ended = false;
   /** The client's socket was full at the last write: the decoder is paused until 'drain'. */
@@ -48,7 +54,7 @@ export class ClientRelay implements StreamSink {
   private readonly onDrain = () => {
     this.full = false;
     this.unstall();
-    this.hooks.resume();
+    this.resume();
   };
   private readonly onStall = () => {
     this.stall = null;
@@ -85,11 +91,22 @@ export class ClientRelay implements StreamSink {
       return false;
     }
     this.pending.push(piece);
+    this.pendingBytes += piece.length;
     if (!this.scheduled) {
       this.scheduled = true;
       setImmediate(this.flushNow);
     }
-    return !this.full;
+    if (this.full || this.pendingBytes >= this.raw.writableHighWaterMark) {
+      this.paused = true;
+      return false;
+    }
+    return true;
+  }
+
+  private resume(): void {
+    if (!this.paused) return;
+    this.paused = false;
+    this.hooks.resume();
   }
 
   /** True until a piece with generated text went by (a stream without any: its end is the first "token"). */
@@ -101,6 +118,7 @@ export class ClientRelay implements StreamSink {
     const p = this.pending;
     if (p.length === 0) return null;
     this.pending = [];
+    this.pendingBytes = 0;
     return p.length === 1 ? p[0]! : Buffer.concat(p);
   }
 
@@ -111,7 +129,7 @@ export class ClientRelay implements StreamSink {
     if (buf && !this.raw.write(buf)) {
       this.full = true;
       if (!this.stall) this.stall = setTimeout(this.onStall, this.idleMs);
-    }
+    } else if (!this.full) this.resume(); // paused on the gathered bytes alone: they are gone now
   }
 
   /** Ends the answer: what is still gathered, then `tail` (an error event), in one last write. */

@@ -13,31 +13,43 @@ import { StopMatcher } from '../src/engine/stop.js';
 
 const MODEL = 'builtin:tiny';
 
-/** One request over a raw socket: the status line/headers and the still-chunked body bytes. */
-async function rawPost(url: string, path: string, body: unknown, requestId: string): Promise<{ head: string; body: string }> {
+/**
+ * Streamed requests one after the other on ONE keep-alive connection, over a raw socket: for
+ * each, the status line/headers and the still-chunked body bytes.
+ */
+async function rawPosts(url: string, path: string, reqs: { body: unknown; requestId: string }[]): Promise<{ head: string; body: string }[]> {
   const u = new URL(url);
-  const payload = JSON.stringify(body);
-  return await new Promise((resolve, reject) => {
-    const s = connect(Number(u.port), u.hostname);
-    const parts: Buffer[] = [];
-    const timer = setTimeout(() => {
-      s.destroy();
-      reject(new Error('no complete answer in 60 s'));
-    }, 60_000);
-    s.on('data', (d: Buffer) => {
-      parts.push(d);
-      const all = Buffer.concat(parts).toString('utf8');
-      if (all.endsWith('\r\n0\r\n\r\n')) {
-        clearTimeout(timer);
-        s.destroy();
-        const at = all.indexOf('\r\n\r\n');
-        resolve({ head: all.slice(0, at), body: all.slice(at + 4) });
-      }
-    });
-    s.on('error', reject);
-    s.write(`POST ${path} HTTP/1.1\r\nHost: ${u.host}\r\nContent-Type: application/json\r\nX-Request-Id: ${requestId}\r\nContent-Length: ${Buffer.byteLength(payload)}\r\n\r\n${payload}`);
-  });
+  const s = connect(Number(u.port), u.hostname);
+  const out: { head: string; body: string }[] = [];
+  try {
+    for (const { body, requestId } of reqs) {
+      const payload = JSON.stringify(body);
+      out.push(
+        await new Promise((resolve, reject) => {
+          const parts: Buffer[] = [];
+          const timer = setTimeout(() => reject(new Error('no complete answer in 60 s')), 60_000);
+          const onData = (d: Buffer) => {
+            parts.push(d);
+            const all = Buffer.concat(parts).toString('utf8');
+            if (all.endsWith('\r\n0\r\n\r\n')) {
+              clearTimeout(timer);
+              s.off('data', onData);
+              const at = all.indexOf('\r\n\r\n');
+              resolve({ head: all.slice(0, at), body: all.slice(at + 4) });
+            }
+          };
+          s.on('data', onData);
+          s.once('error', reject);
+          s.write(`POST ${path} HTTP/1.1\r\nHost: ${u.host}\r\nContent-Type: application/json\r\nX-Request-Id: ${requestId}\r\nContent-Length: ${Buffer.byteLength(payload)}\r\n\r\n${payload}`);
+        }),
+      );
+    }
+    return out;
+  } finally {
+    s.destroy();
+  }
 }
+const rawPost = async (url: string, path: string, body: unknown, requestId: string) => (await rawPosts(url, path, [{ body, requestId }]))[0]!;
 
 /** ServerResponse.write's framing of one chunk. */
 const frame = (s: string) => `${Buffer.byteLength(s).toString(16)}\r\n${s}\r\n`;
@@ -112,6 +124,16 @@ describe('engine streaming: bytes on the wire', () => {
     const prompt = ((await tok.json()) as { tokens: number[] }).tokens;
     const r = await rawPost(e.url, '/v1/chat/completions', { ...body, stream: true }, 'bytes-chat-1');
     assert.equal(r.body, reference('chat', prompt, ids, [], 'bytes-chat-1', createdOf(r.body)));
+  });
+
+  it('two streams one after the other on one keep-alive connection: each starts with its headers', async () => {
+    const bodies = [0, 1].map((i) => ({ model: MODEL, prompt: e.model.tokenizer.encode(`Keep-alive stream ${i}`), max_tokens: 12, temperature: 0, ignore_eos: true }));
+    const ids = await Promise.all(bodies.map((b) => greedyIds('/v1/completions', b)));
+    const raws = await rawPosts(e.url, '/v1/completions', bodies.map((b, i) => ({ body: { ...b, stream: true }, requestId: `bytes-ka-${i}` })));
+    raws.forEach((r, i) => {
+      assert.match(r.head, /^HTTP\/1\.1 200 OK\r\n/);
+      assert.equal(r.body, reference('completion', bodies[i]!.prompt, ids[i]!, [], `bytes-ka-${i}`, createdOf(r.body)));
+    });
   });
 
   it('eight concurrent streams each get their own events, framed, in order', async () => {

@@ -5,10 +5,10 @@
 // bytes on the wire and the same one system call per event, but several times the JavaScript
 // per event, and a decode step at batch 8 writes eight events.
 //
-// The direct write is used only when it is certainly equivalent: the headers were sent, the
-// response is chunked (HTTP/1.1), and the socket belongs to this response now (an HTTP/1.1
-// pipelined response waits for the socket, its output buffered in the ServerResponse) with
-// nothing of the response still buffered there. Otherwise the event goes through
+// The direct write is used only when it is certainly equivalent: the headers went out (with the
+// first event, through ServerResponse.write, as before), the response is chunked (HTTP/1.1),
+// and the socket belongs to this response now (an HTTP/1.1 pipelined response waits for the
+// socket, its output buffered in the ServerResponse) with nothing of it still buffered there. Otherwise the event goes through
 // ServerResponse.write, which frames and orders it itself. The end of the answer (the
 // terminating chunk, keep-alive) is always ServerResponse.end.
 import type { ServerResponse } from 'node:http';
@@ -16,6 +16,8 @@ import type { Socket } from 'node:net';
 
 /** Node's own fields that tell whether the socket is this response's and nothing is queued. */
 interface ResponseState {
+  /** The header bytes were handed to the socket (`headersSent` is true already after writeHead). */
+  _headerSent?: boolean;
   chunkedEncoding?: boolean;
   outputData?: unknown[];
   outputSize?: number;
@@ -24,10 +26,12 @@ interface ResponseState {
 export class SseWriter {
   constructor(private readonly res: ServerResponse) {}
 
-  /** Sends the status line and headers now, so events can be written to the socket. */
+  /**
+   * Sets the status line and headers; they leave with the first event (through
+   * ServerResponse.write, as the headers are not sent yet), later events go to the socket.
+   */
   start(headers: Record<string, string>): void {
     this.res.writeHead(200, headers);
-    this.res.flushHeaders();
   }
 
   /** Writes one event (`data: …\n\n`); nothing once the client is gone. */
@@ -43,7 +47,7 @@ export class SseWriter {
     const res = this.res;
     const st = res as unknown as ResponseState;
     const sock = res.socket;
-    if (!sock || sock.destroyed || !sock.writable || !res.headersSent || res.writableEnded) return null;
+    if (!sock || sock.destroyed || !sock.writable || st._headerSent !== true || res.writableEnded) return null;
     if (st.chunkedEncoding !== true) return null;
     // Anything still in the response's own buffer must go first (and through it).
     if (st.outputData === undefined || st.outputData.length !== 0 || st.outputSize !== 0) return null;

@@ -8,13 +8,17 @@
 // The direct write is used only when it is certainly equivalent: the headers went out (with the
 // first event, through ServerResponse.write, as before), the response is chunked (HTTP/1.1),
 // and the socket belongs to this response now (an HTTP/1.1 pipelined response waits for the
-// socket, its output buffered in the ServerResponse) with nothing of it still buffered there. Otherwise the event goes through
-// ServerResponse.write, which frames and orders it itself. The end of the answer (the
-// terminating chunk, keep-alive) is always ServerResponse.end.
+// socket, its output buffered in the ServerResponse) with nothing of it still buffered there.
+// Otherwise the event goes through ServerResponse.write, which frames and orders it itself. The
+// end of the answer (the terminating chunk, keep-alive) is always ServerResponse.end.
 import type { ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 
-/** Node's own fields that tell whether the socket is this response's and nothing is queued. */
+/**
+ * Node's own fields that tell whether the socket is this response's and nothing is queued. A
+ * Node version without one of them makes every event take ServerResponse.write (never a wrong
+ * byte, only the slower path).
+ */
 interface ResponseState {
   /** The header bytes were handed to the socket (`headersSent` is true already after writeHead). */
   _headerSent?: boolean;
@@ -53,9 +57,5 @@ export class SseWriter {
     if (st.outputData === undefined || st.outputData.length !== 0 || st.outputSize !== 0) return null;
     if ((sock as Socket & { _httpMessage?: unknown })._httpMessage !== res) return null;
     return sock;
-  }
-
-  end(): void {
-    this.res.end();
   }
 }

@@ -118,7 +118,7 @@ async function measureOnce(e: TreeEngine, salt: number): Promise<StepCost> {
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 /** Per-step cost of each tree, medians of `rounds` rounds, trees alternating in every round. */
-export async function measureStepCost(trees: { label: string; root: string }[], rounds = 3): Promise<Map<string, StepCost>> {
+export async function measureStepCost(trees: { label: string; root: string }[], rounds = 5): Promise<Map<string, StepCost>> {
   const engines = trees.map((t) => new TreeEngine(t.label, t.root));
   try {
     for (const e of engines) {

@@ -536,7 +536,9 @@ describe('proxy against stub engines', () => {
       r.on('error', () => {});
     });
     req.on('error', () => {});
-    req.end(JSON.stringify({ prompt: 'never read', max_tokens: 60_000, stream: true }));
+    // ~54 MB of events: more than the client's receive buffer (tcp_rmem's maximum, 32 MiB here)
+    // plus the proxy's send buffer can ever hold, so the stream cannot complete unread.
+    req.end(JSON.stringify({ prompt: 'never read', max_tokens: 300_000, stream: true }));
     // idleMs is 2 s in this suite, and nothing else bounds a paused stream: without the stall
     // bound this request would stay in flight, holding a decoder connection, for ever. (The
     // client itself cannot tell: the proxy's close is queued behind the bytes it never reads.)

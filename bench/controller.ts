@@ -318,20 +318,30 @@ async function main(): Promise<void> {
   const { figs, stats } = await httpLookups(frames, indexed, prompt);
   frames.length = 0;
   const fig = (name: string) => figs.find((f) => f.name === name)!;
-  console.log(`(b) HTTP lookup, 8192 tokens, controller in its own process (\`kvc controller\`), one keep-alive connection per variant, ${ROUNDS} alternating rounds of ${PER_ROUND}:`);
+  console.log(`(b) HTTP lookup, 8192 tokens, each variant its own controller process (started as \`kvc up\` starts it, or bare), one keep-alive connection per variant, ${ROUNDS} alternating rounds of ${PER_ROUND}:`);
   for (const f of figs) console.log(`    ${f.name.padEnd(24)} p50 ${f.p50.toFixed(3)} ms  p90 ${f.p90.toFixed(3)} ms  p99 ${f.p99.toFixed(3)} ms  (${f.n} samples)`);
   for (const st of stats) console.log(`    controller "${st.name}": ${st.cpuUsPerReq.toFixed(0)} µs CPU per request, ${st.minorGcs} scavenges and ${st.majorGcs} full GCs over ${st.requests} requests (${st.gcMs.toFixed(1)} ms in GC)`);
   const http = { gate: fig('binary /lookup'), json: fig('json /lookup'), prefix: fig('binary /prefix_lookup'), plain: fig('binary /lookup, no flags') };
   console.log(`    gated: ${http.gate.name} on the controller as \`kvc up\` starts it (${controllerNodeArgs(process.env.NODE_OPTIONS).join(' ') || 'no node flags: NODE_OPTIONS sizes the heap'}): p99 ${http.gate.p99} ms (target ≤ 2 ms); the proxy's kv-aware router sends this body to /prefix_lookup`);
+  // Short bar labels: json, binary, prefix (binary /prefix_lookup), no flags (binary, bare `kvc controller`).
+  const short = (name: string) => (name.startsWith('json') ? 'json' : name.includes('no flags') ? 'no flags' : name.includes('prefix') ? 'prefix' : 'binary');
   const plot = await writeBarsSvg(
     join(resultsDir('controller'), 'http_lookup.svg'),
-    'HTTP lookup, 8192 tokens, 1.2M chunks indexed',
-    [
-      ...figs.flatMap((f) => [{ panel: 'p50 (ms)', series: f.name, value: f.p50 }, { panel: 'p99 (ms)', series: f.name, value: f.p99 }]),
-      ...stats.map((st) => ({ panel: 'controller CPU per request (µs)', series: st.name, value: Math.round(st.cpuUsPerReq) })),
-    ],
+    'HTTP lookup latency, 8192 tokens, 1.2M chunks (json, binary, prefix = binary /prefix_lookup, no flags = binary on a bare kvc controller)',
+    figs.flatMap((f) => [{ panel: 'p50 (ms)', series: short(f.name), value: f.p50 }, { panel: 'p99 (ms)', series: short(f.name), value: f.p99 }]),
+    'ms',
+  );
+  const cpuPlot = await writeBarsSvg(
+    join(resultsDir('controller'), 'http_lookup_controller.svg'),
+    'Controller process per lookup request (json; binary incl. prefix; no flags)',
+    stats.flatMap((st) => [
+      { panel: 'CPU per request (µs)', series: short(st.name), value: Math.round(st.cpuUsPerReq) },
+      { panel: 'scavenges per 1,000 requests', series: short(st.name), value: +((st.minorGcs * 1000) / st.requests).toFixed(1) },
+      { panel: 'full GCs per 1,000 requests', series: short(st.name), value: +((st.majorGcs * 1000) / st.requests).toFixed(1) },
+    ]),
     'value',
   );
+  console.log(`    plots: ${cpuPlot}`);
   console.log(`    plot: ${plot}`);
 
   // ---- (c) move vs raw TCP -----------------------------------------------------------------------

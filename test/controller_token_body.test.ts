@@ -158,6 +158,9 @@ describe('controller: binary token body on /lookup and /prefix_lookup', () => {
       }),
     );
     for (const { got, want, i } of all) assert.deepEqual(got, want, `concurrent request ${i}`);
+    // Above 1 MiB the buffer is not sized from Content-Length but grows as the bytes arrive.
+    const huge = [...P, ...range(300_000, 9)];
+    assert.deepEqual((await postBin(`${url}/prefix_lookup`, encodeTokenBody(huge))).json, (await postJson(`${url}/prefix_lookup`, { tokens: huge })).json);
     // No Content-Length: the body grows its buffer as it arrives (odd piece sizes split token ids).
     for (const tokens of [P, long]) {
       const r = await postChunked(`${url}/prefix_lookup`, encodeTokenBody(tokens), 4093);

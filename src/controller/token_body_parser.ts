@@ -81,7 +81,9 @@ export function installTokenBodyParser(app: FastifyInstance, routes: readonly st
       done(tooLarge(), undefined);
       return;
     }
-    let buf = pool.take(Number.isFinite(declared) && declared > 0 ? declared : FIRST_BYTES);
+    // Sized from Content-Length up to KEEP_MAX_BYTES only: a larger body grows its buffer as its
+    // bytes arrive, so a client that declares 16 MiB and sends nothing reserves little.
+    let buf = pool.take(Number.isFinite(declared) && declared > 0 ? Math.min(declared, KEEP_MAX_BYTES) : FIRST_BYTES);
     let bytes = new Uint8Array(buf);
     let received = 0;
     let finished = false;

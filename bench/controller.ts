@@ -121,7 +121,7 @@ async function rawTcpGbps(port: number, bytes: number): Promise<number> {
 
 // ---- (b) HTTP lookup: controller processes -------------------------------------------------------
 // The controller runs as deployed: its own process, started as `kvc up` starts it (node flags
-// from controllerNodeArgs: a 16 MiB young generation) or as a bare `kvc controller`, so that no
+// from controllerNodeArgs: a young generation kept at 1 MiB) or as a bare `kvc controller`, so that no
 // garbage of the load generator lands on its heap. Its index is filled through the monitor
 // protocol with the same 1.2M keys as part (a). Each variant has its own controller process (so
 // that a process's GC counts belong to one body type and heap setting), and the variants are
@@ -129,7 +129,8 @@ async function rawTcpGbps(port: number, bytes: number): Promise<number> {
 //   json               JSON {"tokens": [...]} to /lookup (what an operator's client sends), kvc up's flags
 //   binary             the binary token body (src/protocol/token_body.ts) to /lookup and to
 //                      /prefix_lookup (the body the proxy's kv-aware router sends), kvc up's flags
-//   binary, no flags   binary /lookup on a bare `kvc controller` (V8's default 1 MiB young generation)
+//   binary, no flags   binary /lookup on a bare `kvc controller` (V8's default young generation,
+//                      which starts at 1 MiB and grows up to 16 MiB while much survives, as in the ingest)
 // The gated figure (`http_lookup_p99_ms`) is binary /lookup on the controller as `kvc up` starts
 // it: the path the product itself uses (the proxy → /prefix_lookup is the same operation).
 const CLI = fileURLToPath(new URL('../src/cli/main.js', import.meta.url));

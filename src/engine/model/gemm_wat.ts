@@ -19,6 +19,17 @@ import { BLOCK_SHIFT, BLOCK_TOKENS } from './kv_cache.js';
 export const STRIP = 32;
 export const MB = 64;
 
+/**
+ * The register tile: 4 rows x 8 columns (8 v128 accumulators), four per strip. Why not larger
+ * (measured, see docs/engine-model.md): V8's scheduler issues every load of a k step (2 weight
+ * vectors, one splat per row) before its multiply-adds, so a tile needs accumulators + weights
+ * + splats (+ the zero constant) xmm registers, 15 at most; 5 or 6 rows spill accumulators to
+ * the stack (store-forwarding in the dependency chain: 26-34 against 44 GFLOP/s), and 3 x 12
+ * (9 sums, exactly 15 registers) runs no faster than 4 x 8.
+ */
+const TILE_ROWS = 4;
+const TILE_COLS = [0, 8, 16, 24];
+
 
 /**
  * Weight formats of strip-packed weights (see gemmFunc). Each is turned into the f32 value the
@@ -85,27 +96,28 @@ function madd(fma: boolean, acc: string, x: string, w: string): string {
   return fma ? `(f32x4.relaxed_madd ${x} ${w} ${acc})` : `(f32x4.add ${acc} (f32x4.mul ${x} ${w}))`;
 }
 
-function kernel4x8(col: number, fmt: WFmt, fma: boolean): string {
-  // accumulators $a{r}{j}, r in 0..3, j in 0..1
+/**
+ * One register tile: `rows` rows x 8 columns (col..col+7 of the strip), 2*rows v128 accumulators
+ * over the whole k range, stored once. Every accumulator lane is one output element updated for
+ * k ascending, so the tile shape changes no bits.
+ */
+function kernelTile(rows: number, col: number, fmt: WFmt, fma: boolean): string {
   const lines: string[] = [];
-  for (let r = 0; r < 4; r++) for (let j = 0; j < 2; j++) lines.push(`(local.set $a${r}${j} (v128.const i32x4 0 0 0 0))`);
+  for (let r = 0; r < rows; r++) for (let j = 0; j < 2; j++) lines.push(`(local.set $a${r}${j} (v128.const i32x4 0 0 0 0))`);
   lines.push(`(local.set $p0 (local.get $arow))`);
-  lines.push(`(local.set $p1 (i32.add (local.get $p0) (local.get $kb)))`);
-  lines.push(`(local.set $p2 (i32.add (local.get $p1) (local.get $kb)))`);
-  lines.push(`(local.set $p3 (i32.add (local.get $p2) (local.get $kb)))`);
+  for (let r = 1; r < rows; r++) lines.push(`(local.set $p${r} (i32.add (local.get $p${r - 1}) (local.get $kb)))`);
   lines.push(`(local.set $wp (local.get $wstrip))`);
   const body: string[] = [];
   body.push(loadGroup(fmt, '$wp', col));
-  body.push(`(local.set $w0 ${loadW(fmt, '$wp', col, 0)})`);
-  body.push(`(local.set $w1 ${loadW(fmt, '$wp', col, 1)})`);
-  for (let r = 0; r < 4; r++) {
+  for (let j = 0; j < 2; j++) body.push(`(local.set $w${j} ${loadW(fmt, '$wp', col, j)})`);
+  for (let r = 0; r < rows; r++) {
     body.push(`(local.set $x (v128.load32_splat (local.get $p${r})))`);
     for (let j = 0; j < 2; j++) body.push(`(local.set $a${r}${j} ${madd(fma, `(local.get $a${r}${j})`, '(local.get $x)', `(local.get $w${j})`)})`);
     body.push(`(local.set $p${r} (i32.add (local.get $p${r}) (i32.const 4)))`);
   }
-  lines.push(kLoop(fmt, 'kl', body));
+  lines.push(kLoop(fmt, `kl${rows}`, body));
   // store: C + ((m+r)*N + n0 + col)*4
-  for (let r = 0; r < 4; r++) {
+  for (let r = 0; r < rows; r++) {
     lines.push(`(local.set $cp (i32.add (local.get $crow) (i32.add (i32.mul (i32.const ${r}) (local.get $nb)) (i32.const ${col * 4}))))`);
     for (let j = 0; j < 2; j++) lines.push(`(v128.store offset=${j * 16} (local.get $cp) (local.get $a${r}${j}))`);
   }
@@ -374,7 +386,7 @@ function swigluRowsFunc(): string {
  */
 function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean): string {
   const v128Locals: string[] = [];
-  for (let r = 0; r < 4; r++) for (let j = 0; j < 2; j++) v128Locals.push(`$a${r}${j}`);
+  for (let r = 0; r < TILE_ROWS; r++) for (let j = 0; j < 2; j++) v128Locals.push(`$a${r}${j}`);
   for (let j = 0; j < 8; j++) v128Locals.push(`$b${j}`);
   v128Locals.push('$w0', '$w1', '$x', '$wq');
   const stripBase = packed
@@ -386,29 +398,22 @@ function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean): strin
       (param $m0 i32) (param $m1 i32) (param $n0 i32) (param $n1 i32)
     (local $kb i32) (local $nb i32) (local $ws i32) (local $mb i32) (local $mEnd i32) (local $n i32) (local $m i32) (local $k i32)
     (local $arow i32) (local $crow i32) (local $wstrip i32) (local $wp i32) (local $cp i32)
-    (local $p0 i32) (local $p1 i32) (local $p2 i32) (local $p3 i32)
+    ${Array.from({ length: TILE_ROWS }, (_, r) => `(local $p${r} i32)`).join(' ')}
     ${v128Locals.map((l) => `(local ${l} v128)`).join(' ')}
     (local.set $kb (i32.shl (local.get $K) (i32.const 2)))
     (local.set $nb (i32.shl (local.get $N) (i32.const 2)))
     (local.set $ws ${packed ? `(i32.const ${STRIP * 4})` : '(local.get $nb)'})
-    (local.set $mb (local.get $m0))
-    (block $mdone (loop $mloop
-      (br_if $mdone (i32.ge_u (local.get $mb) (local.get $m1)))
-      (local.set $mEnd (select (i32.add (local.get $mb) (i32.const ${MB})) (local.get $m1)
-        (i32.lt_u (i32.add (local.get $mb) (i32.const ${MB})) (local.get $m1))))
-      (local.set $n (local.get $n0))
-      (block $ndone (loop $nloop
-        (br_if $ndone (i32.ge_u (local.get $n) (local.get $n1)))
+    ${blockedLoops(`
         (local.set $wstrip ${stripBase})
         (local.set $m (local.get $mb))
-        ;; 4-row micro-kernels
-        (block $r4done (loop $r4loop
-          (br_if $r4done (i32.gt_u (i32.add (local.get $m) (i32.const 4)) (local.get $mEnd)))
+        ;; ${TILE_ROWS}-row register tiles
+        (block $rtdone (loop $rtloop
+          (br_if $rtdone (i32.gt_u (i32.add (local.get $m) (i32.const ${TILE_ROWS})) (local.get $mEnd)))
           (local.set $arow (i32.add (local.get $A) (i32.mul (local.get $m) (local.get $kb))))
           (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const 2)))))
-          ${[0, 8, 16, 24].map((c) => kernel4x8(c, fmt, fma)).join('\n')}
-          (local.set $m (i32.add (local.get $m) (i32.const 4)))
-          (br $r4loop)))
+          ${TILE_COLS.map((c) => kernelTile(TILE_ROWS, c, fmt, fma)).join('\n')}
+          (local.set $m (i32.add (local.get $m) (i32.const ${TILE_ROWS})))
+          (br $rtloop)))
         ;; leftover rows, one at a time
         (block $r1done (loop $r1loop
           (br_if $r1done (i32.ge_u (local.get $m) (local.get $mEnd)))
@@ -416,12 +421,29 @@ function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean): strin
           (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const 2)))))
           ${kernel1x32(fmt, fma)}
           (local.set $m (i32.add (local.get $m) (i32.const 1)))
-          (br $r1loop)))
+          (br $r1loop)))`)}
+  )`;
+}
+
+/**
+ * The blocked M/N loops every GEMM export shares: row blocks [$mb, $mEnd) of MB rows over
+ * [$m0, $m1), and inside each, the column strips $n = $n0, $n0 + STRIP, … < $n1; `body` computes
+ * rows [$mb, $mEnd) of strip $n.
+ */
+function blockedLoops(body: string): string {
+  return `(local.set $mb (local.get $m0))
+    (block $mdone (loop $mloop
+      (br_if $mdone (i32.ge_u (local.get $mb) (local.get $m1)))
+      (local.set $mEnd (select (i32.add (local.get $mb) (i32.const ${MB})) (local.get $m1)
+        (i32.lt_u (i32.add (local.get $mb) (i32.const ${MB})) (local.get $m1))))
+      (local.set $n (local.get $n0))
+      (block $ndone (loop $nloop
+        (br_if $ndone (i32.ge_u (local.get $n) (local.get $n1)))
+        ${body}
         (local.set $n (i32.add (local.get $n) (i32.const ${STRIP})))
         (br $nloop)))
       (local.set $mb (local.get $mEnd))
-      (br $mloop)))
-  )`;
+      (br $mloop)))`;
 }
 
 
@@ -492,14 +514,7 @@ function q8GemmFunc(): string {
     (local.set $nblk (i32.shr_u (local.get $K) (i32.const 5)))
     (local.set $sbase (i32.add (local.get $A) (i32.mul (local.get $M) (local.get $kb2))))
     (local.set $nb (i32.shl (local.get $N) (i32.const 2)))
-    (local.set $mb (local.get $m0))
-    (block $mdone (loop $mloop
-      (br_if $mdone (i32.ge_u (local.get $mb) (local.get $m1)))
-      (local.set $mEnd (select (i32.add (local.get $mb) (i32.const ${MB})) (local.get $m1)
-        (i32.lt_u (i32.add (local.get $mb) (i32.const ${MB})) (local.get $m1))))
-      (local.set $n (local.get $n0))
-      (block $ndone (loop $nloop
-        (br_if $ndone (i32.ge_u (local.get $n) (local.get $n1)))
+    ${blockedLoops(`
         (local.set $wstrip (i32.add (local.get $W) (i32.mul (i32.shr_u (local.get $n) (i32.const 5)) (i32.mul (local.get $nblk) (i32.const ${Q8_BLOCK_BYTES})))))
         (local.set $m (local.get $mb))
         (block $rdone (loop $rloop
@@ -526,11 +541,7 @@ function q8GemmFunc(): string {
             (local.set $kq (i32.sub (local.get $kq) (i32.const 1)))
             (br_if $kbl (local.get $kq)))))
           (local.set $m (i32.add (local.get $m) (i32.const 1)))
-          (br $rloop)))
-        (local.set $n (i32.add (local.get $n) (i32.const ${STRIP})))
-        (br $nloop)))
-      (local.set $mb (local.get $mEnd))
-      (br $mloop)))
+          (br $rloop)))`)}
   )`;
 }
 

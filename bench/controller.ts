@@ -2,7 +2,8 @@
 //  (a) admit ingest rate through the monitor protocol from 4 simulated instances (ZeroMQ
 //      DEALERs with pre-encoded ops batches) into an in-process controller;
 //  (b) lookup latency for an 8192-token prompt with ≥ 1,000,000 chunks indexed, in process
-//      (Operations.lookup: key computation + index walk) and over HTTP (keep-alive client);
+//      (Operations.lookup: key computation + index walk) and over HTTP against controller
+//      processes started as `kvc controller` is (JSON and binary bodies, see httpLookups);
 //  (c) move throughput between two cache instances in two child processes for
 //      Llama-3-8B-shaped chunks (32 layers × 8 KV heads × 128 head dim, f16, 256 tokens =
 //      32 MiB), against raw loopback TCP between two processes measured in the same run.
@@ -11,6 +12,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import net from 'node:net';
 import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { Agent, request } from 'undici';
 import { Dealer } from 'zeromq';
 import { DType, encodeChunk, payloadBytes, type KvLayout } from '../src/common/chunk.js';
@@ -21,6 +23,9 @@ import { keyHalves } from '../src/common/keys.js';
 import { startController } from '../src/controller/server.js';
 import { encodeMsg, packKeys, PROTOCOL_VERSION, type KeyOp } from '../src/protocol/monitor.js';
 import { attachController } from '../src/kvc/controller_client.js';
+import { encodeTokenBody, TOKEN_BODY_CONTENT_TYPE } from '../src/protocol/token_body.js';
+import { controllerNodeArgs } from '../src/common/young_gen.js';
+import { resultsDir, writeBarsSvg } from './_plot.js';
 import { KvcStore } from '../src/kvc/store.js';
 
 const MODEL = 'bench-llama-3-8b';
@@ -114,6 +119,133 @@ async function rawTcpGbps(port: number, bytes: number): Promise<number> {
   return (bytes * 8) / s / 1e9;
 }
 
+// ---- (b) HTTP lookup: controller processes -------------------------------------------------------
+// The controller runs as deployed: its own process, started as `kvc up` starts it (node flags
+// from controllerNodeArgs: a young generation kept at 1 MiB) or as a bare `kvc controller`, so that no
+// garbage of the load generator lands on its heap. Its index is filled through the monitor
+// protocol with the same 1.2M keys as part (a). Each variant has its own controller process (so
+// that a process's GC counts belong to one body type and heap setting), and the variants are
+// measured in alternating rounds so that the machine's load changes hit them alike:
+//   json               JSON {"tokens": [...]} to /lookup (what an operator's client sends), kvc up's flags
+//   binary             the binary token body (src/protocol/token_body.ts) to /lookup and to
+//                      /prefix_lookup (the body the proxy's kv-aware router sends), kvc up's flags
+//   binary, no flags   binary /lookup on a bare `kvc controller` (V8's default young generation,
+//                      which starts at 1 MiB and grows up to 16 MiB while much survives, as in the ingest)
+// The gated figure (`http_lookup_p99_ms`) is binary /lookup on the controller as `kvc up` starts
+// it: the path the product itself uses (the proxy → /prefix_lookup is the same operation).
+const CLI = fileURLToPath(new URL('../src/cli/main.js', import.meta.url));
+
+interface CtlProc { name: string; child: ChildProcess; url: string; monitorUrl: string; dealers: Dealer[] }
+interface ProcStats { cpuS: number; minorGcs: number; majorGcs: number; gcS: number }
+interface HttpFigures { name: string; p50: number; p90: number; p99: number; n: number }
+
+async function startCtlProc(name: string, nodeArgs: string[]): Promise<CtlProc> {
+  const base = await freePortRange(2);
+  const child = spawn(process.execPath, [...nodeArgs, CLI, 'controller', '--port', String(base), '--monitor-port', String(base + 1), '--heartbeat-timeout', '120'], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, PYTHONHASHSEED: '0' },
+  });
+  let out = '';
+  child.stdout!.on('data', (d) => (out += d));
+  child.stderr!.on('data', (d) => (out += d));
+  const deadline = Date.now() + 60_000;
+  while (!/kvc controller ready/.test(out)) {
+    if (child.exitCode !== null || Date.now() > deadline) throw new Error(`controller ${name} did not start: ${out}`);
+    await sleep(20);
+  }
+  return { name, child, url: `http://127.0.0.1:${base}`, monitorUrl: `tcp://127.0.0.1:${base + 1}`, dealers: [] };
+}
+
+async function fillCtlProc(c: CtlProc, frames: Buffer[][], indexed: number): Promise<void> {
+  for (let i = 0; i < frames.length; i++) {
+    const d = new Dealer({ routingId: `${c.name.replace(/\W+/g, '-')}-${i}`, linger: 0, sendHighWaterMark: 100_000 });
+    d.connect(c.monitorUrl);
+    await d.send(encodeMsg({ t: 'register', v: PROTOCOL_VERSION, instance_id: `sim-${i}`, worker_id: 0, session: `${c.name.replace(/\W+/g, '-')}-s${i}`, ip: '127.0.0.1', worker_port: 1, distributed_url: null, chunk_size: CHUNK, model_id: MODEL, seed: '0', locations: ['LocalCPUBackend'], pid: 0 }));
+    c.dealers.push(d);
+    const welcome = await Promise.race([d.receive(), sleep(30_000).then(() => null)]);
+    if (!welcome) throw new Error(`controller ${c.name}: no answer to the registration of sim-${i}`);
+    for (const f of frames[i]!) await d.send(f);
+  }
+  const deadline = Date.now() + 120_000;
+  for (;;) {
+    const j = (await (await fetch(`${c.url}/healthz`)).json()) as { index_keys: number };
+    if (j.index_keys === indexed) return;
+    if (Date.now() > deadline) throw new Error(`controller ${c.name} indexed ${j.index_keys} of ${indexed} keys`);
+    await sleep(50);
+  }
+}
+
+async function procStats(c: CtlProc): Promise<ProcStats> {
+  const text = await (await fetch(`${c.url}/metrics`)).text();
+  // A GC kind that never happened has no line yet: 0.
+  const num = (re: RegExp) => Number(text.match(re)?.[1] ?? 0);
+  return {
+    cpuS: num(/^kvc_controller_process_cpu_seconds_total (\S+)$/m),
+    minorGcs: num(/^kvc_controller_nodejs_gc_duration_seconds_count\{kind="minor"\} (\S+)$/m),
+    majorGcs: num(/^kvc_controller_nodejs_gc_duration_seconds_count\{kind="major"\} (\S+)$/m),
+    gcS: [...text.matchAll(/^kvc_controller_nodejs_gc_duration_seconds_sum\{kind="[a-z]+"\} (\S+)$/gm)].reduce((a, m) => a + Number(m[1]), 0),
+  };
+}
+
+async function httpLookups(frames: Buffer[][], indexed: number, prompt: number[]) {
+  const upArgs = controllerNodeArgs(process.env.NODE_OPTIONS);
+  const ctls = [await startCtlProc('json', upArgs), await startCtlProc('binary', upArgs), await startCtlProc('binary, no flags', [])];
+  const [cJson, cBin, cPlain] = ctls as [CtlProc, CtlProc, CtlProc];
+  const hb = setInterval(() => {
+    for (const c of ctls) for (const d of c.dealers) void d.send(encodeMsg({ t: 'hb' })).catch(() => undefined);
+  }, 10_000);
+  try {
+    for (const c of ctls) await fillCtlProc(c, frames, indexed);
+    const json = JSON.stringify({ tokens: prompt });
+    const bin = encodeTokenBody(prompt);
+    const kinds = [
+      { name: 'json /lookup', ctl: cJson, path: '/lookup', body: json, ct: 'application/json' },
+      { name: 'binary /lookup', ctl: cBin, path: '/lookup', body: bin, ct: TOKEN_BODY_CONTENT_TYPE },
+      { name: 'binary /prefix_lookup', ctl: cBin, path: '/prefix_lookup', body: bin, ct: TOKEN_BODY_CONTENT_TYPE },
+      { name: 'binary /lookup, no flags', ctl: cPlain, path: '/lookup', body: bin, ct: TOKEN_BODY_CONTENT_TYPE },
+    ].map((k) => ({ ...k, agent: new Agent({ connections: 1, keepAliveTimeout: 60_000 }), lat: new Float64Array(ROUNDS * PER_ROUND), n: 0 }));
+    const once = async (k: (typeof kinds)[number]) => {
+      const r = await request(`${k.ctl.url}${k.path}`, { method: 'POST', body: k.body, headers: { 'content-type': k.ct }, dispatcher: k.agent });
+      const j = (await r.body.json()) as { num_tokens: number };
+      if (r.statusCode !== 200 || j.num_tokens !== 8192) throw new Error(`${k.name}: HTTP lookup sanity check failed: ${r.statusCode} ${JSON.stringify(j)}`);
+    };
+    for (const k of kinds) for (let i = 0; i < 500; i++) await once(k);
+    (globalThis as { gc?: () => void }).gc?.();
+    const before = await Promise.all(ctls.map(procStats));
+    for (let round = 0; round < ROUNDS; round++) {
+      for (let j = 0; j < kinds.length; j++) {
+        const k = kinds[(round + j) % kinds.length]!;
+        for (let i = 0; i < PER_ROUND; i++) {
+          const t = performance.now();
+          await once(k);
+          k.lat[k.n++] = performance.now() - t;
+        }
+      }
+    }
+    const afterStats = await Promise.all(ctls.map(procStats));
+    const served = (c: CtlProc) => kinds.filter((k) => k.ctl === c).reduce((a, k) => a + k.n, 0);
+    const stats = ctls.map((c, i) => {
+      const [b, a] = [before[i]!, afterStats[i]!];
+      return { name: c.name, cpuUsPerReq: ((a.cpuS - b.cpuS) * 1e6) / served(c), minorGcs: a.minorGcs - b.minorGcs, majorGcs: a.majorGcs - b.majorGcs, gcMs: (a.gcS - b.gcS) * 1000, requests: served(c) };
+    });
+    const figs: HttpFigures[] = kinds.map((k) => {
+      const s = k.lat.slice(0, k.n).sort();
+      const at = (p: number) => +s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))]!.toFixed(3);
+      return { name: k.name, p50: at(50), p90: at(90), p99: at(99), n: k.n };
+    });
+    for (const k of kinds) await k.agent.close();
+    return { figs, stats };
+  } finally {
+    clearInterval(hb);
+    for (const c of ctls) {
+      for (const d of c.dealers) d.close();
+      c.child.kill('SIGKILL');
+    }
+  }
+}
+const ROUNDS = 10;
+const PER_ROUND = 200;
+
 async function main(): Promise<void> {
   const base = await freePortRange(2);
   const ctl = await startController({ host: '127.0.0.1', port: base, monitorPort: base + 1, heartbeatTimeoutMs: 60_000, seed: 0n });
@@ -176,25 +308,42 @@ async function main(): Promise<void> {
   const walkLat = timeLoop(50_000, 5_000, () => ctl.registry.index.prefixMatches(kh.hi, kh.lo, kh.count, () => {}));
   console.log(`(b) in-process lookup, 8192 tokens (32 chunks), ${ctl.registry.index.size} chunks indexed, ${lat.length} samples: p50 ${p50.toFixed(1)} µs, p99 ${p99.toFixed(1)} µs, p99.9 ${q(lat, 99.9).toFixed(1)} µs`);
   console.log(`    of which: chunk keys (keyHalves) p50 ${q(keyLat, 50).toFixed(1)} µs, p99 ${q(keyLat, 99).toFixed(1)} µs; index walk alone p50 ${q(walkLat, 50).toFixed(2)} µs, p99 ${q(walkLat, 99).toFixed(2)} µs`);
-  const agent = new Agent({ connections: 1, keepAliveTimeout: 30_000 });
-  const body = JSON.stringify({ tokens: prompt });
-  const httpLat: number[] = [];
-  for (let i = 0; i < 2300; i++) {
-    const t = performance.now();
-    const r = await request(`${ctl.url}/lookup`, { method: 'POST', body, headers: { 'content-type': 'application/json' }, dispatcher: agent });
-    const j = (await r.body.json()) as { num_tokens: number };
-    if (j.num_tokens !== 8192) throw new Error('HTTP lookup sanity check failed');
-    if (i >= 300) httpLat.push(performance.now() - t);
-  }
-  await agent.close();
-  const httpP50 = pct(httpLat, 50);
-  const httpP99 = pct(httpLat, 99);
-  console.log(`(b) HTTP lookup (keep-alive, client in the same process): p50 ${httpP50.toFixed(3)} ms, p99 ${httpP99.toFixed(3)} ms`);
+  const indexed = ctl.registry.index.size;
   for (const d of dealers) {
     await d.send(encodeMsg({ t: 'bye' }));
     d.close();
   }
   while (ctl.registry.workers().length) await sleep(10);
+
+  // ---- (b) HTTP lookup against controller processes -------------------------------------------
+  const { figs, stats } = await httpLookups(frames, indexed, prompt);
+  frames.length = 0;
+  const fig = (name: string) => figs.find((f) => f.name === name)!;
+  console.log(`(b) HTTP lookup, 8192 tokens, each variant its own controller process (started as \`kvc up\` starts it, or bare), one keep-alive connection per variant, ${ROUNDS} alternating rounds of ${PER_ROUND}:`);
+  for (const f of figs) console.log(`    ${f.name.padEnd(24)} p50 ${f.p50.toFixed(3)} ms  p90 ${f.p90.toFixed(3)} ms  p99 ${f.p99.toFixed(3)} ms  (${f.n} samples)`);
+  for (const st of stats) console.log(`    controller "${st.name}": ${st.cpuUsPerReq.toFixed(0)} µs CPU per request, ${st.minorGcs} scavenges and ${st.majorGcs} full GCs over ${st.requests} requests (${st.gcMs.toFixed(1)} ms in GC)`);
+  const http = { gate: fig('binary /lookup'), json: fig('json /lookup'), prefix: fig('binary /prefix_lookup'), plain: fig('binary /lookup, no flags') };
+  console.log(`    gated: ${http.gate.name} on the controller as \`kvc up\` starts it (${controllerNodeArgs(process.env.NODE_OPTIONS).join(' ') || 'no node flags: NODE_OPTIONS sizes the heap'}): p99 ${http.gate.p99} ms (target ≤ 2 ms); the proxy's kv-aware router sends this body to /prefix_lookup`);
+  // Short bar labels: json, binary, prefix (binary /prefix_lookup), no flags (binary, bare `kvc controller`).
+  const short = (name: string) => (name.startsWith('json') ? 'json' : name.includes('no flags') ? 'no flags' : name.includes('prefix') ? 'prefix' : 'binary');
+  const plot = await writeBarsSvg(
+    join(resultsDir('controller'), 'http_lookup.svg'),
+    'HTTP lookup latency, 8192 tokens, 1.2M chunks (json, binary, prefix = binary /prefix_lookup, no flags = binary on a bare kvc controller)',
+    figs.flatMap((f) => [{ panel: 'p50 (ms)', series: short(f.name), value: f.p50 }, { panel: 'p99 (ms)', series: short(f.name), value: f.p99 }]),
+    'ms',
+  );
+  const cpuPlot = await writeBarsSvg(
+    join(resultsDir('controller'), 'http_lookup_controller.svg'),
+    'Controller process per lookup request (json; binary incl. prefix; no flags)',
+    stats.flatMap((st) => [
+      { panel: 'CPU per request (µs)', series: short(st.name), value: Math.round(st.cpuUsPerReq) },
+      { panel: 'scavenges per 1,000 requests', series: short(st.name), value: +((st.minorGcs * 1000) / st.requests).toFixed(1) },
+      { panel: 'full GCs per 1,000 requests', series: short(st.name), value: +((st.majorGcs * 1000) / st.requests).toFixed(1) },
+    ]),
+    'value',
+  );
+  console.log(`    plots: ${cpuPlot}`);
+  console.log(`    plot: ${plot}`);
 
   // ---- (c) move vs raw TCP -----------------------------------------------------------------------
   // The machine is shared and its load changes by the second, so the two are measured in
@@ -254,7 +403,13 @@ async function main(): Promise<void> {
       ingest_keys_per_s: Math.round(ingestRate),
       lookup_p50_us: +p50.toFixed(2),
       lookup_p99_us: +p99.toFixed(2),
-      http_lookup_p99_ms: +httpP99.toFixed(3),
+      http_lookup_p50_ms: http.gate.p50,
+      http_lookup_p99_ms: http.gate.p99,
+      http_lookup_gated_on: http.gate.name,
+      http_lookup_json_p50_ms: http.json.p50,
+      http_lookup_json_p99_ms: http.json.p99,
+      http_prefix_lookup_p99_ms: http.prefix.p99,
+      http_lookup_no_flags_p99_ms: http.plain.p99,
       move_gbps: +moveGbps.toFixed(3),
       tcp_gbps: +tcpGbps.toFixed(3),
     }),

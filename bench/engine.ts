@@ -4,11 +4,19 @@
 //                      128-token and 1-token requests (so prefill and HTTP cancel out), medians of 3
 //   TTFT cold / warm   a 2048-token prompt, then the same prompt with its KV in LocalCPUBackend
 //   GEMM               the kernel prefill uses vs a plain-JS matmul, same shape, same run
+//   HTTP step cost     per decode step at batch 8 (8 streams), HTTP step − in-process forward step
+//                      (bench/_http_step.ts); with `--baseline DIR` (a built older checkout) the
+//                      same figure for that tree, alternated in the same run, and the ratio
+// Options: `--baseline DIR`; `--only http-step` runs just the step-cost part.
 // Last line: one JSON object with every figure (targets: docs/engine.md).
 import { validateCacheConfig } from '../src/common/config.js';
 import { measureGemm } from '../src/engine/model/gemm_bench.js';
 import { startEngine, type Engine } from '../src/engine/server.js';
 import { readStreamTtft } from './_stream_ttft.js';
+import { measureStepCost, type StepCost } from './_http_step.js';
+import { existsSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import { join, resolve } from 'node:path';
 
 const MODEL = 'builtin:tiny';
 const prompt = (n: number, salt: number) => Array.from({ length: n }, (_, i) => 1000 + ((i * 7919 + salt * 104729) % 30000));
@@ -42,7 +50,65 @@ async function ttft(e: Engine, p: number[]): Promise<number> {
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
+function parseArgs(argv: string[]): { baseline: string | null; onlyStep: boolean } {
+  let baseline: string | null = null;
+  let onlyStep = false;
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]!;
+    if (a === '--baseline') {
+      const d = argv[++i];
+      if (!d) throw new Error('--baseline: expected the root of a built kvc checkout');
+      baseline = resolve(d);
+      if (!existsSync(join(baseline, 'dist/src/engine/server.js'))) throw new Error(`--baseline ${d}: no dist/src/engine/server.js there (build that tree first)`);
+    } else if (a === '--only') {
+      const v = argv[++i];
+      if (v !== 'http-step') throw new Error(`--only: expected "http-step", found ${JSON.stringify(v ?? '')}`);
+      onlyStep = true;
+    } else {
+      throw new Error(`unknown argument ${JSON.stringify(a)} (expected --baseline DIR, --only http-step)`);
+    }
+  }
+  return { baseline, onlyStep };
+}
+
+const ms2 = (x: number) => Number(x.toFixed(2));
+
+/** The per-step HTTP cost at batch 8 of this tree (and of the baseline tree, same run). */
+async function stepCost(baseline: string | null): Promise<Record<string, number | null>> {
+  const here = fileURLToPath(new URL('../..', import.meta.url));
+  const trees = [{ label: 'this', root: here }, ...(baseline ? [{ label: 'baseline', root: baseline }] : [])];
+  const r = await measureStepCost(trees);
+  const line = (label: string, c: StepCost) =>
+    console.log(
+      `HTTP step cost at batch 8 (${label}): HTTP step ${c.httpMs.toFixed(2)} ms − forward inside it ${c.forwardMs.toFixed(2)} ms = ${c.overheadMs.toFixed(2)} ms per step; ` +
+        `engine CPU ${c.httpCpuMs.toFixed(2)} − ${c.forwardCpuMs.toFixed(2)} = ${c.overheadCpuMs.toFixed(2)} ms per step`,
+    );
+  const mine = r.get('this')!;
+  line('this tree', mine);
+  const base = r.get('baseline');
+  if (base) {
+    line(`baseline ${baseline}`, base);
+    console.log(`HTTP step cost ratio this ÷ baseline: wall ${(mine.overheadMs / base.overheadMs).toFixed(2)}, CPU ${(mine.overheadCpuMs / base.overheadCpuMs).toFixed(2)} (target ≤ 0.5)`);
+  } else {
+    console.log('HTTP step cost: no --baseline given, so no ratio');
+  }
+  return {
+    http_step_overhead_ms: ms2(mine.overheadMs),
+    http_step_overhead_cpu_ms: ms2(mine.overheadCpuMs),
+    http_step_forward_ms: ms2(mine.forwardMs),
+    baseline_http_step_overhead_ms: base ? ms2(base.overheadMs) : null,
+    baseline_http_step_overhead_cpu_ms: base ? ms2(base.overheadCpuMs) : null,
+    http_step_ratio: base ? ms2(mine.overheadMs / base.overheadMs) : null,
+    http_step_cpu_ratio: base ? ms2(mine.overheadCpuMs / base.overheadCpuMs) : null,
+  };
+}
+
 async function main(): Promise<void> {
+  const args = parseArgs(process.argv.slice(2));
+  if (args.onlyStep) {
+    console.log(JSON.stringify({ bench: 'engine', ...(await stepCost(args.baseline)) }));
+    return;
+  }
   const g = await measureGemm(512, 1536, 256, 5);
   console.log(`GEMM 512x1536x256 (prefill's gate/up projection): kernel ${g.kernel} ${g.kernelGflops.toFixed(2)} GFLOP/s, plain JS ${g.jsGflops.toFixed(2)} GFLOP/s (x${(g.kernelGflops / g.jsGflops).toFixed(1)})`);
 
@@ -56,6 +122,7 @@ async function main(): Promise<void> {
     logRequests: false,
     logStats: false,
   });
+  let out: Record<string, unknown> = {};
   try {
     // Warm-up: JIT and first-touch of buffers.
     await complete(e, prompt(256, 99), 8);
@@ -92,7 +159,7 @@ async function main(): Promise<void> {
     const loaded = ((await e.metrics.tokensLoaded.get()).values[0]?.value ?? 0) - loadedBefore;
     console.log(`TTFT 2048-token prompt: cold ${cold.toFixed(0)} ms, warm (LocalCPUBackend) ${warm.toFixed(1)} ms (x${(cold / warm).toFixed(0)}; ${loaded / warmRuns.length} tokens loaded per warm request)`);
 
-    const out = {
+    out = {
       bench: 'engine',
       prefill_tps: Math.round(prefillTps),
       decode_tps: Number(decodeTps.toFixed(1)),
@@ -102,10 +169,10 @@ async function main(): Promise<void> {
       kernel_gflops: Number(g.kernelGflops.toFixed(2)),
       js_baseline_gflops: Number(g.jsGflops.toFixed(2)),
     };
-    console.log(JSON.stringify(out));
   } finally {
     await e.close();
   }
+  console.log(JSON.stringify({ ...out, ...(await stepCost(args.baseline)) }));
 }
 
 main().catch((err: unknown) => {

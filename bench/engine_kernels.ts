@@ -1,9 +1,11 @@
 // `npm run bench -- engine_kernels`: the model's compute kernels in isolation (no server):
 // GEMM rate of the kernel prefill uses vs the plain-JS triple loop, single- and two-threaded,
-// the FMA kernel against the mul+add one (one thread each, interleaved; fma.ts),
-// then prefill and decode rates of the built-in model straight through LlamaModel.forward.
+// the FMA kernel against the mul+add one (one thread each, interleaved; fma.ts), the kernel on
+// each GEMM shape of the 156M model's 512-token prefill (1 and 2 threads; gemm_bench.ts),
+// then prefill and decode rates of the built-in model straight through LlamaModel.forward (a
+// 512-token prefill at one and at two kernel threads as well).
 import { ensureBuiltinModel } from '../src/engine/model/builtin.js';
-import { measureGemm, measureGemmFma } from '../src/engine/model/gemm_bench.js';
+import { measureGemm, measureGemmFma, measureGemmShapes, PREFILL_156M_SHAPES } from '../src/engine/model/gemm_bench.js';
 import { LlamaModel } from '../src/engine/model/model.js';
 
 const MiB = 1024 * 1024;
@@ -29,6 +31,10 @@ async function main(): Promise<void> {
       `GEMM ${m}x${n}x${k}, 1 thread, best of 15: FMA ${r.fmaGflops.toFixed(2)} GFLOP/s, mul+add ${r.plainGflops.toFixed(2)} GFLOP/s (x${(r.fmaGflops / r.plainGflops).toFixed(2)}); medians ${r.fmaMedian.toFixed(2)} / ${r.plainMedian.toFixed(2)}`,
     );
   }
+
+  // The 156M model's prefill shapes (bench peer), the kernel as the model calls it, 1 and 2 threads.
+  const shapeRuns = [...(await measureGemmShapes(PREFILL_156M_SHAPES, 1)), ...(await measureGemmShapes(PREFILL_156M_SHAPES, 2))];
+  for (const r of shapeRuns) console.log(`GEMM ${r.shape}, ${r.threads} thread${r.threads > 1 ? 's' : ''}, best of 5: ${r.gflops.toFixed(1)} GFLOP/s wall, ${r.cpuGflops.toFixed(1)} GFLOP/s per CPU-second`);
 
   const model = await LlamaModel.load(await ensureBuiltinModel('tiny'));
   const kv = model.createKvCache(512 * MiB);
@@ -56,6 +62,23 @@ async function main(): Promise<void> {
     for (const s of segs) kv.free(s.seqId);
     return (batch * steps * 1000) / ms;
   };
+  // A 512-token prefill (the peer benchmark's) at one and at two kernel threads, best of 5 each,
+  // the two models alternating so load hits both alike; one KV cache, freed after each run.
+  const models = { 1: await LlamaModel.load(await ensureBuiltinModel('tiny'), { threads: 1 }), 2: await LlamaModel.load(await ensureBuiltinModel('tiny'), { threads: 2 }) };
+  const kvs = { 1: models[1].createKvCache(64 * MiB), 2: models[2].createKvCache(64 * MiB) };
+  const best512: Record<1 | 2, number> = { 1: 0, 2: 0 };
+  for (let rep = 0; rep < 6; rep++) {
+    for (const th of [1, 2] as const) {
+      const t0 = performance.now();
+      models[th].forward([{ seqId: 'p512', tokens: prompt(512, 3), startPos: 0, wantLogits: true }], kvs[th], { transientLogits: true });
+      if (rep > 0) best512[th] = Math.max(best512[th], 512_000 / (performance.now() - t0)); // rep 0 warms up
+      kvs[th].free('p512');
+    }
+  }
+  models[1].close();
+  models[2].close();
+  console.log(`prefill 512 tokens, best of 5: 1 thread ${best512[1].toFixed(0)} tok/s, 2 threads ${best512[2].toFixed(0)} tok/s (x${(best512[2] / best512[1]).toFixed(2)})`);
+
   const d1 = decode(1, 64);
   const d8 = decode(8, 64);
   console.log(`decode: batch 1 ${d1.toFixed(1)} tok/s, batch 8 ${d8.toFixed(1)} tok/s (x${(d8 / d1).toFixed(2)})`);
@@ -67,7 +90,10 @@ async function main(): Promise<void> {
       fma: g.fma,
       fma_unavailable: fmaUnavailable,
       fma_gflops: fmaRuns.map((r) => ({ shape: r.shape, fma: +r.fma.toFixed(2), mul_add: +r.plain.toFixed(2), ratio: +(r.fma / r.plain).toFixed(3), fma_median: +r.fmaMed.toFixed(2), mul_add_median: +r.plainMed.toFixed(2) })),
+      gemm_shapes: shapeRuns.map((r) => ({ shape: r.shape, threads: r.threads, gflops: +r.gflops.toFixed(2), cpu_gflops: +r.cpuGflops.toFixed(2) })),
       prefill_tps: +((1024 * 1000) / prefillMs).toFixed(1),
+      prefill512_1thread_tps: +best512[1].toFixed(1),
+      prefill512_2threads_tps: +best512[2].toFixed(1),
       decode_tps: +d1.toFixed(1),
       decode_tps_batch8: +d8.toFixed(1),
     }),

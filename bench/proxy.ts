@@ -6,16 +6,18 @@
 // (b) Real engines on the built-in model in 1P1D (`kvc up`): TTFT p50/p99 of streamed requests
 //     through the proxy vs direct to one plain engine.
 // Last line: {"bench":"proxy","proxy_rps":…,"direct_rps":…,"overhead_p50_ms":…,"overhead_p99_ms":…,
-//             "ttft_proxy_p50_ms":…,"ttft_direct_p50_ms":…}
+//             "proxy_cpu_us_per_req":…,"ttft_proxy_p50_ms":…,"ttft_direct_p50_ms":…}
 // `--stub-only` runs (a) alone and ends with {"bench":"proxy","stub_only":true,"proxy_rps":…,
-// "direct_rps":…,"ratio":…,"overhead_p50_ms":…,"overhead_p99_ms":…}.
+// "direct_rps":…,"ratio":…,"overhead_p50_ms":…,"overhead_p99_ms":…,"proxy_cpu_us_per_req":…}.
+// proxy_cpu_us_per_req: the proxy process's CPU time (user + system, /proc) per request, median
+// of the proxy rounds.
 // In (a), `--proxy-cli <path to another build's dist/src/cli/main.js>` runs that build's proxy
 // instead (to compare two trees under the same bench), and `--cpu-prof-dir <dir>` has the proxy
 // process write a V8 CPU profile there.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { Pool } from 'undici';
@@ -81,6 +83,19 @@ async function proxyOnce(pool: Pool, i: number): Promise<void> {
   await post(pool, '/v1/completions', { prompt: `request ${i} about caches`, max_tokens: 8, stream: true });
 }
 
+/** CPU time (user + system) a process has used, µs, from /proc (Linux); null elsewhere. */
+function processCpuUs(pid: number): number | null {
+  try {
+    const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+    // utime and stime, fields 14 and 15 of stat(5), in clock ticks of 10 ms (USER_HZ 100).
+    return (Number(f[11]) + Number(f[12])) * 10_000;
+  } catch {
+    return null;
+  }
+}
+
+let completed = 0;
+
 async function throughput(fn: (i: number) => Promise<void>, concurrency: number, ms: number): Promise<number> {
   let done = 0;
   let i = 0;
@@ -91,10 +106,22 @@ async function throughput(fn: (i: number) => Promise<void>, concurrency: number,
       while (performance.now() < end) {
         await fn(i++);
         done++;
+        completed++;
       }
     }),
   );
   return done / ((performance.now() - t0) / 1000);
+}
+
+/** `n` requests at concurrency 8 (or as many as fit in `capMs`). */
+async function warmUp(fn: (i: number) => Promise<void>, n: number, capMs: number): Promise<void> {
+  let i = 0;
+  const end = performance.now() + capMs;
+  await Promise.all(
+    Array.from({ length: 8 }, async () => {
+      while (i < n && performance.now() < end) await fn(i++);
+    }),
+  );
 }
 
 async function latencies(fn: (i: number) => Promise<void>, n: number): Promise<number[]> {
@@ -137,21 +164,32 @@ async function stubPart() {
     const viaProxy = new Pool(`http://127.0.0.1:${proxyPort}`, { connections: 64 });
     const d = (i: number) => directOnce(direct, i);
     const p = (i: number) => proxyOnce(viaProxy, i);
-    await throughput(d, 8, 1000); // warm-up
-    await throughput(p, 8, 1000);
+    // Warm-up by count, not time: the proxy is a fresh process whose JIT compiles its hot path
+    // over its first few thousand requests (until then a request costs it 1.5-4x the CPU of later
+    // ones); on a loaded machine a fixed time would cover too few of them.
+    await warmUp(d, 3000, 30_000);
+    await warmUp(p, 3000, 30_000);
     const conc = 16;
     // Interleaved rounds, median of each: the machine's load (other processes) drifts over
     // time, and both variants should see the same drift.
     const dr: number[] = [];
     const pr: number[] = [];
+    // The proxy process's CPU time per request in each proxy round: the figure that changes to
+    // the per-request path move, less at the mercy of the machine's load than req/s.
+    const proxyCpu: number[] = [];
     for (let round = 0; round < 5; round++) {
       dr.push(await throughput(d, conc, 2000));
+      const [c0, n0] = [processCpuUs(proxy.child.pid!), completed];
       pr.push(await throughput(p, conc, 2000));
+      const c1 = processCpuUs(proxy.child.pid!);
+      if (c0 !== null && c1 !== null) proxyCpu.push((c1 - c0) / (completed - n0));
     }
     const median = (a: number[]) => [...a].sort((x, y) => x - y)[a.length >> 1]!;
     const directRps = median(dr);
     const proxyRps = median(pr);
     console.log(`  rounds (req/s) direct ${dr.map((v) => v.toFixed(0)).join(' ')} | proxy ${pr.map((v) => v.toFixed(0)).join(' ')}`);
+    const proxyCpuUs = proxyCpu.length ? median(proxyCpu) : NaN;
+    if (proxyCpu.length) console.log(`  proxy process CPU per request (µs, user + system): ${proxyCpu.map((v) => v.toFixed(0)).join(' ')}; median ${proxyCpuUs.toFixed(0)}`);
     const ld = await latencies(d, 500);
     const lp = await latencies(p, 500);
     await direct.close();
@@ -159,6 +197,7 @@ async function stubPart() {
     return {
       directRps,
       proxyRps,
+      proxyCpuUs,
       directP50: percentile(ld, 50),
       directP99: percentile(ld, 99),
       proxyP50: percentile(lp, 50),
@@ -227,6 +266,7 @@ async function main() {
         ratio: r2(a.proxyRps / a.directRps),
         overhead_p50_ms: r2(a.proxyP50 - a.directP50),
         overhead_p99_ms: r2(a.proxyP99 - a.directP99),
+        proxy_cpu_us_per_req: Math.round(a.proxyCpuUs),
       }),
     );
     return;
@@ -242,6 +282,7 @@ async function main() {
       direct_rps: r2(a.directRps),
       overhead_p50_ms: r2(a.proxyP50 - a.directP50),
       overhead_p99_ms: r2(a.proxyP99 - a.directP99),
+      proxy_cpu_us_per_req: Math.round(a.proxyCpuUs),
       ttft_proxy_p50_ms: r2(b.proxyP50),
       ttft_direct_p50_ms: r2(b.directP50),
     }),

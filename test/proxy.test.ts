@@ -257,6 +257,29 @@ describe('proxy against stub engines', () => {
     assert.equal(JSON.parse(nc.text).choices[0].message.content, stubWords(JSON.stringify(msgs), 2).join(''));
   });
 
+  test('the relayed stream is byte for byte the decoder\'s, whether its events come in one burst or one by one', async () => {
+    // Only the id (it names the stub and counts its requests) and the creation second differ
+    // between two answers of a stub to the same body.
+    const norm = (t: string) => t.replace(/"id":"[^"]*"/g, '"id":"-"').replace(/"created":\d+/g, '"created":0');
+    for (const streamDelayMs of [0, 5]) {
+      reset();
+      for (const s of D) s.streamDelayMs = streamDelayMs;
+      for (const body of [
+        { model: 'stub', prompt: 'same bytes', max_tokens: 12, stream: true },
+        { model: 'stub', messages: [{ role: 'user', content: 'same bytes' }], max_tokens: 12, stream: true },
+      ]) {
+        const path = 'messages' in body ? '/v1/chat/completions' : '/v1/completions';
+        const viaProxy = await post(path, body);
+        assert.equal(viaProxy.status, 200, viaProxy.text);
+        const direct = await fetch(`http://127.0.0.1:${D[0]!.port}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+        const directText = await direct.text();
+        assert.ok(directText.split('\n\n').length > 12, 'the decoder streamed one event per token');
+        assert.equal(norm(viaProxy.text), norm(directText), `stream relayed unchanged (stream delay ${streamDelayMs} ms)`);
+      }
+    }
+    reset();
+  });
+
   test('round-robin over prefillers and decoders', async () => {
     reset();
     for (let i = 0; i < 4; i++) assert.equal((await post('/v1/completions', { prompt: `p ${i}`, max_tokens: 2 })).status, 200);
@@ -513,7 +536,9 @@ describe('proxy against stub engines', () => {
       r.on('error', () => {});
     });
     req.on('error', () => {});
-    req.end(JSON.stringify({ prompt: 'never read', max_tokens: 60_000, stream: true }));
+    // ~54 MB of events: more than the client's receive buffer (tcp_rmem's maximum, 32 MiB here)
+    // plus the proxy's send buffer can ever hold, so the stream cannot complete unread.
+    req.end(JSON.stringify({ prompt: 'never read', max_tokens: 300_000, stream: true }));
     // idleMs is 2 s in this suite, and nothing else bounds a paused stream: without the stall
     // bound this request would stay in flight, holding a decoder connection, for ever. (The
     // client itself cannot tell: the proxy's close is queued behind the bytes it never reads.)

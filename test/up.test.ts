@@ -145,6 +145,9 @@ describe('kvc up 1P1D (built-in model)', () => {
     const dep = JSON.parse(readFileSync(join(logDir, 'deployment.json'), 'utf8'));
     assert.equal(dep.processes.length, 4);
     for (const p of dep.processes) assert.ok(alive(p.pid), `${p.name} alive`);
+    // The controller runs with its young generation sized (src/common/young_gen.ts).
+    const ctlPid = dep.processes.find((p: { name: string }) => p.name === 'controller').pid;
+    assert.match(readFileSync(`/proc/${ctlPid}/cmdline`, 'utf8').split('\0').join(' '), /--max-semi-space-size=1 \S*main\.js controller /);
     const yaml = parseYaml(readFileSync(join(logDir, 'decoder-0.yaml'), 'utf8'));
     assert.equal(yaml.xfer_peer_init_port, 7300 + offset);
     assert.equal(yaml.controller_url, `127.0.0.1:${9001 + offset}`);

@@ -27,6 +27,8 @@ export interface HttpServerOptions {
   requestTimeoutMs?: number;
   /** Open connections allowed from one client address. */
   maxConnectionsPerClient?: number;
+  /** The body types the server parses, as named in the 400 for any other (default: application/json). */
+  contentTypes?: readonly string[];
 }
 
 /** A complete HTTP/1.1 error response in the OpenAI shape, for places with only a socket. */
@@ -99,7 +101,7 @@ export function createHttpServer(opts: HttpServerOptions): FastifyInstance {
     let e: KvcError;
     if (err instanceof KvcError) e = err;
     else if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE') e = kvcError(ERRORS.body_too_large, `request body exceeds ${bodyLimit} bytes`);
-    else if (err.code === 'FST_ERR_CTP_INVALID_MEDIA_TYPE') e = kvcError(ERRORS.invalid_content_type, 'unsupported Content-Type; send application/json');
+    else if (err.code === 'FST_ERR_CTP_INVALID_MEDIA_TYPE') e = kvcError(ERRORS.invalid_content_type, `unsupported Content-Type; send ${(opts.contentTypes ?? ['application/json']).join(' or ')}`);
     else if (err.code === 'FST_ERR_CTP_EMPTY_JSON_BODY') e = kvcError(ERRORS.invalid_json, 'request body is empty; expected a JSON object');
     else if (err.statusCode === 400 || err instanceof SyntaxError) e = kvcError(ERRORS.invalid_json, `malformed JSON body: ${err.message}`);
     else if (err instanceof RangeError && /call stack/i.test(err.message)) {

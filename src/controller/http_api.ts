@@ -7,11 +7,14 @@ import { ERRORS, kvcError } from '../common/errors.js';
 import { createHttpServer, requireObject } from '../common/http.js';
 import { parseBody } from '../common/validate.js';
 import { checkFinishSchema, clearSchema, eventsQuerySchema, healthSchema, lookupSchema, moveSchema, pinSchema, queryInstanceSchema } from '../protocol/controller_api.js';
+import { TOKEN_BODY_CONTENT_TYPE } from '../protocol/token_body.js';
 import { PREFIX_LOOKUP_PATH, prefixLookupRequestSchema, type PrefixLookupReply } from '../protocol/prefix_lookup.js';
 import { registerDashboard } from './dashboard.js';
 import { ControllerMetrics } from './metrics.js';
 import type { Operations } from './operations.js';
 import { deploymentSecret, requireBearer } from '../common/auth.js';
+import { DEFAULT_BODY_LIMIT } from '../common/limits.js';
+import { installTokenBodyParser, TokenBody } from './token_body_parser.js';
 
 /** Token arrays are the bulk of every body: check them in one tight loop (zod takes ~1 ms for 8192). */
 function validTokens(t: unknown): t is number[] {
@@ -32,13 +35,33 @@ function parseWithTokens<S extends z.ZodType<{ tokens: number[] }>>(schema: S, r
   return parsed;
 }
 
+/**
+ * The token ids of a request-path lookup: a binary body (src/protocol/token_body.ts), read into
+ * pooled memory and released by `use` once it returns, or a JSON `{"tokens": [...]}` body.
+ */
+function withTokens<S extends z.ZodType<{ tokens: number[] }>, R>(schema: S, body: unknown, use: (tokens: ArrayLike<number>) => R): R {
+  if (!(body instanceof TokenBody)) return use(parseWithTokens(schema, body).tokens);
+  try {
+    return use(body.tokens);
+  } finally {
+    body.release();
+  }
+}
+
+/** The routes that also take a binary token body. */
+const BINARY_ROUTES = ['/lookup', PREFIX_LOOKUP_PATH] as const;
+
 export interface HttpApiOptions {
   /** Also export the process metrics (CPU, memory, event loop) — for the `kvc controller` process. */
   processMetrics?: boolean;
 }
 
 export async function buildHttpApi(ops: Operations, o: HttpApiOptions = {}): Promise<FastifyInstance> {
-  const app = createHttpServer({ name: 'controller.http' });
+  const app = createHttpServer({ name: 'controller.http', contentTypes: ['application/json', `${TOKEN_BODY_CONTENT_TYPE} (${BINARY_ROUTES.join(', ')})`] });
+  installTokenBodyParser(app, BINARY_ROUTES, DEFAULT_BODY_LIMIT);
+  // fastify's default text/plain parser would hand a string to handlers that expect an object;
+  // the controller takes JSON (and binary token ids), so any other type is a 400 naming both.
+  app.removeContentTypeParser('text/plain');
   // Mutations need the deployment secret; reads stay open (docs/security.md).
   const MUTATIONS = new Set(['/move', '/pin', '/unpin', '/clear']);
   requireBearer(app, { key: deploymentSecret(), applies: (m, p) => m === 'POST' && MUTATIONS.has(p), what: 'deployment secret', name: 'controller' });
@@ -51,15 +74,14 @@ export async function buildHttpApi(ops: Operations, o: HttpApiOptions = {}): Pro
   app.post('/move', async (req) => ops.move(parseWithTokens(moveSchema, req.body)));
   app.post('/pin', async (req) => ops.pin(parseWithTokens(pinSchema, req.body)));
   app.post('/unpin', async (req) => ops.unpin(parseWithTokens(pinSchema, req.body)));
-  // Synchronous handlers: no promise per request on the routing path. (A scanner reading the
-  // body straight into a Uint32Array was tried and removed: p50 halved but p99 doubled, see
-  // docs/controller.md "Benchmark".)
+  // The request path: synchronous handlers (no promise per request), and the binary token body
+  // read into pooled memory (docs/controller.md "Lookup path").
   app.post('/lookup', (req, reply) => {
-    void reply.send(ops.lookup(parseWithTokens(lookupSchema, req.body).tokens));
+    void reply.send(withTokens(lookupSchema, req.body, (t) => ops.lookup(t)));
   });
   // The kv-aware router's one call per request: every instance's cached prefix at once.
   app.post(PREFIX_LOOKUP_PATH, (req, reply) => {
-    const r: PrefixLookupReply = ops.prefixByInstance(parseWithTokens(prefixLookupRequestSchema, req.body).tokens);
+    const r: PrefixLookupReply = withTokens(prefixLookupRequestSchema, req.body, (t) => ops.prefixByInstance(t));
     void reply.send(r);
   });
   app.post('/clear', async (req) => ops.clear(parseBody(clearSchema, body(req.body))));

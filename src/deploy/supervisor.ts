@@ -14,6 +14,8 @@ export interface ChildSpec {
   env: NodeJS.ProcessEnv;
   logPath: string;
   healthUrl: string;
+  /** Flags for node itself, before the script (e.g. V8 heap sizes read only at start-up). */
+  nodeArgs?: string[];
   /** Called with every line the child prints (after it went to the log). */
   onLine?: (line: string) => void;
 }
@@ -61,9 +63,9 @@ export class Child {
       this.exited = new Promise((r) => (this.resolveExit = r));
     }
     const fd = openSync(this.spec.logPath, 'a');
-    writeSync(fd, `# ${new Date().toISOString()} kvc ${this.spec.args.join(' ')}\n`);
+    writeSync(fd, `# ${new Date().toISOString()} ${this.spec.nodeArgs?.length ? `node ${this.spec.nodeArgs.join(' ')} ` : ''}kvc ${this.spec.args.join(' ')}\n`);
     const piped = !!this.spec.onLine;
-    const proc = spawn(process.execPath, [this.cli, ...this.spec.args], {
+    const proc = spawn(process.execPath, [...(this.spec.nodeArgs ?? []), this.cli, ...this.spec.args], {
       env: this.spec.env,
       stdio: ['ignore', piped ? 'pipe' : fd, piped ? 'pipe' : fd],
     });

@@ -21,6 +21,7 @@ import { DEFAULT_RESTART, superviseRestarts, type RestartPolicy } from './restar
 import { Child, StartError } from './supervisor.js';
 import { generateSecret, loadDeploymentSecret } from '../common/auth.js';
 import { isWildcardHost, urlHost } from '../common/address.js';
+import { controllerNodeArgs } from '../common/young_gen.js';
 
 export interface UpOptions extends PlanOptions {
   /** How processes that die are restarted (default DEFAULT_RESTART). */
@@ -209,6 +210,8 @@ export async function runUp(o: UpOptions): Promise<number> {
       const c = launch(new Child({
         name: 'controller',
         args: controllerArgs(plan),
+        // Its young generation sized for the request-path lookups (src/common/young_gen.ts).
+        nodeArgs: controllerNodeArgs(env.NODE_OPTIONS),
         env,
         logPath: join(logDir, 'controller.log'),
         healthUrl: `http://${host}:${plan.controller.port}/healthz`,

@@ -11,6 +11,7 @@ import type { Tokenizer } from './model/tokenizer.js';
 import type { SamplingParams } from './sampler.js';
 import { Sampler } from './sampler.js';
 import type { FinishReason, Scheduler, Sequence } from './scheduler.js';
+import { SseWriter } from './sse_writer.js';
 import { StopMatcher } from './stop.js';
 
 const log = logger('engine.http');
@@ -72,6 +73,13 @@ interface Choice {
   pending: LogprobEntry[];
   /** Characters of `text` already streamed. */
   sent: number;
+  /**
+   * A token's stream event without logprobs, split around its text: prefix + JSON string of the
+   * text + suffix is what JSON.stringify gives for the whole chunk object (built once from that
+   * object, so key order and escaping are JSON.stringify's own).
+   */
+  eventHead: string;
+  eventTail: string;
   finished: Promise<{ reason: FinishReason; error?: Error }>;
 }
 
@@ -114,6 +122,21 @@ export async function runGeneration(ctx: GenerationContext, g: GenerationRequest
       : { index: c.index, text: delta, logprobs: lp, finish_reason: finish };
   };
   const sse = (body: unknown) => stream?.(`data: ${JSON.stringify(body)}\n\n`);
+  /** The event of one token's text (choiceChunk(c, delta, null) when logprobs are off). */
+  const tokenEvent = (c: Choice, delta: string) => {
+    if (g.logprobs !== null) return sse({ id, object: chunkObject, created, model: g.modelName, choices: [choiceChunk(c, delta, null)] });
+    stream?.(c.eventHead + JSON.stringify(delta) + c.eventTail);
+  };
+  /** Splits the event of a token's text around the text (see Choice.eventHead). */
+  const splitEvent = (c: Choice) => {
+    // U+0000 is written by JSON.stringify as the escape below, which no other part of the
+    // object can contain unescaped after the text (only constant keys and nulls follow it).
+    const mark = '\u0000';
+    const whole = `data: ${JSON.stringify({ id, object: chunkObject, created, model: g.modelName, choices: [choiceChunk(c, mark, null)] })}\n\n`;
+    const at = whole.lastIndexOf(JSON.stringify(mark));
+    c.eventHead = whole.slice(0, at);
+    c.eventTail = whole.slice(at + JSON.stringify(mark).length);
+  };
 
   const choices: Choice[] = [];
   try {
@@ -132,7 +155,8 @@ export async function runGeneration(ctx: GenerationContext, g: GenerationRequest
     const finished = new Promise<{ reason: FinishReason; error?: Error }>((r) => {
       resolveFinish = r;
     });
-    const c = { index, sampler, stops: new StopMatcher(g.stop, g.includeStopStr), text: '', decoded: 0, entries: [], pending: [], sent: 0, finished } as unknown as Choice;
+    const c = { index, sampler, stops: new StopMatcher(g.stop, g.includeStopStr), text: '', decoded: 0, entries: [], pending: [], sent: 0, eventHead: '', eventTail: '', finished } as unknown as Choice;
+    if (g.stream && g.logprobs === null) splitEvent(c);
     // Streams only when every candidate is answered (best_of > n is refused with stream).
     const streams = g.bestOf === g.n;
     // Throws a 503 KvcError (queue full, shutting down) before anything was sent.
@@ -160,7 +184,7 @@ export async function runGeneration(ctx: GenerationContext, g: GenerationRequest
             c.text += visible;
             if (streams) {
               c.sent += visible.length;
-              sse({ id, object: chunkObject, created, model: g.modelName, choices: [choiceChunk(c, visible, null)] });
+              tokenEvent(c, visible);
             }
           }
           if (c.stops.stopped) ctx.scheduler.cancel(c.seq, 'stop');
@@ -190,11 +214,9 @@ export async function runGeneration(ctx: GenerationContext, g: GenerationRequest
 
   if (g.stream) {
     reply.hijack();
-    const raw = reply.raw;
-    raw.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-request-id': g.requestId });
-    stream = (chunk) => {
-      if (!raw.destroyed) raw.write(chunk);
-    };
+    const out = new SseWriter(reply.raw);
+    out.start({ 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-request-id': g.requestId });
+    stream = (chunk) => out.write(chunk);
     if (g.echo) for (const c of choices) sse({ id, object: chunkObject, created, model: g.modelName, choices: [choiceChunk(c, g.echo, null)] });
     if (g.kind === 'chat') {
       for (const c of choices) sse({ id, object: chunkObject, created, model: g.modelName, choices: [{ index: c.index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }] });

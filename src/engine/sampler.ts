@@ -128,7 +128,8 @@ export class Sampler {
       this.last = { token, logprob, top: topIndices(logits, k).map((t) => ({ token: t, logprob: lp(t) })) };
       this.cumulativeLogprob += logprob;
     }
-    this.counts.set(token, (this.counts.get(token) ?? 0) + 1);
+    // Only the penalties read the counts (and they turn `processes` on).
+    if (this.processes) this.counts.set(token, (this.counts.get(token) ?? 0) + 1);
     this.generated++;
     return token;
   }

@@ -340,16 +340,20 @@ export class Scheduler {
       this.o.metrics.decodeStepGap.observe((t0 - this.lastDecodeEnd) / 1000);
       this.o.metrics.decodeStepGapCpu.observe((cpuMicros() - this.lastDecodeCpu) / 1e6);
     }
+    let stepTokens = 0;
+    let decodes = 0;
+    for (const r of rows) {
+      stepTokens += r.n;
+      if (!r.seq.prefilling) decodes++;
+    }
     try {
       out = this.o.model.forward(segs, this.o.kv);
-      const stepTokens = rows.reduce((a, r) => a + r.n, 0);
       if (stepTokens > decodeRows) {
         // Only steps with prompt tokens teach the cost: decode-only steps are cheap per row and
         // would make the next prompt chunk too long.
         const perToken = (this.now() - c0) / stepTokens;
         this.msPerToken = this.msPerToken ? COST_EWMA * perToken + (1 - COST_EWMA) * this.msPerToken : perToken;
       }
-      const decodes = rows.filter((r) => !r.seq.prefilling).length;
       const phase = decodes === rows.length ? 'decode' : decodes === 0 ? 'prefill' : 'mixed';
       this.o.metrics.stepSeconds.observe({ phase }, (performance.now() - t0) / 1000);
       this.o.metrics.stepTokens.observe({ phase }, stepTokens);
@@ -360,6 +364,9 @@ export class Scheduler {
       for (const r of rows) this.finish(r.seq, 'error', e as Error);
       return true;
     }
+    // Per-token bookkeeping shares the step's clock reading and one counter update per step.
+    const now = performance.now();
+    let emitted = 0;
     let li = 0;
     for (const r of rows) {
       const seq = r.seq;
@@ -379,8 +386,10 @@ export class Scheduler {
           );
         }
       }
-      this.emit(seq, seq.init.sampler.sample(logits, this.o.model.argmax));
+      emitted++;
+      this.emit(seq, seq.init.sampler.sample(logits, this.o.model.argmax), now);
     }
+    if (emitted) this.o.metrics.generatedTokens.inc(emitted);
     return true;
   }
 
@@ -400,8 +409,7 @@ export class Scheduler {
     this.lastDecodeCpu = cpuMicros();
   }
 
-  private emit(seq: Sequence, token: number): void {
-    const now = performance.now();
+  private emit(seq: Sequence, token: number, now: number): void {
     const m = this.o.metrics;
     if (!seq.firstTokenAt) {
       seq.firstTokenAt = now;
@@ -411,7 +419,6 @@ export class Scheduler {
     }
     seq.lastTokenAt = now;
     seq.output.push(token);
-    m.generatedTokens.inc();
     try {
       seq.init.events.onToken(token);
     } catch (e) {

@@ -23,7 +23,8 @@ import type { Route, Router } from './router.js';
 import type { RoutingMetrics } from './routing_metrics.js';
 import type { TtftStats } from './stats.js';
 import type { DecoderEndpoint } from './topology.js';
-import { BackendFailure, Cancelled, CancelSignal, PassThrough, call, callJson, callStream } from './upstream.js';
+import { ClientRelay } from './relay.js';
+import { BackendFailure, Cancelled, CancelSignal, PassThrough, callJson, callStream, callWhole } from './upstream.js';
 
 const log = logger('proxy');
 
@@ -480,99 +481,51 @@ export class Flow {
     if (!stream) {
       let res;
       try {
-        res = await call(decoder, opts);
+        res = await callWhole(decoder, opts);
       } catch (err) {
+        // Cut off after its headers: the decoder answered, so it is counted, not marked down.
+        if (err instanceof BackendFailure && !err.beforeResponse && err.answered === null) {
+          this.decoderFailures(decoder.name).inc();
+          throw new BackendFailure(decoder, `response cut off: ${err.message}`);
+        }
         throw failed(err);
-      }
-      const ct = String(res.headers['content-type'] ?? 'application/json');
-      let buf: Buffer;
-      try {
-        buf = Buffer.from(await res.body.arrayBuffer());
-      } catch (err) {
-        this.decoderFailures(decoder.name).inc();
-        throw err instanceof Error && signal.aborted ? new Cancelled('client disconnected') : new BackendFailure(decoder, `response cut off: ${(err as Error).message}`);
       }
       // A non-streamed answer comes whole: its first token reaches the client with the rest.
       firstToken();
-      void reply.code(res.statusCode).header('content-type', ct).send(buf);
-      return res.statusCode;
+      void reply.code(res.status).header('content-type', res.contentType).send(res.body);
+      return res.status;
     }
     // Streamed: relay the decoder's SSE bytes as they come (undici dispatch, no body stream in
-    // between), pausing the decoder while the client's socket is full. Pieces that arrive in the
-    // same event-loop turn leave in one write (cork until setImmediate): one syscall instead of
-    // one per SSE event, without delaying any of them.
-    const raw = reply.raw;
-    let status = 0;
-    let first: FirstContent | null = new FirstContent();
-    let corked = false;
-    // A client that stops reading pauses the decoder (backpressure), and undici's body timeout
-    // does not run while paused: bound the pause by the same idle timeout, then give up on the
-    // client (its connection to the decoder would otherwise stay taken for as long as it likes).
+    // between; relay.ts gathers the pieces of one event-loop turn into one write), pausing the
+    // decoder while the client's socket is full.
     const idleMs = this.d.timeouts.idleMs;
-    let stall: NodeJS.Timeout | null = null;
-    const unstall = () => {
-      if (stall) clearTimeout(stall);
-      stall = null;
-    };
-    const onStall = () => {
-      stall = null;
-      log.warn(`client stopped reading a stream for ${idleMs} ms; cancelling its decode on ${decoder.name}`);
-      this.d.metrics.cancelled.inc();
-      signal.abort();
-      raw.destroy();
-    };
-    const flush = () => {
-      corked = false;
-      raw.uncork();
-    };
-    const upstream = callStream(decoder, opts, {
-      start: (code, ct) => {
-        status = code;
-        reply.hijack();
-        raw.writeHead(code, { 'content-type': ct ?? 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
+    const relay = new ClientRelay(reply, new FirstContent(), idleMs, {
+      firstToken,
+      cancel: () => signal.abort(),
+      stalled: () => {
+        log.warn(`client stopped reading a stream for ${idleMs} ms; cancelling its decode on ${decoder.name}`);
+        this.d.metrics.cancelled.inc();
       },
-      data: (piece) => {
-        if (first && first.feed(piece)) {
-          first = null;
-          firstToken();
-        }
-        if (raw.destroyed) {
-          signal.abort(); // the client is gone: no 'drain' will ever come
-          return false;
-        }
-        if (!corked) {
-          corked = true;
-          raw.cork();
-          setImmediate(flush);
-        }
-        const more = raw.write(piece);
-        if (!more && !stall) stall = setTimeout(onStall, idleMs);
-        return more;
-      },
+      resume: () => upstream.resume(),
     });
-    const onDrain = () => {
-      unstall();
-      upstream.resume();
-    };
-    raw.on('drain', onDrain);
+    const upstream = callStream(decoder, opts, relay);
     try {
       await upstream.done;
       // A stream without any text (e.g. an empty completion): its first "token" is its end.
-      if (first) firstToken();
-      raw.end();
-      return status;
+      if (relay.waitingForContent) firstToken();
+      relay.end();
+      return relay.status;
     } catch (err) {
-      if (status === 0) throw failed(err); // nothing sent yet: a 502/504 or the engine's 4xx
+      if (relay.status === 0) throw failed(err); // nothing sent yet: a 502/504 or the engine's 4xx
       if (signal.aborted || err instanceof Cancelled) return 499;
       // Headers are gone already: end the stream with an OpenAI-shaped error event.
       this.decoderFailures(decoder.name).inc();
       const e = upstreamFailed(`${decoder.name}: stream broken: ${(err as Error).message}`);
       log.warn(e.message);
-      if (!raw.destroyed) raw.end(`data: ${JSON.stringify(e.toJSON())}\n\n`);
+      relay.end(`data: ${JSON.stringify(e.toJSON())}\n\n`);
       return 502;
     } finally {
-      unstall();
-      raw.off('drain', onDrain);
+      relay.close();
     }
   }
 }

@@ -54,17 +54,42 @@ export class BackendFailure extends Error {
   }
 }
 
+/** A dispatch() call that a client disconnect cancels (see CancelSignal.watch). */
+export interface Cancellable {
+  cancel(): void;
+}
+
 /**
- * Cancellation of one client request's upstream calls. undici accepts an EventEmitter with
- * `aborted` and an 'abort' event as a signal; it is much cheaper per call than an
- * AbortController's EventTarget, and a request makes three upstream calls.
+ * Cancellation of one client request's upstream calls. undici's request() accepts an
+ * EventEmitter with `aborted` and an 'abort' event as a signal, much cheaper than an
+ * AbortController's EventTarget. The dispatch() handlers (three calls per request) do not
+ * subscribe to the event: they put themselves on a plain list, which abort() walks first. A
+ * request's calls run one after another, so the list holds one entry: a push and a pop, where an
+ * EventEmitter listener costs an on() and an off() per call.
  */
 export class CancelSignal extends EventEmitter {
   aborted = false;
+  private readonly watching: Cancellable[] = [];
+
   abort(): void {
     if (this.aborted) return;
     this.aborted = true;
+    for (const c of this.watching.splice(0)) c.cancel();
     this.emit('abort');
+  }
+
+  /** Cancels `c` when the request is aborted (at once if it already is). */
+  watch(c: Cancellable): void {
+    if (this.aborted) c.cancel();
+    else this.watching.push(c);
+  }
+
+  unwatch(c: Cancellable): void {
+    const w = this.watching;
+    const i = w.lastIndexOf(c);
+    if (i < 0) return;
+    const last = w.pop()!;
+    if (i < w.length) w[i] = last;
   }
 }
 
@@ -175,14 +200,33 @@ function answerFailure(backend: Backend, status: number, body: Buffer, ct: strin
   return new BackendFailure(backend, `HTTP ${status}: ${body.toString('utf8', 0, Math.min(body.length, 300))}`, false, { answered: status, beforeResponse: false });
 }
 
-/** The content-type of raw undici headers (alternating names and values). */
-function contentType(raw: Buffer[] | string[] | null): string {
+const CONTENT_TYPE = Buffer.from('content-type');
+
+/** True when a raw header name (Buffer or string) is content-type, in any letter case, without decoding it. */
+function isContentType(name: Buffer | string): boolean {
+  if (typeof name === 'string') return name.length === 12 && name.toLowerCase() === 'content-type';
+  if (name.length !== 12) return false;
+  for (let i = 0; i < 12; i++) {
+    const c = name[i]!;
+    // ASCII letters only differ from their lower case by 0x20; '-' (0x2d) has no other case.
+    if ((c >= 0x41 && c <= 0x5a ? c | 0x20 : c) !== CONTENT_TYPE[i]) return false;
+  }
+  return true;
+}
+
+/** The content-type of raw undici headers (alternating names and values), or null. */
+function findContentType(raw: Buffer[] | string[] | null): string | null {
   if (raw) {
     for (let i = 0; i + 1 < raw.length; i += 2) {
-      if (String(raw[i]).toLowerCase() === 'content-type') return String(raw[i + 1]);
+      if (isContentType(raw[i]!)) return String(raw[i + 1]);
     }
   }
-  return 'application/json';
+  return null;
+}
+
+/** The content-type of raw undici headers; JSON when there is none. */
+function contentType(raw: Buffer[] | string[] | null): string {
+  return findContentType(raw) ?? 'application/json';
 }
 
 /**
@@ -190,13 +234,11 @@ function contentType(raw: Buffer[] | string[] | null): string {
  * body (a JSON answer, or a failed stream's error body), and the abort that a client disconnect
  * (the request's CancelSignal) triggers on the upstream call.
  */
-abstract class CallHandler implements Dispatcher.DispatchHandler, InflightCall {
+abstract class CallHandler implements Dispatcher.DispatchHandler, InflightCall, Cancellable {
   protected status = 0;
   protected rawHeaders: Buffer[] | string[] | null = null;
   protected chunks: Buffer[] = [];
   private abortCall: ((err?: Error) => void) | null = null;
-  // `on`, not `once`: done() always removes it, and once() would wrap it in one more closure per call.
-  private readonly onAbort = () => this.abortCall?.(new Cancelled('client disconnected'));
   private killedBy: Error | null = null;
   readonly at: [number, number] = [-1, -1];
 
@@ -206,8 +248,13 @@ abstract class CallHandler implements Dispatcher.DispatchHandler, InflightCall {
     protected readonly reject: (e: Error) => void,
     private readonly dependsOn?: Backend,
   ) {
-    signal?.on('abort', this.onAbort);
+    signal?.watch(this);
     track(backend, this, dependsOn);
+  }
+
+  /** The client went away (the request's CancelSignal). */
+  cancel(): void {
+    this.abortCall?.(new Cancelled('client disconnected'));
   }
 
   /** The backend (or one this call waits on) was found hung or dead. */
@@ -217,7 +264,7 @@ abstract class CallHandler implements Dispatcher.DispatchHandler, InflightCall {
   }
 
   protected done(): void {
-    this.signal?.off('abort', this.onAbort);
+    this.signal?.unwatch(this);
     untrack(this.backend, this, this.dependsOn);
   }
 
@@ -242,13 +289,30 @@ abstract class CallHandler implements Dispatcher.DispatchHandler, InflightCall {
 }
 
 /**
- * The handler behind callJson(): collects the body's buffers and settles one promise, with
- * the same outcomes as call() + res.body.json(). Written against undici's dispatch() rather
- * than request(): no AsyncResource, no body stream and no consume machinery for a small JSON
- * answer (two such calls per client request: tokenize and prefill).
+ * A 2xx answer read whole: its status, content-type and body bytes, as they came.
  */
-class JsonHandler extends CallHandler {
-  constructor(backend: Backend, signal: CancelSignal | undefined, private readonly resolve: (v: unknown) => void, reject: (e: Error) => void, dependsOn?: Backend) {
+export interface WholeAnswer {
+  status: number;
+  contentType: string;
+  body: Buffer;
+}
+
+/**
+ * The handler behind callJson() and callWhole(): collects the body's buffers and settles one
+ * promise, with the same outcomes as call() + reading the body. Written against undici's
+ * dispatch() rather than request(): no AsyncResource, no body stream and no consume machinery
+ * for an answer read whole (tokenize and prefill, two per client request, and the non-streamed
+ * decode). `parse` turns a 2xx answer into the value (JSON for callJson).
+ */
+class WholeHandler<T> extends CallHandler {
+  constructor(
+    backend: Backend,
+    signal: CancelSignal | undefined,
+    private readonly parse: (h: WholeHandler<T>) => T,
+    private readonly resolve: (v: T) => void,
+    reject: (e: Error) => void,
+    dependsOn?: Backend,
+  ) {
     super(backend, signal, reject, dependsOn);
   }
 
@@ -273,16 +337,33 @@ class JsonHandler extends CallHandler {
       this.reject(this.failure());
       return;
     }
-    let v: unknown;
+    let v: T;
     try {
-      v = JSON.parse(this.body().toString('utf8'));
+      v = this.parse(this);
     } catch (err) {
-      this.reject(new BackendFailure(this.backend, `answered a body that is not JSON (${(err as Error).message})`, false, { answered: this.status }));
+      this.reject(err as Error);
       return;
     }
     this.resolve(v);
   }
+
+  /** The status, content-type and bytes of the answer (after onComplete). */
+  whole(): WholeAnswer {
+    return { status: this.status, contentType: contentType(this.rawHeaders), body: this.body() };
+  }
+
+  /** The answer parsed as JSON, or a BackendFailure saying it is not JSON. */
+  json(): unknown {
+    try {
+      return JSON.parse(this.body().toString('utf8'));
+    } catch (err) {
+      throw new BackendFailure(this.backend, `answered a body that is not JSON (${(err as Error).message})`, false, { answered: this.status });
+    }
+  }
 }
+
+const asJson = (h: WholeHandler<unknown>) => h.json();
+const asWhole = (h: WholeHandler<WholeAnswer>) => h.whole();
 
 /** undici dispatch options of one upstream call. */
 function dispatchOptions(o: CallOptions, b: Backend): Dispatcher.DispatchOptions {
@@ -299,7 +380,18 @@ function dispatchOptions(o: CallOptions, b: Backend): Dispatcher.DispatchOptions
 /** One request whose answer is a small JSON body: the parsed body, or the errors of call(). */
 export function callJson(backend: Backend, o: CallOptions): Promise<unknown> {
   return new Promise((resolve, reject) => {
-    backend.pool.dispatch(dispatchOptions(o, backend), new JsonHandler(backend, o.signal, resolve, reject, o.dependsOn));
+    backend.pool.dispatch(dispatchOptions(o, backend), new WholeHandler(backend, o.signal, asJson, resolve, reject, o.dependsOn));
+  });
+}
+
+/**
+ * One request whose 2xx answer is read whole and relayed as is (the non-streamed decode): its
+ * status, content-type and bytes, or the errors of call(). A failure after the answer's headers
+ * has `beforeResponse` false.
+ */
+export function callWhole(backend: Backend, o: CallOptions): Promise<WholeAnswer> {
+  return new Promise((resolve, reject) => {
+    backend.pool.dispatch(dispatchOptions(o, backend), new WholeHandler(backend, o.signal, asWhole, resolve, reject, o.dependsOn));
   });
 }
 
@@ -346,11 +438,7 @@ class StreamHandler extends CallHandler {
     this.resumeBody = resume;
     if (statusCode < 300) {
       this.started = true;
-      let ct: string | null = null;
-      for (let i = 0; i + 1 < rawHeaders.length; i += 2) {
-        if (String(rawHeaders[i]).toLowerCase() === 'content-type') ct = String(rawHeaders[i + 1]);
-      }
-      this.sink.start(statusCode, ct);
+      this.sink.start(statusCode, findContentType(rawHeaders));
     }
     return true;
   }

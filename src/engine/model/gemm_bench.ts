@@ -84,3 +84,48 @@ export async function measureGemmFma(m: number, n: number, k: number, rounds = 1
   const med = (x: number[]) => [...x].sort((p, q) => p - q)[Math.floor(x.length / 2)]!;
   return { fmaGflops: Math.max(...rates[0]!), plainGflops: Math.max(...rates[1]!), fmaMedian: med(rates[0]!), plainMedian: med(rates[1]!) };
 }
+
+/** The GEMM shapes of a 512-token prefill on the 156M benchmark model (bench peer): M x N x K. */
+export const PREFILL_156M_SHAPES: readonly (readonly [number, number, number])[] = [
+  [512, 1536, 1024], // q|k|v fused: 1024 -> 1024 + 2 x 256
+  [512, 1024, 1024], // o
+  [512, 5632, 1024], // gate|up fused: 1024 -> 2 x 2816
+  [512, 1024, 2816], // down
+  [1, 32000, 1024], // LM head: the last row only
+];
+
+/**
+ * The WASM kernel's rate on each shape with `threads` threads (matmul as the model calls it:
+ * operands copied in and out), the best of `rounds` calls: wall-clock GFLOP/s and CPU-time
+ * GFLOP/s (process CPU time, so per thread when two run). On a shared machine the CPU-time figure
+ * is the one that load disturbs least; the wall figure is what the model sees.
+ */
+export async function measureGemmShapes(shapes: readonly (readonly [number, number, number])[], threads: 1 | 2, rounds = 5): Promise<{ shape: string; threads: number; gflops: number; cpuGflops: number }[]> {
+  const gemm = await WasmGemm.create({ threads });
+  const out: { shape: string; threads: number; gflops: number; cpuGflops: number }[] = [];
+  try {
+    for (const [m, n, k] of shapes) {
+      const a = randomArray(m * k, 5);
+      const wt = gemm.upload(randomArray(n * k, 6), n, k);
+      const c = new Float32Array(m * n);
+      const flops = 2 * m * n * k;
+      const iters = Math.max(1, Math.round(1e8 / flops)); // >= ~0.1 GFLOP per measurement
+      gemm.matmul(wt, a, m, c); // warm-up
+      let wall = 0;
+      let cpu = 0;
+      for (let r = 0; r < rounds; r++) {
+        const c0 = process.cpuUsage();
+        const t0 = process.hrtime.bigint();
+        for (let i = 0; i < iters; i++) gemm.matmul(wt, a, m, c);
+        const sec = Number(process.hrtime.bigint() - t0) / 1e9;
+        const u = process.cpuUsage(c0);
+        wall = Math.max(wall, (flops * iters) / sec / 1e9);
+        cpu = Math.max(cpu, (flops * iters) / ((u.user + u.system) / 1e6) / 1e9);
+      }
+      out.push({ shape: `${m}x${n}x${k}`, threads, gflops: wall, cpuGflops: cpu });
+    }
+  } finally {
+    gemm.close();
+  }
+  return out;
+}

@@ -24,7 +24,7 @@ export const CTL = {
   CHUNK: 15,
   /**
    * Which kernel export the job runs: 0 dense (gemm), 1 gemmp, 2 gemmpbf16, 3 gemmpf16, 4 gemmpq8,
-   * 5 attendrows (its range [n0, n1) is query rows, not columns).
+   * 5 attendrows (its range [n0, n1) is query rows, not columns), 6 swiglurows (rows).
    */
   PACKED: 16,
   SIZE: 17,
@@ -46,3 +46,10 @@ export function takeChunk(c: Int32Array, n1: number, unit: number): [number, num
     if (Atomics.compareExchange(c, CTL.NEXT, n0, n) === n0) return [n0, n];
   }
 }
+
+/**
+ * How long (ms) a thread spins on the control block before sleeping in Atomics.wait: the worker
+ * for the next job, the main thread for the worker's last chunk. Waking from Atomics.wait costs
+ * tens of µs on a virtual machine, and a 512-token prefill hands off ~50 jobs.
+ */
+export const SPIN_MS = 0.3;

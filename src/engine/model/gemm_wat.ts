@@ -19,6 +19,17 @@ import { BLOCK_SHIFT, BLOCK_TOKENS } from './kv_cache.js';
 export const STRIP = 32;
 export const MB = 64;
 
+/**
+ * The register tile: 4 rows x 8 columns (8 v128 accumulators), four per strip. Why not larger
+ * (measured, see docs/engine-model.md): V8's scheduler issues every load of a k step (2 weight
+ * vectors, one splat per row) before its multiply-adds, so a tile needs accumulators + weights
+ * + splats (+ the zero constant) xmm registers, 15 at most; 5 or 6 rows spill accumulators to
+ * the stack (store-forwarding in the dependency chain: 26-34 against 44 GFLOP/s), and 3 x 12
+ * (9 sums, exactly 15 registers) runs no faster than 4 x 8.
+ */
+const TILE_ROWS = 4;
+const TILE_COLS = [0, 8, 16, 24];
+
 
 /**
  * Weight formats of strip-packed weights (see gemmFunc). Each is turned into the f32 value the
@@ -85,27 +96,28 @@ function madd(fma: boolean, acc: string, x: string, w: string): string {
   return fma ? `(f32x4.relaxed_madd ${x} ${w} ${acc})` : `(f32x4.add ${acc} (f32x4.mul ${x} ${w}))`;
 }
 
-function kernel4x8(col: number, fmt: WFmt, fma: boolean): string {
-  // accumulators $a{r}{j}, r in 0..3, j in 0..1
+/**
+ * One register tile: `rows` rows x 8 columns (col..col+7 of the strip), 2*rows v128 accumulators
+ * over the whole k range, stored once. Every accumulator lane is one output element updated for
+ * k ascending, so the tile shape changes no bits.
+ */
+function kernelTile(rows: number, col: number, fmt: WFmt, fma: boolean): string {
   const lines: string[] = [];
-  for (let r = 0; r < 4; r++) for (let j = 0; j < 2; j++) lines.push(`(local.set $a${r}${j} (v128.const i32x4 0 0 0 0))`);
+  for (let r = 0; r < rows; r++) for (let j = 0; j < 2; j++) lines.push(`(local.set $a${r}${j} (v128.const i32x4 0 0 0 0))`);
   lines.push(`(local.set $p0 (local.get $arow))`);
-  lines.push(`(local.set $p1 (i32.add (local.get $p0) (local.get $kb)))`);
-  lines.push(`(local.set $p2 (i32.add (local.get $p1) (local.get $kb)))`);
-  lines.push(`(local.set $p3 (i32.add (local.get $p2) (local.get $kb)))`);
+  for (let r = 1; r < rows; r++) lines.push(`(local.set $p${r} (i32.add (local.get $p${r - 1}) (local.get $kb)))`);
   lines.push(`(local.set $wp (local.get $wstrip))`);
   const body: string[] = [];
   body.push(loadGroup(fmt, '$wp', col));
-  body.push(`(local.set $w0 ${loadW(fmt, '$wp', col, 0)})`);
-  body.push(`(local.set $w1 ${loadW(fmt, '$wp', col, 1)})`);
-  for (let r = 0; r < 4; r++) {
+  for (let j = 0; j < 2; j++) body.push(`(local.set $w${j} ${loadW(fmt, '$wp', col, j)})`);
+  for (let r = 0; r < rows; r++) {
     body.push(`(local.set $x (v128.load32_splat (local.get $p${r})))`);
     for (let j = 0; j < 2; j++) body.push(`(local.set $a${r}${j} ${madd(fma, `(local.get $a${r}${j})`, '(local.get $x)', `(local.get $w${j})`)})`);
     body.push(`(local.set $p${r} (i32.add (local.get $p${r}) (i32.const 4)))`);
   }
-  lines.push(kLoop(fmt, 'kl', body));
+  lines.push(kLoop(fmt, `kl${rows}`, body));
   // store: C + ((m+r)*N + n0 + col)*4
-  for (let r = 0; r < 4; r++) {
+  for (let r = 0; r < rows; r++) {
     lines.push(`(local.set $cp (i32.add (local.get $crow) (i32.add (i32.mul (i32.const ${r}) (local.get $nb)) (i32.const ${col * 4}))))`);
     for (let j = 0; j < 2; j++) lines.push(`(v128.store offset=${j * 16} (local.get $cp) (local.get $a${r}${j}))`);
   }
@@ -152,7 +164,9 @@ function expV(x: string): string {
   const C = EXP_CONSTS;
   let y = vc(C.p[0]!);
   const lines = [
-    `(local.set $ex (f32x4.max ${x} ${vc(C.lo)}))`,
+    // pmax(x, lo) = x < lo ? lo : x: max(x, lo) for every x, NaN included (x is kept), in one
+    // instruction where f32x4.max's NaN and signed-zero rules cost several on x86.
+    `(local.set $ex (f32x4.pmax ${x} ${vc(C.lo)}))`,
     `(local.set $efx (f32x4.floor (f32x4.add (f32x4.mul (local.get $ex) ${vc(C.log2e)}) ${vc(C.half)})))`,
     `(local.set $ex (f32x4.sub (local.get $ex) (f32x4.mul (local.get $efx) ${vc(C.c1)})))`,
     `(local.set $ex (f32x4.sub (local.get $ex) (f32x4.mul (local.get $efx) ${vc(C.c2)})))`,
@@ -161,7 +175,10 @@ function expV(x: string): string {
   ];
   for (let i = 1; i < C.p.length; i++) lines.push(`(local.set $ey (f32x4.add (f32x4.mul (local.get $ey) (local.get $ex)) ${vc(C.p[i]!)}))`);
   lines.push(`(local.set $ey (f32x4.add (f32x4.add (f32x4.mul (local.get $ey) (local.get $ez)) (local.get $ex)) ${vc(C.one)}))`);
-  lines.push(`(f32x4.mul (local.get $ey) (i32x4.shl (i32x4.add (i32x4.trunc_sat_f32x4_s (local.get $efx)) (v128.const i32x4 127 127 127 127)) (i32.const 23)))`);
+  // 2^fx from the integral fx without a float→int conversion: fx + 1.5·2^23 holds fx in its low
+  // mantissa bits (|fx| < 2^22), and the exponent bits above them vanish in the shift by 23 — the
+  // same bits as (trunc(fx) + 127) << 23 for every finite fx the clamp above lets through.
+  lines.push(`(f32x4.mul (local.get $ey) (i32x4.shl (i32x4.add (f32x4.add (local.get $efx) ${vc(12582912)}) (v128.const i32x4 127 127 127 127)) (i32.const 23)))`);
   y = lines.join('\n');
   return y;
 }
@@ -193,7 +210,7 @@ function softmaxFunc(): string {
   return `
   (func $softmax (export "softmax") (param $S i32) (param $rows i32) (param $stride i32) (param $L i32) (param $scale f32)
     (local $r i32) (local $p i32) (local $len i32) (local $len4 i32) (local $j i32) (local $m f32) (local $sum f32) (local $inv f32)
-    (local $sv v128) (local $mv v128) (local $acc v128) (local $e v128)
+    (local $sv v128) (local $mv v128) (local $acc v128) (local $e v128) (local $nan v128)
     (local $ex v128) (local $efx v128) (local $ey v128) (local $ez v128)
     (local $sx f32) (local $sfx f32) (local $sy f32) (local $sz f32) (local $se f32)
     (local.set $sv (f32x4.splat (local.get $scale)))
@@ -205,14 +222,21 @@ function softmaxFunc(): string {
       (local.set $len4 (i32.and (local.get $len) (i32.const -4)))
       ;; max
       (local.set $mv (f32x4.splat (f32.const -inf)))
+      (local.set $nan (v128.const i32x4 0 0 0 0))
       (local.set $j (i32.const 0))
       (block $d1 (loop $l1
         (br_if $d1 (i32.ge_u (local.get $j) (local.get $len4)))
-        (local.set $mv (f32x4.max (local.get $mv) (f32x4.mul (v128.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))) (local.get $sv))))
+        ;; pmax (one instruction) plus a NaN flag: the same maximum as f32x4.max — NaN if any
+        ;; score is NaN — up to the sign of a zero maximum, which no exp below can see (x - ±0
+        ;; differs only for x = -0, and both give exp = 1).
+        (local.set $e (f32x4.mul (v128.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))) (local.get $sv)))
+        (local.set $mv (f32x4.pmax (local.get $mv) (local.get $e)))
+        (local.set $nan (v128.or (local.get $nan) (f32x4.ne (local.get $e) (local.get $e))))
         (local.set $j (i32.add (local.get $j) (i32.const 4)))
         (br $l1)))
       (local.set $m (f32.max (f32.max (f32x4.extract_lane 0 (local.get $mv)) (f32x4.extract_lane 1 (local.get $mv)))
                              (f32.max (f32x4.extract_lane 2 (local.get $mv)) (f32x4.extract_lane 3 (local.get $mv)))))
+      (if (v128.any_true (local.get $nan)) (then (local.set $m (f32.const nan))))
       (block $d2 (loop $l2
         (br_if $d2 (i32.ge_u (local.get $j) (local.get $len)))
         (local.set $m (f32.max (local.get $m) (f32.mul (f32.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))) (local.get $scale))))
@@ -254,11 +278,23 @@ function softmaxFunc(): string {
           (f32.mul (f32.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))) (local.get $inv)))
         (local.set $j (i32.add (local.get $j) (i32.const 1)))
         (br $l6)))
+      ;; zeros: one by one up to a multiple of 4, then 4 at a time (causal prefill rows end
+      ;; tens of columns short of their block's key count), then the rest one by one
       (block $d7 (loop $l7
-        (br_if $d7 (i32.ge_u (local.get $j) (local.get $stride)))
+        (br_if $d7 (i32.or (i32.ge_u (local.get $j) (local.get $stride)) (i32.eqz (i32.and (local.get $j) (i32.const 3)))))
         (f32.store (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2))) (f32.const 0))
         (local.set $j (i32.add (local.get $j) (i32.const 1)))
         (br $l7)))
+      (block $d8 (loop $l8
+        (br_if $d8 (i32.gt_u (i32.add (local.get $j) (i32.const 4)) (local.get $stride)))
+        (v128.store (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2))) (v128.const i32x4 0 0 0 0))
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br $l8)))
+      (block $d9 (loop $l9
+        (br_if $d9 (i32.ge_u (local.get $j) (local.get $stride)))
+        (f32.store (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2))) (f32.const 0))
+        (local.set $j (i32.add (local.get $j) (i32.const 1)))
+        (br $l9)))
       (local.set $r (i32.add (local.get $r) (i32.const 1)))
       (br $rloop)))
   )`;
@@ -290,7 +326,7 @@ function swigluFunc(): string {
         (f32.store (local.get $op) (f32.mul (f32.mul (local.get $sg1) (local.get $ss)) (f32.load (i32.add (local.get $gp) (local.get $hb)))))`;
   };
   return `
-  (func (export "swiglu") (param $GU i32) (param $O i32) (param $rows i32) (param $hidden i32)
+  (func $swiglu (export "swiglu") (param $GU i32) (param $O i32) (param $rows i32) (param $hidden i32)
     (local $r i32) (local $i i32) (local $h4 i32) (local $hb i32) (local $gp i32) (local $op i32)
     (local $g v128) (local $e v128) (local $d v128) (local $sg v128)
     (local $ex v128) (local $efx v128) (local $ey v128) (local $ez v128)
@@ -324,6 +360,21 @@ function swigluFunc(): string {
 }
 
 /**
+ * swiglurows(GU, O, hidden, _, _, _, _, _, r0, r1): swiglu of rows [r0, r1), with the gemm entry
+ * points' argument shape so the worker thread can share the rows (gemm_worker.ts).
+ */
+function swigluRowsFunc(): string {
+  return `
+  (func (export "swiglurows") (param $GU i32) (param $O i32) (param $hidden i32) (param $u3 i32) (param $u4 i32) (param $u5 i32)
+      (param $u6 i32) (param $u7 i32) (param $r0 i32) (param $r1 i32)
+    (if (i32.ge_u (local.get $r0) (local.get $r1)) (then (return)))
+    (call $swiglu (i32.add (local.get $GU) (i32.shl (i32.mul (local.get $r0) (local.get $hidden)) (i32.const 3)))
+      (i32.add (local.get $O) (i32.shl (i32.mul (local.get $r0) (local.get $hidden)) (i32.const 2)))
+      (i32.sub (local.get $r1) (local.get $r0)) (local.get $hidden))
+  )`;
+}
+
+/**
  * One GEMM entry point. `packed` selects the weight layout:
  *   dense  Wt [K][N]: strip s starts at W + s*STRIP*4, rows STRIDE N*4 apart (attention's
  *          transient operands, written per call);
@@ -335,7 +386,7 @@ function swigluFunc(): string {
  */
 function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean): string {
   const v128Locals: string[] = [];
-  for (let r = 0; r < 4; r++) for (let j = 0; j < 2; j++) v128Locals.push(`$a${r}${j}`);
+  for (let r = 0; r < TILE_ROWS; r++) for (let j = 0; j < 2; j++) v128Locals.push(`$a${r}${j}`);
   for (let j = 0; j < 8; j++) v128Locals.push(`$b${j}`);
   v128Locals.push('$w0', '$w1', '$x', '$wq');
   const stripBase = packed
@@ -347,29 +398,22 @@ function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean): strin
       (param $m0 i32) (param $m1 i32) (param $n0 i32) (param $n1 i32)
     (local $kb i32) (local $nb i32) (local $ws i32) (local $mb i32) (local $mEnd i32) (local $n i32) (local $m i32) (local $k i32)
     (local $arow i32) (local $crow i32) (local $wstrip i32) (local $wp i32) (local $cp i32)
-    (local $p0 i32) (local $p1 i32) (local $p2 i32) (local $p3 i32)
+    ${Array.from({ length: TILE_ROWS }, (_, r) => `(local $p${r} i32)`).join(' ')}
     ${v128Locals.map((l) => `(local ${l} v128)`).join(' ')}
     (local.set $kb (i32.shl (local.get $K) (i32.const 2)))
     (local.set $nb (i32.shl (local.get $N) (i32.const 2)))
     (local.set $ws ${packed ? `(i32.const ${STRIP * 4})` : '(local.get $nb)'})
-    (local.set $mb (local.get $m0))
-    (block $mdone (loop $mloop
-      (br_if $mdone (i32.ge_u (local.get $mb) (local.get $m1)))
-      (local.set $mEnd (select (i32.add (local.get $mb) (i32.const ${MB})) (local.get $m1)
-        (i32.lt_u (i32.add (local.get $mb) (i32.const ${MB})) (local.get $m1))))
-      (local.set $n (local.get $n0))
-      (block $ndone (loop $nloop
-        (br_if $ndone (i32.ge_u (local.get $n) (local.get $n1)))
+    ${blockedLoops(`
         (local.set $wstrip ${stripBase})
         (local.set $m (local.get $mb))
-        ;; 4-row micro-kernels
-        (block $r4done (loop $r4loop
-          (br_if $r4done (i32.gt_u (i32.add (local.get $m) (i32.const 4)) (local.get $mEnd)))
+        ;; ${TILE_ROWS}-row register tiles
+        (block $rtdone (loop $rtloop
+          (br_if $rtdone (i32.gt_u (i32.add (local.get $m) (i32.const ${TILE_ROWS})) (local.get $mEnd)))
           (local.set $arow (i32.add (local.get $A) (i32.mul (local.get $m) (local.get $kb))))
           (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const 2)))))
-          ${[0, 8, 16, 24].map((c) => kernel4x8(c, fmt, fma)).join('\n')}
-          (local.set $m (i32.add (local.get $m) (i32.const 4)))
-          (br $r4loop)))
+          ${TILE_COLS.map((c) => kernelTile(TILE_ROWS, c, fmt, fma)).join('\n')}
+          (local.set $m (i32.add (local.get $m) (i32.const ${TILE_ROWS})))
+          (br $rtloop)))
         ;; leftover rows, one at a time
         (block $r1done (loop $r1loop
           (br_if $r1done (i32.ge_u (local.get $m) (local.get $mEnd)))
@@ -377,12 +421,29 @@ function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean): strin
           (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const 2)))))
           ${kernel1x32(fmt, fma)}
           (local.set $m (i32.add (local.get $m) (i32.const 1)))
-          (br $r1loop)))
+          (br $r1loop)))`)}
+  )`;
+}
+
+/**
+ * The blocked M/N loops every GEMM export shares: row blocks [$mb, $mEnd) of MB rows over
+ * [$m0, $m1), and inside each, the column strips $n = $n0, $n0 + STRIP, … < $n1; `body` computes
+ * rows [$mb, $mEnd) of strip $n.
+ */
+function blockedLoops(body: string): string {
+  return `(local.set $mb (local.get $m0))
+    (block $mdone (loop $mloop
+      (br_if $mdone (i32.ge_u (local.get $mb) (local.get $m1)))
+      (local.set $mEnd (select (i32.add (local.get $mb) (i32.const ${MB})) (local.get $m1)
+        (i32.lt_u (i32.add (local.get $mb) (i32.const ${MB})) (local.get $m1))))
+      (local.set $n (local.get $n0))
+      (block $ndone (loop $nloop
+        (br_if $ndone (i32.ge_u (local.get $n) (local.get $n1)))
+        ${body}
         (local.set $n (i32.add (local.get $n) (i32.const ${STRIP})))
         (br $nloop)))
       (local.set $mb (local.get $mEnd))
-      (br $mloop)))
-  )`;
+      (br $mloop)))`;
 }
 
 
@@ -453,14 +514,7 @@ function q8GemmFunc(): string {
     (local.set $nblk (i32.shr_u (local.get $K) (i32.const 5)))
     (local.set $sbase (i32.add (local.get $A) (i32.mul (local.get $M) (local.get $kb2))))
     (local.set $nb (i32.shl (local.get $N) (i32.const 2)))
-    (local.set $mb (local.get $m0))
-    (block $mdone (loop $mloop
-      (br_if $mdone (i32.ge_u (local.get $mb) (local.get $m1)))
-      (local.set $mEnd (select (i32.add (local.get $mb) (i32.const ${MB})) (local.get $m1)
-        (i32.lt_u (i32.add (local.get $mb) (i32.const ${MB})) (local.get $m1))))
-      (local.set $n (local.get $n0))
-      (block $ndone (loop $nloop
-        (br_if $ndone (i32.ge_u (local.get $n) (local.get $n1)))
+    ${blockedLoops(`
         (local.set $wstrip (i32.add (local.get $W) (i32.mul (i32.shr_u (local.get $n) (i32.const 5)) (i32.mul (local.get $nblk) (i32.const ${Q8_BLOCK_BYTES})))))
         (local.set $m (local.get $mb))
         (block $rdone (loop $rloop
@@ -487,11 +541,7 @@ function q8GemmFunc(): string {
             (local.set $kq (i32.sub (local.get $kq) (i32.const 1)))
             (br_if $kbl (local.get $kq)))))
           (local.set $m (i32.add (local.get $m) (i32.const 1)))
-          (br $rloop)))
-        (local.set $n (i32.add (local.get $n) (i32.const ${STRIP})))
-        (br $nloop)))
-      (local.set $mb (local.get $mEnd))
-      (br $mloop)))
+          (br $rloop)))`)}
   )`;
 }
 
@@ -679,6 +729,7 @@ ${q8GemmFunc()}
 ${quantQ8Func()}
 ${softmaxFunc()}
 ${swigluFunc()}
+${swigluRowsFunc()}
 ${gatherFunc()}
 ${argmaxFunc()}
 ${attendHeadsFunc()}

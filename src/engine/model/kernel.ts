@@ -81,6 +81,23 @@ export interface Gemm {
   argmax(x: Float32Array): number;
   /** SwiGLU: gu is [rows][gate (hidden) | up (hidden)], out [rows][hidden] (attention.ts swigluJs defines the bits). */
   swiglu(gu: Float32Array, rows: number, hidden: number, out: Float32Array): void;
+  /**
+   * Reusable activation buffer number `slot`, at least n floats, contents unspecified (a larger
+   * request may return a new buffer). The WASM kernel keeps it in its own memory, so GEMMs and
+   * the element-wise operations below read and write it in place instead of copying through
+   * scratch; any Float32Array is still accepted everywhere (copied).
+   */
+  activation(slot: number, n: number): Float32Array;
+  /** A permanent copy of `v` where the kernel reads it in place (normalisation weights). */
+  hold(v: Float32Array): Float32Array;
+  /** RMSNorm of `rows` rows of `dim` (ops_js.ts rmsNormJs defines the bits). */
+  rmsNorm(x: Float32Array, w: Float32Array, out: Float32Array, rows: number, dim: number, eps: number): void;
+  /** RoPE in place on `heads` heads of each row (ops_js.ts ropeJs defines the bits). */
+  rope(qkv: Float32Array, rows: number, stride: number, heads: number, hd: number, pos: Int32Array, cos: Float32Array, sin: Float32Array): void;
+  /** x[i] += y[i] for i < n (ops_js.ts addIntoJs). */
+  addInto(x: Float32Array, y: Float32Array, n: number): void;
+  /** `rows` rows of n floats, src[so + r*ss …] → dst[d0 + r*ds …] (ops_js.ts copyRowsJs). */
+  copyRows(src: Float32Array, so: number, ss: number, dst: Float32Array, d0: number, ds: number, rows: number, n: number): void;
 }
 
 /** Greedy decoding's scalar argmax: the largest value, the lowest index on ties. */

@@ -6,6 +6,7 @@ import { fmaf, fmaSupport } from './fma.js';
 import { STRIP } from './gemm_wat.js';
 import { argmaxJs, checkArgs, padTo, transposePadded, type Gemm, type Weight } from './kernel.js';
 import { BLOCK_TOKENS } from './kv_cache.js';
+import { addIntoJs, copyRowsJs, rmsNormJs, ropeJs } from './ops_js.js';
 import { matmulQ8Js, q8WeightOf } from './q8_dot.js';
 import { decodeWeight, type EncodedWeight } from './weight_pack.js';
 
@@ -65,6 +66,36 @@ export class JsGemm implements Gemm {
 
   swiglu(gu: Float32Array, rows: number, hidden: number, out: Float32Array): void {
     swigluJs(gu, rows, hidden, out);
+  }
+
+  private readonly acts: Float32Array[] = [];
+
+  activation(slot: number, n: number): Float32Array {
+    const b = this.acts[slot];
+    if (b && b.length >= n) return b.subarray(0, n);
+    const grown = new Float32Array(Math.max(n, (b?.length ?? 0) * 2));
+    this.acts[slot] = grown;
+    return grown.subarray(0, n);
+  }
+
+  hold(v: Float32Array): Float32Array {
+    return v;
+  }
+
+  rmsNorm(x: Float32Array, w: Float32Array, out: Float32Array, rows: number, dim: number, eps: number): void {
+    rmsNormJs(x, w, out, rows, dim, eps);
+  }
+
+  rope(qkv: Float32Array, rows: number, stride: number, heads: number, hd: number, pos: Int32Array, cos: Float32Array, sin: Float32Array): void {
+    ropeJs(qkv, rows, stride, heads, hd, pos, cos, sin);
+  }
+
+  addInto(x: Float32Array, y: Float32Array, n: number): void {
+    addIntoJs(x, y, n);
+  }
+
+  copyRows(src: Float32Array, so: number, ss: number, dst: Float32Array, d0: number, ds: number, rows: number, n: number): void {
+    copyRowsJs(src, so, ss, dst, d0, ds, rows, n);
   }
 
   attendStagedHeads(q: Float32Array, M: number, hd: number, heads: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {

@@ -7,16 +7,20 @@ import { Worker } from 'node:worker_threads';
 import { stageInto } from './attention.js';
 import { fmaSupport } from './fma.js';
 import { kernelEnv } from './kernel_env.js';
-import { CTL, takeChunk } from './gemm_ctl.js';
+import { CTL, SPIN_MS, takeChunk } from './gemm_ctl.js';
 import { gemmWat, STRIP, type WFmt } from './gemm_wat.js';
 import { checkArgs, packStrips, padTo, type Gemm, type Weight } from './kernel.js';
 import { BLOCK_TOKENS } from './kv_cache.js';
+import { addIntoJs, copyRowsJs, rmsNormJs, ropeJs } from './ops_js.js';
+import { opsWat } from './ops_wat.js';
 import { kernelFormat, packEncoded, packedBytes, type EncodedWeight } from './weight_pack.js';
 
 /** CTL.PACKED codes: which export a job runs (the worker picks the same). */
 const FMT_CODE: Record<WFmt, number> = { f32: 1, bf16: 2, f16: 3, q8: 4 };
 /** CTL.PACKED code of attendrows (a job over query rows). */
 const ATTEND_ROWS = 5;
+/** CTL.PACKED code of swiglurows (a job over activation rows). */
+const SWIGLU_ROWS = 6;
 /** attendrows chunks are whole groups of 4 query rows (the GEMM's 4-row register block). */
 const ATTEND_ROW_UNIT = 4;
 
@@ -35,10 +39,48 @@ interface GemmExports {
   gatherkv(src: number, P: number, Pb: number, kvDim: number, off: number, hd: number, kt: number, v: number, hdPad: number): void;
   argmax(p: number, n: number): number;
   swiglu(GU: number, O: number, rows: number, hidden: number): void;
+  /** swiglu of rows [r0, r1) in the gemm entry points' argument shape (shared with the worker). */
+  swiglurows(GU: number, O: number, hidden: number, u3: number, u4: number, u5: number, u6: number, u7: number, r0: number, r1: number): void;
   attendheads(stage: number, Q: number, KT: number, S: number, V: number, O: number, L: number, M: number, hd: number, hdPad: number, kvDim: number, heads: number, keys: number, P: number, scale: number): void;
   /** One head's attention for query rows [r0, r1); prm holds Q, KT, S, V, O, L, M, hd, P, hdPad, scale bits. */
   attendrows(prm: number, u1: number, u2: number, u3: number, u4: number, u5: number, u6: number, u7: number, r0: number, r1: number): void;
 }
+
+/** The element-wise operations' module (ops_wat.ts), on the same memory. */
+interface OpsExports {
+  rmsnorm(X: number, W: number, O: number, rows: number, dim: number, eps: number): void;
+  rope(QKV: number, rows: number, stride: number, heads: number, hd: number, POS: number, COS: number, SIN: number): void;
+  addinto(X: number, Y: number, n: number): void;
+  copyrows(S: number, ss: number, D: number, ds: number, rows: number, n: number): void;
+}
+
+type Wabt = { parseWat(f: string, s: string, o: object): { toBinary(o: object): { buffer: Uint8Array }; destroy(): void } };
+
+async function compileWat(name: string, wat: string, features: object): Promise<WebAssembly.Module> {
+  const require = createRequire(import.meta.url);
+  const wabt = await (require('wabt') as () => Promise<Wabt>)();
+  const mod = wabt.parseWat(name, wat, features);
+  try {
+    const { buffer } = mod.toBinary({});
+    return await WebAssembly.compile(new Uint8Array(buffer));
+  } finally {
+    mod.destroy();
+  }
+}
+
+let opsModulePromise: Promise<WebAssembly.Module> | null = null;
+
+/** Compiles the element-wise operations' WAT (ops_wat.ts), once per process. */
+export function opsModule(): Promise<WebAssembly.Module> {
+  opsModulePromise ??= compileWat('ops.wat', opsWat(), { simd: true, threads: true });
+  return opsModulePromise;
+}
+
+/**
+ * Activation buffers stay in kernel memory up to this many bytes in all (beyond, plain arrays
+ * that the kernel copies through scratch): weights take most of a large model's address space.
+ */
+const ACTIVATION_CAP = 1024 * 1024 * 1024;
 
 const wasmModulePromises = new Map<boolean, Promise<WebAssembly.Module>>();
 
@@ -51,18 +93,7 @@ export function gemmModule(fma = false): Promise<WebAssembly.Module> {
   if (fma && !fmaSupport().fma) return Promise.reject(new Error(`FMA kernel requested but unavailable: ${fmaSupport().reason}`));
   let p = wasmModulePromises.get(fma);
   if (p) return p;
-  p = (async () => {
-    const require = createRequire(import.meta.url);
-    const wabtInit = require('wabt') as () => Promise<{ parseWat(f: string, s: string, o: object): { toBinary(o: object): { buffer: Uint8Array }; destroy(): void } }>;
-    const wabt = await wabtInit();
-    const mod = wabt.parseWat('gemm.wat', gemmWat({ fma }), { simd: true, threads: true, relaxed_simd: fma });
-    try {
-      const { buffer } = mod.toBinary({});
-      return await WebAssembly.compile(new Uint8Array(buffer));
-    } finally {
-      mod.destroy();
-    }
-  })();
+  p = compileWat('gemm.wat', gemmWat({ fma }), { simd: true, threads: true, relaxed_simd: fma });
   wasmModulePromises.set(fma, p);
   return p;
 }
@@ -75,6 +106,8 @@ export const WASM_WEIGHT_CAP = WASM_MAX_BYTES - 512 * 1024 * 1024;
 
 /** Below this many multiply-adds a call stays on one thread (hand-off costs ~tens of µs). */
 const SPLIT_MIN_MACS = 1 << 20;
+/** Below this many SwiGLU elements the activation stays on one thread (~10 ns each). */
+const SWIGLU_SPLIT_MIN = 1 << 15;
 /** A worker that has not finished its half by then is considered broken. */
 const WORKER_TIMEOUT_MS = 30_000;
 
@@ -94,13 +127,85 @@ export class WasmGemm implements Gemm {
   private readonly ctl = new Int32Array(new SharedArrayBuffer(CTL.SIZE * 4));
   private seq = 0;
 
+  /** Every buffer object this memory has had (it changes on growth; older views stay valid). */
+  private readonly ownBuffers = new WeakSet<ArrayBufferLike>();
+  /** Activation slots: byte address and capacity in floats. */
+  private readonly acts: { ptr: number; floats: number }[] = [];
+  private actBytes = 0;
+
   private constructor(
     private readonly mem: WebAssembly.Memory,
     private readonly exp: GemmExports,
+    private readonly ops: OpsExports,
     /** The f32/16-bit GEMMs use fused multiply-add (fma.ts). */
     readonly fma: boolean,
   ) {
     this.f32 = new Float32Array(mem.buffer);
+    this.ownBuffers.add(mem.buffer);
+  }
+
+  /** Byte address of `a` when it is a view of this kernel's memory, else -1. */
+  private addrOf(a: ArrayBufferView): number {
+    return this.ownBuffers.has(a.buffer) ? a.byteOffset : -1;
+  }
+
+  activation(slot: number, n: number): Float32Array {
+    let s = this.acts[slot];
+    if (!s || s.floats < n) {
+      const floats = Math.max(n, (s?.floats ?? 0) * 2);
+      if (this.actBytes + floats * 4 > ACTIVATION_CAP) return new Float32Array(n);
+      s = { ptr: this.alloc(floats * 4), floats };
+      this.actBytes += floats * 4;
+      this.acts[slot] = s;
+    }
+    const buf = this.mem.buffer;
+    this.ownBuffers.add(buf);
+    return new Float32Array(buf, s.ptr, n);
+  }
+
+  hold(v: Float32Array): Float32Array {
+    const ptr = this.alloc(v.length * 4);
+    const out = new Float32Array(this.mem.buffer, ptr, v.length);
+    out.set(v);
+    return out;
+  }
+
+  rmsNorm(x: Float32Array, w: Float32Array, out: Float32Array, rows: number, dim: number, eps: number): void {
+    const X = this.addrOf(x);
+    const W = this.addrOf(w);
+    const O = this.addrOf(out);
+    if (X < 0 || W < 0 || O < 0 || x.length < rows * dim || out.length < rows * dim || w.length < dim) rmsNormJs(x, w, out, rows, dim, eps);
+    else this.ops.rmsnorm(X, W, O, rows, dim, eps);
+  }
+
+  rope(qkv: Float32Array, rows: number, stride: number, heads: number, hd: number, pos: Int32Array, cos: Float32Array, sin: Float32Array): void {
+    const Q = this.addrOf(qkv);
+    const P = this.addrOf(pos);
+    const C = this.addrOf(cos);
+    const S = this.addrOf(sin);
+    if (Q < 0 || P < 0 || C < 0 || S < 0 || rows === 0 || qkv.length < (rows - 1) * stride + heads * hd || pos.length < rows) ropeJs(qkv, rows, stride, heads, hd, pos, cos, sin);
+    else {
+      // The tables must cover every row's position (the JS twin reads undefined → NaN otherwise).
+      const half = hd >> 1;
+      for (let r = 0; r < rows; r++) if ((pos[r]! + 1) * half > Math.min(cos.length, sin.length)) throw new Error(`rope: position ${pos[r]} is beyond the cos/sin tables`);
+      this.ops.rope(Q, rows, stride, heads, hd, P, C, S);
+    }
+  }
+
+  addInto(x: Float32Array, y: Float32Array, n: number): void {
+    const X = this.addrOf(x);
+    const Y = this.addrOf(y);
+    if (X < 0 || Y < 0 || x.length < n || y.length < n) addIntoJs(x, y, n);
+    else this.ops.addinto(X, Y, n);
+  }
+
+  copyRows(src: Float32Array, so: number, ss: number, dst: Float32Array, d0: number, ds: number, rows: number, n: number): void {
+    if (rows <= 0 || n <= 0) return;
+    const S = this.addrOf(src);
+    const D = this.addrOf(dst);
+    const fits = so >= 0 && d0 >= 0 && so + (rows - 1) * ss + n <= src.length && d0 + (rows - 1) * ds + n <= dst.length;
+    if (S < 0 || D < 0 || !fits) copyRowsJs(src, so, ss, dst, d0, ds, rows, n);
+    else this.ops.copyrows(S + so * 4, ss, D + d0 * 4, ds, rows, n);
   }
 
   /**
@@ -114,7 +219,8 @@ export class WasmGemm implements Gemm {
     const mod = await gemmModule(fma);
     const mem = new WebAssembly.Memory({ initial: 16, maximum: 65536, shared: true });
     const inst = await WebAssembly.instantiate(mod, { env: { mem } });
-    const g = new WasmGemm(mem, inst.exports as unknown as GemmExports, fma);
+    const ops = await WebAssembly.instantiate(await opsModule(), { env: { mem } });
+    const g = new WasmGemm(mem, inst.exports as unknown as GemmExports, ops.exports as unknown as OpsExports, fma);
     if (opts.weightCapBytes !== undefined) g.weightCap = Math.min(opts.weightCapBytes, WASM_WEIGHT_CAP);
     const threads = opts.threads ?? kernelEnv(process.env).threads ?? Math.min(2, availableParallelism());
     if (threads >= 2) await g.startWorker(mod);
@@ -200,6 +306,9 @@ export class WasmGemm implements Gemm {
     for (let r = takeChunk(c, n1, unit); r; r = takeChunk(c, n1, unit)) fn(A[0]!, A[1]!, A[2]!, A[3]!, A[4]!, A[5]!, A[6]!, A[7]!, r[0], r[1]);
     // The worker never joined this job: every chunk was computed here.
     if (Atomics.compareExchange(c, CTL.CLAIM, (seq - 1) | 0, seq) === ((seq - 1) | 0)) return;
+    // The worker is on its last chunk (at most 1/16 of the job): spin for it first.
+    const until = performance.now() + SPIN_MS;
+    while (Atomics.load(c, CTL.DONE) !== seq && performance.now() < until);
     const deadline = Date.now() + WORKER_TIMEOUT_MS;
     for (;;) {
       const done = Atomics.load(c, CTL.DONE);
@@ -223,6 +332,7 @@ export class WasmGemm implements Gemm {
     if (end > have) this.mem.grow(Math.ceil((end - have) / PAGE));
     this.top = end;
     this.f32 = new Float32Array(this.mem.buffer);
+    this.ownBuffers.add(this.mem.buffer);
     return ptr;
   }
 
@@ -263,6 +373,8 @@ export class WasmGemm implements Gemm {
   /** SIMD argmax over 32000 logits is ~5x the JS loop; batched greedy decode runs one per row and step. */
   argmax(x: Float32Array): number {
     if (x.length === 0) return 0;
+    const at = this.addrOf(x);
+    if (at >= 0) return this.exp.argmax(at, x.length);
     const p = this.scratch(x.length * 4);
     this.f32.set(x, p / 4);
     return this.exp.argmax(p, x.length);
@@ -272,11 +384,17 @@ export class WasmGemm implements Gemm {
   swiglu(gu: Float32Array, rows: number, hidden: number, out: Float32Array): void {
     if (rows === 0 || hidden === 0) return;
     const n = rows * hidden;
-    const GU = this.scratch(padTo(2 * n * 4, 64) + n * 4);
-    const O = GU + padTo(2 * n * 4, 64);
-    this.f32.set(gu.subarray(0, 2 * n), GU / 4);
-    this.exp.swiglu(GU, O, rows, hidden);
-    out.set(this.f32.subarray(O / 4, O / 4 + n));
+    // In place when both are in kernel memory (activation buffers), else through scratch.
+    const inGU = gu.length >= 2 * n ? this.addrOf(gu) : -1;
+    const inO = out.length >= n ? this.addrOf(out) : -1;
+    const GU = inGU >= 0 ? inGU : this.scratch(padTo(2 * n * 4, 64) + n * 4);
+    const O = inO >= 0 ? inO : inGU >= 0 ? this.scratch(n * 4) : GU + padTo(2 * n * 4, 64);
+    if (inGU < 0) this.f32.set(gu.subarray(0, 2 * n), GU / 4);
+    // Per element, so splitting rows with the worker changes no bit; serial, it was ~5 % of a
+    // two-thread prefill.
+    if (this.worker && n >= SWIGLU_SPLIT_MIN) this.share(SWIGLU_ROWS, this.exp.swiglurows, [GU, O, hidden, 0, 0, 0, 0, 0], rows, 1);
+    else this.exp.swiglu(GU, O, rows, hidden);
+    if (inO < 0) out.set(this.f32.subarray(O / 4, O / 4 + n));
   }
 
   private stagePtr = 0;
@@ -315,9 +433,9 @@ export class WasmGemm implements Gemm {
       }
       return;
     }
-    const s = this.attnScratch(q, heads, M, hd, P, lens);
+    const s = this.attnScratch(q, heads, M, hd, P, lens, out);
     this.exp.attendheads(this.stagePtr, s.Q, s.KT, s.S, s.V, s.O, s.L, M, hd, s.hdPad, this.stageKvDim, heads, keys, P, scale);
-    this.copyRows(s.O, heads * M, hd, s.hdPad, out);
+    if (s.O !== s.outAt) this.readRows(s.O, heads * M, hd, s.hdPad, out);
   }
 
   attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void {
@@ -340,22 +458,28 @@ export class WasmGemm implements Gemm {
    * queries, copied in, [heads][M][hd]), KT ([hd][P]), S ([M][P]), V ([P][hdPad]), O
    * ([heads][M][hdPad]) and L (the M row lengths, copied in), as byte addresses.
    */
-  private attnScratch(q: Float32Array, heads: number, M: number, hd: number, P: number, lens: Int32Array) {
+  private attnScratch(q: Float32Array, heads: number, M: number, hd: number, P: number, lens: Int32Array, out: Float32Array) {
     const hdPad = padTo(hd, STRIP);
     const sz = (n: number) => padTo(n * 4, 64);
-    const Q = this.scratch(sz(heads * M * hd) + sz(hd * P) + sz(M * P) + sz(P * hdPad) + sz(heads * M * hdPad) + sz(M));
-    const KT = Q + sz(heads * M * hd);
+    // Queries in kernel memory (an activation buffer) are read in place.
+    const inQ = q.length >= heads * M * hd ? this.addrOf(q) : -1;
+    const base = this.scratch(sz(heads * M * hd) + sz(hd * P) + sz(M * P) + sz(P * hdPad) + sz(heads * M * hdPad) + sz(M));
+    const Q = inQ >= 0 ? inQ : base;
+    const KT = base + sz(heads * M * hd);
     const S = KT + sz(hd * P);
     const V = S + sz(M * P);
-    const O = V + sz(P * hdPad);
-    const L = O + sz(heads * M * hdPad);
-    this.f32.set(q.subarray(0, heads * M * hd), Q / 4);
+    const O0 = V + sz(P * hdPad);
+    const L = O0 + sz(heads * M * hdPad);
+    // The output written in place when it is in kernel memory with the kernel's row stride.
+    const outAt = hdPad === hd && out.length >= heads * M * hd ? this.addrOf(out) : -1;
+    const O = outAt >= 0 ? outAt : O0;
+    if (inQ < 0) this.f32.set(q.subarray(0, heads * M * hd), Q / 4);
     new Int32Array(this.mem.buffer, L, M).set(lens.subarray(0, M));
-    return { Q, KT, S, V, O, L, hdPad };
+    return { Q, KT, S, V, O, L, hdPad, outAt };
   }
 
   /** `rows` rows of `hd` floats from kernel memory at byte address O (row stride hdPad) into out. */
-  private copyRows(O: number, rows: number, hd: number, hdPad: number, out: Float32Array): void {
+  private readRows(O: number, rows: number, hd: number, hdPad: number, out: Float32Array): void {
     const f32 = this.f32;
     const o0 = O / 4;
     if (hdPad === hd) out.set(f32.subarray(o0, o0 + rows * hd));
@@ -368,7 +492,7 @@ export class WasmGemm implements Gemm {
    */
   private attendCore(q: Float32Array, M: number, hd: number, P: number, lens: Int32Array, scale: number, out: Float32Array, fillKV: (KT: number, V: number, hdPad: number) => void): void {
     if (M === 0) return;
-    const { Q, KT, S, V, O, L, hdPad } = this.attnScratch(q, 1, M, hd, P, lens);
+    const { Q, KT, S, V, O, L, hdPad, outAt } = this.attnScratch(q, 1, M, hd, P, lens, out);
     fillKV(KT, V, hdPad);
     // S = Q·KT, softmax and O = S·V per query row (attendrows), the rows shared with the worker
     // when the head is big enough: the softmax and O = S·V (a single 32-column strip) could not
@@ -380,7 +504,7 @@ export class WasmGemm implements Gemm {
     const args = [this.prm, 0, 0, 0, 0, 0, 0, 0];
     if (this.worker && M >= 8 && M * P * (hd + hdPad) >= SPLIT_MIN_MACS) this.share(ATTEND_ROWS, this.exp.attendrows, args, M, ATTEND_ROW_UNIT);
     else this.exp.attendrows(this.prm, 0, 0, 0, 0, 0, 0, 0, 0, M);
-    this.copyRows(O, M, hd, hdPad, out);
+    if (O !== outAt) this.readRows(O, M, hd, hdPad, out);
   }
 
   /** Byte address of attendrows' parameter block (allocated at first use). */
@@ -418,18 +542,25 @@ export class WasmGemm implements Gemm {
     checkArgs(w, a, m, out);
     if (m === 0) return;
     const { k: K, n: N, nPad } = w;
-    const aBytes = padTo(m * K * 4, 64);
+    // Operands in kernel memory (activation buffers) are read and written in place; others
+    // pass through scratch (the output only when its rows have the kernel's padded stride).
+    const inA = this.addrOf(a);
+    const inC = nPad === N ? this.addrOf(out) : -1;
+    const aBytes = inA >= 0 ? 0 : padTo(m * K * 4, 64);
     // Q8: the activations quantized (int16 [m][K], then f32 scales [m][K/32]) next to the f32 copy.
     const qBytes = w.fmt === 'q8' ? padTo(m * K * 2 + m * (K / 32) * 4, 64) : 0;
-    const A = this.scratch(aBytes + qBytes + m * nPad * 4);
-    const Q = A + aBytes;
-    const C = Q + qBytes;
+    const cBytes = inC >= 0 ? 0 : m * nPad * 4;
+    const base = aBytes + qBytes + cBytes > 0 ? this.scratch(aBytes + qBytes + cBytes) : 0;
+    const A = inA >= 0 ? inA : base;
+    const Q = base + aBytes;
+    const C = inC >= 0 ? inC : Q + qBytes;
     const f32 = this.f32;
-    f32.set(a.subarray(0, m * K), A / 4);
+    if (inA < 0) f32.set(a.subarray(0, m * K), A / 4);
     if (w.fmt === 'q8') {
       this.exp.quantq8(A, m, K, Q);
       this.run(Q, w.ptr, C, m, K, nPad, w.fmt);
     } else this.run(A, w.ptr, C, m, K, nPad, w.fmt);
+    if (inC >= 0) return;
     const c0 = C / 4;
     if (nPad === N) out.set(f32.subarray(c0, c0 + m * N));
     else for (let r = 0; r < m; r++) out.set(f32.subarray(c0 + r * nPad, c0 + r * nPad + N), r * N);
@@ -504,6 +635,31 @@ export class WasmGemmPool implements Gemm {
 
   attendStagedHeads(q: Float32Array, M: number, hd: number, heads: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
     this.parts[0]!.attendStagedHeads(q, M, hd, heads, keys, lens, scale, out);
+  }
+
+  // Activations live in the first instance; a weight in another one copies them (matmul).
+  activation(slot: number, n: number): Float32Array {
+    return this.parts[0]!.activation(slot, n);
+  }
+
+  hold(v: Float32Array): Float32Array {
+    return this.parts[0]!.hold(v);
+  }
+
+  rmsNorm(x: Float32Array, w: Float32Array, out: Float32Array, rows: number, dim: number, eps: number): void {
+    this.parts[0]!.rmsNorm(x, w, out, rows, dim, eps);
+  }
+
+  rope(qkv: Float32Array, rows: number, stride: number, heads: number, hd: number, pos: Int32Array, cos: Float32Array, sin: Float32Array): void {
+    this.parts[0]!.rope(qkv, rows, stride, heads, hd, pos, cos, sin);
+  }
+
+  addInto(x: Float32Array, y: Float32Array, n: number): void {
+    this.parts[0]!.addInto(x, y, n);
+  }
+
+  copyRows(src: Float32Array, so: number, ss: number, dst: Float32Array, d0: number, ds: number, rows: number, n: number): void {
+    this.parts[0]!.copyRows(src, so, ss, dst, d0, ds, rows, n);
   }
 
   close(): void {

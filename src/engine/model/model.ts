@@ -42,6 +42,9 @@ const B_ACT = 6;
 const B_LOGITS = 7;
 const B_ATTN_Q = 8;
 const B_ATTN_OUT = 9;
+const B_POS = 10;
+const B_COS = 11;
+const B_SIN = 12;
 
 export class ForwardError extends Error {
   override name = 'ForwardError';
@@ -80,12 +83,10 @@ export interface WeightSource {
 
 export class LlamaModel {
   readonly layout: KvLayout;
-  private ropeCos = new Float32Array(0);
-  private ropeSin = new Float32Array(0);
+  private ropeCos: Float32Array = new Float32Array(0);
+  private ropeSin: Float32Array = new Float32Array(0);
   private ropeLen = 0;
   private readonly invFreq: Float32Array;
-  /** Reusable activation buffers, indexed by the B_* constants (grown on demand). */
-  private readonly bufs: Float32Array[] = [];
 
   private constructor(
     readonly dir: string,
@@ -140,7 +141,8 @@ export class LlamaModel {
       ...(opts.wasmWeightCapBytes !== undefined ? { weightCapBytes: opts.wasmWeightCapBytes } : {}),
       ...(opts.threads ? { threads: opts.threads } : {}),
     });
-    const vec = async (name: string, n: number) => st.get(name, [n]);
+    // Normalisation weights where the kernel's RMSNorm reads them in place.
+    const vec = async (name: string, n: number) => gemm.hold(await st.get(name, [n]));
     // A linear layer from one or more tensors stacked by rows. Kept in its stored encoding
     // (16-bit, Q8_0, Q4_0) when every part has the same one — the kernel computes the same bits
     // as from the widened f32 values, with a half or a quarter of the memory traffic — else f32.
@@ -216,8 +218,9 @@ export class LlamaModel {
     if (len <= this.ropeLen) return;
     const half = this.config.headDim / 2;
     const n = Math.max(len, this.ropeLen * 2, 256);
-    const cos = new Float32Array(n * half);
-    const sin = new Float32Array(n * half);
+    // In kernel memory (activation slots), where the RoPE kernel reads them in place.
+    const cos = this.gemm.activation(B_COS, n * half);
+    const sin = this.gemm.activation(B_SIN, n * half);
     for (let p = 0; p < n; p++) {
       for (let i = 0; i < half; i++) {
         const a = Math.fround(p * this.invFreq[i]!);
@@ -276,7 +279,8 @@ export class LlamaModel {
       maxPos = Math.max(maxPos, s.startPos + s.tokens.length);
     }
     this.ensureRope(maxPos);
-    const rowPos = new Int32Array(R);
+    const posBuf = this.buf(B_POS, R);
+    const rowPos = new Int32Array(posBuf.buffer, posBuf.byteOffset, R);
     const rowSeg = new Int32Array(R);
     const tables: (readonly number[])[] = [];
     const x = this.buf(B_X, R * dim);
@@ -308,41 +312,28 @@ export class LlamaModel {
 
     for (let l = 0; l < numLayers; l++) {
       const L = this.layers[l]!;
-      rmsNorm(x, L.attnNorm, h, R, dim, normEps);
+      this.gemm.rmsNorm(x, L.attnNorm, h, R, dim, normEps);
       this.gemm.matmul(L.qkv, h, R, qkv);
 
-      // RoPE on q and k, then store k and v into the cache.
+      // RoPE on q and k (the first numHeads + numKvHeads heads of a row), then k and v into the cache.
+      this.gemm.rope(qkv, R, qkvDim, numHeads + numKvHeads, headDim, rowPos, cos, sin);
       for (let r = 0; r < R; r++) {
         const base = r * qkvDim;
-        const cb = rowPos[r]! * half;
-        for (let hh = 0; hh < numHeads + numKvHeads; hh++) {
-          const o = base + hh * headDim;
-          for (let i = 0; i < half; i++) {
-            const x1 = qkv[o + i]!;
-            const x2 = qkv[o + i + half]!;
-            const c = cos[cb + i]!;
-            const s = sin[cb + i]!;
-            qkv[o + i] = Math.fround(x1 * c) - Math.fround(x2 * s);
-            qkv[o + i + half] = Math.fround(x2 * c) + Math.fround(x1 * s);
-          }
-        }
         const blocks = tables[rowSeg[r]!]!;
-        const kOff = kv.offset(blocks, l, 0, rowPos[r]!);
-        const vOff = kv.offset(blocks, l, 1, rowPos[r]!);
-        pool.set(qkv.subarray(base + qDim, base + qDim + kvDim), kOff);
-        pool.set(qkv.subarray(base + qDim + kvDim, base + qkvDim), vOff);
+        copy(qkv, base + qDim, pool, kv.offset(blocks, l, 0, rowPos[r]!), kvDim);
+        copy(qkv, base + qDim + kvDim, pool, kv.offset(blocks, l, 1, rowPos[r]!), kvDim);
       }
 
       this.attention(segments, tables, kv, l, qkv, attn);
 
       this.gemm.matmul(L.o, attn, R, proj);
-      for (let i = 0; i < R * dim; i++) x[i] = x[i]! + proj[i]!;
+      this.gemm.addInto(x, proj, R * dim);
 
-      rmsNorm(x, L.mlpNorm, h, R, dim, normEps);
+      this.gemm.rmsNorm(x, L.mlpNorm, h, R, dim, normEps);
       this.gemm.matmul(L.gateUp, h, R, gu);
       this.gemm.swiglu(gu, R, hiddenDim, act);
       this.gemm.matmul(L.down, act, R, proj);
-      for (let i = 0; i < R * dim; i++) x[i] = x[i]! + proj[i]!;
+      this.gemm.addInto(x, proj, R * dim);
     }
 
     for (const s of segments) kv.setLength(s.seqId, s.startPos + s.tokens.length);
@@ -360,7 +351,7 @@ export class LlamaModel {
     const sel = this.buf(B_H, want.length * dim);
     want.forEach((r, i) => sel.set(x.subarray(r * dim, r * dim + dim), i * dim));
     const normed = this.buf(B_PROJ, want.length * dim);
-    rmsNorm(sel, this.finalNorm, normed, want.length, dim, normEps);
+    this.gemm.rmsNorm(sel, this.finalNorm, normed, want.length, dim, normEps);
     const V = this.config.vocabSize;
     const logits = this.buf(B_LOGITS, want.length * V);
     this.gemm.matmul(this.lmHead, normed, want.length, logits);
@@ -368,13 +359,13 @@ export class LlamaModel {
     return want.map((_, i) => logits.slice(i * V, i * V + V));
   }
 
-  /** Reusable scratch buffer `i` of at least n floats (contents unspecified). */
+  /**
+   * Reusable activation buffer `i` of at least n floats (contents unspecified), from the kernel:
+   * in the WASM kernel's memory, so GEMMs, RoPE, RMSNorm, SwiGLU and the residual adds work on
+   * it in place rather than copying every operand in and every result out.
+   */
   private buf(i: number, n: number): Float32Array {
-    const b = this.bufs[i];
-    if (b && b.length >= n) return b.subarray(0, n);
-    const grown = new Float32Array(Math.max(n, (b?.length ?? 0) * 2));
-    this.bufs[i] = grown;
-    return grown.subarray(0, n);
+    return this.gemm.activation(i, n);
   }
 
   /**
@@ -412,25 +403,13 @@ export class LlamaModel {
         for (let t = t0; t < t1; t++) {
           for (let hi = 0; hi < group; hi++) lens[(t - t0) * group + hi] = seg.startPos + t + 1; // causal: keys 0..pos
         }
-        for (let g = 0; g < numKvHeads; g++) {
-          for (let t = t0; t < t1; t++) {
-            for (let hi = 0; hi < group; hi++) {
-              const src = (row0 + t) * qkvDim + (g * group + hi) * headDim;
-              q.set(qkv.subarray(src, src + headDim), (g * M + (t - t0) * group + hi) * headDim);
-            }
-          }
-        }
+        // KV head g's query heads are adjacent in a qkv row: one strided copy per KV head.
+        const gw = group * headDim;
+        for (let g = 0; g < numKvHeads; g++) this.gemm.copyRows(qkv, (row0 + t0) * qkvDim + g * gw, qkvDim, q, g * M * headDim, gw, t1 - t0, gw);
         // Keys after this block's last position are masked for all its rows: they are not
         // gathered (each score is computed independently, so this changes no value).
         this.gemm.attendStagedHeads(q, M, headDim, numKvHeads, seg.startPos + t1, lens, scale, out);
-        for (let g = 0; g < numKvHeads; g++) {
-          for (let t = t0; t < t1; t++) {
-            for (let hi = 0; hi < group; hi++) {
-              const src = (g * M + (t - t0) * group + hi) * headDim;
-              attn.set(out.subarray(src, src + headDim), (row0 + t) * qDim + (g * group + hi) * headDim);
-            }
-          }
-        }
+        for (let g = 0; g < numKvHeads; g++) this.gemm.copyRows(out, g * M * headDim, gw, attn, (row0 + t0) * qDim + g * gw, qDim, t1 - t0, gw);
       }
       row0 += T;
     }
@@ -438,18 +417,16 @@ export class LlamaModel {
 }
 
 /** Query tokens per attention block (bounds the score matrix to ATTN_ROW_BLOCK*group*P floats). */
-const ATTN_ROW_BLOCK = 128;
+const ATTN_ROW_BLOCK = 64;
 
-/** out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, per row, fixed order. */
-function rmsNorm(x: Float32Array, w: Float32Array, out: Float32Array, rows: number, dim: number, eps: number): void {
-  for (let r = 0; r < rows; r++) {
-    const b = r * dim;
-    let ss = 0;
-    for (let i = 0; i < dim; i++) ss += x[b + i]! * x[b + i]!;
-    const s = Math.fround(1 / Math.sqrt(ss / dim + eps));
-    for (let i = 0; i < dim; i++) out[b + i] = Math.fround(x[b + i]! * s) * w[i]!;
-  }
+/**
+ * dst[d..d+n) = src[s..s+n). A loop rather than dst.set(src.subarray(…)): the forward pass copies
+ * tens of thousands of head-sized rows, and a view per copy was ~7 % of a prefill in GC alone.
+ */
+function copy(src: Float32Array, s: number, dst: Float32Array, d: number, n: number): void {
+  for (let i = 0; i < n; i++) dst[d + i] = src[s + i]!;
 }
+
 
 /** Index of the largest logit (lowest index on ties): greedy decoding. */
 export const argmax = argmaxJs;

@@ -1,0 +1,143 @@
+// The engine's cost per decode step outside the model at batch 8, over HTTP with streaming.
+// Two runs of 8 concurrent streams, 128 tokens and 1 token each (their difference is 127 decode
+// steps: prefill, connection and request handling cancel out):
+//   HTTP step     (wall of the 128-token run − wall of the 1-token run) / 127
+//   forward step  the same difference of the time spent inside the model's forward, timed in the
+//                 engine process during those very runs (bench/_engine_step_child.ts)
+//   overhead      HTTP step − forward step: scheduling, sampling, detokenizing, SSE, socket
+//                 writes, GC; and the same in engine-process CPU time, which other processes on
+//                 a loaded machine do not stretch
+// Each tree (this one, and optionally a built older checkout) runs in its own child process
+// (bench/_engine_step_child.ts) with the client here, so the client's SSE parsing is not counted;
+// the trees alternate within each round, so a comparison is made in the same minutes.
+import { fork, type ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+
+const CHILD = fileURLToPath(new URL('./_engine_step_child.js', import.meta.url));
+const ROWS = 8;
+const PROMPT = 32;
+const TOKENS = 128;
+
+export interface StepCost {
+  /** Wall ms per decode step over HTTP. */
+  httpMs: number;
+  /** Wall ms per step inside the model's forward. */
+  forwardMs: number;
+  /** httpMs − forwardMs. */
+  overheadMs: number;
+  /** Engine-process CPU ms per step over HTTP, and inside the forward; their difference. */
+  httpCpuMs: number;
+  forwardCpuMs: number;
+  overheadCpuMs: number;
+}
+
+class TreeEngine {
+  private readonly child: ChildProcess;
+  private pending: ((m: Record<string, unknown>) => void) | null = null;
+  url = '';
+
+  constructor(readonly label: string, readonly root: string) {
+    this.child = fork(CHILD, [], { stdio: ['ignore', 'ignore', 'inherit', 'ipc'], env: { ...process.env, KVC_LOG_LEVEL: 'warn' } });
+    this.child.on('message', (m: Record<string, unknown>) => {
+      const p = this.pending;
+      this.pending = null;
+      p?.(m);
+    });
+  }
+
+  async call(msg: Record<string, unknown>): Promise<Record<string, unknown>> {
+    const r = await new Promise<Record<string, unknown>>((resolve, reject) => {
+      const t = setTimeout(() => reject(new Error(`${this.label}: no answer to ${String(msg.cmd)} in 600 s`)), 600_000);
+      this.pending = (m) => {
+        clearTimeout(t);
+        resolve(m);
+      };
+      this.child.send(msg);
+    });
+    if (typeof r.error === 'string') throw new Error(`${this.label} (${this.root}): ${r.error}`);
+    return r;
+  }
+
+  async start(): Promise<void> {
+    this.url = (await this.call({ cmd: 'start', root: this.root })).url as string;
+  }
+  async stats(): Promise<{ cpu: number; fwdCpu: number; fwdWall: number; forwards: number }> {
+    return (await this.call({ cmd: 'stats' })) as { cpu: number; fwdCpu: number; fwdWall: number; forwards: number };
+  }
+  async close(): Promise<void> {
+    const exited = new Promise<void>((r) => this.child.once('exit', () => r()));
+    this.child.send({ cmd: 'close' });
+    await Promise.race([exited, new Promise((r) => setTimeout(r, 10_000))]);
+    if (this.child.exitCode === null) this.child.kill();
+  }
+}
+
+const prompt = (salt: number) => Array.from({ length: PROMPT }, (_, i) => 1000 + ((i * 7919 + salt * 104729) % 30000));
+
+/** One streamed completion read to its end; checks that it finished by length. */
+async function streamOne(url: string, salt: number, maxTokens: number): Promise<void> {
+  const r = await fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'builtin:tiny', prompt: prompt(salt), max_tokens: maxTokens, temperature: 0, ignore_eos: true, stream: true }),
+    signal: AbortSignal.timeout(600_000),
+  });
+  const body = await r.text();
+  if (!r.ok || !body.endsWith('data: [DONE]\n\n') || !body.includes('"finish_reason":"length"')) throw new Error(`stream failed (HTTP ${r.status}): ${body.slice(-300)}`);
+}
+
+interface Run {
+  /** Wall ms of the run, and of it inside the forward; engine CPU ms, and of it inside the forward. */
+  ms: number;
+  fwdMs: number;
+  cpu: number;
+  fwdCpu: number;
+}
+
+/** 8 concurrent streams of `maxTokens` tokens. */
+async function batch(e: TreeEngine, salt: number, maxTokens: number): Promise<Run> {
+  const s0 = await e.stats();
+  const t0 = performance.now();
+  await Promise.all(Array.from({ length: ROWS }, (_, i) => streamOne(e.url, salt + i, maxTokens)));
+  const ms = performance.now() - t0;
+  const s1 = await e.stats();
+  return { ms, fwdMs: s1.fwdWall - s0.fwdWall, cpu: (s1.cpu - s0.cpu) / 1000, fwdCpu: (s1.fwdCpu - s0.fwdCpu) / 1000 };
+}
+
+async function measureOnce(e: TreeEngine, salt: number): Promise<StepCost> {
+  const one = await batch(e, salt, 1);
+  const full = await batch(e, salt + 100, TOKENS);
+  const per = (f: (r: Run) => number) => (f(full) - f(one)) / (TOKENS - 1);
+  const httpMs = per((r) => r.ms);
+  const forwardMs = per((r) => r.fwdMs);
+  const httpCpuMs = per((r) => r.cpu);
+  const forwardCpuMs = per((r) => r.fwdCpu);
+  return { httpMs, forwardMs, overheadMs: httpMs - forwardMs, httpCpuMs, forwardCpuMs, overheadCpuMs: httpCpuMs - forwardCpuMs };
+}
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+
+/** Per-step cost of each tree, medians of `rounds` rounds, trees alternating in every round. */
+export async function measureStepCost(trees: { label: string; root: string }[], rounds = 5): Promise<Map<string, StepCost>> {
+  const engines = trees.map((t) => new TreeEngine(t.label, t.root));
+  try {
+    for (const e of engines) {
+      await e.start();
+      // Warm-up: JIT, first-touch of KV and kernel buffers, the forward path of the child.
+      await batch(e, 900, 32);
+    }
+    const runs = new Map<string, StepCost[]>(trees.map((t) => [t.label, []]));
+    for (let r = 0; r < rounds; r++) {
+      const order = r % 2 === 0 ? engines : [...engines].reverse();
+      for (const e of order) runs.get(e.label)!.push(await measureOnce(e, 10 + r * 1000));
+    }
+    const out = new Map<string, StepCost>();
+    for (const [label, xs] of runs) {
+      const m = (f: (c: StepCost) => number) => median(xs.map(f));
+      out.set(label, { httpMs: m((c) => c.httpMs), forwardMs: m((c) => c.forwardMs), overheadMs: m((c) => c.overheadMs), httpCpuMs: m((c) => c.httpCpuMs), forwardCpuMs: m((c) => c.forwardCpuMs), overheadCpuMs: m((c) => c.overheadCpuMs) });
+    }
+    return out;
+  } finally {
+    for (const e of engines) await e.close();
+  }
+}

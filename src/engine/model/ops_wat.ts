@@ -1,0 +1,168 @@
+// WAT source of the forward pass's element-wise operations in WASM SIMD (RMSNorm, RoPE, residual
+// add), run in place on activations kept in the kernel's memory. ops_js.ts defines their bits;
+// these compute the same values (per lane the same f32 operations, the RMSNorm sum of squares the
+// same sequential f64 chain). A module of its own on the kernel's shared memory, beside the GEMM
+// module (gemm_wat.ts), so the two evolve independently.
+
+/**
+ * rmsnorm(X, W, O, rows, dim, eps): ops_js.ts rmsNormJs. The sum of squares stays a sequential
+ * f64 chain (the reference's order); the scaling is vectorised (per element, order-free).
+ */
+function rmsNormFunc(): string {
+  return `
+  (func (export "rmsnorm") (param $X i32) (param $W i32) (param $O i32) (param $rows i32) (param $dim i32) (param $eps f64)
+    (local $r i32) (local $i i32) (local $d4 i32) (local $xp i32) (local $op i32) (local $ss f64) (local $v f64)
+    (local $s f32) (local $sv v128)
+    (local.set $d4 (i32.and (local.get $dim) (i32.const -4)))
+    (block $rd (loop $rl
+      (br_if $rd (i32.ge_u (local.get $r) (local.get $rows)))
+      (local.set $xp (i32.add (local.get $X) (i32.shl (i32.mul (local.get $r) (local.get $dim)) (i32.const 2))))
+      (local.set $op (i32.add (local.get $O) (i32.shl (i32.mul (local.get $r) (local.get $dim)) (i32.const 2))))
+      (local.set $ss (f64.const 0))
+      (local.set $i (i32.const 0))
+      (block $sd (loop $sl
+        (br_if $sd (i32.ge_u (local.get $i) (local.get $dim)))
+        (local.set $v (f64.promote_f32 (f32.load (i32.add (local.get $xp) (i32.shl (local.get $i) (i32.const 2))))))
+        (local.set $ss (f64.add (local.get $ss) (f64.mul (local.get $v) (local.get $v))))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $sl)))
+      (local.set $s (f32.demote_f64 (f64.div (f64.const 1)
+        (f64.sqrt (f64.add (f64.div (local.get $ss) (f64.convert_i32_u (local.get $dim))) (local.get $eps))))))
+      (local.set $sv (f32x4.splat (local.get $s)))
+      (local.set $i (i32.const 0))
+      (block $vd (loop $vl
+        (br_if $vd (i32.ge_u (local.get $i) (local.get $d4)))
+        (v128.store (i32.add (local.get $op) (i32.shl (local.get $i) (i32.const 2)))
+          (f32x4.mul (f32x4.mul (v128.load (i32.add (local.get $xp) (i32.shl (local.get $i) (i32.const 2)))) (local.get $sv))
+            (v128.load (i32.add (local.get $W) (i32.shl (local.get $i) (i32.const 2))))))
+        (local.set $i (i32.add (local.get $i) (i32.const 4)))
+        (br $vl)))
+      (block $td (loop $tl
+        (br_if $td (i32.ge_u (local.get $i) (local.get $dim)))
+        (f32.store (i32.add (local.get $op) (i32.shl (local.get $i) (i32.const 2)))
+          (f32.mul (f32.mul (f32.load (i32.add (local.get $xp) (i32.shl (local.get $i) (i32.const 2)))) (local.get $s))
+            (f32.load (i32.add (local.get $W) (i32.shl (local.get $i) (i32.const 2))))))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $tl)))
+      (local.set $r (i32.add (local.get $r) (i32.const 1)))
+      (br $rl)))
+  )`;
+}
+
+/**
+ * rope(QKV, rows, stride, heads, hd, POS, COS, SIN): ops_js.ts ropeJs (POS: i32 positions per
+ * row; COS/SIN: [position][hd/2] f32 tables). Four pairs at a time, the rest one by one.
+ */
+function ropeFunc(): string {
+  const pair = (v: boolean) => {
+    const T = v ? 'f32x4' : 'f32';
+    const ld = (a: string) => (v ? `(v128.load ${a})` : `(f32.load ${a})`);
+    const st = v ? 'v128.store' : 'f32.store';
+    const at = (base: string, extra = '') => `(i32.add ${base} (i32.add (i32.shl (local.get $i) (i32.const 2)) ${extra || '(i32.const 0)'}))`;
+    return `
+          (local.set ${v ? '$x1' : '$y1'} ${ld(at('(local.get $hp)'))})
+          (local.set ${v ? '$x2' : '$y2'} ${ld(at('(local.get $hp)', '(local.get $hb)'))})
+          (local.set ${v ? '$c' : '$cs'} ${ld(at('(local.get $cp)'))})
+          (local.set ${v ? '$s' : '$ss'} ${ld(at('(local.get $sp)'))})
+          (${st} ${at('(local.get $hp)')} (${T}.sub (${T}.mul (local.get ${v ? '$x1' : '$y1'}) (local.get ${v ? '$c' : '$cs'})) (${T}.mul (local.get ${v ? '$x2' : '$y2'}) (local.get ${v ? '$s' : '$ss'}))))
+          (${st} ${at('(local.get $hp)', '(local.get $hb)')} (${T}.add (${T}.mul (local.get ${v ? '$x2' : '$y2'}) (local.get ${v ? '$c' : '$cs'})) (${T}.mul (local.get ${v ? '$x1' : '$y1'}) (local.get ${v ? '$s' : '$ss'}))))`;
+  };
+  return `
+  (func (export "rope") (param $QKV i32) (param $rows i32) (param $stride i32) (param $heads i32) (param $hd i32)
+      (param $POS i32) (param $COS i32) (param $SIN i32)
+    (local $r i32) (local $h i32) (local $i i32) (local $half i32) (local $h4 i32) (local $hb i32)
+    (local $rp i32) (local $hp i32) (local $cp i32) (local $sp i32)
+    (local $x1 v128) (local $x2 v128) (local $c v128) (local $s v128)
+    (local $y1 f32) (local $y2 f32) (local $cs f32) (local $ss f32)
+    (local.set $half (i32.shr_u (local.get $hd) (i32.const 1)))
+    (local.set $h4 (i32.and (local.get $half) (i32.const -4)))
+    (local.set $hb (i32.shl (local.get $half) (i32.const 2)))
+    (block $rd (loop $rl
+      (br_if $rd (i32.ge_u (local.get $r) (local.get $rows)))
+      (local.set $rp (i32.add (local.get $QKV) (i32.shl (i32.mul (local.get $r) (local.get $stride)) (i32.const 2))))
+      (local.set $cp (i32.shl (i32.mul (i32.load (i32.add (local.get $POS) (i32.shl (local.get $r) (i32.const 2)))) (local.get $half)) (i32.const 2)))
+      (local.set $sp (i32.add (local.get $SIN) (local.get $cp)))
+      (local.set $cp (i32.add (local.get $COS) (local.get $cp)))
+      (local.set $h (i32.const 0))
+      (block $hd_ (loop $hl
+        (br_if $hd_ (i32.ge_u (local.get $h) (local.get $heads)))
+        (local.set $hp (i32.add (local.get $rp) (i32.shl (i32.mul (local.get $h) (local.get $hd)) (i32.const 2))))
+        (local.set $i (i32.const 0))
+        (block $vd (loop $vl
+          (br_if $vd (i32.ge_u (local.get $i) (local.get $h4)))
+          ${pair(true)}
+          (local.set $i (i32.add (local.get $i) (i32.const 4)))
+          (br $vl)))
+        (block $td (loop $tl
+          (br_if $td (i32.ge_u (local.get $i) (local.get $half)))
+          ${pair(false)}
+          (local.set $i (i32.add (local.get $i) (i32.const 1)))
+          (br $tl)))
+        (local.set $h (i32.add (local.get $h) (i32.const 1)))
+        (br $hl)))
+      (local.set $r (i32.add (local.get $r) (i32.const 1)))
+      (br $rl)))
+  )`;
+}
+
+/** addinto(X, Y, n): X[i] = X[i] + Y[i] (ops_js.ts addIntoJs). */
+function addIntoFunc(): string {
+  return `
+  (func (export "addinto") (param $X i32) (param $Y i32) (param $n i32)
+    (local $i i32) (local $n4 i32)
+    (local.set $n4 (i32.shl (i32.and (local.get $n) (i32.const -4)) (i32.const 2)))
+    (local.set $n (i32.shl (local.get $n) (i32.const 2)))
+    (block $vd (loop $vl
+      (br_if $vd (i32.ge_u (local.get $i) (local.get $n4)))
+      (v128.store (i32.add (local.get $X) (local.get $i))
+        (f32x4.add (v128.load (i32.add (local.get $X) (local.get $i))) (v128.load (i32.add (local.get $Y) (local.get $i)))))
+      (local.set $i (i32.add (local.get $i) (i32.const 16)))
+      (br $vl)))
+    (block $td (loop $tl
+      (br_if $td (i32.ge_u (local.get $i) (local.get $n)))
+      (f32.store (i32.add (local.get $X) (local.get $i))
+        (f32.add (f32.load (i32.add (local.get $X) (local.get $i))) (f32.load (i32.add (local.get $Y) (local.get $i)))))
+      (local.set $i (i32.add (local.get $i) (i32.const 4)))
+      (br $tl)))
+  )`;
+}
+
+/** copyrows(S, ss, D, ds, rows, n): ops_js.ts copyRowsJs with byte addresses and float strides. */
+function copyRowsFunc(): string {
+  return `
+  (func (export "copyrows") (param $S i32) (param $ss i32) (param $D i32) (param $ds i32) (param $rows i32) (param $n i32)
+    (local $r i32) (local $i i32) (local $n4 i32)
+    (local.set $n4 (i32.shl (i32.and (local.get $n) (i32.const -4)) (i32.const 2)))
+    (local.set $n (i32.shl (local.get $n) (i32.const 2)))
+    (local.set $ss (i32.shl (local.get $ss) (i32.const 2)))
+    (local.set $ds (i32.shl (local.get $ds) (i32.const 2)))
+    (block $rd (loop $rl
+      (br_if $rd (i32.ge_u (local.get $r) (local.get $rows)))
+      (local.set $i (i32.const 0))
+      (block $vd (loop $vl
+        (br_if $vd (i32.ge_u (local.get $i) (local.get $n4)))
+        (v128.store (i32.add (local.get $D) (local.get $i)) (v128.load (i32.add (local.get $S) (local.get $i))))
+        (local.set $i (i32.add (local.get $i) (i32.const 16)))
+        (br $vl)))
+      (block $td (loop $tl
+        (br_if $td (i32.ge_u (local.get $i) (local.get $n)))
+        (i32.store (i32.add (local.get $D) (local.get $i)) (i32.load (i32.add (local.get $S) (local.get $i))))
+        (local.set $i (i32.add (local.get $i) (i32.const 4)))
+        (br $tl)))
+      (local.set $S (i32.add (local.get $S) (local.get $ss)))
+      (local.set $D (i32.add (local.get $D) (local.get $ds)))
+      (local.set $r (i32.add (local.get $r) (i32.const 1)))
+      (br $rl)))
+  )`;
+}
+
+/** The module, on the kernel's imported shared memory. */
+export function opsWat(): string {
+  return `(module
+  (import "env" "mem" (memory 1 65536 shared))
+${rmsNormFunc()}
+${ropeFunc()}
+${addIntoFunc()}
+${copyRowsFunc()}
+)`;
+}

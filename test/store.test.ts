@@ -42,6 +42,22 @@ test('LocalCPUBackend never exceeds its capacity when overfilled, evicting least
   assert.equal(got![HEADER_BYTES], 49);
 });
 
+test('a prompt\'s chunks are evicted from its tail: after touchPrefix the head is the most recently used', async () => {
+  const cap = 6 * 36 * 1024; // six chunks: two prompts of three
+  const store = await KvcStore.create({ local_cpu: true, max_local_cpu_size: gib(cap), max_local_disk_size: 0, local_disk: null });
+  const a = [keyOf(1), keyOf(2), keyOf(3)];
+  const b = [keyOf(4), keyOf(5), keyOf(6)];
+  for (const [i, k] of [...a, ...b].entries()) await store.put(k, makeChunk(k, i));
+  store.touchPrefix(a);
+  store.touchPrefix(b);
+  // A third prompt needs two chunks of room: with plain per-chunk LRU prompt a would lose its
+  // head (stored first) and with it every chunk; head-last, it loses its last two chunks.
+  for (const [i, k] of [keyOf(7), keyOf(8)].entries()) await store.put(k, makeChunk(k, 10 + i));
+  assert.equal(store.lookupPrefix(a), 1, 'prompt a keeps its first chunk');
+  assert.equal(store.lookupPrefix(b), 3, 'prompt b (used later) is whole');
+  assert.ok(!store.has(keyOf(2)) && !store.has(keyOf(3)), 'a\'s tail went first');
+});
+
 test('pinned chunks are never evicted; a put fails clearly when only pinned chunks remain', async () => {
   const cpu = new LocalCPUBackend(4 * 36 * 1024);
   for (let i = 0; i < 4; i++) await cpu.put(keyOf(i), makeChunk(keyOf(i), i));

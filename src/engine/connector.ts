@@ -273,6 +273,7 @@ export class KvcConnectorV1 {
     } finally {
       received?.release();
     }
+    if (loaded > 0) this.store.touchPrefix(spans.filter((s) => s.start < loaded).map((s) => s.key));
     if (!req.cancelled()) {
       if (canQuery) m.cacheQueryTokens.inc(req.prompt.length);
       if (loaded > 0) {
@@ -338,6 +339,9 @@ export class KvcConnectorV1 {
           log.warn(`request ${req.requestId}: chunk ${c.key} not stored: ${(e as Error).message}`);
         }
       }
+      // Stored in prompt order, the head is the oldest: make it the newest, so this prompt is
+      // evicted from its tail (the head keeps serving every prompt that shares it).
+      if (canStore) this.store.touchPrefix(spans.map((s) => s.key));
     })();
     let sending: Promise<Record<string, unknown> | undefined> = Promise.resolve(undefined);
     if (wantSend) {

@@ -89,6 +89,10 @@ export class LocalCPUBackend implements StorageBackend {
     return this.index.pin(key);
   }
 
+  touchPrefix(keys: readonly ChunkKey[]): void {
+    this.index.touchHeadLast(keys);
+  }
+
   unpin(key: ChunkKey): boolean {
     return this.index.unpin(key);
   }

@@ -286,6 +286,10 @@ export class LocalDiskBackend implements StorageBackend {
     return true;
   }
 
+  touchPrefix(keys: readonly ChunkKey[]): void {
+    this.index.touchHeadLast(keys);
+  }
+
   unpin(key: ChunkKey): boolean {
     if (!this.index.unpin(key)) return false;
     rmSync(this.pinFile(key), { force: true });

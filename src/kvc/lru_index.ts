@@ -38,6 +38,16 @@ export class LruIndex<E extends Entry> {
     return e;
   }
 
+  /**
+   * Marks a prefix's chunks used, its FIRST chunk last: the head ends most recently used, so
+   * eviction takes a prefix from its tail. A prefix is only usable from its start (a lookup stops
+   * at the first missing chunk), so losing the head to plain per-chunk LRU (the head is stored
+   * and read first, hence oldest) would make every later chunk of it dead weight.
+   */
+  touchHeadLast(keys: readonly ChunkKey[]): void {
+    for (let i = keys.length - 1; i >= 0; i--) this.touch(keys[i]!);
+  }
+
   add(key: ChunkKey, e: E): void {
     const old = this.map.get(key);
     if (old) this.delete(key);

@@ -125,6 +125,15 @@ export class KvcStore extends EventEmitter<StoreEvents> {
     return false;
   }
 
+  /**
+   * Marks a prompt's chunks used in every location, head last, so eviction takes a prefix from its
+   * tail (see LruIndex.touchHeadLast). Called once a request has loaded or stored its chunks.
+   */
+  touchPrefix(keys: readonly ChunkKey[]): void {
+    if (keys.length === 0) return;
+    for (const b of this.backends.values()) b.touchPrefix?.(keys);
+  }
+
   /** Number of leading `keys` present (in `loc`, or in any location): the cached prefix in chunks. */
   lookupPrefix(keys: readonly ChunkKey[], loc?: LocationName): number {
     let n = 0;

@@ -59,6 +59,11 @@ export interface StorageBackend {
    * this process only; a plain pin is also persisted where the location persists (disk).
    */
   pin(key: ChunkKey, opts?: PinOptions): boolean;
+  /**
+   * Marks a prompt's chunks (in prompt order) used so that eviction takes its tail before its head
+   * (optional: a location without recency order ignores it).
+   */
+  touchPrefix?(keys: readonly ChunkKey[]): void;
   unpin(key: ChunkKey): boolean;
   isPinned(key: ChunkKey): boolean;
   remove(key: ChunkKey): Promise<boolean>;

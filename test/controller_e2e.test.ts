@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { freePortRange } from '../src/common/ports.js';
-import { postJson, startKvc, tempDir, waitHttp, type Proc } from './helpers/proc.js';
+import { postJson, startKvc, tempDir, waitHttp, waitUntil as waitFor, type Proc } from './helpers/proc.js';
 
 const CHUNK = 32;
 const CONNECTOR = JSON.stringify({ kv_connector: 'KvcConnectorV1', kv_role: 'kv_both' });
@@ -18,15 +18,7 @@ const engines: Proc[] = [];
 let ctlUrl = '';
 const engineUrl: Record<'A' | 'B', string> = { A: '', B: '' };
 
-async function waitUntil<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 20_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  while (Date.now() < deadline) {
-    const v = await fn().catch(() => undefined);
-    if (v) return v;
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-}
+const waitUntil = <T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 20_000) => waitFor(what, fn, timeoutMs, 100);
 
 const complete = async (who: 'A' | 'B', prompt: string, max_tokens = 8) => {
   const r = await postJson(`${engineUrl[who]}/v1/completions`, { model: 'builtin:tiny', prompt, max_tokens, temperature: 0 }, 120_000);

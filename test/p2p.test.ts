@@ -22,7 +22,7 @@ import { setDeploymentSecret, tag } from '../src/common/auth.js';
 import { decodeMsg, encodeMsg, MONITOR_PROTOCOL_VERSION, packKeys } from '../src/protocol/monitor.js';
 import { decodePeerControl, PEER_FRAMES, PeerFrame, peerChunkHead, peerControlFrame, peerFetchEndSchema, peerFetchSchema } from '../src/protocol/peer_frames.js';
 import { FrameReader } from '../src/protocol/frame_reader.js';
-import { postJson, startKvc, tempDir, waitHttp, type Proc } from './helpers/proc.js';
+import { postJson, startKvc, tempDir, waitHttp, waitUntil as waitFor, type Proc } from './helpers/proc.js';
 
 const CHUNK = 32;
 const SECRET = 'p2p-test-secret-' + randomBytes(8).toString('hex');
@@ -38,15 +38,7 @@ let monitorPort = 0;
 const engineUrl: Record<'A' | 'B', string> = { A: '', B: '' };
 const peerUrl: Record<'A' | 'B', string> = { A: '', B: '' };
 
-async function waitUntil<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 30_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  while (Date.now() < deadline) {
-    const v = await fn().catch(() => undefined);
-    if (v) return v;
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-}
+const waitUntil = <T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 30_000) => waitFor(what, fn, timeoutMs, 50);
 
 const completion = (who: 'A' | 'B', prompt: string) => postJson(`${engineUrl[who]}/v1/completions`, { model: 'builtin:tiny', prompt, max_tokens: 8, temperature: 0 }, 120_000);
 const complete = async (who: 'A' | 'B', prompt: string) => {

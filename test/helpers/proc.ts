@@ -89,6 +89,20 @@ export async function waitHttp(url: string, timeoutMs = 60_000): Promise<void> {
   throw new Error(`${url} not healthy after ${timeoutMs} ms (${last})`);
 }
 
+/**
+ * Polls `fn` until it returns a truthy value (a throw counts as not yet), or throws naming `what`
+ * after `timeoutMs`.
+ */
+export async function waitUntil<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs: number, pollMs: number): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    const v = await fn().catch(() => undefined);
+    if (v) return v;
+    await new Promise((r) => setTimeout(r, pollMs));
+  }
+  throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+}
+
 export function tempDir(prefix = 'kvc-test-'): string {
   return mkdtempSync(join(tmpdir(), prefix));
 }

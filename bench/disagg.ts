@@ -678,6 +678,13 @@ async function main(): Promise<void> {
     return;
   }
   const logRoot = mkdtempSync(join(tmpdir(), 'kvc-bench-disagg-'));
+  const probeAt = process.argv.indexOf('--probe');
+  if (probeAt > 0) {
+    await probeOnly(process.argv[probeAt + 1], logRoot);
+    if (process.argv.includes('--keep-logs')) console.log(`logs kept in ${logRoot}`);
+    else rmSync(logRoot, { recursive: true, force: true });
+    return;
+  }
   const started = performance.now();
   const mainPlan = schedule(MAIN_WINDOW_S, MAIN_SEED, { kind: 'burst' });
   const mainLongs = mainPlan.filter((a) => a.kind === 'long');
@@ -761,6 +768,43 @@ async function main(): Promise<void> {
       long_ttft_p50_ms: results.disagg!.long_ttft_p50_ms,
     }),
   );
+}
+
+/**
+ * `--probe CONFIG@RATE[xSECONDS]` (e.g. `disagg@0.7x30`): one Poisson window of that configuration
+ * at that long-prompt rate (seed of repeat 0), with the decoder's own figures: for looking into a
+ * probe of the goodput search (e.g. under `--cpu-prof`) without running the whole bench.
+ */
+async function probeOnly(arg: string | undefined, logRoot: string): Promise<void> {
+  const m = /^(disagg|coloc)@([\d.]+)(?:x(\d+))?$/.exec(arg ?? '');
+  if (!m) throw new Error(`--probe: expected CONFIG@RATE[xSECONDS] with CONFIG disagg or coloc (e.g. disagg@0.7x30), found ${JSON.stringify(arg ?? '')}`);
+  const name = m[1] as 'disagg' | 'coloc';
+  const rate = Number(m[2]);
+  if (!(rate > 0)) throw new Error(`--probe: the rate must be a positive number of long prompts per second, found ${m[2]}`);
+  const seconds = m[3] ? Number(m[3]) : Math.min(PROBE_MAX_S, Math.max(PROBE_MIN_S, PROBE_LONGS / rate));
+  const args = name === 'disagg' ? ['--prefillers', '1', '--decoders', '1', '--routing', 'kv-aware'] : ['--prefillers', '0', '--decoders', '2'];
+  const dep = await up(args, logRoot);
+  try {
+    await warm(dep.url);
+    await settle(dep.engines);
+    const before = await scrape(dep.decoder);
+    const proxyBefore = await scrape(dep.url);
+    const s0 = schedstat(dep.decoderPid);
+    const t0 = performance.now();
+    const ds = await window(dep.url, schedule(seconds, probeSeed(rate, 0), { kind: 'poisson', rate }), seconds);
+    const sched = { before: s0, after: schedstat(dep.decoderPid), seconds: (performance.now() - t0) / 1000 };
+    const proxyAfter = await scrape(dep.url);
+    const steps = { ...stepIntervals(before, await scrape(dep.decoder), value(proxyAfter, 'kvc_proxy_nodejs_eventloop_lag_max_seconds'), sched), proxy_prefills: prefillsWhere(proxyBefore, proxyAfter) };
+    const a = attainment(ds);
+    console.log(`${name} @ ${rate} long/s, ${seconds} s (decoder pid ${dep.decoderPid}): attainment short ${r1(a.short * 100)} %, long ${r1(a.long * 100)} %; ${misses(ds, 'short')}; ${misses(ds, 'long')}`);
+    console.log(`  ${JSON.stringify(summary(ds))}`);
+    console.log(`  decoder: ${JSON.stringify(steps)}`);
+    // The gaps over the SLO, with when they happened, to line up with a --cpu-prof of the decoder.
+    const slow = ds.flatMap((d) => d.gaps.filter((g) => g.ms > SLO.itlP99Ms).map((g) => `${g.t.toFixed(2)}s:${r1(g.ms)}ms`));
+    console.log(`  gaps over ${SLO.itlP99Ms} ms (time in window: length): ${slow.join(' ') || 'none'}`);
+  } finally {
+    await dep.stop();
+  }
 }
 
 /** Rates found by halving and bisecting print as binary fractions (0.30000000000000004): four decimals say it. */

@@ -4,18 +4,28 @@
 // (xxhash-wasm's own create64 would copy every piece into its memory first).
 //
 // Same contract as BufferPool (buffer_pool.ts): grows on demand up to a byte budget, recycles
-// slots of a size class (bytes rounded up to 4 KiB), trim() gives idle memory back. The memory comes
-// in arenas: one instance of the kernel per arena, its memory grown ONCE at creation to hold
-// [4 KiB header: hash state][slot 0][slot 1]… of one size class, and never again — growing would
-// detach the views handed out. Untouched pages of an arena cost nothing (the kernel maps them on
-// first write), so an arena is sized generously (ARENA_BYTES) and only slots handed out at least once
-// count as held memory. A WASM memory cannot shrink: an arena goes back to the system (at the next
-// GC) only when none of its slots is live; trim() drops those.
+// slots, trim() gives idle memory back. A slot handed out is a view of its size class (bytes rounded
+// up to 4 KiB), and that class is what counts against the budget. The memory comes in arenas: one
+// instance of the kernel per arena, its memory grown ONCE at creation to hold
+// [4 KiB header: hash state][slot 0][slot 1]… and never again — growing would detach the views
+// handed out. Untouched pages of an arena cost nothing (the kernel maps them on first write), so an
+// arena is sized generously (ARENA_BYTES) and only slots handed out at least once count as held
+// memory. A WASM memory cannot shrink: an arena goes back to the system (at the next GC) only when
+// none of its slots is live; trim() drops those.
 //
-// Few arenas on purpose: every WASM memory reserves a large stretch of virtual address space, so one
-// per slot would exhaust it with small chunks. Slots are 4 KiB aligned (a chunk's payload, at +64,
-// is 64-byte aligned for typed-array views). A size class too large for one 32-bit WASM memory gets a
-// plain buffer (hashed by copying).
+// Few arenas on purpose, and so an arena's slots are a power of two of pages (ARENA CLASSES below):
+// every size class of its own arena made one arena per distinct chunk length, and the last,
+// partial chunk of every prompt has its own length. Each new arena grows a WASM memory by
+// ARENA_BYTES (~20 ms on the main thread) and V8 counts that memory as external, so it answered
+// every new arena with a full garbage collection ("external memory pressure"): a decoder receiving
+// ~1 long prompt a second created an arena a second and paused its decode steps for 10–80 ms each
+// time (docs/disaggregation.md). With power-of-two slots a process creates at most one arena per
+// power of two it ever sees (a handful), each once. A slot then holds at most twice the bytes
+// counted for it (a warm slot reused for a shorter chunk keeps the pages a longer one touched):
+// held memory is counted in whole slots, and idle arenas are dropped past twice the budget.
+//
+// Slots are 4 KiB aligned (a chunk's payload, at +64, is 64-byte aligned for typed-array views). A
+// size class too large for one 32-bit WASM memory gets a plain buffer (hashed by copying).
 import { sizeClass } from './buffer_pool.js';
 import { copyingHash, type StreamHash } from './stream_hash.js';
 import { asU64, registerInPlace, unregisterInPlace, xxh64Instance, XXH64_STATE_BYTES, type Xxh64Exports } from './xxh64_kernel.js';
@@ -49,8 +59,9 @@ class Arena {
     registerInPlace(k); // checksum64 (keys.ts) hashes a slot's bytes in place too
   }
 
-  slot(i: number): Uint8Array {
-    return new Uint8Array(this.buffer, HEADER + i * this.cls, this.cls);
+  /** Slot `i`, as a view of `bytes` (its size class; at most the slot). */
+  slot(i: number, bytes: number): Uint8Array {
+    return new Uint8Array(this.buffer, HEADER + i * this.cls, bytes);
   }
 
   /** A hasher for pieces of this arena's memory: the kernel reads them in place. */
@@ -79,12 +90,20 @@ class Arena {
   }
 }
 
+/** The slot size of the arenas that serve size class `cls`: the next power of two (at least a page). */
+export function arenaClass(cls: number): number {
+  let c = 4096;
+  while (c < cls) c *= 2;
+  return c;
+}
+
 export class SlotArenaPool {
+  /** Arenas by their slot size (arenaClass). */
   private readonly arenas = new Map<number, Arena[]>();
   /** Which arena a slot belongs to (by its memory). */
   private readonly owner = new WeakMap<ArrayBuffer, Arena>();
+  /** Size classes of the slots handed out and not returned (what counts against the budget). */
   private liveBytes = 0;
-  private warmBytes = 0;
   /** Arenas created so far: for tests and metrics. */
   allocations = 0;
   private readonly inPlace: boolean;
@@ -93,9 +112,25 @@ export class SlotArenaPool {
     this.inPlace = xxh64Instance() !== null;
   }
 
-  /** Bytes of slots handed out at least once in arenas still held (live + warm free), i.e. memory this pool costs. */
+  /** Bytes of slots handed out at least once in arenas still held (live + warm free, whole slots), i.e. at most the memory this pool costs. */
   get heldBytes(): number {
-    return this.liveBytes + this.warmBytes;
+    let n = 0;
+    for (const list of this.arenas.values()) for (const a of list) n += a.touched * a.cls;
+    return n;
+  }
+
+  /**
+   * Creates the arenas for every slot size up to `maxBytes` now rather than at the first chunk of
+   * each size: a receiver calls it at start with its full chunk size (the last chunk of a prompt can
+   * have any shorter length), so the WASM memory grows and the garbage collections V8 answers
+   * them with happen before any request is served. Untouched, they hold no memory.
+   */
+  prepare(maxBytes: number): void {
+    for (let cls = 4096; cls <= arenaClass(sizeClass(maxBytes)); cls *= 2) {
+      if (this.arenas.get(cls)?.length) continue;
+      const a = this.newArena(cls);
+      if (a) this.arenas.set(cls, [a]);
+    }
   }
 
   get inUseBytes(): number {
@@ -106,38 +141,36 @@ export class SlotArenaPool {
   acquire(bytes: number): Uint8Array | null {
     const cls = sizeClass(bytes);
     if (this.liveBytes + cls > this.budgetBytes) return null;
-    const list = this.arenas.get(cls) ?? [];
+    const slotBytes = arenaClass(cls);
+    const list = this.arenas.get(slotBytes) ?? [];
     // warm slot first (pages already mapped), then a fresh slot of an existing arena
     let a = list.find((x) => x.warm.length > 0);
     let i: number;
     if (a) {
       i = a.warm.pop()!;
-      this.warmBytes -= cls;
     } else {
       a = list.find((x) => x.touched < x.slots);
       if (!a) {
-        a = this.newArena(cls) ?? undefined;
+        a = this.newArena(slotBytes) ?? undefined;
         if (!a) return this.plain(cls);
         list.push(a);
-        this.arenas.set(cls, list);
+        this.arenas.set(slotBytes, list);
       }
       i = a.touched++;
-      this.dropIdle(cls); // keep warm memory of other classes within the budget
+      this.dropIdle(slotBytes); // keep warm memory of other classes within the bound
     }
     a.live++;
     this.liveBytes += cls;
-    return a.slot(i);
+    return a.slot(i, cls);
   }
 
   /** Returns a slot obtained from acquire(). */
   release(buf: Uint8Array): void {
-    const cls = buf.byteLength;
-    this.liveBytes -= cls;
+    this.liveBytes -= buf.byteLength;
     const a = this.owner.get(buf.buffer as ArrayBuffer);
     if (!a) return; // plain buffer: the GC takes it
     a.live--;
     a.warm.push((buf.byteOffset - HEADER) / a.cls);
-    this.warmBytes += cls;
   }
 
   /**
@@ -160,24 +193,24 @@ export class SlotArenaPool {
   }
 
   private forget(a: Arena): void {
-    this.warmBytes -= a.warm.length * a.cls;
     a.warm.length = 0;
     this.owner.delete(a.buffer);
     unregisterInPlace(a.buffer);
   }
 
-  /** Held memory over the budget: idle arenas of other classes go first. */
-  private dropIdle(cls: number): void {
-    if (this.heldBytes + cls <= this.budgetBytes) return;
+  /** Held memory (whole slots) over twice the budget: idle arenas of other slot sizes go first. */
+  private dropIdle(slotBytes: number): void {
+    const bound = 2 * this.budgetBytes;
+    if (this.heldBytes + slotBytes <= bound) return;
     for (const [c, list] of this.arenas) {
-      if (c === cls) continue;
+      if (c === slotBytes) continue;
       for (const a of list.filter((x) => x.live === 0)) {
         this.forget(a);
         list.splice(list.indexOf(a), 1);
-        if (this.heldBytes + cls <= this.budgetBytes) break;
+        if (this.heldBytes + slotBytes <= bound) break;
       }
       if (!list.length) this.arenas.delete(c);
-      if (this.heldBytes + cls <= this.budgetBytes) return;
+      if (this.heldBytes + slotBytes <= bound) return;
     }
   }
 

@@ -192,6 +192,9 @@ export class XferReceiver extends EventEmitter {
       await r.close();
       throw e;
     }
+    // The arena for full chunks, created now: its WASM memory grow and the garbage collection V8
+    // answers it with would otherwise land between the decode steps of the first transfer.
+    r.pool.prepare(r.maxChunkBytes);
     const every = Math.max(50, Math.min(5000, Math.floor(r.ttlMs / 4)));
     r.sweepTimer = setInterval(() => r.expire(), every);
     r.sweepTimer.unref();

@@ -259,4 +259,11 @@ test('slot pool: chunks of every length up to a full chunk use the arenas prepar
   const again = pool.acquire(full)!;
   assert.equal(pool.allocations, prepared, 'a warm slot is reused');
   pool.release(again);
+  // Idle: the used arenas go back, and fresh ones of the prepared sizes replace them at once.
+  pool.trim();
+  assert.equal(pool.heldBytes, 0);
+  const afterTrim = pool.allocations;
+  assert.ok(afterTrim > prepared, 'used arenas were replaced');
+  for (const n of [1, 100, 256]) pool.release(pool.acquire(64 + n * 2048)!);
+  assert.equal(pool.allocations, afterTrim, 'no arena created by the next transfer');
 });

@@ -107,6 +107,8 @@ export class SlotArenaPool {
   /** Arenas created so far: for tests and metrics. */
   allocations = 0;
   private readonly inPlace: boolean;
+  /** Largest chunk prepare() was asked for (0: none): trim() keeps fresh arenas up to it. */
+  private preparedMax = 0;
 
   constructor(readonly budgetBytes: number) {
     this.inPlace = xxh64Instance() !== null;
@@ -126,6 +128,7 @@ export class SlotArenaPool {
    * them with happen before any request is served. Untouched, they hold no memory.
    */
   prepare(maxBytes: number): void {
+    this.preparedMax = Math.max(this.preparedMax, maxBytes);
     for (let cls = 4096; cls <= arenaClass(sizeClass(maxBytes)); cls *= 2) {
       if (this.arenas.get(cls)?.length) continue;
       const a = this.newArena(cls);
@@ -182,14 +185,19 @@ export class SlotArenaPool {
     return a ? a.hasher(seed) : copyingHash(seed);
   }
 
-  /** Gives back every arena with no live slot (memory returns to the system at the next GC). */
+  /**
+   * Gives back every arena with no live slot (memory returns to the system at the next GC). Slot
+   * sizes prepare() covered get a fresh, untouched arena at once: trim runs when the receiver is
+   * idle, so the WASM memory grow and the GC it brings happen now, not in the next transfer.
+   */
   trim(): void {
     for (const [cls, list] of this.arenas) {
-      const keep = list.filter((a) => a.live > 0);
-      for (const a of list) if (a.live === 0) this.forget(a);
+      const keep = list.filter((a) => a.live > 0 || a.touched === 0);
+      for (const a of list) if (!keep.includes(a)) this.forget(a);
       if (keep.length) this.arenas.set(cls, keep);
       else this.arenas.delete(cls);
     }
+    if (this.preparedMax) this.prepare(this.preparedMax);
   }
 
   private forget(a: Arena): void {

@@ -87,7 +87,7 @@ const PROBE_MIN_S = 20;
  * and colocated engines, which stall their streams at every long prompt, held up to 0.25–0.3/s:
  * starting between them reaches both boundaries in the fewest windows.
  */
-const SEARCH = { first: 0.4, min: 0.05, max: 1.6, within: 0.2, budgetS: 200, near: [0.85, 0.95] } as const;
+const SEARCH = { first: 0.4, min: 0.05, max: 1.6, within: 0.2, budgetS: 240, near: [0.85, 0.95] } as const;
 /** Length of one probe window at `rate` (s). */
 const probeSeconds = (rate: number) => Math.max(PROBE_MIN_S, PROBE_LONGS / rate);
 

@@ -802,6 +802,15 @@ async function main(): Promise<void> {
   await plots(outDir, { results, goodput: good, searches, curve, series, slo: SLO, steps, bursts });
   console.log(`\nplots: ${join(outDir, 'itl_over_time.svg')}, ${join(outDir, 'slo_attainment.svg')}; ran ${((performance.now() - started) / 1000).toFixed(0)} s`);
 
+  // The attainment curve (the SLO plot's points), one line per configuration, rates ascending.
+  for (const config of ['coloc', 'disagg'] as const) {
+    const pts = curve.filter((c) => c.config === config).sort((a, b) => a.rate - b.rate);
+    const s = searches[config];
+    console.log(
+      `curve ${config}: ${pts.map((c) => `${c.rate}/s ${c.attainment} % (short ${c.short} %, long ${c.long} %; ${c.short_requests} short + ${c.long_requests} long, ${c.windows} window(s), ${c.seconds} s)`).join('; ')}` +
+        (s ? ` -> goodput ${r4(s.rps)}/s, failed at ${s.failed ?? 'none tried'}, ${s.seconds} s of windows, stopped by the ${s.stoppedBy}` : ''),
+    );
+  }
   const idle = results.idle!.itl_p99_ms;
   const coloc = results.coloc!.itl_p99_ms;
   const dis = results.disagg!.itl_p99_ms;

@@ -34,6 +34,8 @@ const WASM_PAGE = 65536;
 const HEADER = 4096;
 /** Address space of one arena (slots of one class); untouched pages are free. */
 const ARENA_BYTES = 256 << 20;
+/** Slots of each arena prepare() creates below the largest slot size (see prepare). */
+const PREPARED_SHORT_SLOTS = 64;
 /** What one 32-bit WASM memory can hold, with margin. */
 const WASM_MAX = 4 * 1024 * 1024 * 1024 - 64 * WASM_PAGE;
 
@@ -129,9 +131,12 @@ export class SlotArenaPool {
    */
   prepare(maxBytes: number): void {
     this.preparedMax = Math.max(this.preparedMax, maxBytes);
-    for (let cls = 4096; cls <= arenaClass(sizeClass(maxBytes)); cls *= 2) {
+    const top = arenaClass(sizeClass(maxBytes));
+    for (let cls = 4096; cls <= top; cls *= 2) {
       if (this.arenas.get(cls)?.length) continue;
-      const a = this.newArena(cls);
+      // Shorter slots hold the last chunk of a prompt, one per request in flight: a small arena
+      // each (more are created if ever needed), not 256 MiB of address space apiece.
+      const a = this.newArena(cls, cls < top ? PREPARED_SHORT_SLOTS : undefined);
       if (a) this.arenas.set(cls, [a]);
     }
   }
@@ -222,10 +227,10 @@ export class SlotArenaPool {
     }
   }
 
-  private newArena(cls: number): Arena | null {
+  private newArena(cls: number, maxSlots = Infinity): Arena | null {
     if (!this.inPlace || HEADER + cls > WASM_MAX) return null;
     const k = xxh64Instance()!;
-    const slots = Math.max(1, Math.min(Math.floor(ARENA_BYTES / cls), Math.floor((WASM_MAX - HEADER) / cls), Math.ceil(this.budgetBytes / cls)));
+    const slots = Math.max(1, Math.min(maxSlots, Math.floor(ARENA_BYTES / cls), Math.floor((WASM_MAX - HEADER) / cls), Math.ceil(this.budgetBytes / cls)));
     let a: Arena;
     try {
       a = new Arena(k, cls, slots);

@@ -19,7 +19,8 @@
 // proxy marked down say where a stall came from.
 // Plots (Vega-Lite rendered to SVG): ITL over time per configuration, SLO attainment vs rate.
 // Output folder: bench-results/disagg/ (or --out DIR); `--replot DIR/results.json` redraws the plots
-// of an earlier run without running anything; --keep-logs keeps the deployments' logs. Last line:
+// of an earlier run without running anything; --keep-logs keeps the deployments' logs;
+// `--probe CONFIG@RATE[xSECONDS]` runs one goodput probe window only (see probeOnly). Last line:
 // {"bench":"disagg","idle_itl_p99_ms":…,"coloc_itl_p99_ms":…,"disagg_itl_p99_ms":…,
 //  "coloc_goodput_rps":…,"disagg_goodput_rps":…,"long_ttft_p50_ms":…}
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -727,9 +728,12 @@ async function main(): Promise<void> {
   const logRoot = mkdtempSync(join(tmpdir(), 'kvc-bench-disagg-'));
   const probeAt = process.argv.indexOf('--probe');
   if (probeAt > 0) {
-    await probeOnly(process.argv[probeAt + 1], logRoot);
-    if (process.argv.includes('--keep-logs')) console.log(`logs kept in ${logRoot}`);
-    else rmSync(logRoot, { recursive: true, force: true });
+    try {
+      await probeOnly(process.argv[probeAt + 1], logRoot);
+    } finally {
+      if (process.argv.includes('--keep-logs')) console.log(`logs kept in ${logRoot}`);
+      else rmSync(logRoot, { recursive: true, force: true });
+    }
     return;
   }
   const started = performance.now();

@@ -13,14 +13,15 @@
 // memory. A WASM memory cannot shrink: an arena goes back to the system (at the next GC) only when
 // none of its slots is live; trim() drops those.
 //
-// Few arenas on purpose, and so an arena's slots are a power of two of pages (ARENA CLASSES below):
+// Few arenas on purpose, and so an arena's slots are a power of two of pages (arenaClass below):
 // every size class of its own arena made one arena per distinct chunk length, and the last,
 // partial chunk of every prompt has its own length. Each new arena grows a WASM memory by
 // ARENA_BYTES (~20 ms on the main thread) and V8 counts that memory as external, so it answered
 // every new arena with a full garbage collection ("external memory pressure"): a decoder receiving
-// ~1 long prompt a second created an arena a second and paused its decode steps for 10–80 ms each
-// time (docs/disaggregation.md). With power-of-two slots a process creates at most one arena per
-// power of two it ever sees (a handful), each once. A slot then holds at most twice the bytes
+// ~1 long prompt a second created an arena a second and paused its decode steps for 10–95 ms each
+// time (docs/disaggregation.md). With power-of-two slots there are a handful of slot sizes (nine
+// up to 1 MiB), a receiver creates their arenas at start (prepare), and another arena of a size
+// is created only when all slots of that size are in use. A slot holds at most twice the bytes
 // counted for it (a warm slot reused for a shorter chunk keeps the pages a longer one touched):
 // held memory is counted in whole slots, and idle arenas are dropped past twice the budget.
 //
@@ -217,7 +218,8 @@ export class SlotArenaPool {
     if (this.heldBytes + slotBytes <= bound) return;
     for (const [c, list] of this.arenas) {
       if (c === slotBytes) continue;
-      for (const a of list.filter((x) => x.live === 0)) {
+      // Untouched arenas hold no memory: dropping them would free nothing.
+      for (const a of list.filter((x) => x.live === 0 && x.touched > 0)) {
         this.forget(a);
         list.splice(list.indexOf(a), 1);
         if (this.heldBytes + slotBytes <= bound) break;

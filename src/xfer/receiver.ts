@@ -192,8 +192,9 @@ export class XferReceiver extends EventEmitter {
       await r.close();
       throw e;
     }
-    // The arena for full chunks, created now: its WASM memory grow and the garbage collection V8
-    // answers it with would otherwise land between the decode steps of the first transfer.
+    // The arenas of every slot size up to a full chunk, created now: their WASM memory grows and
+    // the garbage collections V8 answers them with would otherwise land between the decode steps
+    // of the transfers that first need each size (src/common/slot_arena.ts).
     r.pool.prepare(r.maxChunkBytes);
     const every = Math.max(50, Math.min(5000, Math.floor(r.ttlMs / 4)));
     r.sweepTimer = setInterval(() => r.expire(), every);

@@ -8,7 +8,7 @@ import { stageInto } from './attention.js';
 import { fmaSupport } from './fma.js';
 import { kernelEnv } from './kernel_env.js';
 import { CTL, SPIN_MS, takeChunk } from './gemm_ctl.js';
-import { gemmWat, STRIP, type WFmt } from './gemm_wat.js';
+import { ATT_GROUP, gemmWat, STRIP, type WFmt } from './gemm_wat.js';
 import { checkArgs, packStrips, padTo, type Gemm, type Weight } from './kernel.js';
 import { BLOCK_TOKENS } from './kv_cache.js';
 import { addIntoJs, copyRowsJs, rmsNormJs, ropeJs } from './ops_js.js';
@@ -21,8 +21,8 @@ const FMT_CODE: Record<WFmt, number> = { f32: 1, bf16: 2, f16: 3, q8: 4 };
 const ATTEND_ROWS = 5;
 /** CTL.PACKED code of swiglurows (a job over activation rows). */
 const SWIGLU_ROWS = 6;
-/** attendrows chunks are whole groups of 4 query rows (the GEMM's 4-row register block). */
-const ATTEND_ROW_UNIT = 4;
+/** attendrows chunks are whole attention groups (gemm_wat.ts ATT_GROUP: rows sharing one key count). */
+const ATTEND_ROW_UNIT = ATT_GROUP;
 
 interface GemmExports {
   /** Dense Wt [K][N] (attention operands). */
@@ -442,7 +442,10 @@ export class WasmGemm implements Gemm {
     if (P % STRIP !== 0) throw new Error(`attend: P=${P} must be a multiple of ${STRIP}`);
     this.attendCore(q, M, hd, P, lens, scale, out, (KT, V, hdPad) => {
       const f32 = this.f32;
-      f32.set(kt.subarray(0, hd * P), KT / 4);
+      // Kᵀ strip-packed ([P/32][hd][32]), the layout gatherkv writes and attgroups reads.
+      for (let s = 0; s < P / STRIP; s++) {
+        for (let e = 0; e < hd; e++) f32.set(kt.subarray(e * P + s * STRIP, e * P + s * STRIP + STRIP), KT / 4 + (s * hd + e) * STRIP);
+      }
       if (hdPad === hd) f32.set(v.subarray(0, P * hd), V / 4);
       else {
         for (let j = 0; j < P; j++) {
@@ -455,7 +458,7 @@ export class WasmGemm implements Gemm {
 
   /**
    * Attention operands on kernel scratch for `heads` heads of M query rows over P keys: Q (the
-   * queries, copied in, [heads][M][hd]), KT ([hd][P]), S ([M][P]), V ([P][hdPad]), O
+   * queries, copied in, [heads][M][hd]), KT (strip-packed [P/32][hd][32]), S ([M][P]), V ([P][hdPad]), O
    * ([heads][M][hdPad]) and L (the M row lengths, copied in), as byte addresses.
    */
   private attnScratch(q: Float32Array, heads: number, M: number, hd: number, P: number, lens: Int32Array, out: Float32Array) {
@@ -487,8 +490,8 @@ export class WasmGemm implements Gemm {
   }
 
   /**
-   * One head's attention on kernel scratch: `fillKV(KT, V, hdPad)` writes keys ([hd][P]) and
-   * values ([P][hdPad]) at those byte addresses; then S = Q·KT, softmax, O = S·V, copied to `out`.
+   * One head's attention on kernel scratch: `fillKV(KT, V, hdPad)` writes keys and
+   * values ([P][hdPad]) at those byte addresses (keys strip-packed, [P/32][hd][32]); then S = Q·KT, softmax, O = S·V, copied to `out`.
    */
   private attendCore(q: Float32Array, M: number, hd: number, P: number, lens: Int32Array, scale: number, out: Float32Array, fillKV: (KT: number, V: number, hdPad: number) => void): void {
     if (M === 0) return;

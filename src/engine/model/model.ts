@@ -394,8 +394,12 @@ export class LlamaModel {
       // Query rows in blocks to bound the score matrix; all KV heads of a block in one kernel
       // call, q and out laid out [head][row][headDim] (the kernel picks one WASM call for small
       // problems such as a decode step, or per-head calls shared with its worker thread).
-      for (let t0 = 0; t0 < T; t0 += ATTN_ROW_BLOCK) {
-        const t1 = Math.min(T, t0 + ATTN_ROW_BLOCK);
+      // Query tokens per block: the kernel skips each 4-row group's keys beyond its own (so a
+      // block's size costs no masked work); blocks only bound the score matrix, and fewer of them
+      // mean fewer K/V gathers and hand-offs to the worker thread.
+      const blockTokens = Math.max(ATTN_MIN_BLOCK, Math.floor(ATTN_SCORE_FLOATS / (group * Math.ceil(P / 32) * 32)));
+      for (let t0 = 0; t0 < T; t0 += blockTokens) {
+        const t1 = Math.min(T, t0 + blockTokens);
         const M = (t1 - t0) * group;
         const q = this.buf(B_ATTN_Q, numKvHeads * M * headDim);
         const out = this.buf(B_ATTN_OUT, numKvHeads * M * headDim);
@@ -416,8 +420,10 @@ export class LlamaModel {
   }
 }
 
-/** Query tokens per attention block (bounds the score matrix to ATTN_ROW_BLOCK*group*P floats). */
-const ATTN_ROW_BLOCK = 64;
+/** Score-matrix floats an attention block may take (4 MB): a 512-token prompt of a 4-query-per-KV-head model is one block. */
+const ATTN_SCORE_FLOATS = 1 << 20;
+/** Query tokens per attention block at least, however long the prompt (the score matrix grows with P beyond that). */
+const ATTN_MIN_BLOCK = 64;
 
 /**
  * dst[d..d+n) = src[s..s+n). A loop rather than dst.set(src.subarray(…)): the forward pass copies

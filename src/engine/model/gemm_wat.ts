@@ -91,6 +91,20 @@ function kLoop(fmt: WFmt, label: string, body: string[]): string {
         (br_if $${label} (local.get $k)))`;
 }
 
+/**
+ * SwiGLU of the gate vector in local `g` and the up vector `u` (a v128 expression): exactly the
+ * operations of the swiglu export (swigluFunc), so a fused epilogue gives its bits. Uses the
+ * locals $e $d $sg and expV's.
+ */
+function gluV(g: string, u: string): string {
+  return `(block (result v128)
+          (local.set $e ${expV(`(f32x4.neg (f32x4.abs (local.get ${g})))`)})
+          (local.set $d (f32x4.add (local.get $e) (v128.const f32x4 1 1 1 1)))
+          (local.set $sg (v128.bitselect (f32x4.div (v128.const f32x4 1 1 1 1) (local.get $d)) (f32x4.div (local.get $e) (local.get $d))
+            (f32x4.ge (local.get ${g}) (v128.const f32x4 0 0 0 0))))
+          (f32x4.mul (f32x4.mul (local.get ${g}) (local.get $sg)) ${u}))`;
+}
+
 /** acc + x*w as a v128 expression: fused (relaxed_madd) in an FMA module, else mul then add. */
 function madd(fma: boolean, acc: string, x: string, w: string): string {
   return fma ? `(f32x4.relaxed_madd ${x} ${w} ${acc})` : `(f32x4.add ${acc} (f32x4.mul ${x} ${w}))`;
@@ -101,7 +115,7 @@ function madd(fma: boolean, acc: string, x: string, w: string): string {
  * over the whole k range, stored once. Every accumulator lane is one output element updated for
  * k ascending, so the tile shape changes no bits.
  */
-function kernelTile(rows: number, col: number, fmt: WFmt, fma: boolean): string {
+function kernelTile(rows: number, col: number, fmt: WFmt, fma: boolean, glu = false): string {
   const lines: string[] = [];
   for (let r = 0; r < rows; r++) for (let j = 0; j < 2; j++) lines.push(`(local.set $a${r}${j} (v128.const i32x4 0 0 0 0))`);
   lines.push(`(local.set $p0 (local.get $arow))`);
@@ -116,6 +130,15 @@ function kernelTile(rows: number, col: number, fmt: WFmt, fma: boolean): string 
     body.push(`(local.set $p${r} (i32.add (local.get $p${r}) (i32.const 4)))`);
   }
   lines.push(kLoop(fmt, `kl${rows}`, body));
+  if (glu) {
+    // Gate|up interleaved (packGluStrips): a tile's first 4 columns are gate columns, its last 4
+    // the matching up columns; C gets SwiGLU of the pair at output column (n + col) / 2.
+    for (let r = 0; r < rows; r++) {
+      lines.push(`(local.set $cp (i32.add (local.get $crow) (i32.add (i32.mul (i32.const ${r}) (local.get $nb)) (i32.const ${col * 2}))))`);
+      lines.push(`(v128.store (local.get $cp) ${gluV(`$a${r}0`, `(local.get $a${r}1)`)})`);
+    }
+    return lines.join('\n');
+  }
   // store: C + ((m+r)*N + n0 + col)*4
   for (let r = 0; r < rows; r++) {
     lines.push(`(local.set $cp (i32.add (local.get $crow) (i32.add (i32.mul (i32.const ${r}) (local.get $nb)) (i32.const ${col * 4}))))`);
@@ -124,7 +147,7 @@ function kernelTile(rows: number, col: number, fmt: WFmt, fma: boolean): string 
   return lines.join('\n');
 }
 
-function kernel1x32(fmt: WFmt, fma: boolean): string {
+function kernel1x32(fmt: WFmt, fma: boolean, glu = false): string {
   const lines: string[] = [];
   for (let j = 0; j < 8; j++) lines.push(`(local.set $b${j} (v128.const i32x4 0 0 0 0))`);
   lines.push(`(local.set $p0 (local.get $arow))`);
@@ -137,6 +160,10 @@ function kernel1x32(fmt: WFmt, fma: boolean): string {
   }
   body.push(`(local.set $p0 (i32.add (local.get $p0) (i32.const 4)))`);
   lines.push(kLoop(fmt, 'kl1', body));
+  if (glu) {
+    for (let j = 0; j < 4; j++) lines.push(`(v128.store offset=${j * 16} (local.get $crow) ${gluV(`$b${2 * j}`, `(local.get $b${2 * j + 1})`)})`);
+    return lines.join('\n');
+  }
   for (let j = 0; j < 8; j++) lines.push(`(v128.store offset=${j * 16} (local.get $crow) (local.get $b${j}))`);
   return lines.join('\n');
 }
@@ -383,9 +410,16 @@ function swigluRowsFunc(): string {
  *          touching K pages N*4 bytes apart. Decode (few rows) reads each weight once per step and
  *          is bound by exactly that stream.
  * The arithmetic, and so every result bit, is the same for both layouts.
+ * `glu` (export gemmpglu): the fused gate|up projection and SwiGLU. Wt is the gate|up weight
+ * packed by packGluStrips (kernel.ts: each strip holds 16 gate columns and their 16 up columns,
+ * in groups of 4), N is its padded width (2·hidden) and C is [M][N/2]: each tile's accumulators
+ * (computed exactly as gemmp computes them) go through the swiglu export's operations in
+ * registers and only silu(gate)·up is stored — the same bits as gemmp then swiglu, without
+ * writing and re-reading the [M][2·hidden] gate|up product.
  */
-function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean, strided = false): string {
+function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean, strided = false, glu = false): string {
   const v128Locals: string[] = [];
+  if (glu) v128Locals.push('$e', '$d', '$sg', '$ex', '$efx', '$ey', '$ez');
   for (let r = 0; r < TILE_ROWS; r++) for (let j = 0; j < 2; j++) v128Locals.push(`$a${r}${j}`);
   for (let j = 0; j < 8; j++) v128Locals.push(`$b${j}`);
   v128Locals.push('$w0', '$w1', '$x', '$wq');
@@ -405,7 +439,7 @@ function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean, stride
     (local.set $nb (i32.shl (local.get $ldc) (i32.const 2)))
     (local.set $ws ${packed ? `(i32.const ${STRIP * 4})` : '(i32.shl (local.get $ldw) (i32.const 2))'})`
     : `(local.set $kb (i32.shl (local.get $K) (i32.const 2)))
-    (local.set $nb (i32.shl (local.get $N) (i32.const 2)))
+    (local.set $nb (i32.shl (local.get $N) (i32.const ${glu ? 1 : 2})))
     (local.set $ws ${packed ? `(i32.const ${STRIP * 4})` : '(local.get $nb)'})`;
   return `
   ;; ${name}(A, Wt, C, ${strided ? 'lda, ldw, ldc, K' : 'M, K, N'}, m0, m1, n0, n1): rows [m0,m1) x columns [n0,n1) of C (n0, n1 multiples of ${STRIP})
@@ -422,16 +456,16 @@ function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean, stride
         (block $rtdone (loop $rtloop
           (br_if $rtdone (i32.gt_u (i32.add (local.get $m) (i32.const ${TILE_ROWS})) (local.get $mEnd)))
           (local.set $arow (i32.add (local.get $A) (i32.mul (local.get $m) (local.get $kb))))
-          (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const 2)))))
-          ${TILE_COLS.map((c) => kernelTile(TILE_ROWS, c, fmt, fma)).join('\n')}
+          (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const ${glu ? 1 : 2})))))
+          ${TILE_COLS.map((c) => kernelTile(TILE_ROWS, c, fmt, fma, glu)).join('\n')}
           (local.set $m (i32.add (local.get $m) (i32.const ${TILE_ROWS})))
           (br $rtloop)))
         ;; leftover rows, one at a time
         (block $r1done (loop $r1loop
           (br_if $r1done (i32.ge_u (local.get $m) (local.get $mEnd)))
           (local.set $arow (i32.add (local.get $A) (i32.mul (local.get $m) (local.get $kb))))
-          (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const 2)))))
-          ${kernel1x32(fmt, fma)}
+          (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const ${glu ? 1 : 2})))))
+          ${kernel1x32(fmt, fma, glu)}
           (local.set $m (i32.add (local.get $m) (i32.const 1)))
           (br $r1loop)))`)}
   )`;
@@ -792,6 +826,7 @@ ${gemmFunc('gemmsp', true, 'f32', fma, true)}
 ${gemmFunc('gemmp', true, 'f32', fma)}
 ${gemmFunc('gemmpbf16', true, 'bf16', fma)}
 ${gemmFunc('gemmpf16', true, 'f16', fma)}
+${gemmFunc('gemmpglu', true, 'f32', fma, false, true)}
 ${q8GemmFunc()}
 ${quantQ8Func()}
 ${softmaxFunc()}

@@ -146,7 +146,7 @@ export class LlamaModel {
     // A linear layer from one or more tensors stacked by rows. Kept in its stored encoding
     // (16-bit, Q8_0, Q4_0) when every part has the same one — the kernel computes the same bits
     // as from the widened f32 values, with a half or a quarter of the memory traffic — else f32.
-    const mat = async (names: string[], rows: number[], cols: number): Promise<Weight> => {
+    const mat = async (names: string[], rows: number[], cols: number, glu = false): Promise<Weight> => {
       const n = rows.reduce((a, b) => a + b, 0);
       if (st.getEncoded) {
         const parts: (EncodedWeight | null)[] = [];
@@ -169,7 +169,7 @@ export class LlamaModel {
         out.set(t, off);
         off += t.length;
       }
-      return gemm.upload(out, n, cols);
+      return gemm.upload(out, n, cols, { glu });
     };
     const embed = await st.get('model.embed_tokens.weight', [vocabSize, dim]);
     const layers: Layer[] = [];
@@ -180,7 +180,7 @@ export class LlamaModel {
         qkv: await mat([`${p}self_attn.q_proj.weight`, `${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`], [qDim, kvDim, kvDim], dim),
         o: await mat([`${p}self_attn.o_proj.weight`], [dim], qDim),
         mlpNorm: await vec(`${p}post_attention_layernorm.weight`, dim),
-        gateUp: await mat([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [hiddenDim, hiddenDim], dim),
+        gateUp: await mat([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [hiddenDim, hiddenDim], dim, true),
         down: await mat([`${p}mlp.down_proj.weight`], [dim], hiddenDim),
       });
     }
@@ -330,8 +330,9 @@ export class LlamaModel {
       this.gemm.addInto(x, proj, R * dim);
 
       this.gemm.rmsNorm(x, L.mlpNorm, h, R, dim, normEps);
-      this.gemm.matmul(L.gateUp, h, R, gu);
-      this.gemm.swiglu(gu, R, hiddenDim, act);
+      // SwiGLU fused into the gate|up product where the kernel packed the weight for it (f32
+      // weights in the WASM kernel), else the product into gu, then SwiGLU: the same bits.
+      this.gemm.matmulSwiglu(L.gateUp, h, R, gu, act);
       this.gemm.matmul(L.down, act, R, proj);
       this.gemm.addInto(x, proj, R * dim);
     }

@@ -395,7 +395,7 @@ export class LlamaModel {
       // Query rows in blocks to bound the score matrix; all KV heads of a block in one kernel
       // call, q and out laid out [head][row][headDim] (the kernel picks one WASM call for small
       // problems such as a decode step, or per-head calls shared with its worker thread).
-      // Query tokens per block: the kernel skips each 4-row group's keys beyond its own (so a
+      // Query tokens per block: the kernel skips each 16-row group's keys beyond its own (so a
       // block's size costs no masked work); blocks only bound the score matrix, and fewer of them
       // mean fewer K/V gathers and hand-offs to the worker thread.
       const blockTokens = Math.max(ATTN_MIN_BLOCK, Math.floor(ATTN_SCORE_FLOATS / (group * Math.ceil(P / 32) * 32)));

@@ -137,7 +137,7 @@ async function rawTcpGbps(port: number, bytes: number): Promise<number> {
 const CLI = fileURLToPath(new URL('../src/cli/main.js', import.meta.url));
 
 interface CtlProc { name: string; child: ChildProcess; url: string; monitorUrl: string; dealers: Dealer[] }
-interface ProcStats { cpuS: number; minorGcs: number; majorGcs: number; gcS: number }
+interface ProcStats { cpuS: number; minorGcs: number; majorGcs: number; gcS: number; loopLagP99Ms: number; loopLagMaxMs: number }
 
 async function startCtlProc(name: string, nodeArgs: string[]): Promise<CtlProc> {
   const base = await freePortRange(2);
@@ -183,6 +183,10 @@ async function procStats(c: CtlProc): Promise<ProcStats> {
     cpuS: num(/^kvc_controller_process_cpu_seconds_total (\S+)$/m),
     minorGcs: num(/^kvc_controller_nodejs_gc_duration_seconds_count\{kind="minor"\} (\S+)$/m),
     majorGcs: num(/^kvc_controller_nodejs_gc_duration_seconds_count\{kind="major"\} (\S+)$/m),
+    // Event-loop delay since the previous scrape (prom-client resets its monitorEventLoopDelay
+    // histogram at each scrape; 10 ms sampling, so it shows blocks of the loop, not small waits).
+    loopLagP99Ms: +(num(/^kvc_controller_nodejs_eventloop_lag_p99_seconds (\S+)$/m) * 1000).toFixed(2),
+    loopLagMaxMs: +(num(/^kvc_controller_nodejs_eventloop_lag_max_seconds (\S+)$/m) * 1000).toFixed(2),
     gcS: [...text.matchAll(/^kvc_controller_nodejs_gc_duration_seconds_sum\{kind="[a-z]+"\} (\S+)$/gm)].reduce((a, m) => a + Number(m[1]), 0),
   };
 }
@@ -257,7 +261,7 @@ async function httpLookups(frames: Buffer[][], indexed: number) {
     const perCtl = (c: CtlProc) => kinds.filter((k) => k.ctl === c).length * ROUNDS * PER_ROUND;
     const stats = ctls.map((c, i) => {
       const [b, a] = [before[i]!, afterStats[i]!];
-      return { name: c.name, cpuUsPerReq: ((a.cpuS - b.cpuS) * 1e6) / perCtl(c), minorGcs: a.minorGcs - b.minorGcs, majorGcs: a.majorGcs - b.majorGcs, gcMs: (a.gcS - b.gcS) * 1000, requests: perCtl(c), runQueueMs: res.controllerRunQueueMs[String(c.child.pid)] ?? NaN };
+      return { name: c.name, cpuUsPerReq: ((a.cpuS - b.cpuS) * 1e6) / perCtl(c), minorGcs: a.minorGcs - b.minorGcs, majorGcs: a.majorGcs - b.majorGcs, gcMs: (a.gcS - b.gcS) * 1000, loopLagP99Ms: a.loopLagP99Ms, loopLagMaxMs: a.loopLagMaxMs, requests: perCtl(c), runQueueMs: res.controllerRunQueueMs[String(c.child.pid)] ?? NaN };
     });
     const server: ServerTail[] = kinds.map((k, i) => {
       const d = (le: string) => (bAfter[i]!.get(le) ?? 0) - (bBefore[i]!.get(le) ?? 0);
@@ -351,7 +355,7 @@ async function main(): Promise<void> {
   const fig = (name: string) => figs.find((f) => f.name === name)!;
   console.log(`(b) HTTP lookup, 8192 tokens, each variant its own controller process (started as \`kvc up\` starts it, or bare), one keep-alive connection per variant, ${ROUNDS} alternating rounds of ${PER_ROUND}:`);
   for (const f of figs) console.log(`    ${f.name.padEnd(24)} p50 ${f.p50.toFixed(3)} ms  p90 ${f.p90.toFixed(3)} ms  p99 ${f.p99.toFixed(3)} ms  (${f.n} samples)`);
-  for (const st of stats) console.log(`    controller "${st.name}": ${st.cpuUsPerReq.toFixed(0)} µs CPU per request, ${st.minorGcs} scavenges and ${st.majorGcs} full GCs over ${st.requests} requests (${st.gcMs.toFixed(1)} ms in GC), ${st.runQueueMs} ms waiting for a CPU during the timed rounds`);
+  for (const st of stats) console.log(`    controller "${st.name}": ${st.cpuUsPerReq.toFixed(0)} µs CPU per request, ${st.minorGcs} scavenges and ${st.majorGcs} full GCs over ${st.requests} requests (${st.gcMs.toFixed(1)} ms in GC), event-loop delay p99 ${st.loopLagP99Ms} ms max ${st.loopLagMaxMs} ms, ${st.runQueueMs} ms waiting for a CPU during the timed rounds`);
   console.log(`    where the slow requests (> ${SLOW_MS} ms at the client) were: the controller's own onRequest→onResponse time (its /metrics histogram, over the same timed requests) vs the client's:`);
   for (const f of figs) {
     const sv = server.find((x) => x.name === f.name)!;

@@ -362,6 +362,8 @@ async function main(): Promise<void> {
     console.log(`    ${f.name.padEnd(24)} client: ${f.slow} of ${f.n} > ${SLOW_MS} ms (${f.slowDuringClientGc} overlapping a client GC); controller: ${sv.over1ms} > 1 ms, ${sv.over2ms} > 2 ms of ${sv.n}`);
   }
   console.log(`    client process (bench/controller_http_client.ts, its own heap): ${client.clientGcs} GCs (${client.clientGcMs} ms) during the timed rounds, ${client.clientRunQueueMs} ms waiting for a CPU`);
+  const gateFig = figs.find((f) => f.name === 'binary /lookup')!;
+  const gateServer = server.find((x) => x.name === 'binary /lookup')!;
   const http = { gate: fig('binary /lookup'), json: fig('json /lookup'), prefix: fig('binary /prefix_lookup'), plain: fig('binary /lookup, no flags') };
   console.log(`    gated: ${http.gate.name} on the controller as \`kvc up\` starts it (${controllerNodeArgs(process.env.NODE_OPTIONS).join(' ') || 'no node flags: NODE_OPTIONS sizes the heap'}): p99 ${http.gate.p99} ms (target ≤ 2 ms); the proxy's kv-aware router sends this body to /prefix_lookup`);
   // Short bar labels: json, binary, prefix (binary /prefix_lookup), no flags (binary, bare `kvc controller`).
@@ -450,6 +452,11 @@ async function main(): Promise<void> {
       http_lookup_json_p99_ms: http.json.p99,
       http_prefix_lookup_p99_ms: http.prefix.p99,
       http_lookup_no_flags_p99_ms: http.plain.p99,
+      // Where the gated variant's slow requests (> 2 ms at the client) were: inside the controller
+      // (its onRequest→onResponse histogram) or not; the client's own GCs in the timed rounds.
+      http_lookup_slow_at_client: gateFig.slow,
+      http_lookup_slow_in_controller: gateServer.over2ms,
+      http_client_gcs_in_rounds: client.clientGcs,
       move_gbps: +moveGbps.toFixed(3),
       tcp_gbps: +tcpGbps.toFixed(3),
     }),

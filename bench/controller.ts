@@ -359,7 +359,7 @@ async function main(): Promise<void> {
   console.log(`    where the slow requests (> ${SLOW_MS} ms at the client) were: the controller's own onRequest→onResponse time (its /metrics histogram, over the same timed requests) vs the client's:`);
   for (const f of figs) {
     const sv = server.find((x) => x.name === f.name)!;
-    console.log(`    ${f.name.padEnd(24)} client: ${f.slow} of ${f.n} > ${SLOW_MS} ms (${f.slowDuringClientGc} overlapping a client GC); controller: ${sv.over1ms} > 1 ms, ${sv.over2ms} > 2 ms of ${sv.n}`);
+    console.log(`    ${f.name.padEnd(24)} client: ${f.slow} of ${f.n} > ${SLOW_MS} ms (${f.slowDuringClientGc} overlapping a client GC; during ${f.slowClientWaited} the client and during ${f.slowControllerWaited} the controller waited > 0.5 ms for a CPU; ${f.slowOther} with none of these); controller: ${sv.over1ms} > 1 ms, ${sv.over2ms} > 2 ms of ${sv.n}`);
   }
   console.log(`    client process (bench/controller_http_client.ts, its own heap): ${client.clientGcs} GCs (${client.clientGcMs} ms) during the timed rounds, ${client.clientRunQueueMs} ms waiting for a CPU`);
   const gateFig = figs.find((f) => f.name === 'binary /lookup')!;
@@ -457,6 +457,9 @@ async function main(): Promise<void> {
       http_lookup_slow_at_client: gateFig.slow,
       http_lookup_slow_in_controller: gateServer.over2ms,
       http_client_gcs_in_rounds: client.clientGcs,
+      http_lookup_slow_client_waited_cpu: gateFig.slowClientWaited,
+      http_lookup_slow_controller_waited_cpu: gateFig.slowControllerWaited,
+      http_lookup_slow_other: gateFig.slowOther,
       move_gbps: +moveGbps.toFixed(3),
       tcp_gbps: +tcpGbps.toFixed(3),
     }),

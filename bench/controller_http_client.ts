@@ -15,7 +15,7 @@
 // Usage (by bench/controller.ts): node --expose-gc controller_http_client.js '<Config JSON>'
 // Prints `warm` after its warm-up requests, waits for a line on stdin, times, prints one JSON
 // line (ClientResult) and exits.
-import { readFileSync } from 'node:fs';
+import { closeSync, openSync, readFileSync, readSync } from 'node:fs';
 import { PerformanceObserver } from 'node:perf_hooks';
 import { Agent, request } from 'undici';
 import { encodeTokenBody, TOKEN_BODY_CONTENT_TYPE } from '../src/protocol/token_body.js';
@@ -45,6 +45,11 @@ export interface ClientFigures {
   /** Requests above slowMs, and how many of them overlapped one of the client's own GCs. */
   slow: number;
   slowDuringClientGc: number;
+  /** Of the slow requests: how many had the client, or the controller, wait over 0.5 ms for a CPU while they ran. */
+  slowClientWaited: number;
+  slowControllerWaited: number;
+  /** Slow requests with none of those (no client GC, neither process waited over 0.5 ms for a CPU). */
+  slowOther: number;
 }
 export interface ClientResult {
   figs: ClientFigures[];
@@ -53,6 +58,31 @@ export interface ClientResult {
   /** Run-queue wait over the timed rounds, ms: the client, and each controller pid. */
   clientRunQueueMs: number;
   controllerRunQueueMs: Record<string, number>;
+}
+
+/**
+ * A process's run-queue wait read per request: the file is opened once and re-read from its start
+ * (a few µs), outside each request's timing. NaN off Linux.
+ */
+class RunQueueProbe {
+  private fd: number | null;
+  private readonly buf = Buffer.alloc(128);
+  constructor(pid: number | 'self') {
+    try {
+      this.fd = openSync(`/proc/${pid}/schedstat`, 'r');
+    } catch {
+      this.fd = null;
+    }
+  }
+  ms(): number {
+    if (this.fd === null) return NaN;
+    const n = readSync(this.fd, this.buf, 0, this.buf.length, 0);
+    return Number(this.buf.toString('latin1', 0, n).split(' ')[1]) / 1e6;
+  }
+  close(): void {
+    if (this.fd !== null) closeSync(this.fd);
+    this.fd = null;
+  }
 }
 
 /** Time spent waiting on a run queue, ms (field 2 of /proc/<pid>/schedstat, ns); null off Linux. */
@@ -75,6 +105,10 @@ async function run(cfg: ClientConfig): Promise<ClientResult> {
     agent: new Agent({ connections: 1, keepAliveTimeout: 60_000 }),
     start: new Float64Array(cfg.rounds * cfg.perRound),
     lat: new Float64Array(cfg.rounds * cfg.perRound),
+    // Run-queue wait of the client and of the controller during each timed request, ms.
+    waitSelf: new Float64Array(cfg.rounds * cfg.perRound),
+    waitCtl: new Float64Array(cfg.rounds * cfg.perRound),
+    probe: new RunQueueProbe(k.pid),
     n: 0,
   }));
   const once = async (k: (typeof kinds)[number]) => {
@@ -98,6 +132,7 @@ async function run(cfg: ClientConfig): Promise<ClientResult> {
   obs.observe({ entryTypes: ['gc'] });
   const gc = (globalThis as { gc?: () => void }).gc;
   const pids = [...new Set(kinds.map((k) => k.pid))];
+  const selfProbe = new RunQueueProbe('self');
   const rq0 = { self: runQueueMs('self'), ctl: pids.map((p) => runQueueMs(p)) };
   for (let round = 0; round < cfg.rounds; round++) {
     for (let j = 0; j < kinds.length; j++) {
@@ -108,10 +143,15 @@ async function run(cfg: ClientConfig): Promise<ClientResult> {
       await new Promise((r) => setImmediate(r));
       const w = { start: performance.now(), end: 0 };
       for (let i = 0; i < cfg.perRound; i++) {
+        const s0 = selfProbe.ms();
+        const c0 = k.probe.ms();
         const t = performance.now();
         await once(k);
+        const t1 = performance.now();
+        k.waitSelf[k.n] = selfProbe.ms() - s0;
+        k.waitCtl[k.n] = k.probe.ms() - c0;
         k.start[k.n] = t;
-        k.lat[k.n++] = performance.now() - t;
+        k.lat[k.n++] = t1 - t;
       }
       w.end = performance.now();
       windows.push(w);
@@ -129,14 +169,22 @@ async function run(cfg: ClientConfig): Promise<ClientResult> {
     const at = (p: number) => +s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))]!.toFixed(3);
     let slow = 0;
     let slowDuringClientGc = 0;
+    let slowClientWaited = 0;
+    let slowControllerWaited = 0;
+    let slowOther = 0;
     for (let i = 0; i < k.n; i++) {
       if (k.lat[i]! <= cfg.slowMs) continue;
       slow++;
       const a = k.start[i]!;
       const b = a + k.lat[i]!;
-      if (gcs.some((g) => g.start < b && g.end > a)) slowDuringClientGc++;
+      const inGc = gcs.some((g) => g.start < b && g.end > a);
+      if (inGc) slowDuringClientGc++;
+      if (k.waitSelf[i]! > 0.5) slowClientWaited++;
+      if (k.waitCtl[i]! > 0.5) slowControllerWaited++;
+      if (!inGc && k.waitSelf[i]! <= 0.5 && k.waitCtl[i]! <= 0.5) slowOther++;
     }
-    return { name: k.name, p50: at(50), p90: at(90), p99: at(99), n: k.n, slow, slowDuringClientGc };
+    k.probe.close();
+    return { name: k.name, p50: at(50), p90: at(90), p99: at(99), n: k.n, slow, slowDuringClientGc, slowClientWaited, slowControllerWaited, slowOther };
   });
   const diff = (a: number | null, b: number | null) => (a === null || b === null ? NaN : +(b - a).toFixed(2));
   return {

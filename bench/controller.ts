@@ -3,7 +3,9 @@
 //      DEALERs with pre-encoded ops batches) into an in-process controller;
 //  (b) lookup latency for an 8192-token prompt with ≥ 1,000,000 chunks indexed, in process
 //      (Operations.lookup: key computation + index walk) and over HTTP against controller
-//      processes started as `kvc controller` is (JSON and binary bodies, see httpLookups);
+//      processes started as `kvc controller` is (JSON and binary bodies, see httpLookups), from
+//      a lean client process (bench/controller_http_client.ts) that also attributes each slow
+//      request (its own GC, a CPU wait of either process, or time inside the controller);
 //  (c) move throughput between two cache instances in two child processes for
 //      Llama-3-8B-shaped chunks (32 layers × 8 KV heads × 128 head dim, f16, 256 tokens =
 //      32 MiB), against raw loopback TCP between two processes measured in the same run.

@@ -73,6 +73,9 @@ export async function serveFetch(sock: net.Socket, store: KvcStore, req: PeerFet
     log.warn(`P2P fetch by ${req.from} (${peerName}) stopped after ${sent} chunk(s): ${(e as Error).message}`);
     return end(sent, (e as Error).message);
   }
+  // Read in prompt order, the head became the oldest of them: a peer using this prefix is a use,
+  // and eviction must take it from its tail (LruIndex.touchHeadLast).
+  if (sent > 0) store.touchPrefix(req.keys.slice(0, sent));
   log.debug(`P2P fetch by ${req.from}: sent ${sent}/${req.keys.length} chunk(s)`);
   end(sent);
 }

@@ -316,6 +316,28 @@ async function run(name: string, routing: string, w: ReturnType<typeof workload>
     for (const q of w.warmup) await ttftOf(d.proxy, q.prompt);
     const before = await counters(d);
     const t0 = performance.now();
+    // Every 2 s, where each tenant's whole prefix is held (the controller's index): how many
+    // copies the deployment keeps per prefix, and how often a prefix is held nowhere.
+    const copies = { samples: 0, copies: 0, nowhere: 0 };
+    let sampling = true;
+    const sampler = (async () => {
+      const c = new PrefixClient(d.controller, 1000);
+      try {
+        while (sampling) {
+          await new Promise((r) => setTimeout(r, 2000));
+          for (const p of w.prefixes) {
+            const held = await c.lookup(p).catch(() => null);
+            if (!held) continue;
+            const n = Object.values(held.instances).filter((t) => t >= PREFIX).length;
+            copies.samples++;
+            copies.copies += n;
+            if (n === 0) copies.nowhere++;
+          }
+        }
+      } finally {
+        await c.close();
+      }
+    })();
     const ttfts = await Promise.all(
       w.reqs.map(async (q) => {
         const wait = q.at - (performance.now() - t0);
@@ -323,8 +345,13 @@ async function run(name: string, routing: string, w: ReturnType<typeof workload>
         return ttftOf(d.proxy, q.prompt);
       }),
     );
+    sampling = false;
+    await sampler;
     const after = await counters(d);
     breakdown(before, after, w.reqs.length);
+    if (copies.samples) {
+      console.log(`  copies per prefix (whole ${PREFIX} tokens, index every 2 s): mean ${(copies.copies / copies.samples).toFixed(2)}, held nowhere ${((100 * copies.nowhere) / copies.samples).toFixed(0)}% of ${copies.samples} samples`);
+    }
     // The tail that sets p90: which requests (index, tenant) were slowest.
     const slow = ttfts.map((ms, i) => ({ ms, i })).sort((a, b) => b.ms - a.ms).slice(0, Math.ceil(w.reqs.length / 8));
     console.log(`  slowest: ${slow.map((x) => `#${x.i} t${w.reqs[x.i]!.tenant} ${x.ms.toFixed(0)}ms`).join(', ')}`);

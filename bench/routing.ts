@@ -338,13 +338,26 @@ async function run(name: string, routing: string, w: ReturnType<typeof workload>
         await c.close();
       }
     })();
+    const probe = process.env.KVC_BENCH_PROBE ? new PrefixClient(d.controller, 1000) : null;
+    const lastAt = new Map<number, number>();
+    const misses: string[] = [];
     const ttfts = await Promise.all(
-      w.reqs.map(async (q) => {
+      w.reqs.map(async (q, i) => {
         const wait = q.at - (performance.now() - t0);
         if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+        if (probe) {
+          const h = await probe.lookup(w.prefixes[q.tenant]!).catch(() => null);
+          const prev = lastAt.get(q.tenant);
+          lastAt.set(q.tenant, q.at);
+          if (h && Object.values(h.instances).every((t) => t === 0)) misses.push(`#${i} t${q.tenant} (last ${prev === undefined ? 'warm-up' : `${((q.at - prev) / 1000).toFixed(1)}s ago`}; partial ${JSON.stringify(h.instances)})`);
+        }
         return ttftOf(d.proxy, q.prompt);
       }),
     );
+    if (probe) {
+      await probe.close();
+      console.log(`  misses: ${misses.join(', ')}`);
+    }
     sampling = false;
     await sampler;
     const after = await counters(d);

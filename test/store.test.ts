@@ -126,11 +126,11 @@ test('a chunk admitted evict-first is evicted before every recent one, keeps its
     for (const [i, k] of own.entries()) await store.put(k, makeChunk(k, i));
     // A copy stored after the engine's own chunks (plain LRU would evict `own` first).
     for (const [i, k] of copy.entries()) await store.put(k, makeChunk(k, 10 + i), undefined, { evictFirst: true });
-    store.touchPrefix(copy); // ordering a prompt is not a read: the copy stays cold
+    store.touchPrefix(copy); // not a read: the copy stays cold, ordered head-last among the cold ones
     await store.put(keyOf(4), makeChunk(keyOf(4), 10), undefined, { evictFirst: true }); // already held: keeps its place
     await store.get(keyOf(6)); // a read: keyOf(6) is now the most recently used
     for (const [i, k] of [keyOf(7), keyOf(8), keyOf(9)].entries()) await store.put(k, makeChunk(k, 20 + i));
-    assert.deepEqual(evicted, [keyOf(4), keyOf(5), keyOf(1)], `${kind}: the cold copies first (in admission order), then plain LRU`);
+    assert.deepEqual(evicted, [keyOf(5), keyOf(4), keyOf(1)], `${kind}: the cold copy first (tail first), then plain LRU`);
     assert.ok(store.has(keyOf(6)) && store.has(keyOf(2)) && store.has(keyOf(3)), `${kind}: the read copy and the rest stay`);
     assert.equal(store.stats()[0]!.chunks, 6, `${kind}: counted in both segments`);
     await store.close();

@@ -62,8 +62,16 @@ export class LruIndex<E extends Entry> {
    * and read first, hence oldest) would make every later chunk of it dead weight.
    */
   touchHeadLast(keys: readonly ChunkKey[]): void {
-    // Cold entries stay cold: ordering a prompt is not a read of the copies it received.
-    for (let i = keys.length - 1; i >= 0; i--) if (this.map.has(keys[i]!)) this.touch(keys[i]!);
+    // Cold entries stay cold (ordering a prompt is not a read of the copies it received), but
+    // are ordered head-last among the cold ones too: a cold copy also goes tail first.
+    for (let i = keys.length - 1; i >= 0; i--) {
+      const k = keys[i]!;
+      const c = this.cold.get(k);
+      if (c) {
+        this.cold.delete(k);
+        this.cold.set(k, c);
+      } else if (this.map.has(k)) this.touch(k);
+    }
   }
 
   /** Indexes `key` as most recently used, or, with evictFirst, at the cold end (see the top). */

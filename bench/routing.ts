@@ -15,7 +15,9 @@
 // request sent to prefiller-0 whose 1,024-token prefix nobody holds; p2p_ttft_ms the TTFT of the
 // same prefix with another question sent to prefiller-1, which fetches the prefix's 4 chunks from
 // prefiller-0 over P2P (medians of 3 pairs, alternating). `--only p2p|rr|kv|skew-rr|skew-kv` runs
-// just that part (for diagnosis; each run prints where its prompt tokens came from, per engine).
+// just that part (for diagnosis; each run prints where its prompt tokens came from, per engine,
+// and how many copies of each prefix the deployment keeps). `--list-misses` also lists the
+// requests whose prefix no instance held when they were sent.
 // Ends with one JSON line (see the end of main()) and writes bench-results/routing/routing.svg.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
@@ -338,7 +340,8 @@ async function run(name: string, routing: string, w: ReturnType<typeof workload>
         await c.close();
       }
     })();
-    const probe = process.env.KVC_BENCH_PROBE ? new PrefixClient(d.controller, 1000) : null;
+    // --list-misses: before each request, ask the index whether anyone holds its tenant's prefix.
+    const probe = process.argv.includes('--list-misses') ? new PrefixClient(d.controller, 1000) : null;
     const lastAt = new Map<number, number>();
     const misses: string[] = [];
     const ttfts = await Promise.all(
@@ -349,14 +352,14 @@ async function run(name: string, routing: string, w: ReturnType<typeof workload>
           const h = await probe.lookup(w.prefixes[q.tenant]!).catch(() => null);
           const prev = lastAt.get(q.tenant);
           lastAt.set(q.tenant, q.at);
-          if (h && Object.values(h.instances).every((t) => t === 0)) misses.push(`#${i} t${q.tenant} (last ${prev === undefined ? 'warm-up' : `${((q.at - prev) / 1000).toFixed(1)}s ago`}; partial ${JSON.stringify(h.instances)})`);
+          if (h && Object.values(h.instances).every((t) => t === 0)) misses.push(`#${i} t${q.tenant} (its previous request: ${prev === undefined ? 'the warm-up' : `${((q.at - prev) / 1000).toFixed(1)} s earlier`})`);
         }
         return ttftOf(d.proxy, q.prompt);
       }),
     );
     if (probe) {
       await probe.close();
-      console.log(`  misses: ${misses.join(', ')}`);
+      console.log(`  prefix held nowhere when sent: ${misses.join(', ') || 'none'}`);
     }
     sampling = false;
     await sampler;

@@ -96,7 +96,8 @@ describe('evict-first admission of copies and partial chunks, 1P1D (built-in mod
     const ownHeld = await heldUntil(received, (m) => (m['decoder-0'] ?? 0) === 0, 'the received copy gone from decoder-0').then(() => held(prefixOf(own)));
     assert.equal(ownHeld['decoder-0'], 512, `the decoder's own older prefix is whole: ${JSON.stringify(ownHeld)}`);
     const fetchedHeld = await held(prefixOf(fetchedFirst));
-    assert.equal(fetchedHeld['decoder-0'] ?? 0, 0, `the P2P copy went before the decoder's own prefix: ${JSON.stringify(fetchedHeld)}`);
+    // (cold copies also go tail first: the P2P copy, stored after the received one, has lost its tail)
+    assert.ok((fetchedHeld['decoder-0'] ?? 0) < 512, `the P2P copy lost chunks before the decoder's own prefix did: ${JSON.stringify(fetchedHeld)}`);
     // The senders keep their copies: the prefiller still holds both prefixes.
     assert.equal((await held(prefixOf(received)))['prefiller-0'], 512, 'prefiller-0 keeps the prefix it sent');
     assert.equal(fetchedHeld['prefiller-0'], 512, 'prefiller-0 keeps the prefix it served by P2P');

@@ -75,12 +75,6 @@ export class LocalCPUBackend implements StorageBackend {
     return victims;
   }
 
-  /** A copy of a stored chunk that leaves its place in the eviction order unchanged, or null. */
-  copyOut(key: ChunkKey): Uint8Array | null {
-    const e = this.index.get(key);
-    return e ? e.buf.slice(0, e.length) : null;
-  }
-
   async get(key: ChunkKey, dest?: Uint8Array): Promise<Uint8Array | null> {
     return this.getSync(key, dest);
   }

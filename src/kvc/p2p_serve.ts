@@ -28,9 +28,6 @@ export function fetchAuth(from: string): { nonce: string; auth?: string } {
 
 /** The chunk for `key` from the fastest local location that has it (a copy), or null. Never the remote tier. */
 async function readLocal(store: KvcStore, key: string): Promise<Uint8Array | null> {
-  // A peer's read is not a use here: the requester keeps its own copy.
-  const quiet = store.cpu()?.copyOut(key);
-  if (quiet) return quiet;
   for (const loc of store.locations()) {
     if (!store.has(key, loc)) continue;
     const got = await store.get(key, undefined, loc).catch(() => null);
@@ -76,6 +73,10 @@ export async function serveFetch(sock: net.Socket, store: KvcStore, req: PeerFet
     log.warn(`P2P fetch by ${req.from} (${peerName}) stopped after ${sent} chunk(s): ${(e as Error).message}`);
     return end(sent, (e as Error).message);
   }
+  // A peer's read is a use: this is the recent copy (the requester admits its own evict-first,
+  // peer_copy_admission). Read in prompt order, the head became the oldest of the run: order it
+  // head-last so eviction takes the prefix from its tail (LruIndex.touchHeadLast).
+  if (sent > 0) store.touchPrefix(req.keys.slice(0, sent));
   log.debug(`P2P fetch by ${req.from}: sent ${sent}/${req.keys.length} chunk(s)`);
   end(sent);
 }

@@ -4,7 +4,7 @@
 //  (b) lookup latency for an 8192-token prompt with ≥ 1,000,000 chunks indexed, in process
 //      (Operations.lookup: key computation + index walk) and over HTTP against controller
 //      processes started as `kvc controller` is (JSON and binary bodies, see httpLookups), from
-//      a lean client process (bench/controller_http_client.ts) that also attributes each slow
+//      a lean client process (bench/_controller_http_client.ts) that also attributes each slow
 //      request (its own GC, a CPU wait of either process, or time inside the controller);
 //  (c) move throughput between two cache instances in two child processes for
 //      Llama-3-8B-shaped chunks (32 layers × 8 KV heads × 128 head dim, f16, 256 tokens =
@@ -29,7 +29,7 @@ import { encodeTokenBody, TOKEN_BODY_CONTENT_TYPE } from '../src/protocol/token_
 import { controllerNodeArgs } from '../src/common/young_gen.js';
 import { resultsDir, writeBarsSvg } from './_plot.js';
 import { KvcStore } from '../src/kvc/store.js';
-import type { ClientConfig, ClientResult } from './controller_http_client.js';
+import type { ClientConfig, ClientResult } from './_controller_http_client.js';
 
 const MODEL = 'bench-llama-3-8b';
 const CHUNK = 256;
@@ -208,7 +208,7 @@ async function serverBuckets(c: CtlProc, route: string): Promise<Map<string, num
 
 interface ServerTail { name: string; n: number; over1ms: number; over2ms: number; over2_5ms: number }
 
-const CLIENT = fileURLToPath(new URL('./controller_http_client.js', import.meta.url));
+const CLIENT = fileURLToPath(new URL('./_controller_http_client.js', import.meta.url));
 const SLOW_MS = 2;
 
 async function httpLookups(frames: Buffer[][], indexed: number) {
@@ -234,7 +234,7 @@ async function httpLookups(frames: Buffer[][], indexed: number) {
       perRound: PER_ROUND,
       slowMs: SLOW_MS,
     };
-    // The load generator runs in its own lean process (bench/controller_http_client.ts); this
+    // The load generator runs in its own lean process (bench/_controller_http_client.ts); this
     // process only reads the controllers' figures between its warm-up and the end of its rounds.
     // This process keeps the in-process controller of parts (a) and (c): collect now, so that
     // none of its own GC work competes for a CPU with the timed rounds.
@@ -363,7 +363,7 @@ async function main(): Promise<void> {
     const sv = server.find((x) => x.name === f.name)!;
     console.log(`    ${f.name.padEnd(24)} client: ${f.slow} of ${f.n} > ${SLOW_MS} ms (${f.slowDuringClientGc} overlapping a client GC; during ${f.slowClientWaited} the client and during ${f.slowControllerWaited} the controller waited > 0.5 ms for a CPU; ${f.slowOther} with none of these); controller: ${sv.over1ms} > 1 ms, ${sv.over2ms} > 2 ms of ${sv.n}`);
   }
-  console.log(`    client process (bench/controller_http_client.ts, its own heap): ${client.clientGcs} GCs (${client.clientGcMs} ms) during the timed rounds, ${client.clientRunQueueMs} ms waiting for a CPU`);
+  console.log(`    client process (bench/_controller_http_client.ts, its own heap): ${client.clientGcs} GCs (${client.clientGcMs} ms) during the timed rounds, ${client.clientRunQueueMs} ms waiting for a CPU`);
   const gateFig = figs.find((f) => f.name === 'binary /lookup')!;
   const gateServer = server.find((x) => x.name === 'binary /lookup')!;
   const http = { gate: fig('binary /lookup'), json: fig('json /lookup'), prefix: fig('binary /prefix_lookup'), plain: fig('binary /lookup, no flags') };

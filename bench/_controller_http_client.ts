@@ -12,7 +12,7 @@
 // client's GC, a wait for a CPU, or the controller's work (the controller's own
 // onRequest→onResponse histogram, read by the parent from /metrics).
 //
-// Usage (by bench/controller.ts): node --expose-gc controller_http_client.js '<Config JSON>'
+// Usage (by bench/controller.ts): node --expose-gc _controller_http_client.js '<Config JSON>'
 // Prints `warm` after its warm-up requests, waits for a line on stdin, times, prints one JSON
 // line (ClientResult) and exits.
 import { closeSync, openSync, readFileSync, readSync } from 'node:fs';
@@ -196,6 +196,10 @@ async function run(cfg: ClientConfig): Promise<ClientResult> {
   };
 }
 
-const cfg = JSON.parse(process.argv[2] ?? '') as ClientConfig;
+if (!process.argv[2]) {
+  process.stderr.write('usage: node --expose-gc _controller_http_client.js <config JSON>: started by bench/controller.ts, not a benchmark of its own\n');
+  process.exit(2);
+}
+const cfg = JSON.parse(process.argv[2]) as ClientConfig;
 process.stdout.write(JSON.stringify(await run(cfg)) + '\n');
 process.exit(0);

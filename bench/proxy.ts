@@ -83,12 +83,12 @@ async function proxyOnce(pool: Pool, i: number): Promise<void> {
   await post(pool, '/v1/completions', { prompt: `request ${i} about caches`, max_tokens: 8, stream: true });
 }
 
-/** CPU time (user + system) a process has used, µs, from /proc (Linux); null elsewhere. */
-function processCpuUs(pid: number): number | null {
+/** CPU time a process has used, µs, user and system, from /proc (Linux); null elsewhere. */
+function processCpu(pid: number): { user: number; system: number } | null {
   try {
     const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
     // utime and stime, fields 14 and 15 of stat(5), in clock ticks of 10 ms (USER_HZ 100).
-    return (Number(f[11]) + Number(f[12])) * 10_000;
+    return { user: Number(f[11]) * 10_000, system: Number(f[12]) * 10_000 };
   } catch {
     return null;
   }
@@ -177,19 +177,49 @@ async function stubPart() {
     // The proxy process's CPU time per request in each proxy round: the figure that changes to
     // the per-request path move, less at the mercy of the machine's load than req/s.
     const proxyCpu: number[] = [];
+    // Its kernel share (system time: the socket syscalls, loopback TCP included) apart, since
+    // that part moves only with the number of reads and writes, not with the JavaScript.
+    const proxySys: number[] = [];
+    // Every process's CPU per request in both variants (client = this process, the stub, the
+    // proxy): with all of them CPU-bound on a small machine, proxy_rps / direct_rps is about
+    // (direct client + stub) / (proxied client + proxy + stub), so this says where it goes.
+    const cpu = { dClient: [] as number[], dStub: [] as number[], pClient: [] as number[], pStub: [] as number[] };
+    const total = (c: { user: number; system: number } | null) => (c ? c.user + c.system : NaN);
+    const clientCpu = () => {
+      const u = process.cpuUsage();
+      return u.user + u.system;
+    };
     for (let round = 0; round < 5; round++) {
+      let [s0, k0, n0] = [total(processCpu(stub.child.pid!)), clientCpu(), completed];
       dr.push(await throughput(d, conc, 2000));
-      const [c0, n0] = [processCpuUs(proxy.child.pid!), completed];
+      cpu.dStub.push((total(processCpu(stub.child.pid!)) - s0) / (completed - n0));
+      cpu.dClient.push((clientCpu() - k0) / (completed - n0));
+      const c0 = processCpu(proxy.child.pid!);
+      [s0, k0, n0] = [total(processCpu(stub.child.pid!)), clientCpu(), completed];
       pr.push(await throughput(p, conc, 2000));
-      const c1 = processCpuUs(proxy.child.pid!);
-      if (c0 !== null && c1 !== null) proxyCpu.push((c1 - c0) / (completed - n0));
+      const c1 = processCpu(proxy.child.pid!);
+      cpu.pStub.push((total(processCpu(stub.child.pid!)) - s0) / (completed - n0));
+      cpu.pClient.push((clientCpu() - k0) / (completed - n0));
+      if (c0 !== null && c1 !== null) {
+        proxyCpu.push((c1.user + c1.system - c0.user - c0.system) / (completed - n0));
+        proxySys.push((c1.system - c0.system) / (completed - n0));
+      }
     }
     const median = (a: number[]) => [...a].sort((x, y) => x - y)[a.length >> 1]!;
     const directRps = median(dr);
     const proxyRps = median(pr);
     console.log(`  rounds (req/s) direct ${dr.map((v) => v.toFixed(0)).join(' ')} | proxy ${pr.map((v) => v.toFixed(0)).join(' ')}`);
     const proxyCpuUs = proxyCpu.length ? median(proxyCpu) : NaN;
-    if (proxyCpu.length) console.log(`  proxy process CPU per request (µs, user + system): ${proxyCpu.map((v) => v.toFixed(0)).join(' ')}; median ${proxyCpuUs.toFixed(0)}`);
+    const proxySysUs = proxySys.length ? median(proxySys) : NaN;
+    if (proxyCpu.length) {
+      console.log(`  proxy process CPU per request (µs, user + system): ${proxyCpu.map((v) => v.toFixed(0)).join(' ')}; median ${proxyCpuUs.toFixed(0)}`);
+      console.log(`    of which system (kernel) time: ${proxySys.map((v) => v.toFixed(0)).join(' ')}; median ${proxySysUs.toFixed(0)}`);
+    }
+    const [dc, ds, pc, ps] = [median(cpu.dClient), median(cpu.dStub), median(cpu.pClient), median(cpu.pStub)];
+    if (proxyCpu.length && Number.isFinite(ds)) {
+      console.log(`  CPU per request (µs, medians): direct client ${dc.toFixed(0)} + stub ${ds.toFixed(0)} = ${(dc + ds).toFixed(0)}; ` +
+        `proxied client ${pc.toFixed(0)} + proxy ${proxyCpuUs.toFixed(0)} + stub ${ps.toFixed(0)} = ${(pc + proxyCpuUs + ps).toFixed(0)}; ratio ${((dc + ds) / (pc + proxyCpuUs + ps)).toFixed(2)}`);
+    }
     const ld = await latencies(d, 500);
     const lp = await latencies(p, 500);
     await direct.close();
@@ -198,6 +228,7 @@ async function stubPart() {
       directRps,
       proxyRps,
       proxyCpuUs,
+      proxySysUs,
       directP50: percentile(ld, 50),
       directP99: percentile(ld, 99),
       proxyP50: percentile(lp, 50),
@@ -267,6 +298,7 @@ async function main() {
         overhead_p50_ms: r2(a.proxyP50 - a.directP50),
         overhead_p99_ms: r2(a.proxyP99 - a.directP99),
         proxy_cpu_us_per_req: Math.round(a.proxyCpuUs),
+        proxy_sys_us_per_req: Math.round(a.proxySysUs),
       }),
     );
     return;
@@ -283,6 +315,7 @@ async function main() {
       overhead_p50_ms: r2(a.proxyP50 - a.directP50),
       overhead_p99_ms: r2(a.proxyP99 - a.directP99),
       proxy_cpu_us_per_req: Math.round(a.proxyCpuUs),
+      proxy_sys_us_per_req: Math.round(a.proxySysUs),
       ttft_proxy_p50_ms: r2(b.proxyP50),
       ttft_direct_p50_ms: r2(b.directP50),
     }),

@@ -71,7 +71,6 @@ export class ClientRelay implements StreamSink {
   ) {
     this.raw = reply.raw;
     this.first = detector;
-    this.raw.on('drain', this.onDrain);
   }
 
   start(statusCode: number, contentType: string | null): void {
@@ -127,6 +126,9 @@ export class ClientRelay implements StreamSink {
     if (this.ended || this.raw.destroyed) return;
     const buf = this.take();
     if (buf && !this.raw.write(buf)) {
+      // Listened for only once the socket is full: most answers never fill it, and an on()/off()
+      // pair per answer is per-request work.
+      if (!this.full) this.raw.once('drain', this.onDrain);
       this.full = true;
       if (!this.stall) this.stall = setTimeout(this.onStall, this.idleMs);
     } else if (!this.full) this.resume(); // paused on the gathered bytes alone: they are gone now
@@ -151,6 +153,6 @@ export class ClientRelay implements StreamSink {
   /** Stops the stall timer and detaches from the client's socket (the call is over). */
   close(): void {
     this.unstall();
-    this.raw.off('drain', this.onDrain);
+    if (this.full) this.raw.off('drain', this.onDrain);
   }
 }

@@ -8,12 +8,17 @@
 // Last line: {"bench":"proxy","proxy_rps":…,"direct_rps":…,"overhead_p50_ms":…,"overhead_p99_ms":…,
 //             "proxy_cpu_us_per_req":…,"ttft_proxy_p50_ms":…,"ttft_direct_p50_ms":…}
 // `--stub-only` runs (a) alone and ends with {"bench":"proxy","stub_only":true,"proxy_rps":…,
-// "direct_rps":…,"ratio":…,"overhead_p50_ms":…,"overhead_p99_ms":…,"proxy_cpu_us_per_req":…}.
+// "direct_rps":…,"ratio":…,"overhead_p50_ms":…,"overhead_p99_ms":…,"proxy_cpu_us_per_req":…,
+// "proxy_sys_us_per_req":…}.
 // proxy_cpu_us_per_req: the proxy process's CPU time (user + system, /proc) per request, median
 // of the proxy rounds.
 // In (a), `--proxy-cli <path to another build's dist/src/cli/main.js>` runs that build's proxy
 // instead (to compare two trees under the same bench), and `--cpu-prof-dir <dir>` has the proxy
-// process write a V8 CPU profile there.
+// process write a V8 CPU profile there. (a) also prints the CPU per request of every process
+// (client, stub, proxy, the proxy's kernel share apart) in both variants.
+// `--stub-only --compare-cli <other build's main.js> [--rounds N]`: A/B of two proxy builds on one
+// stub, rounds alternated (A B, B A, …), each one's CPU per request and req/s; ends with
+// {"bench":"proxy","compare":true,"a_cpu_us_per_req","b_cpu_us_per_req","b_over_a","a_rps","b_rps"}.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
@@ -157,7 +162,21 @@ async function stubPart() {
   const cli = cliAt > 0 ? process.argv[cliAt + 1]! : CLI;
   const proxy = spawnNode([...prof, cli, 'proxy', '--port', String(proxyPort), '--prefiller-port', String(stubPort), '--decoder-port', String(stubPort),
     '--proxy-port', String(notifyPort), '--stats-interval', '3600']);
+  // --compare-cli <main.js>: a second proxy, of another build, on the same stub; its rounds
+  // alternate with this build's (A/B in the same minutes, so the machine's load moves both).
+  const cmpAt = process.argv.indexOf('--compare-cli');
+  const cmpPorts = cmpAt > 0 ? [await freePortRange(1), await freePortRange(1)] : [];
+  const other = cmpAt > 0
+    ? spawnNode([process.argv[cmpAt + 1]!, 'proxy', '--port', String(cmpPorts[0]), '--prefiller-port', String(stubPort), '--decoder-port', String(stubPort),
+        '--proxy-port', String(cmpPorts[1]), '--stats-interval', '3600'])
+    : null;
   try {
+    if (other) {
+      await stub.waitFor(/stub listening/, 20_000);
+      await proxy.waitFor(/listening on/, 20_000);
+      await other.waitFor(/listening on/, 20_000);
+      return await compareBuilds(proxy.child.pid!, proxyPort, other.child.pid!, cmpPorts[0]!);
+    }
     await stub.waitFor(/stub listening/, 20_000);
     await proxy.waitFor(/listening on/, 20_000);
     const direct = new Pool(`http://127.0.0.1:${stubPort}`, { connections: 64 });
@@ -236,9 +255,50 @@ async function stubPart() {
     };
   } finally {
     await stop(proxy.child);
+    if (other) await stop(other.child);
     await stop(stub.child);
   }
 }
+
+/**
+ * A/B of two proxy builds (`--compare-cli`): after 3,000 warm-up requests each, `rounds` pairs of
+ * 2-second rounds at concurrency 16, in alternating order (A B, B A, …), each proxy's CPU per
+ * request (/proc) and req/s per round; printed per round, as medians, and as the median of the
+ * per-pair ratios (B / A), which the load of the minute moves least. Exits the bench after.
+ */
+async function compareBuilds(pidA: number, portA: number, pidB: number, portB: number): Promise<never> {
+  const pools = [new Pool(`http://127.0.0.1:${portA}`, { connections: 64 }), new Pool(`http://127.0.0.1:${portB}`, { connections: 64 })];
+  const fns = pools.map((pool) => (i: number) => proxyOnce(pool, i));
+  const pids = [pidA, pidB];
+  for (const f of fns) await warmUp(f, 3000, 60_000);
+  const roundsAt = process.argv.indexOf('--rounds');
+  const rounds = roundsAt > 0 ? Number(process.argv[roundsAt + 1]) : 8;
+  const cpu: number[][] = [[], []];
+  const sys: number[][] = [[], []];
+  const rps: number[][] = [[], []];
+  for (let r = 0; r < rounds; r++) {
+    for (const k of r % 2 === 0 ? [0, 1] : [1, 0]) {
+      const [c0, n0] = [processCpu(pids[k]!), completed];
+      rps[k]!.push(await throughput(fns[k]!, 16, 2000));
+      const c1 = processCpu(pids[k]!)!;
+      cpu[k]!.push((c1.user + c1.system - c0!.user - c0!.system) / (completed - n0));
+      sys[k]!.push((c1.system - c0!.system) / (completed - n0));
+    }
+  }
+  const median = (a: number[]) => [...a].sort((x, y) => x - y)[a.length >> 1]!;
+  const fmt = (a: number[]) => a.map((v) => v.toFixed(0)).join(' ');
+  const ratios = cpu[1]!.map((b, i) => b / cpu[0]![i]!);
+  console.log(`A/B proxy builds, ${rounds} alternating pairs of 2-second rounds at concurrency 16 (A: this build, B: --compare-cli)`);
+  console.log(`  A CPU µs/request ${fmt(cpu[0]!)}; median ${median(cpu[0]!).toFixed(0)} (system ${median(sys[0]!).toFixed(0)}); req/s median ${median(rps[0]!).toFixed(0)}`);
+  console.log(`  B CPU µs/request ${fmt(cpu[1]!)}; median ${median(cpu[1]!).toFixed(0)} (system ${median(sys[1]!).toFixed(0)}); req/s median ${median(rps[1]!).toFixed(0)}`);
+  const q = [...ratios].sort((x, y) => x - y);
+  console.log(`  B/A CPU per request, paired: median ${median(ratios).toFixed(2)} (min ${q[0]!.toFixed(2)}, max ${q[q.length - 1]!.toFixed(2)})`);
+  console.log(JSON.stringify({ bench: 'proxy', compare: true, a_cpu_us_per_req: Math.round(median(cpu[0]!)), b_cpu_us_per_req: Math.round(median(cpu[1]!)), b_over_a: Math.round(median(ratios) * 100) / 100, a_rps: Math.round(median(rps[0]!)), b_rps: Math.round(median(rps[1]!)) }));
+  for (const p of pools) await p.close();
+  throw new CompareDone();
+}
+
+class CompareDone extends Error {}
 
 async function realPart() {
   let offset = 0;
@@ -283,7 +343,13 @@ async function realPart() {
 async function main() {
   const r2 = (v: number) => Math.round(v * 100) / 100;
   console.log('proxy benchmark (a): proxy alone against a stub upstream (tokenize + prefill + streamed decode, fixed small payloads)');
-  const a = await stubPart();
+  let a;
+  try {
+    a = await stubPart();
+  } catch (e) {
+    if (e instanceof CompareDone) return; // --compare-cli printed its own figures
+    throw e;
+  }
   console.log(`  direct client doing the 3 calls itself: ${a.directRps.toFixed(0)} req/s at concurrency 16; latency p50 ${a.directP50.toFixed(2)} ms, p99 ${a.directP99.toFixed(2)} ms`);
   console.log(`  through the proxy:                      ${a.proxyRps.toFixed(0)} req/s at concurrency 16; latency p50 ${a.proxyP50.toFixed(2)} ms, p99 ${a.proxyP99.toFixed(2)} ms`);
   console.log(`  proxy/direct throughput ${(a.proxyRps / a.directRps).toFixed(2)} (target >= 0.7); added latency p50 ${(a.proxyP50 - a.directP50).toFixed(2)} ms (target <= 1), p99 ${(a.proxyP99 - a.directP99).toFixed(2)} ms`);

@@ -19,6 +19,8 @@
 // `--stub-only --compare-cli <other build's main.js> [--rounds N]`: A/B of two proxy builds on one
 // stub, rounds alternated (A B, B A, …), each one's CPU per request and req/s; ends with
 // {"bench":"proxy","compare":true,"a_cpu_us_per_req","b_cpu_us_per_req","b_over_a","a_rps","b_rps"}.
+// `--compare-floor` instead of `--compare-cli`: B is bench/_proxy_floor.ts, the least a process
+// can do for the request (three calls, no checks or metrics): what the proxy's own work costs.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
@@ -31,6 +33,7 @@ import { makePlan } from '../src/deploy/plan.js';
 import { takenPorts } from '../src/deploy/up.js';
 import { percentile } from '../src/proxy/stats.js';
 import { startStubEngine } from './_proxy-stub.js';
+import { startFloorProxy } from './_proxy_floor.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const CLI = join(here, '..', 'src', 'cli', 'main.js');
@@ -165,16 +168,20 @@ async function stubPart() {
   // --compare-cli <main.js>: a second proxy, of another build, on the same stub; its rounds
   // alternate with this build's (A/B in the same minutes, so the machine's load moves both).
   const cmpAt = process.argv.indexOf('--compare-cli');
-  const cmpPorts = cmpAt > 0 ? [await freePortRange(1), await freePortRange(1)] : [];
-  const other = cmpAt > 0
-    ? spawnNode([process.argv[cmpAt + 1]!, 'proxy', '--port', String(cmpPorts[0]), '--prefiller-port', String(stubPort), '--decoder-port', String(stubPort),
-        '--proxy-port', String(cmpPorts[1]), '--stats-interval', '3600'])
-    : null;
+  // --compare-floor: B is the floor reference of bench/_proxy_floor.ts instead of another build.
+  const floor = process.argv.includes('--compare-floor');
+  const cmpPorts = cmpAt > 0 || floor ? [await freePortRange(1), await freePortRange(1)] : [];
+  const other = floor
+    ? spawnNode([fileURLToPath(import.meta.url), '--floor-server', String(cmpPorts[0]), String(stubPort)])
+    : cmpAt > 0
+      ? spawnNode([process.argv[cmpAt + 1]!, 'proxy', '--port', String(cmpPorts[0]), '--prefiller-port', String(stubPort), '--decoder-port', String(stubPort),
+          '--proxy-port', String(cmpPorts[1]), '--stats-interval', '3600'])
+      : null;
   try {
     if (other) {
       await stub.waitFor(/stub listening/, 20_000);
       await proxy.waitFor(/listening on/, 20_000);
-      await other.waitFor(/listening on/, 20_000);
+      await other.waitFor(/listening on|floor listening/, 20_000);
       return await compareBuilds(proxy.child.pid!, proxyPort, other.child.pid!, cmpPorts[0]!);
     }
     await stub.waitFor(/stub listening/, 20_000);
@@ -288,7 +295,8 @@ async function compareBuilds(pidA: number, portA: number, pidB: number, portB: n
   const median = (a: number[]) => [...a].sort((x, y) => x - y)[a.length >> 1]!;
   const fmt = (a: number[]) => a.map((v) => v.toFixed(0)).join(' ');
   const ratios = cpu[1]!.map((b, i) => b / cpu[0]![i]!);
-  console.log(`A/B proxy builds, ${rounds} alternating pairs of 2-second rounds at concurrency 16 (A: this build, B: --compare-cli)`);
+  const b = process.argv.includes('--compare-floor') ? 'the floor reference, bench/_proxy_floor.ts' : '--compare-cli';
+  console.log(`A/B proxy builds, ${rounds} alternating pairs of 2-second rounds at concurrency 16 (A: this build, B: ${b})`);
   console.log(`  A CPU µs/request ${fmt(cpu[0]!)}; median ${median(cpu[0]!).toFixed(0)} (system ${median(sys[0]!).toFixed(0)}); req/s median ${median(rps[0]!).toFixed(0)}`);
   console.log(`  B CPU µs/request ${fmt(cpu[1]!)}; median ${median(cpu[1]!).toFixed(0)} (system ${median(sys[1]!).toFixed(0)}); req/s median ${median(rps[1]!).toFixed(0)}`);
   const q = [...ratios].sort((x, y) => x - y);
@@ -388,7 +396,10 @@ async function main() {
   );
 }
 
-if (process.argv[2] === '--stub-server') {
+if (process.argv[2] === '--floor-server') {
+  await startFloorProxy(Number(process.argv[3]), Number(process.argv[4]));
+  process.stdout.write('floor listening\n');
+} else if (process.argv[2] === '--stub-server') {
   // Child mode: serve the stub upstream until killed.
   const s = await startStubEngine('stub', Number(process.argv[3]));
   process.stdout.write(`stub listening ${s.port}\n`);

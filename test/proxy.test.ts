@@ -10,7 +10,7 @@ import { spawn } from 'node:child_process';
 import { freePortRange } from '../src/common/ports.js';
 import { ProxyServer } from '../src/proxy/server.js';
 import { Backend, RoundRobin } from '../src/proxy/backend.js';
-import { FirstContent } from '../src/proxy/flow.js';
+import { FirstContent, prefillBody } from '../src/proxy/flow.js';
 import { parseTopology, pairEndpoints, TopologyError } from '../src/proxy/topology.js';
 import { CLI } from './helpers/proc.js';
 import { formatStatsLine, percentile, summarize, TtftStats } from '../src/proxy/stats.js';
@@ -119,6 +119,20 @@ describe('first content event', () => {
     const f = new FirstContent();
     assert.equal(f.feed(Buffer.concat([ev({ choices: [{ text: '' }] }), Buffer.from('data: [DONE]\n\n')])), false);
     assert.equal(f.feed(ev({ choices: [{ text: 'x' }] })), true);
+  });
+});
+
+describe('prefill body', () => {
+  test("keeps the client's fields, leaves out the answer-shape ones, asks for one token, and leaves the client's body as it was", () => {
+    const client = JSON.parse(
+      '{"model":"m","prompt":"p","temperature":0.5,"max_tokens":9,"stream":true,"n":1,"stream_options":{"include_usage":true},"max_completion_tokens":9,' +
+        '"best_of":2,"min_tokens":3,"echo":true,"logprobs":2,"top_logprobs":2,"kv_transfer_params":{"evil":true},"seed":7}',
+    ) as Record<string, unknown>;
+    const before = JSON.stringify(client);
+    const pb = prefillBody(client);
+    assert.deepEqual(pb, { model: 'm', prompt: 'p', temperature: 0.5, seed: 7, max_tokens: 1, stream: false, n: 1 });
+    assert.equal(JSON.stringify(client), before);
+    assert.notEqual(pb, client);
   });
 });
 

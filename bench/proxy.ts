@@ -398,6 +398,8 @@ async function main() {
 
 if (process.argv[2] === '--floor-server') {
   await startFloorProxy(Number(process.argv[3]), Number(process.argv[4]));
+  // Exit (not die) on SIGTERM, so a --cpu-prof of it is written.
+  process.once('SIGTERM', () => process.exit(0));
   process.stdout.write('floor listening\n');
 } else if (process.argv[2] === '--stub-server') {
   // Child mode: serve the stub upstream until killed.

@@ -11,6 +11,7 @@ import { freePortRange } from '../src/common/ports.js';
 import { ProxyServer } from '../src/proxy/server.js';
 import { Backend, RoundRobin } from '../src/proxy/backend.js';
 import { FirstContent, prefillBody } from '../src/proxy/flow.js';
+import { secondsFlag } from '../src/cli/options.js';
 import { parseTopology, pairEndpoints, TopologyError } from '../src/proxy/topology.js';
 import { CLI } from './helpers/proc.js';
 import { formatStatsLine, percentile, summarize, TtftStats } from '../src/proxy/stats.js';
@@ -119,6 +120,15 @@ describe('first content event', () => {
     const f = new FirstContent();
     assert.equal(f.feed(Buffer.concat([ev({ choices: [{ text: '' }] }), Buffer.from('data: [DONE]\n\n')])), false);
     assert.equal(f.feed(ev({ choices: [{ text: 'x' }] })), true);
+  });
+});
+
+describe('seconds flags', () => {
+  test('a number of seconds longer than a timer can wait is refused, naming the flag (it would fire after 1 ms)', () => {
+    assert.equal(secondsFlag('--health-interval', '2'), 2000);
+    assert.equal(secondsFlag('--health-interval', '2147483'), 2_147_483_000);
+    assert.throws(() => secondsFlag('--health-interval', '3600000'), /--health-interval: expected a number of seconds > 0 and <= 2147483, found "3600000"/);
+    assert.throws(() => secondsFlag('--idle-timeout', '0'), /--idle-timeout/);
   });
 });
 

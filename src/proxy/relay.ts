@@ -44,7 +44,8 @@ export class ClientRelay implements StreamSink {
   private pendingBytes = 0;
   /** data() answered false: the decoder's body is paused until resume(). */
   private paused = false;
-  private scheduled = false;
+  /** The flush of the gathered pieces, due at setImmediate; null when none is due. */
+  private scheduled: NodeJS.Immediate | null = null;
   private ended = false;
   /** The client's socket was full at the last write: the decoder is paused until 'drain'. */
   private full = false;
@@ -91,10 +92,7 @@ export class ClientRelay implements StreamSink {
     }
     this.pending.push(piece);
     this.pendingBytes += piece.length;
-    if (!this.scheduled) {
-      this.scheduled = true;
-      setImmediate(this.flushNow);
-    }
+    if (!this.scheduled) this.scheduled = setImmediate(this.flushNow);
     if (this.full || this.pendingBytes >= this.raw.writableHighWaterMark) {
       this.paused = true;
       return false;
@@ -122,7 +120,7 @@ export class ClientRelay implements StreamSink {
   }
 
   private flush(): void {
-    this.scheduled = false;
+    this.scheduled = null;
     if (this.ended || this.raw.destroyed) return;
     const buf = this.take();
     if (buf && !this.raw.write(buf)) {
@@ -138,6 +136,10 @@ export class ClientRelay implements StreamSink {
   end(tail?: string): void {
     if (this.ended) return;
     this.ended = true;
+    // The last write takes what is gathered: a flush still due would only cost the event loop
+    // a turn that polls without waiting (the common case: the whole answer came in one read).
+    if (this.scheduled) clearImmediate(this.scheduled);
+    this.scheduled = null;
     if (this.raw.destroyed) return;
     const buf = this.take();
     if (tail !== undefined) this.raw.end(buf ? Buffer.concat([buf, Buffer.from(tail)]) : tail);

@@ -28,7 +28,13 @@ export const CTL = {
    * (the gate|up product with SwiGLU fused; columns of the packed weight).
    */
   PACKED: 16,
-  SIZE: 17,
+  /**
+   * Non-zero: the main thread has no job coming soon (a forward pass ended; the next one starts
+   * after the scheduler has sampled, streamed and admitted), so the worker sleeps at once instead
+   * of spinning SPIN_MS for a job that will not come. Cleared before every job is posted.
+   */
+  PARK: 17,
+  SIZE: 18,
 } as const;
 
 /**

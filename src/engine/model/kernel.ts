@@ -73,6 +73,11 @@ export interface Gemm {
   matmulSwiglu(w: Weight, a: Float32Array, m: number, gu: Float32Array, out: Float32Array): void;
   /** Releases threads (the kernel still works afterwards, single-threaded). */
   close(): void;
+  /**
+   * No product is coming soon (the forward pass ended): helper threads sleep now instead of
+   * spinning for the next job. The next product wakes them as usual.
+   */
+  park(): void;
   /** out[m][n] = a[m][k] · b[k][n] for a transient b (attention), same summation order. */
   matmulDense(a: Float32Array, m: number, k: number, b: Float32Array, n: number, out: Float32Array): void;
   /**

@@ -21,6 +21,7 @@ export class JsGemm implements Gemm {
   }
 
   close(): void {}
+  park(): void {}
 
   // The layout is the same with `glu` (matmulSwiglu computes the product, then swigluJs).
   upload(w: Float32Array, n: number, k: number, _opts?: UploadOptions): Weight {

@@ -274,6 +274,10 @@ export class WasmGemm implements Gemm {
     this.dropWorker();
   }
 
+  park(): void {
+    if (this.worker) Atomics.store(this.ctl, CTL.PARK, 1);
+  }
+
   /**
    * Runs the kernel over all of C, splitting the column strips with the worker when worth it.
    * `fmt`: the format of a strip-packed weight (gemmp and its variants), or null for a dense
@@ -304,6 +308,7 @@ export class WasmGemm implements Gemm {
     c[CTL.ARGS + 9] = n1;
     c[CTL.CHUNK] = unit;
     Atomics.store(c, CTL.NEXT, 0);
+    Atomics.store(c, CTL.PARK, 0);
     const seq = (this.seq = (this.seq + 1) | 0);
     Atomics.store(c, CTL.SEQ, seq);
     Atomics.notify(c, CTL.SEQ);
@@ -702,6 +707,10 @@ export class WasmGemmPool implements Gemm {
 
   copyRows(src: Float32Array, so: number, ss: number, dst: Float32Array, d0: number, ds: number, rows: number, n: number): void {
     this.parts[0]!.copyRows(src, so, ss, dst, d0, ds, rows, n);
+  }
+
+  park(): void {
+    for (const p of this.parts) p.park();
   }
 
   close(): void {

@@ -260,6 +260,16 @@ export class LlamaModel {
    * samples before its next step); otherwise they are the caller's own copies.
    */
   forward(segments: Segment[], kv: PagedKvCache, opts: ForwardOptions = {}): Float32Array[] {
+    try {
+      return this.forwardPass(segments, kv, opts);
+    } finally {
+      // The next product comes only after the caller has used these logits (sampling,
+      // streaming, the next step's admission): the kernel's helper thread sleeps meanwhile.
+      this.gemm.park();
+    }
+  }
+
+  private forwardPass(segments: Segment[], kv: PagedKvCache, opts: ForwardOptions): Float32Array[] {
     if (kv.kvDim !== this.config.numKvHeads * this.config.headDim || kv.layout.numLayers !== this.config.numLayers) {
       throw new ForwardError('KV cache shape does not match the model');
     }

@@ -4,9 +4,10 @@
 // the forward's own time from the HTTP step time of the same run, tree by tree.
 //
 // The engine's model object is what its scheduler calls (`model.forward`), in both trees; the
-// child wraps that method to add up wall and process CPU time spent inside it. Outside the
-// forward the kernel's second thread sleeps (Atomics.wait), so process CPU outside the forward
-// is the main thread's: scheduling, sampling, detokenizing, SSE, socket writes, GC.
+// child wraps that method to add up wall and process CPU time spent inside it. Process CPU
+// outside the forward is the main thread's (scheduling, sampling, detokenizing, SSE, socket
+// writes, GC) plus what the kernel's second thread burns there: it spins briefly after its last
+// job before it sleeps in Atomics.wait (gemm_ctl.ts SPIN_MS), a real cost of the step.
 //
 // Messages (IPC): {cmd:'start', root} → {url}; {cmd:'stats'} → {cpu, fwdCpu, fwdWall, forwards}
 // (µs, µs, ms, calls so far); {cmd:'close'} → exits. The engine runs without a connector.

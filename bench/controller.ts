@@ -3,7 +3,9 @@
 //      DEALERs with pre-encoded ops batches) into an in-process controller;
 //  (b) lookup latency for an 8192-token prompt with ≥ 1,000,000 chunks indexed, in process
 //      (Operations.lookup: key computation + index walk) and over HTTP against controller
-//      processes started as `kvc controller` is (JSON and binary bodies, see httpLookups);
+//      processes started as `kvc controller` is (JSON and binary bodies, see httpLookups), from
+//      a lean client process (bench/_controller_http_client.ts) that also attributes each slow
+//      request (its own GC, a CPU wait of either process, or time inside the controller);
 //  (c) move throughput between two cache instances in two child processes for
 //      Llama-3-8B-shaped chunks (32 layers × 8 KV heads × 128 head dim, f16, 256 tokens =
 //      32 MiB), against raw loopback TCP between two processes measured in the same run.
@@ -27,6 +29,7 @@ import { encodeTokenBody, TOKEN_BODY_CONTENT_TYPE } from '../src/protocol/token_
 import { controllerNodeArgs } from '../src/common/young_gen.js';
 import { resultsDir, writeBarsSvg } from './_plot.js';
 import { KvcStore } from '../src/kvc/store.js';
+import type { ClientConfig, ClientResult } from './_controller_http_client.js';
 
 const MODEL = 'bench-llama-3-8b';
 const CHUNK = 256;
@@ -136,8 +139,7 @@ async function rawTcpGbps(port: number, bytes: number): Promise<number> {
 const CLI = fileURLToPath(new URL('../src/cli/main.js', import.meta.url));
 
 interface CtlProc { name: string; child: ChildProcess; url: string; monitorUrl: string; dealers: Dealer[] }
-interface ProcStats { cpuS: number; minorGcs: number; majorGcs: number; gcS: number }
-interface HttpFigures { name: string; p50: number; p90: number; p99: number; n: number }
+interface ProcStats { cpuS: number; minorGcs: number; majorGcs: number; gcS: number; loopLagP99Ms: number; loopLagMaxMs: number }
 
 async function startCtlProc(name: string, nodeArgs: string[]): Promise<CtlProc> {
   const base = await freePortRange(2);
@@ -183,11 +185,33 @@ async function procStats(c: CtlProc): Promise<ProcStats> {
     cpuS: num(/^kvc_controller_process_cpu_seconds_total (\S+)$/m),
     minorGcs: num(/^kvc_controller_nodejs_gc_duration_seconds_count\{kind="minor"\} (\S+)$/m),
     majorGcs: num(/^kvc_controller_nodejs_gc_duration_seconds_count\{kind="major"\} (\S+)$/m),
+    // Event-loop delay since the previous scrape (prom-client resets its monitorEventLoopDelay
+    // histogram at each scrape; 10 ms sampling, so it shows blocks of the loop, not small waits).
+    loopLagP99Ms: +(num(/^kvc_controller_nodejs_eventloop_lag_p99_seconds (\S+)$/m) * 1000).toFixed(2),
+    loopLagMaxMs: +(num(/^kvc_controller_nodejs_eventloop_lag_max_seconds (\S+)$/m) * 1000).toFixed(2),
     gcS: [...text.matchAll(/^kvc_controller_nodejs_gc_duration_seconds_sum\{kind="[a-z]+"\} (\S+)$/gm)].reduce((a, m) => a + Number(m[1]), 0),
   };
 }
 
-async function httpLookups(frames: Buffer[][], indexed: number, prompt: number[]) {
+/** The controller's own onRequest→onResponse times of one route (its /metrics histogram): cumulative bucket counts. */
+async function serverBuckets(c: CtlProc, route: string): Promise<Map<string, number>> {
+  const text = await (await fetch(`${c.url}/metrics`)).text();
+  const out = new Map<string, number>();
+  const re = /^kvc_controller_http_request_duration_seconds_bucket\{([^}]*)\} (\S+)$/gm;
+  for (const m of text.matchAll(re)) {
+    const labels = m[1]!;
+    if (!labels.includes(`route="${route}"`) || !labels.includes('code="200"') || !labels.includes('method="POST"')) continue;
+    out.set(/le="([^"]+)"/.exec(labels)![1]!, Number(m[2]));
+  }
+  return out;
+}
+
+interface ServerTail { name: string; n: number; over1ms: number; over2ms: number; over2_5ms: number }
+
+const CLIENT = fileURLToPath(new URL('./_controller_http_client.js', import.meta.url));
+const SLOW_MS = 2;
+
+async function httpLookups(frames: Buffer[][], indexed: number) {
   const upArgs = controllerNodeArgs(process.env.NODE_OPTIONS);
   const ctls = [await startCtlProc('json', upArgs), await startCtlProc('binary', upArgs), await startCtlProc('binary, no flags', [])];
   const [cJson, cBin, cPlain] = ctls as [CtlProc, CtlProc, CtlProc];
@@ -196,45 +220,57 @@ async function httpLookups(frames: Buffer[][], indexed: number, prompt: number[]
   }, 10_000);
   try {
     for (const c of ctls) await fillCtlProc(c, frames, indexed);
-    const json = JSON.stringify({ tokens: prompt });
-    const bin = encodeTokenBody(prompt);
     const kinds = [
-      { name: 'json /lookup', ctl: cJson, path: '/lookup', body: json, ct: 'application/json' },
-      { name: 'binary /lookup', ctl: cBin, path: '/lookup', body: bin, ct: TOKEN_BODY_CONTENT_TYPE },
-      { name: 'binary /prefix_lookup', ctl: cBin, path: '/prefix_lookup', body: bin, ct: TOKEN_BODY_CONTENT_TYPE },
-      { name: 'binary /lookup, no flags', ctl: cPlain, path: '/lookup', body: bin, ct: TOKEN_BODY_CONTENT_TYPE },
-    ].map((k) => ({ ...k, agent: new Agent({ connections: 1, keepAliveTimeout: 60_000 }), lat: new Float64Array(ROUNDS * PER_ROUND), n: 0 }));
-    const once = async (k: (typeof kinds)[number]) => {
-      const r = await request(`${k.ctl.url}${k.path}`, { method: 'POST', body: k.body, headers: { 'content-type': k.ct }, dispatcher: k.agent });
-      const j = (await r.body.json()) as { num_tokens: number };
-      if (r.statusCode !== 200 || j.num_tokens !== 8192) throw new Error(`${k.name}: HTTP lookup sanity check failed: ${r.statusCode} ${JSON.stringify(j)}`);
+      { name: 'json /lookup', ctl: cJson, path: '/lookup', body: 'json' as const },
+      { name: 'binary /lookup', ctl: cBin, path: '/lookup', body: 'binary' as const },
+      { name: 'binary /prefix_lookup', ctl: cBin, path: '/prefix_lookup', body: 'binary' as const },
+      { name: 'binary /lookup, no flags', ctl: cPlain, path: '/lookup', body: 'binary' as const },
+    ];
+    const cfg: ClientConfig = {
+      kinds: kinds.map((k) => ({ name: k.name, url: `${k.ctl.url}${k.path}`, body: k.body, pid: k.ctl.child.pid! })),
+      tokens: 8192,
+      warmup: 500,
+      rounds: ROUNDS,
+      perRound: PER_ROUND,
+      slowMs: SLOW_MS,
     };
-    for (const k of kinds) for (let i = 0; i < 500; i++) await once(k);
+    // The load generator runs in its own lean process (bench/_controller_http_client.ts); this
+    // process only reads the controllers' figures between its warm-up and the end of its rounds.
+    // This process keeps the in-process controller of parts (a) and (c): collect now, so that
+    // none of its own GC work competes for a CPU with the timed rounds.
     (globalThis as { gc?: () => void }).gc?.();
-    const before = await Promise.all(ctls.map(procStats));
-    for (let round = 0; round < ROUNDS; round++) {
-      for (let j = 0; j < kinds.length; j++) {
-        const k = kinds[(round + j) % kinds.length]!;
-        for (let i = 0; i < PER_ROUND; i++) {
-          const t = performance.now();
-          await once(k);
-          k.lat[k.n++] = performance.now() - t;
-        }
-      }
+    const client = spawn(process.execPath, ['--expose-gc', CLIENT, JSON.stringify(cfg)], { stdio: ['pipe', 'pipe', 'pipe'] });
+    let out = '';
+    let errOut = '';
+    client.stdout!.on('data', (d) => (out += d));
+    client.stderr!.on('data', (d) => (errOut += d));
+    const exited = new Promise<number | null>((r) => {
+      const t = setTimeout(() => client.kill('SIGKILL'), 600_000);
+      client.once('exit', (c) => { clearTimeout(t); r(c); });
+    });
+    while (!out.includes('warm\n')) {
+      if (client.exitCode !== null) throw new Error(`HTTP client exited with ${client.exitCode}: ${errOut}${out}`);
+      await sleep(20);
     }
+    const before = await Promise.all(ctls.map(procStats));
+    const bBefore = await Promise.all(kinds.map((k) => serverBuckets(k.ctl, k.path)));
+    client.stdin!.end('go\n');
+    const code = await exited;
+    if (code !== 0) throw new Error(`HTTP client exited with ${code}: ${errOut}${out}`);
+    const res = JSON.parse(out.trim().split('\n').pop()!) as ClientResult;
     const afterStats = await Promise.all(ctls.map(procStats));
-    const served = (c: CtlProc) => kinds.filter((k) => k.ctl === c).reduce((a, k) => a + k.n, 0);
+    const bAfter = await Promise.all(kinds.map((k) => serverBuckets(k.ctl, k.path)));
+    const perCtl = (c: CtlProc) => kinds.filter((k) => k.ctl === c).length * ROUNDS * PER_ROUND;
     const stats = ctls.map((c, i) => {
       const [b, a] = [before[i]!, afterStats[i]!];
-      return { name: c.name, cpuUsPerReq: ((a.cpuS - b.cpuS) * 1e6) / served(c), minorGcs: a.minorGcs - b.minorGcs, majorGcs: a.majorGcs - b.majorGcs, gcMs: (a.gcS - b.gcS) * 1000, requests: served(c) };
+      return { name: c.name, cpuUsPerReq: ((a.cpuS - b.cpuS) * 1e6) / perCtl(c), minorGcs: a.minorGcs - b.minorGcs, majorGcs: a.majorGcs - b.majorGcs, gcMs: (a.gcS - b.gcS) * 1000, loopLagP99Ms: a.loopLagP99Ms, loopLagMaxMs: a.loopLagMaxMs, requests: perCtl(c), runQueueMs: res.controllerRunQueueMs[String(c.child.pid)] ?? NaN };
     });
-    const figs: HttpFigures[] = kinds.map((k) => {
-      const s = k.lat.slice(0, k.n).sort();
-      const at = (p: number) => +s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))]!.toFixed(3);
-      return { name: k.name, p50: at(50), p90: at(90), p99: at(99), n: k.n };
+    const server: ServerTail[] = kinds.map((k, i) => {
+      const d = (le: string) => (bAfter[i]!.get(le) ?? 0) - (bBefore[i]!.get(le) ?? 0);
+      const n = d('+Inf');
+      return { name: k.name, n, over1ms: n - d('0.001'), over2ms: n - d('0.002'), over2_5ms: n - d('0.0025') };
     });
-    for (const k of kinds) await k.agent.close();
-    return { figs, stats };
+    return { figs: res.figs, stats, server, client: res };
   } finally {
     clearInterval(hb);
     for (const c of ctls) {
@@ -316,12 +352,20 @@ async function main(): Promise<void> {
   while (ctl.registry.workers().length) await sleep(10);
 
   // ---- (b) HTTP lookup against controller processes -------------------------------------------
-  const { figs, stats } = await httpLookups(frames, indexed, prompt);
+  const { figs, stats, server, client } = await httpLookups(frames, indexed);
   frames.length = 0;
   const fig = (name: string) => figs.find((f) => f.name === name)!;
   console.log(`(b) HTTP lookup, 8192 tokens, each variant its own controller process (started as \`kvc up\` starts it, or bare), one keep-alive connection per variant, ${ROUNDS} alternating rounds of ${PER_ROUND}:`);
   for (const f of figs) console.log(`    ${f.name.padEnd(24)} p50 ${f.p50.toFixed(3)} ms  p90 ${f.p90.toFixed(3)} ms  p99 ${f.p99.toFixed(3)} ms  (${f.n} samples)`);
-  for (const st of stats) console.log(`    controller "${st.name}": ${st.cpuUsPerReq.toFixed(0)} µs CPU per request, ${st.minorGcs} scavenges and ${st.majorGcs} full GCs over ${st.requests} requests (${st.gcMs.toFixed(1)} ms in GC)`);
+  for (const st of stats) console.log(`    controller "${st.name}": ${st.cpuUsPerReq.toFixed(0)} µs CPU per request, ${st.minorGcs} scavenges and ${st.majorGcs} full GCs over ${st.requests} requests (${st.gcMs.toFixed(1)} ms in GC), event-loop delay p99 ${st.loopLagP99Ms} ms max ${st.loopLagMaxMs} ms, ${st.runQueueMs} ms waiting for a CPU during the timed rounds`);
+  console.log(`    where the slow requests (> ${SLOW_MS} ms at the client) were: the controller's own onRequest→onResponse time (its /metrics histogram, over the same timed requests) vs the client's:`);
+  for (const f of figs) {
+    const sv = server.find((x) => x.name === f.name)!;
+    console.log(`    ${f.name.padEnd(24)} client: ${f.slow} of ${f.n} > ${SLOW_MS} ms (${f.slowDuringClientGc} overlapping a client GC; during ${f.slowClientWaited} the client and during ${f.slowControllerWaited} the controller waited > 0.5 ms for a CPU; ${f.slowOther} with none of these); controller: ${sv.over1ms} > 1 ms, ${sv.over2ms} > 2 ms of ${sv.n}`);
+  }
+  console.log(`    client process (bench/_controller_http_client.ts, its own heap): ${client.clientGcs} GCs (${client.clientGcMs} ms) during the timed rounds, ${client.clientRunQueueMs} ms waiting for a CPU`);
+  const gateFig = figs.find((f) => f.name === 'binary /lookup')!;
+  const gateServer = server.find((x) => x.name === 'binary /lookup')!;
   const http = { gate: fig('binary /lookup'), json: fig('json /lookup'), prefix: fig('binary /prefix_lookup'), plain: fig('binary /lookup, no flags') };
   console.log(`    gated: ${http.gate.name} on the controller as \`kvc up\` starts it (${controllerNodeArgs(process.env.NODE_OPTIONS).join(' ') || 'no node flags: NODE_OPTIONS sizes the heap'}): p99 ${http.gate.p99} ms (target ≤ 2 ms); the proxy's kv-aware router sends this body to /prefix_lookup`);
   // Short bar labels: json, binary, prefix (binary /prefix_lookup), no flags (binary, bare `kvc controller`).
@@ -410,6 +454,14 @@ async function main(): Promise<void> {
       http_lookup_json_p99_ms: http.json.p99,
       http_prefix_lookup_p99_ms: http.prefix.p99,
       http_lookup_no_flags_p99_ms: http.plain.p99,
+      // Where the gated variant's slow requests (> 2 ms at the client) were: inside the controller
+      // (its onRequest→onResponse histogram) or not; the client's own GCs in the timed rounds.
+      http_lookup_slow_at_client: gateFig.slow,
+      http_lookup_slow_in_controller: gateServer.over2ms,
+      http_client_gcs_in_rounds: client.clientGcs,
+      http_lookup_slow_client_waited_cpu: gateFig.slowClientWaited,
+      http_lookup_slow_controller_waited_cpu: gateFig.slowControllerWaited,
+      http_lookup_slow_other: gateFig.slowOther,
       move_gbps: +moveGbps.toFixed(3),
       tcp_gbps: +tcpGbps.toFixed(3),
     }),

@@ -19,7 +19,8 @@
 // proxy marked down say where a stall came from.
 // Plots (Vega-Lite rendered to SVG): ITL over time per configuration, SLO attainment vs rate.
 // Output folder: bench-results/disagg/ (or --out DIR); `--replot DIR/results.json` redraws the plots
-// of an earlier run without running anything; --keep-logs keeps the deployments' logs. Last line:
+// of an earlier run without running anything; --keep-logs keeps the deployments' logs;
+// `--probe CONFIG@RATE[xSECONDS]` runs one goodput probe window only (see probeOnly). Last line:
 // {"bench":"disagg","idle_itl_p99_ms":…,"coloc_itl_p99_ms":…,"disagg_itl_p99_ms":…,
 //  "coloc_goodput_rps":…,"disagg_goodput_rps":…,"long_ttft_p50_ms":…}
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -67,24 +68,29 @@ const SLO = { shortTtftMs: 2000, longTtftMs: 6000, itlP99Ms: 50 } as const;
 const ATTAINMENT = 0.9;
 /**
  * Goodput probes: the short requests as above plus long prompts as a Poisson process at the
- * probed rate. A window lasts long enough for PROBE_LONGS long prompts on average (PROBE_LONGS /
- * rate seconds), within [PROBE_MIN_S, PROBE_MAX_S]. The schedule of a probe depends only on its
- * rate and repeat number, so both configurations see the same requests at the same rate.
+ * probed rate. A probe must not hinge on one request: its window lasts long enough for PROBE_LONGS
+ * long prompts on average (PROBE_LONGS / rate seconds, at least PROBE_MIN_S), so one long miss
+ * moves the long attainment by ~6 %, not 20–30 % as with the 3–11 long prompts of 15–30 s windows.
+ * The schedule of a probe depends only on its rate and repeat number, so both configurations see
+ * the same requests at the same rate.
  */
-const PROBE_LONGS = 5;
-const PROBE_MIN_S = 15;
-const PROBE_MAX_S = 30;
+const PROBE_LONGS = 16;
+const PROBE_MIN_S = 20;
 /**
  * Bounded search over the long-prompt rate (per second). From `first`: doubling while the SLO holds
  * (up to `max`), halving while it fails (down to `min`), then bisection between the highest rate
- * that held and the lowest that failed until they are within 25 % of the upper one; at most
- * `windows` probe windows per configuration. A probe whose attainment lands in `near` (close to
- * the 90 % line, where one unlucky window decides) is run again with the next seed and the two
- * windows' requests are pooled. One CPU prefills a 1,500–3,000-token prompt of the built-in model
- * in roughly 1–3 s (quiet machine), so one prefiller saturates near 0.5 long prompts/s; colocated
- * engines stall their streams at every long prompt, which only low rates tolerate.
+ * that held and the lowest that failed until they are within `within` of the upper one. A probe
+ * whose attainment lands in `near` (close to the 90 % line) gets a second window with the next seed,
+ * its requests pooled with the first's. The probes of one configuration together last at most
+ * `budgetS` seconds of windows: a probe that would pass it is not run (the search then reports the
+ * bracket it reached). `first` = 0.4/s: one CPU prefills a 1,500–3,000-token prompt of the built-in
+ * model in roughly 1–3 s (quiet machine), so one prefiller saturates near 0.5–0.8 long prompts/s,
+ * and colocated engines, which stall their streams at every long prompt, held up to 0.25–0.3/s:
+ * starting between them reaches both boundaries in the fewest windows.
  */
-const SEARCH = { first: 0.1, min: 0.025, max: 1.6, windows: 6, near: [0.8, 0.95] } as const;
+const SEARCH = { first: 0.4, min: 0.05, max: 1.6, within: 0.2, budgetS: 240, near: [0.85, 0.95] } as const;
+/** Length of one probe window at `rate` (s). */
+const probeSeconds = (rate: number) => Math.max(PROBE_MIN_S, PROBE_LONGS / rate);
 
 type Config = 'idle' | 'coloc' | 'disagg';
 
@@ -514,7 +520,12 @@ interface CurvePoint {
   short: number;
   long: number;
   windows: number;
+  /** Requests pooled at this point, and how many of them were short and long. */
   requests: number;
+  short_requests?: number;
+  long_requests?: number;
+  /** Seconds of windows pooled. */
+  seconds?: number;
 }
 
 /** The seed of probe `repeat` at `rate`: a function of the rate, so every configuration gets the same requests there. */
@@ -522,47 +533,70 @@ const probeSeed = (rate: number, repeat: number) => 1000 + Math.round(rate * 10_
 
 /**
  * Bounded goodput search (SEARCH): doubling / halving from SEARCH.first until the SLO's outcome
- * flips, then bisection; probes near the 90 % line are repeated and pooled.
+ * flips, then bisection; probes near the 90 % line get a second window, pooled; at most
+ * SEARCH.budgetS seconds of windows.
  */
-async function goodput(url: string, engines: string[], name: Config, curve: CurvePoint[]): Promise<number> {
+async function goodput(url: string, engines: string[], name: Config, curve: CurvePoint[]): Promise<{ rps: number; held: number; failed: number | null; seconds: number; stoppedBy: string }> {
   let good = 0;
   let bad = Infinity;
   let rate: number = SEARCH.first;
-  let windows = 0;
+  let spent = 0;
+  let stoppedBy = 'resolution';
   const pooled = new Map<number, Done[]>();
   const probe = async (repeat: number) => {
-    const seconds = Math.min(PROBE_MAX_S, Math.max(PROBE_MIN_S, PROBE_LONGS / rate));
+    const seconds = probeSeconds(rate);
     await settle(engines);
     const ds = await window(url, schedule(seconds, probeSeed(rate, repeat), { kind: 'poisson', rate }), seconds);
-    windows++;
+    spent += seconds;
     const all = [...(pooled.get(rate) ?? []), ...ds];
     pooled.set(rate, all);
     const a = attainment(all);
-    const point: CurvePoint = { config: name, rate: r4(rate), attainment: r1(a.both * 100), short: r1(a.short * 100), long: r1(a.long * 100), windows: repeat + 1, requests: all.length };
+    const longs = all.filter((d) => d.kind === 'long').length;
+    const point: CurvePoint = {
+      config: name,
+      rate: r4(rate),
+      attainment: r1(a.both * 100),
+      short: r1(a.short * 100),
+      long: r1(a.long * 100),
+      windows: repeat + 1,
+      requests: all.length,
+      short_requests: all.length - longs,
+      long_requests: longs,
+      seconds: r1(seconds * (repeat + 1)),
+    };
     const i = curve.findIndex((c) => c.config === name && c.rate === point.rate);
     if (i >= 0) curve[i] = point;
     else curve.push(point);
-    const longs = all.filter((d) => d.kind === 'long').length;
     console.log(
       `  ${name} @ ${rate.toFixed(4)} long/s (${repeat + 1} window(s) of ${seconds.toFixed(0)} s): SLO attainment short ${(a.short * 100).toFixed(1)} %, long ${(a.long * 100).toFixed(1)} % (${all.length - longs} short, ${longs} long; ${misses(all, 'short')}; ${misses(all, 'long')})`,
     );
     return a.both;
   };
-  while (windows < SEARCH.windows) {
+  for (;;) {
+    if (spent + probeSeconds(rate) > SEARCH.budgetS) {
+      stoppedBy = 'time budget';
+      break;
+    }
     let a = await probe(0);
-    // Close to the line one window decides by luck: a second window with the next seed, pooled.
-    if (a >= SEARCH.near[0] && a < SEARCH.near[1] && windows < SEARCH.windows) a = await probe(1);
+    // Close to the line: a second window with the next seed, pooled (if the budget allows).
+    if (a >= SEARCH.near[0] && a < SEARCH.near[1] && spent + probeSeconds(rate) <= SEARCH.budgetS) a = await probe(1);
     if (a >= ATTAINMENT) good = Math.max(good, rate);
     else bad = Math.min(bad, rate);
     let next: number;
     if (bad === Infinity) next = rate * 2; // everything so far held: go up
     else if (good === 0) next = rate / 2; // everything so far failed: go down
     else next = (good + bad) / 2;
-    if (next > SEARCH.max || next < SEARCH.min) break;
-    if (good > 0 && bad !== Infinity && (bad - good) / bad <= 0.25) break;
+    if (next > SEARCH.max || next < SEARCH.min) {
+      stoppedBy = next > SEARCH.max ? 'search ceiling' : 'search floor';
+      break;
+    }
+    if (good > 0 && bad !== Infinity && (bad - good) / bad <= SEARCH.within) break;
     rate = next;
   }
-  return good;
+  console.log(
+    `  ${name} goodput search: held at ${r4(good)}/s, failed at ${bad === Infinity ? 'none tried' : `${r4(bad)}/s`}; ${spent.toFixed(0)} s of probe windows; stopped by the ${stoppedBy}`,
+  );
+  return { rps: good, held: good, failed: bad === Infinity ? null : r4(bad), seconds: Math.round(spent), stoppedBy };
 }
 
 // ---- plots ------------------------------------------------------------------------------------
@@ -599,6 +633,8 @@ async function svg(spec: vl.TopLevelSpec): Promise<string> {
 interface Saved {
   results: Partial<Record<Config, ReturnType<typeof summary>>>;
   goodput: Partial<Record<Config, number>>;
+  /** How each goodput search ended (absent in results of older runs). */
+  searches?: Partial<Record<Config, { rps: number; held: number; failed: number | null; seconds: number; stoppedBy: string }>>;
   curve: CurvePoint[];
   series: { config: Config; t: number; itl_ms: number }[];
   slo: typeof SLO;
@@ -644,7 +680,7 @@ async function plots(outDir: string, saved: Saved): Promise<void> {
   });
   const sloPlot = await svg({
     $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
-    title: `SLO attainment vs long-prompt arrival rate (TTFT <= ${SLO.shortTtftMs}/${SLO.longTtftMs} ms, ITL p99 <= ${SLO.itlP99Ms} ms)`,
+    title: `SLO attainment vs long-prompt arrival rate (TTFT <= ${SLO.shortTtftMs}/${SLO.longTtftMs} ms, ITL p99 <= ${SLO.itlP99Ms} ms; label: long prompts pooled)`,
     width: 520,
     height: 300,
     layer: [
@@ -656,6 +692,18 @@ async function plots(outDir: string, saved: Saved): Promise<void> {
           y: { field: 'attainment', type: 'quantitative', title: 'requests meeting the SLO (%, lower of short and long)', scale: { domain: [0, 100] } },
           color: { field: 'config', type: 'nominal', title: 'configuration' },
           order: { field: 'rate', type: 'quantitative' },
+        },
+      },
+      {
+        // Each point labelled with the long prompts it pooled (short requests: results.json).
+        data: { values: curve },
+        transform: [{ filter: 'isValid(datum.long_requests)' }, { calculate: "datum.long_requests + ' long'", as: 'label' }],
+        mark: { type: 'text', dy: -9, fontSize: 9 },
+        encoding: {
+          x: { field: 'rate', type: 'quantitative', scale: { type: 'log' } },
+          y: { field: 'attainment', type: 'quantitative' },
+          text: { field: 'label', type: 'nominal' },
+          color: { field: 'config', type: 'nominal' },
         },
       },
       { data: { values: [{ y: ATTAINMENT * 100 }] }, mark: { type: 'rule', strokeDash: [4, 4] }, encoding: { y: { field: 'y', type: 'quantitative' } } },
@@ -678,6 +726,16 @@ async function main(): Promise<void> {
     return;
   }
   const logRoot = mkdtempSync(join(tmpdir(), 'kvc-bench-disagg-'));
+  const probeAt = process.argv.indexOf('--probe');
+  if (probeAt > 0) {
+    try {
+      await probeOnly(process.argv[probeAt + 1], logRoot);
+    } finally {
+      if (process.argv.includes('--keep-logs')) console.log(`logs kept in ${logRoot}`);
+      else rmSync(logRoot, { recursive: true, force: true });
+    }
+    return;
+  }
   const started = performance.now();
   const mainPlan = schedule(MAIN_WINDOW_S, MAIN_SEED, { kind: 'burst' });
   const mainLongs = mainPlan.filter((a) => a.kind === 'long');
@@ -689,12 +747,13 @@ async function main(): Promise<void> {
   console.log('configurations: idle and disagg on `kvc up --prefillers 1 --decoders 1 --routing kv-aware` (prefiller CPU 0, decoder CPU 1; prompts of <= 256 uncached tokens prefilled on the decoder), coloc on `kvc up --prefillers 0 --decoders 2` (both engines on both CPUs, round-robin); every other setting at its default');
   console.log(
     `SLO: TTFT <= ${SLO.shortTtftMs} ms (short) / ${SLO.longTtftMs} ms (long) and the request's own ITL p99 <= ${SLO.itlP99Ms} ms; goodput = highest Poisson long-prompt rate (short requests as above) with >= ${ATTAINMENT * 100} % of short and of long requests meeting it, ` +
-      `search from ${SEARCH.first}/s doubling/halving within [${SEARCH.min}, ${SEARCH.max}] then bisecting, <= ${SEARCH.windows} windows of ${PROBE_MIN_S}-${PROBE_MAX_S} s per configuration, a probe at ${SEARCH.near[0] * 100}-${SEARCH.near[1] * 100} % repeated and pooled`,
+      `search from ${SEARCH.first}/s doubling/halving within [${SEARCH.min}, ${SEARCH.max}] then bisecting until within ${SEARCH.within * 100} %; a probe window holds ${PROBE_LONGS} long prompts on average (${PROBE_LONGS}/rate s, at least ${PROBE_MIN_S} s), one at ${SEARCH.near[0] * 100}-${SEARCH.near[1] * 100} % gets a second window (next seed, pooled); <= ${SEARCH.budgetS} s of probe windows per configuration`,
   );
   const results: Partial<Record<Config, ReturnType<typeof summary>>> = {};
   const series: { config: Config; t: number; itl_ms: number }[] = [];
   const curve: CurvePoint[] = [];
   const good: Partial<Record<Config, number>> = {};
+  const searches: Partial<Record<Config, Awaited<ReturnType<typeof goodput>>>> = {};
   const steps: Partial<Record<Config, ReturnType<typeof stepIntervals> & { proxy_marked_down: number; proxy_prefills: Record<string, number> }>> = {};
   const keep = (name: Config, ds: Done[]) => {
     results[name] = summary(ds);
@@ -732,7 +791,8 @@ async function main(): Promise<void> {
       };
       if (name === 'disagg') await measured('idle', mainPlan.filter((a) => a.kind === 'short'));
       await measured(name, mainPlan);
-      good[name] = await goodput(dep.url, dep.engines, name, curve);
+      searches[name] = await goodput(dep.url, dep.engines, name, curve);
+      good[name] = searches[name].rps;
       console.log(`  ${name} goodput: ${r4(good[name]!)} long prompts/s`);
     } finally {
       await dep.stop();
@@ -743,9 +803,18 @@ async function main(): Promise<void> {
   else rmSync(logRoot, { recursive: true, force: true });
 
   const bursts = [...new Set(mainLongs.map((a) => Math.floor(a.atMs / (BURST.everyS * 1000))))].map((k) => BURST.firstS + k * BURST.everyS);
-  await plots(outDir, { results, goodput: good, curve, series, slo: SLO, steps, bursts });
+  await plots(outDir, { results, goodput: good, searches, curve, series, slo: SLO, steps, bursts });
   console.log(`\nplots: ${join(outDir, 'itl_over_time.svg')}, ${join(outDir, 'slo_attainment.svg')}; ran ${((performance.now() - started) / 1000).toFixed(0)} s`);
 
+  // The attainment curve (the SLO plot's points), one line per configuration, rates ascending.
+  for (const config of ['coloc', 'disagg'] as const) {
+    const pts = curve.filter((c) => c.config === config).sort((a, b) => a.rate - b.rate);
+    const s = searches[config];
+    console.log(
+      `curve ${config}: ${pts.map((c) => `${c.rate}/s ${c.attainment} % (short ${c.short} %, long ${c.long} %; ${c.short_requests} short + ${c.long_requests} long, ${c.windows} window(s), ${c.seconds} s)`).join('; ')}` +
+        (s ? ` -> goodput ${r4(s.rps)}/s, failed at ${s.failed ?? 'none tried'}, ${s.seconds} s of windows, stopped by the ${s.stoppedBy}` : ''),
+    );
+  }
   const idle = results.idle!.itl_p99_ms;
   const coloc = results.coloc!.itl_p99_ms;
   const dis = results.disagg!.itl_p99_ms;
@@ -761,6 +830,43 @@ async function main(): Promise<void> {
       long_ttft_p50_ms: results.disagg!.long_ttft_p50_ms,
     }),
   );
+}
+
+/**
+ * `--probe CONFIG@RATE[xSECONDS]` (e.g. `disagg@0.7x30`): one Poisson window of that configuration
+ * at that long-prompt rate (seed of repeat 0), with the decoder's own figures: for looking into a
+ * probe of the goodput search (e.g. under `--cpu-prof`) without running the whole bench.
+ */
+async function probeOnly(arg: string | undefined, logRoot: string): Promise<void> {
+  const m = /^(disagg|coloc)@([\d.]+)(?:x(\d+))?$/.exec(arg ?? '');
+  if (!m) throw new Error(`--probe: expected CONFIG@RATE[xSECONDS] with CONFIG disagg or coloc (e.g. disagg@0.7x30), found ${JSON.stringify(arg ?? '')}`);
+  const name = m[1] as 'disagg' | 'coloc';
+  const rate = Number(m[2]);
+  if (!(rate > 0)) throw new Error(`--probe: the rate must be a positive number of long prompts per second, found ${m[2]}`);
+  const seconds = m[3] ? Number(m[3]) : probeSeconds(rate);
+  const args = name === 'disagg' ? ['--prefillers', '1', '--decoders', '1', '--routing', 'kv-aware'] : ['--prefillers', '0', '--decoders', '2'];
+  const dep = await up(args, logRoot);
+  try {
+    await warm(dep.url);
+    await settle(dep.engines);
+    const before = await scrape(dep.decoder);
+    const proxyBefore = await scrape(dep.url);
+    const s0 = schedstat(dep.decoderPid);
+    const t0 = performance.now();
+    const ds = await window(dep.url, schedule(seconds, probeSeed(rate, 0), { kind: 'poisson', rate }), seconds);
+    const sched = { before: s0, after: schedstat(dep.decoderPid), seconds: (performance.now() - t0) / 1000 };
+    const proxyAfter = await scrape(dep.url);
+    const steps = { ...stepIntervals(before, await scrape(dep.decoder), value(proxyAfter, 'kvc_proxy_nodejs_eventloop_lag_max_seconds'), sched), proxy_prefills: prefillsWhere(proxyBefore, proxyAfter) };
+    const a = attainment(ds);
+    console.log(`${name} @ ${rate} long/s, ${seconds} s (decoder pid ${dep.decoderPid}): attainment short ${r1(a.short * 100)} %, long ${r1(a.long * 100)} %; ${misses(ds, 'short')}; ${misses(ds, 'long')}`);
+    console.log(`  ${JSON.stringify(summary(ds))}`);
+    console.log(`  decoder: ${JSON.stringify(steps)}`);
+    // The gaps over the SLO, with when they happened, to line up with a --cpu-prof of the decoder.
+    const slow = ds.flatMap((d) => d.gaps.filter((g) => g.ms > SLO.itlP99Ms).map((g) => `${g.t.toFixed(2)}s:${r1(g.ms)}ms`));
+    console.log(`  gaps over ${SLO.itlP99Ms} ms (time in window: length): ${slow.join(' ') || 'none'}`);
+  } finally {
+    await dep.stop();
+  }
 }
 
 /** Rates found by halving and bisecting print as binary fractions (0.30000000000000004): four decimals say it. */

@@ -3,13 +3,84 @@
 // the FMA kernel against the mul+add one (one thread each, interleaved; fma.ts), the kernel on
 // each GEMM shape of the 156M model's 512-token prefill (1 and 2 threads; gemm_bench.ts),
 // then prefill and decode rates of the built-in model straight through LlamaModel.forward (a
-// 512-token prefill at one and at two kernel threads as well).
+// 512-token prefill at one and at two kernel threads as well), and where a 512-token prefill's
+// time goes per operation class at one and at two threads (the built-in model, and the 156M
+// model of `bench peer` when bench/.peer/models/ holds it): wall ms per class and the second
+// thread's speed-up on each.
+import { existsSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { ensureBuiltinModel } from '../src/engine/model/builtin.js';
+import type { Gemm } from '../src/engine/model/kernel.js';
 import { measureGemm, measureGemmFma, measureGemmShapes, PREFILL_156M_SHAPES } from '../src/engine/model/gemm_bench.js';
 import { LlamaModel } from '../src/engine/model/model.js';
 
 const MiB = 1024 * 1024;
 const prompt = (n: number, salt: number) => Array.from({ length: n }, (_, i) => 3 + ((i * 7919 + salt * 104729) % 31000));
+const BIG_DIR = join(resolve(dirname(fileURLToPath(import.meta.url)), '..', '..'), 'bench', '.peer', 'models', 'random-156m-v1');
+
+/** The kernel operations timed per class (wall clock, main thread: a shared call's wall time includes the worker's part). */
+const PROFILED = ['matmul', 'matmulSwiglu', 'attendStagedHeads', 'swiglu', 'rmsNorm', 'rope', 'addInto', 'copyRows', 'stageKv'] as const;
+
+/**
+ * Where a 512-token prefill's time goes: a model at 1 and at 2 threads, forwards alternating
+ * (rep 0 warms up), each kernel call timed by class (matmul by its shape m×n×k); "rest" is the
+ * forward's time outside them (JS bookkeeping, K/V writes into the cache, the embedding rows).
+ * Returns per thread count the median ms per class and of the whole forward.
+ */
+async function profilePrefill(dir: string, reps: number): Promise<Record<1 | 2, Record<string, number>>> {
+  const out = {} as Record<1 | 2, Record<string, number>>;
+  const models = { 1: await LlamaModel.load(dir, { threads: 1 }), 2: await LlamaModel.load(dir, { threads: 2 }) };
+  const samples = { 1: [] as Record<string, number>[], 2: [] as Record<string, number>[] };
+  for (const th of [1, 2] as const) {
+    const g = models[th].gemm as unknown as Record<string, (...a: unknown[]) => unknown>;
+    for (const name of PROFILED) {
+      const f = g[name]!.bind(g);
+      g[name] = (...a: unknown[]) => {
+        const t = performance.now();
+        const r = f(...a);
+        const cur = samples[th].at(-1);
+        if (cur) {
+          const w = a[0] as { n: number; k: number };
+          const key = name === 'matmul' ? `matmul ${a[2]}x${w.n}x${w.k}` : name === 'matmulSwiglu' ? `gate|up+SwiGLU ${a[2]}x${w.n}x${w.k}` : name;
+          cur[key] = (cur[key] ?? 0) + performance.now() - t;
+        }
+        return r;
+      };
+    }
+  }
+  const kvs = { 1: models[1].createKvCache(256 * MiB), 2: models[2].createKvCache(256 * MiB) };
+  for (let rep = 0; rep <= reps; rep++) {
+    for (const th of rep % 2 ? ([2, 1] as const) : ([1, 2] as const)) {
+      (globalThis as { gc?: () => void }).gc?.();
+      const cur: Record<string, number> = {};
+      if (rep > 0) samples[th].push(cur);
+      const t = performance.now();
+      models[th].forward([{ seqId: 'p', tokens: prompt(512, 5), startPos: 0, wantLogits: true }], kvs[th], { transientLogits: true });
+      cur['total'] = performance.now() - t;
+      kvs[th].free('p');
+    }
+  }
+  for (const th of [1, 2] as const) {
+    // The run whose total is the median, so the classes add up to one real forward.
+    const runs = [...samples[th]].sort((a, b) => a['total']! - b['total']!);
+    const run = runs[runs.length >> 1]!;
+    const inOps = Object.entries(run).filter(([k]) => k !== 'total').reduce((a, [, v]) => a + v, 0);
+    out[th] = { ...run, rest: run['total']! - inOps };
+    (models[th].gemm as Gemm).close();
+  }
+  return out;
+}
+
+function printProfile(label: string, p: Record<1 | 2, Record<string, number>>): void {
+  console.log(`${label}: 512-token prefill, the median of the runs: 1 thread ${p[1]['total']!.toFixed(1)} ms, 2 threads ${p[2]['total']!.toFixed(1)} ms (x${(p[1]['total']! / p[2]['total']!).toFixed(2)})`);
+  const keys = Object.keys(p[1]).filter((k) => k !== 'total').sort((a, b) => p[1][b]! - p[1][a]!);
+  for (const k of keys) {
+    const a = p[1][k]!;
+    const b = p[2][k] ?? 0;
+    console.log(`  ${k.padEnd(34)} ${a.toFixed(2).padStart(8)} ms  ${b.toFixed(2).padStart(8)} ms  x${b > 0 ? (a / b).toFixed(2) : '-'}  (${((100 * b) / p[2]['total']!).toFixed(1)} % of 2 threads)`);
+  }
+}
 
 async function main(): Promise<void> {
   // The shape of the tiny model's fused gate/up projection over a 512-row prefill chunk.
@@ -79,6 +150,14 @@ async function main(): Promise<void> {
   models[2].close();
   console.log(`prefill 512 tokens, best of 5: 1 thread ${best512[1].toFixed(0)} tok/s, 2 threads ${best512[2].toFixed(0)} tok/s (x${(best512[2] / best512[1]).toFixed(2)})`);
 
+  const profTiny = await profilePrefill(await ensureBuiltinModel('tiny'), 5);
+  printProfile('built-in tiny', profTiny);
+  const profBig = existsSync(join(BIG_DIR, 'config.json')) ? await profilePrefill(BIG_DIR, 3) : null;
+  if (profBig) printProfile('156M (bench peer)', profBig);
+  else console.log(`156M profile: skipped (${BIG_DIR} not there; \`npm run bench -- peer --only big\` generates it)`);
+  const round = (p: Record<1 | 2, Record<string, number>> | null) =>
+    p && { 1: Object.fromEntries(Object.entries(p[1]).map(([k, v]) => [k, +v.toFixed(2)])), 2: Object.fromEntries(Object.entries(p[2]).map(([k, v]) => [k, +v.toFixed(2)])) };
+
   const d1 = decode(1, 64);
   const d8 = decode(8, 64);
   console.log(`decode: batch 1 ${d1.toFixed(1)} tok/s, batch 8 ${d8.toFixed(1)} tok/s (x${(d8 / d1).toFixed(2)})`);
@@ -96,6 +175,7 @@ async function main(): Promise<void> {
       prefill512_2threads_tps: +best512[2].toFixed(1),
       decode_tps: +d1.toFixed(1),
       decode_tps_batch8: +d8.toFixed(1),
+      prefill512_profile_ms: { tiny: round(profTiny), big: round(profBig) },
     }),
   );
   process.exit(0);

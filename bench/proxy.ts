@@ -8,12 +8,19 @@
 // Last line: {"bench":"proxy","proxy_rps":…,"direct_rps":…,"overhead_p50_ms":…,"overhead_p99_ms":…,
 //             "proxy_cpu_us_per_req":…,"ttft_proxy_p50_ms":…,"ttft_direct_p50_ms":…}
 // `--stub-only` runs (a) alone and ends with {"bench":"proxy","stub_only":true,"proxy_rps":…,
-// "direct_rps":…,"ratio":…,"overhead_p50_ms":…,"overhead_p99_ms":…,"proxy_cpu_us_per_req":…}.
+// "direct_rps":…,"ratio":…,"overhead_p50_ms":…,"overhead_p99_ms":…,"proxy_cpu_us_per_req":…,
+// "proxy_sys_us_per_req":…}.
 // proxy_cpu_us_per_req: the proxy process's CPU time (user + system, /proc) per request, median
 // of the proxy rounds.
 // In (a), `--proxy-cli <path to another build's dist/src/cli/main.js>` runs that build's proxy
 // instead (to compare two trees under the same bench), and `--cpu-prof-dir <dir>` has the proxy
-// process write a V8 CPU profile there.
+// process write a V8 CPU profile there. (a) also prints the CPU per request of every process
+// (client, stub, proxy, the proxy's kernel share apart) in both variants.
+// `--stub-only --compare-cli <other build's main.js> [--rounds N]`: A/B of two proxy builds on one
+// stub, rounds alternated (A B, B A, …), each one's CPU per request and req/s; ends with
+// {"bench":"proxy","compare":true,"a_cpu_us_per_req","b_cpu_us_per_req","b_over_a","a_rps","b_rps"}.
+// `--compare-floor` instead of `--compare-cli`: B is bench/_proxy_floor.ts, the least a process
+// can do for the request (three calls, no checks or metrics): what the proxy's own work costs.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
@@ -26,6 +33,7 @@ import { makePlan } from '../src/deploy/plan.js';
 import { takenPorts } from '../src/deploy/up.js';
 import { percentile } from '../src/proxy/stats.js';
 import { startStubEngine } from './_proxy-stub.js';
+import { startFloorProxy } from './_proxy_floor.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const CLI = join(here, '..', 'src', 'cli', 'main.js');
@@ -83,12 +91,12 @@ async function proxyOnce(pool: Pool, i: number): Promise<void> {
   await post(pool, '/v1/completions', { prompt: `request ${i} about caches`, max_tokens: 8, stream: true });
 }
 
-/** CPU time (user + system) a process has used, µs, from /proc (Linux); null elsewhere. */
-function processCpuUs(pid: number): number | null {
+/** CPU time a process has used, µs, user and system, from /proc (Linux); null elsewhere. */
+function processCpu(pid: number): { user: number; system: number } | null {
   try {
     const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
     // utime and stime, fields 14 and 15 of stat(5), in clock ticks of 10 ms (USER_HZ 100).
-    return (Number(f[11]) + Number(f[12])) * 10_000;
+    return { user: Number(f[11]) * 10_000, system: Number(f[12]) * 10_000 };
   } catch {
     return null;
   }
@@ -157,7 +165,25 @@ async function stubPart() {
   const cli = cliAt > 0 ? process.argv[cliAt + 1]! : CLI;
   const proxy = spawnNode([...prof, cli, 'proxy', '--port', String(proxyPort), '--prefiller-port', String(stubPort), '--decoder-port', String(stubPort),
     '--proxy-port', String(notifyPort), '--stats-interval', '3600']);
+  // --compare-cli <main.js>: a second proxy, of another build, on the same stub; its rounds
+  // alternate with this build's (A/B in the same minutes, so the machine's load moves both).
+  const cmpAt = process.argv.indexOf('--compare-cli');
+  // --compare-floor: B is the floor reference of bench/_proxy_floor.ts instead of another build.
+  const floor = process.argv.includes('--compare-floor');
+  const cmpPorts = cmpAt > 0 || floor ? [await freePortRange(1), await freePortRange(1)] : [];
+  const other = floor
+    ? spawnNode([fileURLToPath(import.meta.url), '--floor-server', String(cmpPorts[0]), String(stubPort)])
+    : cmpAt > 0
+      ? spawnNode([process.argv[cmpAt + 1]!, 'proxy', '--port', String(cmpPorts[0]), '--prefiller-port', String(stubPort), '--decoder-port', String(stubPort),
+          '--proxy-port', String(cmpPorts[1]), '--stats-interval', '3600'])
+      : null;
   try {
+    if (other) {
+      await stub.waitFor(/stub listening/, 20_000);
+      await proxy.waitFor(/listening on/, 20_000);
+      await other.waitFor(/listening on|floor listening/, 20_000);
+      return await compareBuilds(proxy.child.pid!, proxyPort, other.child.pid!, cmpPorts[0]!);
+    }
     await stub.waitFor(/stub listening/, 20_000);
     await proxy.waitFor(/listening on/, 20_000);
     const direct = new Pool(`http://127.0.0.1:${stubPort}`, { connections: 64 });
@@ -177,19 +203,49 @@ async function stubPart() {
     // The proxy process's CPU time per request in each proxy round: the figure that changes to
     // the per-request path move, less at the mercy of the machine's load than req/s.
     const proxyCpu: number[] = [];
+    // Its kernel share (system time: the socket syscalls, loopback TCP included) apart, since
+    // that part moves only with the number of reads and writes, not with the JavaScript.
+    const proxySys: number[] = [];
+    // Every process's CPU per request in both variants (client = this process, the stub, the
+    // proxy): with all of them CPU-bound on a small machine, proxy_rps / direct_rps is about
+    // (direct client + stub) / (proxied client + proxy + stub), so this says where it goes.
+    const cpu = { dClient: [] as number[], dStub: [] as number[], pClient: [] as number[], pStub: [] as number[] };
+    const total = (c: { user: number; system: number } | null) => (c ? c.user + c.system : NaN);
+    const clientCpu = () => {
+      const u = process.cpuUsage();
+      return u.user + u.system;
+    };
     for (let round = 0; round < 5; round++) {
+      let [s0, k0, n0] = [total(processCpu(stub.child.pid!)), clientCpu(), completed];
       dr.push(await throughput(d, conc, 2000));
-      const [c0, n0] = [processCpuUs(proxy.child.pid!), completed];
+      cpu.dStub.push((total(processCpu(stub.child.pid!)) - s0) / (completed - n0));
+      cpu.dClient.push((clientCpu() - k0) / (completed - n0));
+      const c0 = processCpu(proxy.child.pid!);
+      [s0, k0, n0] = [total(processCpu(stub.child.pid!)), clientCpu(), completed];
       pr.push(await throughput(p, conc, 2000));
-      const c1 = processCpuUs(proxy.child.pid!);
-      if (c0 !== null && c1 !== null) proxyCpu.push((c1 - c0) / (completed - n0));
+      const c1 = processCpu(proxy.child.pid!);
+      cpu.pStub.push((total(processCpu(stub.child.pid!)) - s0) / (completed - n0));
+      cpu.pClient.push((clientCpu() - k0) / (completed - n0));
+      if (c0 !== null && c1 !== null) {
+        proxyCpu.push((c1.user + c1.system - c0.user - c0.system) / (completed - n0));
+        proxySys.push((c1.system - c0.system) / (completed - n0));
+      }
     }
     const median = (a: number[]) => [...a].sort((x, y) => x - y)[a.length >> 1]!;
     const directRps = median(dr);
     const proxyRps = median(pr);
     console.log(`  rounds (req/s) direct ${dr.map((v) => v.toFixed(0)).join(' ')} | proxy ${pr.map((v) => v.toFixed(0)).join(' ')}`);
     const proxyCpuUs = proxyCpu.length ? median(proxyCpu) : NaN;
-    if (proxyCpu.length) console.log(`  proxy process CPU per request (µs, user + system): ${proxyCpu.map((v) => v.toFixed(0)).join(' ')}; median ${proxyCpuUs.toFixed(0)}`);
+    const proxySysUs = proxySys.length ? median(proxySys) : NaN;
+    if (proxyCpu.length) {
+      console.log(`  proxy process CPU per request (µs, user + system): ${proxyCpu.map((v) => v.toFixed(0)).join(' ')}; median ${proxyCpuUs.toFixed(0)}`);
+      console.log(`    of which system (kernel) time: ${proxySys.map((v) => v.toFixed(0)).join(' ')}; median ${proxySysUs.toFixed(0)}`);
+    }
+    const [dc, ds, pc, ps] = [median(cpu.dClient), median(cpu.dStub), median(cpu.pClient), median(cpu.pStub)];
+    if (proxyCpu.length && Number.isFinite(ds)) {
+      console.log(`  CPU per request (µs, medians): direct client ${dc.toFixed(0)} + stub ${ds.toFixed(0)} = ${(dc + ds).toFixed(0)}; ` +
+        `proxied client ${pc.toFixed(0)} + proxy ${proxyCpuUs.toFixed(0)} + stub ${ps.toFixed(0)} = ${(pc + proxyCpuUs + ps).toFixed(0)}; ratio ${((dc + ds) / (pc + proxyCpuUs + ps)).toFixed(2)}`);
+    }
     const ld = await latencies(d, 500);
     const lp = await latencies(p, 500);
     await direct.close();
@@ -198,6 +254,7 @@ async function stubPart() {
       directRps,
       proxyRps,
       proxyCpuUs,
+      proxySysUs,
       directP50: percentile(ld, 50),
       directP99: percentile(ld, 99),
       proxyP50: percentile(lp, 50),
@@ -205,9 +262,51 @@ async function stubPart() {
     };
   } finally {
     await stop(proxy.child);
+    if (other) await stop(other.child);
     await stop(stub.child);
   }
 }
+
+/**
+ * A/B of two proxy builds (`--compare-cli`): after 3,000 warm-up requests each, `rounds` pairs of
+ * 2-second rounds at concurrency 16, in alternating order (A B, B A, …), each proxy's CPU per
+ * request (/proc) and req/s per round; printed per round, as medians, and as the median of the
+ * per-pair ratios (B / A), which the load of the minute moves least. Exits the bench after.
+ */
+async function compareBuilds(pidA: number, portA: number, pidB: number, portB: number): Promise<never> {
+  const pools = [new Pool(`http://127.0.0.1:${portA}`, { connections: 64 }), new Pool(`http://127.0.0.1:${portB}`, { connections: 64 })];
+  const fns = pools.map((pool) => (i: number) => proxyOnce(pool, i));
+  const pids = [pidA, pidB];
+  for (const f of fns) await warmUp(f, 3000, 60_000);
+  const roundsAt = process.argv.indexOf('--rounds');
+  const rounds = roundsAt > 0 ? Number(process.argv[roundsAt + 1]) : 8;
+  const cpu: number[][] = [[], []];
+  const sys: number[][] = [[], []];
+  const rps: number[][] = [[], []];
+  for (let r = 0; r < rounds; r++) {
+    for (const k of r % 2 === 0 ? [0, 1] : [1, 0]) {
+      const [c0, n0] = [processCpu(pids[k]!), completed];
+      rps[k]!.push(await throughput(fns[k]!, 16, 2000));
+      const c1 = processCpu(pids[k]!)!;
+      cpu[k]!.push((c1.user + c1.system - c0!.user - c0!.system) / (completed - n0));
+      sys[k]!.push((c1.system - c0!.system) / (completed - n0));
+    }
+  }
+  const median = (a: number[]) => [...a].sort((x, y) => x - y)[a.length >> 1]!;
+  const fmt = (a: number[]) => a.map((v) => v.toFixed(0)).join(' ');
+  const ratios = cpu[1]!.map((b, i) => b / cpu[0]![i]!);
+  const b = process.argv.includes('--compare-floor') ? 'the floor reference, bench/_proxy_floor.ts' : '--compare-cli';
+  console.log(`A/B proxy builds, ${rounds} alternating pairs of 2-second rounds at concurrency 16 (A: this build, B: ${b})`);
+  console.log(`  A CPU µs/request ${fmt(cpu[0]!)}; median ${median(cpu[0]!).toFixed(0)} (system ${median(sys[0]!).toFixed(0)}); req/s median ${median(rps[0]!).toFixed(0)}`);
+  console.log(`  B CPU µs/request ${fmt(cpu[1]!)}; median ${median(cpu[1]!).toFixed(0)} (system ${median(sys[1]!).toFixed(0)}); req/s median ${median(rps[1]!).toFixed(0)}`);
+  const q = [...ratios].sort((x, y) => x - y);
+  console.log(`  B/A CPU per request, paired: median ${median(ratios).toFixed(2)} (min ${q[0]!.toFixed(2)}, max ${q[q.length - 1]!.toFixed(2)})`);
+  console.log(JSON.stringify({ bench: 'proxy', compare: true, a_cpu_us_per_req: Math.round(median(cpu[0]!)), b_cpu_us_per_req: Math.round(median(cpu[1]!)), b_over_a: Math.round(median(ratios) * 100) / 100, a_rps: Math.round(median(rps[0]!)), b_rps: Math.round(median(rps[1]!)) }));
+  for (const p of pools) await p.close();
+  throw new CompareDone();
+}
+
+class CompareDone extends Error {}
 
 async function realPart() {
   let offset = 0;
@@ -252,7 +351,13 @@ async function realPart() {
 async function main() {
   const r2 = (v: number) => Math.round(v * 100) / 100;
   console.log('proxy benchmark (a): proxy alone against a stub upstream (tokenize + prefill + streamed decode, fixed small payloads)');
-  const a = await stubPart();
+  let a;
+  try {
+    a = await stubPart();
+  } catch (e) {
+    if (e instanceof CompareDone) return; // --compare-cli printed its own figures
+    throw e;
+  }
   console.log(`  direct client doing the 3 calls itself: ${a.directRps.toFixed(0)} req/s at concurrency 16; latency p50 ${a.directP50.toFixed(2)} ms, p99 ${a.directP99.toFixed(2)} ms`);
   console.log(`  through the proxy:                      ${a.proxyRps.toFixed(0)} req/s at concurrency 16; latency p50 ${a.proxyP50.toFixed(2)} ms, p99 ${a.proxyP99.toFixed(2)} ms`);
   console.log(`  proxy/direct throughput ${(a.proxyRps / a.directRps).toFixed(2)} (target >= 0.7); added latency p50 ${(a.proxyP50 - a.directP50).toFixed(2)} ms (target <= 1), p99 ${(a.proxyP99 - a.directP99).toFixed(2)} ms`);
@@ -267,6 +372,7 @@ async function main() {
         overhead_p50_ms: r2(a.proxyP50 - a.directP50),
         overhead_p99_ms: r2(a.proxyP99 - a.directP99),
         proxy_cpu_us_per_req: Math.round(a.proxyCpuUs),
+        proxy_sys_us_per_req: Math.round(a.proxySysUs),
       }),
     );
     return;
@@ -283,13 +389,19 @@ async function main() {
       overhead_p50_ms: r2(a.proxyP50 - a.directP50),
       overhead_p99_ms: r2(a.proxyP99 - a.directP99),
       proxy_cpu_us_per_req: Math.round(a.proxyCpuUs),
+      proxy_sys_us_per_req: Math.round(a.proxySysUs),
       ttft_proxy_p50_ms: r2(b.proxyP50),
       ttft_direct_p50_ms: r2(b.directP50),
     }),
   );
 }
 
-if (process.argv[2] === '--stub-server') {
+if (process.argv[2] === '--floor-server') {
+  await startFloorProxy(Number(process.argv[3]), Number(process.argv[4]));
+  // Exit (not die) on SIGTERM, so a --cpu-prof of it is written.
+  process.once('SIGTERM', () => process.exit(0));
+  process.stdout.write('floor listening\n');
+} else if (process.argv[2] === '--stub-server') {
   // Child mode: serve the stub upstream until killed.
   const s = await startStubEngine('stub', Number(process.argv[3]));
   process.stdout.write(`stub listening ${s.port}\n`);

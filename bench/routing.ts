@@ -15,7 +15,9 @@
 // request sent to prefiller-0 whose 1,024-token prefix nobody holds; p2p_ttft_ms the TTFT of the
 // same prefix with another question sent to prefiller-1, which fetches the prefix's 4 chunks from
 // prefiller-0 over P2P (medians of 3 pairs, alternating). `--only p2p|rr|kv|skew-rr|skew-kv` runs
-// just that part (for diagnosis; each run prints where its prompt tokens came from, per engine).
+// just that part (for diagnosis; each run prints where its prompt tokens came from, per engine,
+// and how many copies of each prefix the deployment keeps). `--list-misses` also lists the
+// requests whose prefix no instance held when they were sent.
 // Ends with one JSON line (see the end of main()) and writes bench-results/routing/routing.svg.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
@@ -316,15 +318,56 @@ async function run(name: string, routing: string, w: ReturnType<typeof workload>
     for (const q of w.warmup) await ttftOf(d.proxy, q.prompt);
     const before = await counters(d);
     const t0 = performance.now();
+    // Every 2 s, where each tenant's whole prefix is held (the controller's index): how many
+    // copies the deployment keeps per prefix, and how often a prefix is held nowhere.
+    const copies = { samples: 0, copies: 0, nowhere: 0 };
+    let sampling = true;
+    const sampler = (async () => {
+      const c = new PrefixClient(d.controller, 1000);
+      try {
+        while (sampling) {
+          await new Promise((r) => setTimeout(r, 2000));
+          for (const p of w.prefixes) {
+            const held = await c.lookup(p).catch(() => null);
+            if (!held) continue;
+            const n = Object.values(held.instances).filter((t) => t >= PREFIX).length;
+            copies.samples++;
+            copies.copies += n;
+            if (n === 0) copies.nowhere++;
+          }
+        }
+      } finally {
+        await c.close();
+      }
+    })();
+    // --list-misses: before each request, ask the index whether anyone holds its tenant's prefix.
+    const probe = process.argv.includes('--list-misses') ? new PrefixClient(d.controller, 1000) : null;
+    const lastAt = new Map<number, number>();
+    const misses: string[] = [];
     const ttfts = await Promise.all(
-      w.reqs.map(async (q) => {
+      w.reqs.map(async (q, i) => {
         const wait = q.at - (performance.now() - t0);
         if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+        if (probe) {
+          const h = await probe.lookup(w.prefixes[q.tenant]!).catch(() => null);
+          const prev = lastAt.get(q.tenant);
+          lastAt.set(q.tenant, q.at);
+          if (h && Object.values(h.instances).every((t) => t === 0)) misses.push(`#${i} t${q.tenant} (its previous request: ${prev === undefined ? 'the warm-up' : `${((q.at - prev) / 1000).toFixed(1)} s earlier`})`);
+        }
         return ttftOf(d.proxy, q.prompt);
       }),
     );
+    if (probe) {
+      await probe.close();
+      console.log(`  prefix held nowhere when sent: ${misses.join(', ') || 'none'}`);
+    }
+    sampling = false;
+    await sampler;
     const after = await counters(d);
     breakdown(before, after, w.reqs.length);
+    if (copies.samples) {
+      console.log(`  copies per prefix (whole ${PREFIX} tokens, index every 2 s): mean ${(copies.copies / copies.samples).toFixed(2)}, held nowhere ${((100 * copies.nowhere) / copies.samples).toFixed(0)}% of ${copies.samples} samples`);
+    }
     // The tail that sets p90: which requests (index, tenant) were slowest.
     const slow = ttfts.map((ms, i) => ({ ms, i })).sort((a, b) => b.ms - a.ms).slice(0, Math.ceil(w.reqs.length / 8));
     console.log(`  slowest: ${slow.map((x) => `#${x.i} t${w.reqs[x.i]!.tenant} ${x.ms.toFixed(0)}ms`).join(', ')}`);

@@ -28,10 +28,12 @@ const HOSTS = { ctl: '10.0.0.1', p0: '10.0.0.2', p1: '10.0.0.2', d0: 'dec-0.exam
 const REDIS = 'redis://10.0.0.5:6379/0';
 const LIST = Object.entries(HOSTS).map(([k, v]) => `${k}=${v}`).join(',');
 
-function kvcUp(cwd: string, args: string[]): { status: number | null; stdout: string; stderr: string } {
-  // A fresh secret is generated (not one from the test's environment).
+function kvcUp(cwd: string, args: string[], nodeOptions?: string): { status: number | null; stdout: string; stderr: string } {
+  // A fresh secret is generated (not one from the test's environment); NODE_OPTIONS only as the test gives it.
   const env = { ...process.env };
   delete env.KVC_DEPLOYMENT_SECRET;
+  delete env.NODE_OPTIONS;
+  if (nodeOptions !== undefined) env.NODE_OPTIONS = nodeOptions;
   const r = spawnSync(process.execPath, [CLI, 'up', ...args], { cwd, encoding: 'utf8', timeout: 60_000, env });
   return { status: r.status, stdout: r.stdout, stderr: r.stderr };
 }
@@ -45,7 +47,7 @@ interface Printed {
 /** Runs one printed command line in a shell where `kvc` prints its arguments and environment as JSON. */
 function runPrinted(cwd: string, line: string): { args: string[]; env: Record<string, string> } {
   assert.ok(line.endsWith(' &'), `a host's commands run in the background: ${line}`);
-  const script = `kvc() { "${process.execPath}" -e 'process.stdout.write(JSON.stringify({args: process.argv.slice(1), env: {PYTHONHASHSEED: process.env.PYTHONHASHSEED, KVC_CONFIG_FILE: process.env.KVC_CONFIG_FILE}}))' -- "$@"; }\n${line.slice(0, -2)}\n`;
+  const script = `kvc() { "${process.execPath}" -e 'process.stdout.write(JSON.stringify({args: process.argv.slice(1), env: {PYTHONHASHSEED: process.env.PYTHONHASHSEED, KVC_CONFIG_FILE: process.env.KVC_CONFIG_FILE, NODE_OPTIONS: process.env.NODE_OPTIONS}}))' -- "$@"; }\n${line.slice(0, -2)}\n`;
   const r = spawnSync('sh', ['-c', script], { cwd, encoding: 'utf8', timeout: 30_000, env: { PATH: process.env.PATH } });
   assert.equal(r.status, 0, `the shell ran: ${line}\n${r.stderr}`);
   const j = JSON.parse(r.stdout) as { args: string[]; env: Record<string, string | undefined> };
@@ -118,6 +120,8 @@ describe('kvc up --config-only --hosts', () => {
       { controller: HOSTS.ctl, proxy: HOSTS.ctl, p0: HOSTS.p0, p1: HOSTS.p1, d0: HOSTS.d0, d1: HOSTS.d1 },
       'each process on the host the list gives it (the proxy on the controller\'s)',
     );
+    // The controller with the young-generation flag `kvc up` gives it (src/common/young_gen.ts), the others without.
+    for (const [n, c] of byName) assert.equal(c.env.NODE_OPTIONS, n === 'controller' ? '--max-semi-space-size=1' : undefined, `${n}: NODE_OPTIONS`);
     assert.equal(r.stdout.split('\n').filter((l) => l.startsWith('# host ')).length, 4, 'one group per host (two prefillers share one)');
 
     const secret = join(cwd, 'conf', 'deployment.secret');
@@ -209,5 +213,31 @@ describe('kvc up --config-only --hosts', () => {
     const notConfigOnly = kvcUp(cwd, ['--hosts', 'ctl=10.0.0.1,p0=10.0.0.2,d0=10.0.0.3', '--log-dir', 'conf-bad']);
     assert.equal(notConfigOnly.status, 2);
     assert.match(notConfigOnly.stderr, /--hosts: kvc up starts processes on this machine only; with --hosts add --config-only/);
+  });
+});
+
+describe('kvc up --config-only (one machine)', () => {
+  // The printed controller command runs it as `kvc up` spawns it: with the young-generation flag
+  // (src/common/young_gen.ts) in NODE_OPTIONS, the user's own NODE_OPTIONS kept, none added when
+  // theirs sizes the heap.
+  const cwd = tempDir('kvc-config-only-');
+  const controllerLine = (nodeOptions?: string) => {
+    const r = kvcUp(cwd, ['--config-only', '--log-dir', 'conf'], nodeOptions);
+    assert.equal(r.status, 0, r.stderr);
+    const lines = r.stdout.split('\n').filter((l) => / kvc (?:controller|engine|proxy) /.test(l));
+    // The last (the proxy) runs in the foreground; the others in the background.
+    const run = lines.map((l) => runPrinted(cwd, l.endsWith(' &') ? l : `${l} &`));
+    assert.deepEqual(run.map((c) => c.args[0]), ['controller', 'engine', 'engine', 'proxy'], r.stdout);
+    return run;
+  };
+  it('the controller with --max-semi-space-size=1 in NODE_OPTIONS, the engines and the proxy without', () => {
+    const [ctl, ...others] = controllerLine();
+    assert.equal(ctl!.env.NODE_OPTIONS, '--max-semi-space-size=1');
+    for (const o of others) assert.equal(o.env.NODE_OPTIONS, undefined, o.args[0]);
+    checkArgs(cliProgram(), ctl!.args, 'controller');
+  });
+  it("the user's NODE_OPTIONS kept; nothing added when it sizes the heap", () => {
+    assert.equal(controllerLine('--enable-source-maps')[0]!.env.NODE_OPTIONS, '--enable-source-maps --max-semi-space-size=1');
+    assert.equal(controllerLine('--max-semi-space-size=8')[0]!.env.NODE_OPTIONS, undefined, 'the printed line leaves NODE_OPTIONS to the shell');
   });
 });

@@ -41,6 +41,17 @@ describe('Kubernetes manifests', () => {
     for (const [rel, text] of want) assert.equal(readFileSync(join(ROOT, 'k8s', rel), 'utf8'), text, `k8s/${rel} is stale: run npm run k8s`);
   });
 
+  it('the controller container runs with the young-generation flag `kvc up` gives it (NODE_OPTIONS), the others without', () => {
+    const docs = parseAllDocuments(k8sManifests().get('base/controller.yaml')!).map((d) => d.toJS() as any);
+    const sts = docs.find((d) => d.kind === 'StatefulSet');
+    const env = sts.spec.template.spec.containers[0].env as { name: string; value?: string }[];
+    assert.equal(env.find((e) => e.name === 'NODE_OPTIONS')?.value, '--max-semi-space-size=1');
+    for (const [rel, text] of k8sManifests()) {
+      if (rel === 'base/controller.yaml') continue;
+      assert.doesNotMatch(text, /NODE_OPTIONS/, `${rel}: only the controller sizes its young generation`);
+    }
+  });
+
   for (const overlay of OVERLAYS) {
     it(`overlay ${overlay.name} renders and every container runs a real kvc command with valid configuration`, { skip: which('kubectl') ? false : KUBECTL_SKIP }, () => {
       const r = spawnSync('kubectl', ['kustomize', join(ROOT, 'k8s', 'overlays', overlay.name)], { encoding: 'utf8', timeout: 60_000 });

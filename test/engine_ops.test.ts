@@ -166,3 +166,43 @@ test('softmax with extreme scores (exp underflow, equal maxima, large magnitudes
     g.close();
   }
 });
+
+test('fused gate|up + SwiGLU (matmulSwiglu): WASM equals the JS product then SwiGLU bitwise, fused and not, one and two threads', async () => {
+  const js = new JsGemm();
+  for (const threads of [1, 2] as const) {
+    const g = await WasmGemm.create({ threads, fma: js.fma });
+    try {
+      // hidden 48 (96 rows: packed for the fused kernel), 40 (80 rows: not a whole number of
+      // strips, so the product then SwiGLU) and 1408 with K 256 (large enough to be shared with
+      // the worker); gate values up to ±12 reach both branches of the logistic function.
+      for (const [hidden, K] of [[48, 64], [40, 64], [1408, 256]] as const) {
+        const w = rand(2 * hidden * K, 11 + hidden, 0.5);
+        const wj = js.upload(w, 2 * hidden, K, { glu: true });
+        const wf = g.upload(w, 2 * hidden, K, { glu: true });
+        assert.equal(wf.glu, (2 * hidden) % 32 === 0, `hidden ${hidden}: fused layout only for whole strips`);
+        if (wf.glu) assert.throws(() => g.matmul(wf, new Float32Array(K), 1, new Float32Array(2 * hidden)), /matmulSwiglu/);
+        for (const rows of [1, 3, 4, 9, 70]) {
+          const a = rand(rows * K, rows * 31 + hidden, 3);
+          const want = new Float32Array(rows * hidden);
+          js.matmulSwiglu(wj, a, rows, new Float32Array(rows * 2 * hidden), want);
+          const ref = new Float32Array(rows * 2 * hidden);
+          js.matmul(wj, a, rows, ref);
+          const sw = new Float32Array(rows * hidden);
+          swigluJs(ref, rows, hidden, sw);
+          sameBits(want, sw, 'JS matmulSwiglu = matmul then swigluJs');
+          // plain arrays in and out
+          const got = new Float32Array(rows * hidden);
+          g.matmulSwiglu(wf, a, rows, new Float32Array(rows * 2 * hidden), got);
+          sameBits(got, want, `threads ${threads} hidden ${hidden} rows ${rows} (plain arrays)`);
+          // activation buffers in kernel memory, read and written in place
+          const out = g.activation(3, rows * hidden);
+          out.fill(NaN);
+          g.matmulSwiglu(wf, inKernel(g, 1, a), rows, g.activation(2, rows * 2 * hidden), out);
+          sameBits(out, want, `threads ${threads} hidden ${hidden} rows ${rows} (kernel memory)`);
+        }
+      }
+    } finally {
+      g.close();
+    }
+  }
+});

@@ -10,7 +10,8 @@ import { spawn } from 'node:child_process';
 import { freePortRange } from '../src/common/ports.js';
 import { ProxyServer } from '../src/proxy/server.js';
 import { Backend, RoundRobin } from '../src/proxy/backend.js';
-import { FirstContent } from '../src/proxy/flow.js';
+import { FirstContent, prefillBody } from '../src/proxy/flow.js';
+import { secondsFlag } from '../src/cli/options.js';
 import { parseTopology, pairEndpoints, TopologyError } from '../src/proxy/topology.js';
 import { CLI } from './helpers/proc.js';
 import { formatStatsLine, percentile, summarize, TtftStats } from '../src/proxy/stats.js';
@@ -119,6 +120,29 @@ describe('first content event', () => {
     const f = new FirstContent();
     assert.equal(f.feed(Buffer.concat([ev({ choices: [{ text: '' }] }), Buffer.from('data: [DONE]\n\n')])), false);
     assert.equal(f.feed(ev({ choices: [{ text: 'x' }] })), true);
+  });
+});
+
+describe('seconds flags', () => {
+  test('a number of seconds longer than a timer can wait is refused, naming the flag (it would fire after 1 ms)', () => {
+    assert.equal(secondsFlag('--health-interval', '2'), 2000);
+    assert.equal(secondsFlag('--health-interval', '2147483'), 2_147_483_000);
+    assert.throws(() => secondsFlag('--health-interval', '3600000'), /--health-interval: expected a number of seconds > 0 and <= 2147483, found "3600000"/);
+    assert.throws(() => secondsFlag('--idle-timeout', '0'), /--idle-timeout/);
+  });
+});
+
+describe('prefill body', () => {
+  test("keeps the client's fields, leaves out the answer-shape ones, asks for one token, and leaves the client's body as it was", () => {
+    const client = JSON.parse(
+      '{"model":"m","prompt":"p","temperature":0.5,"max_tokens":9,"stream":true,"n":1,"stream_options":{"include_usage":true},"max_completion_tokens":9,' +
+        '"best_of":2,"min_tokens":3,"echo":true,"logprobs":2,"top_logprobs":2,"kv_transfer_params":{"evil":true},"seed":7}',
+    ) as Record<string, unknown>;
+    const before = JSON.stringify(client);
+    const pb = prefillBody(client);
+    assert.deepEqual(pb, { model: 'm', prompt: 'p', temperature: 0.5, seed: 7, max_tokens: 1, stream: false, n: 1 });
+    assert.equal(JSON.stringify(client), before);
+    assert.notEqual(pb, client);
   });
 });
 

@@ -111,6 +111,32 @@ test('LocalCPUBackend pool: empty when idle, grows on demand, recycles freed buf
   assert.equal((await cpu.get(keyOf(29)))![HEADER_BYTES], 29, 'recycled buffers hold the new bytes');
 });
 
+test('a chunk admitted evict-first is evicted before every recent one, keeps its place when stored again, and turns recent once read', async () => {
+  const cap = 6 * 36 * 1024; // six chunks
+  for (const kind of ['cpu', 'disk'] as const) {
+    const store = await KvcStore.create(
+      kind === 'cpu'
+        ? { local_cpu: true, max_local_cpu_size: gib(cap), max_local_disk_size: 0, local_disk: null }
+        : { local_cpu: false, max_local_cpu_size: 0, max_local_disk_size: gib(cap), local_disk: tempDir('kvc-cold-') },
+    );
+    const evicted: string[] = [];
+    store.on('evict', (e) => evicted.push(...e.keys));
+    const own = [keyOf(1), keyOf(2), keyOf(3)];
+    const copy = [keyOf(4), keyOf(5), keyOf(6)];
+    for (const [i, k] of own.entries()) await store.put(k, makeChunk(k, i));
+    // A copy stored after the engine's own chunks (plain LRU would evict `own` first).
+    for (const [i, k] of copy.entries()) await store.put(k, makeChunk(k, 10 + i), undefined, { evictFirst: true });
+    store.touchPrefix(copy); // not a read: the copy stays cold, ordered head-last among the cold ones
+    await store.put(keyOf(4), makeChunk(keyOf(4), 10), undefined, { evictFirst: true }); // already held: keeps its place
+    await store.get(keyOf(6)); // a read: keyOf(6) is now the most recently used
+    for (const [i, k] of [keyOf(7), keyOf(8), keyOf(9)].entries()) await store.put(k, makeChunk(k, 20 + i));
+    assert.deepEqual(evicted, [keyOf(5), keyOf(4), keyOf(1)], `${kind}: the cold copy first (tail first), then plain LRU`);
+    assert.ok(store.has(keyOf(6)) && store.has(keyOf(2)) && store.has(keyOf(3)), `${kind}: the read copy and the rest stay`);
+    assert.equal(store.stats()[0]!.chunks, 6, `${kind}: counted in both segments`);
+    await store.close();
+  }
+});
+
 test('a put whose chunk header does not carry its key is refused, in every location and in the store', async () => {
   const good = makeChunk(keyOf(1), 1);
   const wrongKey = makeChunk(keyOf(2), 2);

@@ -232,3 +232,45 @@ test('readDirect: a real connection read into the parser delivers frames intact,
   assert.deepEqual([got[3]!.type, got[3]!.meta], [FrameType.Cancel, { session: 's', req_id: 'z' }]);
   assert.match(errors[0] ?? '', /bad frame magic/);
 });
+
+test('slot pool: chunks of every length up to a full chunk use the arenas prepared at start (one per power of two), in disjoint slots', () => {
+  // A receiver's chunks: full ones and a last, partial one of any length (here 2,048 bytes per
+  // token, 256-token chunks, a 64-byte header). Before, each distinct length made its own arena.
+  const full = 64 + 256 * 2048;
+  const pool = new SlotArenaPool(128 << 20);
+  pool.prepare(full);
+  const prepared = pool.allocations;
+  assert.equal(prepared, 9, 'slot sizes 4 KiB .. 1 MiB');
+  // Up to 32 requests in flight, each holding a chunk: lengths 1..256 tokens in turn.
+  const held: { n: number; s: Uint8Array }[] = [];
+  const check = (h: { n: number; s: Uint8Array }) => assert.ok(h.s.every((x) => x === h.n % 251), `slot of ${h.n} tokens kept its bytes`);
+  for (let n = 1; n <= 256; n++) {
+    const bytes = 64 + n * 2048;
+    const s = pool.acquire(bytes)!;
+    assert.equal(s.byteLength, Math.ceil(bytes / 4096) * 4096, 'a slot is a view of its size class');
+    assert.equal(s.byteOffset % 4096, 0);
+    s.fill(n % 251);
+    held.push({ n, s });
+    if (held.length > 32) {
+      const old = held.shift()!;
+      check(old);
+      pool.release(old.s);
+    }
+  }
+  assert.equal(pool.allocations, prepared, 'no arena created while serving');
+  held.forEach(check);
+  assert.equal(pool.inUseBytes, held.reduce((a, h) => a + h.s.byteLength, 0), 'the budget counts size classes');
+  assert.ok(pool.heldBytes >= pool.inUseBytes, 'held memory: whole slots');
+  for (const h of held) pool.release(h.s);
+  assert.equal(pool.inUseBytes, 0);
+  const again = pool.acquire(full)!;
+  assert.equal(pool.allocations, prepared, 'a warm slot is reused');
+  pool.release(again);
+  // Idle: the used arenas go back, and fresh ones of the prepared sizes replace them at once.
+  pool.trim();
+  assert.equal(pool.heldBytes, 0);
+  const afterTrim = pool.allocations;
+  assert.ok(afterTrim > prepared, 'used arenas were replaced');
+  for (const n of [1, 100, 256]) pool.release(pool.acquire(64 + n * 2048)!);
+  assert.equal(pool.allocations, afterTrim, 'no arena created by the next transfer');
+});

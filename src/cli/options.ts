@@ -24,10 +24,15 @@ export function portFlag(flag: string, v: string): number {
   return intFlag(flag, v, 1, 65535);
 }
 
-/** A number of seconds > 0, returned in milliseconds. */
+/** The longest delay Node's timers take (2^31 - 1 ms, ~24.8 days): a longer one fires after 1 ms. */
+export const MAX_TIMER_SECONDS = 2_147_483;
+
+/** A number of seconds > 0 that a timer can wait (≤ MAX_TIMER_SECONDS), returned in milliseconds. */
 export function secondsFlag(flag: string, v: string): number {
   const n = Number(v);
-  if (v.trim() === '' || !Number.isFinite(n) || n <= 0) throw new Error(`${flag}: expected a number of seconds > 0, found "${v}"`);
+  if (v.trim() === '' || !Number.isFinite(n) || n <= 0 || n > MAX_TIMER_SECONDS) {
+    throw new Error(`${flag}: expected a number of seconds > 0 and <= ${MAX_TIMER_SECONDS}, found "${v}"`);
+  }
   return Math.round(n * 1000);
 }
 

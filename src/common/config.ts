@@ -219,6 +219,12 @@ export const connectorConfigSchema = z.strictObject({
       discard_partial_chunks: z.boolean().default(false),
       kvc_rpc_port: z.string().min(1).optional(),
       skip_last_n_tokens: z.number().int('expected an integer').min(0).default(0),
+      // How copies of chunks a peer holds (received by xfer, fetched by P2P) enter the CPU tier;
+      // unset: evict_first when the engine fetches by P2P (it can get them again), else recent.
+      peer_copy_admission: z.enum(['evict_first', 'recent']).optional(),
+      // How the prompt's partial last chunk (kept unless discard_partial_chunks) is admitted;
+      // unset: evict_first.
+      partial_chunk_admission: z.enum(['evict_first', 'recent']).optional(),
     })
     .default({ discard_partial_chunks: false, skip_last_n_tokens: 0 }),
 });
@@ -265,4 +271,4 @@ export function parseConnectorConfig(json: string, source = '--kv-transfer-confi
   return { config: r.data, warnings: [], notes };
 }
 
-const EXTRA_KEYS = ['discard_partial_chunks', 'kvc_rpc_port', 'skip_last_n_tokens'];
+const EXTRA_KEYS = ['discard_partial_chunks', 'kvc_rpc_port', 'skip_last_n_tokens', 'peer_copy_admission', 'partial_chunk_admission'];

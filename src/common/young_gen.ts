@@ -21,3 +21,15 @@ export function controllerNodeArgs(nodeOptions: string | undefined): string[] {
   if (nodeOptions && /--(?:min-semi-space-size|max-semi-space-size|max-heap-size)\b/.test(nodeOptions)) return [];
   return [`--max-semi-space-size=${CONTROLLER_SEMI_SPACE_MIB}`];
 }
+
+/**
+ * The same flags as a NODE_OPTIONS value, for a controller not spawned by `kvc up` (the printed
+ * by-hand commands of `kvc up --config-only`, the Kubernetes container): the user's NODE_OPTIONS
+ * kept, the young-generation flag appended. Undefined when there is nothing to add (their
+ * NODE_OPTIONS sizes the heap, so the command runs with it unchanged).
+ */
+export function controllerNodeOptions(nodeOptions: string | undefined): string | undefined {
+  const add = controllerNodeArgs(nodeOptions);
+  if (add.length === 0) return undefined;
+  return [nodeOptions?.trim(), ...add].filter((s) => s).join(' ');
+}

@@ -18,6 +18,7 @@
 // engines' Services. Every engine, prefiller and decoder, shares the Redis remote tier.
 import { stringify } from 'yaml';
 import { REDIS_SERVER_SETTINGS } from '../common/remote_url.js';
+import { controllerNodeOptions } from '../common/young_gen.js';
 import { connectorJson, controllerArgs, engineArgs, makePlan, proxyArgs, type EngineSpec, type Plan } from './plan.js';
 import type { Placement } from './placement.js';
 
@@ -184,7 +185,11 @@ function controllerDocs(plan: Plan): unknown[] {
     { name: 'http', port: c.port },
     { name: 'monitor', port: c.monitorPort },
   ];
-  return [headlessService('controller', 'controller', ports), statefulSet('controller', 'controller', kvcContainer('controller', args, ports, '/healthz', {}, false), false)];
+  // Its young generation sized as `kvc up` sizes it (src/common/young_gen.ts): the image's
+  // entrypoint is `kvc`, a node script, so the flag goes in NODE_OPTIONS.
+  const nodeOptions = controllerNodeOptions(undefined);
+  const env: Record<string, string> = nodeOptions ? { NODE_OPTIONS: nodeOptions } : {};
+  return [headlessService('controller', 'controller', ports), statefulSet('controller', 'controller', kvcContainer('controller', args, ports, '/healthz', env, false), false)];
 }
 
 function proxyDocs(plan: Plan): unknown[] {

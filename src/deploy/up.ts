@@ -21,7 +21,7 @@ import { DEFAULT_RESTART, superviseRestarts, type RestartPolicy } from './restar
 import { Child, StartError } from './supervisor.js';
 import { generateSecret, loadDeploymentSecret } from '../common/auth.js';
 import { isWildcardHost, urlHost } from '../common/address.js';
-import { controllerNodeArgs } from '../common/young_gen.js';
+import { controllerNodeArgs, controllerNodeOptions } from '../common/young_gen.js';
 
 export interface UpOptions extends PlanOptions {
   /** How processes that die are restarted (default DEFAULT_RESTART). */
@@ -64,10 +64,20 @@ function engineCommand(plan: Plan, e: EngineSpec, configDir: string): string {
   return `PYTHONHASHSEED=0 KVC_CONFIG_FILE=${shQuote(join(configDir, `${e.name}.yaml`))} kvc ${quoted.join(' ')}`;
 }
 
+/**
+ * The controller's by-hand command: with the young-generation flag `kvc up` gives it
+ * (src/common/young_gen.ts) as NODE_OPTIONS, since `kvc` is a node script that takes no node flags.
+ * nodeOptions is the user's NODE_OPTIONS, kept in the value (they would be replaced otherwise).
+ */
+export function controllerCommand(plan: Plan, nodeOptions: string | undefined): string {
+  const opts = controllerNodeOptions(nodeOptions);
+  return `${opts ? `NODE_OPTIONS=${shQuote(opts)} ` : ''}PYTHONHASHSEED=0 kvc ${controllerArgs(plan).map(shQuote).join(' ')}`;
+}
+
 /** The by-hand commands equivalent to `kvc up` (also used by the examples' READMEs). */
-export function handCommands(plan: Plan, configDir: string): string[] {
+export function handCommands(plan: Plan, configDir: string, nodeOptions: string | undefined): string[] {
   const lines: string[] = [];
-  if (plan.controller) lines.push(`PYTHONHASHSEED=0 kvc ${controllerArgs(plan).map(shQuote).join(' ')} &`);
+  if (plan.controller) lines.push(`${controllerCommand(plan, nodeOptions)} &`);
   for (const e of plan.engines) lines.push(`${engineCommand(plan, e, configDir)} &`);
   lines.push(`PYTHONHASHSEED=0 kvc ${proxyArgs(plan).map(shQuote).join(' ')}`);
   return lines;
@@ -78,7 +88,7 @@ export function handCommands(plan: Plan, configDir: string): string[] {
  * comment line, then that host's commands (each in the background). Every process retries
  * what it needs (engines re-register, the proxy probes the engines), so hosts may start in any order.
  */
-export function hostCommands(plan: Plan, configDir: string): string[] {
+export function hostCommands(plan: Plan, configDir: string, nodeOptions: string | undefined): string[] {
   const byHost = new Map<string, { names: string[]; lines: string[] }>();
   const add = (host: string, name: string, line: string) => {
     const h = byHost.get(host) ?? { names: [], lines: [] };
@@ -86,7 +96,7 @@ export function hostCommands(plan: Plan, configDir: string): string[] {
     h.names.push(name);
     h.lines.push(`${line} &`);
   };
-  if (plan.controller) add(plan.controller.advertiseHost, 'controller', `PYTHONHASHSEED=0 kvc ${controllerArgs(plan).map(shQuote).join(' ')}`);
+  if (plan.controller) add(plan.controller.advertiseHost, 'controller', controllerCommand(plan, nodeOptions));
   for (const e of plan.engines) add(e.advertiseHost, e.name, engineCommand(plan, e, configDir));
   add(plan.proxy.advertiseHost, 'proxy', `PYTHONHASHSEED=0 kvc ${proxyArgs(plan).map(shQuote).join(' ')}`);
   const out: string[] = [];
@@ -128,14 +138,14 @@ export async function runUp(o: UpOptions): Promise<number> {
     out(`# kvc up --config-only: ${plan.engines.length} engine(s) on ${hosts.size} host(s); wrote ${plan.engines.length * 2} configuration files and deployment.secret (mode 0600) to ${logDir}`);
     out(`# Copy ${dir}/ to every host (keep it private: it holds the deployment secret) and run that host's commands from the directory that contains it.`);
     out(`# Every process binds ${o.bindAddresses ? 'its host\'s address' : o.host} and advertises its host's address; open these ports between the hosts: ${[...new Set(plan.ports.map((p) => p.port))].sort((a, b) => a - b).join(' ')}.`);
-    for (const l of hostCommands(plan, dir)) out(l);
+    for (const l of hostCommands(plan, dir, process.env.NODE_OPTIONS)) out(l);
     return 0;
   }
   const plan = makePlan(o);
   if (o.configOnly) {
     writeConfigs(plan, logDir);
     out(`wrote ${plan.engines.length * 2} configuration files to ${logDir}`);
-    for (const l of handCommands(plan, logDir)) out(l);
+    for (const l of handCommands(plan, logDir, process.env.NODE_OPTIONS)) out(l);
     return 0;
   }
   const taken = await takenPorts(plan);

@@ -9,6 +9,11 @@
 //  after prefill   chunks the store does not hold yet are exported from the paged KV, sealed
 //                  and stored (the partial last chunk too, unless discard_partial_chunks);
 //                  kv_producer also hands every chunk to the transfer plugin.
+//  admission       a copy of what a peer holds (received by xfer, fetched by P2P) and the
+//                  partial last chunk are stored evict-first (peer_copy_admission,
+//                  partial_chunk_admission; docs/storage.md): they take free room but never
+//                  push out a chunk this engine computed or reused, until a later request
+//                  reads them from this cache.
 //
 // Every loaded chunk is verified (checksum, key, layout, token count) before it is used: a
 // bad chunk ends the loaded prefix and the rest is computed, never served wrong.
@@ -95,6 +100,10 @@ export class KvcConnectorV1 {
   readonly chunkSize: number;
   readonly discardPartial: boolean;
   readonly skipLastN: number;
+  /** Copies of chunks a peer holds are admitted evict-first (peer_copy_admission). */
+  readonly peerCopyEvictFirst: boolean;
+  /** The partial last chunk is admitted evict-first (partial_chunk_admission). */
+  readonly partialEvictFirst: boolean;
   readonly store: KvcStore;
   readonly transfer: KvTransferPlugin | null;
   private readonly loadTimeoutMs: number;
@@ -105,6 +114,10 @@ export class KvcConnectorV1 {
     this.chunkSize = o.cacheConfig.chunk_size;
     this.discardPartial = o.config.kv_connector_extra_config.discard_partial_chunks;
     this.skipLastN = o.config.kv_connector_extra_config.skip_last_n_tokens;
+    const extra = o.config.kv_connector_extra_config;
+    // Unset: evict-first only when this engine can fetch the copy back from its holder (P2P).
+    this.peerCopyEvictFirst = (extra.peer_copy_admission ?? (o.p2p ? 'evict_first' : 'recent')) === 'evict_first';
+    this.partialEvictFirst = (extra.partial_chunk_admission ?? 'evict_first') === 'evict_first';
     this.store = o.store;
     this.transfer = o.transfer;
     this.loadTimeoutMs = o.loadTimeoutMs ?? LOAD_TIMEOUT_MS;
@@ -147,12 +160,20 @@ export class KvcConnectorV1 {
     }
   }
 
+  /** A prompt's partial last chunk (fewer tokens than a chunk): reused only by the same prompt again. */
+  private partial(span: ChunkSpan): boolean {
+    return span.end - span.start < this.chunkSize;
+  }
+
   /** Stores a received, verified chunk (the store copies it before put() resolves); a failure is logged, save() retries it. */
-  private async keepReceived(req: ConnectorRequest, key: string, chunk: Uint8Array): Promise<void> {
+  private async keepReceived(req: ConnectorRequest, span: ChunkSpan, chunk: Uint8Array): Promise<void> {
     const m = this.o.metrics;
+    const key = span.key;
     const t0 = performance.now();
+    // The prefiller that sent it keeps its own copy (with P2P, fetchable again).
+    const evictFirst = this.peerCopyEvictFirst || (this.partialEvictFirst && this.partial(span));
     try {
-      await withTimeout(this.store.put(key, chunk), this.loadTimeoutMs, `storing received chunk ${key}`);
+      await withTimeout(this.store.put(key, chunk, undefined, { evictFirst }), this.loadTimeoutMs, `storing received chunk ${key}`);
       m.chunksSaved.inc();
       m.cacheStoredBytes.inc(chunk.byteLength);
       m.cacheStoreSeconds.observe((performance.now() - t0) / 1000);
@@ -227,13 +248,15 @@ export class KvcConnectorV1 {
             // Keep the verified chunk as it arrived, now, inside this import slice: otherwise
             // save() exports and re-seals the whole received prompt from the paged KV in the
             // step that computes its last token, which every decoding sequence waits for.
-            if (payload && canQuery && !this.store.has(span.key)) await this.keepReceived(req, span.key, buf);
+            if (payload && canQuery && !this.store.has(span.key)) await this.keepReceived(req, span, buf);
           }
         }
         if (!payload) {
-          // The CPU tier can be read in place: the import below copies synchronously.
+          // The CPU tier can be read in place: the import below copies synchronously. Chunks
+          // fetched for this request are used as fetched: reading them from the CPU tier would
+          // count as a reuse and lift a copy admitted evict-first out of the cold end.
           const t0 = performance.now();
-          const peeked = this.store.cpu()?.peek(span.key) ?? null;
+          const peeked = fetched?.get(span.key) ?? this.store.cpu()?.peek(span.key) ?? null;
           let buf = peeked ?? (this.store.has(span.key) ? await withTimeout(this.store.get(span.key), this.loadTimeoutMs, `reading chunk ${span.key}`) : null);
           if (!buf && (this.store.remote || p2p) && fetched === null) {
             const want = spans.slice(i).filter((s) => s.start < maxLoad).map((s) => s.key);
@@ -243,7 +266,7 @@ export class KvcConnectorV1 {
             let have = 0;
             while (have < want.length && fetched.has(want[have]!)) have++;
             if (p2p && have < want.length && !req.cancelled()) {
-              for (const [k, v] of await p2p.fetch(want.slice(have))) fetched.set(k, v);
+              for (const [k, v] of await p2p.fetch(want.slice(have), { evictFirst: this.peerCopyEvictFirst })) fetched.set(k, v);
             }
           }
           buf ??= fetched?.get(span.key) ?? null;
@@ -309,6 +332,8 @@ export class KvcConnectorV1 {
     const wantSend = this.role === 'kv_producer' && !!this.transfer?.send && req.kvTransferParams?.disagg_spec !== undefined;
     const sealed: SealedChunk[] = [];
     const toStore: SealedChunk[] = [];
+    /** Stored evict-first: the partial last chunk (partial_chunk_admission). */
+    const coldKeys = new Set<string>();
     try {
       for (const span of spans) {
         const stored = canStore && this.store.has(span.key);
@@ -320,6 +345,7 @@ export class KvcConnectorV1 {
         const c: SealedChunk = { key: span.key, start: span.start, end: span.end, chunk: sealChunk(buf, this.o.layout, n, span.key) };
         if (wantSend) sealed.push(c);
         if (canStore && !stored) toStore.push(c);
+        if (canStore && !stored && this.partialEvictFirst && this.partial(span)) coldKeys.add(span.key);
       }
     } catch (e) {
       log.warn(`request ${req.requestId}: exporting KV failed: ${(e as Error).message}`);
@@ -330,7 +356,7 @@ export class KvcConnectorV1 {
       for (const c of toStore) {
         const t0 = performance.now();
         try {
-          await this.store.put(c.key, c.chunk);
+          await this.store.put(c.key, c.chunk, undefined, { evictFirst: coldKeys.has(c.key) });
           m.chunksSaved.inc();
           m.cacheStoredBytes.inc(c.chunk.byteLength);
           m.cacheStoreSeconds.observe((performance.now() - t0) / 1000);
@@ -340,7 +366,8 @@ export class KvcConnectorV1 {
         }
       }
       // Stored in prompt order, the head is the oldest: make it the newest, so this prompt is
-      // evicted from its tail (the head keeps serving every prompt that shares it).
+      // evicted from its tail (the head keeps serving every prompt that shares it). Chunks
+      // admitted evict-first stay at the cold end (LruIndex.touchHeadLast skips them).
       if (canStore) this.store.touchPrefix(spans.map((s) => s.key));
     })();
     let sending: Promise<Record<string, unknown> | undefined> = Promise.resolve(undefined);

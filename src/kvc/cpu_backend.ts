@@ -6,7 +6,7 @@ import { checkChunkFor } from '../common/chunk.js';
 import type { ChunkKey } from '../common/keys.js';
 import { BufferPool, sizeClass } from '../common/buffer_pool.js';
 import { LruIndex, type Entry } from './lru_index.js';
-import { StoreFullError, type BackendStats, type StorageBackend } from './types.js';
+import { StoreFullError, type BackendStats, type PutOptions, type StorageBackend } from './types.js';
 
 interface CpuEntry extends Entry {
   /** The pooled buffer (size class); the chunk occupies its first `length` bytes. */
@@ -40,18 +40,21 @@ export class LocalCPUBackend implements StorageBackend {
     return e ? e.buf.subarray(0, e.length) : null;
   }
 
-  async put(key: ChunkKey, chunk: Uint8Array): Promise<ChunkKey[]> {
-    return this.putSync(key, chunk);
+  async put(key: ChunkKey, chunk: Uint8Array, opts: PutOptions = {}): Promise<ChunkKey[]> {
+    return this.putSync(key, chunk, opts);
   }
 
   /**
    * Stores a copy of `chunk` under `key` and returns the keys evicted to make room.
    * The chunk's header must carry `key` (ChunkFormatError otherwise: a chunk filed under another
-   * prefix's key would be served for the wrong prompt).
+   * prefix's key would be served for the wrong prompt). With `evictFirst` the chunk is admitted
+   * at the cold end (LruIndex): the next victim until a read uses it; a chunk already held keeps
+   * its place then.
    */
-  putSync(key: ChunkKey, chunk: Uint8Array): ChunkKey[] {
+  putSync(key: ChunkKey, chunk: Uint8Array, opts: PutOptions = {}): ChunkKey[] {
     checkChunkFor(chunk, key);
-    if (this.index.touch(key)) return []; // same key ⇒ same prefix ⇒ same bytes
+    // same key ⇒ same prefix ⇒ same bytes
+    if (opts.evictFirst ? this.index.get(key) : this.index.touch(key)) return [];
     const cls = sizeClass(chunk.byteLength);
     if (cls > this.capacityBytes) {
       throw new StoreFullError(`chunk ${key} (${chunk.byteLength} bytes) is larger than LocalCPUBackend capacity (${this.capacityBytes} bytes)`);
@@ -68,7 +71,7 @@ export class LocalCPUBackend implements StorageBackend {
     // already gone, so the error carries them for the store to report.
     if (!buf) throw new StoreFullError(`LocalCPUBackend could not allocate ${cls} bytes within its budget`, victims);
     buf.set(chunk, 0);
-    this.index.add(key, { buf, length: chunk.byteLength, bytes: cls, pinned: false });
+    this.index.add(key, { buf, length: chunk.byteLength, bytes: cls, pinned: false }, opts);
     return victims;
   }
 
@@ -91,6 +94,16 @@ export class LocalCPUBackend implements StorageBackend {
 
   touchPrefix(keys: readonly ChunkKey[]): void {
     this.index.touchHeadLast(keys);
+  }
+
+  /** Chunks admitted evict-first and not read since (for metrics and tests). */
+  coldChunks(): number {
+    return this.index.coldCount;
+  }
+
+  /** True when `key` was admitted evict-first and has not been read since. */
+  isCold(key: ChunkKey): boolean {
+    return this.index.isCold(key);
   }
 
   unpin(key: ChunkKey): boolean {

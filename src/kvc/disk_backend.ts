@@ -21,7 +21,7 @@ import { ChunkFormatError, HEADER_BYTES, checkChunkFor, readHeader, verifyChunk 
 import { isChunkKey, type ChunkKey } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import { LruIndex, type Entry } from './lru_index.js';
-import { StoreFullError, type BackendStats, type PinOptions, type StorageBackend } from './types.js';
+import { StoreFullError, type BackendStats, type PinOptions, type PutOptions, type StorageBackend } from './types.js';
 
 const log = logger('kvc.disk');
 
@@ -203,10 +203,11 @@ export class LocalDiskBackend implements StorageBackend {
    * put is in flight the directory may hold one chunk more than the capacity; the index (what is
    * served and counted) never exceeds it.
    */
-  put(key: ChunkKey, chunk: Uint8Array): Promise<ChunkKey[]> {
+  put(key: ChunkKey, chunk: Uint8Array, opts: PutOptions = {}): Promise<ChunkKey[]> {
     return this.serialize(async () => {
       checkChunkFor(chunk, key);
-      if (this.index.touch(key)) return [];
+      // evictFirst (types.ts): admitted at the cold end; a chunk already held keeps its place.
+      if (opts.evictFirst ? this.index.get(key) : this.index.touch(key)) return [];
       const size = chunk.byteLength;
       if (size > this.capacityBytes) {
         throw new StoreFullError(`chunk ${key} (${size} bytes) is larger than LocalDiskBackend capacity (${this.capacityBytes} bytes)`);
@@ -234,7 +235,7 @@ export class LocalDiskBackend implements StorageBackend {
         throw this.fullError(key);
       }
       for (const v of victims) this.index.delete(v);
-      this.index.add(key, { bytes: size, pinned: false });
+      this.index.add(key, { bytes: size, pinned: false }, opts);
       for (const v of victims) await this.unlinkFiles(v);
       return victims;
     });

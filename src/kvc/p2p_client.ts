@@ -15,6 +15,7 @@ import type { P2pHolder } from '../protocol/p2p_holders.js';
 import { fetchFromPeer, type P2pFailure } from './p2p_fetch.js';
 import type { P2pMetrics, P2pOutcome } from './p2p_metrics.js';
 import type { KvcStore } from './store.js';
+import type { PutOptions } from './types.js';
 
 const log = logger('kvc.p2p');
 
@@ -41,9 +42,10 @@ export class P2pClient {
   /**
    * Fetches the leading run of `keys` (consecutive chunk keys the local tiers lack) from peers.
    * Returns the verified chunks that arrived, by key; never throws, never takes longer than the
-   * time bound (plus the CPU-tier copies of what arrived).
+   * time bound (plus the CPU-tier copies of what arrived). `admit` says how the copies enter the
+   * CPU tier (evictFirst: at the cold end, since the holder keeps its own).
    */
-  async fetch(keys: readonly string[]): Promise<Map<string, Uint8Array>> {
+  async fetch(keys: readonly string[], admit: PutOptions = {}): Promise<Map<string, Uint8Array>> {
     const out = new Map<string, Uint8Array>();
     if (keys.length === 0) return out;
     const m = this.o.metrics;
@@ -88,7 +90,7 @@ export class P2pClient {
       if (next > 0) {
         m.chunks.inc(next);
         m.bytes.inc(bytes);
-        this.promote(out);
+        this.promote(out, admit);
       }
       return out;
     } finally {
@@ -112,10 +114,10 @@ export class P2pClient {
   }
 
   /** Into the CPU tier, like a disk or remote hit: the next request finds them locally. */
-  private promote(chunks: Map<string, Uint8Array>): void {
+  private promote(chunks: Map<string, Uint8Array>, admit: PutOptions): void {
     for (const [key, c] of chunks) {
       try {
-        this.o.store.promoteFetched(key, c);
+        this.o.store.promoteFetched(key, c, admit);
       } catch (e) {
         // A full CPU tier (everything pinned): the request still uses the bytes it holds.
         log.debug(`P2P chunk ${key} not promoted: ${(e as Error).message}`);

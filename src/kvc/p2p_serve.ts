@@ -73,6 +73,10 @@ export async function serveFetch(sock: net.Socket, store: KvcStore, req: PeerFet
     log.warn(`P2P fetch by ${req.from} (${peerName}) stopped after ${sent} chunk(s): ${(e as Error).message}`);
     return end(sent, (e as Error).message);
   }
+  // A peer's read is a use: this is the recent copy (the requester admits its own evict-first,
+  // peer_copy_admission). Read in prompt order, the head became the oldest of the run: order it
+  // head-last so eviction takes the prefix from its tail (LruIndex.touchHeadLast).
+  if (sent > 0) store.touchPrefix(req.keys.slice(0, sent));
   log.debug(`P2P fetch by ${req.from}: sent ${sent}/${req.keys.length} chunk(s)`);
   end(sent);
 }

@@ -21,7 +21,7 @@ import { logger } from '../common/log.js';
 import { LocalCPUBackend } from './cpu_backend.js';
 import { LocalDiskBackend } from './disk_backend.js';
 import { RemoteTier, type EnqueueResult, type RemoteStats } from './remote_tier.js';
-import { LOCATIONS, StoreFullError, type BackendStats, type KeyEvent, type LocationName, type PinOptions, type StorageBackend } from './types.js';
+import { LOCATIONS, StoreFullError, type BackendStats, type KeyEvent, type LocationName, type PinOptions, type PutOptions, type StorageBackend } from './types.js';
 
 const log = logger('kvc.store');
 
@@ -174,8 +174,10 @@ export class KvcStore extends EventEmitter<StoreEvents> {
    * the first error when none did; the result lists the refusals, and `durable` is false whenever the
    * disk tier did not store it, so a caller never mistakes a memory-only copy for a durable one.
    * Chunks evicted to make room are emitted as 'evict' (also when the put then fails).
+   * `opts.evictFirst` admits the chunk at the cold end of every location's eviction order
+   * (types.ts PutOptions).
    */
-  async put(key: ChunkKey, chunk: Uint8Array, loc?: LocationName): Promise<PutResult> {
+  async put(key: ChunkKey, chunk: Uint8Array, loc?: LocationName, opts: PutOptions = {}): Promise<PutResult> {
     checkChunkFor(chunk, key);
     const targets = loc ? [this.backend(loc)] : [...this.backends.values()];
     const result: PutResult = { stored: [], failed: [], durable: false };
@@ -189,7 +191,7 @@ export class KvcStore extends EventEmitter<StoreEvents> {
     for (const b of targets) {
       const had = b.has(key);
       try {
-        const evicted = await b.put(key, chunk);
+        const evicted = await b.put(key, chunk, opts);
         if (evicted.length) this.evicted(b.location, evicted);
         if (!had) this.emit('admit', { location: b.location, keys: [key] });
         result.stored.push(b.location);
@@ -217,17 +219,17 @@ export class KvcStore extends EventEmitter<StoreEvents> {
    * when there is room, exactly like a disk or remote hit (an admit the controller sees; it is
    * not written to the remote tier). Best effort: a full tier keeps what it has.
    */
-  promoteFetched(key: ChunkKey, chunk: Uint8Array): void {
+  promoteFetched(key: ChunkKey, chunk: Uint8Array, opts: PutOptions = {}): void {
     checkChunkFor(chunk, key);
-    this.promote(key, chunk);
+    this.promote(key, chunk, opts);
   }
 
   /** Copies a chunk read from a slower tier into the CPU tier when there is room (best effort). */
-  private promote(key: ChunkKey, chunk: Uint8Array): void {
+  private promote(key: ChunkKey, chunk: Uint8Array, opts: PutOptions = {}): void {
     const cpu = this.cpu();
     if (!cpu || cpu.has(key)) return;
     try {
-      const evicted = cpu.putSync(key, chunk);
+      const evicted = cpu.putSync(key, chunk, opts);
       if (evicted.length) this.evicted(cpu.location, evicted);
       this.emit('admit', { location: cpu.location, keys: [key] });
     } catch (e) {

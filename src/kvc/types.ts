@@ -10,6 +10,16 @@ export interface PinOptions {
   transient?: boolean;
 }
 
+/** How a chunk is admitted (locations without recency order ignore it). */
+export interface PutOptions {
+  /**
+   * Admit at the cold end of the eviction order: the chunk is the next victim until a read uses
+   * it (then it is recent like any other). For chunks that are cheap to get again or rarely reused:
+   * a copy of what a peer holds, a prompt's partial last chunk (docs/storage.md).
+   */
+  evictFirst?: boolean;
+}
+
 /** Thrown when a put cannot make room because everything that remains is pinned (or the chunk exceeds capacity). */
 export class StoreFullError extends Error {
   override name = 'StoreFullError';
@@ -51,7 +61,7 @@ export interface StorageBackend {
    * Throws StoreFullError when room cannot be made without evicting pinned chunks. A put that
    * throws has evicted nothing, except the keys listed in `StoreFullError.evicted`.
    */
-  put(key: ChunkKey, chunk: Uint8Array): Promise<ChunkKey[]>;
+  put(key: ChunkKey, chunk: Uint8Array, opts?: PutOptions): Promise<ChunkKey[]>;
   /** Copies the chunk into `dest` (or a new buffer) and returns that view, or null if absent/corrupt. */
   get(key: ChunkKey, dest?: Uint8Array): Promise<Uint8Array | null>;
   /**

@@ -110,6 +110,25 @@ export const DECODER_ONLY = 'decoder-only';
 /** The statistics line of requests the router sent straight to their decoder (conditional disaggregation). */
 export const DECODER_LOCAL = 'decoder-local';
 
+/** Fields of the client's body the prefill request leaves out or sets itself (see prefillBody). */
+const PREFILL_SETS = new Set(['__proto__', 'max_tokens', 'stream', 'n', 'kv_transfer_params', 'stream_options', 'max_completion_tokens', 'best_of', 'min_tokens', 'echo', 'logprobs', 'top_logprobs']);
+
+/**
+ * The prefill request's body: the client's fields except those about the answer's shape (the
+ * decoder's: it validates every field of the client's body), as one sequence of one token. Built
+ * by copying the kept fields rather than spreading the body and deleting fields: a `delete`
+ * turns the object into a dictionary, several times slower to build and to JSON.stringify, and
+ * this is on every request's path.
+ */
+export function prefillBody(body: Record<string, unknown>): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const k in body) if (!PREFILL_SETS.has(k)) out[k] = body[k];
+  out.max_tokens = 1;
+  out.stream = false;
+  out.n = 1;
+  return out;
+}
+
 /** The disagg_spec naming a decoder's xfer receiver for one request. */
 function specFor(reqId: string, ep: DecoderEndpoint): DisaggSpec {
   return { req_id: reqId, receiver_host: ep.host, receiver_init_port: ep.initPort, receiver_alloc_port: ep.allocPort };
@@ -400,8 +419,7 @@ export class Flow {
       // One copy of the client's body serves every attempt; only req_id changes between them.
       // The prefiller only computes the prompt's KV: one sequence of one token. Fields about
       // the answer's shape are the decoder's (it validates every field of the client's body).
-      const pbody: Record<string, unknown> = { ...body, max_tokens: 1, stream: false, n: 1 };
-      for (const f of ['stream_options', 'max_completion_tokens', 'best_of', 'min_tokens', 'echo', 'logprobs', 'top_logprobs']) delete pbody[f];
+      const pbody = prefillBody(body);
       for (const p of order) {
         const reqId = `kvc-${randomUUID()}`;
         pbody.kv_transfer_params = kvTransferParams(specFor(reqId, ep));

@@ -44,7 +44,8 @@ export class ClientRelay implements StreamSink {
   private pendingBytes = 0;
   /** data() answered false: the decoder's body is paused until resume(). */
   private paused = false;
-  private scheduled = false;
+  /** The flush of the gathered pieces, due at setImmediate; null when none is due. */
+  private scheduled: NodeJS.Immediate | null = null;
   private ended = false;
   /** The client's socket was full at the last write: the decoder is paused until 'drain'. */
   private full = false;
@@ -71,7 +72,6 @@ export class ClientRelay implements StreamSink {
   ) {
     this.raw = reply.raw;
     this.first = detector;
-    this.raw.on('drain', this.onDrain);
   }
 
   start(statusCode: number, contentType: string | null): void {
@@ -92,10 +92,7 @@ export class ClientRelay implements StreamSink {
     }
     this.pending.push(piece);
     this.pendingBytes += piece.length;
-    if (!this.scheduled) {
-      this.scheduled = true;
-      setImmediate(this.flushNow);
-    }
+    if (!this.scheduled) this.scheduled = setImmediate(this.flushNow);
     if (this.full || this.pendingBytes >= this.raw.writableHighWaterMark) {
       this.paused = true;
       return false;
@@ -123,10 +120,13 @@ export class ClientRelay implements StreamSink {
   }
 
   private flush(): void {
-    this.scheduled = false;
+    this.scheduled = null;
     if (this.ended || this.raw.destroyed) return;
     const buf = this.take();
     if (buf && !this.raw.write(buf)) {
+      // Listened for only once the socket is full: most answers never fill it, and an on()/off()
+      // pair per answer is per-request work.
+      if (!this.full) this.raw.once('drain', this.onDrain);
       this.full = true;
       if (!this.stall) this.stall = setTimeout(this.onStall, this.idleMs);
     } else if (!this.full) this.resume(); // paused on the gathered bytes alone: they are gone now
@@ -136,6 +136,10 @@ export class ClientRelay implements StreamSink {
   end(tail?: string): void {
     if (this.ended) return;
     this.ended = true;
+    // The last write takes what is gathered: a flush still due would only cost the event loop
+    // a turn that polls without waiting (the common case: the whole answer came in one read).
+    if (this.scheduled) clearImmediate(this.scheduled);
+    this.scheduled = null;
     if (this.raw.destroyed) return;
     const buf = this.take();
     if (tail !== undefined) this.raw.end(buf ? Buffer.concat([buf, Buffer.from(tail)]) : tail);
@@ -151,6 +155,6 @@ export class ClientRelay implements StreamSink {
   /** Stops the stall timer and detaches from the client's socket (the call is over). */
   close(): void {
     this.unstall();
-    this.raw.off('drain', this.onDrain);
+    if (this.full) this.raw.off('drain', this.onDrain);
   }
 }

@@ -192,6 +192,10 @@ export class XferReceiver extends EventEmitter {
       await r.close();
       throw e;
     }
+    // The arenas of every slot size up to a full chunk, created now: their WASM memory grows and
+    // the garbage collections V8 answers them with would otherwise land between the decode steps
+    // of the transfers that first need each size (src/common/slot_arena.ts).
+    r.pool.prepare(r.maxChunkBytes);
     const every = Math.max(50, Math.min(5000, Math.floor(r.ttlMs / 4)));
     r.sweepTimer = setInterval(() => r.expire(), every);
     r.sweepTimer.unref();

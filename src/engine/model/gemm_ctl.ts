@@ -20,14 +20,21 @@ export const CTL = {
    * the main thread back. Which thread computes a column (or row) changes no bits.
    */
   NEXT: 14,
-  /** The unit chunks are made of: the strip width for columns, 4 rows for attendrows. */
+  /** The unit chunks are made of: the strip width for columns, whole attention groups (ATT_GROUP rows) for attendrows, 1 row for swiglurows. */
   CHUNK: 15,
   /**
    * Which kernel export the job runs: 0 dense (gemm), 1 gemmp, 2 gemmpbf16, 3 gemmpf16, 4 gemmpq8,
-   * 5 attendrows (its range [n0, n1) is query rows, not columns), 6 swiglurows (rows).
+   * 5 attendrows (its range [n0, n1) is query rows, not columns), 6 swiglurows (rows), 7 gemmpglu
+   * (the gate|up product with SwiGLU fused; columns of the packed weight).
    */
   PACKED: 16,
-  SIZE: 17,
+  /**
+   * Non-zero: the main thread has no job coming soon (a forward pass ended; the next one starts
+   * after the scheduler has sampled, streamed and admitted), so the worker sleeps at once instead
+   * of spinning SPIN_MS for a job that will not come. Cleared before every job is posted.
+   */
+  PARK: 17,
+  SIZE: 18,
 } as const;
 
 /**

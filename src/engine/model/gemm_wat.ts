@@ -91,6 +91,20 @@ function kLoop(fmt: WFmt, label: string, body: string[]): string {
         (br_if $${label} (local.get $k)))`;
 }
 
+/**
+ * SwiGLU of the gate vector in local `g` and the up vector `u` (a v128 expression): exactly the
+ * operations of the swiglu export (swigluFunc), so a fused epilogue gives its bits. Uses the
+ * locals $e $d $sg and expV's.
+ */
+function gluV(g: string, u: string): string {
+  return `(block (result v128)
+          (local.set $e ${expV(`(f32x4.neg (f32x4.abs (local.get ${g})))`)})
+          (local.set $d (f32x4.add (local.get $e) (v128.const f32x4 1 1 1 1)))
+          (local.set $sg (v128.bitselect (f32x4.div (v128.const f32x4 1 1 1 1) (local.get $d)) (f32x4.div (local.get $e) (local.get $d))
+            (f32x4.ge (local.get ${g}) (v128.const f32x4 0 0 0 0))))
+          (f32x4.mul (f32x4.mul (local.get ${g}) (local.get $sg)) ${u}))`;
+}
+
 /** acc + x*w as a v128 expression: fused (relaxed_madd) in an FMA module, else mul then add. */
 function madd(fma: boolean, acc: string, x: string, w: string): string {
   return fma ? `(f32x4.relaxed_madd ${x} ${w} ${acc})` : `(f32x4.add ${acc} (f32x4.mul ${x} ${w}))`;
@@ -101,7 +115,7 @@ function madd(fma: boolean, acc: string, x: string, w: string): string {
  * over the whole k range, stored once. Every accumulator lane is one output element updated for
  * k ascending, so the tile shape changes no bits.
  */
-function kernelTile(rows: number, col: number, fmt: WFmt, fma: boolean): string {
+function kernelTile(rows: number, col: number, fmt: WFmt, fma: boolean, glu = false): string {
   const lines: string[] = [];
   for (let r = 0; r < rows; r++) for (let j = 0; j < 2; j++) lines.push(`(local.set $a${r}${j} (v128.const i32x4 0 0 0 0))`);
   lines.push(`(local.set $p0 (local.get $arow))`);
@@ -116,6 +130,15 @@ function kernelTile(rows: number, col: number, fmt: WFmt, fma: boolean): string 
     body.push(`(local.set $p${r} (i32.add (local.get $p${r}) (i32.const 4)))`);
   }
   lines.push(kLoop(fmt, `kl${rows}`, body));
+  if (glu) {
+    // Gate|up interleaved (packGluStrips): a tile's first 4 columns are gate columns, its last 4
+    // the matching up columns; C gets SwiGLU of the pair at output column (n + col) / 2.
+    for (let r = 0; r < rows; r++) {
+      lines.push(`(local.set $cp (i32.add (local.get $crow) (i32.add (i32.mul (i32.const ${r}) (local.get $nb)) (i32.const ${col * 2}))))`);
+      lines.push(`(v128.store (local.get $cp) ${gluV(`$a${r}0`, `(local.get $a${r}1)`)})`);
+    }
+    return lines.join('\n');
+  }
   // store: C + ((m+r)*N + n0 + col)*4
   for (let r = 0; r < rows; r++) {
     lines.push(`(local.set $cp (i32.add (local.get $crow) (i32.add (i32.mul (i32.const ${r}) (local.get $nb)) (i32.const ${col * 4}))))`);
@@ -124,7 +147,7 @@ function kernelTile(rows: number, col: number, fmt: WFmt, fma: boolean): string 
   return lines.join('\n');
 }
 
-function kernel1x32(fmt: WFmt, fma: boolean): string {
+function kernel1x32(fmt: WFmt, fma: boolean, glu = false): string {
   const lines: string[] = [];
   for (let j = 0; j < 8; j++) lines.push(`(local.set $b${j} (v128.const i32x4 0 0 0 0))`);
   lines.push(`(local.set $p0 (local.get $arow))`);
@@ -137,6 +160,10 @@ function kernel1x32(fmt: WFmt, fma: boolean): string {
   }
   body.push(`(local.set $p0 (i32.add (local.get $p0) (i32.const 4)))`);
   lines.push(kLoop(fmt, 'kl1', body));
+  if (glu) {
+    for (let j = 0; j < 4; j++) lines.push(`(v128.store offset=${j * 16} (local.get $crow) ${gluV(`$b${2 * j}`, `(local.get $b${2 * j + 1})`)})`);
+    return lines.join('\n');
+  }
   for (let j = 0; j < 8; j++) lines.push(`(v128.store offset=${j * 16} (local.get $crow) (local.get $b${j}))`);
   return lines.join('\n');
 }
@@ -383,26 +410,45 @@ function swigluRowsFunc(): string {
  *          touching K pages N*4 bytes apart. Decode (few rows) reads each weight once per step and
  *          is bound by exactly that stream.
  * The arithmetic, and so every result bit, is the same for both layouts.
+ * `glu` (export gemmpglu): the fused gate|up projection and SwiGLU. Wt is the gate|up weight
+ * packed by packGluStrips (kernel.ts: each strip holds 16 gate columns and their 16 up columns,
+ * in groups of 4), N is its padded width (2·hidden) and C is [M][N/2]: each tile's accumulators
+ * (computed exactly as gemmp computes them) go through the swiglu export's operations in
+ * registers and only silu(gate)·up is stored — the same bits as gemmp then swiglu, without
+ * writing and re-reading the [M][2·hidden] gate|up product.
  */
-function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean): string {
+function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean, strided = false, glu = false): string {
   const v128Locals: string[] = [];
+  if (glu) v128Locals.push('$e', '$d', '$sg', '$ex', '$efx', '$ey', '$ez');
   for (let r = 0; r < TILE_ROWS; r++) for (let j = 0; j < 2; j++) v128Locals.push(`$a${r}${j}`);
   for (let j = 0; j < 8; j++) v128Locals.push(`$b${j}`);
   v128Locals.push('$w0', '$w1', '$x', '$wq');
   const stripBase = packed
     ? `(i32.add (local.get $W) (i32.mul (local.get $n) (i32.mul (local.get $K) (i32.const ${WFMT_ROW_BYTES[fmt] / STRIP}))))`
     : `(i32.add (local.get $W) (i32.shl (local.get $n) (i32.const 2)))`;
+  // The strided variant (internal, attention's per-group products): A, Wt and C each have their
+  // own row stride (lda, ldw, ldc floats; ldw unused when Wt is strip-packed), so a product can
+  // use a prefix of Wt's columns and of A's k range. Same tiles, same arithmetic.
+  const head = strided
+    ? `(func $${name} (param $A i32) (param $W i32) (param $C i32) (param $lda i32) (param $ldw i32) (param $ldc i32) (param $K i32)
+      (param $m0 i32) (param $m1 i32) (param $n0 i32) (param $n1 i32)`
+    : `(func $${name} (export "${name}") (param $A i32) (param $W i32) (param $C i32) (param $M i32) (param $K i32) (param $N i32)
+      (param $m0 i32) (param $m1 i32) (param $n0 i32) (param $n1 i32)`;
+  const strides = strided
+    ? `(local.set $kb (i32.shl (local.get $lda) (i32.const 2)))
+    (local.set $nb (i32.shl (local.get $ldc) (i32.const 2)))
+    (local.set $ws ${packed ? `(i32.const ${STRIP * 4})` : '(i32.shl (local.get $ldw) (i32.const 2))'})`
+    : `(local.set $kb (i32.shl (local.get $K) (i32.const 2)))
+    (local.set $nb (i32.shl (local.get $N) (i32.const ${glu ? 1 : 2})))
+    (local.set $ws ${packed ? `(i32.const ${STRIP * 4})` : '(local.get $nb)'})`;
   return `
-  ;; ${name}(A, Wt, C, M, K, N, m0, m1, n0, n1): rows [m0,m1) x columns [n0,n1) of C (n0, n1 multiples of ${STRIP})
-  (func $${name} (export "${name}") (param $A i32) (param $W i32) (param $C i32) (param $M i32) (param $K i32) (param $N i32)
-      (param $m0 i32) (param $m1 i32) (param $n0 i32) (param $n1 i32)
+  ;; ${name}(A, Wt, C, ${strided ? 'lda, ldw, ldc, K' : 'M, K, N'}, m0, m1, n0, n1): rows [m0,m1) x columns [n0,n1) of C (n0, n1 multiples of ${STRIP})
+  ${head}
     (local $kb i32) (local $nb i32) (local $ws i32) (local $mb i32) (local $mEnd i32) (local $n i32) (local $m i32) (local $k i32)
     (local $arow i32) (local $crow i32) (local $wstrip i32) (local $wp i32) (local $cp i32)
     ${Array.from({ length: TILE_ROWS }, (_, r) => `(local $p${r} i32)`).join(' ')}
     ${v128Locals.map((l) => `(local ${l} v128)`).join(' ')}
-    (local.set $kb (i32.shl (local.get $K) (i32.const 2)))
-    (local.set $nb (i32.shl (local.get $N) (i32.const 2)))
-    (local.set $ws ${packed ? `(i32.const ${STRIP * 4})` : '(local.get $nb)'})
+    ${strides}
     ${blockedLoops(`
         (local.set $wstrip ${stripBase})
         (local.set $m (local.get $mb))
@@ -410,16 +456,16 @@ function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean): strin
         (block $rtdone (loop $rtloop
           (br_if $rtdone (i32.gt_u (i32.add (local.get $m) (i32.const ${TILE_ROWS})) (local.get $mEnd)))
           (local.set $arow (i32.add (local.get $A) (i32.mul (local.get $m) (local.get $kb))))
-          (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const 2)))))
-          ${TILE_COLS.map((c) => kernelTile(TILE_ROWS, c, fmt, fma)).join('\n')}
+          (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const ${glu ? 1 : 2})))))
+          ${TILE_COLS.map((c) => kernelTile(TILE_ROWS, c, fmt, fma, glu)).join('\n')}
           (local.set $m (i32.add (local.get $m) (i32.const ${TILE_ROWS})))
           (br $rtloop)))
         ;; leftover rows, one at a time
         (block $r1done (loop $r1loop
           (br_if $r1done (i32.ge_u (local.get $m) (local.get $mEnd)))
           (local.set $arow (i32.add (local.get $A) (i32.mul (local.get $m) (local.get $kb))))
-          (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const 2)))))
-          ${kernel1x32(fmt, fma)}
+          (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const ${glu ? 1 : 2})))))
+          ${kernel1x32(fmt, fma, glu)}
           (local.set $m (i32.add (local.get $m) (i32.const 1)))
           (br $r1loop)))`)}
   )`;
@@ -549,22 +595,25 @@ function q8GemmFunc(): string {
  * gatherkv(src, P, Pb, kvDim, off, hd, kt, v, hdPad): one KV head's keys and values out of staged
  * paged-cache slabs into attention's operands. src holds, per cache block, the layer's K slab
  * then its V slab, each [16 positions][kvDim] f32 (the cache's own block layout, copied in bulk).
- * For j < P: kt[e][j] = K[j][off + e] (transposed, [hd][Pb]) and v[j][e] = V[j][off + e]
- * ([Pb][hdPad]); positions P..Pb-1 and columns hd..hdPad-1 are zero. Plain copies: no arithmetic.
+ * For j < P: kt[e][j] = K[j][off + e] (transposed and strip-packed like the model's weights,
+ * [Pb/32][hd][32]: a strip of 32 keys is one contiguous hd·128-byte block, where the dense
+ * [hd][Pb] layout put its rows Pb·4 bytes apart — 2 KB at 512 keys, a power of two that mapped
+ * every row of a strip onto the same few L1 sets) and v[j][e] = V[j][off + e] ([Pb][hdPad]);
+ * positions P..Pb-1 and columns hd..hdPad-1 are zero. Plain copies: no arithmetic.
  */
 function gatherFunc(): string {
   return `
   (func $gatherkv (export "gatherkv") (param $src i32) (param $P i32) (param $Pb i32) (param $kvDim i32) (param $off i32)
       (param $hd i32) (param $kt i32) (param $v i32) (param $hdPad i32)
     (local $j i32) (local $e i32) (local $kp i32) (local $vp i32) (local $vrow i32) (local $ktcol i32)
-    (local $slab i32) (local $pbB i32)
+    (local $slab i32)
     (local.set $slab (i32.shl (i32.mul (local.get $kvDim) (i32.const ${BLOCK_TOKENS})) (i32.const 2)))
-    (local.set $pbB (i32.shl (local.get $Pb) (i32.const 2)))
     (local.set $j (i32.const 0))
     (block $jdone (loop $jloop
       (br_if $jdone (i32.ge_u (local.get $j) (local.get $Pb)))
       (local.set $vrow (i32.add (local.get $v) (i32.shl (i32.mul (local.get $j) (local.get $hdPad)) (i32.const 2))))
-      (local.set $ktcol (i32.add (local.get $kt) (i32.shl (local.get $j) (i32.const 2))))
+      (local.set $ktcol (i32.add (local.get $kt) (i32.add (i32.mul (i32.shr_u (local.get $j) (i32.const 5)) (i32.shl (local.get $hd) (i32.const 7)))
+        (i32.shl (i32.and (local.get $j) (i32.const 31)) (i32.const 2)))))
       (local.set $e (i32.const 0))
       (if (i32.lt_u (local.get $j) (local.get $P))
         (then
@@ -575,7 +624,7 @@ function gatherFunc(): string {
           (local.set $vp (i32.add (local.get $kp) (local.get $slab)))
           (block $edone (loop $eloop
             (br_if $edone (i32.ge_u (local.get $e) (local.get $hd)))
-            (f32.store (i32.add (local.get $ktcol) (i32.mul (local.get $e) (local.get $pbB))) (f32.load (local.get $kp)))
+            (f32.store (i32.add (local.get $ktcol) (i32.shl (local.get $e) (i32.const 7))) (f32.load (local.get $kp)))
             (f32.store (i32.add (local.get $vrow) (i32.shl (local.get $e) (i32.const 2))) (f32.load (local.get $vp)))
             (local.set $kp (i32.add (local.get $kp) (i32.const 4)))
             (local.set $vp (i32.add (local.get $vp) (i32.const 4)))
@@ -584,7 +633,7 @@ function gatherFunc(): string {
         (else
           (block $zdone (loop $zloop
             (br_if $zdone (i32.ge_u (local.get $e) (local.get $hd)))
-            (f32.store (i32.add (local.get $ktcol) (i32.mul (local.get $e) (local.get $pbB))) (f32.const 0))
+            (f32.store (i32.add (local.get $ktcol) (i32.shl (local.get $e) (i32.const 7))) (f32.const 0))
             (f32.store (i32.add (local.get $vrow) (i32.shl (local.get $e) (i32.const 2))) (f32.const 0))
             (local.set $e (i32.add (local.get $e) (i32.const 1)))
             (br $zloop)))))
@@ -655,10 +704,10 @@ function argmaxFunc(): string {
 
 /**
  * attendheads(stage, Q, KT, S, V, O, L, M, hd, hdPad, kvDim, heads, keys, P, scale): for each KV head
- * g of the staged KV, gatherkv into KT/V, then S = Q_g·KT (dense gemm), softmax(S, lens L), and
- * O_g = S·V, with Q_g = Q + g*M*hd floats and O_g = O + g*M*hdPad floats. Exactly the calls the
- * per-head path makes (same functions, same arguments), in one call from JS: decode attention is
- * small enough that the JS→WASM crossings and per-call set-up were most of its cost.
+ * g of the staged KV, gatherkv into KT/V, then attgroups over all M rows, with Q_g = Q + g*M*hd
+ * floats and O_g = O + g*M*hdPad floats. Exactly the calls the per-head path makes (same
+ * functions, same arguments), in one call from JS: decode attention is small enough that the
+ * JS→WASM crossings and per-call set-up were most of its cost.
  */
 function attendHeadsFunc(): string {
   return `
@@ -672,11 +721,8 @@ function attendHeadsFunc(): string {
       (br_if $done (i32.ge_u (local.get $g) (local.get $heads)))
       (call $gatherkv (local.get $stage) (local.get $keys) (local.get $P) (local.get $kvDim)
         (i32.mul (local.get $g) (local.get $hd)) (local.get $hd) (local.get $KT) (local.get $V) (local.get $hdPad))
-      (call $gemm (local.get $q) (local.get $KT) (local.get $S) (local.get $M) (local.get $hd) (local.get $P)
-        (i32.const 0) (local.get $M) (i32.const 0) (local.get $P))
-      (call $softmax (local.get $S) (local.get $M) (local.get $P) (local.get $L) (local.get $scale))
-      (call $gemm (local.get $S) (local.get $V) (local.get $o) (local.get $M) (local.get $P) (local.get $hdPad)
-        (i32.const 0) (local.get $M) (i32.const 0) (local.get $hdPad))
+      (call $attgroups (local.get $q) (local.get $KT) (local.get $S) (local.get $V) (local.get $o) (local.get $L)
+        (local.get $M) (local.get $hd) (local.get $P) (local.get $hdPad) (local.get $scale) (i32.const 0) (local.get $M))
       (local.set $q (i32.add (local.get $q) (i32.shl (i32.mul (local.get $M) (local.get $hd)) (i32.const 2))))
       (local.set $o (i32.add (local.get $o) (i32.shl (i32.mul (local.get $M) (local.get $hdPad)) (i32.const 2))))
       (local.set $g (i32.add (local.get $g) (i32.const 1)))
@@ -685,29 +731,83 @@ function attendHeadsFunc(): string {
 }
 
 /**
- * attendrows(prm, _, _, _, _, _, _, _, r0, r1): one head's attention for query rows [r0, r1), with
- * the gemm entry points' argument shape so the worker thread can share the rows (gemm_worker.ts).
- * prm points at 11 i32 words: Q, KT, S, V, O, L, M, hd, P, hdPad, scale (f32 bits). Per row, the
- * same calls the whole-block path makes — S = Q·KT, softmax over its length, O = S·V — and every
- * result element depends only on its own row, so splitting rows between threads changes no bit.
- * Rows, not columns, are split: the softmax and O = S·V (one 32-column strip) of a block could not
- * be shared by columns, and one hand-off per head replaces three.
+ * Query rows per attention group (a power of two, a multiple of the 4-row tile): the rows that
+ * share one key count. 16 rows (four tiles) reuse each 32-key strip of Kᵀ and V from L1 four
+ * times; 4-row groups walked all keys per tile (one thread: 8 % slower than the 64-token blocks
+ * before them, where 16-row groups are within 4 %).
+ */
+export const ATT_GROUP = 16;
+const ATT_GROUP_SHIFT = 4;
+
+/**
+ * attgroups(Q, KT, S, V, O, L, M, hd, P, hdPad, scale, r0, r1): attention of query rows [r0, r1)
+ * (r0 a multiple of ATT_GROUP) of one head, in groups of ATT_GROUP rows, the groups taken last first. A group
+ * whose longest row has len keys computes only the first Pg = len rounded up to the 32-column
+ * strip (at most P) of everything: S_g = Q_g·KT[:, 0..Pg) (KT strip-packed, [P/32][hd][32], K = hd), softmax over
+ * each row's length with the row zeroed up to Pg, O_g = S_g·V[0..Pg) (K = Pg). Causal prefill
+ * rows thus skip the keys after their block's group instead of computing a whole block's key
+ * range. S_g is [rows][Pg] at S + ATT_GROUP·g·P floats (inside the group's own rows of an [M][P] S).
+ * The keys skipped would each add p·v = 0·v = ±0 to O, so the results equal those over all P
+ * keys up to the sign of an exactly-zero sum. Every element depends only on its own row and
+ * its group's Pg, so splitting groups between threads changes no bit; the last groups are the
+ * heaviest (longest rows), and going last-first leaves the light ones for the end of a shared
+ * job, where the threads wait for each other.
+ */
+function attGroupsFunc(): string {
+  if (1 << ATT_GROUP_SHIFT !== ATT_GROUP) throw new Error('ATT_GROUP must be a power of two');
+  return `
+  (func $attgroups (param $Q i32) (param $KT i32) (param $S i32) (param $V i32) (param $O i32) (param $L i32)
+      (param $M i32) (param $hd i32) (param $P i32) (param $hdPad i32) (param $scale f32) (param $r0 i32) (param $r1 i32)
+    (local $G i32) (local $gi i32) (local $gEnd i32) (local $rs i32) (local $rows i32) (local $len i32) (local $i i32)
+    (local $Pg i32) (local $sp i32)
+    (local.set $G (i32.shr_u (i32.add (local.get $M) (i32.const ${ATT_GROUP - 1})) (i32.const ${ATT_GROUP_SHIFT})))
+    (local.set $gi (i32.shr_u (local.get $r0) (i32.const ${ATT_GROUP_SHIFT})))
+    (local.set $gEnd (i32.shr_u (i32.add (local.get $r1) (i32.const ${ATT_GROUP - 1})) (i32.const ${ATT_GROUP_SHIFT})))
+    (block $done (loop $each
+      (br_if $done (i32.ge_u (local.get $gi) (local.get $gEnd)))
+      (local.set $rs (i32.shl (i32.sub (i32.sub (local.get $G) (i32.const 1)) (local.get $gi)) (i32.const ${ATT_GROUP_SHIFT})))
+      (local.set $rows (i32.sub (local.get $M) (local.get $rs)))
+      (if (i32.gt_u (local.get $rows) (i32.const ${ATT_GROUP})) (then (local.set $rows (i32.const ${ATT_GROUP}))))
+      ;; the group's longest row, rounded up to the strip, at most P
+      (local.set $len (i32.const 0))
+      (local.set $i (i32.const 0))
+      (block $ld (loop $ll
+        (br_if $ld (i32.ge_u (local.get $i) (local.get $rows)))
+        (local.set $len (select (local.get $len)
+          (i32.load (i32.add (local.get $L) (i32.shl (i32.add (local.get $rs) (local.get $i)) (i32.const 2))))
+          (i32.gt_s (local.get $len) (i32.load (i32.add (local.get $L) (i32.shl (i32.add (local.get $rs) (local.get $i)) (i32.const 2)))))))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $ll)))
+      (local.set $Pg (i32.and (i32.add (local.get $len) (i32.const ${STRIP - 1})) (i32.const ${-STRIP})))
+      (if (i32.or (i32.gt_s (local.get $Pg) (local.get $P)) (i32.le_s (local.get $Pg) (i32.const 0))) (then (local.set $Pg (local.get $P))))
+      (local.set $sp (i32.add (local.get $S) (i32.shl (i32.mul (local.get $rs) (local.get $P)) (i32.const 2))))
+      (call $gemmsp (i32.add (local.get $Q) (i32.shl (i32.mul (local.get $rs) (local.get $hd)) (i32.const 2))) (local.get $KT) (local.get $sp)
+        (local.get $hd) (local.get $P) (local.get $Pg) (local.get $hd) (i32.const 0) (local.get $rows) (i32.const 0) (local.get $Pg))
+      (call $softmax (local.get $sp) (local.get $rows) (local.get $Pg)
+        (i32.add (local.get $L) (i32.shl (local.get $rs) (i32.const 2))) (local.get $scale))
+      (call $gemms (local.get $sp) (local.get $V) (i32.add (local.get $O) (i32.shl (i32.mul (local.get $rs) (local.get $hdPad)) (i32.const 2)))
+        (local.get $Pg) (local.get $hdPad) (local.get $hdPad) (local.get $Pg) (i32.const 0) (local.get $rows) (i32.const 0) (local.get $hdPad))
+      (local.set $gi (i32.add (local.get $gi) (i32.const 1)))
+      (br $each)))
+  )`;
+}
+
+/**
+ * attendrows(prm, _, _, _, _, _, _, _, r0, r1): one head's attention (attgroups) for query rows
+ * [r0, r1), with the gemm entry points' argument shape so the worker thread can share the rows
+ * (gemm_worker.ts; chunks are whole groups of ATT_GROUP rows). prm points at 11 i32 words: Q, KT, S, V, O,
+ * L, M, hd, P, hdPad, scale (f32 bits). Rows, not columns, are split: the softmax and O = S·V
+ * (one 32-column strip) of a block could not be shared by columns, and one hand-off per head
+ * replaces three.
  */
 function attendRowsFunc(): string {
   const ld = (i: number) => `(i32.load offset=${i * 4} (local.get $prm))`;
   return `
   (func (export "attendrows") (param $prm i32) (param $u1 i32) (param $u2 i32) (param $u3 i32) (param $u4 i32) (param $u5 i32)
       (param $u6 i32) (param $u7 i32) (param $r0 i32) (param $r1 i32)
-    (local $S i32) (local $M i32) (local $P i32)
     (if (i32.ge_u (local.get $r0) (local.get $r1)) (then (return)))
-    (local.set $S ${ld(2)})
-    (local.set $M ${ld(6)})
-    (local.set $P ${ld(8)})
-    (call $gemm ${ld(0)} ${ld(1)} (local.get $S) (local.get $M) ${ld(7)} (local.get $P) (local.get $r0) (local.get $r1) (i32.const 0) (local.get $P))
-    (call $softmax (i32.add (local.get $S) (i32.shl (i32.mul (local.get $r0) (local.get $P)) (i32.const 2)))
-      (i32.sub (local.get $r1) (local.get $r0)) (local.get $P)
-      (i32.add ${ld(5)} (i32.shl (local.get $r0) (i32.const 2))) (f32.reinterpret_i32 ${ld(10)}))
-    (call $gemm (local.get $S) ${ld(3)} ${ld(4)} (local.get $M) (local.get $P) ${ld(9)} (local.get $r0) (local.get $r1) (i32.const 0) ${ld(9)})
+    (call $attgroups ${ld(0)} ${ld(1)} ${ld(2)} ${ld(3)} ${ld(4)} ${ld(5)} ${ld(6)} ${ld(7)} ${ld(8)} ${ld(9)}
+      (f32.reinterpret_i32 ${ld(10)}) (local.get $r0) (local.get $r1))
   )`;
 }
 
@@ -722,9 +822,12 @@ export function gemmWat(opts: { fma: boolean } = { fma: false }): string {
   return `(module
   (import "env" "mem" (memory 1 65536 shared))
 ${gemmFunc('gemm', false, 'f32', fma)}
+${gemmFunc('gemms', false, 'f32', fma, true)}
+${gemmFunc('gemmsp', true, 'f32', fma, true)}
 ${gemmFunc('gemmp', true, 'f32', fma)}
 ${gemmFunc('gemmpbf16', true, 'bf16', fma)}
 ${gemmFunc('gemmpf16', true, 'f16', fma)}
+${gemmFunc('gemmpglu', true, 'f32', fma, false, true)}
 ${q8GemmFunc()}
 ${quantQ8Func()}
 ${softmaxFunc()}
@@ -732,6 +835,7 @@ ${swigluFunc()}
 ${swigluRowsFunc()}
 ${gatherFunc()}
 ${argmaxFunc()}
+${attGroupsFunc()}
 ${attendHeadsFunc()}
 ${attendRowsFunc()}
 )`;

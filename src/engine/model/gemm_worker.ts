@@ -9,8 +9,8 @@ const c = new Int32Array(ctl);
 const inst = new WebAssembly.Instance(module, { env: { mem: memory } });
 type Kernel = (...args: number[]) => void;
 // Indexed by CTL.PACKED (kernel_wasm.ts FMT_CODE): dense, the strip-packed weight formats, then
-// attendrows and swiglurows (whose ranges are rows).
-const kernels = ['gemm', 'gemmp', 'gemmpbf16', 'gemmpf16', 'gemmpq8', 'attendrows', 'swiglurows'].map((n) => inst.exports[n] as Kernel);
+// attendrows and swiglurows (whose ranges are rows), then the fused gate|up + SwiGLU product.
+const kernels = ['gemm', 'gemmp', 'gemmpbf16', 'gemmpf16', 'gemmpq8', 'attendrows', 'swiglurows', 'gemmpglu'].map((n) => inst.exports[n] as Kernel);
 // Read the job counter BEFORE announcing readiness: the main thread posts the first job only
 // after 'ready', so that job is always seen as new.
 let seen = Atomics.load(c, CTL.SEQ);
@@ -18,9 +18,11 @@ parentPort!.postMessage('ready');
 for (;;) {
   // Spin briefly before sleeping: a prefill posts its next job within a fraction of a
   // millisecond (the JS between two GEMMs), and waking from Atomics.wait takes tens of µs on a
-  // virtual machine — per job, on both sides of the hand-off. Bounded, so an idle engine sleeps.
+  // virtual machine — per job, on both sides of the hand-off. Bounded, so an idle engine sleeps;
+  // not at all once the forward pass has ended (PARK): between decode steps the spin only
+  // burned a core for 0.3 ms per step.
   const until = performance.now() + SPIN_MS;
-  while (Atomics.load(c, CTL.SEQ) === seen && Atomics.load(c, CTL.STOP) === 0 && performance.now() < until);
+  while (Atomics.load(c, CTL.SEQ) === seen && Atomics.load(c, CTL.STOP) === 0 && Atomics.load(c, CTL.PARK) === 0 && performance.now() < until);
   // Bounded wait so a stop request is noticed even if no notify arrives.
   Atomics.wait(c, CTL.SEQ, seen, 1000);
   if (Atomics.load(c, CTL.STOP) !== 0) break;

@@ -34,6 +34,21 @@ export interface Weight {
   readonly fmt: WFmt;
   /** The JS kernel's Q8 weight (int8 values and block scales, q8_dot.ts); null otherwise. */
   readonly q8?: Q8Weight | null;
+  /**
+   * A gate|up weight in the fused layout (packGluStrips): usable only through matmulSwiglu,
+   * which then computes the product and SwiGLU in one pass.
+   */
+  readonly glu?: boolean;
+}
+
+/** Options of Gemm.upload. */
+export interface UploadOptions {
+  /**
+   * The weight is a gate|up projection ([gate (n/2 rows) | up (n/2 rows)][k]) meant for
+   * matmulSwiglu: a kernel that fuses SwiGLU into the product may pack it for that (the WASM
+   * kernel does for f32 weights when n/2 is a multiple of 16); matmul no longer accepts it then.
+   */
+  glu?: boolean;
 }
 
 export interface Gemm {
@@ -41,7 +56,7 @@ export interface Gemm {
   /** Products accumulate with a fused multiply-add (fma.ts; both kernels, the same bits). */
   readonly fma: boolean;
   /** Copies a weight given as [n][k] (row-major, HF layout) into kernel layout. */
-  upload(w: Float32Array, n: number, k: number): Weight;
+  upload(w: Float32Array, n: number, k: number, opts?: UploadOptions): Weight;
   /**
    * Same, for a weight kept in its stored encoding. 16-bit: the products equal, bit for bit,
    * upload(decodeWeight(w)) — only the memory it takes differs. Q8_0/Q4_0: int8 dot products
@@ -50,8 +65,19 @@ export interface Gemm {
   uploadEncoded(w: EncodedWeight, n: number, k: number): Weight;
   /** out[0..m*n) = a[0..m*k) · Wᵀ. */
   matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void;
+  /**
+   * out[m][n/2] = SwiGLU of a · Wᵀ for a gate|up weight (n = 2·hidden): the bits of matmul into
+   * `gu` ([m][n]) then swiglu. A weight uploaded with `glu` and packed for it is computed in one
+   * fused pass (gu untouched); any other weight goes through `gu`.
+   */
+  matmulSwiglu(w: Weight, a: Float32Array, m: number, gu: Float32Array, out: Float32Array): void;
   /** Releases threads (the kernel still works afterwards, single-threaded). */
   close(): void;
+  /**
+   * No product is coming soon (the forward pass ended): helper threads sleep now instead of
+   * spinning for the next job. The next product wakes them as usual.
+   */
+  park(): void;
   /** out[m][n] = a[m][k] · b[k][n] for a transient b (attention), same summation order. */
   matmulDense(a: Float32Array, m: number, k: number, b: Float32Array, n: number, out: Float32Array): void;
   /**
@@ -133,6 +159,28 @@ export function packStrips(w: Float32Array, n: number, k: number, nPad: number, 
     const row = i * k;
     const base = (i - (i % STRIP)) * k + (i % STRIP);
     for (let j = 0; j < k; j++) dest[base + j * STRIP] = w[row + j]!;
+  }
+}
+
+/**
+ * A gate|up weight ([gate (h rows) | up (h rows)][k], h a multiple of 16) in the fused SwiGLU
+ * layout: strips like packStrips, where strip s holds gate columns 16s..16s+15 and the up columns
+ * of the same indices, in groups of 4 — packed column 8q + j is gate 16s + 4q + j and 8q + 4 + j is
+ * up 16s + 4q + j (q < 4, j < 4) — so each 8-column register tile holds 4 gate columns and their 4 up
+ * columns (gemm_wat.ts gemmpglu).
+ */
+export function packGluStrips(w: Float32Array, h: number, k: number, dest: Float32Array): void {
+  if (w.length !== 2 * h * k) throw new Error(`weight has ${w.length} values, expected ${2 * h}x${k}`);
+  if (h % 16 !== 0) throw new Error(`packGluStrips: hidden ${h} is not a multiple of 16`);
+  for (let s = 0; s < h / 16; s++) {
+    for (let p = 0; p < STRIP; p++) {
+      const q = p >> 3;
+      const j = p & 3;
+      const col = 16 * s + 4 * q + j;
+      const row = (p & 4 ? h + col : col) * k;
+      const base = s * STRIP * k + p;
+      for (let kk = 0; kk < k; kk++) dest[base + kk * STRIP] = w[row + kk]!;
+    }
   }
 }
 

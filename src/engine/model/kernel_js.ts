@@ -4,7 +4,7 @@
 import { gatherStagedJs, softmaxRowsJs, stageInto, swigluJs } from './attention.js';
 import { fmaf, fmaSupport } from './fma.js';
 import { STRIP } from './gemm_wat.js';
-import { argmaxJs, checkArgs, padTo, transposePadded, type Gemm, type Weight } from './kernel.js';
+import { argmaxJs, checkArgs, padTo, transposePadded, type Gemm, type UploadOptions, type Weight } from './kernel.js';
 import { BLOCK_TOKENS } from './kv_cache.js';
 import { addIntoJs, copyRowsJs, rmsNormJs, ropeJs } from './ops_js.js';
 import { matmulQ8Js, q8WeightOf } from './q8_dot.js';
@@ -21,8 +21,10 @@ export class JsGemm implements Gemm {
   }
 
   close(): void {}
+  park(): void {}
 
-  upload(w: Float32Array, n: number, k: number): Weight {
+  // The layout is the same with `glu` (matmulSwiglu computes the product, then swigluJs).
+  upload(w: Float32Array, n: number, k: number, _opts?: UploadOptions): Weight {
     const nPad = padTo(n, STRIP);
     const data = new Float32Array(k * nPad);
     transposePadded(w, n, k, nPad, data);
@@ -41,6 +43,11 @@ export class JsGemm implements Gemm {
       return;
     }
     this.accumulate(a, m, w.k, w.data!, w.n, w.nPad, out);
+  }
+
+  matmulSwiglu(w: Weight, a: Float32Array, m: number, gu: Float32Array, out: Float32Array): void {
+    this.matmul(w, a, m, gu);
+    swigluJs(gu, m, w.n / 2, out);
   }
 
   /** out[m][N] = a[m][K] · b[K][stride] (first N columns), in the kernel's order (kernel.ts). */

@@ -8,8 +8,8 @@ import { stageInto } from './attention.js';
 import { fmaSupport } from './fma.js';
 import { kernelEnv } from './kernel_env.js';
 import { CTL, SPIN_MS, takeChunk } from './gemm_ctl.js';
-import { gemmWat, STRIP, type WFmt } from './gemm_wat.js';
-import { checkArgs, packStrips, padTo, type Gemm, type Weight } from './kernel.js';
+import { ATT_GROUP, gemmWat, STRIP, type WFmt } from './gemm_wat.js';
+import { checkArgs, packGluStrips, packStrips, padTo, type Gemm, type UploadOptions, type Weight } from './kernel.js';
 import { BLOCK_TOKENS } from './kv_cache.js';
 import { addIntoJs, copyRowsJs, rmsNormJs, ropeJs } from './ops_js.js';
 import { opsWat } from './ops_wat.js';
@@ -21,8 +21,10 @@ const FMT_CODE: Record<WFmt, number> = { f32: 1, bf16: 2, f16: 3, q8: 4 };
 const ATTEND_ROWS = 5;
 /** CTL.PACKED code of swiglurows (a job over activation rows). */
 const SWIGLU_ROWS = 6;
-/** attendrows chunks are whole groups of 4 query rows (the GEMM's 4-row register block). */
-const ATTEND_ROW_UNIT = 4;
+/** CTL.PACKED code of gemmpglu (the fused gate|up product and SwiGLU; columns in the packed space). */
+const GLU = 7;
+/** attendrows chunks are whole attention groups (gemm_wat.ts ATT_GROUP: rows sharing one key count). */
+const ATTEND_ROW_UNIT = ATT_GROUP;
 
 interface GemmExports {
   /** Dense Wt [K][N] (attention operands). */
@@ -32,6 +34,8 @@ interface GemmExports {
   /** gemmp for 16-bit strip-packed weights (gemm_wat.ts WFmt); same bits as gemmp on the decoded values. */
   gemmpbf16(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
   gemmpf16(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
+  /** The gate|up product with SwiGLU fused (packGluStrips layout); C is [M][N/2]. */
+  gemmpglu(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
   /** Q8 weights: A is the activation quantq8 made (int8 dot products, q8_dot.ts's bits). */
   gemmpq8(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
   quantq8(X: number, M: number, K: number, Q: number): void;
@@ -270,6 +274,10 @@ export class WasmGemm implements Gemm {
     this.dropWorker();
   }
 
+  park(): void {
+    if (this.worker) Atomics.store(this.ctl, CTL.PARK, 1);
+  }
+
   /**
    * Runs the kernel over all of C, splitting the column strips with the worker when worth it.
    * `fmt`: the format of a strip-packed weight (gemmp and its variants), or null for a dense
@@ -300,6 +308,7 @@ export class WasmGemm implements Gemm {
     c[CTL.ARGS + 9] = n1;
     c[CTL.CHUNK] = unit;
     Atomics.store(c, CTL.NEXT, 0);
+    Atomics.store(c, CTL.PARK, 0);
     const seq = (this.seq = (this.seq + 1) | 0);
     Atomics.store(c, CTL.SEQ, seq);
     Atomics.notify(c, CTL.SEQ);
@@ -352,13 +361,16 @@ export class WasmGemm implements Gemm {
     return { k, n, nPad, ptr, data: null, part: 0, fmt };
   }
 
-  upload(w: Float32Array, n: number, k: number): Weight {
+  upload(w: Float32Array, n: number, k: number, opts: UploadOptions = {}): Weight {
     const nPad = padTo(n, STRIP);
     if (!this.canHold(n, k)) throw new Error(`WASM kernel instance full: a ${n}x${k} weight does not fit its ${this.weightCap}-byte budget`);
     this.weightBytes += k * nPad * 4;
     const ptr = this.alloc(k * nPad * 4);
-    packStrips(w, n, k, nPad, this.f32.subarray(ptr / 4, ptr / 4 + k * nPad));
-    return { k, n, nPad, ptr, data: null, part: 0, fmt: 'f32' };
+    // A gate|up weight whose halves fill whole strips is packed for the fused SwiGLU kernel.
+    const glu = opts.glu === true && n % 32 === 0;
+    if (glu) packGluStrips(w, n / 2, k, this.f32.subarray(ptr / 4, ptr / 4 + k * nPad));
+    else packStrips(w, n, k, nPad, this.f32.subarray(ptr / 4, ptr / 4 + k * nPad));
+    return { k, n, nPad, ptr, data: null, part: 0, fmt: 'f32', glu };
   }
 
   private scratch(bytes: number): number {
@@ -442,7 +454,10 @@ export class WasmGemm implements Gemm {
     if (P % STRIP !== 0) throw new Error(`attend: P=${P} must be a multiple of ${STRIP}`);
     this.attendCore(q, M, hd, P, lens, scale, out, (KT, V, hdPad) => {
       const f32 = this.f32;
-      f32.set(kt.subarray(0, hd * P), KT / 4);
+      // Kᵀ strip-packed ([P/32][hd][32]), the layout gatherkv writes and attgroups reads.
+      for (let s = 0; s < P / STRIP; s++) {
+        for (let e = 0; e < hd; e++) f32.set(kt.subarray(e * P + s * STRIP, e * P + s * STRIP + STRIP), KT / 4 + (s * hd + e) * STRIP);
+      }
       if (hdPad === hd) f32.set(v.subarray(0, P * hd), V / 4);
       else {
         for (let j = 0; j < P; j++) {
@@ -455,7 +470,7 @@ export class WasmGemm implements Gemm {
 
   /**
    * Attention operands on kernel scratch for `heads` heads of M query rows over P keys: Q (the
-   * queries, copied in, [heads][M][hd]), KT ([hd][P]), S ([M][P]), V ([P][hdPad]), O
+   * queries, copied in, [heads][M][hd]), KT (strip-packed [P/32][hd][32]), S ([M][P]), V ([P][hdPad]), O
    * ([heads][M][hdPad]) and L (the M row lengths, copied in), as byte addresses.
    */
   private attnScratch(q: Float32Array, heads: number, M: number, hd: number, P: number, lens: Int32Array, out: Float32Array) {
@@ -487,8 +502,8 @@ export class WasmGemm implements Gemm {
   }
 
   /**
-   * One head's attention on kernel scratch: `fillKV(KT, V, hdPad)` writes keys ([hd][P]) and
-   * values ([P][hdPad]) at those byte addresses; then S = Q·KT, softmax, O = S·V, copied to `out`.
+   * One head's attention on kernel scratch: `fillKV(KT, V, hdPad)` writes keys and
+   * values ([P][hdPad]) at those byte addresses (keys strip-packed, [P/32][hd][32]); then S = Q·KT, softmax, O = S·V, copied to `out`.
    */
   private attendCore(q: Float32Array, M: number, hd: number, P: number, lens: Int32Array, scale: number, out: Float32Array, fillKV: (KT: number, V: number, hdPad: number) => void): void {
     if (M === 0) return;
@@ -538,8 +553,36 @@ export class WasmGemm implements Gemm {
     else for (let r = 0; r < m; r++) out.set(f32.subarray(c0 + r * nPad, c0 + r * nPad + N), r * N);
   }
 
+  matmulSwiglu(w: Weight, a: Float32Array, m: number, gu: Float32Array, out: Float32Array): void {
+    if (!w.glu) {
+      this.matmul(w, a, m, gu);
+      this.swiglu(gu, m, w.n / 2, out);
+      return;
+    }
+    const h = w.n / 2;
+    if (a.length < m * w.k) throw new Error(`matmulSwiglu: input holds ${a.length} values, ${m}x${w.k} needed`);
+    if (out.length < m * h) throw new Error(`matmulSwiglu: output holds ${out.length} values, ${m}x${h} needed`);
+    if (m === 0) return;
+    const K = w.k;
+    const inA = this.addrOf(a);
+    const inC = this.addrOf(out);
+    const aBytes = inA >= 0 ? 0 : padTo(m * K * 4, 64);
+    const cBytes = inC >= 0 ? 0 : m * h * 4;
+    const base = aBytes + cBytes > 0 ? this.scratch(aBytes + cBytes) : 0;
+    const A = inA >= 0 ? inA : base;
+    const C = inC >= 0 ? inC : base + aBytes;
+    if (inA < 0) this.f32.set(a.subarray(0, m * K), A / 4);
+    // Columns split in packed strips like any product (a strip is 16 output columns, 64 bytes of
+    // a C row, so the threads still never write the same cache line: rows are 64-byte aligned).
+    const strips = w.nPad / STRIP;
+    if (!this.worker || strips < 2 || m * K * w.nPad < SPLIT_MIN_MACS) this.exp.gemmpglu(A, w.ptr, C, m, K, w.nPad, 0, m, 0, w.nPad);
+    else this.share(GLU, this.exp.gemmpglu, [A, w.ptr, C, m, K, w.nPad, 0, m], w.nPad, STRIP);
+    if (inC < 0) out.set(this.f32.subarray(C / 4, C / 4 + m * h));
+  }
+
   matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void {
     checkArgs(w, a, m, out);
+    if (w.glu) throw new Error('matmul: a gate|up weight packed for the fused SwiGLU is computed by matmulSwiglu');
     if (m === 0) return;
     const { k: K, n: N, nPad } = w;
     // Operands in kernel memory (activation buffers) are read and written in place; others
@@ -590,11 +633,11 @@ export class WasmGemmPool implements Gemm {
     return this.parts.length;
   }
 
-  upload(w: Float32Array, n: number, k: number): Weight {
+  upload(w: Float32Array, n: number, k: number, opts?: UploadOptions): Weight {
     while (this.cur < this.parts.length && !this.parts[this.cur]!.canHold(n, k)) this.cur++;
     const part = this.parts[this.cur];
     if (!part) throw new Error(`WASM kernel pool full: no instance left for a ${n}x${k} weight`);
-    return { ...part.upload(w, n, k), part: this.cur };
+    return { ...part.upload(w, n, k, opts), part: this.cur };
   }
 
   uploadEncoded(w: EncodedWeight, n: number, k: number): Weight {
@@ -607,6 +650,10 @@ export class WasmGemmPool implements Gemm {
 
   matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void {
     this.parts[w.part]!.matmul(w, a, m, out);
+  }
+
+  matmulSwiglu(w: Weight, a: Float32Array, m: number, gu: Float32Array, out: Float32Array): void {
+    this.parts[w.part]!.matmulSwiglu(w, a, m, gu, out);
   }
 
   matmulDense(a: Float32Array, m: number, k: number, b: Float32Array, n: number, out: Float32Array): void {
@@ -660,6 +707,10 @@ export class WasmGemmPool implements Gemm {
 
   copyRows(src: Float32Array, so: number, ss: number, dst: Float32Array, d0: number, ds: number, rows: number, n: number): void {
     this.parts[0]!.copyRows(src, so, ss, dst, d0, ds, rows, n);
+  }
+
+  park(): void {
+    for (const p of this.parts) p.park();
   }
 
   close(): void {

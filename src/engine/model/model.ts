@@ -146,7 +146,7 @@ export class LlamaModel {
     // A linear layer from one or more tensors stacked by rows. Kept in its stored encoding
     // (16-bit, Q8_0, Q4_0) when every part has the same one — the kernel computes the same bits
     // as from the widened f32 values, with a half or a quarter of the memory traffic — else f32.
-    const mat = async (names: string[], rows: number[], cols: number): Promise<Weight> => {
+    const mat = async (names: string[], rows: number[], cols: number, glu = false): Promise<Weight> => {
       const n = rows.reduce((a, b) => a + b, 0);
       if (st.getEncoded) {
         const parts: (EncodedWeight | null)[] = [];
@@ -169,7 +169,7 @@ export class LlamaModel {
         out.set(t, off);
         off += t.length;
       }
-      return gemm.upload(out, n, cols);
+      return gemm.upload(out, n, cols, { glu });
     };
     const embed = await st.get('model.embed_tokens.weight', [vocabSize, dim]);
     const layers: Layer[] = [];
@@ -180,7 +180,7 @@ export class LlamaModel {
         qkv: await mat([`${p}self_attn.q_proj.weight`, `${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`], [qDim, kvDim, kvDim], dim),
         o: await mat([`${p}self_attn.o_proj.weight`], [dim], qDim),
         mlpNorm: await vec(`${p}post_attention_layernorm.weight`, dim),
-        gateUp: await mat([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [hiddenDim, hiddenDim], dim),
+        gateUp: await mat([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [hiddenDim, hiddenDim], dim, true),
         down: await mat([`${p}mlp.down_proj.weight`], [dim], hiddenDim),
       });
     }
@@ -260,6 +260,16 @@ export class LlamaModel {
    * samples before its next step); otherwise they are the caller's own copies.
    */
   forward(segments: Segment[], kv: PagedKvCache, opts: ForwardOptions = {}): Float32Array[] {
+    try {
+      return this.forwardPass(segments, kv, opts);
+    } finally {
+      // The next product comes only after the caller has used these logits (sampling,
+      // streaming, the next step's admission): the kernel's helper thread sleeps meanwhile.
+      this.gemm.park();
+    }
+  }
+
+  private forwardPass(segments: Segment[], kv: PagedKvCache, opts: ForwardOptions): Float32Array[] {
     if (kv.kvDim !== this.config.numKvHeads * this.config.headDim || kv.layout.numLayers !== this.config.numLayers) {
       throw new ForwardError('KV cache shape does not match the model');
     }
@@ -330,8 +340,9 @@ export class LlamaModel {
       this.gemm.addInto(x, proj, R * dim);
 
       this.gemm.rmsNorm(x, L.mlpNorm, h, R, dim, normEps);
-      this.gemm.matmul(L.gateUp, h, R, gu);
-      this.gemm.swiglu(gu, R, hiddenDim, act);
+      // SwiGLU fused into the gate|up product where the kernel packed the weight for it (f32
+      // weights in the WASM kernel), else the product into gu, then SwiGLU: the same bits.
+      this.gemm.matmulSwiglu(L.gateUp, h, R, gu, act);
       this.gemm.matmul(L.down, act, R, proj);
       this.gemm.addInto(x, proj, R * dim);
     }
@@ -394,8 +405,12 @@ export class LlamaModel {
       // Query rows in blocks to bound the score matrix; all KV heads of a block in one kernel
       // call, q and out laid out [head][row][headDim] (the kernel picks one WASM call for small
       // problems such as a decode step, or per-head calls shared with its worker thread).
-      for (let t0 = 0; t0 < T; t0 += ATTN_ROW_BLOCK) {
-        const t1 = Math.min(T, t0 + ATTN_ROW_BLOCK);
+      // Query tokens per block: the kernel skips each 16-row group's keys beyond its own (so a
+      // block's size costs no masked work); blocks only bound the score matrix, and fewer of them
+      // mean fewer K/V gathers and hand-offs to the worker thread.
+      const blockTokens = Math.max(ATTN_MIN_BLOCK, Math.floor(ATTN_SCORE_FLOATS / (group * Math.ceil(P / 32) * 32)));
+      for (let t0 = 0; t0 < T; t0 += blockTokens) {
+        const t1 = Math.min(T, t0 + blockTokens);
         const M = (t1 - t0) * group;
         const q = this.buf(B_ATTN_Q, numKvHeads * M * headDim);
         const out = this.buf(B_ATTN_OUT, numKvHeads * M * headDim);
@@ -416,8 +431,10 @@ export class LlamaModel {
   }
 }
 
-/** Query tokens per attention block (bounds the score matrix to ATTN_ROW_BLOCK*group*P floats). */
-const ATTN_ROW_BLOCK = 64;
+/** Score-matrix floats an attention block may take (4 MB): a 512-token prompt of a 4-query-per-KV-head model is one block. */
+const ATTN_SCORE_FLOATS = 1 << 20;
+/** Query tokens per attention block at least, however long the prompt (the score matrix grows with P beyond that). */
+const ATTN_MIN_BLOCK = 64;
 
 /**
  * dst[d..d+n) = src[s..s+n). A loop rather than dst.set(src.subarray(…)): the forward pass copies

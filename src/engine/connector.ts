@@ -112,9 +112,9 @@ export class KvcConnectorV1 {
   constructor(private readonly o: ConnectorOptions) {
     this.role = o.config.kv_role;
     this.chunkSize = o.cacheConfig.chunk_size;
-    this.discardPartial = o.config.kv_connector_extra_config.discard_partial_chunks;
-    this.skipLastN = o.config.kv_connector_extra_config.skip_last_n_tokens;
     const extra = o.config.kv_connector_extra_config;
+    this.discardPartial = extra.discard_partial_chunks;
+    this.skipLastN = extra.skip_last_n_tokens;
     // Unset: evict-first only when this engine can fetch the copy back from its holder (P2P).
     this.peerCopyEvictFirst = (extra.peer_copy_admission ?? (o.p2p ? 'evict_first' : 'recent')) === 'evict_first';
     this.partialEvictFirst = (extra.partial_chunk_admission ?? 'evict_first') === 'evict_first';
@@ -161,7 +161,7 @@ export class KvcConnectorV1 {
   }
 
   /** A prompt's partial last chunk (fewer tokens than a chunk): reused only by the same prompt again. */
-  private partial(span: ChunkSpan): boolean {
+  private partial(span: { start: number; end: number }): boolean {
     return span.end - span.start < this.chunkSize;
   }
 
@@ -332,8 +332,6 @@ export class KvcConnectorV1 {
     const wantSend = this.role === 'kv_producer' && !!this.transfer?.send && req.kvTransferParams?.disagg_spec !== undefined;
     const sealed: SealedChunk[] = [];
     const toStore: SealedChunk[] = [];
-    /** Stored evict-first: the partial last chunk (partial_chunk_admission). */
-    const coldKeys = new Set<string>();
     try {
       for (const span of spans) {
         const stored = canStore && this.store.has(span.key);
@@ -345,7 +343,6 @@ export class KvcConnectorV1 {
         const c: SealedChunk = { key: span.key, start: span.start, end: span.end, chunk: sealChunk(buf, this.o.layout, n, span.key) };
         if (wantSend) sealed.push(c);
         if (canStore && !stored) toStore.push(c);
-        if (canStore && !stored && this.partialEvictFirst && this.partial(span)) coldKeys.add(span.key);
       }
     } catch (e) {
       log.warn(`request ${req.requestId}: exporting KV failed: ${(e as Error).message}`);
@@ -356,7 +353,8 @@ export class KvcConnectorV1 {
       for (const c of toStore) {
         const t0 = performance.now();
         try {
-          await this.store.put(c.key, c.chunk, undefined, { evictFirst: coldKeys.has(c.key) });
+          // The partial last chunk goes in evict-first (partial_chunk_admission).
+          await this.store.put(c.key, c.chunk, undefined, { evictFirst: this.partialEvictFirst && this.partial(c) });
           m.chunksSaved.inc();
           m.cacheStoredBytes.inc(c.chunk.byteLength);
           m.cacheStoreSeconds.observe((performance.now() - t0) / 1000);

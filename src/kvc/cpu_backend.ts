@@ -53,8 +53,7 @@ export class LocalCPUBackend implements StorageBackend {
    */
   putSync(key: ChunkKey, chunk: Uint8Array, opts: PutOptions = {}): ChunkKey[] {
     checkChunkFor(chunk, key);
-    // same key ⇒ same prefix ⇒ same bytes
-    if (opts.evictFirst ? this.index.get(key) : this.index.touch(key)) return [];
+    if (this.index.readmit(key, opts)) return []; // same key ⇒ same prefix ⇒ same bytes
     const cls = sizeClass(chunk.byteLength);
     if (cls > this.capacityBytes) {
       throw new StoreFullError(`chunk ${key} (${chunk.byteLength} bytes) is larger than LocalCPUBackend capacity (${this.capacityBytes} bytes)`);

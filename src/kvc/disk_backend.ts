@@ -206,8 +206,7 @@ export class LocalDiskBackend implements StorageBackend {
   put(key: ChunkKey, chunk: Uint8Array, opts: PutOptions = {}): Promise<ChunkKey[]> {
     return this.serialize(async () => {
       checkChunkFor(chunk, key);
-      // evictFirst (types.ts): admitted at the cold end; a chunk already held keeps its place.
-      if (opts.evictFirst ? this.index.get(key) : this.index.touch(key)) return [];
+      if (this.index.readmit(key, opts)) return [];
       const size = chunk.byteLength;
       if (size > this.capacityBytes) {
         throw new StoreFullError(`chunk ${key} (${size} bytes) is larger than LocalDiskBackend capacity (${this.capacityBytes} bytes)`);

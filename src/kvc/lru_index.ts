@@ -74,6 +74,15 @@ export class LruIndex<E extends Entry> {
     }
   }
 
+  /**
+   * For a put of `key`: true when it is indexed already (same key, same bytes: nothing to store).
+   * A plain put then marks it used; an evict-first one leaves it where it is (a copy of what a
+   * peer holds is not a use of this one).
+   */
+  readmit(key: ChunkKey, opts: { evictFirst?: boolean } = {}): boolean {
+    return (opts.evictFirst ? this.get(key) : this.touch(key)) !== undefined;
+  }
+
   /** Indexes `key` as most recently used, or, with evictFirst, at the cold end (see the top). */
   add(key: ChunkKey, e: E, opts: { evictFirst?: boolean } = {}): void {
     if (this.get(key)) this.delete(key);

@@ -5,6 +5,18 @@
 // module (gemm_wat.ts), so the two evolve independently.
 
 /**
+ * `while (v < end) { body; v += step }` as WAT: the inner loops below (the sum of squares, and
+ * each vector loop with its scalar tail) have this one shape. Labels `$<name>d` / `$<name>l`.
+ */
+function whileBelow(v: string, name: string, end: string, step: number, body: string): string {
+  return `(block $${name}d (loop $${name}l
+        (br_if $${name}d (i32.ge_u (local.get ${v}) ${end}))
+        ${body}
+        (local.set ${v} (i32.add (local.get ${v}) (i32.const ${step})))
+        (br $${name}l)))`;
+}
+
+/**
  * rmsnorm(X, W, O, rows, dim, eps): ops_js.ts rmsNormJs. The sum of squares stays a sequential
  * f64 chain (the reference's order); the scaling is vectorised (per element, order-free).
  */
@@ -20,30 +32,18 @@ function rmsNormFunc(): string {
       (local.set $op (i32.add (local.get $O) (i32.shl (i32.mul (local.get $r) (local.get $dim)) (i32.const 2))))
       (local.set $ss (f64.const 0))
       (local.set $i (i32.const 0))
-      (block $sd (loop $sl
-        (br_if $sd (i32.ge_u (local.get $i) (local.get $dim)))
-        (local.set $v (f64.promote_f32 (f32.load (i32.add (local.get $xp) (i32.shl (local.get $i) (i32.const 2))))))
-        (local.set $ss (f64.add (local.get $ss) (f64.mul (local.get $v) (local.get $v))))
-        (local.set $i (i32.add (local.get $i) (i32.const 1)))
-        (br $sl)))
+      ${whileBelow('$i', 's', '(local.get $dim)', 1, `(local.set $v (f64.promote_f32 (f32.load (i32.add (local.get $xp) (i32.shl (local.get $i) (i32.const 2))))))
+        (local.set $ss (f64.add (local.get $ss) (f64.mul (local.get $v) (local.get $v))))`)}
       (local.set $s (f32.demote_f64 (f64.div (f64.const 1)
         (f64.sqrt (f64.add (f64.div (local.get $ss) (f64.convert_i32_u (local.get $dim))) (local.get $eps))))))
       (local.set $sv (f32x4.splat (local.get $s)))
       (local.set $i (i32.const 0))
-      (block $vd (loop $vl
-        (br_if $vd (i32.ge_u (local.get $i) (local.get $d4)))
-        (v128.store (i32.add (local.get $op) (i32.shl (local.get $i) (i32.const 2)))
+      ${whileBelow('$i', 'v', '(local.get $d4)', 4, `(v128.store (i32.add (local.get $op) (i32.shl (local.get $i) (i32.const 2)))
           (f32x4.mul (f32x4.mul (v128.load (i32.add (local.get $xp) (i32.shl (local.get $i) (i32.const 2)))) (local.get $sv))
-            (v128.load (i32.add (local.get $W) (i32.shl (local.get $i) (i32.const 2))))))
-        (local.set $i (i32.add (local.get $i) (i32.const 4)))
-        (br $vl)))
-      (block $td (loop $tl
-        (br_if $td (i32.ge_u (local.get $i) (local.get $dim)))
-        (f32.store (i32.add (local.get $op) (i32.shl (local.get $i) (i32.const 2)))
+            (v128.load (i32.add (local.get $W) (i32.shl (local.get $i) (i32.const 2))))))`)}
+      ${whileBelow('$i', 't', '(local.get $dim)', 1, `(f32.store (i32.add (local.get $op) (i32.shl (local.get $i) (i32.const 2)))
           (f32.mul (f32.mul (f32.load (i32.add (local.get $xp) (i32.shl (local.get $i) (i32.const 2)))) (local.get $s))
-            (f32.load (i32.add (local.get $W) (i32.shl (local.get $i) (i32.const 2))))))
-        (local.set $i (i32.add (local.get $i) (i32.const 1)))
-        (br $tl)))
+            (f32.load (i32.add (local.get $W) (i32.shl (local.get $i) (i32.const 2))))))`)}
       (local.set $r (i32.add (local.get $r) (i32.const 1)))
       (br $rl)))
   )`;
@@ -88,16 +88,8 @@ function ropeFunc(): string {
         (br_if $hd_ (i32.ge_u (local.get $h) (local.get $heads)))
         (local.set $hp (i32.add (local.get $rp) (i32.shl (i32.mul (local.get $h) (local.get $hd)) (i32.const 2))))
         (local.set $i (i32.const 0))
-        (block $vd (loop $vl
-          (br_if $vd (i32.ge_u (local.get $i) (local.get $h4)))
-          ${pair(true)}
-          (local.set $i (i32.add (local.get $i) (i32.const 4)))
-          (br $vl)))
-        (block $td (loop $tl
-          (br_if $td (i32.ge_u (local.get $i) (local.get $half)))
-          ${pair(false)}
-          (local.set $i (i32.add (local.get $i) (i32.const 1)))
-          (br $tl)))
+        ${whileBelow('$i', 'v', '(local.get $h4)', 4, pair(true))}
+        ${whileBelow('$i', 't', '(local.get $half)', 1, pair(false))}
         (local.set $h (i32.add (local.get $h) (i32.const 1)))
         (br $hl)))
       (local.set $r (i32.add (local.get $r) (i32.const 1)))
@@ -112,18 +104,10 @@ function addIntoFunc(): string {
     (local $i i32) (local $n4 i32)
     (local.set $n4 (i32.shl (i32.and (local.get $n) (i32.const -4)) (i32.const 2)))
     (local.set $n (i32.shl (local.get $n) (i32.const 2)))
-    (block $vd (loop $vl
-      (br_if $vd (i32.ge_u (local.get $i) (local.get $n4)))
-      (v128.store (i32.add (local.get $X) (local.get $i))
-        (f32x4.add (v128.load (i32.add (local.get $X) (local.get $i))) (v128.load (i32.add (local.get $Y) (local.get $i)))))
-      (local.set $i (i32.add (local.get $i) (i32.const 16)))
-      (br $vl)))
-    (block $td (loop $tl
-      (br_if $td (i32.ge_u (local.get $i) (local.get $n)))
-      (f32.store (i32.add (local.get $X) (local.get $i))
-        (f32.add (f32.load (i32.add (local.get $X) (local.get $i))) (f32.load (i32.add (local.get $Y) (local.get $i)))))
-      (local.set $i (i32.add (local.get $i) (i32.const 4)))
-      (br $tl)))
+    ${whileBelow('$i', 'v', '(local.get $n4)', 16, `(v128.store (i32.add (local.get $X) (local.get $i))
+        (f32x4.add (v128.load (i32.add (local.get $X) (local.get $i))) (v128.load (i32.add (local.get $Y) (local.get $i)))))`)}
+    ${whileBelow('$i', 't', '(local.get $n)', 4, `(f32.store (i32.add (local.get $X) (local.get $i))
+        (f32.add (f32.load (i32.add (local.get $X) (local.get $i))) (f32.load (i32.add (local.get $Y) (local.get $i)))))`)}
   )`;
 }
 
@@ -139,16 +123,8 @@ function copyRowsFunc(): string {
     (block $rd (loop $rl
       (br_if $rd (i32.ge_u (local.get $r) (local.get $rows)))
       (local.set $i (i32.const 0))
-      (block $vd (loop $vl
-        (br_if $vd (i32.ge_u (local.get $i) (local.get $n4)))
-        (v128.store (i32.add (local.get $D) (local.get $i)) (v128.load (i32.add (local.get $S) (local.get $i))))
-        (local.set $i (i32.add (local.get $i) (i32.const 16)))
-        (br $vl)))
-      (block $td (loop $tl
-        (br_if $td (i32.ge_u (local.get $i) (local.get $n)))
-        (i32.store (i32.add (local.get $D) (local.get $i)) (i32.load (i32.add (local.get $S) (local.get $i))))
-        (local.set $i (i32.add (local.get $i) (i32.const 4)))
-        (br $tl)))
+      ${whileBelow('$i', 'v', '(local.get $n4)', 16, `(v128.store (i32.add (local.get $D) (local.get $i)) (v128.load (i32.add (local.get $S) (local.get $i))))`)}
+      ${whileBelow('$i', 't', '(local.get $n)', 4, `(i32.store (i32.add (local.get $D) (local.get $i)) (i32.load (i32.add (local.get $S) (local.get $i))))`)}
       (local.set $S (i32.add (local.get $S) (local.get $ss)))
       (local.set $D (i32.add (local.get $D) (local.get $ds)))
       (local.set $r (i32.add (local.get $r) (i32.const 1)))

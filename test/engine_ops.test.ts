@@ -34,9 +34,18 @@ function inKernel(g: WasmGemm, slot: number, v: Float32Array): Float32Array {
   return a;
 }
 
-test('RMSNorm, RoPE and the residual add: WASM SIMD equals the JS definition bitwise, in kernel memory and not', async () => {
-  const g = await WasmGemm.create({ threads: 1 });
+/** Runs `fn` on a WASM kernel made with `opts`, then closes it (its worker thread), also on failure. */
+async function withKernel(opts: Parameters<typeof WasmGemm.create>[0], fn: (g: WasmGemm) => void | Promise<void>): Promise<void> {
+  const g = await WasmGemm.create(opts);
   try {
+    await fn(g);
+  } finally {
+    g.close();
+  }
+}
+
+test('RMSNorm, RoPE and the residual add: WASM SIMD equals the JS definition bitwise, in kernel memory and not', async () => {
+  await withKernel({ threads: 1 }, async (g) => {
     // dim 37: vector body and scalar tail; hd 20 (half 10) and 6 (half 3) likewise for RoPE.
     for (const [rows, dim] of [[7, 37], [3, 256], [1, 4]] as const) {
       const x = rand(rows * dim, dim, 3);
@@ -96,16 +105,13 @@ test('RMSNorm, RoPE and the residual add: WASM SIMD equals the JS definition bit
     const pb = g.activation(5, 1);
     new Int32Array(pb.buffer, pb.byteOffset, 1)[0] = 100;
     assert.throws(() => g.rope(g.activation(4, 32), 1, 32, 1, 32, new Int32Array(pb.buffer, pb.byteOffset, 1), g.activation(6, 16), g.activation(7, 16)), /beyond the cos\/sin tables/);
-  } finally {
-    g.close();
-  }
+  });
 });
 
 test('GEMMs and SwiGLU on activation buffers equal the copying path and the JS kernel, one and two threads', async () => {
   const js = new JsGemm();
   for (const threads of [1, 2] as const) {
-    const g = await WasmGemm.create({ threads, fma: js.fma });
-    try {
+    await withKernel({ threads, fma: js.fma }, async (g) => {
       // Large enough to be shared with the worker (2^20 multiply-adds; 2^15 SwiGLU elements).
       const [m, n, k] = [130, 384, 256];
       const wv = rand(n * k, 3);
@@ -141,16 +147,13 @@ test('GEMMs and SwiGLU on activation buffers equal the copying path and the JS k
       act2.fill(0);
       g.swiglu(gu, rows, hidden, act2);
       sameBits(act2, sw, 'swiglu plain in → kernel out');
-    } finally {
-      g.close();
-    }
+    });
   }
 });
 
 test('softmax with extreme scores (exp underflow, equal maxima, large magnitudes): WASM equals JS bitwise', async () => {
   const js = new JsGemm();
-  const g = await WasmGemm.create({ threads: 1, fma: js.fma });
-  try {
+  await withKernel({ threads: 1, fma: js.fma }, async (g) => {
     const [M, hd, P] = [6, 4, 64];
     const q = Float32Array.from({ length: M * hd }, (_, i) => [0, 1, -1, 30, -30, 1e3][Math.floor(i / hd)]! * (i % 2 ? 1 : -0.5));
     const kt = Float32Array.from({ length: hd * P }, (_, i) => ((i * 37) % 11) - 5);
@@ -162,16 +165,13 @@ test('softmax with extreme scores (exp underflow, equal maxima, large magnitudes
     g.attend(q, M, hd, kt, P, v, lens, 0.5, b);
     sameBits(b, a, 'attend with extreme scores');
     for (let i = 0; i < b.length; i++) assert.ok(Number.isFinite(b[i]!), `output ${i} finite`);
-  } finally {
-    g.close();
-  }
+  });
 });
 
 test('fused gate|up + SwiGLU (matmulSwiglu): WASM equals the JS product then SwiGLU bitwise, fused and not, one and two threads', async () => {
   const js = new JsGemm();
   for (const threads of [1, 2] as const) {
-    const g = await WasmGemm.create({ threads, fma: js.fma });
-    try {
+    await withKernel({ threads, fma: js.fma }, async (g) => {
       // hidden 48 (96 rows: packed for the fused kernel), 40 (80 rows: not a whole number of
       // strips, so the product then SwiGLU) and 1408 with K 256 (large enough to be shared with
       // the worker); gate values up to ±12 reach both branches of the logistic function.
@@ -201,8 +201,6 @@ test('fused gate|up + SwiGLU (matmulSwiglu): WASM equals the JS product then Swi
           sameBits(out, want, `threads ${threads} hidden ${hidden} rows ${rows} (kernel memory)`);
         }
       }
-    } finally {
-      g.close();
-    }
+    });
   }
 });

@@ -17,7 +17,8 @@
 // prefiller-0 over P2P (medians of 3 pairs, alternating). `--only p2p|rr|kv|skew-rr|skew-kv` runs
 // just that part (for diagnosis; each run prints where its prompt tokens came from, per engine,
 // and how many copies of each prefix the deployment keeps). `--list-misses` also lists the
-// requests whose prefix no instance held when they were sent.
+// requests whose prefix no instance held when they were sent. `--no-replica-hints` starts the
+// deployments without the controller's replica hints (docs/storage.md), for an A/B.
 // Ends with one JSON line (see the end of main()) and writes bench-results/routing/routing.svg.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
@@ -39,6 +40,9 @@ const PREFIX = 1024;
 const CHUNK_BYTES = 2 * 4 * 256 * 64 * 4 + 64;
 /** CPU tier per engine: about 40 % of the 8 prefixes (4 chunks each), in GiB. */
 const CPU_GIB = (0.4 * TENANTS * (PREFIX / 256) * CHUNK_BYTES) / 2 ** 30;
+
+/** `--no-replica-hints`: the deployment without the controller's replica hints (for A/B). */
+const NO_REPLICA_HINTS = process.argv.includes('--no-replica-hints');
 
 function arg(name: string, def: number): number {
   const i = process.argv.indexOf(`--${name}`);
@@ -117,7 +121,7 @@ async function up(routing: string): Promise<Deployment> {
 async function upOnce(routing: string): Promise<Deployment> {
   const off = await freeOffset();
   const logDir = mkdtempSync(join(tmpdir(), `kvc-bench-routing-${routing}-`));
-  const proc = spawn(process.execPath, [CLI, 'up', '--prefillers', '2', '--decoders', '2', '--routing', routing, '--max-local-cpu-size', CPU_GIB.toFixed(6), '--port-offset', String(off), '--log-dir', logDir], {
+  const proc = spawn(process.execPath, [CLI, 'up', '--prefillers', '2', '--decoders', '2', '--routing', routing, '--max-local-cpu-size', CPU_GIB.toFixed(6), '--port-offset', String(off), '--log-dir', logDir, ...(NO_REPLICA_HINTS ? ['--no-replica-hints'] : [])], {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, KVC_LOG_LEVEL: 'warn' },
   });

@@ -17,13 +17,15 @@ export function registerController(program: Command): void {
     .option('--heartbeat-timeout <seconds>', 'reap a worker silent for this long', '10')
     .option('--command-timeout <seconds>', 'deadline of a short command to a worker (lookup, pin, health)', '5')
     .option('--transfer-timeout <seconds>', 'deadline of a move, copy or clear', '300')
+    .option('--replica-hints <on|off>', 'tell instances which of their chunks another instance holds too, so they evict duplicates first (docs/storage.md)', 'on')
     .option('--deployment-secret-file <path>', 'file whose first line is the secret the processes of this deployment share (default: $KVC_DEPLOYMENT_SECRET; none: internal channels are open)')
-    .action(async (opts: { host: string; advertiseHost?: string; port: string; monitorPort: string; heartbeatTimeout: string; commandTimeout: string; transferTimeout: string; deploymentSecretFile?: string }) => {
+    .action(async (opts: { host: string; advertiseHost?: string; port: string; monitorPort: string; heartbeatTimeout: string; commandTimeout: string; transferTimeout: string; replicaHints: string; deploymentSecretFile?: string }) => {
       const { host, advertiseHost } = hostFlags(opts);
       applySecret(opts, host, 'the controller');
       const port = portFlag('--port', opts.port);
       const monitorPort = portFlag('--monitor-port', opts.monitorPort);
       if (port === monitorPort) throw new Error('--port and --monitor-port must differ');
+      if (opts.replicaHints !== 'on' && opts.replicaHints !== 'off') throw new Error(`--replica-hints: expected on or off, got "${opts.replicaHints}"`);
       const ctl = await startController({
         host,
         advertiseHost,
@@ -33,6 +35,7 @@ export function registerController(program: Command): void {
         commandTimeoutMs: secondsFlag('--command-timeout', opts.commandTimeout),
         transferTimeoutMs: secondsFlag('--transfer-timeout', opts.transferTimeout),
         processMetrics: true,
+        replicaHints: opts.replicaHints === 'on',
       });
       process.stdout.write(`kvc controller ready: http ${ctl.url} monitor tcp://${urlHost(advertiseHost)}:${monitorPort} (bound on ${host}) dashboard ${ctl.url}/\n`);
       let stopping = false;

@@ -49,6 +49,7 @@ export function registerUp(program: Command): void {
     .option('--port-offset <n>', 'added to every reference port (to run beside another deployment)', '0')
     .option('--no-controller', 'do not start the controller; engines run with enable_controller: false')
     .option('--no-p2p', 'engines do not fetch prefixes they lack from each other (P2P, on by default with the controller; docs/p2p.md)')
+    .option('--no-replica-hints', 'the controller does not tell engines which chunks another engine holds too (on by default: duplicates are evicted first; docs/storage.md)')
     .option('--log-dir <dir>', 'where per-process logs, generated configs and deployment.json go', 'kvc-logs')
     .option('--startup-timeout <s>', 'seconds allowed for all processes to become healthy', '300')
     .option('--api-key <key>', 'client API key of the deployment: clients send "Authorization: Bearer <key>" (default: $KVC_API_KEY; none: open)')
@@ -81,6 +82,7 @@ export function registerUp(program: Command): void {
           portOffset: int('--port-offset', String(o.portOffset)),
           controller: o.controller !== false,
           p2p: o.p2p !== false,
+          replicaHints: o.replicaHints !== false,
           routing: o.routing === undefined ? undefined : (String(o.routing) as 'round-robin'),
           maxLocalPrefillTokens: o.maxLocalPrefillTokens === undefined ? undefined : int('--max-local-prefill-tokens', String(o.maxLocalPrefillTokens), 0),
           maxPrefillQueue: o.maxPrefillQueue === undefined ? undefined : int('--max-prefill-queue', String(o.maxPrefillQueue), 0),

@@ -147,6 +147,16 @@ export class ChunkIndex {
     this.used--;
   }
 
+  /** Appends the holders of key (hi, lo) to `out` (none when it is not indexed); returns `out`. */
+  holdersOf(hi: number, lo: number, out: number[]): number[] {
+    const i = this.find(hi, lo);
+    if (i < 0) return out;
+    const v = this.val[i]!;
+    if (v > 0) out.push(v);
+    else for (const h of this.multi[-v - 1]!) out.push(h);
+    return out;
+  }
+
   /** Applies a packed list of 8-byte big-endian keys. */
   addPacked(keys: Uint8Array, holder: number): number {
     const dv = new DataView(keys.buffer, keys.byteOffset, keys.byteLength);

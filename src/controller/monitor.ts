@@ -7,6 +7,7 @@ import { SendQueue } from '../common/send_queue.js';
 import { decodeMsg, encodeMsg } from '../protocol/monitor.js';
 import type { Registry } from './registry.js';
 import { answerP2pLookup } from './p2p_holders.js';
+import type { ReplicaHintMsg } from '../protocol/replica_hint.js';
 import { DEFAULT_ZMQ_MAX_MESSAGE_BYTES } from '../common/limits.js';
 
 const log = logger('controller.monitor');
@@ -55,6 +56,11 @@ export class MonitorServer {
     } catch (e) {
       if (!this.closed) log.error(`monitor loop stopped: ${(e as Error).message}`);
     }
+  }
+
+  /** Sends a message to one instance (by its session's routing id); a failure is logged at debug. */
+  sendTo(routingId: string, msg: ReplicaHintMsg): void {
+    if (!this.closed) void this.out.send([Buffer.from(routingId), encodeMsg(msg)]);
   }
 
   async close(): Promise<void> {

@@ -62,7 +62,13 @@ export class Registry {
   private readonly holderRefs = new Map<number, HolderRef>();
   private nextHolder = 1;
   /** Counters for /metrics. */
-  readonly stats = { admitted: 0, evicted: 0, synced: 0, reaped: 0, registrations: 0, badMessages: 0, p2pLookups: 0 };
+  readonly stats = {
+    admitted: 0, evicted: 0, synced: 0, reaped: 0, registrations: 0, badMessages: 0, p2pLookups: 0,
+    /** Replica hints queued (src/controller/replica_hints.ts): duplicates, last copies, dropped. */
+    replicaHeldElsewhere: 0, replicaLastCopy: 0, replicaHintsDropped: 0,
+  };
+  /** Told of every admit/evict op once it is applied to the index (the replica hints). */
+  afterOp: ((w: WorkerRec, kind: 0 | 1, location: string, keys: Uint8Array) => void) | null = null;
   /** instance_id → its engine's recent samples, oldest first (bounded by ENGINE_SAMPLES_KEPT). */
   private readonly samples = new Map<string, TimedEngineSample[]>();
 
@@ -142,6 +148,7 @@ export class Registry {
             this.index.removePacked(keys, h);
             this.stats.evicted += keys.byteLength / 8;
           }
+          this.afterOp?.(w, kind, loc, keys);
         }
         return null;
       }

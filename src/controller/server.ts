@@ -9,6 +9,7 @@ import { buildHttpApi } from './http_api.js';
 import { MonitorServer } from './monitor.js';
 import { Operations } from './operations.js';
 import { Registry } from './registry.js';
+import { ReplicaHints } from './replica_hints.js';
 
 const log = logger('controller');
 
@@ -27,6 +28,11 @@ export interface ControllerOptions {
   eventHistory?: number;
   /** Export process metrics (CPU, memory, event loop) on /metrics: the `kvc controller` process sets it. */
   processMetrics?: boolean;
+  /**
+   * Tell instances which of their chunks another instance holds too, so that they evict
+   * duplicates first (src/controller/replica_hints.ts). Default true.
+   */
+  replicaHints?: boolean;
 }
 
 export interface Controller {
@@ -46,6 +52,10 @@ export async function startController(o: ControllerOptions): Promise<Controller>
     transferMs: o.transferTimeoutMs ?? 300_000,
   });
   const monitor = new MonitorServer(registry);
+  if (o.replicaHints ?? true) {
+    const hints = new ReplicaHints(registry, (id, msg) => monitor.sendTo(id, msg));
+    registry.afterOp = (w, kind, loc, keys) => hints.afterOp(w, kind, loc, keys);
+  }
   await monitor.bind(o.host, o.monitorPort);
   let http: FastifyInstance;
   try {

@@ -24,6 +24,8 @@ export interface PlanOptions {
   controller: boolean;
   /** P2P prefix sharing between the engines (needs the controller); default: on with the controller. */
   p2p?: boolean;
+  /** The controller sends replica hints (duplicates evicted first; docs/storage.md). Default true. */
+  replicaHints?: boolean;
   /** The address every process binds (one machine; with hostList: 0.0.0.0 unless bindAddresses). */
   host: string;
   /** One machine: the address processes reach each other at (default: host, or the hostname for 0.0.0.0). */
@@ -372,7 +374,7 @@ function secretArgs(plan: Plan): string[] {
 
 export function controllerArgs(plan: Plan): string[] {
   const c = plan.controller!;
-  return ['controller', ...hostArgs(plan, c), '--port', String(c.port), '--monitor-port', String(c.monitorPort), ...secretArgs(plan)];
+  return ['controller', ...hostArgs(plan, c), '--port', String(c.port), '--monitor-port', String(c.monitorPort), ...(plan.opts.replicaHints === false ? ['--replica-hints', 'off'] : []), ...secretArgs(plan)];
 }
 
 export function proxyArgs(plan: Plan): string[] {

@@ -4,7 +4,8 @@
 //   - the peer chunk server on distributed_url (src/kvc/worker_peer.ts),
 //   - a ZeroMQ DEALER to controller_url that registers, heartbeats, forwards the store's
 //     admit/evict events in ordered batches and sends the full key list after every
-//     (re)registration.
+//     (re)registration; it applies the controller's replica hints to the store
+//     (src/protocol/replica_hint.ts).
 //
 // Connection state: `registering` (register sent every heartbeat interval until a welcome)
 // → `live` (full sync, then batched ops and heartbeats). Missing heartbeat acks, a
@@ -18,7 +19,8 @@ import type { KvLayout } from '../common/chunk.js';
 import type { CacheConfig } from '../common/config.js';
 import { logger } from '../common/log.js';
 import { SendQueue } from '../common/send_queue.js';
-import { decodeMsg, encodeMsg, MONITOR_PROTOCOL_VERSION, packKeys, SYNC_PART_KEYS, type InstanceMsg, type KeyOp } from '../protocol/monitor.js';
+import { decodeMsg, encodeMsg, MONITOR_PROTOCOL_VERSION, packKeys, SYNC_PART_KEYS, unpackKeys, type InstanceMsg, type KeyOp } from '../protocol/monitor.js';
+import { replicaHintMsgSchema } from '../protocol/replica_hint.js';
 import type { EngineSample, InstanceStats } from '../protocol/instance_stats.js';
 import type { KvcStore } from './store.js';
 import type { KeyEvent } from './types.js';
@@ -256,6 +258,10 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
           clearTimeout(q.timer);
           if (r.success) q.resolve(r.data.holders);
           else q.reject(new Error(`malformed p2p_holders answer: ${r.error.issues[0]?.message ?? 'invalid'}`));
+        } else if (m.t === 'replicas') {
+          const r = replicaHintMsgSchema.safeParse(m);
+          if (r.success) store.markReplicas(r.data.location, unpackKeys(r.data.keys), r.data.held_elsewhere);
+          else log.warn(`ignored a malformed replica hint from the controller: ${r.error.issues[0]?.message ?? 'invalid'}`);
         } else if (m.t === 'reregister') {
           if (state === 'live') {
             log.info('controller does not know this worker (restarted or reaped it); re-registering');

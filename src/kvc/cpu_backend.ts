@@ -95,9 +95,18 @@ export class LocalCPUBackend implements StorageBackend {
     this.index.touchHeadLast(keys);
   }
 
+  markReplica(key: ChunkKey, elsewhere: boolean): boolean {
+    return this.index.setReplica(key, elsewhere);
+  }
+
   /** Chunks admitted evict-first and not read since (for metrics and tests). */
   coldChunks(): number {
     return this.index.coldCount;
+  }
+
+  /** Chunks the controller said another instance holds too, not read here since (for metrics and tests). */
+  replicaChunks(): number {
+    return this.index.replicaCount;
   }
 
   /** True when `key` was admitted evict-first and has not been read since. */

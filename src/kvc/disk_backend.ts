@@ -290,6 +290,10 @@ export class LocalDiskBackend implements StorageBackend {
     this.index.touchHeadLast(keys);
   }
 
+  markReplica(key: ChunkKey, elsewhere: boolean): boolean {
+    return this.index.setReplica(key, elsewhere);
+  }
+
   unpin(key: ChunkKey): boolean {
     if (!this.index.unpin(key)) return false;
     rmSync(this.pinFile(key), { force: true });

@@ -7,8 +7,18 @@
 // Victims come from `cold` first. A read of a cold entry (touch) moves it to the most recent end
 // of `main`: a copy earns its place by being used from this cache, and until then never pushes
 // out a chunk that was.
+//
+// A third segment, `replicas`, holds the chunks the controller says another instance holds too
+// (setReplica; src/controller/replica_hints.ts): victims after `cold` and before `main`, and
+// NEWEST first. Why newest first: the other copy is typically the first one, on an instance that
+// evicts by recency, so it goes oldest first there; keeping the oldest duplicates here makes the
+// two tiers hold different chunks (together, the most distinct prefixes) instead of both dropping
+// the same oldest prefix. A hint's keys come in prompt order, so a prefix's tail is the newest
+// and leaves first, as in `main`. A read here (touch) moves a replica to `main` (used here, so
+// kept by recency); the controller's last-copy hint does the same for a cold entry or a replica.
 import type { ChunkKey } from '../common/keys.js';
 import type { BackendStats, LocationName } from './types.js';
+import { NewestFirst } from './newest_first.js';
 
 export interface Entry {
   bytes: number;
@@ -19,11 +29,17 @@ export class LruIndex<E extends Entry> {
   private readonly map = new Map<ChunkKey, E>();
   /** Entries admitted evict-first and not read since (victims before anything in `map`). */
   private readonly cold = new Map<ChunkKey, E>();
+  /** Entries another instance holds too (controller hint): victims after `cold`, newest first. */
+  private readonly replicas = new NewestFirst<ChunkKey, E>();
   private _bytes = 0;
   private _pinned = 0;
 
   get size(): number {
-    return this.map.size + this.cold.size;
+    return this.map.size + this.cold.size + this.replicas.size;
+  }
+  /** Entries the controller said another instance holds too, not read here since. */
+  get replicaCount(): number {
+    return this.replicas.size;
   }
   /** Entries admitted evict-first and not read since. */
   get coldCount(): number {
@@ -41,18 +57,41 @@ export class LruIndex<E extends Entry> {
   }
 
   get(key: ChunkKey): E | undefined {
-    return this.map.get(key) ?? this.cold.get(key);
+    return this.map.get(key) ?? this.cold.get(key) ?? this.replicas.get(key);
   }
 
-  /** Looks up and marks as most recently used (a cold entry joins the main segment). */
+  /** Removes `key` from whichever segment holds it (no accounting). */
+  private unlink(key: ChunkKey): void {
+    if (!this.map.delete(key) && !this.cold.delete(key)) this.replicas.delete(key);
+  }
+
+  /** Looks up and marks as most recently used (a cold entry or a replica joins the main segment). */
   touch(key: ChunkKey): E | undefined {
-    const e = this.map.get(key) ?? this.cold.get(key);
+    const e = this.get(key);
     if (e) {
-      this.map.delete(key);
-      this.cold.delete(key);
+      this.unlink(key);
       this.map.set(key, e);
     }
     return e;
+  }
+
+  /**
+   * The controller's replica hint (see the top): `elsewhere` true makes `key` the newest replica;
+   * false (this instance holds the last copy) moves a cold entry or a replica to the recent end of
+   * `main` and leaves one already in `main` where it is. False when `key` is not indexed (the hint
+   * is then moot).
+   */
+  setReplica(key: ChunkKey, elsewhere: boolean): boolean {
+    const e = this.get(key);
+    if (!e) return false;
+    if (elsewhere) {
+      this.unlink(key);
+      this.replicas.set(key, e);
+    } else if (!this.map.has(key)) {
+      this.unlink(key);
+      this.map.set(key, e);
+    }
+    return true;
   }
 
   /**
@@ -63,7 +102,8 @@ export class LruIndex<E extends Entry> {
    */
   touchHeadLast(keys: readonly ChunkKey[]): void {
     // Cold entries stay cold (ordering a prompt is not a read of the copies it received), but
-    // are ordered head-last among the cold ones too: a cold copy also goes tail first.
+    // are ordered head-last among the cold ones too: a cold copy also goes tail first. Replicas
+    // stay where the hint put them (their order is already tail first).
     for (let i = keys.length - 1; i >= 0; i--) {
       const k = keys[i]!;
       const c = this.cold.get(k);
@@ -94,8 +134,7 @@ export class LruIndex<E extends Entry> {
   delete(key: ChunkKey): E | undefined {
     const e = this.get(key);
     if (!e) return undefined;
-    this.map.delete(key);
-    this.cold.delete(key);
+    this.unlink(key);
     this._bytes -= e.bytes;
     if (e.pinned) this._pinned--;
     return e;
@@ -127,7 +166,7 @@ export class LruIndex<E extends Entry> {
     let excess = this._bytes + need - capacity;
     if (excess <= 0) return [];
     const out: ChunkKey[] = [];
-    for (const seg of [this.cold, this.map]) {
+    for (const seg of [this.cold.entries(), this.replicas.entries(), this.map.entries()]) {
       for (const [k, e] of seg) {
         if (e.pinned) continue;
         out.push(k);
@@ -138,20 +177,22 @@ export class LruIndex<E extends Entry> {
     return null;
   }
 
-  /** Every unpinned key, first evicted first (cold ones, then least recently used). */
+  /** Every unpinned key, first evicted first (cold ones, replicas newest first, then least recently used). */
   unpinnedKeys(): ChunkKey[] {
     const out: ChunkKey[] = [];
-    for (const seg of [this.cold, this.map]) for (const [k, e] of seg) if (!e.pinned) out.push(k);
+    for (const [k, e] of this.entries()) if (!e.pinned) out.push(k);
     return out;
   }
 
   /** Every key, first evicted first. */
   keys(): ChunkKey[] {
-    return [...this.cold.keys(), ...this.map.keys()];
+    return [...this.cold.keys(), ...this.replicas.keys(), ...this.map.keys()];
   }
 
+  /** Every entry, first evicted first. */
   *entries(): IterableIterator<[ChunkKey, E]> {
     yield* this.cold.entries();
+    yield* this.replicas.entries();
     yield* this.map.entries();
   }
 

@@ -134,6 +134,19 @@ export class KvcStore extends EventEmitter<StoreEvents> {
     for (const b of this.backends.values()) b.touchPrefix?.(keys);
   }
 
+  /**
+   * Applies the controller's replica hints to location `loc`, in order (see
+   * StorageBackend.markReplica); returns how many named a chunk held there. Unknown locations and
+   * chunks no longer held are ignored: a hint is advice about the past.
+   */
+  markReplicas(loc: string, keys: readonly ChunkKey[], elsewhere: ArrayLike<number>): number {
+    const b = this.backends.get(loc as LocationName);
+    if (!b?.markReplica) return 0;
+    let n = 0;
+    for (let i = 0; i < keys.length; i++) if (b.markReplica(keys[i]!, elsewhere[i] === 1)) n++;
+    return n;
+  }
+
   /** Number of leading `keys` present (in `loc`, or in any location): the cached prefix in chunks. */
   lookupPrefix(keys: readonly ChunkKey[], loc?: LocationName): number {
     let n = 0;

@@ -74,6 +74,13 @@ export interface StorageBackend {
    * (optional: a location without recency order ignores it).
    */
   touchPrefix?(keys: readonly ChunkKey[]): void;
+  /**
+   * The controller's replica hint (src/protocol/replica_hint.ts): `elsewhere` true when another
+   * instance holds the chunk too (evict it before chunks only this instance holds, even when read
+   * here), false when this instance now holds the last copy (plain recency again). False when the
+   * chunk is not here (optional: a location without recency order ignores it).
+   */
+  markReplica?(key: ChunkKey, elsewhere: boolean): boolean;
   unpin(key: ChunkKey): boolean;
   isPinned(key: ChunkKey): boolean;
   remove(key: ChunkKey): Promise<boolean>;

@@ -17,7 +17,8 @@
 //   p2p_lookup which other instances hold the chunks that follow (src/protocol/p2p_holders.ts)
 // Controller → instance:
 //   welcome {heartbeat_interval_ms}, hb_ack, reregister, error {message},
-//   p2p_holders (the answer to p2p_lookup)
+//   p2p_holders (the answer to p2p_lookup),
+//   replicas    which of its chunks other instances hold too (src/protocol/replica_hint.ts)
 //
 // A (re)registration is always followed by a full sync, so a restarted controller rebuilds
 // its index without restarting any engine.
@@ -25,6 +26,7 @@ import { decode, encode } from '@msgpack/msgpack';
 import { z } from 'zod';
 import { instanceStatsSchema } from './instance_stats.js';
 import type { P2pHoldersMsg, P2pLookupMsg } from './p2p_holders.js';
+import type { ReplicaHintMsg } from './replica_hint.js';
 
 export const MONITOR_PROTOCOL_VERSION = 1;
 /** Alias kept for readers of the monitor code: the version a `register` carries in `v`. */
@@ -103,7 +105,7 @@ export function describeIssues(e: z.ZodError): string {
   return e.issues.map((i) => `${i.path.length ? i.path.join('.') : '(message)'}: ${i.message}`).join('; ');
 }
 
-export function encodeMsg(m: InstanceMsg | ControllerMsg | P2pLookupMsg | P2pHoldersMsg): Buffer {
+export function encodeMsg(m: InstanceMsg | ControllerMsg | P2pLookupMsg | P2pHoldersMsg | ReplicaHintMsg): Buffer {
   const u = encode(m);
   return Buffer.from(u.buffer, u.byteOffset, u.byteLength);
 }

@@ -1,0 +1,101 @@
+// Replica hints (docs/storage.md "Replica-aware eviction"; message: src/protocol/replica_hint.ts).
+//
+// The controller sees every admission and eviction of every instance, so it alone knows whether a
+// chunk is a duplicate. Each instance's tiers hold only part of the working set; when they fill
+// with the same hot prefixes (a prefiller's computed chunks and the copies its decoder received,
+// in lockstep), the other prefixes are evicted everywhere and must be computed again. The rule:
+//   - an instance that admits a chunk another instance already holds is told `held_elsewhere`:
+//     its copy goes to the cold end of its eviction order and stays there while it is read,
+//   - when evictions leave a chunk on one instance only, that instance is told it holds the
+//     last copy: the chunk leaves the cold end and is evicted by plain recency again.
+// The first copy of a chunk is the one kept warm (it is where the chunk was computed, or where
+// it survived), so a deployment keeps every prefix somewhere for as long as its tiers together
+// can hold them, before keeping any prefix twice.
+//
+// Hints are batched per (instance, location) and sent once the current event-loop turn's ops are
+// applied; at most MAX_PENDING keys wait per instance (more are dropped and counted: a lost hint
+// only makes eviction less informed, never wrong).
+import { REPLICA_HINT_MAX_KEYS, type ReplicaHintMsg } from '../protocol/replica_hint.js';
+import type { Registry, WorkerRec } from './registry.js';
+
+/** Keys waiting per instance before further hints to it are dropped. */
+const MAX_PENDING = 4 * REPLICA_HINT_MAX_KEYS;
+
+interface Pending {
+  w: WorkerRec;
+  /** location → keys as (hi, lo) pairs and one flag per key (1 = held elsewhere). */
+  byLocation: Map<string, { halves: number[]; flags: number[] }>;
+  count: number;
+}
+
+export class ReplicaHints {
+  private readonly pending = new Map<string, Pending>();
+  private scheduled = false;
+  private readonly scratch: number[] = [];
+
+  constructor(
+    private readonly registry: Registry,
+    private readonly send: (routingId: string, msg: ReplicaHintMsg) => void,
+  ) {}
+
+  /** Called by the registry after it applied one op of `w` (kind 1 = admit, 0 = evict) to the index. */
+  afterOp(w: WorkerRec, kind: 0 | 1, location: string, keys: Uint8Array): void {
+    const dv = new DataView(keys.buffer, keys.byteOffset, keys.byteLength);
+    for (let o = 0; o + 8 <= keys.byteLength; o += 8) {
+      const hi = dv.getUint32(o);
+      const lo = dv.getUint32(o + 4);
+      const holders = this.registry.index.holdersOf(hi, lo, (this.scratch.length = 0, this.scratch));
+      if (kind === 1) {
+        // Admitted by w: a duplicate when some other instance holds it.
+        if (holders.some((h) => this.registry.holder(h)?.worker !== w)) this.queue(w, location, hi, lo, 1);
+        continue;
+      }
+      // Evicted by w: when what remains is on one instance, that instance holds the last copy.
+      if (holders.length === 0) continue;
+      const last = this.registry.holder(holders[0]!)?.worker;
+      if (!last || holders.some((h) => this.registry.holder(h)?.worker !== last)) continue;
+      for (const h of holders) this.queue(last, this.registry.holder(h)!.location, hi, lo, 0);
+    }
+  }
+
+  private queue(w: WorkerRec, location: string, hi: number, lo: number, elsewhere: 0 | 1): void {
+    let p = this.pending.get(w.routingId);
+    if (!p) this.pending.set(w.routingId, (p = { w, byLocation: new Map(), count: 0 }));
+    if (p.count >= MAX_PENDING) {
+      this.registry.stats.replicaHintsDropped++;
+      return;
+    }
+    let l = p.byLocation.get(location);
+    if (!l) p.byLocation.set(location, (l = { halves: [], flags: [] }));
+    l.halves.push(hi, lo);
+    l.flags.push(elsewhere);
+    p.count++;
+    if (elsewhere) this.registry.stats.replicaHeldElsewhere++;
+    else this.registry.stats.replicaLastCopy++;
+    if (!this.scheduled) {
+      this.scheduled = true;
+      setImmediate(() => this.flush());
+    }
+  }
+
+  private flush(): void {
+    this.scheduled = false;
+    for (const [routingId, p] of this.pending) {
+      // An instance that left (or re-registered as a new session) since: its hints are moot.
+      if (this.registry.worker(routingId) !== p.w) continue;
+      for (const [location, l] of p.byLocation) {
+        for (let k = 0; k < l.flags.length; k += REPLICA_HINT_MAX_KEYS) {
+          const n = Math.min(REPLICA_HINT_MAX_KEYS, l.flags.length - k);
+          const keys = new Uint8Array(n * 8);
+          const dv = new DataView(keys.buffer);
+          for (let i = 0; i < n; i++) {
+            dv.setUint32(i * 8, l.halves[2 * (k + i)]!);
+            dv.setUint32(i * 8 + 4, l.halves[2 * (k + i) + 1]!);
+          }
+          this.send(routingId, { t: 'replicas', location, keys, held_elsewhere: Uint8Array.from(l.flags.slice(k, k + n)) });
+        }
+      }
+    }
+    this.pending.clear();
+  }
+}

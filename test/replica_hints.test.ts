@@ -1,0 +1,176 @@
+// Replica-aware eviction (docs/storage.md): the LruIndex's replica segment, the hint message's
+// schema, and the whole path on real processes: a `kvc controller` process and two cache
+// instances in this process (KvcStore + attachController) that store the same chunks.
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { DType, encodeChunk, payloadBytes, type KvLayout } from '../src/common/chunk.js';
+import { validateCacheConfig } from '../src/common/config.js';
+import { chunkKeys, type ChunkKey } from '../src/common/keys.js';
+import { freePortRange } from '../src/common/ports.js';
+import { attachController, type ControllerAttachment } from '../src/kvc/controller_client.js';
+import { LruIndex, type Entry } from '../src/kvc/lru_index.js';
+import { KvcStore } from '../src/kvc/store.js';
+import { replicaHintMsgSchema } from '../src/protocol/replica_hint.js';
+import { startKvc, type Proc } from './helpers/proc.js';
+
+const MODEL = 'replica-test-model';
+const CHUNK = 16;
+const LAYOUT: KvLayout = { dtype: DType.f32, numLayers: 2, numKvHeads: 2, headDim: 4 };
+
+const entry = (): Entry => ({ bytes: 1, pinned: false });
+const k = (i: number) => i.toString(16).padStart(16, '0') as ChunkKey;
+
+describe('LruIndex replica segment', () => {
+  test('victims: cold first, then replicas newest first, then least recently used', () => {
+    const idx = new LruIndex<Entry>();
+    for (let i = 1; i <= 6; i++) idx.add(k(i), entry());
+    idx.add(k(7), entry(), { evictFirst: true });
+    assert.equal(idx.setReplica(k(2), true), true);
+    assert.equal(idx.setReplica(k(3), true), true);
+    assert.equal(idx.replicaCount, 2);
+    assert.deepEqual(idx.keys(), [k(7), k(3), k(2), k(1), k(4), k(5), k(6)]);
+    assert.deepEqual(idx.victims(0, 7 - 4), [k(7), k(3), k(2), k(1)]);
+  });
+
+  test('a read moves a replica to the recent end of main; a last-copy hint moves a cold entry or a replica there', () => {
+    const idx = new LruIndex<Entry>();
+    for (let i = 1; i <= 4; i++) idx.add(k(i), entry());
+    idx.setReplica(k(1), true);
+    idx.setReplica(k(2), true);
+    idx.touch(k(1));
+    assert.equal(idx.replicaCount, 1);
+    assert.deepEqual(idx.keys(), [k(2), k(3), k(4), k(1)]);
+    idx.setReplica(k(2), false);
+    assert.deepEqual(idx.keys(), [k(3), k(4), k(1), k(2)]);
+    // A last-copy hint leaves an entry that is in main where it is.
+    idx.setReplica(k(3), false);
+    assert.deepEqual(idx.keys(), [k(3), k(4), k(1), k(2)]);
+    idx.add(k(5), entry(), { evictFirst: true });
+    idx.setReplica(k(5), false);
+    assert.equal(idx.coldCount, 0);
+    assert.deepEqual(idx.keys(), [k(3), k(4), k(1), k(2), k(5)]);
+  });
+
+  test('pins win, unknown keys are moot, deletes leave no trace', () => {
+    const idx = new LruIndex<Entry>();
+    idx.add(k(1), entry());
+    idx.add(k(2), entry());
+    idx.pin(k(1));
+    idx.setReplica(k(1), true);
+    assert.deepEqual(idx.victims(0, 1), [k(2)]);
+    assert.equal(idx.setReplica(k(9), true), false);
+    assert.equal(idx.size, 2);
+    idx.delete(k(1));
+    assert.equal(idx.replicaCount, 0);
+    assert.equal(idx.bytes, 1);
+    assert.equal(idx.pinnedCount, 0);
+  });
+});
+
+test('the replica hint message: one flag byte per packed key, named when wrong', () => {
+  const ok = replicaHintMsgSchema.safeParse({ t: 'replicas', location: 'LocalCPUBackend', keys: new Uint8Array(16), held_elsewhere: new Uint8Array([1, 0]) });
+  assert.equal(ok.success, true);
+  const bad = replicaHintMsgSchema.safeParse({ t: 'replicas', location: 'LocalCPUBackend', keys: new Uint8Array(16), held_elsewhere: new Uint8Array([1]) });
+  assert.equal(bad.success, false);
+  assert.match(JSON.stringify(bad.error!.issues), /held_elsewhere/);
+  const odd = replicaHintMsgSchema.safeParse({ t: 'replicas', location: 'LocalCPUBackend', keys: new Uint8Array(12), held_elsewhere: new Uint8Array([1]) });
+  assert.equal(odd.success, false);
+});
+
+interface Instance {
+  store: KvcStore;
+  att: ControllerAttachment;
+  close(): Promise<void>;
+}
+
+async function startInstance(id: string, monitorPort: number): Promise<Instance> {
+  const base = await freePortRange(2);
+  const { config: cfg } = validateCacheConfig({
+    chunk_size: CHUNK,
+    local_cpu: true,
+    max_local_cpu_size: 0.01,
+    enable_controller: true,
+    kvc_instance_id: id,
+    controller_url: `127.0.0.1:${monitorPort}`,
+    kvc_worker_port: base,
+    distributed_url: `127.0.0.1:${base + 1}`,
+  });
+  const store = await KvcStore.create(cfg);
+  const att = await attachController(store, cfg, { modelId: MODEL, chunkSize: CHUNK, seed: 0n, layout: LAYOUT, flushMs: 5 });
+  return { store, att, close: async () => { await att.close(); await store.close(); } };
+}
+
+async function putPrompt(store: KvcStore, tokens: number[]): Promise<ChunkKey[]> {
+  const spans = chunkKeys(tokens, { modelId: MODEL, chunkSize: CHUNK, seed: 0n });
+  for (const s of spans) await store.put(s.key, encodeChunk(LAYOUT, s.end - s.start, s.key, new Uint8Array(payloadBytes(LAYOUT, s.end - s.start))), 'LocalCPUBackend');
+  return spans.map((s) => s.key);
+}
+
+async function waitUntil(what: string, fn: () => boolean, timeoutMs = 10_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!fn()) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+const range = (n: number, from: number) => Array.from({ length: n }, (_, i) => from + i);
+
+for (const hints of ['on', 'off'] as const) {
+  describe(`replica hints ${hints}: a real controller process and two instances`, () => {
+    let ctl: Proc;
+    let http: number;
+    let A: Instance;
+    let B: Instance;
+    before(async () => {
+      http = await freePortRange(2);
+      ctl = startKvc(['controller', '--port', String(http), '--monitor-port', String(http + 1), '--replica-hints', hints]);
+      await ctl.waitFor(/kvc controller ready/, 60_000);
+      A = await startInstance('rep-A', http + 1);
+      B = await startInstance('rep-B', http + 1);
+      await waitUntil('both registered', () => A.att.state === 'live' && B.att.state === 'live');
+    });
+    after(async () => {
+      await A?.close();
+      await B?.close();
+      await ctl?.kill('SIGTERM');
+    });
+
+    test(hints === 'on'
+      ? 'the second holder is told its copies are duplicates; when the first evicts them, it holds the last copy'
+      : 'no hints: both copies stay ordinary entries', async () => {
+      const keys = await putPrompt(A.store, range(64, 1000));
+      // A stored first (alone): its copies are ordinary.
+      await new Promise((r) => setTimeout(r, 300));
+      assert.equal(A.store.cpu()!.replicaChunks(), 0);
+      await putPrompt(B.store, range(64, 1000));
+      if (hints === 'off') {
+        await new Promise((r) => setTimeout(r, 500));
+        assert.equal(B.store.cpu()!.replicaChunks(), 0, 'no hint without --replica-hints on');
+        return;
+      }
+      await waitUntil('B told its 4 chunks are held elsewhere', () => B.store.cpu()!.replicaChunks() === keys.length);
+      assert.equal(A.store.cpu()!.replicaChunks(), 0, 'the first copy stays ordinary');
+      // B's duplicates are its first victims (after nothing cold), newest (the prompt's tail) first.
+      assert.deepEqual(B.store.cpu()!.keys().slice(0, keys.length), [...keys].reverse());
+      // A drops its copies: B now holds the last ones and keeps them by recency again.
+      for (const key of keys.slice(0, 2)) await A.store.remove(key, 'LocalCPUBackend');
+      await waitUntil('B told it holds the last copy of 2 chunks', () => B.store.cpu()!.replicaChunks() === keys.length - 2);
+      await A.store.clear('LocalCPUBackend');
+      await waitUntil('B holds every last copy', () => B.store.cpu()!.replicaChunks() === 0);
+      assert.equal(B.store.cpu()!.coldChunks(), 0);
+      assert.equal(B.store.cpu()!.keys().length, keys.length, 'B lost nothing');
+      const metrics = await (await fetch(`http://127.0.0.1:${http}/metrics`)).text();
+      assert.match(metrics, new RegExp(`kvc_controller_replica_hints_held_elsewhere_total ${keys.length}\\b`));
+      assert.match(metrics, new RegExp(`kvc_controller_replica_hints_last_copy_total ${keys.length}\\b`));
+    });
+  });
+}
+
+test('kvc controller --replica-hints takes on or off, naming the flag otherwise', async () => {
+  const http = await freePortRange(2);
+  const p = startKvc(['controller', '--port', String(http), '--monitor-port', String(http + 1), '--replica-hints', 'maybe']);
+  await p.waitFor(/--replica-hints: expected on or off, got "maybe"/, 30_000);
+  const code = await p.kill('SIGTERM');
+  assert.notEqual(code, 0);
+});

@@ -76,8 +76,8 @@ export class ChunkIndex {
     return -this.multi.length;
   }
 
-  /** Adds holder to key (hi, lo); true when it was not there yet. */
-  addHalves(hi: number, lo: number, holder: number): boolean {
+  /** Adds holder to key (hi, lo): 0 when it was there already, 1 when added as the key's only holder, 2 when added beside other holders. */
+  addHalves(hi: number, lo: number, holder: number): 0 | 1 | 2 {
     if ((this.used + 1) * 4 > this.cap * 3) this.grow();
     let i = lo & this.mask;
     for (;;) {
@@ -87,44 +87,44 @@ export class ChunkIndex {
         this.lo[i] = lo;
         this.val[i] = holder;
         this.used++;
-        return true;
+        return 1;
       }
       if (this.lo[i] === lo && this.hi[i] === hi) {
-        if (v === holder) return false;
+        if (v === holder) return 0;
         if (v > 0) {
           this.val[i] = this.newMulti(v, holder);
-          return true;
+          return 2;
         }
         const hs = this.multi[-v - 1]!;
-        if (hs.includes(holder)) return false;
+        if (hs.includes(holder)) return 0;
         hs.push(holder);
-        return true;
+        return 2;
       }
       i = (i + 1) & this.mask;
     }
   }
 
-  /** Removes holder from key; true when it was there. */
-  removeHalves(hi: number, lo: number, holder: number): boolean {
+  /** Removes holder from key: 0 when it was not there, 1 when removed and the key is gone, 2 when removed and other holders remain. */
+  removeHalves(hi: number, lo: number, holder: number): 0 | 1 | 2 {
     const i = this.find(hi, lo);
-    if (i < 0) return false;
+    if (i < 0) return 0;
     const v = this.val[i]!;
     if (v > 0) {
-      if (v !== holder) return false;
+      if (v !== holder) return 0;
       this.deleteSlot(i);
-      return true;
+      return 1;
     }
     const m = -v - 1;
     const hs = this.multi[m]!;
     const k = hs.indexOf(holder);
-    if (k < 0) return false;
+    if (k < 0) return 0;
     hs.splice(k, 1);
     if (hs.length === 1) {
       this.val[i] = hs[0]!;
       this.multi[m] = [];
       this.freeMulti.push(m);
     }
-    return true;
+    return 2;
   }
 
   /** Backward-shift deletion: keeps probe chains intact without tombstones. */
@@ -157,31 +157,49 @@ export class ChunkIndex {
     return out;
   }
 
-  /** Applies a packed list of 8-byte big-endian keys. */
-  addPacked(keys: Uint8Array, holder: number): number {
+  /**
+   * Applies a packed list of 8-byte big-endian keys. `shared(hi, lo)`, if given, is called for
+   * each key added beside other holders (the replica hints; no second probe per key).
+   */
+  addPacked(keys: Uint8Array, holder: number, shared?: (hi: number, lo: number) => void): number {
     const dv = new DataView(keys.buffer, keys.byteOffset, keys.byteLength);
     let n = 0;
-    for (let o = 0; o + 8 <= keys.byteLength; o += 8) if (this.addHalves(dv.getUint32(o), dv.getUint32(o + 4), holder)) n++;
+    for (let o = 0; o + 8 <= keys.byteLength; o += 8) {
+      const hi = dv.getUint32(o);
+      const lo = dv.getUint32(o + 4);
+      const r = this.addHalves(hi, lo, holder);
+      if (r === 0) continue;
+      n++;
+      if (r === 2 && shared) shared(hi, lo);
+    }
     if (n) this.bump(holder, n);
     return n;
   }
 
-  removePacked(keys: Uint8Array, holder: number): number {
+  /** Removes a packed list; `left(hi, lo)`, if given, is called for each key other holders still hold. */
+  removePacked(keys: Uint8Array, holder: number, left?: (hi: number, lo: number) => void): number {
     const dv = new DataView(keys.buffer, keys.byteOffset, keys.byteLength);
     let n = 0;
-    for (let o = 0; o + 8 <= keys.byteLength; o += 8) if (this.removeHalves(dv.getUint32(o), dv.getUint32(o + 4), holder)) n++;
+    for (let o = 0; o + 8 <= keys.byteLength; o += 8) {
+      const hi = dv.getUint32(o);
+      const lo = dv.getUint32(o + 4);
+      const r = this.removeHalves(hi, lo, holder);
+      if (r === 0) continue;
+      n++;
+      if (r === 2 && left) left(hi, lo);
+    }
     if (n) this.bump(holder, -n);
     return n;
   }
 
   add(key: string, holder: number): boolean {
-    const ok = this.addHalves(parseInt(key.slice(0, 8), 16) >>> 0, parseInt(key.slice(8, 16), 16) >>> 0, holder);
+    const ok = this.addHalves(parseInt(key.slice(0, 8), 16) >>> 0, parseInt(key.slice(8, 16), 16) >>> 0, holder) !== 0;
     if (ok) this.bump(holder, 1);
     return ok;
   }
 
   remove(key: string, holder: number): boolean {
-    const ok = this.removeHalves(parseInt(key.slice(0, 8), 16) >>> 0, parseInt(key.slice(8, 16), 16) >>> 0, holder);
+    const ok = this.removeHalves(parseInt(key.slice(0, 8), 16) >>> 0, parseInt(key.slice(8, 16), 16) >>> 0, holder) !== 0;
     if (ok) this.bump(holder, -1);
     return ok;
   }

@@ -67,8 +67,11 @@ export class Registry {
     /** Replica hints queued (src/controller/replica_hints.ts): duplicates, last copies, dropped. */
     replicaHeldElsewhere: 0, replicaLastCopy: 0, replicaHintsDropped: 0,
   };
-  /** Told of every admit/evict op once it is applied to the index (the replica hints). */
-  afterOp: ((w: WorkerRec, kind: 0 | 1, location: string, keys: Uint8Array) => void) | null = null;
+  /**
+   * The replica hints (src/controller/replica_hints.ts), told while ops are applied: of each key
+   * admitted beside other holders, and of each key evicted that other holders still hold.
+   */
+  replicas: { admittedShared(w: WorkerRec, location: string, hi: number, lo: number): void; evictedLeft(hi: number, lo: number): void } | null = null;
   /** instance_id → its engine's recent samples, oldest first (bounded by ENGINE_SAMPLES_KEPT). */
   private readonly samples = new Map<string, TimedEngineSample[]>();
 
@@ -141,14 +144,14 @@ export class Registry {
           }
           const [kind, loc, keys] = op;
           const h = this.holderOf(w, loc);
+          const r = this.replicas;
           if (kind === 1) {
-            this.index.addPacked(keys, h);
+            this.index.addPacked(keys, h, r ? (hi, lo) => r.admittedShared(w, loc, hi, lo) : undefined);
             this.stats.admitted += keys.byteLength / 8;
           } else {
-            this.index.removePacked(keys, h);
+            this.index.removePacked(keys, h, r ? (hi, lo) => r.evictedLeft(hi, lo) : undefined);
             this.stats.evicted += keys.byteLength / 8;
           }
-          this.afterOp?.(w, kind, loc, keys);
         }
         return null;
       }

@@ -38,24 +38,23 @@ export class ReplicaHints {
     private readonly send: (routingId: string, msg: ReplicaHintMsg) => void,
   ) {}
 
-  /** Called by the registry after it applied one op of `w` (kind 1 = admit, 0 = evict) to the index. */
-  afterOp(w: WorkerRec, kind: 0 | 1, location: string, keys: Uint8Array): void {
-    const dv = new DataView(keys.buffer, keys.byteOffset, keys.byteLength);
-    for (let o = 0; o + 8 <= keys.byteLength; o += 8) {
-      const hi = dv.getUint32(o);
-      const lo = dv.getUint32(o + 4);
-      const holders = this.registry.index.holdersOf(hi, lo, (this.scratch.length = 0, this.scratch));
-      if (kind === 1) {
-        // Admitted by w: a duplicate when some other instance holds it.
-        if (holders.some((h) => this.registry.holder(h)?.worker !== w)) this.queue(w, location, hi, lo, 1);
-        continue;
-      }
-      // Evicted by w: when what remains is on one instance, that instance holds the last copy.
-      if (holders.length === 0) continue;
-      const last = this.registry.holder(holders[0]!)?.worker;
-      if (!last || holders.some((h) => this.registry.holder(h)?.worker !== last)) continue;
-      for (const h of holders) this.queue(last, this.registry.holder(h)!.location, hi, lo, 0);
-    }
+  /** An admission of `w` beside other holders: a duplicate when some other instance holds it. */
+  admittedShared(w: WorkerRec, location: string, hi: number, lo: number): void {
+    const holders = this.holders(hi, lo);
+    if (holders.some((h) => this.registry.holder(h)?.worker !== w)) this.queue(w, location, hi, lo, 1);
+  }
+
+  /** An eviction that left holders: when what remains is on one instance, it holds the last copy. */
+  evictedLeft(hi: number, lo: number): void {
+    const holders = this.holders(hi, lo);
+    const last = this.registry.holder(holders[0]!)?.worker;
+    if (!last || holders.some((h) => this.registry.holder(h)?.worker !== last)) return;
+    for (const h of holders) this.queue(last, this.registry.holder(h)!.location, hi, lo, 0);
+  }
+
+  private holders(hi: number, lo: number): number[] {
+    this.scratch.length = 0;
+    return this.registry.index.holdersOf(hi, lo, this.scratch);
   }
 
   private queue(w: WorkerRec, location: string, hi: number, lo: number, elsewhere: 0 | 1): void {

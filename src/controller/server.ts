@@ -54,7 +54,7 @@ export async function startController(o: ControllerOptions): Promise<Controller>
   const monitor = new MonitorServer(registry);
   if (o.replicaHints ?? true) {
     const hints = new ReplicaHints(registry, (id, msg) => monitor.sendTo(id, msg));
-    registry.afterOp = (w, kind, loc, keys) => hints.afterOp(w, kind, loc, keys);
+    registry.replicas = hints;
   }
   await monitor.bind(o.host, o.monitorPort);
   let http: FastifyInstance;

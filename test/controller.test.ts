@@ -10,7 +10,7 @@ import { fileURLToPath } from 'node:url';
 import { Dealer } from 'zeromq';
 import { decode, encode } from '@msgpack/msgpack';
 import { DType, encodeChunk, payloadBytes, verifyChunk, type KvLayout } from '../src/common/chunk.js';
-import { validateCacheConfig, type CacheConfig } from '../src/common/config.js';
+import type { CacheConfig } from '../src/common/config.js';
 import { chunkKeys } from '../src/common/keys.js';
 import { freePortRange } from '../src/common/ports.js';
 import { encodeMsg, packKeys, PROTOCOL_VERSION } from '../src/protocol/monitor.js';
@@ -19,6 +19,7 @@ import { KvcStore } from '../src/kvc/store.js';
 import { transferHolds } from '../src/kvc/transfer_holds.js';
 import { WorkerOps } from '../src/kvc/worker_ops.js';
 import { startPeerServer } from '../src/kvc/worker_peer.js';
+import { controllerInstanceConfig } from './helpers/cache_instance.js';
 import { postJson, startKvc, tempDir, waitHttp, type Proc } from './helpers/proc.js';
 
 const MODEL = 'ctl-test-model';
@@ -65,20 +66,8 @@ interface Instance {
 }
 
 async function startInstance(id: string, monitorPort: number, opts: { cpuGiB?: number; disk?: boolean; diskGiB?: number; chunkSize?: number; layout?: KvLayout } = {}): Promise<Instance> {
-  const base = await freePortRange(2);
   const diskDir = opts.disk ? tempDir('kvc-ctl-disk-') : null;
-  const { config: cfg } = validateCacheConfig({
-    chunk_size: opts.chunkSize ?? CHUNK,
-    local_cpu: true,
-    max_local_cpu_size: opts.cpuGiB ?? 0.01,
-    max_local_disk_size: diskDir ? (opts.diskGiB ?? 0.05) : 0,
-    local_disk: diskDir,
-    enable_controller: true,
-    kvc_instance_id: id,
-    controller_url: `127.0.0.1:${monitorPort}`,
-    kvc_worker_port: base,
-    distributed_url: `127.0.0.1:${base + 1}`,
-  });
+  const cfg = await controllerInstanceConfig(id, monitorPort, { chunkSize: opts.chunkSize ?? CHUNK, cpuGiB: opts.cpuGiB, diskDir, diskGiB: opts.diskGiB });
   const store = await KvcStore.create(cfg);
   const att = await attachController(store, cfg, { modelId: MODEL, chunkSize: opts.chunkSize ?? CHUNK, seed: 0n, layout: opts.layout ?? LAYOUT });
   return {

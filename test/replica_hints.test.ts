@@ -4,13 +4,13 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { DType, encodeChunk, payloadBytes, type KvLayout } from '../src/common/chunk.js';
-import { validateCacheConfig } from '../src/common/config.js';
 import { chunkKeys, type ChunkKey } from '../src/common/keys.js';
 import { freePortRange } from '../src/common/ports.js';
 import { attachController, type ControllerAttachment } from '../src/kvc/controller_client.js';
 import { LruIndex, type Entry } from '../src/kvc/lru_index.js';
 import { KvcStore } from '../src/kvc/store.js';
 import { replicaHintMsgSchema } from '../src/protocol/replica_hint.js';
+import { controllerInstanceConfig } from './helpers/cache_instance.js';
 import { startKvc, type Proc } from './helpers/proc.js';
 
 const MODEL = 'replica-test-model';
@@ -84,17 +84,7 @@ interface Instance {
 }
 
 async function startInstance(id: string, monitorPort: number): Promise<Instance> {
-  const base = await freePortRange(2);
-  const { config: cfg } = validateCacheConfig({
-    chunk_size: CHUNK,
-    local_cpu: true,
-    max_local_cpu_size: 0.01,
-    enable_controller: true,
-    kvc_instance_id: id,
-    controller_url: `127.0.0.1:${monitorPort}`,
-    kvc_worker_port: base,
-    distributed_url: `127.0.0.1:${base + 1}`,
-  });
+  const cfg = await controllerInstanceConfig(id, monitorPort, { chunkSize: CHUNK });
   const store = await KvcStore.create(cfg);
   const att = await attachController(store, cfg, { modelId: MODEL, chunkSize: CHUNK, seed: 0n, layout: LAYOUT, flushMs: 5 });
   return { store, att, close: async () => { await att.close(); await store.close(); } };

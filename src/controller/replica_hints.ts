@@ -5,12 +5,13 @@
 // with the same hot prefixes (a prefiller's computed chunks and the copies its decoder received,
 // in lockstep), the other prefixes are evicted everywhere and must be computed again. The rule:
 //   - an instance that admits a chunk another instance already holds is told `held_elsewhere`:
-//     its copy goes to the cold end of its eviction order and stays there while it is read,
+//     its copy joins the replica segment of its eviction order (src/kvc/lru_index.ts: after the
+//     cold chunks, before everything else, newest first; a read here makes it ordinary again),
 //   - when evictions leave a chunk on one instance only, that instance is told it holds the
-//     last copy: the chunk leaves the cold end and is evicted by plain recency again.
-// The first copy of a chunk is the one kept warm (it is where the chunk was computed, or where
-// it survived), so a deployment keeps every prefix somewhere for as long as its tiers together
-// can hold them, before keeping any prefix twice.
+//     last copy: the chunk is evicted by plain recency again.
+// A later copy never demotes the first one (where the chunk was computed, or where it survived),
+// so a deployment keeps every prefix somewhere for as long as its tiers together can hold them,
+// before keeping any prefix twice.
 //
 // Hints are batched per (instance, location) and sent once the current event-loop turn's ops are
 // applied; at most MAX_PENDING keys wait per instance (more are dropped and counted: a lost hint

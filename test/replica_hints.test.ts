@@ -51,6 +51,16 @@ describe('LruIndex replica segment', () => {
     assert.deepEqual(idx.keys(), [k(3), k(4), k(1), k(2), k(5)]);
   });
 
+  test('clearing the marks makes every replica ordinary again, oldest first', () => {
+    const idx = new LruIndex<Entry>();
+    for (let i = 1; i <= 4; i++) idx.add(k(i), entry());
+    idx.setReplica(k(1), true);
+    idx.setReplica(k(3), true);
+    idx.clearReplicas();
+    assert.equal(idx.replicaCount, 0);
+    assert.deepEqual(idx.keys(), [k(2), k(4), k(1), k(3)]);
+  });
+
   test('pins win, unknown keys are moot, deletes leave no trace', () => {
     const idx = new LruIndex<Entry>();
     idx.add(k(1), entry());
@@ -156,6 +166,56 @@ for (const hints of ['on', 'off'] as const) {
     });
   });
 }
+
+describe('replica marks across a controller restart', () => {
+  let ctl: Proc;
+  let http: number;
+  let A: Instance;
+  let B: Instance;
+  const startCtl = async () => {
+    ctl = startKvc(['controller', '--port', String(http), '--monitor-port', String(http + 1), '--heartbeat-timeout', '2']);
+    await ctl.waitFor(/kvc controller ready/, 60_000);
+  };
+  before(async () => {
+    http = await freePortRange(2);
+    await startCtl();
+    A = await startInstance('restart-A', http + 1);
+    B = await startInstance('restart-B', http + 1);
+    await waitUntil('both registered', () => A.att.state === 'live' && B.att.state === 'live');
+  });
+  after(async () => {
+    await A?.close();
+    await B?.close();
+    await ctl?.kill('SIGTERM');
+  });
+
+  test('instances forget the old advice when they re-register; the sync marks only what others hold', async () => {
+    const keys = await putPrompt(A.store, range(64, 5000));
+    await new Promise((r) => setTimeout(r, 300));
+    await putPrompt(B.store, range(64, 5000));
+    await waitUntil('B marked', () => B.store.cpu()!.replicaChunks() === keys.length);
+    // A leaves (its copies leave the index with it; a sign-off sends no last-copy hints), then the
+    // controller restarts: B re-registers, forgets its marks and syncs; nobody else holds its
+    // chunks, so nothing is marked again.
+    await A.close();
+    await ctl.kill('SIGKILL');
+    await startCtl();
+    const counter = async (name: string) => Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(await (await fetch(`http://127.0.0.1:${http}/metrics`)).text())?.[1] ?? NaN);
+    const deadline = Date.now() + 30_000;
+    while ((await counter('kvc_controller_synced_keys_total')) < keys.length) {
+      assert.ok(Date.now() < deadline, 'B re-synced with the new controller');
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    await waitUntil('B holds its chunks unmarked', () => B.store.cpu()!.replicaChunks() === 0);
+    assert.equal(await counter('kvc_controller_replica_hints_held_elsewhere_total'), 0);
+    assert.equal(B.store.cpu()!.keys().length, keys.length, 'B lost nothing');
+    // A comes back with the same chunks and syncs after B: A's copies are the duplicates now.
+    A = await startInstance('restart-A', http + 1);
+    await putPrompt(A.store, range(64, 5000));
+    await waitUntil('A marked as the second holder', () => A.store.cpu()!.replicaChunks() === keys.length);
+    assert.equal(B.store.cpu()!.replicaChunks(), 0);
+  });
+});
 
 test('kvc controller --replica-hints takes on or off, naming the flag otherwise', async () => {
   const http = await freePortRange(2);

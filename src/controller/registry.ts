@@ -124,7 +124,11 @@ export class Registry {
         if (!r.success) return this.bad(routingId, 'sync', r.error.message);
         w.lastSeen = now;
         if (r.data.reset) this.dropHoldings(w);
-        this.index.addPacked(r.data.keys, this.holderOf(w, r.data.location));
+        // A (re)registered instance forgot its replica marks (controller_client.ts): its synced
+        // keys that others hold are duplicates again.
+        const hints = this.replicas;
+        const loc = r.data.location;
+        this.index.addPacked(r.data.keys, this.holderOf(w, loc), hints ? (hi, lo) => hints.admittedShared(w, loc, hi, lo) : undefined);
         this.stats.synced += r.data.keys.byteLength / 8;
         if (r.data.last) log.debug(`${w.instanceId}/${w.workerId}: sync of ${r.data.location} complete`);
         return null;

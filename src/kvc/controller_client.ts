@@ -243,6 +243,10 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
           if (isClosed()) continue;
           const was = state;
           state = 'live';
+          // Replica marks are the controller's advice from before; it may have restarted (or
+          // reaped us) and lost what they rest on. Forget them: the sync that follows makes the
+          // controller mark again what others hold.
+          store.clearReplicaMarks();
           fullSync();
           // Usage and figures at once, not one heartbeat interval later.
           void heartbeat();

@@ -99,6 +99,10 @@ export class LocalCPUBackend implements StorageBackend {
     return this.index.setReplica(key, elsewhere);
   }
 
+  clearReplicaMarks(): void {
+    this.index.clearReplicas();
+  }
+
   /** Chunks admitted evict-first and not read since (for metrics and tests). */
   coldChunks(): number {
     return this.index.coldCount;

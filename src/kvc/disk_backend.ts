@@ -294,6 +294,10 @@ export class LocalDiskBackend implements StorageBackend {
     return this.index.setReplica(key, elsewhere);
   }
 
+  clearReplicaMarks(): void {
+    this.index.clearReplicas();
+  }
+
   unpin(key: ChunkKey): boolean {
     if (!this.index.unpin(key)) return false;
     rmSync(this.pinFile(key), { force: true });

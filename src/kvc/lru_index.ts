@@ -94,6 +94,15 @@ export class LruIndex<E extends Entry> {
     return true;
   }
 
+  /** Moves every replica to the recent end of `main`, oldest first (the advice behind them is gone). */
+  clearReplicas(): void {
+    const all = [...this.replicas.entries()].reverse();
+    for (const [k, e] of all) {
+      this.replicas.delete(k);
+      this.map.set(k, e);
+    }
+  }
+
   /**
    * Marks a prefix's chunks used, its FIRST chunk last: the head ends most recently used, so
    * eviction takes a prefix from its tail. A prefix is only usable from its start (a lookup stops

@@ -147,6 +147,11 @@ export class KvcStore extends EventEmitter<StoreEvents> {
     return n;
   }
 
+  /** Makes every replica-marked chunk ordinary again, in every location (see markReplicas). */
+  clearReplicaMarks(): void {
+    for (const b of this.backends.values()) b.clearReplicaMarks?.();
+  }
+
   /** Number of leading `keys` present (in `loc`, or in any location): the cached prefix in chunks. */
   lookupPrefix(keys: readonly ChunkKey[], loc?: LocationName): number {
     let n = 0;

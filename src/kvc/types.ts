@@ -81,6 +81,8 @@ export interface StorageBackend {
    * chunk is not here (optional: a location without recency order ignores it).
    */
   markReplica?(key: ChunkKey, elsewhere: boolean): boolean;
+  /** Makes every chunk marked by markReplica ordinary again (the controller's advice is stale). */
+  clearReplicaMarks?(): void;
   unpin(key: ChunkKey): boolean;
   isPinned(key: ChunkKey): boolean;
   remove(key: ChunkKey): Promise<boolean>;

@@ -53,6 +53,45 @@ test('ChunkIndex agrees with a reference model under random operations', () => {
   }
 });
 
+test('ChunkIndex.dropHolders reports, after the rebuild, the keys that lost a dropped holder and kept another', () => {
+  const idx = new ChunkIndex();
+  const key = (i: number) => (0x1000 + i).toString(16).padStart(16, '0');
+  const holders = (k: string) => {
+    const out: number[] = [];
+    return idx.holdersOf(parseInt(k.slice(0, 8), 16) >>> 0, parseInt(k.slice(8), 16) >>> 0, out).sort();
+  };
+  // Holders 1 and 2 leave; 3 and 4 stay.
+  idx.add(key(0), 1); // dropped holder only: gone, not reported
+  idx.add(key(1), 1); idx.add(key(1), 2); // two dropped holders, no survivor: not reported
+  idx.add(key(2), 1); idx.add(key(2), 3); // one survivor: reported
+  idx.add(key(3), 2); idx.add(key(3), 3); idx.add(key(3), 4); // two survivors: reported
+  idx.add(key(4), 1); idx.add(key(4), 2); idx.add(key(4), 4); // two dropped, one survivor: reported
+  idx.add(key(5), 3); // untouched single holder: not reported
+  idx.add(key(6), 3); idx.add(key(6), 4); // untouched shared key: not reported
+  const got: { key: string; holders: number[] }[] = [];
+  idx.dropHolders(new Set([1, 2]), (hi, lo) => {
+    const k = halvesToHex(hi, lo);
+    // Called once the table is rebuilt: the key's holders are the survivors only.
+    got.push({ key: k, holders: holders(k) });
+  });
+  got.sort((a, b) => a.key.localeCompare(b.key));
+  assert.deepEqual(got, [
+    { key: key(2), holders: [3] },
+    { key: key(3), holders: [3, 4] },
+    { key: key(4), holders: [4] },
+  ]);
+  assert.equal(idx.size, 5);
+  assert.equal(idx.count(1), 0);
+  assert.equal(idx.count(3), 4);
+  // Without a callback, and for holders that hold nothing, nothing is reported and nothing breaks.
+  idx.dropHolders(new Set([4]));
+  assert.equal(idx.size, 4);
+  let calls = 0;
+  idx.dropHolders(new Set([9]), () => calls++);
+  assert.equal(calls, 0);
+  assert.equal(idx.size, 4);
+});
+
 test('ChunkIndex grows past a million keys and ingests packed keys', () => {
   const idx = new ChunkIndex();
   const keys = Array.from({ length: 1_100_000 }, () => randomBytes(8).toString('hex'));

@@ -1,15 +1,22 @@
 // Replica-aware eviction (docs/storage.md): the LruIndex's replica segment, the hint message's
-// schema, and the whole path on real processes: a `kvc controller` process and two cache
-// instances in this process (KvcStore + attachController) that store the same chunks.
+// schema, the registry's hints when a worker is dropped to be synced again, and the whole path on
+// real processes: a `kvc controller` process and two cache instances in this process
+// (KvcStore + attachController) that store the same chunks; where an instance must die without
+// signing off, it runs in a child process (test/helpers/instance_child.ts).
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import { DType, encodeChunk, payloadBytes, type KvLayout } from '../src/common/chunk.js';
 import { chunkKeys, type ChunkKey } from '../src/common/keys.js';
 import { freePortRange } from '../src/common/ports.js';
 import { attachController, type ControllerAttachment } from '../src/kvc/controller_client.js';
 import { LruIndex, type Entry } from '../src/kvc/lru_index.js';
 import { KvcStore } from '../src/kvc/store.js';
-import { replicaHintMsgSchema } from '../src/protocol/replica_hint.js';
+import { Registry } from '../src/controller/registry.js';
+import { ReplicaHints } from '../src/controller/replica_hints.js';
+import { packKeys, PROTOCOL_VERSION } from '../src/protocol/monitor.js';
+import { replicaHintMsgSchema, type ReplicaHintMsg } from '../src/protocol/replica_hint.js';
 import { controllerInstanceConfig } from './helpers/cache_instance.js';
 import { startKvc, type Proc } from './helpers/proc.js';
 
@@ -85,6 +92,41 @@ test('the replica hint message: one flag byte per packed key, named when wrong',
   assert.match(JSON.stringify(bad.error!.issues), /held_elsewhere/);
   const odd = replicaHintMsgSchema.safeParse({ t: 'replicas', location: 'LocalCPUBackend', keys: new Uint8Array(12), held_elsewhere: new Uint8Array([1]) });
   assert.equal(odd.success, false);
+});
+
+test('a worker dropped to be synced again, or signing off: the survivor is told it holds the last copy', async () => {
+  const reg = new Registry({ heartbeatTimeoutMs: 10_000, seed: 0n, secret: null });
+  const sent: { to: string; flags: number[] }[] = [];
+  reg.replicas = new ReplicaHints(reg, (to: string, m: ReplicaHintMsg) => sent.push({ to, flags: [...m.held_elsewhere] }));
+  /** The hints sent once the current turn's are flushed. */
+  const settle = async () => {
+    await new Promise((r) => setImmediate(r));
+    return sent.splice(0);
+  };
+  const register = (id: string, session: string, port: number) => reg.handle(session, {
+    t: 'register', v: PROTOCOL_VERSION, instance_id: id, worker_id: 0, session, ip: '127.0.0.1', worker_port: port,
+    distributed_url: null, chunk_size: CHUNK, model_id: MODEL, seed: '0', locations: ['LocalCPUBackend'], pid: 1,
+  });
+  const keys = packKeys([k(1), k(2), k(3)]);
+  const sync = (session: string) => reg.handle(session, { t: 'sync', location: 'LocalCPUBackend', keys, reset: true, last: true });
+  assert.equal(register('A', 'a1', 7001)?.t, 'welcome');
+  sync('a1');
+  assert.equal(register('B', 'b1', 7002)?.t, 'welcome');
+  sync('b1');
+  assert.deepEqual(await settle(), [{ to: 'b1', flags: [1, 1, 1] }], 'B, the second holder, holds duplicates');
+  // A's engine restarts (a new session replaces the old one): A's keys leave the index and A
+  // syncs them again, having forgotten its marks. B holds the only indexed copies meanwhile: its
+  // marks are cleared, and A's re-synced copies are the duplicates now (not both marked).
+  assert.equal(register('A', 'a2', 7001)?.t, 'welcome');
+  sync('a2');
+  assert.deepEqual(await settle(), [{ to: 'b1', flags: [0, 0, 0] }, { to: 'a2', flags: [1, 1, 1] }]);
+  // B signs off: A holds the last copies.
+  reg.handle('b1', { t: 'bye' });
+  assert.deepEqual(await settle(), [{ to: 'a2', flags: [0, 0, 0] }]);
+  // A signs off too: nobody is left to tell.
+  reg.handle('a2', { t: 'bye' });
+  assert.deepEqual(await settle(), []);
+  assert.equal(reg.stats.replicaLastCopy, 6);
 });
 
 interface Instance {
@@ -167,6 +209,72 @@ for (const hints of ['on', 'off'] as const) {
   });
 }
 
+describe('last copies when an instance leaves the index: a real controller process', () => {
+  let ctl: Proc;
+  let http: number;
+  let B: Instance;
+  const counter = async (name: string) => Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(await (await fetch(`http://127.0.0.1:${http}/metrics`)).text())?.[1] ?? NaN);
+  before(async () => {
+    http = await freePortRange(2);
+    // A short heartbeat timeout: the killed instance is reaped within about 2.5 s.
+    ctl = startKvc(['controller', '--port', String(http), '--monitor-port', String(http + 1), '--heartbeat-timeout', '2']);
+    await ctl.waitFor(/kvc controller ready/, 60_000);
+    B = await startInstance('leave-B', http + 1);
+    await waitUntil('B registered', () => B.att.state === 'live');
+  });
+  after(async () => {
+    await B?.close();
+    await ctl?.kill('SIGTERM');
+  });
+
+  test("A signs off: B's copies, marked because A had them first, are ordinary again and outlive B's older chunks", async () => {
+    const A = await startInstance('leave-A', http + 1);
+    try {
+      await waitUntil('A registered', () => A.att.state === 'live');
+      // B's own prompt, stored before anything else: its oldest chunks by recency.
+      const own = await putPrompt(B.store, range(64, 20_000));
+      const shared = await putPrompt(A.store, range(64, 21_000));
+      await new Promise((r) => setTimeout(r, 300));
+      await putPrompt(B.store, range(64, 21_000));
+      await waitUntil('B told its copies are held elsewhere', () => B.store.cpu()!.replicaChunks() === shared.length);
+      // B's duplicates are its first victims, ahead of its own older prompt.
+      assert.deepEqual(B.store.cpu()!.keys(), [...[...shared].reverse(), ...own]);
+      const before = await counter('kvc_controller_replica_hints_last_copy_total');
+      await A.close(); // a clean stop: `bye`
+      await waitUntil('B told it holds the last copies', () => B.store.cpu()!.replicaChunks() === 0);
+      // Plain recency again: B's own older prompt leaves before the copies it received later
+      // (these come in the index's order, not the prompt's).
+      const order = B.store.cpu()!.keys();
+      assert.deepEqual(order.slice(0, own.length), own);
+      assert.deepEqual(order.slice(own.length).sort(), [...shared].sort());
+      assert.equal(await counter('kvc_controller_replica_hints_last_copy_total') - before, shared.length);
+    } finally {
+      if (A.att.state !== 'closed') await A.close();
+    }
+  });
+
+  test("A is killed (no sign-off) and reaped: B's copies are ordinary again", async () => {
+    const tokens = range(64, 22_000);
+    const child: ChildProcess = spawn(process.execPath, [fileURLToPath(new URL('./helpers/instance_child.js', import.meta.url)), JSON.stringify({ id: 'leave-A-child', monitorPort: http + 1, modelId: MODEL, chunkSize: CHUNK, layout: LAYOUT, tokens })], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    child.stdout!.on('data', (d) => (out += d));
+    child.stderr!.on('data', (d) => (out += d));
+    try {
+      await waitUntil('the child instance registered and stored its chunks', () => /stored 4/.test(out), 30_000);
+      await new Promise((r) => setTimeout(r, 300));
+      const shared = await putPrompt(B.store, tokens);
+      await waitUntil('B told its copies are held elsewhere', () => B.store.cpu()!.replicaChunks() === shared.length);
+      const reapedBefore = await counter('kvc_controller_reaped_workers_total');
+      child.kill('SIGKILL');
+      await waitUntil('B told it holds the last copies', () => B.store.cpu()!.replicaChunks() === 0);
+      assert.equal(await counter('kvc_controller_reaped_workers_total') - reapedBefore, 1, 'the child was reaped, not signed off');
+      assert.deepEqual(B.store.cpu()!.keys().slice(-shared.length).sort(), [...shared].sort(), 'the copies are at the recent end of main');
+    } finally {
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+    }
+  });
+});
+
 describe('replica marks across a controller restart', () => {
   let ctl: Proc;
   let http: number;
@@ -194,8 +302,8 @@ describe('replica marks across a controller restart', () => {
     await new Promise((r) => setTimeout(r, 300));
     await putPrompt(B.store, range(64, 5000));
     await waitUntil('B marked', () => B.store.cpu()!.replicaChunks() === keys.length);
-    // A leaves (its copies leave the index with it; a sign-off sends no last-copy hints), then the
-    // controller restarts: B re-registers, forgets its marks and syncs; nobody else holds its
+    // A leaves (its copies leave the index with it, and B is told it holds the last copies), then
+    // the controller restarts: B re-registers, forgets its marks and syncs; nobody else holds its
     // chunks, so nothing is marked again.
     await A.close();
     await ctl.kill('SIGKILL');

@@ -9,8 +9,9 @@
 // On the wire keys arrive as 8-byte big-endian binary (the hex string's bytes).
 //
 // Holders count their keys (add/remove report whether they changed anything), so
-// GET /instances needs no scan. Dropping whole holders (reaping, re-sync) rebuilds the table
-// once: rare, and tens of milliseconds for a million keys.
+// GET /instances needs no scan. Dropping whole holders (sign-off, reaping, re-sync) rebuilds the
+// table once: rare, and tens of milliseconds for a million keys; the same walk reports the keys
+// left on other holders (replica hints' last copies).
 
 const EMPTY = 0;
 
@@ -211,8 +212,14 @@ export class ChunkIndex {
     return v > 0 ? v === holder : this.multi[-v - 1]!.includes(holder);
   }
 
-  /** Forgets every key of the given holders by rebuilding the table from the survivors. */
-  dropHolders(holders: ReadonlySet<number>): void {
+  /**
+   * Forgets every key of the given holders by rebuilding the table from the survivors.
+   * `left(hi, lo)`, if given, is called for each key that lost at least one of those holders and
+   * kept at least one other (the replica hints' last copies), once the rebuild is complete, so
+   * `holdersOf` inside it sees the new table. The keys are gathered during the one walk the
+   * rebuild makes anyway: no second pass over the table.
+   */
+  dropHolders(holders: ReadonlySet<number>, left?: (hi: number, lo: number) => void): void {
     if (holders.size === 0) return;
     const { hi, lo, val, cap } = this;
     this.hi = new Uint32Array(cap);
@@ -222,16 +229,28 @@ export class ChunkIndex {
     const oldMulti = this.multi;
     this.multi = [];
     this.freeMulti = [];
+    /** (hi, lo) pairs of the keys to report. */
+    const kept: number[] = [];
     for (let j = 0; j < cap; j++) {
       const v = val[j]!;
       if (v === EMPTY) continue;
       if (v > 0) {
         if (!holders.has(v)) this.addHalves(hi[j]!, lo[j]!, v);
       } else {
-        for (const h of oldMulti[-v - 1]!) if (!holders.has(h)) this.addHalves(hi[j]!, lo[j]!, h);
+        let dropped = false;
+        let survived = false;
+        for (const h of oldMulti[-v - 1]!) {
+          if (holders.has(h)) dropped = true;
+          else {
+            this.addHalves(hi[j]!, lo[j]!, h);
+            survived = true;
+          }
+        }
+        if (left && dropped && survived) kept.push(hi[j]!, lo[j]!);
       }
     }
     for (const h of holders) this.counts.delete(h);
+    if (left) for (let i = 0; i < kept.length; i += 2) left(kept[i]!, kept[i + 1]!);
   }
 
   /**

@@ -69,7 +69,9 @@ export class Registry {
   };
   /**
    * The replica hints (src/controller/replica_hints.ts), told while ops are applied: of each key
-   * admitted beside other holders, and of each key evicted that other holders still hold.
+   * admitted beside other holders, and of each key evicted that other holders still hold; and
+   * when a worker leaves the index (sign-off, reap, re-registration), of each of its keys that
+   * other holders still hold.
    */
   replicas: { admittedShared(w: WorkerRec, location: string, hi: number, lo: number): void; evictedLeft(hi: number, lo: number): void } | null = null;
   /** instance_id → its engine's recent samples, oldest first (bounded by ENGINE_SAMPLES_KEPT). */
@@ -270,7 +272,19 @@ export class Registry {
     // Dropping rebuilds the index table: skip it when the worker holds nothing (a first
     // registration, or a re-sync right after one).
     const held = new Set([...w.holders.values()].filter((h) => this.index.count(h) > 0));
-    this.index.dropHolders(held);
+    // Keys the worker shared and that are now on one instance only get a last-copy hint, as
+    // after an eviction (docs/storage.md "Replica-aware eviction"): on a sign-off or a reap the
+    // survivor may hold the deployment's only copy, marked as a replica because the leaver had
+    // it first. Also when the worker is dropped to be synced again (a new session replacing the
+    // old one, a reset sync): the re-synced worker forgot its own marks at its welcome, and its
+    // sync marks every key another instance holds as held elsewhere; without the hint, a
+    // survivor whose copy was marked because of the worker would stay marked too, and both
+    // copies would leave first (the lockstep loss the marks exist to avoid). With it, the
+    // survivor's copy is the first one and the re-synced worker's the duplicate, the order the
+    // index now records. The keys come from the rebuild's one walk; the hints are batched and
+    // bounded like the others (src/controller/replica_hints.ts).
+    const hints = this.replicas;
+    this.index.dropHolders(held, hints ? (hi, lo) => hints.evictedLeft(hi, lo) : undefined);
   }
 
   dropWorker(w: WorkerRec): void {

@@ -90,6 +90,21 @@ test('ChunkIndex.dropHolders reports, after the rebuild, the keys that lost a dr
   idx.dropHolders(new Set([9]), () => calls++);
   assert.equal(calls, 0);
   assert.equal(idx.size, 4);
+  // Many reported keys (past the first allocation of the list): each once.
+  const many = Array.from({ length: 5000 }, (_, i) => key(100 + i));
+  for (const k of many) {
+    idx.add(k, 5);
+    idx.add(k, 6);
+  }
+  const seen = new Set<string>();
+  let reported = 0;
+  idx.dropHolders(new Set([5]), (hi, lo) => {
+    reported++;
+    seen.add(halvesToHex(hi, lo));
+  });
+  assert.equal(reported, many.length);
+  assert.equal(seen.size, many.length);
+  for (const k of many) assert.ok(seen.has(k) && idx.has(k, 6) && !idx.has(k, 5));
 });
 
 test('ChunkIndex grows past a million keys and ingests packed keys', () => {

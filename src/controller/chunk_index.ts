@@ -229,8 +229,9 @@ export class ChunkIndex {
     const oldMulti = this.multi;
     this.multi = [];
     this.freeMulti = [];
-    /** (hi, lo) pairs of the keys to report. */
-    const kept: number[] = [];
+    /** (hi, lo) pairs of the keys to report: 8 bytes a key, grown by doubling. */
+    let kept = new Uint32Array(left ? 2048 : 0);
+    let nKept = 0;
     for (let j = 0; j < cap; j++) {
       const v = val[j]!;
       if (v === EMPTY) continue;
@@ -246,11 +247,19 @@ export class ChunkIndex {
             survived = true;
           }
         }
-        if (left && dropped && survived) kept.push(hi[j]!, lo[j]!);
+        if (left && dropped && survived) {
+          if (nKept + 2 > kept.length) {
+            const k = new Uint32Array(kept.length * 2);
+            k.set(kept);
+            kept = k;
+          }
+          kept[nKept++] = hi[j]!;
+          kept[nKept++] = lo[j]!;
+        }
       }
     }
     for (const h of holders) this.counts.delete(h);
-    if (left) for (let i = 0; i < kept.length; i += 2) left(kept[i]!, kept[i + 1]!);
+    if (left) for (let i = 0; i < nKept; i += 2) left(kept[i]!, kept[i + 1]!);
   }
 
   /**

@@ -7,8 +7,9 @@
 //   - an instance that admits a chunk another instance already holds is told `held_elsewhere`:
 //     its copy joins the replica segment of its eviction order (src/kvc/lru_index.ts: after the
 //     cold chunks, before everything else, newest first; a read here makes it ordinary again),
-//   - when evictions leave a chunk on one instance only, that instance is told it holds the
-//     last copy: the chunk is evicted by plain recency again.
+//   - when evictions, or a worker leaving the index (sign-off, reap, re-registration: the keys
+//     come from ChunkIndex.dropHolders' rebuild walk), leave a chunk on one instance only, that
+//     instance is told it holds the last copy: the chunk is evicted by plain recency again.
 // A later copy never demotes the first one (where the chunk was computed, or where it survived),
 // so a deployment keeps every prefix somewhere for as long as its tiers together can hold them,
 // before keeping any prefix twice.
@@ -45,7 +46,7 @@ export class ReplicaHints {
     if (holders.some((h) => this.registry.holder(h)?.worker !== w)) this.queue(w, location, hi, lo, 1);
   }
 
-  /** An eviction that left holders: when what remains is on one instance, it holds the last copy. */
+  /** An eviction or a departure that left holders: when what remains is on one instance, it holds the last copy. */
   evictedLeft(hi: number, lo: number): void {
     const holders = this.holders(hi, lo);
     const last = this.registry.holder(holders[0]!)?.worker;

@@ -9,26 +9,69 @@
 // writes, GC) plus what the kernel's second thread burns there: it spins briefly after its last
 // job before it sleeps in Atomics.wait (gemm_ctl.ts SPIN_MS), a real cost of the step.
 //
+// The forward alone is also timed outside HTTP ({cmd:'direct'}): the same shapes (8 sequences of a
+// 32-token prompt, then 127 decode steps of 8 rows) run in a plain loop on the engine's own model
+// and paged KV while the engine is idle. That is the figure the HTTP step is compared with:
+// a tree that does part of its per-step work inside the forward call (the stream writes, while
+// the kernel's helper thread computes) would otherwise have that work counted as forward.
+//
 // Messages (IPC): {cmd:'start', root} → {url}; {cmd:'stats'} → {cpu, fwdCpu, fwdWall, forwards}
-// (µs, µs, ms, calls so far); {cmd:'close'} → exits. The engine runs without a connector.
+// (µs, µs, ms, calls so far); {cmd:'direct', prompt, tokens} → {ms, cpu} (wall and process CPU
+// ms per decode step); {cmd:'close'} → exits. The engine runs without a connector.
 import { pathToFileURL } from 'node:url';
 import { join } from 'node:path';
 
 /** The part of an engine (of either tree) the child touches. */
 interface ChildEngine {
   url: string;
-  model: { forward(...a: unknown[]): unknown };
+  model: { forward(...a: unknown[]): unknown; argmax?(x: Float32Array): number };
+  kv: { allocate(id: number, tokens: number): void; free(id: number): void };
   close(): Promise<void>;
 }
-type Msg = { cmd: 'start'; root: string } | { cmd: 'stats' } | { cmd: 'close' };
+type Segment = { seqId: number; tokens: number[]; startPos: number; wantLogits: boolean };
+type Msg = { cmd: 'start'; root: string } | { cmd: 'stats' } | { cmd: 'direct'; prompt: number; tokens: number } | { cmd: 'close' };
 
 let engine: ChildEngine | null = null;
+let rawForward: ((segs: Segment[], kv: unknown) => Float32Array[]) | null = null;
 const cpuMicros = () => {
   const u = process.cpuUsage();
   return u.user + u.system;
 };
 const inside = { cpu: 0, wall: 0, calls: 0 };
 const send = (m: unknown) => process.send!(m);
+
+const argmaxJs = (x: Float32Array) => {
+  let b = 0;
+  for (let i = 1; i < x.length; i++) if (x[i]! > x[b]!) b = i;
+  return b;
+};
+
+/** Wall and CPU ms per 8-row decode forward, in a plain loop (sequence ids far from the engine's). */
+function direct(promptLen: number, tokens: number): { ms: number; cpu: number } {
+  const e = engine!;
+  const fwd = rawForward!;
+  const am = e.model.argmax ? (x: Float32Array) => e.model.argmax!(x) : argmaxJs;
+  const ids = Array.from({ length: 8 }, (_, i) => 900_000 + i);
+  for (const id of ids) e.kv.allocate(id, promptLen + tokens);
+  try {
+    let next = fwd(ids.map((id, i) => ({ seqId: id, tokens: Array.from({ length: promptLen }, (_, j) => 1000 + ((j * 7919 + i * 104729) % 30000)), startPos: 0, wantLogits: true })), e.kv).map(am);
+    // Only the forward calls are timed: the argmax feeding the next step is sampling, not forward.
+    let ms = 0;
+    let cpu = 0;
+    for (let s = 0; s < tokens - 1; s++) {
+      const segs = ids.map((id, i) => ({ seqId: id, tokens: [next[i]!], startPos: promptLen + s, wantLogits: true }));
+      const c0 = cpuMicros();
+      const t0 = performance.now();
+      const out = fwd(segs, e.kv);
+      ms += performance.now() - t0;
+      cpu += cpuMicros() - c0;
+      next = out.map(am);
+    }
+    return { ms: ms / (tokens - 1), cpu: cpu / 1000 / (tokens - 1) };
+  } finally {
+    for (const id of ids) e.kv.free(id);
+  }
+}
 
 process.on('message', (m: Msg) => {
   void (async () => {
@@ -38,6 +81,7 @@ process.on('message', (m: Msg) => {
         // Only options both trees know (an older tree has no logRequests/logStats; stdout is dropped).
         const e = await mod.startEngine({ model: 'builtin:tiny', maxNumSeqs: 8, maxNumBatchedTokens: 512, host: '127.0.0.1', port: 0 });
         const forward = e.model.forward.bind(e.model);
+        rawForward = forward as typeof rawForward;
         e.model.forward = (...a: unknown[]) => {
           const c0 = cpuMicros();
           const t0 = performance.now();
@@ -51,6 +95,8 @@ process.on('message', (m: Msg) => {
         };
         engine = e;
         send({ url: e.url });
+      } else if (m.cmd === 'direct') {
+        send(direct(m.prompt, m.tokens));
       } else if (m.cmd === 'stats') {
         send({ cpu: cpuMicros(), fwdCpu: inside.cpu, fwdWall: inside.wall, forwards: inside.calls });
       } else {

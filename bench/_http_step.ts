@@ -4,9 +4,15 @@
 //   HTTP step     (wall of the 128-token run − wall of the 1-token run) / 127
 //   forward step  the same difference of the time spent inside the model's forward, timed in the
 //                 engine process during those very runs (bench/_engine_step_child.ts)
-//   overhead      HTTP step − forward step: scheduling, sampling, detokenizing, SSE, socket
-//                 writes, GC; and the same in engine-process CPU time, which other processes on
-//                 a loaded machine do not stretch
+//   direct step   wall per step of the same forward (8 rows, same positions) in a plain loop in
+//                 the engine process, no HTTP, no scheduler (bench/_engine_step_child.ts)
+//   overhead      HTTP step − direct step: scheduling, sampling, detokenizing, SSE, socket
+//                 writes, GC, whatever of it is done between forwards or slows them down; the
+//                 headline figure. A tree may do part of this work inside the forward call (the
+//                 stream writes while the kernel's helper thread computes: output_queue.ts), so
+//                 "HTTP step − forward inside it" (also reported) would count that work as forward
+//   overhead CPU  engine-process CPU per HTTP step − per direct step, which other processes on a
+//                 loaded machine do not stretch
 // Each tree (this one, and optionally a built older checkout) runs in its own child process
 // (bench/_engine_step_child.ts) with the client here, so the client's SSE parsing is not counted;
 // the trees alternate within each round, so a comparison is made in the same minutes.
@@ -23,9 +29,15 @@ export interface StepCost {
   httpMs: number;
   /** Wall ms per step inside the model's forward. */
   forwardMs: number;
-  /** httpMs − forwardMs. */
+  /** httpMs − forwardMs (the forward call as the scheduler makes it, with what it does inside). */
+  overheadInsideMs: number;
+  /** Wall ms per step of the same forward in a plain loop (no HTTP, no scheduler). */
+  directMs: number;
+  /** httpMs − directMs: the headline figure. */
   overheadMs: number;
-  /** Engine-process CPU ms per step over HTTP, and inside the forward; their difference. */
+  /** Engine CPU ms per direct step. */
+  directCpuMs: number;
+  /** Engine-process CPU ms per step over HTTP, and inside the forward; HTTP − direct. */
   httpCpuMs: number;
   forwardCpuMs: number;
   overheadCpuMs: number;
@@ -60,6 +72,9 @@ class TreeEngine {
 
   async start(): Promise<void> {
     this.url = (await this.call({ cmd: 'start', root: this.root })).url as string;
+  }
+  async direct(): Promise<{ ms: number; cpu: number }> {
+    return (await this.call({ cmd: 'direct', prompt: PROMPT, tokens: TOKENS })) as { ms: number; cpu: number };
   }
   async stats(): Promise<{ cpu: number; fwdCpu: number; fwdWall: number; forwards: number }> {
     return (await this.call({ cmd: 'stats' })) as { cpu: number; fwdCpu: number; fwdWall: number; forwards: number };
@@ -112,7 +127,8 @@ async function measureOnce(e: TreeEngine, salt: number): Promise<StepCost> {
   const forwardMs = per((r) => r.fwdMs);
   const httpCpuMs = per((r) => r.cpu);
   const forwardCpuMs = per((r) => r.fwdCpu);
-  return { httpMs, forwardMs, overheadMs: httpMs - forwardMs, httpCpuMs, forwardCpuMs, overheadCpuMs: httpCpuMs - forwardCpuMs };
+  const d = await e.direct();
+  return { httpMs, forwardMs, overheadInsideMs: httpMs - forwardMs, directMs: d.ms, overheadMs: httpMs - d.ms, directCpuMs: d.cpu, httpCpuMs, forwardCpuMs, overheadCpuMs: httpCpuMs - d.cpu };
 }
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
@@ -134,7 +150,17 @@ export async function measureStepCost(trees: { label: string; root: string }[], 
     const out = new Map<string, StepCost>();
     for (const [label, xs] of runs) {
       const m = (f: (c: StepCost) => number) => median(xs.map(f));
-      out.set(label, { httpMs: m((c) => c.httpMs), forwardMs: m((c) => c.forwardMs), overheadMs: m((c) => c.overheadMs), httpCpuMs: m((c) => c.httpCpuMs), forwardCpuMs: m((c) => c.forwardCpuMs), overheadCpuMs: m((c) => c.overheadCpuMs) });
+      out.set(label, {
+        httpMs: m((c) => c.httpMs),
+        forwardMs: m((c) => c.forwardMs),
+        overheadInsideMs: m((c) => c.overheadInsideMs),
+        directMs: m((c) => c.directMs),
+        overheadMs: m((c) => c.overheadMs),
+        directCpuMs: m((c) => c.directCpuMs),
+        httpCpuMs: m((c) => c.httpCpuMs),
+        forwardCpuMs: m((c) => c.forwardCpuMs),
+        overheadCpuMs: m((c) => c.overheadCpuMs),
+      });
     }
     return out;
   } finally {

@@ -4,8 +4,8 @@
 //                      128-token and 1-token requests (so prefill and HTTP cancel out), medians of 3
 //   TTFT cold / warm   a 2048-token prompt, then the same prompt with its KV in LocalCPUBackend
 //   GEMM               the kernel prefill uses vs a plain-JS matmul, same shape, same run
-//   HTTP step cost     per decode step at batch 8 (8 streams), HTTP step − in-process forward step
-//                      (bench/_http_step.ts); with `--baseline DIR` (a built older checkout) the
+//   HTTP step cost     per decode step at batch 8 (8 streams), HTTP step − the same forward in a
+//                      plain loop (bench/_http_step.ts); with `--baseline DIR` (a built older checkout) the
 //                      same figure for that tree, alternated in the same run, and the ratio
 // Options: `--baseline DIR`; `--only http-step` runs just the step-cost part.
 // Last line: one JSON object with every figure (targets: docs/engine.md).
@@ -80,8 +80,8 @@ async function stepCost(baseline: string | null): Promise<Record<string, number 
   const r = await measureStepCost(trees);
   const line = (label: string, c: StepCost) =>
     console.log(
-      `HTTP step cost at batch 8 (${label}): HTTP step ${c.httpMs.toFixed(2)} ms − forward inside it ${c.forwardMs.toFixed(2)} ms = ${c.overheadMs.toFixed(2)} ms per step; ` +
-        `engine CPU ${c.httpCpuMs.toFixed(2)} − ${c.forwardCpuMs.toFixed(2)} = ${c.overheadCpuMs.toFixed(2)} ms per step`,
+      `HTTP step cost at batch 8 (${label}): HTTP step ${c.httpMs.toFixed(2)} ms − direct forward ${c.directMs.toFixed(2)} ms = ${c.overheadMs.toFixed(2)} ms per step ` +
+        `(− forward call inside it ${c.forwardMs.toFixed(2)} ms = ${c.overheadInsideMs.toFixed(2)} ms); engine CPU ${c.httpCpuMs.toFixed(2)} − ${c.directCpuMs.toFixed(2)} = ${c.overheadCpuMs.toFixed(2)} ms per step`,
     );
   const mine = r.get('this')!;
   line('this tree', mine);
@@ -96,6 +96,9 @@ async function stepCost(baseline: string | null): Promise<Record<string, number 
     http_step_overhead_ms: ms2(mine.overheadMs),
     http_step_overhead_cpu_ms: ms2(mine.overheadCpuMs),
     http_step_forward_ms: ms2(mine.forwardMs),
+    http_step_direct_ms: ms2(mine.directMs),
+    http_step_overhead_inside_ms: ms2(mine.overheadInsideMs),
+    baseline_http_step_overhead_inside_ms: base ? ms2(base.overheadInsideMs) : null,
     baseline_http_step_overhead_ms: base ? ms2(base.overheadMs) : null,
     baseline_http_step_overhead_cpu_ms: base ? ms2(base.overheadCpuMs) : null,
     http_step_ratio: base ? ms2(mine.overheadMs / base.overheadMs) : null,

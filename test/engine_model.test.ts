@@ -17,6 +17,7 @@ import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { SafetensorsCollection, writeSafetensors, f32ToBf16, type TensorToWrite } from '../src/engine/model/safetensors.js';
 import { tempDir } from './helpers/proc.js';
+import fc from 'fast-check';
 import { encodeChunk, verifyChunk, chunkPayload, payloadBytes, DType } from '../src/common/chunk.js';
 
 let model: LlamaModel;
@@ -94,6 +95,30 @@ test('gemm: WASM SIMD kernel equals the JS reference bitwise and is batch invari
       bitsEqual(o, ref, `split call ${i}`);
     }
     assert.equal(two.threads, 2, 'the worker is still attached');
+    // Side work (the scheduler's stream writes) runs on the main thread while the worker takes
+    // chunks: it runs only in shared products, never after the last chunk is claimed, and the
+    // products keep their bits.
+    let pieces = 0;
+    let left = 0;
+    two.setSideWork({
+      runOne: () => {
+        pieces++;
+        left--;
+        return left > 0;
+      },
+    });
+    for (let i = 0; i < 20; i++) {
+      left = 3;
+      const o = new Float32Array(m2 * n2);
+      two.matmul(wt2, a2, m2, o);
+      bitsEqual(o, ref, `split call with side work ${i}`);
+    }
+    assert.ok(pieces >= 20, `side work ran in every shared product (${pieces} pieces in 20 products)`);
+    pieces = 0;
+    one.setSideWork({ runOne: () => (pieces++, false) });
+    one.matmul(one.upload(w2, n2, k2), a2, m2, new Float32Array(m2 * n2));
+    assert.equal(pieces, 0, 'a kernel without a helper thread leaves side work to its owner');
+    two.setSideWork(null);
   } finally {
     two.close();
     one.close();
@@ -168,8 +193,47 @@ test('argmax: the WASM SIMD kernel answers like the scalar loop (lowest index on
       assert.equal(wa.argmax(x), argmaxJs(x), `case ${i} (length ${x.length})`);
       assert.equal(js.argmax(x), argmaxJs(x));
     }
+    // Random lengths over the 16 lanes and the tail, few distinct values (ties everywhere), NaN and
+    // -Inf sprinkled: the lane merge must always pick the scalar loop's index.
+    const value = fc.oneof({ weight: 8, arbitrary: fc.integer({ min: -3, max: 3 }) }, fc.constant(Number.NaN), fc.constant(-Infinity), fc.constant(Infinity));
+    fc.assert(
+      fc.property(fc.array(value, { minLength: 1, maxLength: 80 }), fc.nat(3000), (head, pad) => {
+        const x = Float32Array.from([...head, ...Array.from({ length: pad }, () => -4)]);
+        assert.equal(wa.argmax(x), argmaxJs(x));
+      }),
+      { numRuns: 2000 },
+    );
   } finally {
     wa.close();
+  }
+});
+
+test('argmaxRows: every row answers like the scalar loop, the rows shared with the helper thread or not', async () => {
+  const two = await WasmGemm.create({ threads: 2 });
+  const one = await WasmGemm.create({ threads: 1 });
+  const js = new JsGemm();
+  try {
+    for (const [rows, n] of [[1, 7], [2, 32000], [8, 32003], [13, 50], [3, 1]] as const) {
+      const x = Float32Array.from({ length: rows * n }, (_, i) => ((i * 7919) % 97) - 40);
+      // Ties across rows and lanes, a NaN at the start of one row, -Inf everywhere in another.
+      if (rows > 1) x[n] = Number.NaN;
+      if (rows > 2) x.fill(-Infinity, 2 * n, 3 * n);
+      const want = Array.from({ length: rows }, (_, r) => argmaxJs(x.subarray(r * n, r * n + n)));
+      for (const k of [two, one, js]) {
+        const out = new Int32Array(rows + 2).fill(-7);
+        // In kernel memory (the LM head's buffer) and as an ordinary array (copied).
+        const inKernel = k === js ? x : k.activation(9, rows * n);
+        if (inKernel !== x) inKernel.set(x);
+        k.argmaxRows(inKernel, rows, n, out);
+        assert.deepEqual([...out.subarray(0, rows)], want, `${k.kind} ${rows}x${n}`);
+        assert.deepEqual([...out.subarray(rows)], [-7, -7], 'nothing written past the rows');
+        k.argmaxRows(x, rows, n, out);
+        assert.deepEqual([...out.subarray(0, rows)], want, `${k.kind} ${rows}x${n} (copied)`);
+      }
+    }
+  } finally {
+    two.close();
+    one.close();
   }
 });
 

@@ -2,6 +2,7 @@
 // named *.gguf) and its tokenizer, through the same model code either way.
 import type { KvLayout } from '../common/chunk.js';
 import type { ModelConfig } from './model/config.js';
+import type { SideWork } from './model/kernel.js';
 import type { PagedKvCache } from './model/kv_cache.js';
 import { resolveModelDir } from './model/builtin.js';
 import { loadGguf } from './model/gguf_model.js';
@@ -28,6 +29,10 @@ export async function loadEngineModel(spec: string, env: NodeJS.ProcessEnv = pro
     const dir = await resolveModelDir(spec, env);
     [llama, tokenizer] = await Promise.all([LlamaModel.load(dir), Tokenizer.load(dir)]);
   }
+  // Greedy argmax of the last forward's rows, computed inside it (both kernel threads, while the
+  // helper is awake); argmax() answers from it for those very rows, and computes anything else.
+  let rows: Float32Array[] = [];
+  let greedy = new Int32Array(8);
   return {
     dir: llama.dir,
     modelId: llama.modelId,
@@ -37,7 +42,18 @@ export async function loadEngineModel(spec: string, env: NodeJS.ProcessEnv = pro
     llama,
     // The scheduler samples from the logits before its next step, so they may be views of the
     // model's reused buffer (no fresh 128 KiB array per sequence and step).
-    forward: (segments: ForwardSegment[], kv: PagedKvCache) => llama.forward(segments, kv, { transientLogits: true }),
-    argmax: (logits: Float32Array) => llama.gemm.argmax(logits),
+    forward: (segments: ForwardSegment[], kv: PagedKvCache) => {
+      rows = [];
+      let n = 0;
+      for (const s of segments) if (s.wantLogits) n++;
+      if (greedy.length < n) greedy = new Int32Array(n);
+      rows = llama.forward(segments, kv, { transientLogits: true, argmaxOut: greedy });
+      return rows;
+    },
+    argmax: (logits: Float32Array) => {
+      const i = rows.indexOf(logits);
+      return i >= 0 ? greedy[i]! : llama.gemm.argmax(logits);
+    },
+    setSideWork: (w: SideWork | null) => llama.gemm.setSideWork(w),
   };
 }

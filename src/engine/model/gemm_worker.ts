@@ -9,8 +9,9 @@ const c = new Int32Array(ctl);
 const inst = new WebAssembly.Instance(module, { env: { mem: memory } });
 type Kernel = (...args: number[]) => void;
 // Indexed by CTL.PACKED (kernel_wasm.ts FMT_CODE): dense, the strip-packed weight formats, then
-// attendrows and swiglurows (whose ranges are rows), then the fused gate|up + SwiGLU product.
-const kernels = ['gemm', 'gemmp', 'gemmpbf16', 'gemmpf16', 'gemmpq8', 'attendrows', 'swiglurows', 'gemmpglu'].map((n) => inst.exports[n] as Kernel);
+// attendrows and swiglurows (whose ranges are rows), the fused gate|up + SwiGLU product, then
+// argmaxrows (rows of logits).
+const kernels = ['gemm', 'gemmp', 'gemmpbf16', 'gemmpf16', 'gemmpq8', 'attendrows', 'swiglurows', 'gemmpglu', 'argmaxrows'].map((n) => inst.exports[n] as Kernel);
 // Read the job counter BEFORE announcing readiness: the main thread posts the first job only
 // after 'ready', so that job is always seen as new.
 let seen = Atomics.load(c, CTL.SEQ);

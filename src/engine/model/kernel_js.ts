@@ -22,6 +22,8 @@ export class JsGemm implements Gemm {
 
   close(): void {}
   park(): void {}
+  // No helper thread: the side work is its owner's to flush.
+  setSideWork(): void {}
 
   // The layout is the same with `glu` (matmulSwiglu computes the product, then swigluJs).
   upload(w: Float32Array, n: number, k: number, _opts?: UploadOptions): Weight {
@@ -69,6 +71,10 @@ export class JsGemm implements Gemm {
 
   argmax(x: Float32Array): number {
     return argmaxJs(x);
+  }
+
+  argmaxRows(x: Float32Array, rows: number, n: number, out: Int32Array): void {
+    for (let r = 0; r < rows; r++) out[r] = argmaxJs(x.subarray(r * n, r * n + n));
   }
 
   swiglu(gu: Float32Array, rows: number, hidden: number, out: Float32Array): void {

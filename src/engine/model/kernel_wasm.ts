@@ -9,7 +9,7 @@ import { fmaSupport } from './fma.js';
 import { kernelEnv } from './kernel_env.js';
 import { CTL, SPIN_MS, takeChunk } from './gemm_ctl.js';
 import { ATT_GROUP, gemmWat, STRIP, type WFmt } from './gemm_wat.js';
-import { checkArgs, packGluStrips, packStrips, padTo, type Gemm, type UploadOptions, type Weight } from './kernel.js';
+import { checkArgs, packGluStrips, packStrips, padTo, type Gemm, type SideWork, type UploadOptions, type Weight } from './kernel.js';
 import { BLOCK_TOKENS } from './kv_cache.js';
 import { addIntoJs, copyRowsJs, rmsNormJs, ropeJs } from './ops_js.js';
 import { opsWat } from './ops_wat.js';
@@ -23,6 +23,8 @@ const ATTEND_ROWS = 5;
 const SWIGLU_ROWS = 6;
 /** CTL.PACKED code of gemmpglu (the fused gate|up product and SwiGLU; columns in the packed space). */
 const GLU = 7;
+/** CTL.PACKED code of argmaxrows (greedy argmax of logits rows). */
+const ARGMAX_ROWS = 8;
 /** attendrows chunks are whole attention groups (gemm_wat.ts ATT_GROUP: rows sharing one key count). */
 const ATTEND_ROW_UNIT = ATT_GROUP;
 
@@ -45,6 +47,7 @@ interface GemmExports {
   swiglu(GU: number, O: number, rows: number, hidden: number): void;
   /** swiglu of rows [r0, r1) in the gemm entry points' argument shape (shared with the worker). */
   swiglurows(GU: number, O: number, hidden: number, u3: number, u4: number, u5: number, u6: number, u7: number, r0: number, r1: number): void;
+  argmaxrows(X: number, OUT: number, n: number, u3: number, u4: number, u5: number, u6: number, u7: number, r0: number, r1: number): void;
   attendheads(stage: number, Q: number, KT: number, S: number, V: number, O: number, L: number, M: number, hd: number, hdPad: number, kvDim: number, heads: number, keys: number, P: number, scale: number): void;
   /** One head's attention for query rows [r0, r1); prm holds Q, KT, S, V, O, L, M, hd, P, hdPad, scale bits. */
   attendrows(prm: number, u1: number, u2: number, u3: number, u4: number, u5: number, u6: number, u7: number, r0: number, r1: number): void;
@@ -130,6 +133,9 @@ export class WasmGemm implements Gemm {
   private weightCap = WASM_WEIGHT_CAP;
   private readonly ctl = new Int32Array(new SharedArrayBuffer(CTL.SIZE * 4));
   private seq = 0;
+  private side: SideWork | null = null;
+  private argmaxOutPtr = 0;
+  private argmaxOutRows = 0;
 
   /** Every buffer object this memory has had (it changes on growth; older views stay valid). */
   private readonly ownBuffers = new WeakSet<ArrayBufferLike>();
@@ -278,6 +284,10 @@ export class WasmGemm implements Gemm {
     if (this.worker) Atomics.store(this.ctl, CTL.PARK, 1);
   }
 
+  setSideWork(w: SideWork | null): void {
+    this.side = w;
+  }
+
   /**
    * Runs the kernel over all of C, splitting the column strips with the worker when worth it.
    * `fmt`: the format of a strip-packed weight (gemmp and its variants), or null for a dense
@@ -312,6 +322,11 @@ export class WasmGemm implements Gemm {
     const seq = (this.seq = (this.seq + 1) | 0);
     Atomics.store(c, CTL.SEQ, seq);
     Atomics.notify(c, CTL.SEQ);
+    // Side work (socket writes) while the helper has chunks to take: it runs in time the helper
+    // fills. Chunks are claimed, never assigned, so a helper that is late or gone only means the
+    // main thread computes more of the product afterwards (same bits whoever computes a chunk).
+    const side = this.side;
+    if (side) while (Atomics.load(c, CTL.NEXT) < n1 && side.runOne());
     for (let r = takeChunk(c, n1, unit); r; r = takeChunk(c, n1, unit)) fn(A[0]!, A[1]!, A[2]!, A[3]!, A[4]!, A[5]!, A[6]!, A[7]!, r[0], r[1]);
     // The worker never joined this job: every chunk was computed here.
     if (Atomics.compareExchange(c, CTL.CLAIM, (seq - 1) | 0, seq) === ((seq - 1) | 0)) return;
@@ -390,6 +405,30 @@ export class WasmGemm implements Gemm {
     const p = this.scratch(x.length * 4);
     this.f32.set(x, p / 4);
     return this.exp.argmax(p, x.length);
+  }
+
+  /**
+   * Greedy argmax of `rows` rows of n floats, rows shared with the worker (a row each, pulled from
+   * the shared counter) when there is one: each row's answer is argmax()'s.
+   */
+  argmaxRows(x: Float32Array, rows: number, n: number, out: Int32Array): void {
+    if (rows === 0 || n === 0) {
+      out.fill(0, 0, rows);
+      return;
+    }
+    let X = this.addrOf(x);
+    if (X < 0) {
+      X = this.scratch(rows * n * 4);
+      this.f32.set(x.subarray(0, rows * n), X / 4);
+    }
+    if (this.argmaxOutRows < rows) {
+      this.argmaxOutPtr = this.alloc(rows * 4);
+      this.argmaxOutRows = rows;
+    }
+    const O = this.argmaxOutPtr;
+    if (this.worker && rows >= 2) this.share(ARGMAX_ROWS, this.exp.argmaxrows, [X, O, n, 0, 0, 0, 0, 0], rows, 1);
+    else this.exp.argmaxrows(X, O, n, 0, 0, 0, 0, 0, 0, rows);
+    out.set(new Int32Array(this.mem.buffer, O, rows));
   }
 
   /** SwiGLU in WASM SIMD (f32 exp polynomial): ~10x the JS loop over Math.exp, same bits as swigluJs. */
@@ -676,6 +715,10 @@ export class WasmGemmPool implements Gemm {
     return this.parts[0]!.argmax(x);
   }
 
+  argmaxRows(x: Float32Array, rows: number, n: number, out: Int32Array): void {
+    this.parts[0]!.argmaxRows(x, rows, n, out);
+  }
+
   swiglu(gu: Float32Array, rows: number, hidden: number, out: Float32Array): void {
     this.parts[0]!.swiglu(gu, rows, hidden, out);
   }
@@ -707,6 +750,10 @@ export class WasmGemmPool implements Gemm {
 
   copyRows(src: Float32Array, so: number, ss: number, dst: Float32Array, d0: number, ds: number, rows: number, n: number): void {
     this.parts[0]!.copyRows(src, so, ss, dst, d0, ds, rows, n);
+  }
+
+  setSideWork(w: SideWork | null): void {
+    for (const p of this.parts) p.setSideWork(w);
   }
 
   park(): void {

@@ -29,6 +29,11 @@ export interface Segment {
 export interface ForwardOptions {
   /** Return logits as views of a reused buffer, valid until the next forward call. */
   transientLogits?: boolean;
+  /**
+   * Also write each returned row's greedy argmax here (at least as long as the rows returned),
+   * computed right after the LM head with the kernel's helper thread still awake.
+   */
+  argmaxOut?: Int32Array;
 }
 
 // Indices of the reusable activation buffers (LlamaModel.buf).
@@ -366,6 +371,7 @@ export class LlamaModel {
     const V = this.config.vocabSize;
     const logits = this.buf(B_LOGITS, want.length * V);
     this.gemm.matmul(this.lmHead, normed, want.length, logits);
+    if (opts.argmaxOut) this.gemm.argmaxRows(logits, want.length, V, opts.argmaxOut);
     if (opts.transientLogits) return want.map((_, i) => logits.subarray(i * V, i * V + V));
     return want.map((_, i) => logits.slice(i * V, i * V + V));
   }

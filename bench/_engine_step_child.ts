@@ -10,10 +10,11 @@
 // job before it sleeps in Atomics.wait (gemm_ctl.ts SPIN_MS), a real cost of the step.
 //
 // The forward alone is also timed outside HTTP ({cmd:'direct'}): the same shapes (8 sequences of a
-// 32-token prompt, then 127 decode steps of 8 rows) run in a plain loop on the engine's own model
-// and paged KV while the engine is idle. That is the figure the HTTP step is compared with:
-// a tree that does part of its per-step work inside the forward call (the stream writes, while
-// the kernel's helper thread computes) would otherwise have that work counted as forward.
+// 32-token prompt, then 127 decode steps of 8 rows) run in a plain loop through the model itself
+// (LlamaModel.forward, both trees) on the engine's paged KV while the engine is idle. That is
+// the figure the HTTP step is compared with: the scheduler's forward call may do per-step work
+// of sampling inside it (this tree computes the rows' greedy argmax right after the LM head), which
+// "HTTP step − forward call" would count as forward.
 //
 // Messages (IPC): {cmd:'start', root} → {url}; {cmd:'stats'} → {cpu, fwdCpu, fwdWall, forwards}
 // (µs, µs, ms, calls so far); {cmd:'direct', prompt, tokens} → {ms, cpu} (wall and process CPU
@@ -24,7 +25,7 @@ import { join } from 'node:path';
 /** The part of an engine (of either tree) the child touches. */
 interface ChildEngine {
   url: string;
-  model: { forward(...a: unknown[]): unknown; argmax?(x: Float32Array): number };
+  model: { forward(...a: unknown[]): unknown; argmax?(x: Float32Array): number; llama: { forward(segs: Segment[], kv: unknown, opts: { transientLogits: boolean }): Float32Array[] } };
   kv: { allocate(id: number, tokens: number): void; free(id: number): void };
   close(): Promise<void>;
 }
@@ -32,7 +33,6 @@ type Segment = { seqId: number; tokens: number[]; startPos: number; wantLogits: 
 type Msg = { cmd: 'start'; root: string } | { cmd: 'stats' } | { cmd: 'direct'; prompt: number; tokens: number } | { cmd: 'close' };
 
 let engine: ChildEngine | null = null;
-let rawForward: ((segs: Segment[], kv: unknown) => Float32Array[]) | null = null;
 const cpuMicros = () => {
   const u = process.cpuUsage();
   return u.user + u.system;
@@ -49,12 +49,12 @@ const argmaxJs = (x: Float32Array) => {
 /** Wall and CPU ms per 8-row decode forward, in a plain loop (sequence ids far from the engine's). */
 function direct(promptLen: number, tokens: number): { ms: number; cpu: number } {
   const e = engine!;
-  const fwd = rawForward!;
-  const am = e.model.argmax ? (x: Float32Array) => e.model.argmax!(x) : argmaxJs;
+  const llama = e.model.llama;
+  const fwd = (segs: Segment[], kv: unknown) => llama.forward(segs, kv, { transientLogits: true });
   const ids = Array.from({ length: 8 }, (_, i) => 900_000 + i);
   for (const id of ids) e.kv.allocate(id, promptLen + tokens);
   try {
-    let next = fwd(ids.map((id, i) => ({ seqId: id, tokens: Array.from({ length: promptLen }, (_, j) => 1000 + ((j * 7919 + i * 104729) % 30000)), startPos: 0, wantLogits: true })), e.kv).map(am);
+    let next = fwd(ids.map((id, i) => ({ seqId: id, tokens: Array.from({ length: promptLen }, (_, j) => 1000 + ((j * 7919 + i * 104729) % 30000)), startPos: 0, wantLogits: true })), e.kv).map(argmaxJs);
     // Only the forward calls are timed: the argmax feeding the next step is sampling, not forward.
     let ms = 0;
     let cpu = 0;
@@ -65,7 +65,7 @@ function direct(promptLen: number, tokens: number): { ms: number; cpu: number } 
       const out = fwd(segs, e.kv);
       ms += performance.now() - t0;
       cpu += cpuMicros() - c0;
-      next = out.map(am);
+      next = out.map(argmaxJs);
     }
     return { ms: ms / (tokens - 1), cpu: cpu / 1000 / (tokens - 1) };
   } finally {
@@ -81,7 +81,6 @@ process.on('message', (m: Msg) => {
         // Only options both trees know (an older tree has no logRequests/logStats; stdout is dropped).
         const e = await mod.startEngine({ model: 'builtin:tiny', maxNumSeqs: 8, maxNumBatchedTokens: 512, host: '127.0.0.1', port: 0 });
         const forward = e.model.forward.bind(e.model);
-        rawForward = forward as typeof rawForward;
         e.model.forward = (...a: unknown[]) => {
           const c0 = cpuMicros();
           const t0 = performance.now();

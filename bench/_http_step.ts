@@ -8,9 +8,9 @@
 //                 the engine process, no HTTP, no scheduler (bench/_engine_step_child.ts)
 //   overhead      HTTP step − direct step: scheduling, sampling, detokenizing, SSE, socket
 //                 writes, GC, whatever of it is done between forwards or slows them down; the
-//                 headline figure. A tree may do part of this work inside the forward call (the
-//                 stream writes while the kernel's helper thread computes: output_queue.ts), so
-//                 "HTTP step − forward inside it" (also reported) would count that work as forward
+//                 headline figure. A tree may do part of this work inside the scheduler's forward
+//                 call (this one computes greedy argmax there, right after the LM head), so "HTTP
+//                 step − forward call" (also reported) would count that work as forward
 //   overhead CPU  engine-process CPU per HTTP step − per direct step, which other processes on a
 //                 loaded machine do not stretch
 // Each tree (this one, and optionally a built older checkout) runs in its own child process
@@ -134,7 +134,7 @@ async function measureOnce(e: TreeEngine, salt: number): Promise<StepCost> {
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 /** Per-step cost of each tree, medians of `rounds` rounds, trees alternating in every round. */
-export async function measureStepCost(trees: { label: string; root: string }[], rounds = 5): Promise<Map<string, StepCost>> {
+export async function measureStepCost(trees: { label: string; root: string }[], rounds = 9): Promise<Map<string, StepCost>> {
   const engines = trees.map((t) => new TreeEngine(t.label, t.root));
   try {
     for (const e of engines) {

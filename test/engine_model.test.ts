@@ -95,30 +95,6 @@ test('gemm: WASM SIMD kernel equals the JS reference bitwise and is batch invari
       bitsEqual(o, ref, `split call ${i}`);
     }
     assert.equal(two.threads, 2, 'the worker is still attached');
-    // Side work (the scheduler's stream writes) runs on the main thread while the worker takes
-    // chunks: it runs only in shared products, never after the last chunk is claimed, and the
-    // products keep their bits.
-    let pieces = 0;
-    let left = 0;
-    two.setSideWork({
-      runOne: () => {
-        pieces++;
-        left--;
-        return left > 0;
-      },
-    });
-    for (let i = 0; i < 20; i++) {
-      left = 3;
-      const o = new Float32Array(m2 * n2);
-      two.matmul(wt2, a2, m2, o);
-      bitsEqual(o, ref, `split call with side work ${i}`);
-    }
-    assert.ok(pieces >= 20, `side work ran in every shared product (${pieces} pieces in 20 products)`);
-    pieces = 0;
-    one.setSideWork({ runOne: () => (pieces++, false) });
-    one.matmul(one.upload(w2, n2, k2), a2, m2, new Float32Array(m2 * n2));
-    assert.equal(pieces, 0, 'a kernel without a helper thread leaves side work to its owner');
-    two.setSideWork(null);
   } finally {
     two.close();
     one.close();

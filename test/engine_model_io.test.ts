@@ -127,6 +127,17 @@ test('tokenizer: encode/decode, streaming decode of multi-byte characters, chat 
   streamed += dec.flush();
   assert.equal(streamed, ' 🙂 日本語 ok');
   assert.equal(streamed, tok.decode([...ctx, ...gen]).slice(tok.decode(ctx).length));
+  // decodeWindow remembers windows of one or two ids: a remembered window gives decode()'s text,
+  // byte-fallback pieces and special ids included, on first sight and again.
+  const wins = [...ctx, ...gen, 1, 2, 0, 29871, 13, 31999, ...gen.slice(0, 3)];
+  for (let pass = 0; pass < 2; pass++) {
+    for (let i = 0; i < wins.length; i++) {
+      for (const n of [1, 2, 3]) {
+        if (i + n > wins.length) continue;
+        assert.equal(tok.decodeWindow(wins, i, i + n), tok.decode(wins.slice(i, i + n)), `window ${wins.slice(i, i + n).join(',')} (pass ${pass})`);
+      }
+    }
+  }
   // Chat template (the Llama-2 default: the package's tokenizer_config.json has none).
   const chat = tok.applyChatTemplate([
     { role: 'system', content: 'Be brief.' },

@@ -109,7 +109,6 @@ export async function runGeneration(ctx: GenerationContext, g: GenerationRequest
   const tok = ctx.tokenizer;
   const echoLen = g.echo?.length ?? 0;
   let stream: ((s: string) => void) | null = null;
-  let writer: SseWriter | null = null;
   let clientGone = false;
 
   const name = tokenNamer(tok, g.tokensAsIds);
@@ -215,7 +214,7 @@ export async function runGeneration(ctx: GenerationContext, g: GenerationRequest
 
   if (g.stream) {
     reply.hijack();
-    const out = (writer = new SseWriter(reply.raw, ctx.scheduler.output));
+    const out = new SseWriter(reply.raw);
     out.start({ 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-request-id': g.requestId });
     stream = (chunk) => out.write(chunk);
     if (g.echo) for (const c of choices) sse({ id, object: chunkObject, created, model: g.modelName, choices: [choiceChunk(c, g.echo, null)] });
@@ -269,7 +268,7 @@ export async function runGeneration(ctx: GenerationContext, g: GenerationRequest
       if (g.includeUsage) sse({ id, object: chunkObject, created, model: g.modelName, choices: [], usage });
     }
     stream!('data: [DONE]\n\n');
-    writer!.end();
+    raw.end();
     return;
   }
 

@@ -2,7 +2,6 @@
 // named *.gguf) and its tokenizer, through the same model code either way.
 import type { KvLayout } from '../common/chunk.js';
 import type { ModelConfig } from './model/config.js';
-import type { SideWork } from './model/kernel.js';
 import type { PagedKvCache } from './model/kv_cache.js';
 import { resolveModelDir } from './model/builtin.js';
 import { loadGguf } from './model/gguf_model.js';
@@ -54,6 +53,5 @@ export async function loadEngineModel(spec: string, env: NodeJS.ProcessEnv = pro
       const i = rows.indexOf(logits);
       return i >= 0 ? greedy[i]! : llama.gemm.argmax(logits);
     },
-    setSideWork: (w: SideWork | null) => llama.gemm.setSideWork(w),
   };
 }

@@ -19,9 +19,7 @@ import { unavailable } from '../common/errors.js';
 import { logger } from '../common/log.js';
 import type { KvcConnectorV1 } from './connector.js';
 import type { EngineMetrics } from './metrics.js';
-import type { SideWork } from './model/kernel.js';
 import type { PagedKvCache } from './model/kv_cache.js';
-import { OutputQueue } from './output_queue.js';
 import type { Sampler } from './sampler.js';
 
 const log = logger('engine.scheduler');
@@ -57,8 +55,6 @@ export interface Forwarder {
   forward(segments: ForwardSegment[], kv: PagedKvCache): Float32Array[];
   /** Greedy sampling's argmax, if the model has a faster one than the JS loop (same answer). */
   argmax?(logits: Float32Array): number;
-  /** Work to run while the kernel's helper thread computes (kernel.ts Gemm.setSideWork), if it has one. */
-  setSideWork?(w: SideWork | null): void;
 }
 
 export type FinishReason = 'stop' | 'length' | 'abort' | 'error';
@@ -153,17 +149,10 @@ export class Scheduler {
   private msPerToken = 0;
   private readonly stepTargetMs: number;
   private readonly now: () => number;
-  /**
-   * Stream writes of the last step's tokens, written during the next forward while the kernel's
-   * helper thread computes (output_queue.ts); the rest right after that forward, or at once when
-   * there is nothing to run.
-   */
-  readonly output = new OutputQueue();
 
   constructor(private readonly o: SchedulerOptions) {
     this.stepTargetMs = o.stepTargetMs ?? STEP_TARGET_MS;
     this.now = o.now ?? (() => performance.now());
-    o.model.setSideWork?.(this.output);
     this.done = this.loop();
   }
 
@@ -300,7 +289,6 @@ export class Scheduler {
         continue;
       }
       if (this.closed) break;
-      this.output.flushAll(); // nothing to overlap with: out now
       this.lastDecodeEnd = 0; // idle: the next decode step starts a new run of intervals
       await new Promise<void>((r) => {
         this.wake = r;
@@ -360,8 +348,6 @@ export class Scheduler {
     }
     try {
       out = this.o.model.forward(segs, this.o.kv);
-      // What the forward's products could not hide goes out before this step's tokens queue more.
-      this.output.flushAll();
       if (stepTokens > decodeRows) {
         // Only steps with prompt tokens teach the cost: decode-only steps are cheap per row and
         // would make the next prompt chunk too long.
@@ -375,7 +361,6 @@ export class Scheduler {
     } catch (e) {
       // A bug in the model must not take the server down: fail the sequences of this step.
       log.error(`forward failed: ${(e as Error).stack ?? (e as Error).message}`);
-      this.output.flushAll();
       for (const r of rows) this.finish(r.seq, 'error', e as Error);
       return true;
     }
@@ -454,6 +439,5 @@ export class Scheduler {
     for (const seq of [...this.active]) this.cancel(seq, 'abort');
     this.poke();
     await this.done;
-    this.output.flushAll();
   }
 }

@@ -1,25 +1,18 @@
-// The socket side of one SSE answer. Events go out as finished HTTP chunks
-// (`<hex length>\r\n<events>\r\n`, the framing Node's ServerResponse would produce) written
-// straight to the response's socket. ServerResponse.write would instead queue four pieces
-// (length, CRLF, data, CRLF) on a socket it corks until the next tick and flush them with a
-// writev: the same bytes on the wire and the same one system call, but several times the
-// JavaScript per event, and a decode step at batch 8 writes eight events.
-//
-// With an output queue (the scheduler's, output_queue.ts), events are held and written when the
-// queue flushes this writer: during the next forward, while the kernel's helper thread computes.
-// Events held together leave in one socket write, each still its own HTTP chunk (the bytes
-// ServerResponse would send). A writer that ends its answer writes what it holds first, so the
-// order of the bytes never changes.
+// The socket side of one SSE answer. An event goes out as ONE write of its finished HTTP chunk
+// (`<hex length>\r\n<event>\r\n`, the framing Node's ServerResponse would produce) straight to
+// the response's socket. ServerResponse.write would instead queue four pieces (length, CRLF,
+// data, CRLF) on a socket it corks until the next tick and flush them with a writev: the same
+// bytes on the wire and the same one system call per event, but several times the JavaScript
+// per event, and a decode step at batch 8 writes eight events.
 //
 // The direct write is used only when it is certainly equivalent: the headers went out (with the
 // first event, through ServerResponse.write, as before), the response is chunked (HTTP/1.1),
 // and the socket belongs to this response now (an HTTP/1.1 pipelined response waits for the
 // socket, its output buffered in the ServerResponse) with nothing of it still buffered there.
-// Otherwise the events go through ServerResponse.write, which frames and orders them itself. The
+// Otherwise the event goes through ServerResponse.write, which frames and orders it itself. The
 // end of the answer (the terminating chunk, keep-alive) is always ServerResponse.end.
 import type { ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
-import type { Deferred, OutputQueue } from './output_queue.js';
 
 /**
  * Node's own fields that tell whether the socket is this response's and nothing is queued. A
@@ -34,16 +27,8 @@ interface ResponseState {
   outputSize?: number;
 }
 
-export class SseWriter implements Deferred {
-  /** Events held for the queue, in order. */
-  private readonly held: string[] = [];
-  /** An entry of this writer is in the queue (at most one at a time). */
-  private queued = false;
-
-  constructor(
-    private readonly res: ServerResponse,
-    private readonly queue: OutputQueue | null = null,
-  ) {}
+export class SseWriter {
+  constructor(private readonly res: ServerResponse) {}
 
   /**
    * Sets the status line and headers; they leave with the first event (through
@@ -53,47 +38,13 @@ export class SseWriter implements Deferred {
     this.res.writeHead(200, headers);
   }
 
-  /** Writes one event (`data: …\n\n`), or holds it for the queue; nothing once the client is gone. */
+  /** Writes one event (`data: …\n\n`); nothing once the client is gone. */
   write(event: string): void {
-    if (this.res.destroyed) {
-      this.held.length = 0;
-      return;
-    }
-    // Held events keep their place ahead of this one; the first event (with the headers) is not held.
-    if (this.queue && (this.held.length !== 0 || this.directSocket())) {
-      this.held.push(event);
-      if (!this.queued) {
-        this.queued = true;
-        this.queue.add(this);
-      }
-      return;
-    }
+    const res = this.res;
+    if (res.destroyed) return;
     const sock = this.directSocket();
-    if (sock) sock.write(frame(event));
-    else this.res.write(event);
-  }
-
-  /** The queue's call: writes what is held. */
-  flushDeferred(): void {
-    this.queued = false;
-    this.flush();
-  }
-
-  /** Writes what is held, then ends the answer. */
-  end(): void {
-    this.flush();
-    this.res.end();
-  }
-
-  private flush(): void {
-    const held = this.held;
-    if (held.length === 0) return;
-    if (!this.res.destroyed) {
-      const sock = this.directSocket();
-      if (sock) sock.write(held.length === 1 ? frame(held[0]!) : held.map(frame).join(''));
-      else for (const e of held) this.res.write(e);
-    }
-    held.length = 0;
+    if (sock) sock.write(`${Buffer.byteLength(event).toString(16)}\r\n${event}\r\n`);
+    else res.write(event);
   }
 
   private directSocket(): Socket | null {
@@ -107,9 +58,4 @@ export class SseWriter implements Deferred {
     if ((sock as Socket & { _httpMessage?: unknown })._httpMessage !== res) return null;
     return sock;
   }
-}
-
-/** One event as the HTTP chunk ServerResponse.write would make of it. */
-function frame(event: string): string {
-  return `${Buffer.byteLength(event).toString(16)}\r\n${event}\r\n`;
 }

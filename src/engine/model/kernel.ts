@@ -78,14 +78,6 @@ export interface Gemm {
    * spinning for the next job. The next product wakes them as usual.
    */
   park(): void;
-  /**
-   * Work the main thread may do while the helper thread computes a shared product (null: none).
-   * After handing a product to the helper, the main thread runs pieces of it (`runOne`) as long
-   * as chunks of the product are left, then takes its share of what remains: the pieces run in
-   * time the helper fills, and no product waits for them longer than one piece. A kernel without
-   * a helper thread never runs it (the owner flushes it itself). Pieces must not call the kernel.
-   */
-  setSideWork(w: SideWork | null): void;
   /** out[m][n] = a[m][k] · b[k][n] for a transient b (attention), same summation order. */
   matmulDense(a: Float32Array, m: number, k: number, b: Float32Array, n: number, out: Float32Array): void;
   /**
@@ -134,12 +126,6 @@ export interface Gemm {
   addInto(x: Float32Array, y: Float32Array, n: number): void;
   /** `rows` rows of n floats, src[so + r*ss …] → dst[d0 + r*ds …] (ops_js.ts copyRowsJs). */
   copyRows(src: Float32Array, so: number, ss: number, dst: Float32Array, d0: number, ds: number, rows: number, n: number): void;
-}
-
-/** Small pieces of main-thread work (socket writes) that can run while a product is shared. */
-export interface SideWork {
-  /** Does one piece; true when pieces are left. Never throws. */
-  runOne(): boolean;
 }
 
 /** Greedy decoding's scalar argmax: the largest value, the lowest index on ties. */

@@ -22,8 +22,6 @@ export class JsGemm implements Gemm {
 
   close(): void {}
   park(): void {}
-  // No helper thread: the side work is its owner's to flush.
-  setSideWork(): void {}
 
   // The layout is the same with `glu` (matmulSwiglu computes the product, then swigluJs).
   upload(w: Float32Array, n: number, k: number, _opts?: UploadOptions): Weight {

@@ -9,7 +9,7 @@ import { fmaSupport } from './fma.js';
 import { kernelEnv } from './kernel_env.js';
 import { CTL, SPIN_MS, takeChunk } from './gemm_ctl.js';
 import { ATT_GROUP, gemmWat, STRIP, type WFmt } from './gemm_wat.js';
-import { checkArgs, packGluStrips, packStrips, padTo, type Gemm, type SideWork, type UploadOptions, type Weight } from './kernel.js';
+import { checkArgs, packGluStrips, packStrips, padTo, type Gemm, type UploadOptions, type Weight } from './kernel.js';
 import { BLOCK_TOKENS } from './kv_cache.js';
 import { addIntoJs, copyRowsJs, rmsNormJs, ropeJs } from './ops_js.js';
 import { opsWat } from './ops_wat.js';
@@ -133,7 +133,6 @@ export class WasmGemm implements Gemm {
   private weightCap = WASM_WEIGHT_CAP;
   private readonly ctl = new Int32Array(new SharedArrayBuffer(CTL.SIZE * 4));
   private seq = 0;
-  private side: SideWork | null = null;
   private argmaxOutPtr = 0;
   private argmaxOutRows = 0;
 
@@ -284,10 +283,6 @@ export class WasmGemm implements Gemm {
     if (this.worker) Atomics.store(this.ctl, CTL.PARK, 1);
   }
 
-  setSideWork(w: SideWork | null): void {
-    this.side = w;
-  }
-
   /**
    * Runs the kernel over all of C, splitting the column strips with the worker when worth it.
    * `fmt`: the format of a strip-packed weight (gemmp and its variants), or null for a dense
@@ -322,11 +317,6 @@ export class WasmGemm implements Gemm {
     const seq = (this.seq = (this.seq + 1) | 0);
     Atomics.store(c, CTL.SEQ, seq);
     Atomics.notify(c, CTL.SEQ);
-    // Side work (socket writes) while the helper has chunks to take: it runs in time the helper
-    // fills. Chunks are claimed, never assigned, so a helper that is late or gone only means the
-    // main thread computes more of the product afterwards (same bits whoever computes a chunk).
-    const side = this.side;
-    if (side) while (Atomics.load(c, CTL.NEXT) < n1 && side.runOne());
     for (let r = takeChunk(c, n1, unit); r; r = takeChunk(c, n1, unit)) fn(A[0]!, A[1]!, A[2]!, A[3]!, A[4]!, A[5]!, A[6]!, A[7]!, r[0], r[1]);
     // The worker never joined this job: every chunk was computed here.
     if (Atomics.compareExchange(c, CTL.CLAIM, (seq - 1) | 0, seq) === ((seq - 1) | 0)) return;
@@ -750,10 +740,6 @@ export class WasmGemmPool implements Gemm {
 
   copyRows(src: Float32Array, so: number, ss: number, dst: Float32Array, d0: number, ds: number, rows: number, n: number): void {
     this.parts[0]!.copyRows(src, so, ss, dst, d0, ds, rows, n);
-  }
-
-  setSideWork(w: SideWork | null): void {
-    for (const p of this.parts) p.setSideWork(w);
   }
 
   park(): void {

@@ -7,6 +7,11 @@ import { join } from 'node:path';
 import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
 import { Template } from '@huggingface/jinja';
 
+/** Integers below this are V8 small integers (31-bit), cheap Map keys. */
+const SMALL_INT = 1 << 30;
+/** Windows remembered before the memory starts over (~100 bytes each). */
+const WINDOW_MEMO_MAX = 1 << 16;
+
 export class TokenizerError extends Error {
   override name = 'TokenizerError';
 }
@@ -126,6 +131,8 @@ export class Tokenizer {
   readonly eosToken: string | null;
   readonly addBosDefault: boolean;
   readonly vocabSize: number;
+  /** decodeWindow's memory: window key → text. */
+  private readonly windows = new Map<number, string>();
   /** See maxCharsPerToken (null: no bound from the character count). */
   readonly maxCharsPerToken: number | null;
   private readonly template: Template;
@@ -195,6 +202,32 @@ export class Tokenizer {
     const addBos = opts.addBos ?? this.addBosDefault;
     if (addBos && this.bosTokenId !== null && ids[0] !== this.bosTokenId) return [this.bosTokenId, ...ids];
     return ids;
+  }
+
+  /**
+   * decode(ids.slice(from, to)), remembered for windows of one or two ids. The incremental
+   * decoder asks for such windows twice per generated token (the previous token alone, then with
+   * the new one), and the tokenizer library's decode is several µs of allocation-heavy work each
+   * time: at batch 8 that was most of the text work of a decode step. A window's text depends on
+   * its ids only, so a remembered one is the same string.
+   */
+  decodeWindow(ids: readonly number[], from: number, to: number): string {
+    const n = to - from;
+    const v = this.vocabSize;
+    // Keys stay small integers (V8 hashes those without allocating): a pair is (a + 1)·V + b,
+    // remembered only while that fits (vocabularies up to ~32k); single ids always.
+    if (n === 1 || (n === 2 && (v + 1) * v < SMALL_INT)) {
+      const a = ids[from]!;
+      const key = n === 1 ? a : (a + 1) * v + ids[from + 1]!;
+      let s = this.windows.get(key);
+      if (s === undefined) {
+        s = this.decode(ids.slice(from, to));
+        if (this.windows.size >= WINDOW_MEMO_MAX) this.windows.clear();
+        this.windows.set(key, s);
+      }
+      return s;
+    }
+    return this.decode(ids.slice(from, to));
   }
 
   decode(ids: number[], opts: { skipSpecialTokens?: boolean } = {}): string {
@@ -282,8 +315,8 @@ export class IncrementalDecoder {
     for (const id of newIds) {
       if (this.tok.isSpecial(id)) continue;
       this.ids.push(id);
-      const prefix = this.tok.decode(this.ids.slice(this.prefixOffset, this.readOffset));
-      const full = this.tok.decode(this.ids.slice(this.prefixOffset));
+      const prefix = this.tok.decodeWindow(this.ids, this.prefixOffset, this.readOffset);
+      const full = this.tok.decodeWindow(this.ids, this.prefixOffset, this.ids.length);
       if (full.length > prefix.length && !full.endsWith('\uFFFD')) {
         out += full.slice(prefix.length);
         this.prefixOffset = this.readOffset;

@@ -16,7 +16,14 @@
 // of sampling inside it (this tree computes the rows' greedy argmax right after the LM head), which
 // "HTTP step − forward call" would count as forward.
 //
-// Messages (IPC): {cmd:'start', root} → {url}; {cmd:'stats'} → {cpu, fwdCpu, fwdWall, forwards}
+// And per step: the gap from the end of one 8-row decode forward call to the start of the next,
+// plus the time that first call spent in sampling work done inside it (this tree's argmaxRows
+// after the LM head; 0 for a tree without it). Measured within each step, a few hundred per run,
+// its median does not swing with the machine's speed from one second to the next, which the
+// difference of two ~10 ms step times measured seconds apart does (±0.5 ms per step here).
+//
+// Messages (IPC): {cmd:'start', root} → {url}; {cmd:'gaps'} → {median, count} (ms, of the gaps
+// since the previous 'gaps'); {cmd:'stats'} → {cpu, fwdCpu, fwdWall, forwards}
 // (µs, µs, ms, calls so far); {cmd:'direct', prompt, tokens} → {ms, cpu} (wall and process CPU
 // ms per decode step); {cmd:'close'} → exits. The engine runs without a connector.
 import { pathToFileURL } from 'node:url';
@@ -25,12 +32,15 @@ import { join } from 'node:path';
 /** The part of an engine (of either tree) the child touches. */
 interface ChildEngine {
   url: string;
-  model: { forward(...a: unknown[]): unknown; argmax?(x: Float32Array): number; llama: { forward(segs: Segment[], kv: unknown, opts: { transientLogits: boolean }): Float32Array[] } };
+  model: {
+    forward(...a: unknown[]): unknown;
+    llama: { forward(segs: Segment[], kv: unknown, opts: { transientLogits: boolean }): Float32Array[]; gemm: { argmaxRows?(...a: unknown[]): void } };
+  };
   kv: { allocate(id: number, tokens: number): void; free(id: number): void };
   close(): Promise<void>;
 }
 type Segment = { seqId: number; tokens: number[]; startPos: number; wantLogits: boolean };
-type Msg = { cmd: 'start'; root: string } | { cmd: 'stats' } | { cmd: 'direct'; prompt: number; tokens: number } | { cmd: 'close' };
+type Msg = { cmd: 'start'; root: string } | { cmd: 'stats' } | { cmd: 'gaps' } | { cmd: 'direct'; prompt: number; tokens: number } | { cmd: 'close' };
 
 let engine: ChildEngine | null = null;
 const cpuMicros = () => {
@@ -38,6 +48,11 @@ const cpuMicros = () => {
   return u.user + u.system;
 };
 const inside = { cpu: 0, wall: 0, calls: 0 };
+const gaps: number[] = [];
+/** End of the last forward call if it was an 8-row decode step (else 0), and its in-call sampling ms. */
+let lastDecodeEnd = 0;
+let lastSampling = 0;
+let sampling = 0;
 const send = (m: unknown) => process.send!(m);
 
 const argmaxJs = (x: Float32Array) => {
@@ -82,18 +97,41 @@ process.on('message', (m: Msg) => {
         const e = await mod.startEngine({ model: 'builtin:tiny', maxNumSeqs: 8, maxNumBatchedTokens: 512, host: '127.0.0.1', port: 0 });
         const forward = e.model.forward.bind(e.model);
         e.model.forward = (...a: unknown[]) => {
+          const segs = a[0] as Segment[];
+          const decode8 = segs.length === 8 && segs.every((s) => s.tokens.length === 1);
           const c0 = cpuMicros();
           const t0 = performance.now();
+          if (decode8 && lastDecodeEnd) gaps.push(t0 - lastDecodeEnd + lastSampling);
+          sampling = 0;
           try {
             return forward(...a);
           } finally {
-            inside.wall += performance.now() - t0;
+            const t1 = performance.now();
+            inside.wall += t1 - t0;
             inside.cpu += cpuMicros() - c0;
             inside.calls++;
+            lastDecodeEnd = decode8 ? t1 : 0;
+            lastSampling = sampling;
           }
         };
+        // Sampling work inside the forward call (argmax after the LM head) counts as step cost.
+        const gemm = e.model.llama.gemm;
+        const rowsArgmax = gemm.argmaxRows?.bind(gemm);
+        if (rowsArgmax) {
+          gemm.argmaxRows = (...a: unknown[]) => {
+            const t = performance.now();
+            try {
+              rowsArgmax(...a);
+            } finally {
+              sampling += performance.now() - t;
+            }
+          };
+        }
         engine = e;
         send({ url: e.url });
+      } else if (m.cmd === 'gaps') {
+        const xs = gaps.splice(0).sort((x, y) => x - y);
+        send({ median: xs.length ? xs[Math.floor(xs.length / 2)]! : 0, count: xs.length });
       } else if (m.cmd === 'direct') {
         send(direct(m.prompt, m.tokens));
       } else if (m.cmd === 'stats') {

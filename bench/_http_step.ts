@@ -6,11 +6,15 @@
 //                 engine process during those very runs (bench/_engine_step_child.ts)
 //   direct step   wall per step of the same forward (8 rows, same positions) in a plain loop in
 //                 the engine process, no HTTP, no scheduler (bench/_engine_step_child.ts)
-//   overhead      HTTP step − direct step: scheduling, sampling, detokenizing, SSE, socket
-//                 writes, GC, whatever of it is done between forwards or slows them down; the
-//                 headline figure. A tree may do part of this work inside the scheduler's forward
-//                 call (this one computes greedy argmax there, right after the LM head), so "HTTP
-//                 step − forward call" (also reported) would count that work as forward
+//   step gap      the headline figure: per decode step, the time from the end of one forward call
+//                 to the start of the next (scheduling, sampling, detokenizing, SSE, socket writes,
+//                 GC, the event loop) plus sampling work done inside the forward call (this tree
+//                 computes greedy argmax right after the LM head); the median over the 128-token
+//                 runs' steps, measured step by step in the engine process
+//   overhead      HTTP step − direct step, also reported: it adds the forward's own slowdown while
+//                 serving, but as the difference of two ~10 ms figures measured seconds apart it
+//                 swings by ±0.5 ms per step on a shared machine (0.6-1.4 × on unchanged code);
+//                 "HTTP step − forward call" (also reported) counts in-call sampling as forward
 //   overhead CPU  engine-process CPU per HTTP step − per direct step, which other processes on a
 //                 loaded machine do not stretch
 // Each tree (this one, and optionally a built older checkout) runs in its own child process
@@ -33,7 +37,9 @@ export interface StepCost {
   overheadInsideMs: number;
   /** Wall ms per step of the same forward in a plain loop (no HTTP, no scheduler). */
   directMs: number;
-  /** httpMs − directMs: the headline figure. */
+  /** httpMs − directMs. */
+  overheadDirectMs: number;
+  /** Median step gap (with in-call sampling): the headline figure. */
   overheadMs: number;
   /** Engine CPU ms per direct step. */
   directCpuMs: number;
@@ -72,6 +78,9 @@ class TreeEngine {
 
   async start(): Promise<void> {
     this.url = (await this.call({ cmd: 'start', root: this.root })).url as string;
+  }
+  async gaps(): Promise<{ median: number; count: number }> {
+    return (await this.call({ cmd: 'gaps' })) as { median: number; count: number };
   }
   async direct(): Promise<{ ms: number; cpu: number }> {
     return (await this.call({ cmd: 'direct', prompt: PROMPT, tokens: TOKENS })) as { ms: number; cpu: number };
@@ -121,14 +130,17 @@ async function batch(e: TreeEngine, salt: number, maxTokens: number): Promise<Ru
 
 async function measureOnce(e: TreeEngine, salt: number): Promise<StepCost> {
   const one = await batch(e, salt, 1);
+  await e.gaps(); // forget anything before this run
   const full = await batch(e, salt + 100, TOKENS);
+  const g = await e.gaps();
+  if (g.count < TOKENS / 2) throw new Error(`${e.label}: only ${g.count} decode-step gaps seen in a run of ${TOKENS} tokens at batch ${ROWS}`);
   const per = (f: (r: Run) => number) => (f(full) - f(one)) / (TOKENS - 1);
   const httpMs = per((r) => r.ms);
   const forwardMs = per((r) => r.fwdMs);
   const httpCpuMs = per((r) => r.cpu);
   const forwardCpuMs = per((r) => r.fwdCpu);
   const d = await e.direct();
-  return { httpMs, forwardMs, overheadInsideMs: httpMs - forwardMs, directMs: d.ms, overheadMs: httpMs - d.ms, directCpuMs: d.cpu, httpCpuMs, forwardCpuMs, overheadCpuMs: httpCpuMs - d.cpu };
+  return { httpMs, forwardMs, overheadInsideMs: httpMs - forwardMs, directMs: d.ms, overheadDirectMs: httpMs - d.ms, overheadMs: g.median, directCpuMs: d.cpu, httpCpuMs, forwardCpuMs, overheadCpuMs: httpCpuMs - d.cpu };
 }
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
@@ -155,6 +167,7 @@ export async function measureStepCost(trees: { label: string; root: string }[], 
         forwardMs: m((c) => c.forwardMs),
         overheadInsideMs: m((c) => c.overheadInsideMs),
         directMs: m((c) => c.directMs),
+        overheadDirectMs: m((c) => c.overheadDirectMs),
         overheadMs: m((c) => c.overheadMs),
         directCpuMs: m((c) => c.directCpuMs),
         httpCpuMs: m((c) => c.httpCpuMs),

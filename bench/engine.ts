@@ -15,6 +15,7 @@ import { measureGemm } from '../src/engine/model/gemm_bench.js';
 import { startEngine, type Engine } from '../src/engine/server.js';
 import { readStreamTtft } from './_stream_ttft.js';
 import { measureStepCost, type StepCost } from './_http_step.js';
+import { resultsDir, writeBarsSvg } from './_plot.js';
 import { existsSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { join, resolve } from 'node:path';
@@ -95,6 +96,13 @@ async function stepCost(baseline: string | null): Promise<Record<string, number 
   } else {
     console.log('HTTP step cost: no --baseline given, so no ratio');
   }
+  const bars = [...r].flatMap(([label, c]) => [
+    { panel: 'step gap (headline)', series: label, value: ms2(c.overheadMs) },
+    { panel: 'HTTP step − plain-loop forward', series: label, value: ms2(c.overheadDirectMs) },
+    { panel: 'engine CPU outside the forward', series: label, value: ms2(c.overheadCpuMs) },
+  ]);
+  const svg = await writeBarsSvg(join(resultsDir('engine'), 'http_step.svg'), 'Per-step cost at batch 8 outside the model (ms, medians)', bars, 'ms per step');
+  console.log(`plot: ${svg}`);
   return {
     http_step_overhead_ms: ms2(mine.overheadMs),
     http_step_overhead_cpu_ms: ms2(mine.overheadCpuMs),

@@ -278,6 +278,12 @@ export class LlamaModel {
     if (kv.kvDim !== this.config.numKvHeads * this.config.headDim || kv.layout.numLayers !== this.config.numLayers) {
       throw new ForwardError('KV cache shape does not match the model');
     }
+    if (opts.argmaxOut) {
+      // Checked before anything is computed or written to the KV.
+      let rows = 0;
+      for (const s of segments) if (s.wantLogits) rows++;
+      if (opts.argmaxOut.length < rows) throw new ForwardError(`argmaxOut holds ${opts.argmaxOut.length} rows; this forward returns ${rows}`);
+    }
     this.validate(segments, kv);
     if (segments.length === 0) return [];
     const { dim, numLayers, numHeads, numKvHeads, headDim, hiddenDim, normEps } = this.config;

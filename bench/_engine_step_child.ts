@@ -28,6 +28,7 @@
 // ms per decode step); {cmd:'close'} → exits. The engine runs without a connector.
 import { pathToFileURL } from 'node:url';
 import { join } from 'node:path';
+import { argmaxJs } from '../src/engine/model/kernel.js';
 
 /** The part of an engine (of either tree) the child touches. */
 interface ChildEngine {
@@ -54,12 +55,6 @@ let lastDecodeEnd = 0;
 let lastSampling = 0;
 let sampling = 0;
 const send = (m: unknown) => process.send!(m);
-
-const argmaxJs = (x: Float32Array) => {
-  let b = 0;
-  for (let i = 1; i < x.length; i++) if (x[i]! > x[b]!) b = i;
-  return b;
-};
 
 /** Wall and CPU ms per 8-row decode forward, in a plain loop (sequence ids far from the engine's). */
 function direct(promptLen: number, tokens: number): { ms: number; cpu: number } {

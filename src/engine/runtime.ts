@@ -43,9 +43,8 @@ export async function loadEngineModel(spec: string, env: NodeJS.ProcessEnv = pro
     // model's reused buffer (no fresh 128 KiB array per sequence and step).
     forward: (segments: ForwardSegment[], kv: PagedKvCache) => {
       rows = [];
-      let n = 0;
-      for (const s of segments) if (s.wantLogits) n++;
-      if (greedy.length < n) greedy = new Int32Array(n);
+      // At most one logits row per segment.
+      if (greedy.length < segments.length) greedy = new Int32Array(segments.length);
       rows = llama.forward(segments, kv, { transientLogits: true, argmaxOut: greedy });
       return rows;
     },

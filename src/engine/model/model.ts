@@ -278,11 +278,18 @@ export class LlamaModel {
     if (kv.kvDim !== this.config.numKvHeads * this.config.headDim || kv.layout.numLayers !== this.config.numLayers) {
       throw new ForwardError('KV cache shape does not match the model');
     }
-    if (opts.argmaxOut) {
-      // Checked before anything is computed or written to the KV.
-      let rows = 0;
-      for (const s of segments) if (s.wantLogits) rows++;
-      if (opts.argmaxOut.length < rows) throw new ForwardError(`argmaxOut holds ${opts.argmaxOut.length} rows; this forward returns ${rows}`);
+    // The rows the LM head computes (each segment's last token, where asked), known up front so
+    // a too-short argmaxOut is refused before anything is computed or written to the KV.
+    const want: number[] = [];
+    {
+      let r = 0;
+      for (const s of segments) {
+        r += s.tokens.length;
+        if (s.wantLogits) want.push(r - 1);
+      }
+    }
+    if (opts.argmaxOut && opts.argmaxOut.length < want.length) {
+      throw new ForwardError(`argmaxOut holds ${opts.argmaxOut.length} rows; this forward returns ${want.length}`);
     }
     this.validate(segments, kv);
     if (segments.length === 0) return [];
@@ -360,15 +367,7 @@ export class LlamaModel {
 
     for (const s of segments) kv.setLength(s.seqId, s.startPos + s.tokens.length);
 
-    // LM head only for the rows asked.
-    const want: number[] = [];
-    {
-      let r = 0;
-      for (const s of segments) {
-        r += s.tokens.length;
-        if (s.wantLogits) want.push(r - 1);
-      }
-    }
+    // LM head only for the rows asked (`want`, above).
     if (want.length === 0) return [];
     const sel = this.buf(B_H, want.length * dim);
     want.forEach((r, i) => sel.set(x.subarray(r * dim, r * dim + dim), i * dim));

@@ -68,17 +68,18 @@ test('ChunkIndex.dropHolders reports, after the rebuild, the keys that lost a dr
   idx.add(key(4), 1); idx.add(key(4), 2); idx.add(key(4), 4); // two dropped, one survivor: reported
   idx.add(key(5), 3); // untouched single holder: not reported
   idx.add(key(6), 3); idx.add(key(6), 4); // untouched shared key: not reported
-  const got: { key: string; holders: number[] }[] = [];
-  idx.dropHolders(new Set([1, 2]), (hi, lo) => {
+  const got: { key: string; holders: number[]; firstLeft: boolean }[] = [];
+  idx.dropHolders(new Set([1, 2]), (hi, lo, firstLeft) => {
     const k = halvesToHex(hi, lo);
     // Called once the table is rebuilt: the key's holders are the survivors only.
-    got.push({ key: k, holders: holders(k) });
+    got.push({ key: k, holders: holders(k), firstLeft });
   });
   got.sort((a, b) => a.key.localeCompare(b.key));
+  // firstLeft: the key's first holder (the oldest admission) was among the dropped.
   assert.deepEqual(got, [
-    { key: key(2), holders: [3] },
-    { key: key(3), holders: [3, 4] },
-    { key: key(4), holders: [4] },
+    { key: key(2), holders: [3], firstLeft: true },
+    { key: key(3), holders: [3, 4], firstLeft: true },
+    { key: key(4), holders: [4], firstLeft: true },
   ]);
   assert.equal(idx.size, 5);
   assert.equal(idx.count(1), 0);
@@ -105,6 +106,29 @@ test('ChunkIndex.dropHolders reports, after the rebuild, the keys that lost a dr
   assert.equal(reported, many.length);
   assert.equal(seen.size, many.length);
   for (const k of many) assert.ok(seen.has(k) && idx.has(k, 6) && !idx.has(k, 5));
+});
+
+test("ChunkIndex keeps a key's holders in admission order: removing the first is reported as such", () => {
+  const idx = new ChunkIndex();
+  const key = (i: number) => i.toString(16).padStart(16, '0');
+  for (const h of [3, 1, 2]) idx.add(key(1), h);
+  const holders = () => idx.holdersOf(0, 1, []);
+  assert.deepEqual(holders(), [3, 1, 2], 'admission order, not numeric order');
+  const calls: [number, boolean][] = [];
+  const left = (_hi: number, lo: number, firstLeft: boolean) => calls.push([lo, firstLeft]);
+  idx.removePacked(packKeys([key(1)]), 1, left); // a later holder leaves
+  idx.removePacked(packKeys([key(1)]), 3, left); // the first holder leaves: 2 is first now
+  assert.deepEqual(calls, [[1, false], [1, true]]);
+  assert.deepEqual(holders(), [2]);
+  idx.add(key(1), 5);
+  idx.add(key(1), 6);
+  // Dropping whole holders: the survivors keep their order; the first one left here.
+  const dropped: boolean[] = [];
+  idx.dropHolders(new Set([2]), (_hi, _lo, firstLeft) => dropped.push(firstLeft));
+  assert.deepEqual(dropped, [true]);
+  assert.deepEqual(holders(), [5, 6]);
+  idx.dropHolders(new Set([6]), (_hi, _lo, firstLeft) => dropped.push(firstLeft));
+  assert.deepEqual(dropped, [true, false]);
 });
 
 test('ChunkIndex grows past a million keys and ingests packed keys', () => {

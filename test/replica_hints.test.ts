@@ -39,23 +39,50 @@ describe('LruIndex replica segment', () => {
     assert.deepEqual(idx.victims(0, 7 - 4), [k(7), k(3), k(2), k(1)]);
   });
 
-  test('a read moves a replica to the recent end of main; a last-copy hint moves a cold entry or a replica there', () => {
+  test('a read keeps a replica a replica, at the oldest end of the segment; a last-copy hint moves a cold entry or a replica to main', () => {
     const idx = new LruIndex<Entry>();
     for (let i = 1; i <= 4; i++) idx.add(k(i), entry());
     idx.setReplica(k(1), true);
     idx.setReplica(k(2), true);
-    idx.touch(k(1));
-    assert.equal(idx.replicaCount, 1);
-    assert.deepEqual(idx.keys(), [k(2), k(3), k(4), k(1)]);
+    idx.touch(k(2));
+    assert.equal(idx.replicaCount, 2);
+    // Newest first: 1 was marked last but 2 was read, so 2 is the last duplicate to go.
+    assert.deepEqual(idx.keys(), [k(1), k(2), k(3), k(4)]);
     idx.setReplica(k(2), false);
-    assert.deepEqual(idx.keys(), [k(3), k(4), k(1), k(2)]);
+    assert.deepEqual(idx.keys(), [k(1), k(3), k(4), k(2)]);
     // A last-copy hint leaves an entry that is in main where it is.
     idx.setReplica(k(3), false);
-    assert.deepEqual(idx.keys(), [k(3), k(4), k(1), k(2)]);
+    assert.deepEqual(idx.keys(), [k(1), k(3), k(4), k(2)]);
     idx.add(k(5), entry(), { evictFirst: true });
     idx.setReplica(k(5), false);
     assert.equal(idx.coldCount, 0);
-    assert.deepEqual(idx.keys(), [k(3), k(4), k(1), k(2), k(5)]);
+    assert.deepEqual(idx.keys(), [k(1), k(3), k(4), k(2), k(5)]);
+    // A cold entry that is read joins main (a copy used here, not known to be held elsewhere).
+    idx.add(k(6), entry(), { evictFirst: true });
+    idx.touch(k(6));
+    assert.deepEqual(idx.keys(), [k(1), k(3), k(4), k(2), k(5), k(6)]);
+  });
+
+  test('a prompt that used replicas orders them head last at the oldest end: its tail goes first', () => {
+    const idx = new LruIndex<Entry>();
+    for (let i = 1; i <= 5; i++) idx.add(k(i), entry());
+    for (const i of [1, 2, 3, 4]) idx.setReplica(k(i), true);
+    // Loading reads the prefix head first, then marks it used head last.
+    for (const i of [1, 2, 3]) idx.touch(k(i));
+    idx.touchHeadLast([k(1), k(2), k(3)]);
+    assert.deepEqual(idx.keys(), [k(4), k(3), k(2), k(1), k(5)]);
+  });
+
+  test('an evict-first admission takes room only from cold entries and replicas, never from main', () => {
+    const idx = new LruIndex<Entry>();
+    for (let i = 1; i <= 3; i++) idx.add(k(i), entry());
+    idx.add(k(4), entry(), { evictFirst: true });
+    idx.setReplica(k(3), true);
+    // Capacity 4, all used: one more needs one victim; two more, two.
+    assert.deepEqual(idx.victims(1, 4, { evictFirst: true }), [k(4)]);
+    assert.deepEqual(idx.victims(2, 4, { evictFirst: true }), [k(4), k(3)]);
+    assert.equal(idx.victims(3, 4, { evictFirst: true }), null, 'main (1, 2) is never a victim for it');
+    assert.deepEqual(idx.victims(3, 4), [k(4), k(3), k(1)], 'an ordinary admission falls through to main');
   });
 
   test('clearing the marks makes every replica ordinary again, oldest first', () => {
@@ -127,6 +154,38 @@ test('a worker dropped to be synced again, or signing off: the survivor is told 
   reg.handle('a2', { t: 'bye' });
   assert.deepEqual(await settle(), []);
   assert.equal(reg.stats.replicaLastCopy, 6);
+});
+
+test('three holders: when the first copy is evicted, the oldest remaining holder keeps it; a later copy leaving tells nobody', async () => {
+  const reg = new Registry({ heartbeatTimeoutMs: 10_000, seed: 0n, secret: null });
+  const sent: { to: string; flags: number[] }[] = [];
+  reg.replicas = new ReplicaHints(reg, (to: string, m: ReplicaHintMsg) => sent.push({ to, flags: [...m.held_elsewhere] }));
+  const settle = async () => {
+    await new Promise((r) => setImmediate(r));
+    return sent.splice(0);
+  };
+  const register = (id: string, session: string, port: number) => reg.handle(session, {
+    t: 'register', v: PROTOCOL_VERSION, instance_id: id, worker_id: 0, session, ip: '127.0.0.1', worker_port: port,
+    distributed_url: null, chunk_size: CHUNK, model_id: MODEL, seed: '0', locations: ['LocalCPUBackend'], pid: 1,
+  });
+  const keys = packKeys([k(1), k(2)]);
+  const op = (session: string, kind: 0 | 1) => reg.handle(session, { t: 'ops', ops: [[kind, 'LocalCPUBackend', keys]] });
+  for (const [id, s, port] of [['A', 'a', 7001], ['B', 'b', 7002], ['C', 'c', 7003]] as const) assert.equal(register(id, s, port)?.t, 'welcome');
+  op('a', 1);
+  op('b', 1);
+  op('c', 1);
+  assert.deepEqual(await settle(), [{ to: 'b', flags: [1, 1] }, { to: 'c', flags: [1, 1] }], 'the later copies are duplicates');
+  // C (a duplicate) evicts: A still keeps the first copy, B stays a duplicate: no hint.
+  op('c', 0);
+  assert.deepEqual(await settle(), []);
+  op('c', 1);
+  assert.deepEqual(await settle(), [{ to: 'c', flags: [1, 1] }]);
+  // A (the first copy) evicts: B, the oldest remaining holder, keeps it; C stays a duplicate.
+  op('a', 0);
+  assert.deepEqual(await settle(), [{ to: 'b', flags: [0, 0] }]);
+  // B evicts too: C holds the last copy.
+  op('b', 0);
+  assert.deepEqual(await settle(), [{ to: 'c', flags: [0, 0] }]);
 });
 
 interface Instance {

@@ -112,6 +112,36 @@ describe('evict-first admission of copies and partial chunks, 1P1D (built-in mod
     await heldUntil(received, (m) => (m['decoder-0'] ?? 0) >= 512, 'the received prefix back on decoder-0');
   });
 
+  test('a copy never displaces a chunk the decoder computed: with its tier full of its own prefixes, P2P copies are declined (counted), its prefixes stay, the output is the same', async () => {
+    // Five prompts of its own (ten full chunks): the decoder's tier holds only chunks it computed;
+    // whatever the previous test left there (copies, older prefixes) made room for them.
+    const own = [10, 11, 12, 13, 14].map((s) => prompt(s));
+    for (const p of own) await complete(decoder(), p);
+    await heldUntil(own[4]!, (m) => (m['decoder-0'] ?? 0) >= 512, 'the last own prefix on decoder-0');
+    const before = await Promise.all(own.map(async (p) => (await held(prefixOf(p)))['decoder-0'] ?? 0));
+    assert.ok(before.reduce((a, b) => a + b, 0) >= 4 * 512, `the decoder holds its own prefixes: ${before}`);
+    // The prefiller computes another prefix; the decoder, asked for it with another question,
+    // fetches it by P2P and uses it, but may not keep it at its own chunks' expense.
+    await complete(prefiller(), prompt(20, 0));
+    await heldUntil(prompt(20, 0), (m) => (m['prefiller-0'] ?? 0) >= 512, 'the new prefix on prefiller-0');
+    const declined0 = await metric(decoder(), 'kvc_cache_declined_copies_total');
+    const evicted0 = await metric(decoder(), 'kvc_cache_evicted_chunks_total');
+    const p2p0 = await metric(decoder(), 'kvc_p2p_chunks_total');
+    const viaDecoder = await complete(decoder(), prompt(20, 1));
+    assert.equal((await metric(decoder(), 'kvc_p2p_chunks_total')) - p2p0, 2, 'the decoder fetched the prefix by P2P');
+    assert.ok(viaDecoder.cached >= 512, `the fetched prefix was used (cached_tokens ${viaDecoder.cached})`);
+    const viaPrefiller = await complete(prefiller(), prompt(20, 1));
+    assert.equal(viaDecoder.text, viaPrefiller.text, 'greedy output identical, fetched or computed');
+    assert.ok((await metric(decoder(), 'kvc_cache_declined_copies_total')) - declined0 >= 2, 'the two fetched chunks were declined');
+    // Only evict-first chunks (its partial chunks) may have made room; its prefixes are all there.
+    await new Promise((r) => setTimeout(r, 500)); // let the index take the events in
+    const after = await Promise.all(own.map(async (p) => (await held(prefixOf(p)))['decoder-0'] ?? 0));
+    assert.deepEqual(after, before, 'every chunk the decoder computed is still held');
+    assert.equal((await held(prefixOf(prompt(20))))['decoder-0'] ?? 0, 0, 'the copy was not kept');
+    const evictedNow = (await metric(decoder(), 'kvc_cache_evicted_chunks_total')) - evicted0;
+    assert.ok(evictedNow <= 2, `at most the cold partial chunks were evicted (${evictedNow})`);
+  });
+
   test('a bad admission setting is refused naming the key', async () => {
     const { parseConnectorConfig } = await import('../src/common/config.js');
     assert.throws(

@@ -8,7 +8,7 @@ import { chunkKeys } from '../src/common/keys.js';
 import { KvcStore } from '../src/kvc/store.js';
 import { LocalCPUBackend } from '../src/kvc/cpu_backend.js';
 import { LocalDiskBackend } from '../src/kvc/disk_backend.js';
-import { StoreFullError, type KeyEvent } from '../src/kvc/types.js';
+import { CopyDeclinedError, StoreFullError, type KeyEvent } from '../src/kvc/types.js';
 import { transferHolds } from '../src/kvc/transfer_holds.js';
 import { tempDir } from './helpers/proc.js';
 
@@ -133,6 +133,49 @@ test('a chunk admitted evict-first is evicted before every recent one, keeps its
     assert.deepEqual(evicted, [keyOf(5), keyOf(4), keyOf(1)], `${kind}: the cold copy first (tail first), then plain LRU`);
     assert.ok(store.has(keyOf(6)) && store.has(keyOf(2)) && store.has(keyOf(3)), `${kind}: the read copy and the rest stay`);
     assert.equal(store.stats()[0]!.chunks, 6, `${kind}: counted in both segments`);
+    await store.close();
+  }
+});
+
+test('an evict-first chunk never displaces a recent one: declined (counted, nothing evicted) when only recent chunks could make room', async () => {
+  const cap = 3 * 36 * 1024; // three chunks
+  for (const kind of ['cpu', 'disk'] as const) {
+    const store = await KvcStore.create(
+      kind === 'cpu'
+        ? { local_cpu: true, max_local_cpu_size: gib(cap), max_local_disk_size: 0, local_disk: null }
+        : { local_cpu: false, max_local_cpu_size: 0, max_local_disk_size: gib(cap), local_disk: tempDir('kvc-decline-') },
+    );
+    const loc = store.locations()[0]!;
+    const evicted: string[] = [];
+    store.on('evict', (e) => evicted.push(...e.keys));
+    for (const i of [1, 2]) await store.put(keyOf(i), makeChunk(keyOf(i), i));
+    // Free room: a copy takes it.
+    await store.put(keyOf(3), makeChunk(keyOf(3), 3), undefined, { evictFirst: true });
+    // Full: a copy may displace the other copy, not a recent chunk.
+    await store.put(keyOf(4), makeChunk(keyOf(4), 4), undefined, { evictFirst: true });
+    assert.deepEqual(evicted, [keyOf(3)], `${kind}: the older copy made room`);
+    store.markReplicas(loc, [keyOf(4)], [1]); // held elsewhere: a replica, still fair game
+    await store.put(keyOf(5), makeChunk(keyOf(5), 5), undefined, { evictFirst: true });
+    assert.deepEqual(evicted, [keyOf(3), keyOf(4)], `${kind}: a replica made room`);
+    // keyOf(5) was read: it is ordinary now; the tier holds only recent chunks.
+    await store.get(keyOf(5));
+    await assert.rejects(store.put(keyOf(6), makeChunk(keyOf(6), 6), undefined, { evictFirst: true }), (e: unknown) => {
+      assert.ok(e instanceof CopyDeclinedError, `${kind}: ${String(e)}`);
+      assert.match((e as Error).message, /declined evict-first chunk 0+6/);
+      return true;
+    });
+    assert.equal(store.declined[loc], 1, `${kind}: counted`);
+    assert.deepEqual(evicted, [keyOf(3), keyOf(4)], `${kind}: nothing evicted by the declined copy`);
+    assert.ok(!store.has(keyOf(6)) && [1, 2, 5].every((i) => store.has(keyOf(i))), `${kind}: the tier kept what it had`);
+    // An ordinary chunk still evicts by recency.
+    await store.put(keyOf(7), makeChunk(keyOf(7), 7));
+    assert.deepEqual(evicted, [keyOf(3), keyOf(4), keyOf(1)], `${kind}: a computed chunk evicts the least recently used`);
+    if (kind === 'cpu') {
+      // A P2P copy promoted into a full tier is declined the same way (best effort, counted).
+      store.promoteFetched(keyOf(8), makeChunk(keyOf(8), 8), { evictFirst: true });
+      assert.ok(!store.has(keyOf(8)));
+      assert.equal(store.declined[loc], 2);
+    }
     await store.close();
   }
 });

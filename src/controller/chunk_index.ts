@@ -11,7 +11,9 @@
 // Holders count their keys (add/remove report whether they changed anything), so
 // GET /instances needs no scan. Dropping whole holders (sign-off, reaping, re-sync) rebuilds the
 // table once: rare, and tens of milliseconds for a million keys; the same walk reports the keys
-// left on other holders (replica hints' last copies).
+// left on other holders (replica hints' last copies). A key's holders keep the order in which they
+// admitted it: the first is where the chunk was computed or first kept (the replica hints' "first
+// copy").
 
 const EMPTY = 0;
 
@@ -105,8 +107,12 @@ export class ChunkIndex {
     }
   }
 
-  /** Removes holder from key: 0 when it was not there, 1 when removed and the key is gone, 2 when removed and other holders remain. */
-  removeHalves(hi: number, lo: number, holder: number): 0 | 1 | 2 {
+  /**
+   * Removes holder from key: 0 when it was not there, 1 when removed and the key is gone, 2 when
+   * removed and other holders remain, 3 when removed as the key's FIRST holder (the oldest
+   * admission; holders keep admission order) and other holders remain.
+   */
+  removeHalves(hi: number, lo: number, holder: number): 0 | 1 | 2 | 3 {
     const i = this.find(hi, lo);
     if (i < 0) return 0;
     const v = this.val[i]!;
@@ -125,7 +131,7 @@ export class ChunkIndex {
       this.multi[m] = [];
       this.freeMulti.push(m);
     }
-    return 2;
+    return k === 0 ? 3 : 2;
   }
 
   /** Backward-shift deletion: keeps probe chains intact without tombstones. */
@@ -177,8 +183,11 @@ export class ChunkIndex {
     return n;
   }
 
-  /** Removes a packed list; `left(hi, lo)`, if given, is called for each key other holders still hold. */
-  removePacked(keys: Uint8Array, holder: number, left?: (hi: number, lo: number) => void): number {
+  /**
+   * Removes a packed list; `left(hi, lo, firstLeft)`, if given, is called for each key other
+   * holders still hold, `firstLeft` true when `holder` was the key's first (oldest) holder.
+   */
+  removePacked(keys: Uint8Array, holder: number, left?: (hi: number, lo: number, firstLeft: boolean) => void): number {
     const dv = new DataView(keys.buffer, keys.byteOffset, keys.byteLength);
     let n = 0;
     for (let o = 0; o + 8 <= keys.byteLength; o += 8) {
@@ -187,7 +196,7 @@ export class ChunkIndex {
       const r = this.removeHalves(hi, lo, holder);
       if (r === 0) continue;
       n++;
-      if (r === 2 && left) left(hi, lo);
+      if (r >= 2 && left) left(hi, lo, r === 3);
     }
     if (n) this.bump(holder, -n);
     return n;
@@ -213,13 +222,14 @@ export class ChunkIndex {
   }
 
   /**
-   * Forgets every key of the given holders by rebuilding the table from the survivors.
-   * `left(hi, lo)`, if given, is called for each key that lost at least one of those holders and
-   * kept at least one other (the replica hints' last copies), once the rebuild is complete, so
+   * Forgets every key of the given holders by rebuilding the table from the survivors (in the
+   * order they held it). `left(hi, lo, firstLeft)`, if given, is called for each key that lost at
+   * least one of those holders and kept at least one other (the replica hints' last copies),
+   * `firstLeft` true when the key's first holder was dropped, once the rebuild is complete, so
    * `holdersOf` inside it sees the new table. The keys are gathered during the one walk the
    * rebuild makes anyway: no second pass over the table.
    */
-  dropHolders(holders: ReadonlySet<number>, left?: (hi: number, lo: number) => void): void {
+  dropHolders(holders: ReadonlySet<number>, left?: (hi: number, lo: number, firstLeft: boolean) => void): void {
     if (holders.size === 0) return;
     const { hi, lo, val, cap } = this;
     this.hi = new Uint32Array(cap);
@@ -229,8 +239,8 @@ export class ChunkIndex {
     const oldMulti = this.multi;
     this.multi = [];
     this.freeMulti = [];
-    /** (hi, lo) pairs of the keys to report: 8 bytes a key, grown by doubling. */
-    let kept = new Uint32Array(left ? 2048 : 0);
+    /** (hi, lo, firstLeft) triples of the keys to report, grown by doubling. */
+    let kept = new Uint32Array(left ? 3072 : 0);
     let nKept = 0;
     for (let j = 0; j < cap; j++) {
       const v = val[j]!;
@@ -240,7 +250,8 @@ export class ChunkIndex {
       } else {
         let dropped = false;
         let survived = false;
-        for (const h of oldMulti[-v - 1]!) {
+        const hs = oldMulti[-v - 1]!;
+        for (const h of hs) {
           if (holders.has(h)) dropped = true;
           else {
             this.addHalves(hi[j]!, lo[j]!, h);
@@ -248,18 +259,19 @@ export class ChunkIndex {
           }
         }
         if (left && dropped && survived) {
-          if (nKept + 2 > kept.length) {
+          if (nKept + 3 > kept.length) {
             const k = new Uint32Array(kept.length * 2);
             k.set(kept);
             kept = k;
           }
           kept[nKept++] = hi[j]!;
           kept[nKept++] = lo[j]!;
+          kept[nKept++] = holders.has(hs[0]!) ? 1 : 0;
         }
       }
     }
     for (const h of holders) this.counts.delete(h);
-    if (left) for (let i = 0; i < nKept; i += 2) left(kept[i]!, kept[i + 1]!);
+    if (left) for (let i = 0; i < nKept; i += 3) left(kept[i]!, kept[i + 1]!, kept[i + 2] === 1);
   }
 
   /**

@@ -73,7 +73,7 @@ export class Registry {
    * when a worker leaves the index (sign-off, reap, re-registration), of each of its keys that
    * other holders still hold.
    */
-  replicas: { admittedShared(w: WorkerRec, location: string, hi: number, lo: number): void; evictedLeft(hi: number, lo: number): void } | null = null;
+  replicas: { admittedShared(w: WorkerRec, location: string, hi: number, lo: number): void; evictedLeft(hi: number, lo: number, firstLeft: boolean): void } | null = null;
   /** instance_id → its engine's recent samples, oldest first (bounded by ENGINE_SAMPLES_KEPT). */
   private readonly samples = new Map<string, TimedEngineSample[]>();
 
@@ -155,7 +155,7 @@ export class Registry {
             this.index.addPacked(keys, h, r ? (hi, lo) => r.admittedShared(w, loc, hi, lo) : undefined);
             this.stats.admitted += keys.byteLength / 8;
           } else {
-            this.index.removePacked(keys, h, r ? (hi, lo) => r.evictedLeft(hi, lo) : undefined);
+            this.index.removePacked(keys, h, r ? (hi, lo, first) => r.evictedLeft(hi, lo, first) : undefined);
             this.stats.evicted += keys.byteLength / 8;
           }
         }
@@ -284,7 +284,7 @@ export class Registry {
     // index now records. The keys come from the rebuild's one walk; the hints are batched and
     // bounded like the others (src/controller/replica_hints.ts).
     const hints = this.replicas;
-    this.index.dropHolders(held, hints ? (hi, lo) => hints.evictedLeft(hi, lo) : undefined);
+    this.index.dropHolders(held, hints ? (hi, lo, first) => hints.evictedLeft(hi, lo, first) : undefined);
   }
 
   dropWorker(w: WorkerRec): void {

@@ -9,10 +9,14 @@
 //     cold chunks, before everything else, newest first; a read here makes it ordinary again),
 //   - when evictions, or a worker leaving the index (sign-off, reap, re-registration: the keys
 //     come from ChunkIndex.dropHolders' rebuild walk), leave a chunk on one instance only, that
-//     instance is told it holds the last copy: the chunk is evicted by plain recency again.
-// A later copy never demotes the first one (where the chunk was computed, or where it survived),
-// so a deployment keeps every prefix somewhere for as long as its tiers together can hold them,
-// before keeping any prefix twice.
+//     instance is told it holds the last copy: the chunk is evicted by plain recency again;
+//   - when the first copy leaves and several remain, the oldest remaining holder (the index keeps
+//     holders in admission order) gets the same hint: it keeps the chunk from now on.
+// So exactly one copy of each chunk is ordinary (the first one), every other is a replica. A later
+// copy never demotes the first one (where the chunk was computed, or where it survived), a read of
+// a replica keeps it a replica, and a replica or any evict-first copy never displaces an ordinary
+// chunk (src/kvc/lru_index.ts): a deployment keeps every prefix somewhere for as long as its
+// tiers together can hold them, before keeping any prefix twice.
 //
 // Hints are batched per (instance, location) and sent once the current event-loop turn's ops are
 // applied; at most MAX_PENDING keys wait per instance (more are dropped and counted: a lost hint
@@ -46,12 +50,21 @@ export class ReplicaHints {
     if (holders.some((h) => this.registry.holder(h)?.worker !== w)) this.queue(w, location, hi, lo, 1);
   }
 
-  /** An eviction or a departure that left holders: when what remains is on one instance, it holds the last copy. */
-  evictedLeft(hi: number, lo: number): void {
+  /**
+   * An eviction or a departure that left holders. When what remains is on one instance, it holds
+   * the last copy; when the first copy left (`firstLeft`) and several remain, the oldest remaining
+   * holder keeps it from now on. Either way that instance is told its copy is not held elsewhere,
+   * so it is evicted by recency again, and every other holder's copy stays a duplicate.
+   */
+  evictedLeft(hi: number, lo: number, firstLeft = false): void {
     const holders = this.holders(hi, lo);
-    const last = this.registry.holder(holders[0]!)?.worker;
-    if (!last || holders.some((h) => this.registry.holder(h)?.worker !== last)) return;
-    for (const h of holders) this.queue(last, this.registry.holder(h)!.location, hi, lo, 0);
+    const keeper = this.registry.holder(holders[0]!)?.worker;
+    if (!keeper) return;
+    if (!firstLeft && holders.some((h) => this.registry.holder(h)?.worker !== keeper)) return;
+    for (const h of holders) {
+      const rec = this.registry.holder(h);
+      if (rec?.worker === keeper) this.queue(keeper, rec.location, hi, lo, 0);
+    }
   }
 
   private holders(hi: number, lo: number): number[] {

@@ -23,6 +23,7 @@ import type { CacheConfig, ConnectorConfig } from '../common/config.js';
 import { chunkKeys, type ChunkSpan } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import type { KvcStore } from '../kvc/store.js';
+import { CopyDeclinedError } from '../kvc/types.js';
 import type { P2pClient } from '../kvc/p2p_client.js';
 import type { PagedKvCache } from './model/kv_cache.js';
 import type { EngineMetrics } from './metrics.js';
@@ -47,6 +48,12 @@ export interface ConnectorRequest {
   kvTransferParams: Record<string, unknown> | undefined;
   /** True once the client went away; loading stops at the next await. */
   cancelled(): boolean;
+  /**
+   * For save(): the prompt tokens load() imported (from this cache, a peer or a transfer) rather
+   * than computed here. Chunks within them that the store does not hold (a copy it declined) are
+   * stored as copies, never as chunks this instance computed.
+   */
+  loadedTokens?: number;
 }
 
 export interface LoadResult {
@@ -178,8 +185,12 @@ export class KvcConnectorV1 {
       m.cacheStoredBytes.inc(chunk.byteLength);
       m.cacheStoreSeconds.observe((performance.now() - t0) / 1000);
     } catch (e) {
-      m.cacheStoreFailures.inc();
-      log.warn(`request ${req.requestId}: received chunk ${key} not stored: ${(e as Error).message}`);
+      // A declined copy is the tier keeping what it may not give up (the prefiller keeps its own).
+      if (e instanceof CopyDeclinedError) log.debug(`request ${req.requestId}: received chunk ${key} not kept: ${e.message}`);
+      else {
+        m.cacheStoreFailures.inc();
+        log.warn(`request ${req.requestId}: received chunk ${key} not stored: ${(e as Error).message}`);
+      }
     }
   }
 
@@ -353,14 +364,23 @@ export class KvcConnectorV1 {
       for (const c of toStore) {
         const t0 = performance.now();
         try {
-          // The partial last chunk goes in evict-first (partial_chunk_admission).
-          await this.store.put(c.key, c.chunk, undefined, { evictFirst: this.partialEvictFirst && this.partial(c) });
+          // The partial last chunk goes in evict-first (partial_chunk_admission); so does a chunk
+          // imported rather than computed here, with peer_copy_admission evict_first: it is a copy
+          // of what a peer keeps, one the tier declined when it arrived (see load()), and storing
+          // it as this instance's own would let it displace the chunks the tier keeps for the
+          // deployment.
+          const imported = c.end <= (req.loadedTokens ?? 0);
+          await this.store.put(c.key, c.chunk, undefined, { evictFirst: (imported && this.peerCopyEvictFirst) || (this.partialEvictFirst && this.partial(c)) });
           m.chunksSaved.inc();
           m.cacheStoredBytes.inc(c.chunk.byteLength);
           m.cacheStoreSeconds.observe((performance.now() - t0) / 1000);
         } catch (e) {
-          m.cacheStoreFailures.inc();
-          log.warn(`request ${req.requestId}: chunk ${c.key} not stored: ${(e as Error).message}`);
+          // A declined partial chunk: the tier had no room it may take (counted by the store).
+          if (e instanceof CopyDeclinedError) log.debug(`request ${req.requestId}: partial chunk ${c.key} not kept: ${e.message}`);
+          else {
+            m.cacheStoreFailures.inc();
+            log.warn(`request ${req.requestId}: chunk ${c.key} not stored: ${(e as Error).message}`);
+          }
         }
       }
       // Stored in prompt order, the head is the oldest: make it the newest, so this prompt is

@@ -28,6 +28,7 @@ export interface TierStats {
 export interface WatchedStore {
   stats(): TierStats[];
   readonly evictions: Readonly<Partial<Record<string, number>>>;
+  readonly declined: Readonly<Partial<Record<string, number>>>;
 }
 
 export class EngineMetrics {
@@ -141,6 +142,23 @@ export class EngineMetrics {
           const seen = seenEvictions.get(t.location) ?? 0;
           this.inc({ location: t.location }, Math.max(0, n - seen));
           seenEvictions.set(t.location, Math.max(n, seen));
+        }
+      },
+    });
+    const seenDeclined = new Map<string, number>();
+    new Counter({
+      name: 'kvc_cache_declined_copies_total',
+      help: 'Evict-first chunks (copies a peer keeps, partial chunks) not admitted to a location because the room they needed was held by chunks they may not displace, by location',
+      labelNames: ['location'],
+      registers,
+      collect() {
+        const st = watched();
+        if (!st) return;
+        for (const t of st.stats()) {
+          const n = st.declined[t.location] ?? 0;
+          const seen = seenDeclined.get(t.location) ?? 0;
+          this.inc({ location: t.location }, Math.max(0, n - seen));
+          seenDeclined.set(t.location, Math.max(n, seen));
         }
       },
     });

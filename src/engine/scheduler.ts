@@ -381,7 +381,7 @@ export class Scheduler {
         const conn = this.o.connector;
         if (conn) {
           seq.kvDone = conn.save(
-            { seqId: seq.id, requestId: seq.init.requestId, prompt: seq.prompt, kvTransferParams: seq.init.kvTransferParams, cancelled: () => seq.state === 'finished' },
+            { seqId: seq.id, requestId: seq.init.requestId, prompt: seq.prompt, kvTransferParams: seq.init.kvTransferParams, cancelled: () => seq.state === 'finished', loadedTokens: seq.loadedTokens },
             this.o.kv,
           );
         }

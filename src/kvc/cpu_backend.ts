@@ -6,7 +6,7 @@ import { checkChunkFor } from '../common/chunk.js';
 import type { ChunkKey } from '../common/keys.js';
 import { BufferPool, sizeClass } from '../common/buffer_pool.js';
 import { LruIndex, type Entry } from './lru_index.js';
-import { StoreFullError, type BackendStats, type PutOptions, type StorageBackend } from './types.js';
+import { CopyDeclinedError, StoreFullError, type BackendStats, type PutOptions, type StorageBackend } from './types.js';
 
 interface CpuEntry extends Entry {
   /** The pooled buffer (size class); the chunk occupies its first `length` bytes. */
@@ -58,7 +58,10 @@ export class LocalCPUBackend implements StorageBackend {
     if (cls > this.capacityBytes) {
       throw new StoreFullError(`chunk ${key} (${chunk.byteLength} bytes) is larger than LocalCPUBackend capacity (${this.capacityBytes} bytes)`);
     }
-    const victims = this.index.victims(cls, this.capacityBytes);
+    const victims = this.index.victims(cls, this.capacityBytes, opts);
+    if (victims === null && opts.evictFirst && this.index.victims(cls, this.capacityBytes) !== null) {
+      throw new CopyDeclinedError(`LocalCPUBackend declined evict-first chunk ${key}: the room it needs is held by chunks it may not displace (computed, reused or kept as the deployment's copy)`);
+    }
     if (victims === null) {
       throw new StoreFullError(
         `LocalCPUBackend is full: ${this.index.bytes} of ${this.capacityBytes} bytes used and ${this.index.pinnedCount} pinned chunk(s) cannot be evicted to store chunk ${key}`,

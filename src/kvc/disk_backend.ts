@@ -21,7 +21,7 @@ import { ChunkFormatError, HEADER_BYTES, checkChunkFor, readHeader, verifyChunk 
 import { isChunkKey, type ChunkKey } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import { LruIndex, type Entry } from './lru_index.js';
-import { StoreFullError, type BackendStats, type PinOptions, type PutOptions, type StorageBackend } from './types.js';
+import { CopyDeclinedError, StoreFullError, type BackendStats, type PinOptions, type PutOptions, type StorageBackend } from './types.js';
 
 const log = logger('kvc.disk');
 
@@ -181,6 +181,14 @@ export class LocalDiskBackend implements StorageBackend {
     }
   }
 
+  /** Why a put of `size` bytes finds no room: an evict-first chunk declined (LruIndex), or everything pinned. */
+  private refusal(key: ChunkKey, size: number, opts: PutOptions): StoreFullError {
+    if (opts.evictFirst && this.index.victims(size, this.capacityBytes) !== null) {
+      return new CopyDeclinedError(`LocalDiskBackend declined evict-first chunk ${key}: the room it needs is held by chunks it may not displace (computed, reused or kept as the deployment's copy)`);
+    }
+    return this.fullError(key);
+  }
+
   private fullError(key: ChunkKey): StoreFullError {
     return new StoreFullError(
       `LocalDiskBackend is full: ${this.index.bytes} of ${this.capacityBytes} bytes used and ${this.index.pinnedCount} pinned chunk(s) cannot be evicted to store chunk ${key}`,
@@ -211,7 +219,7 @@ export class LocalDiskBackend implements StorageBackend {
       if (size > this.capacityBytes) {
         throw new StoreFullError(`chunk ${key} (${size} bytes) is larger than LocalDiskBackend capacity (${this.capacityBytes} bytes)`);
       }
-      if (this.index.victims(size, this.capacityBytes) === null) throw this.fullError(key); // don't write in vain
+      if (this.index.victims(size, this.capacityBytes, opts) === null) throw this.refusal(key, size, opts); // don't write in vain
       const tmp = join(this.dir, `${key}.kvc.tmp-${process.pid}-${this.tmpSeq++}`);
       const path = this.file(key);
       let renamed = false;
@@ -228,10 +236,10 @@ export class LocalDiskBackend implements StorageBackend {
       }
       // Commit (no await until the index is consistent again). Victims are chosen only now, so a
       // chunk pinned while the file was being written is not among them.
-      const victims = this.index.victims(size, this.capacityBytes);
+      const victims = this.index.victims(size, this.capacityBytes, opts);
       if (victims === null) {
         await fsp.rm(path, { force: true }).catch(() => undefined);
-        throw this.fullError(key);
+        throw this.refusal(key, size, opts);
       }
       for (const v of victims) this.index.delete(v);
       this.index.add(key, { bytes: size, pinned: false }, opts);

@@ -5,17 +5,24 @@
 // Two segments: `cold` holds entries admitted evict-first (add with {evictFirst}: a copy of a
 // chunk a peer also holds, a prompt's partial last chunk), in admission order; `main` the rest.
 // Victims come from `cold` first. A read of a cold entry (touch) moves it to the most recent end
-// of `main`: a copy earns its place by being used from this cache, and until then never pushes
-// out a chunk that was.
+// of `main`: a copy earns its place by being used from this cache.
 //
 // A third segment, `replicas`, holds the chunks the controller says another instance holds too
-// (setReplica; src/controller/replica_hints.ts): victims after `cold` and before `main`, and
-// NEWEST first. Why newest first: the other copy is typically the first one, on an instance that
-// evicts by recency, so it goes oldest first there; keeping the oldest duplicates here makes the
-// two tiers hold different chunks (together, the most distinct prefixes) instead of both dropping
-// the same oldest prefix. A hint's keys come in prompt order, so a prefix's tail is the newest
-// and leaves first, as in `main`. A read here (touch) moves a replica to `main` (used here, so
-// kept by recency); the controller's last-copy hint does the same for a cold entry or a replica.
+// and keeps first (setReplica; src/controller/replica_hints.ts): victims after `cold` and before
+// `main`, NEWEST first. Why newest first: the other copy is typically the first one, on an
+// instance that evicts by recency, so it goes oldest first there; keeping the oldest duplicates
+// here makes the two tiers hold different chunks (together, the most distinct prefixes) instead
+// of both dropping the same oldest prefix. A hint's keys come in prompt order, so a prefix's tail
+// is the newest and leaves first. A read here (touch) keeps a replica a replica but moves it to
+// the OLDEST end of the segment (the last duplicate to go): the copy this instance serves from is
+// kept longest among its duplicates, yet never outlives a chunk of `main`, where the deployment's
+// first and last copies are. Only the controller's hint (the first copy left) makes a replica
+// ordinary again, as it does a cold entry.
+//
+// The one admission rule that makes this hold: an evict-first admission takes only room that is
+// free or held by cold entries and replicas (victims(..., {evictFirst})). A copy of what a peer
+// keeps, or a partial chunk, never displaces a chunk of `main`; when the two evict-first segments
+// cannot make room, the copy is declined (CopyDeclinedError) and the tier keeps what it has.
 import type { ChunkKey } from '../common/keys.js';
 import type { BackendStats, LocationName } from './types.js';
 import { NewestFirst } from './newest_first.js';
@@ -65,9 +72,17 @@ export class LruIndex<E extends Entry> {
     if (!this.map.delete(key) && !this.cold.delete(key)) this.replicas.delete(key);
   }
 
-  /** Looks up and marks as most recently used (a cold entry or a replica joins the main segment). */
+  /**
+   * Looks up and marks as used: a cold entry joins `main` at its recent end, an entry of `main`
+   * moves there, a replica moves to the oldest end of the replicas (see the top).
+   */
   touch(key: ChunkKey): E | undefined {
-    const e = this.get(key);
+    const r = this.replicas.get(key);
+    if (r) {
+      this.replicas.setOldest(key, r);
+      return r;
+    }
+    const e = this.map.get(key) ?? this.cold.get(key);
     if (e) {
       this.unlink(key);
       this.map.set(key, e);
@@ -112,14 +127,15 @@ export class LruIndex<E extends Entry> {
   touchHeadLast(keys: readonly ChunkKey[]): void {
     // Cold entries stay cold (ordering a prompt is not a read of the copies it received), but
     // are ordered head-last among the cold ones too: a cold copy also goes tail first. Replicas
-    // stay where the hint put them (their order is already tail first).
+    // this prompt used stay replicas, moved to the oldest end head last (the head is then the
+    // last of them to go).
     for (let i = keys.length - 1; i >= 0; i--) {
       const k = keys[i]!;
       const c = this.cold.get(k);
       if (c) {
         this.cold.delete(k);
         this.cold.set(k, c);
-      } else if (this.map.has(k)) this.touch(k);
+      } else if (this.map.has(k) || this.replicas.has(k)) this.touch(k);
     }
   }
 
@@ -168,14 +184,18 @@ export class LruIndex<E extends Entry> {
   }
 
   /**
-   * Chooses least-recently-used unpinned victims whose removal brings bytes + need
-   * within capacity. Returns null when that is impossible (the rest is pinned).
+   * Chooses unpinned victims (cold, then replicas newest first, then least recently used) whose
+   * removal brings bytes + need within capacity. Returns null when that is impossible: the rest
+   * is pinned, or, for an evict-first admission (`opts.evictFirst`), the cold entries and
+   * replicas are not enough (such a chunk never displaces one of `main`; see the top).
    */
-  victims(need: number, capacity: number): ChunkKey[] | null {
+  victims(need: number, capacity: number, opts: { evictFirst?: boolean } = {}): ChunkKey[] | null {
     let excess = this._bytes + need - capacity;
     if (excess <= 0) return [];
     const out: ChunkKey[] = [];
-    for (const seg of [this.cold.entries(), this.replicas.entries(), this.map.entries()]) {
+    const segments = [this.cold.entries(), this.replicas.entries()];
+    if (!opts.evictFirst) segments.push(this.map.entries());
+    for (const seg of segments) {
       for (const [k, e] of seg) {
         if (e.pinned) continue;
         out.push(k);

@@ -1,6 +1,7 @@
 // An insertion-ordered set of keys with values, iterated NEWEST first, with O(1) add, delete and
 // lookup: a Map from key to a node of a doubly linked list. The replica segment of LruIndex needs
-// it (duplicates are evicted newest first, see lru_index.ts); a JS Map iterates oldest first only.
+// it (duplicates are evicted newest first, and a duplicate read here goes to the oldest end, see
+// lru_index.ts); a JS Map iterates oldest first only and can only append.
 interface Node<K, V> {
   key: K;
   value: V;
@@ -32,6 +33,16 @@ export class NewestFirst<K, V> {
     if (this.newest) this.newest.newer = n;
     this.newest = n;
     this.oldest ??= n;
+    this.nodes.set(key, n);
+  }
+
+  /** Adds `key` as the oldest, i.e. the last one iterated (moving it there when present). */
+  setOldest(key: K, value: V): void {
+    this.delete(key);
+    const n: Node<K, V> = { key, value, newer: this.oldest, older: null };
+    if (this.oldest) this.oldest.older = n;
+    this.oldest = n;
+    this.newest ??= n;
     this.nodes.set(key, n);
   }
 

@@ -21,7 +21,7 @@ import { logger } from '../common/log.js';
 import { LocalCPUBackend } from './cpu_backend.js';
 import { LocalDiskBackend } from './disk_backend.js';
 import { RemoteTier, type EnqueueResult, type RemoteStats } from './remote_tier.js';
-import { LOCATIONS, StoreFullError, type BackendStats, type KeyEvent, type LocationName, type PinOptions, type PutOptions, type StorageBackend } from './types.js';
+import { CopyDeclinedError, LOCATIONS, StoreFullError, type BackendStats, type KeyEvent, type LocationName, type PinOptions, type PutOptions, type StorageBackend } from './types.js';
 
 const log = logger('kvc.store');
 
@@ -62,6 +62,11 @@ export class KvcStore extends EventEmitter<StoreEvents> {
    * are not evictions: they are emitted as 'evict' events too, but not counted here.
    */
   readonly evictions: Partial<Record<LocationName, number>> = {};
+  /**
+   * Evict-first chunks (copies, partial chunks) declined per location, since the store opened:
+   * the room they needed was held by chunks they may not displace (CopyDeclinedError).
+   */
+  readonly declined: Partial<Record<LocationName, number>> = {};
   /** The shared remote tier (remote_url), or null. */
   remote: RemoteTier | null = null;
 
@@ -193,7 +198,8 @@ export class KvcStore extends EventEmitter<StoreEvents> {
    * disk tier did not store it, so a caller never mistakes a memory-only copy for a durable one.
    * Chunks evicted to make room are emitted as 'evict' (also when the put then fails).
    * `opts.evictFirst` admits the chunk at the cold end of every location's eviction order
-   * (types.ts PutOptions).
+   * (types.ts PutOptions); a location that declines it (CopyDeclinedError: no room that such a
+   * chunk may take) counts it in `declined` and is a refusal like any other.
    */
   async put(key: ChunkKey, chunk: Uint8Array, loc?: LocationName, opts: PutOptions = {}): Promise<PutResult> {
     checkChunkFor(chunk, key);
@@ -216,6 +222,7 @@ export class KvcStore extends EventEmitter<StoreEvents> {
         if (b.location === 'LocalDiskBackend') result.durable = true;
       } catch (e) {
         if (e instanceof StoreFullError && e.evicted.length) this.evicted(b.location, e.evicted);
+        if (e instanceof CopyDeclinedError) this.declined[b.location] = (this.declined[b.location] ?? 0) + 1;
         if (loc) throw e;
         firstError ??= e;
         result.failed.push({ location: b.location, error: (e as Error).message });
@@ -235,7 +242,8 @@ export class KvcStore extends EventEmitter<StoreEvents> {
   /**
    * Copies a chunk that came from a peer (P2P, already verified by the caller) into the CPU tier
    * when there is room, exactly like a disk or remote hit (an admit the controller sees; it is
-   * not written to the remote tier). Best effort: a full tier keeps what it has.
+   * not written to the remote tier). Best effort: a full tier keeps what it has (an evict-first
+   * copy that is declined is counted in `declined`).
    */
   promoteFetched(key: ChunkKey, chunk: Uint8Array, opts: PutOptions = {}): void {
     checkChunkFor(chunk, key);
@@ -252,6 +260,7 @@ export class KvcStore extends EventEmitter<StoreEvents> {
       this.emit('admit', { location: cpu.location, keys: [key] });
     } catch (e) {
       if (!(e instanceof StoreFullError)) throw e;
+      if (e instanceof CopyDeclinedError) this.declined[cpu.location] = (this.declined[cpu.location] ?? 0) + 1;
     }
   }
 

@@ -14,8 +14,10 @@ export interface PinOptions {
 export interface PutOptions {
   /**
    * Admit at the cold end of the eviction order: the chunk is the next victim until a read uses
-   * it (then it is recent like any other). For chunks that are cheap to get again or rarely reused:
-   * a copy of what a peer holds, a prompt's partial last chunk (docs/storage.md).
+   * it (then it is recent like any other), and it only takes room that is free or held by other
+   * evict-first chunks and replicas (CopyDeclinedError otherwise). For chunks that are cheap to
+   * get again or rarely reused: a copy of what a peer holds, a prompt's partial last chunk
+   * (docs/storage.md).
    */
   evictFirst?: boolean;
 }
@@ -30,6 +32,16 @@ export class StoreFullError extends Error {
   ) {
     super(message);
   }
+}
+
+/**
+ * Thrown when an evict-first chunk (PutOptions.evictFirst) finds no room that is free or held by
+ * other evict-first chunks and replicas: it is declined rather than displace a chunk this instance
+ * computed, reused or keeps as the deployment's copy (src/kvc/lru_index.ts). Not a failure: the
+ * chunk is a copy or a partial chunk, and the caller still has it for the request at hand.
+ */
+export class CopyDeclinedError extends StoreFullError {
+  override name = 'CopyDeclinedError';
 }
 
 /** Admission/eviction notices, batched per call; the controller client forwards them. */

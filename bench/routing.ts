@@ -19,6 +19,8 @@
 // and how many copies of each prefix the deployment keeps). `--list-misses` also lists the
 // requests whose prefix no instance held when they were sent. `--no-replica-hints` starts the
 // deployments without the controller's replica hints (docs/storage.md), for an A/B.
+// The full run adds a reference without sharing: round-robin on engines started with `--no-p2p`
+// (`rr no p2p`; JSON rr_no_p2p_*): every engine recomputes what its own tiers lack.
 // Ends with one JSON line (see the end of main()) and writes bench-results/routing/routing.svg.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
@@ -107,10 +109,10 @@ async function freeOffset(): Promise<number> {
 }
 
 /** Starts a deployment; another port offset is tried when a port was taken meanwhile (the machine is shared). */
-async function up(routing: string): Promise<Deployment> {
+async function up(routing: string, p2p = true): Promise<Deployment> {
   for (let attempt = 1; ; attempt++) {
     try {
-      return await upOnce(routing);
+      return await upOnce(routing, p2p);
     } catch (e) {
       if (attempt >= 3 || !/EADDRINUSE|already in use/.test((e as Error).message)) throw e;
       console.log(`(a port was taken by another process; retrying on another offset)`);
@@ -118,10 +120,10 @@ async function up(routing: string): Promise<Deployment> {
   }
 }
 
-async function upOnce(routing: string): Promise<Deployment> {
+async function upOnce(routing: string, p2p: boolean): Promise<Deployment> {
   const off = await freeOffset();
   const logDir = mkdtempSync(join(tmpdir(), `kvc-bench-routing-${routing}-`));
-  const proc = spawn(process.execPath, [CLI, 'up', '--prefillers', '2', '--decoders', '2', '--routing', routing, '--max-local-cpu-size', CPU_GIB.toFixed(6), '--port-offset', String(off), '--log-dir', logDir, ...(NO_REPLICA_HINTS ? ['--no-replica-hints'] : [])], {
+  const proc = spawn(process.execPath, [CLI, 'up', '--prefillers', '2', '--decoders', '2', '--routing', routing, '--max-local-cpu-size', CPU_GIB.toFixed(6), '--port-offset', String(off), '--log-dir', logDir, ...(NO_REPLICA_HINTS ? ['--no-replica-hints'] : []), ...(p2p ? [] : ['--no-p2p'])], {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, KVC_LOG_LEVEL: 'warn' },
   });
@@ -315,8 +317,8 @@ async function decisionTime(d: Deployment, prompt: number[]): Promise<number> {
   }
 }
 
-async function run(name: string, routing: string, w: ReturnType<typeof workload>): Promise<RunResult> {
-  const d = await up(routing);
+async function run(name: string, routing: string, w: ReturnType<typeof workload>, p2p = true): Promise<RunResult> {
+  const d = await up(routing, p2p);
   try {
     // Warm-up, the same in every run: one request per tenant, one at a time.
     for (const q of w.warmup) await ttftOf(d.proxy, q.prompt);
@@ -471,10 +473,10 @@ async function plot(file: string, rows: RunResult[]): Promise<void> {
   writeFileSync(file, await view.toSVG());
 }
 
-const PARTS = ['p2p', 'rr', 'kv', 'skew-rr', 'skew-kv'] as const;
+const PARTS = ['p2p', 'rr', 'kv', 'skew-rr', 'skew-kv', 'rr-no-p2p'] as const;
 type Part = (typeof PARTS)[number];
 
-/** `--only p2p|rr|kv|skew-rr|skew-kv`: one part of the bench (diagnosis; the targets need the full run). */
+/** `--only p2p|rr|kv|skew-rr|skew-kv|rr-no-p2p`: one part of the bench (diagnosis; the targets need the full run). */
 function onlyPart(): Part | null {
   const i = process.argv.indexOf('--only');
   if (i < 0) return null;
@@ -511,8 +513,8 @@ async function main(): Promise<void> {
   const uniform = workload(seed, n, rate, false);
   const skew = workload(seed, n, rate, true);
   if (only !== null) {
-    const [name, routing, w] = ({ rr: ['round-robin', 'round-robin', uniform], kv: ['kv-aware', 'kv-aware', uniform], 'skew-rr': ['skew rr', 'round-robin', skew], 'skew-kv': ['skew kv', 'kv-aware', skew] } as const)[only];
-    const r = await run(name, routing, w);
+    const [name, routing, w, p2p] = ({ rr: ['round-robin', 'round-robin', uniform, true], kv: ['kv-aware', 'kv-aware', uniform, true], 'skew-rr': ['skew rr', 'round-robin', skew, true], 'skew-kv': ['skew kv', 'kv-aware', skew, true], 'rr-no-p2p': ['rr no p2p', 'round-robin', uniform, false] } as const)[only];
+    const r = await run(name, routing, w, p2p);
     console.log(JSON.stringify({ bench: 'routing', part: only, ttft_p50_ms: r2(r.p50), ttft_p90_ms: r2(r.p90), computed_ratio: r2(r.computedRatio), max_share: r2(r.maxShare) }));
     return;
   }
@@ -520,15 +522,21 @@ async function main(): Promise<void> {
   const kv = await run('kv-aware', 'kv-aware', uniform);
   const srr = await run('skew rr', 'round-robin', skew);
   const skv = await run('skew kv', 'kv-aware', skew);
+  // The reference without sharing: round-robin on engines that do not fetch from each other
+  // (`kvc up --no-p2p`), i.e. a deployment that does not use the controller's index to serve.
+  const rrAlone = await run('rr no p2p', 'round-robin', uniform, false);
   const p2p = await runP2p(seed);
   const fair = 1 / 4;
   console.log(
     `targets: kv p90 <= 0.33 x rr p90: ${(kv.p90 / rr.p90).toFixed(2)}; computed kv/rr <= 0.5: ${(kv.computedRatio / rr.computedRatio).toFixed(2)}; ` +
       `skew kv p90 <= skew rr p90: ${(skv.p90 / srr.p90).toFixed(2)}; skew max share <= 2 x fair (${2 * fair}): ${skv.maxShare.toFixed(2)}`,
   );
+  console.log(
+    `against round-robin without P2P (engines that share nothing): kv p90 ${(kv.p90 / rrAlone.p90).toFixed(2)} x, computed ${(kv.computedRatio / rrAlone.computedRatio).toFixed(2)} x`,
+  );
   const out = resultsDir('routing');
   mkdirSync(out, { recursive: true });
-  await plot(join(out, 'routing.svg'), [rr, kv, srr, skv]);
+  await plot(join(out, 'routing.svg'), [rrAlone, rr, kv, srr, skv]);
   console.log(`plot: ${join(out, 'routing.svg')}`);
   console.log(
     JSON.stringify({
@@ -542,6 +550,8 @@ async function main(): Promise<void> {
       skew_kv_ttft_p90_ms: r2(skv.p90),
       p2p_ttft_ms: r2(p2p.p2p),
       recompute_ttft_ms: r2(p2p.recompute),
+      rr_no_p2p_ttft_p90_ms: r2(rrAlone.p90),
+      rr_no_p2p_computed_ratio: r2(rrAlone.computedRatio),
       routing_decision_p50_ms: Math.round(kv.decisionP50! * 1000) / 1000,
     }),
   );

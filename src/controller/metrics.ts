@@ -49,7 +49,7 @@ export class ControllerMetrics {
     counter('kvc_controller_reaped_workers_total', 'Workers reaped for missing heartbeats', () => r.stats.reaped);
     counter('kvc_controller_bad_messages_total', 'Malformed monitor messages dropped', () => r.stats.badMessages);
     counter('kvc_controller_replica_hints_held_elsewhere_total', 'Replica hints sent: an instance admitted a chunk another instance holds (it evicts that copy first)', () => r.stats.replicaHeldElsewhere);
-    counter('kvc_controller_replica_hints_last_copy_total', 'Replica hints sent: evictions or a worker leaving the index left a chunk on one instance only (it evicts it by recency again)', () => r.stats.replicaLastCopy);
+    counter('kvc_controller_replica_hints_last_copy_total', 'Replica hints sent: evictions or a worker leaving the index left a chunk on one instance only, or its first copy left and the oldest remaining holder keeps it (that instance evicts it by recency again)', () => r.stats.replicaLastCopy);
     counter('kvc_controller_replica_hints_dropped_total', 'Replica hints dropped because too many waited for one instance', () => r.stats.replicaHintsDropped);
     counter('kvc_controller_p2p_lookups_total', 'P2P holder queries answered (an instance asking who holds the chunks it missed)', () => r.stats.p2pLookups);
     new Gauge({

@@ -104,7 +104,7 @@ export class EngineMetrics {
     });
     this.decodeStepGapCpu = new Histogram({
       name: 'kvc_engine_decode_step_gap_cpu_seconds',
-      help: 'CPU time this process used between the end of a step with decode rows and the start of the next one: the work run between decode steps, without the time other processes held the CPU',
+      help: 'CPU time the scheduler\'s thread used between the end of a step with decode rows and the start of the next one: the work run between decode steps, without the time other processes held the CPU or other threads of this process used (Linux; elsewhere the whole process)',
       buckets: STEP_BUCKETS,
       registers,
     });

@@ -14,6 +14,7 @@
 // The model's forward is batch-invariant (each row's arithmetic does not depend on what else
 // is in the batch), so greedy output is identical alone or among other requests, and a
 // prompt computed in chunks or loaded from the cache gives the same tokens.
+import { threadCpuMicros } from '../common/thread_cpu.js';
 import { setImmediate as yieldToLoop } from 'node:timers/promises';
 import { unavailable } from '../common/errors.js';
 import { logger } from '../common/log.js';
@@ -37,11 +38,6 @@ export const MIN_PREFILL_TOKENS = 32;
 /** Weight of the newest step in the running cost per token (exponential average). */
 const COST_EWMA = 0.5;
 
-/** CPU time of this process so far (µs): a gap measured in it is not stretched by other processes. */
-function cpuMicros(): number {
-  const u = process.cpuUsage();
-  return u.user + u.system;
-}
 
 export interface ForwardSegment {
   seqId: number;
@@ -143,7 +139,11 @@ export class Scheduler {
   steps = 0;
   /** End of the last step that had decode rows, while decoding goes on without a pause (0: none). */
   private lastDecodeEnd = 0;
-  /** process.cpuUsage() at lastDecodeEnd (user + system, µs). */
+  /**
+   * This thread's CPU time at lastDecodeEnd (µs; src/common/thread_cpu.ts): a gap measured in it
+   * is neither stretched by other processes holding the CPU nor inflated by this process's other
+   * threads (V8's background GC, the kernel's helper), which do not hold up the next step.
+   */
   private lastDecodeCpu = 0;
   /** Running wall time per computed token (ms) over recent steps with prompt tokens (0: none yet). */
   private msPerToken = 0;
@@ -338,7 +338,7 @@ export class Scheduler {
     const c0 = this.now();
     if (this.lastDecodeEnd && decodeRows > 0) {
       this.o.metrics.decodeStepGap.observe((t0 - this.lastDecodeEnd) / 1000);
-      this.o.metrics.decodeStepGapCpu.observe((cpuMicros() - this.lastDecodeCpu) / 1e6);
+      this.o.metrics.decodeStepGapCpu.observe((threadCpuMicros() - this.lastDecodeCpu) / 1e6);
     }
     let stepTokens = 0;
     let decodes = 0;
@@ -406,7 +406,7 @@ export class Scheduler {
     }
     if (this.lastDecodeEnd) this.o.metrics.decodeStepInterval.observe((now - this.lastDecodeEnd) / 1000);
     this.lastDecodeEnd = now;
-    this.lastDecodeCpu = cpuMicros();
+    this.lastDecodeCpu = threadCpuMicros();
   }
 
   private emit(seq: Sequence, token: number, now: number): void {

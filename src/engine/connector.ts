@@ -375,8 +375,8 @@ export class KvcConnectorV1 {
           m.cacheStoredBytes.inc(c.chunk.byteLength);
           m.cacheStoreSeconds.observe((performance.now() - t0) / 1000);
         } catch (e) {
-          // A declined partial chunk: the tier had no room it may take (counted by the store).
-          if (e instanceof CopyDeclinedError) log.debug(`request ${req.requestId}: partial chunk ${c.key} not kept: ${e.message}`);
+          // A declined copy or partial chunk: the tier had no room it may take (counted by the store).
+          if (e instanceof CopyDeclinedError) log.debug(`request ${req.requestId}: chunk ${c.key} not kept: ${e.message}`);
           else {
             m.cacheStoreFailures.inc();
             log.warn(`request ${req.requestId}: chunk ${c.key} not stored: ${(e as Error).message}`);

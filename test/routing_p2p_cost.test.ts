@@ -29,17 +29,32 @@ test('with P2P a prefix held elsewhere costs a fetch: work = (prompt - best) + w
   assert.equal(router(false).r.work(D[1]!, 1088, cached, 1024), 1088, 'without P2P the prefix is recomputed');
 });
 
-test('with P2P the decoder prefills locally, fetching what a prefiller holds; without P2P it is disaggregated to the holder', () => {
+test('a decoder prefills locally only what it lacks itself: a prefix a prefiller holds goes to that prefiller, with P2P or without', () => {
   const cached = { 'prefiller-1': 1024 };
-  const withP2p = router(true).r.route({ promptTokens: 1088, tokenizer: D[0]!, cached, lookupFailed: false });
-  assert.equal(withP2p.where, 'local_short_uncached');
-  assert.equal(withP2p.reason, 'p2p_fetch');
-  assert.equal(withP2p.best, 1024);
-  assert.equal(withP2p.decoderUncached, 64 + P2P_FETCH_WEIGHT * 1024);
-  const without = router(false).r.route({ promptTokens: 1088, tokenizer: D[0]!, cached, lookupFailed: false });
-  assert.equal(without.where, 'remote');
-  assert.equal(without.prefillers[0], P[1]);
-  assert.equal(without.reason, 'prefix_hit');
+  for (const p2p of [true, false]) {
+    const route = router(p2p).r.route({ promptTokens: 1088, tokenizer: D[0]!, cached, lookupFailed: false });
+    assert.equal(route.where, 'remote', `p2p=${p2p}`);
+    assert.equal(route.prefillers[0], P[1], `p2p=${p2p}: the holder first`);
+    assert.equal(route.reason, 'prefix_hit');
+    assert.equal(route.best, 1024);
+    // The decoder's work (its queued tokens, were it to prefill) still prices a fetch as a fetch.
+    assert.equal(route.decoderUncached, p2p ? 64 + P2P_FETCH_WEIGHT * 1024 : 1088);
+  }
+  // A decoder that holds the prefix prefills the question itself.
+  const own = router(true).r.route({ promptTokens: 1088, tokenizer: D[0]!, cached: { 'decoder-1': 1024, 'prefiller-1': 1024 }, lookupFailed: false });
+  assert.equal(own.where, 'local_short_uncached');
+  assert.equal(own.decoder, D[1]);
+  assert.equal(own.reason, 'prefix_hit');
+  // Held only by the other decoder, which is busy: this decoder does not fetch it to prefill;
+  // the request is disaggregated, and the prefiller chosen fetches it by P2P.
+  const { r, load } = router(true);
+  const busy = load.begin(D[1]!, 64);
+  for (let i = 0; i < 3; i++) load.begin(D[1]!, 64);
+  const elsewhere = r.route({ promptTokens: 1088, tokenizer: D[0]!, cached: { 'decoder-1': 1024 }, lookupFailed: false });
+  assert.equal(elsewhere.decoder, D[0]);
+  assert.equal(elsewhere.where, 'remote');
+  assert.equal(elsewhere.reason, 'p2p_fetch');
+  busy.end();
 });
 
 test('with P2P a popular prefix spreads after one request in flight on its holder (without: after six)', () => {

@@ -18,10 +18,13 @@
 //   elsewhere costs, the next request goes elsewhere (and that instance then holds it too).
 //
 // Conditional disaggregation (both modes): the request goes straight to its decoder, which
-// prefills locally, when the decoder's work (its uncached part, P2P-fetchable tokens priced as
-// a fetch under kv-aware) is at most maxLocalPrefillTokens, or when every healthy prefiller has
-// more than maxPrefillQueue prefill calls in flight; otherwise it is disaggregated. null
-// disables a rule (round-robin's default).
+// prefills locally, when the part of the prompt the decoder itself lacks is at most
+// maxLocalPrefillTokens, or when every healthy prefiller has more than maxPrefillQueue prefill
+// calls in flight; otherwise it is disaggregated. What the decoder could fetch by P2P counts as
+// lacking here (unlike in the cost): a decoder that fetches a prefix and computes on it shares
+// its CPU with decoding, while a prefiller that holds it (or fetches it) does not (measured:
+// docs/routing.md "Local prefill only of what the decoder holds"). null disables a rule
+// (round-robin's default).
 import type { Backend, RoundRobin } from './backend.js';
 import type { LoadBook } from './load.js';
 
@@ -192,26 +195,35 @@ export class Router {
     const best = this.best(cached);
     let decoder = r.tokenizer;
     let capped = false;
+    /** The cheapest decoder, when the share rule passed it over. */
+    let passedOver: Backend | undefined;
     if (kv) {
       const ranked = this.byCost('decoder', this.decoders.backends, promptTokens, cached, best);
       const cool = this.coolFirst(ranked);
       capped = cool[0] !== ranked[0];
+      if (capped) passedOver = ranked[0];
       decoder = cool[0] ?? r.tokenizer;
     }
     const decoderCached = this.cachedOn(decoder, cached);
-    // Round-robin does not use the index to decide: its decoder's uncached part is the whole prompt.
+    // The decoder's work for this request (what it lacks, fetchable tokens priced as a fetch under
+    // kv-aware): its queued tokens if it prefills. Whether it prefills locally is decided on what
+    // it lacks, fetchable or not (see the top).
     const decoderUncached = kv ? this.work(decoder, promptTokens, cached, best) : promptTokens - decoderCached;
+    const decoderLacks = promptTokens - decoderCached;
     const ranked = kv ? this.byCost('prefiller', this.prefillers.backends, promptTokens, cached, best) : this.prefillers.order();
     const prefillers = kv ? this.coolFirst(ranked) : ranked;
     let where: PrefillWhere = 'remote';
     const { maxLocalPrefillTokens: maxLocal, maxPrefillQueue: maxQueue } = this.opts;
     if (prefillers.length === 0) where = 'local_no_prefiller';
     // (kv-aware: not on a decoder over its share while a prefiller under its share can take it)
-    else if (maxLocal !== null && decoderUncached <= maxLocal && !(kv && this.hot(decoder) && !this.hot(prefillers[0]!))) where = 'local_short_uncached';
+    else if (maxLocal !== null && decoderLacks <= maxLocal && !(kv && this.hot(decoder) && !this.hot(prefillers[0]!))) where = 'local_short_uncached';
     else if (maxQueue !== null && prefillers.every((p) => this.load.of(p).inFlight > maxQueue)) where = 'local_prefill_queue_full';
     const local = where !== 'remote';
     const computes = local ? decoder : prefillers[0]!;
-    if (!local) capped = prefillers[0] !== ranked[0] || (maxLocal !== null && decoderUncached <= maxLocal);
+    // Disaggregated: share_cap when the share rule changed where the prompt is computed (the
+    // cheapest prefiller was passed over, or a decoder that would have prefilled it locally was).
+    const couldBeLocal = (d: Backend) => maxLocal !== null && promptTokens - this.cachedOn(d, cached) <= maxLocal;
+    if (!local) capped = prefillers[0] !== ranked[0] || couldBeLocal(decoder) || (passedOver !== undefined && couldBeLocal(passedOver));
     if (kv) this.remember(computes);
     const cachedTokens = local ? decoderCached : this.cachedOn(computes, cached);
     let reason: RouteReason;

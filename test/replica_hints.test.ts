@@ -121,7 +121,8 @@ test('the replica hint message: one flag byte per packed key, named when wrong',
   assert.equal(odd.success, false);
 });
 
-test('a worker dropped to be synced again, or signing off: the survivor is told it holds the last copy', async () => {
+/** A registry with replica hints, in this process: what it sends, and how to register instances. */
+function hintRegistry() {
   const reg = new Registry({ heartbeatTimeoutMs: 10_000, seed: 0n, secret: null });
   const sent: { to: string; flags: number[] }[] = [];
   reg.replicas = new ReplicaHints(reg, (to: string, m: ReplicaHintMsg) => sent.push({ to, flags: [...m.held_elsewhere] }));
@@ -134,6 +135,11 @@ test('a worker dropped to be synced again, or signing off: the survivor is told 
     t: 'register', v: PROTOCOL_VERSION, instance_id: id, worker_id: 0, session, ip: '127.0.0.1', worker_port: port,
     distributed_url: null, chunk_size: CHUNK, model_id: MODEL, seed: '0', locations: ['LocalCPUBackend'], pid: 1,
   });
+  return { reg, settle, register };
+}
+
+test('a worker dropped to be synced again, or signing off: the survivor is told it holds the last copy', async () => {
+  const { reg, settle, register } = hintRegistry();
   const keys = packKeys([k(1), k(2), k(3)]);
   const sync = (session: string) => reg.handle(session, { t: 'sync', location: 'LocalCPUBackend', keys, reset: true, last: true });
   assert.equal(register('A', 'a1', 7001)?.t, 'welcome');
@@ -157,17 +163,7 @@ test('a worker dropped to be synced again, or signing off: the survivor is told 
 });
 
 test('three holders: when the first copy is evicted, the oldest remaining holder keeps it; a later copy leaving tells nobody', async () => {
-  const reg = new Registry({ heartbeatTimeoutMs: 10_000, seed: 0n, secret: null });
-  const sent: { to: string; flags: number[] }[] = [];
-  reg.replicas = new ReplicaHints(reg, (to: string, m: ReplicaHintMsg) => sent.push({ to, flags: [...m.held_elsewhere] }));
-  const settle = async () => {
-    await new Promise((r) => setImmediate(r));
-    return sent.splice(0);
-  };
-  const register = (id: string, session: string, port: number) => reg.handle(session, {
-    t: 'register', v: PROTOCOL_VERSION, instance_id: id, worker_id: 0, session, ip: '127.0.0.1', worker_port: port,
-    distributed_url: null, chunk_size: CHUNK, model_id: MODEL, seed: '0', locations: ['LocalCPUBackend'], pid: 1,
-  });
+  const { reg, settle, register } = hintRegistry();
   const keys = packKeys([k(1), k(2)]);
   const op = (session: string, kind: 0 | 1) => reg.handle(session, { t: 'ops', ops: [[kind, 'LocalCPUBackend', keys]] });
   for (const [id, s, port] of [['A', 'a', 7001], ['B', 'b', 7002], ['C', 'c', 7003]] as const) assert.equal(register(id, s, port)?.t, 'welcome');

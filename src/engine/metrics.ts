@@ -125,43 +125,36 @@ export class EngineMetrics {
     this.cacheStoredBytes = new Counter({ name: 'kvc_cache_stored_bytes_total', help: 'Bytes of the chunks stored into the cache instance (headers included)', registers });
     this.cacheStoreSeconds = new Histogram({ name: 'kvc_cache_store_duration_seconds', help: 'Time to store one chunk into the cache instance (every tier it is written to)', buckets: IO_BUCKETS, registers });
     this.cacheStoreFailures = new Counter({ name: 'kvc_cache_store_failures_total', help: 'Chunks that could not be stored (e.g. every remaining chunk pinned)', registers });
-    // The store counts evictions itself (every put may evict); the counter adds what is new at
-    // each scrape, which keeps it monotonic without a call per eviction.
-    const seenEvictions = new Map<string, number>();
+    // The store counts evictions and declined copies itself (every put may evict or decline);
+    // each counter adds what is new at each scrape, which keeps it monotonic without a call per
+    // chunk.
     const watched = () => this.store;
-    this.cacheEvictedChunks = new Counter({
-      name: 'kvc_cache_evicted_chunks_total',
-      help: 'Chunks that left a location of the cache instance to make room, by location',
-      labelNames: ['location'],
-      registers,
-      collect() {
-        const st = watched();
-        if (!st) return;
-        for (const t of st.stats()) {
-          const n = st.evictions[t.location] ?? 0;
-          const seen = seenEvictions.get(t.location) ?? 0;
-          this.inc({ location: t.location }, Math.max(0, n - seen));
-          seenEvictions.set(t.location, Math.max(n, seen));
-        }
-      },
-    });
-    const seenDeclined = new Map<string, number>();
-    new Counter({
-      name: 'kvc_cache_declined_copies_total',
-      help: 'Evict-first chunks (copies a peer keeps, partial chunks) not admitted to a location because the room they needed was held by chunks they may not displace, by location',
-      labelNames: ['location'],
-      registers,
-      collect() {
-        const st = watched();
-        if (!st) return;
-        for (const t of st.stats()) {
-          const n = st.declined[t.location] ?? 0;
-          const seen = seenDeclined.get(t.location) ?? 0;
-          this.inc({ location: t.location }, Math.max(0, n - seen));
-          seenDeclined.set(t.location, Math.max(n, seen));
-        }
-      },
-    });
+    const storeCounter = (name: string, help: string, read: (st: WatchedStore) => Readonly<Partial<Record<string, number>>>) => {
+      const seen = new Map<string, number>();
+      return new Counter({
+        name,
+        help,
+        labelNames: ['location'],
+        registers,
+        collect() {
+          const st = watched();
+          if (!st) return;
+          const counts = read(st);
+          for (const t of st.stats()) {
+            const n = counts[t.location] ?? 0;
+            const before = seen.get(t.location) ?? 0;
+            this.inc({ location: t.location }, Math.max(0, n - before));
+            seen.set(t.location, Math.max(n, before));
+          }
+        },
+      });
+    };
+    this.cacheEvictedChunks = storeCounter('kvc_cache_evicted_chunks_total', 'Chunks that left a location of the cache instance to make room, by location', (st) => st.evictions);
+    storeCounter(
+      'kvc_cache_declined_copies_total',
+      'Evict-first chunks (copies a peer keeps, partial chunks) not admitted to a location because the room they needed was held by chunks they may not displace, by location',
+      (st) => st.declined,
+    );
     const tiers = () => this.store?.stats() ?? [];
     const tierGauge = (name: string, help: string, read: (t: TierStats) => number) =>
       new Gauge({ name, help, labelNames: ['location'], registers, collect() { for (const t of tiers()) this.set({ location: t.location }, read(t)); } });

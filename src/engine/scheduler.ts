@@ -14,10 +14,10 @@
 // The model's forward is batch-invariant (each row's arithmetic does not depend on what else
 // is in the batch), so greedy output is identical alone or among other requests, and a
 // prompt computed in chunks or loaded from the cache gives the same tokens.
-import { threadCpuMicros } from '../common/thread_cpu.js';
 import { setImmediate as yieldToLoop } from 'node:timers/promises';
 import { unavailable } from '../common/errors.js';
 import { logger } from '../common/log.js';
+import { threadCpuMicros } from '../common/thread_cpu.js';
 import type { KvcConnectorV1 } from './connector.js';
 import type { EngineMetrics } from './metrics.js';
 import type { PagedKvCache } from './model/kv_cache.js';
@@ -37,7 +37,6 @@ export const STEP_TARGET_MS = 200;
 export const MIN_PREFILL_TOKENS = 32;
 /** Weight of the newest step in the running cost per token (exponential average). */
 const COST_EWMA = 0.5;
-
 
 export interface ForwardSegment {
   seqId: number;

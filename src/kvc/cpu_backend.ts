@@ -59,7 +59,7 @@ export class LocalCPUBackend implements StorageBackend {
       throw new StoreFullError(`chunk ${key} (${chunk.byteLength} bytes) is larger than LocalCPUBackend capacity (${this.capacityBytes} bytes)`);
     }
     const victims = this.index.victims(cls, this.capacityBytes, opts);
-    if (victims === null && opts.evictFirst && this.index.victims(cls, this.capacityBytes) !== null) {
+    if (victims === null && this.index.declines(cls, this.capacityBytes, opts)) {
       throw new CopyDeclinedError(`LocalCPUBackend declined evict-first chunk ${key}: the room it needs is held by chunks it may not displace (computed, reused or kept as the deployment's copy)`);
     }
     if (victims === null) {

@@ -206,6 +206,15 @@ export class LruIndex<E extends Entry> {
     return null;
   }
 
+  /**
+   * True when victims(need, capacity, opts) found no room only because the chunk is evict-first:
+   * an ordinary put would find it (so the chunk is declined, CopyDeclinedError), rather than
+   * everything being pinned.
+   */
+  declines(need: number, capacity: number, opts: { evictFirst?: boolean }): boolean {
+    return !!opts.evictFirst && this.victims(need, capacity) !== null;
+  }
+
   /** Every unpinned key, first evicted first (cold ones, replicas newest first, then least recently used). */
   unpinnedKeys(): ChunkKey[] {
     const out: ChunkKey[] = [];

@@ -222,7 +222,7 @@ export class KvcStore extends EventEmitter<StoreEvents> {
         if (b.location === 'LocalDiskBackend') result.durable = true;
       } catch (e) {
         if (e instanceof StoreFullError && e.evicted.length) this.evicted(b.location, e.evicted);
-        if (e instanceof CopyDeclinedError) this.declined[b.location] = (this.declined[b.location] ?? 0) + 1;
+        if (e instanceof CopyDeclinedError) this.countDeclined(b.location);
         if (loc) throw e;
         firstError ??= e;
         result.failed.push({ location: b.location, error: (e as Error).message });
@@ -260,7 +260,7 @@ export class KvcStore extends EventEmitter<StoreEvents> {
       this.emit('admit', { location: cpu.location, keys: [key] });
     } catch (e) {
       if (!(e instanceof StoreFullError)) throw e;
-      if (e instanceof CopyDeclinedError) this.declined[cpu.location] = (this.declined[cpu.location] ?? 0) + 1;
+      if (e instanceof CopyDeclinedError) this.countDeclined(cpu.location);
     }
   }
 
@@ -310,6 +310,11 @@ export class KvcStore extends EventEmitter<StoreEvents> {
   /** Counters of the remote tier, or null without one. */
   remoteStats(): RemoteStats | null {
     return this.remote?.stats() ?? null;
+  }
+
+  /** Counts an evict-first chunk `location` declined (see `declined`). */
+  private countDeclined(location: LocationName): void {
+    this.declined[location] = (this.declined[location] ?? 0) + 1;
   }
 
   /** Counts and announces chunks that left `location` to make room. */

@@ -111,14 +111,19 @@ test('LocalCPUBackend pool: empty when idle, grows on demand, recycles freed buf
   assert.equal((await cpu.get(keyOf(29)))![HEADER_BYTES], 29, 'recycled buffers hold the new bytes');
 });
 
+/** A store with one tier of `capBytes`: CPU memory, or a disk directory named after `tag`. */
+function oneTierStore(kind: 'cpu' | 'disk', capBytes: number, tag: string): Promise<KvcStore> {
+  return KvcStore.create(
+    kind === 'cpu'
+      ? { local_cpu: true, max_local_cpu_size: gib(capBytes), max_local_disk_size: 0, local_disk: null }
+      : { local_cpu: false, max_local_cpu_size: 0, max_local_disk_size: gib(capBytes), local_disk: tempDir(tag) },
+  );
+}
+
 test('a chunk admitted evict-first is evicted before every recent one, keeps its place when stored again, and turns recent once read', async () => {
   const cap = 6 * 36 * 1024; // six chunks
   for (const kind of ['cpu', 'disk'] as const) {
-    const store = await KvcStore.create(
-      kind === 'cpu'
-        ? { local_cpu: true, max_local_cpu_size: gib(cap), max_local_disk_size: 0, local_disk: null }
-        : { local_cpu: false, max_local_cpu_size: 0, max_local_disk_size: gib(cap), local_disk: tempDir('kvc-cold-') },
-    );
+    const store = await oneTierStore(kind, cap, 'kvc-cold-');
     const evicted: string[] = [];
     store.on('evict', (e) => evicted.push(...e.keys));
     const own = [keyOf(1), keyOf(2), keyOf(3)];
@@ -140,11 +145,7 @@ test('a chunk admitted evict-first is evicted before every recent one, keeps its
 test('an evict-first chunk never displaces a recent one: declined (counted, nothing evicted) when only recent chunks could make room', async () => {
   const cap = 3 * 36 * 1024; // three chunks
   for (const kind of ['cpu', 'disk'] as const) {
-    const store = await KvcStore.create(
-      kind === 'cpu'
-        ? { local_cpu: true, max_local_cpu_size: gib(cap), max_local_disk_size: 0, local_disk: null }
-        : { local_cpu: false, max_local_cpu_size: 0, max_local_disk_size: gib(cap), local_disk: tempDir('kvc-decline-') },
-    );
+    const store = await oneTierStore(kind, cap, 'kvc-decline-');
     const loc = store.locations()[0]!;
     const evicted: string[] = [];
     store.on('evict', (e) => evicted.push(...e.keys));

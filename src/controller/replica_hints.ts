@@ -6,7 +6,8 @@
 // in lockstep), the other prefixes are evicted everywhere and must be computed again. The rule:
 //   - an instance that admits a chunk another instance already holds is told `held_elsewhere`:
 //     its copy joins the replica segment of its eviction order (src/kvc/lru_index.ts: after the
-//     cold chunks, before everything else, newest first; a read here makes it ordinary again),
+//     cold chunks, before everything else, newest first; a read there keeps it a replica, moved
+//     to the oldest end of the segment),
 //   - when evictions, or a worker leaving the index (sign-off, reap, re-registration: the keys
 //     come from ChunkIndex.dropHolders' rebuild walk), leave a chunk on one instance only, that
 //     instance is told it holds the last copy: the chunk is evicted by plain recency again;

@@ -65,15 +65,33 @@ export interface DeployOptions {
   startupTimeoutMs?: number;
 }
 
+/**
+ * Starts `kvc up` on a free port offset. A port found free can still be taken before the engine
+ * binds it (the offsets overlap the kernel's ephemeral range, which other processes' outgoing
+ * connections draw from): then `kvc up` exits naming EADDRINUSE, and another offset is tried, at
+ * most three times in all.
+ */
+async function upOnFreeOffset(o: DeployOptions, timeout: number): Promise<{ up: Proc; offset: number; logDir: string }> {
+  for (let attempt = 1; ; attempt++) {
+    const offset = await freeOffset(o.prefillers, o.decoders);
+    const logDir = tempDir('kvc-deploy-');
+    const up = startKvc(
+      ['up', '--prefillers', String(o.prefillers), '--decoders', String(o.decoders), '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', String(Math.ceil(timeout / 1000)), ...(o.args ?? [])],
+      o.env ?? {},
+    );
+    try {
+      await up.waitFor(/kvc up: ready/, timeout + 20_000);
+      return { up, offset, logDir };
+    } catch (e) {
+      await up.kill('SIGTERM');
+      if (attempt >= 3 || !/EADDRINUSE/.test((e as Error).message)) throw e;
+    }
+  }
+}
+
 export async function startDeployment(o: DeployOptions): Promise<Deployment> {
-  const offset = await freeOffset(o.prefillers, o.decoders);
-  const logDir = tempDir('kvc-deploy-');
   const timeout = o.startupTimeoutMs ?? 150_000;
-  const up = startKvc(
-    ['up', '--prefillers', String(o.prefillers), '--decoders', String(o.decoders), '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', String(Math.ceil(timeout / 1000)), ...(o.args ?? [])],
-    o.env ?? {},
-  );
-  await up.waitFor(/kvc up: ready/, timeout + 20_000);
+  const { up, offset, logDir } = await upOnFreeOffset(o, timeout);
   const readPids = () => {
     const dep = JSON.parse(readFileSync(join(logDir, 'deployment.json'), 'utf8')) as { processes: { name: string; pid: number }[] };
     return new Map(dep.processes.map((p) => [p.name, p.pid]));

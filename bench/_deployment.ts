@@ -5,11 +5,8 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parse as parseYaml } from 'yaml';
-import { isPortFree } from '../src/common/ports.js';
+import { freePortOffset } from '../src/deploy/free_offset.js';
 import { startKvc, tempDir, type Proc } from '../test/helpers/proc.js';
-
-/** Reference ports of `kvc up` (before --port-offset), per role: see docs/proxy.md. */
-const REFERENCE_PORTS = [9000, 9001, 9100, 7500, 7100, 7200, 7300, 7400, 7700, 7750, 7800, 7850];
 
 export interface EnginePorts {
   name: string;
@@ -42,20 +39,6 @@ export interface Deployment {
   stop(): Promise<void>;
 }
 
-async function freeOffset(prefillers: number, decoders: number): Promise<number> {
-  for (let i = 0; i < 60; i++) {
-    const off = 12000 + Math.floor(Math.random() * 380) * 100;
-    let free = true;
-    for (const base of REFERENCE_PORTS) {
-      const n = base === 7100 || base === 7700 || base === 7800 ? prefillers : base === 9000 || base === 9001 || base === 9100 || base === 7500 ? 1 : decoders;
-      for (let k = 0; k < n && free; k++) free = await isPortFree(base + off + k);
-      if (!free) break;
-    }
-    if (free) return off;
-  }
-  throw new Error('no free port offset for a deployment');
-}
-
 export interface DeployOptions {
   prefillers: number;
   decoders: number;
@@ -73,7 +56,7 @@ export interface DeployOptions {
  */
 async function upOnFreeOffset(o: DeployOptions, timeout: number): Promise<{ up: Proc; offset: number; logDir: string }> {
   for (let attempt = 1; ; attempt++) {
-    const offset = await freeOffset(o.prefillers, o.decoders);
+    const offset = await freePortOffset({ prefillers: o.prefillers, decoders: o.decoders, model: 'builtin:tiny', controller: true, host: '127.0.0.1' });
     const logDir = tempDir('kvc-deploy-');
     const up = startKvc(
       ['up', '--prefillers', String(o.prefillers), '--decoders', String(o.decoders), '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', String(Math.ceil(timeout / 1000)), ...(o.args ?? [])],

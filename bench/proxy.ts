@@ -29,8 +29,7 @@ import { tmpdir } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { Pool } from 'undici';
 import { freePortRange } from '../src/common/ports.js';
-import { makePlan } from '../src/deploy/plan.js';
-import { takenPorts } from '../src/deploy/up.js';
+import { freePortOffset } from '../src/deploy/free_offset.js';
 import { percentile } from '../src/proxy/stats.js';
 import { startStubEngine } from './_proxy-stub.js';
 import { startFloorProxy } from './_proxy_floor.js';
@@ -309,12 +308,7 @@ async function compareBuilds(pidA: number, portA: number, pidB: number, portB: n
 class CompareDone extends Error {}
 
 async function realPart() {
-  let offset = 0;
-  const base = { prefillers: 1, decoders: 1, model: 'builtin:tiny', controller: false, host: '127.0.0.1' };
-  for (let i = 0; i < 50; i++) {
-    offset = 12000 + Math.floor(Math.random() * 400) * 100;
-    if ((await takenPorts(makePlan({ ...base, portOffset: offset }))).length === 0) break;
-  }
+  const offset = await freePortOffset({ prefillers: 1, decoders: 1, model: 'builtin:tiny', controller: false, host: '127.0.0.1' });
   const logDir = mkdtempSync(join(tmpdir(), 'kvc-bench-proxy-'));
   const up = spawnNode([CLI, 'up', '--no-controller', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150']);
   const refPort = await freePortRange(1, 40000, 50000);

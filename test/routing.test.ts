@@ -20,16 +20,7 @@ import { join } from 'node:path';
 import { CLI, postJson, startKvc, tempDir, waitHttp, type Proc } from './helpers/proc.js';
 import { freePortRange } from '../src/common/ports.js';
 import { chunkKeys } from '../src/common/keys.js';
-import { makePlan, type PlanOptions } from '../src/deploy/plan.js';
-import { takenPorts } from '../src/deploy/up.js';
-
-async function freeOffset(o: Omit<PlanOptions, 'portOffset'>): Promise<number> {
-  for (let i = 0; i < 50; i++) {
-    const off = 12000 + Math.floor(Math.random() * 400) * 100;
-    if ((await takenPorts(makePlan({ ...o, portOffset: off }))).length === 0) return off;
-  }
-  throw new Error('no free port offset found');
-}
+import { freePortOffset } from '../src/deploy/free_offset.js';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -135,7 +126,7 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
   const secretHeader = () => ({ authorization: `Bearer ${readFileSync(join(logDir, 'deployment.secret'), 'utf8').trim()}` });
 
   before(async () => {
-    offset = await freeOffset(base);
+    offset = await freePortOffset(base);
     logDir = tempDir('kvc-routing-');
     // 0.005 GiB: about 10 chunks of 256 tokens of the tiny model per engine.
     up = startKvc(['up', '--prefillers', '2', '--decoders', '2', '--routing', 'kv-aware', '--max-local-cpu-size', '0.005', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150']);

@@ -8,16 +8,7 @@
 import { test, before, after, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { postJson, startKvc, tempDir, waitUntil, type Proc } from './helpers/proc.js';
-import { makePlan, type PlanOptions } from '../src/deploy/plan.js';
-import { takenPorts } from '../src/deploy/up.js';
-
-async function freeOffset(o: Omit<PlanOptions, 'portOffset'>): Promise<number> {
-  for (let i = 0; i < 50; i++) {
-    const off = 12000 + Math.floor(Math.random() * 400) * 100;
-    if ((await takenPorts(makePlan({ ...o, portOffset: off }))).length === 0) return off;
-  }
-  throw new Error('no free port offset found');
-}
+import { freePortOffset } from '../src/deploy/free_offset.js';
 
 /** Two full 256-token chunks of prefix `seed`, then a 24-token question (a partial chunk). */
 function prompt(seed: number, question = 0): number[] {
@@ -59,7 +50,7 @@ describe('evict-first admission of copies and partial chunks, 1P1D (built-in mod
   }
 
   before(async () => {
-    offset = await freeOffset(base);
+    offset = await freePortOffset(base);
     // 0.005 GiB: ten 256-token chunks of the tiny model (and a few partial ones) per engine.
     up = startKvc(['up', '--prefillers', '1', '--decoders', '1', '--max-local-cpu-size', '0.005', '--port-offset', String(offset), '--log-dir', tempDir('kvc-admission-'), '--startup-timeout', '150']);
     await up.waitFor(/kvc up: ready/, 170_000);

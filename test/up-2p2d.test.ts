@@ -10,16 +10,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import OpenAI from 'openai';
 import { startKvc, tempDir, type Proc } from './helpers/proc.js';
-import { makePlan, type PlanOptions } from '../src/deploy/plan.js';
-import { takenPorts } from '../src/deploy/up.js';
-
-async function freeOffset(o: Omit<PlanOptions, 'portOffset'>): Promise<number> {
-  for (let i = 0; i < 50; i++) {
-    const off = 12000 + Math.floor(Math.random() * 400) * 100;
-    if ((await takenPorts(makePlan({ ...o, portOffset: off }))).length === 0) return off;
-  }
-  throw new Error('no free port offset found');
-}
+import { freePortOffset } from '../src/deploy/free_offset.js';
 
 async function prefillCount(url: string): Promise<number> {
   const text = await (await fetch(`${url}/metrics`, { signal: AbortSignal.timeout(5_000) })).text();
@@ -38,7 +29,7 @@ describe('kvc up 2P2D (built-in model)', () => {
   const decoderUrl = (i: number) => `http://127.0.0.1:${7200 + i + offset}`;
 
   before(async () => {
-    offset = await freeOffset({ prefillers: 2, decoders: 2, model: 'builtin:tiny', controller: true, host: '127.0.0.1' });
+    offset = await freePortOffset({ prefillers: 2, decoders: 2, model: 'builtin:tiny', controller: true, host: '127.0.0.1' });
     logDir = tempDir('kvc-up2p2d-');
     // A seed other than 0 in kvc up's own environment: the children must still get 0.
     // Restarts off: the kill test checks the proxy's view of a dead prefiller (degraded), which a

@@ -13,7 +13,7 @@ import OpenAI from 'openai';
 import { startKvc, tempDir, waitHttp, type Proc } from './helpers/proc.js';
 import { freePortRange, isPortFree } from '../src/common/ports.js';
 import { makePlan, cacheYaml, connectorJson, type PlanOptions } from '../src/deploy/plan.js';
-import { takenPorts } from '../src/deploy/up.js';
+import { freePortOffset } from '../src/deploy/free_offset.js';
 import { validateCacheConfig, parseConnectorConfig } from '../src/common/config.js';
 import { parse as parseYaml } from 'yaml';
 
@@ -24,15 +24,6 @@ function findRoot(): string {
   return d;
 }
 const repoRoot = findRoot();
-
-/** A --port-offset whose every port is free, away from the reference ports. */
-async function freeOffset(o: Omit<PlanOptions, 'portOffset'>): Promise<number> {
-  for (let i = 0; i < 50; i++) {
-    const off = 12000 + Math.floor(Math.random() * 400) * 100;
-    if ((await takenPorts(makePlan({ ...o, portOffset: off }))).length === 0) return off;
-  }
-  throw new Error('no free port offset found');
-}
 
 /** Exit code of a started process, or a failure after `ms` (the process is then killed). */
 async function exitCode(p: Proc, ms: number): Promise<number | null> {
@@ -120,7 +111,7 @@ describe('kvc up 1P1D (built-in model)', () => {
   const base = { prefillers: 1, decoders: 1, model: 'builtin:tiny', controller: true, host: '127.0.0.1' };
 
   before(async () => {
-    offset = await freeOffset(base);
+    offset = await freePortOffset(base);
     logDir = tempDir('kvc-up-');
     up = startKvc(['up', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150']);
     const refPort = await freePortRange(1, 40000, 50000);
@@ -254,7 +245,7 @@ describe('kvc up 1P1D (built-in model)', () => {
     let bad: Proc | undefined;
     let code: number | null = null;
     for (let attempt = 0; attempt < 3; attempt++) {
-      o2 = await freeOffset({ ...base, controller: false });
+      o2 = await freePortOffset({ ...base, controller: false });
       dir = tempDir('kvc-upfail-');
       bad = startKvc(['up', '--port-offset', String(o2), '--log-dir', dir, '--no-controller', '--model', join(dir, 'no-such-model'), '--startup-timeout', '60']);
       code = await exitCode(bad, 90_000);

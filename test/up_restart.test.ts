@@ -11,16 +11,8 @@ import { parse as parseYaml } from 'yaml';
 import { makePlan, engineArgs, type PlanOptions } from '../src/deploy/plan.js';
 import { superviseRestarts } from '../src/deploy/restart.js';
 import { Child } from '../src/deploy/supervisor.js';
-import { takenPorts } from '../src/deploy/up.js';
+import { freePortOffset } from '../src/deploy/free_offset.js';
 import { postJson, startKvc, tempDir, type Proc } from './helpers/proc.js';
-
-async function freeOffset(o: Omit<PlanOptions, 'portOffset'>): Promise<number> {
-  for (let i = 0; i < 50; i++) {
-    const off = 12000 + Math.floor(Math.random() * 400) * 100 + 50;
-    if ((await takenPorts(makePlan({ ...o, portOffset: off }))).length === 0) return off;
-  }
-  throw new Error('no free port offset found');
-}
 
 describe('kvc up plan: settings passed through', () => {
   test('engine flags and cache settings reach every engine; bad combinations are refused', () => {
@@ -80,7 +72,7 @@ describe('kvc up restarts a killed decoder (built-in model, 1P1D)', () => {
     // Other test runs share this machine: a port found free can be taken before `kvc up` checks
     // it (exit 3, nothing started). Then another offset is tried.
     for (let attempt = 0; ; attempt++) {
-      offset = await freeOffset(base);
+      offset = await freePortOffset(base, 50);
       logDir = tempDir('kvc-up-restart-');
       up = startKvc(['up', '--no-controller', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150', '--max-model-len', '384', '--chunk-size', '32', '--max-local-cpu-size', '0.1', '--served-model-name', 'tiny']);
       try {

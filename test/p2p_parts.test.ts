@@ -13,6 +13,9 @@ import { setDeploymentSecret } from '../src/common/auth.js';
 import { KvcStore } from '../src/kvc/store.js';
 import { startPeerServer } from '../src/kvc/worker_peer.js';
 import { fetchFromPeer } from '../src/kvc/p2p_fetch.js';
+import { coverage, P2pClient } from '../src/kvc/p2p_client.js';
+import { P2pMetrics } from '../src/kvc/p2p_metrics.js';
+import { Registry as PromRegistry } from 'prom-client';
 import { peerChunkHead } from '../src/protocol/peer_frames.js';
 
 setDeploymentSecret(null);
@@ -52,6 +55,29 @@ test('the controller names the other instances holding the leading keys, longest
   assert.equal(bad.t, 'error');
   assert.match((bad as { message: string }).message, /keys/);
   assert.equal(reg.stats.p2pLookups, 2);
+});
+
+test('past the leading run, the controller names the runs that continue it (headless copies), stepping over the asker\'s own keys', () => {
+  const reg = new Registry({ heartbeatTimeoutMs: 10_000, seed: 0n, secret: null });
+  const sync = (session: string, ks: string[]) => reg.handle(session, { t: 'sync', location: 'LocalCPUBackend', keys: packKeys(ks), reset: false, last: true });
+  for (const [id, s] of [['asker', 's1'], ['head', 's22'], ['mid', 's333'], ['tail', 's4444'], ['far', 's55555']] as const) {
+    assert.equal(reg.handle(s, register(id, s))?.t, 'welcome', id);
+  }
+  // The query is keys 2..11 (indices 0..9). head: 2..4; mid: 5 (without the head); the asker
+  // itself: 6; tail: 7..8; nobody: 9; far: 10..11 (after the gap: unusable).
+  sync('s1', [keys[6]!]);
+  sync('s22', keys.slice(2, 5));
+  sync('s333', [keys[5]!]);
+  sync('s4444', keys.slice(7, 9));
+  sync('s55555', keys.slice(10, 12));
+  const r = answerP2pLookup(reg, 's1', { t: 'p2p_lookup', id: 1, keys: packKeys(keys.slice(2, 12)) });
+  assert.equal(r.t, 'p2p_holders');
+  if (r.t !== 'p2p_holders') return;
+  assert.deepEqual(r.holders.map((h) => [h.instance_id, h.from ?? 0, h.chunks]), [['head', 0, 3], ['mid', 3, 1], ['tail', 5, 2]]);
+  assert.equal(coverage(r.holders, 10), 7);
+  // Nobody holds the first key: nothing, even though later keys are held.
+  const none = answerP2pLookup(reg, 's1', { t: 'p2p_lookup', id: 2, keys: packKeys(keys.slice(9, 12)) });
+  assert.deepEqual(none, { t: 'p2p_holders', id: 2, holders: [] });
 });
 
 const layout: KvLayout = { dtype: 0, numLayers: 2, numKvHeads: 1, headDim: 4 } as KvLayout;
@@ -112,3 +138,35 @@ test('a silent holder ends at the time bound, a wrong key as corrupt, a closed p
   const refused = await fetchFromPeer({ peerUrl: `127.0.0.1:${port}`, keys: keys.slice(0, 1), from: 't', deadline: Date.now() + 30_000, layout, chunkSize: 4 });
   assert.equal(refused.failure, 'connect');
 });
+
+test('a fetch takes the head from one holder and the continuing run from another, stepping over a chunk it holds itself', async () => {
+  // Two real holders behind their peer ports: A holds keys 0..1, B holds 3..4 without the head;
+  // the asker holds key 2 itself. The answer is what the controller gives for that (test above).
+  const a = await KvcStore.create({ local_cpu: true, max_local_cpu_size: 0.01, max_local_disk_size: 0, local_disk: null });
+  const b = await KvcStore.create({ local_cpu: true, max_local_cpu_size: 0.01, max_local_disk_size: 0, local_disk: null });
+  const me = await KvcStore.create({ local_cpu: true, max_local_cpu_size: 0.01, max_local_disk_size: 0, local_disk: null });
+  for (const i of [0, 1]) await a.put(keys[i]!, chunk(keys[i]!, 4, i + 1));
+  for (const i of [3, 4]) await b.put(keys[i]!, chunk(keys[i]!, 4, i + 1));
+  await me.put(keys[2]!, chunk(keys[2]!, 4, 3));
+  const pa = await startPeerServer(a, '127.0.0.1', 0, { layout, chunkSize: 4 });
+  const pb = await startPeerServer(b, '127.0.0.1', 0, { layout, chunkSize: 4 });
+  closers.push(() => pa.close(), () => pb.close(), () => a.close(), () => b.close(), () => me.close());
+  const registry = new PromRegistry();
+  const metrics = new P2pMetrics(registry);
+  const client = (holders: { instance_id: string; peer_url: string; location: string; chunks: number; from?: number }[]) =>
+    new P2pClient({ store: me, instanceId: 'me', layout, chunkSize: 4, timeoutMs: 30_000, askHolders: async () => holders, metrics });
+  const want = keys.slice(0, 6);
+  const head = { instance_id: 'a', peer_url: `127.0.0.1:${pa.port}`, location: 'LocalCPUBackend', chunks: 2 };
+  const tail = { instance_id: 'b', peer_url: `127.0.0.1:${pb.port}`, location: 'LocalCPUBackend', chunks: 2, from: 3 };
+  const got = await client([head, tail]).fetch(want);
+  assert.deepEqual([...got.keys()], [keys[0], keys[1], keys[3], keys[4]]);
+  assert.deepEqual([...got.values()].map((c) => c[HEADER_BYTES]), [1, 2, 4, 5]);
+  // The asker no longer holds key 2: the continuing run would leave a gap and is not used.
+  await me.remove(keys[2]!, 'LocalCPUBackend');
+  const gap = await client([head, tail]).fetch(want);
+  assert.deepEqual([...gap.keys()], [keys[0], keys[1]]);
+  const text = await registry.metrics();
+  assert.match(text, /kvc_p2p_fetches_total\{outcome="hit"\} 1/);
+  assert.match(text, /kvc_p2p_fetches_total\{outcome="partial"\} 1/);
+});
+

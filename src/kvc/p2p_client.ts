@@ -4,7 +4,9 @@
 //   1. the controller is asked which other instances hold the leading ones (p2p_lookup over the
 //      monitor connection, answered from its index: src/protocol/p2p_holders.ts);
 //   2. the run is pulled from the best holder's peer port (src/kvc/p2p_fetch.ts), every chunk
-//      verified; when a holder fails part way, the next holder is asked for the rest;
+//      verified; when a holder fails part way, the next holder is asked for the rest; then the
+//      runs that continue it (later chunks another instance holds without the prefix's head),
+//      stepping over keys this instance holds itself;
 //   3. what arrived is promoted into the local CPU tier (the controller sees the admit) and
 //      returned, so the connector imports it exactly like a local hit.
 // One time bound covers all of it (p2p_timeout_ms): whatever has arrived by then is used and the
@@ -65,12 +67,16 @@ export class P2pClient {
         outcome = 'no_holder';
         return out;
       }
-      const named = Math.min(keys.length, holders[0]!.chunks);
+      const named = coverage(holders, keys.length);
       let next = 0;
       let bytes = 0;
       for (const h of holders) {
-        const end = Math.min(keys.length, h.chunks);
-        if (end <= next) continue;
+        const from = h.from ?? 0;
+        // A continuing run starts past keys this instance holds itself (the controller stepped
+        // over them): the connector reads those from its own tiers. Still there, or the chain breaks.
+        if (from > next && keys.slice(next, from).every((k) => this.o.store.has(k))) next = from;
+        const end = Math.min(keys.length, from + h.chunks);
+        if (from > next || end <= next) continue;
         if (Date.now() >= deadline) {
           this.fail('timeout', `no time left for ${h.instance_id} (${next}/${named} chunks arrived)`);
           break;
@@ -124,4 +130,15 @@ export class P2pClient {
       }
     }
   }
+}
+
+/**
+ * How far the answer reaches: the end of its last run. The leading runs start at key 0 and the
+ * continuing ones each start at or past the end of the run before (past it by the asker's own
+ * keys), so the chain is unbroken up to there.
+ */
+export function coverage(holders: readonly P2pHolder[], keys: number): number {
+  let end = 0;
+  for (const h of holders) end = Math.max(end, (h.from ?? 0) + h.chunks);
+  return Math.min(keys, end);
 }

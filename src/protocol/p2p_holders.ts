@@ -7,16 +7,24 @@
 // from its chunk index alone (no worker is asked), so the answer costs microseconds.
 //   instance → controller  p2p_lookup  {id, keys}     keys: packed 8-byte keys, in prompt order,
 //                                                     starting at the first chunk the asker lacks
-//   controller → instance  p2p_holders {id, holders}  best first; `chunks` counts the leading
-//                                                     keys of the query the holder has (≥ 1)
+//   controller → instance  p2p_holders {id, holders}  first the holders of the query's leading
+//                                                     keys, best first (`chunks`: how many of them
+//                                                     the holder has, ≥ 1); then the runs that
+//                                                     continue the longest of those, in key order
+//                                                     (`from`: the query index the run starts at;
+//                                                     an instance can hold a prefix's later chunks
+//                                                     without its head). Keys the asker holds
+//                                                     itself are stepped over between runs.
 // `peer_url` is the holder's distributed_url as it registered it (its advertised address), never
 // a guess: the asker connects to exactly that.
 import { z } from 'zod';
 
 /** Most keys one query may carry (a prompt of 2,048 chunks). */
 export const P2P_LOOKUP_MAX_KEYS = 2048;
-/** Most holders one answer names. */
-export const P2P_MAX_HOLDERS = 4;
+/** Most holders one answer names for the leading keys (the alternatives if one fails). */
+export const P2P_LEADING_HOLDERS = 4;
+/** Most holders one answer names in all (leading alternatives and continuing runs). */
+export const P2P_MAX_HOLDERS = 8;
 
 export const p2pLookupMsgSchema = z.object({
   t: z.literal('p2p_lookup'),
@@ -35,8 +43,10 @@ export const p2pHolderSchema = z.object({
   peer_url: z.string().min(1),
   /** The holder's location with the longest run (the CPU tier on a tie). */
   location: z.string().min(1),
-  /** Leading keys of the query the holder has. */
+  /** Keys of the query the holder has, from `from` on. */
   chunks: z.number().int().min(1),
+  /** Index of the query's key the run starts at; absent (0) for the holders of the leading keys. */
+  from: z.number().int().min(1).optional(),
 });
 export type P2pHolder = z.infer<typeof p2pHolderSchema>;
 

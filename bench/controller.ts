@@ -5,7 +5,9 @@
 //      (Operations.lookup: key computation + index walk) and over HTTP against controller
 //      processes started as `kvc controller` is (JSON and binary bodies, see httpLookups), from
 //      a lean client process (bench/_controller_http_client.ts) that also attributes each slow
-//      request (its own GC, a CPU wait of either process, or time inside the controller);
+//      request (its own GC, a CPU wait of either process, or time inside the controller), and,
+//      in the same rounds, against a bare node:http server (bench/_http_floor_server.ts): the
+//      floor any Node HTTP server has on this machine with this client;
 //  (c) move throughput between two cache instances in two child processes for
 //      Llama-3-8B-shaped chunks (32 layers × 8 KV heads × 128 head dim, f16, 256 tokens =
 //      32 MiB), against raw loopback TCP between two processes measured in the same run.
@@ -214,12 +216,15 @@ const SLOW_MS = 2;
 async function httpLookups(frames: Buffer[][], indexed: number) {
   const upArgs = controllerNodeArgs(process.env.NODE_OPTIONS);
   const ctls = [await startCtlProc('json', upArgs), await startCtlProc('binary', upArgs), await startCtlProc('binary, no flags', [])];
+  let floorChild: ChildProcess | null = null;
   const [cJson, cBin, cPlain] = ctls as [CtlProc, CtlProc, CtlProc];
   const hb = setInterval(() => {
     for (const c of ctls) for (const d of c.dealers) void d.send(encodeMsg({ t: 'hb' })).catch(() => undefined);
   }, 10_000);
   try {
     for (const c of ctls) await fillCtlProc(c, frames, indexed);
+    const floor = await startFloor();
+    floorChild = floor.child;
     const kinds = [
       { name: 'json /lookup', ctl: cJson, path: '/lookup', body: 'json' as const },
       { name: 'binary /lookup', ctl: cBin, path: '/lookup', body: 'binary' as const },
@@ -227,7 +232,8 @@ async function httpLookups(frames: Buffer[][], indexed: number) {
       { name: 'binary /lookup, no flags', ctl: cPlain, path: '/lookup', body: 'binary' as const },
     ];
     const cfg: ClientConfig = {
-      kinds: kinds.map((k) => ({ name: k.name, url: `${k.ctl.url}${k.path}`, body: k.body, pid: k.ctl.child.pid! })),
+      // The floor (bench/_http_floor_server.ts) takes its turn in the same alternating rounds.
+      kinds: [...kinds.map((k) => ({ name: k.name, url: `${k.ctl.url}${k.path}`, body: k.body, pid: k.ctl.child.pid! })), { name: FLOOR, url: `${floor.url}/lookup`, body: 'binary' as const, pid: floor.child.pid! }],
       tokens: 8192,
       warmup: 500,
       rounds: ROUNDS,
@@ -279,6 +285,7 @@ async function httpLookups(frames: Buffer[][], indexed: number) {
     return { figs: res.figs, stats, server, client: res };
   } finally {
     clearInterval(hb);
+    floorChild?.kill('SIGKILL');
     for (const c of ctls) {
       for (const d of c.dealers) d.close();
       c.child.kill('SIGKILL');
@@ -287,6 +294,23 @@ async function httpLookups(frames: Buffer[][], indexed: number) {
 }
 const ROUNDS = 10;
 const PER_ROUND = 200;
+const FLOOR = 'floor: bare node:http';
+const FLOOR_SERVER = fileURLToPath(new URL('./_http_floor_server.js', import.meta.url));
+
+/** Starts bench/_http_floor_server.ts on a free port. */
+async function startFloor(): Promise<{ child: ChildProcess; url: string }> {
+  const port = await freePortRange(1);
+  const child = spawn(process.execPath, [FLOOR_SERVER, String(port)], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  child.stdout!.on('data', (d) => (out += d));
+  child.stderr!.on('data', (d) => (out += d));
+  const deadline = Date.now() + 30_000;
+  while (!out.includes('floor listening')) {
+    if (child.exitCode !== null || Date.now() > deadline) throw new Error(`floor server did not start: ${out}`);
+    await sleep(20);
+  }
+  return { child, url: `http://127.0.0.1:${port}` };
+}
 
 async function main(): Promise<void> {
   const base = await freePortRange(2);
@@ -366,19 +390,21 @@ async function main(): Promise<void> {
   for (const st of stats) console.log(`    controller "${st.name}": ${st.cpuUsPerReq.toFixed(0)} µs CPU per request, ${st.minorGcs} scavenges and ${st.majorGcs} full GCs over ${st.requests} requests (${st.gcMs.toFixed(1)} ms in GC), event-loop delay p99 ${st.loopLagP99Ms} ms max ${st.loopLagMaxMs} ms, ${st.runQueueMs} ms waiting for a CPU during the timed rounds`);
   console.log(`    where the slow requests (> ${SLOW_MS} ms at the client) were: the controller's own onRequest→onResponse time (its /metrics histogram, over the same timed requests) vs the client's:`);
   for (const f of figs) {
-    const sv = server.find((x) => x.name === f.name)!;
-    console.log(`    ${f.name.padEnd(24)} client: ${f.slow} of ${f.n} > ${SLOW_MS} ms (${f.slowDuringClientGc} overlapping a client GC; during ${f.slowClientWaited} the client and during ${f.slowControllerWaited} the controller waited > 0.5 ms for a CPU; ${f.slowOther} with none of these); controller: ${sv.over1ms} > 1 ms, ${sv.over2ms} > 2 ms of ${sv.n}`);
+    const sv = server.find((x) => x.name === f.name);
+    const inside = sv ? `; controller: ${sv.over1ms} > 1 ms, ${sv.over2ms} > 2 ms of ${sv.n}` : '';
+    console.log(`    ${f.name.padEnd(24)} client: ${f.slow} of ${f.n} > ${SLOW_MS} ms (${f.slowDuringClientGc} overlapping a client GC; during ${f.slowClientWaited} the client and during ${f.slowControllerWaited} the server waited > 0.5 ms for a CPU; ${f.slowOther} with none of these)${inside}`);
   }
   console.log(`    client process (bench/_controller_http_client.ts, its own heap): ${client.clientGcs} GCs (${client.clientGcMs} ms) during the timed rounds, ${client.clientRunQueueMs} ms waiting for a CPU`);
   const gateFig = figs.find((f) => f.name === 'binary /lookup')!;
   const gateServer = server.find((x) => x.name === 'binary /lookup')!;
-  const http = { gate: fig('binary /lookup'), json: fig('json /lookup'), prefix: fig('binary /prefix_lookup'), plain: fig('binary /lookup, no flags') };
+  const http = { gate: fig('binary /lookup'), json: fig('json /lookup'), prefix: fig('binary /prefix_lookup'), plain: fig('binary /lookup, no flags'), floor: fig(FLOOR) };
+  console.log(`    floor: the same client and rounds against a bare node:http server that only reads the body and answers (bench/_http_floor_server.ts): p50 ${http.floor.p50} ms, p99 ${http.floor.p99} ms; the gated p99 is ${(http.gate.p99 / http.floor.p99).toFixed(2)} x the floor's`);
   console.log(`    gated: ${http.gate.name} on the controller as \`kvc up\` starts it (${controllerNodeArgs(process.env.NODE_OPTIONS).join(' ') || 'no node flags: NODE_OPTIONS sizes the heap'}): p99 ${http.gate.p99} ms (target ≤ 2 ms); the proxy's kv-aware router sends this body to /prefix_lookup`);
   // Short bar labels: json, binary, prefix (binary /prefix_lookup), no flags (binary, bare `kvc controller`).
-  const short = (name: string) => (name.startsWith('json') ? 'json' : name.includes('no flags') ? 'no flags' : name.includes('prefix') ? 'prefix' : 'binary');
+  const short = (name: string) => (name.startsWith('json') ? 'json' : name.startsWith('floor') ? 'floor' : name.includes('no flags') ? 'no flags' : name.includes('prefix') ? 'prefix' : 'binary');
   const plot = await writeBarsSvg(
     join(resultsDir('controller'), 'http_lookup.svg'),
-    'HTTP lookup latency, 8192 tokens, 1.2M chunks (json, binary, prefix = binary /prefix_lookup, no flags = binary on a bare kvc controller)',
+    'HTTP lookup latency, 8192 tokens, 1.2M chunks (json, binary, prefix = binary /prefix_lookup, no flags = binary on a bare kvc controller, floor = a bare node:http server)',
     figs.flatMap((f) => [{ panel: 'p50 (ms)', series: short(f.name), value: f.p50 }, { panel: 'p99 (ms)', series: short(f.name), value: f.p99 }]),
     'ms',
   );
@@ -460,6 +486,9 @@ async function main(): Promise<void> {
       http_lookup_json_p99_ms: http.json.p99,
       http_prefix_lookup_p99_ms: http.prefix.p99,
       http_lookup_no_flags_p99_ms: http.plain.p99,
+      // The same client against a bare node:http server in the same rounds (bench/_http_floor_server.ts).
+      http_floor_p50_ms: http.floor.p50,
+      http_floor_p99_ms: http.floor.p99,
       // Where the gated variant's slow requests (> 2 ms at the client) were: inside the controller
       // (its onRequest→onResponse histogram) or not; the client's own GCs in the timed rounds.
       http_lookup_slow_at_client: gateFig.slow,

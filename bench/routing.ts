@@ -49,13 +49,13 @@ const NO_REPLICA_HINTS = process.argv.includes('--no-replica-hints');
 
 /**
  * `--warmup-requests N` (default 48, 0 for none): requests of the warm-up that is not the
- * workload's (warmPaths). A fresh deployment answers its first requests 3-4 times slower than
- * later ones (TTFT through the proxy on an idle 2P2D, a 1,024-token prefix held by the decoder:
- * 60-68 ms for requests 2-10, 18-19 ms after ~30): every process compiles its hot paths as they
- * first run. With 64 timed requests spread over six processes, the timed part was largely that
- * compilation. What is measured here is a deployment that has served before. Its chunks are then
- * cleared from every tier (the controller's /clear), so that each run starts from empty tiers as
- * before; `--keep-warmup-chunks` keeps them (tiers already full of another workload's chunks).
+ * workload's (warmPaths). A fresh deployment answers its first requests slower than later ones:
+ * on an idle 2P2D, requests 2-10 with a 1,024-token prefix the decoder held had a TTFT of 60-68 ms
+ * through the proxy, and 18-60 ms after a few dozen more (every process compiles its hot paths and
+ * opens its connections as they are first used). With 64 timed requests spread over six processes,
+ * that first use was part of what the timed requests measured. Its chunks are then cleared from
+ * every tier (the controller's /clear), so that each run starts from empty tiers as before;
+ * `--keep-warmup-chunks` keeps them (tiers already full of another workload's chunks).
  */
 const WARMUP_REQUESTS = (() => {
   const i = process.argv.indexOf('--warmup-requests');

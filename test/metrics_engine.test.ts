@@ -67,6 +67,7 @@ describe('engine metrics and request log lines (real process)', () => {
       ['kvc_cache_retrieved_bytes_total', 'counter'], ['kvc_cache_retrieve_duration_seconds', 'histogram'],
       ['kvc_cache_stored_bytes_total', 'counter'], ['kvc_cache_store_duration_seconds', 'histogram'],
       ['kvc_cache_evicted_chunks_total', 'counter'], ['kvc_cache_bytes', 'gauge'], ['kvc_cache_capacity_bytes', 'gauge'],
+      ['kvc_cache_cold_chunks', 'gauge'], ['kvc_cache_replica_chunks', 'gauge'],
       ['kvc_engine_step_duration_seconds', 'histogram'], ['kvc_engine_num_requests_running', 'gauge'],
       ['kvc_xfer_sent_bytes_total', 'counter'],
     ] as const) assert.equal(type(m, name), t, `# TYPE of ${name}`);
@@ -81,6 +82,10 @@ describe('engine metrics and request log lines (real process)', () => {
     const cap = value(m, 'kvc_cache_capacity_bytes', 'location="LocalCPUBackend"');
     assert.ok(used > 0 && used <= cap, `bytes ${used} within capacity ${cap}`);
     assert.ok(value(m, 'kvc_cache_evicted_chunks_total', 'location="LocalCPUBackend"') > 0, 'filling the tier evicted chunks');
+    // The segments are parts of the tier: no controller here, so no replicas.
+    const cpu = 'location="LocalCPUBackend"';
+    assert.equal(value(m, 'kvc_cache_replica_chunks', cpu), 0);
+    assert.ok(value(m, 'kvc_cache_cold_chunks', cpu) <= value(m, 'kvc_cache_chunks', cpu));
     assert.ok(value(m, 'kvc_engine_step_duration_seconds_count', 'phase="prefill"') >= 1);
     assert.ok(value(m, 'kvc_engine_step_duration_seconds_count', 'phase="decode"') >= 1);
   });

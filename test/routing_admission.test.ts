@@ -70,6 +70,9 @@ describe('evict-first admission of copies and partial chunks, 1P1D (built-in mod
     // 2. Through the proxy: the prefiller computes `received`, the decoder receives it by xfer.
     const receivedFirst = await complete(proxy(), received);
     await heldUntil(received, (m) => (m['decoder-0'] ?? 0) >= 512 && (m['prefiller-0'] ?? 0) >= 512, 'received prefix on both engines');
+    // The decoder's received chunks duplicate the prefiller's: the controller's hint makes them
+    // replicas there, which its metrics show.
+    await waitUntil('the received chunks counted as replicas on decoder-0', async () => ((await metric(decoder(), 'kvc_cache_replica_chunks')) >= 2 ? true : undefined), 15_000, 100);
     // 3. The prefiller computes `fetched`; the decoder, asked directly for another question after
     //    the same prefix, fetches its two chunks from the prefiller by P2P.
     await complete(prefiller(), fetchedFirst);

@@ -22,6 +22,8 @@ export interface TierStats {
   usedBytes: number;
   chunks: number;
   pinned: number;
+  cold: number;
+  replicas: number;
 }
 
 /** The cache instance as the metrics see it (KvcStore): usage per location and evictions so far. */
@@ -162,6 +164,10 @@ export class EngineMetrics {
     tierGauge('kvc_cache_capacity_bytes', 'Capacity per location of the cache instance', (t) => t.capacityBytes);
     tierGauge('kvc_cache_chunks', 'Chunks stored per location of the cache instance', (t) => t.chunks);
     tierGauge('kvc_cache_pinned_chunks', 'Pinned chunks per location of the cache instance', (t) => t.pinned);
+    // The eviction order's segments (docs/storage.md): what a tier holds as copies it may lose
+    // first, against the chunks it keeps (kvc_cache_chunks minus both).
+    tierGauge('kvc_cache_cold_chunks', 'Chunks per location admitted evict-first and not read since (evicted first)', (t) => t.cold);
+    tierGauge('kvc_cache_replica_chunks', 'Chunks per location that the controller says another instance keeps first (evicted after the cold ones)', (t) => t.replicas);
 
     this.xferSentChunks = new Counter({ name: 'kvc_xfer_sent_chunks_total', help: 'Chunks handed to the transfer library to send to a decoder (kv_producer)', registers });
     this.xferSentBytes = new Counter({ name: 'kvc_xfer_sent_bytes_total', help: 'Bytes of the chunks handed to the transfer library (headers included)', registers });

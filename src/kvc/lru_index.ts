@@ -236,6 +236,6 @@ export class LruIndex<E extends Entry> {
 
   /** The backend-level figures every location reports. */
   stats(location: LocationName, capacityBytes: number): BackendStats {
-    return { location, capacityBytes, usedBytes: this._bytes, chunks: this.size, pinned: this._pinned };
+    return { location, capacityBytes, usedBytes: this._bytes, chunks: this.size, pinned: this._pinned, cold: this.cold.size, replicas: this.replicas.size };
   }
 }

@@ -56,6 +56,10 @@ export interface BackendStats {
   usedBytes: number;
   chunks: number;
   pinned: number;
+  /** Of `chunks`: admitted evict-first and not read since (the cold segment of the eviction order). */
+  cold: number;
+  /** Of `chunks`: copies the controller says another instance keeps first (the replica segment). */
+  replicas: number;
 }
 
 /** One storage location. All methods are safe to call concurrently. */

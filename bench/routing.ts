@@ -230,6 +230,11 @@ interface EngineCounters {
   p2pFailures: number;
   /** P2P fetches that ended early, by reason (controller, connect, closed, corrupt, timeout, refused). */
   p2pFailureReasons: Map<string, number>;
+  /** Its CPU tier when scraped: chunks, of them cold and replicas (the rest are kept by recency); copies it declined so far. */
+  tierChunks: number;
+  tierCold: number;
+  tierReplicas: number;
+  declined: number;
   /** Chunks its CPU tier evicted. */
   evicted: number;
 }
@@ -270,6 +275,10 @@ async function counters(d: Deployment): Promise<Counters> {
       p2pFailures: sum(m, 'kvc_p2p_failures_total'),
       p2pFailureReasons: byLabel(m, 'kvc_p2p_failures_total', 'reason'),
       evicted: sum(m, 'kvc_cache_evicted_chunks_total'),
+      tierChunks: sum(m, 'kvc_cache_chunks'),
+      tierCold: sum(m, 'kvc_cache_cold_chunks'),
+      tierReplicas: sum(m, 'kvc_cache_replica_chunks'),
+      declined: sum(m, 'kvc_cache_declined_copies_total'),
     };
     engines.set(e.name, c);
     computed += c.computed;
@@ -290,7 +299,8 @@ function breakdown(before: Counters, after: Counters, requests: number): void {
     const why = [...a.p2pFailureReasons].map(([k, v]) => [k, v - (b.p2pFailureReasons.get(k) ?? 0)] as const).filter(([, v]) => v > 0).map(([k, v]) => `${k} ${v}`).join(' ');
     parts.push(
       `${name}: computed ${d(a.computed, b.computed)}, cache ${d(a.fromCache, b.fromCache)}, xfer ${d(a.fromTransfer, b.fromTransfer)}, ` +
-        `p2p chunks ${d(a.p2pChunks, b.p2pChunks)} (failed ${d(a.p2pFailures, b.p2pFailures)}${why ? `: ${why}` : ''}), evicted ${d(a.evicted, b.evicted)}`,
+        `p2p chunks ${d(a.p2pChunks, b.p2pChunks)} (failed ${d(a.p2pFailures, b.p2pFailures)}${why ? `: ${why}` : ''}), evicted ${d(a.evicted, b.evicted)}, ` +
+        `declined ${d(a.declined, b.declined)}, tier at the end ${a.tierChunks} chunks (${a.tierCold} cold, ${a.tierReplicas} replicas)`,
     );
   }
   const delta = (a: Map<string, number>, b: Map<string, number>) =>

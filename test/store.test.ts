@@ -10,6 +10,7 @@ import { LocalCPUBackend } from '../src/kvc/cpu_backend.js';
 import { LocalDiskBackend } from '../src/kvc/disk_backend.js';
 import { CopyDeclinedError, StoreFullError, type KeyEvent } from '../src/kvc/types.js';
 import { transferHolds } from '../src/kvc/transfer_holds.js';
+import { STALE_AFTER_TURNOVERS } from '../src/kvc/lru_index.js';
 import { tempDir } from './helpers/proc.js';
 
 const layout = { dtype: DType.f32, numLayers: 2, numKvHeads: 2, headDim: 64 };
@@ -177,6 +178,45 @@ test('an evict-first chunk never displaces a recent one: declined (counted, noth
       assert.ok(!store.has(keyOf(8)));
       assert.equal(store.declined[loc], 2);
     }
+    await store.close();
+  }
+});
+
+test('a chunk nobody used while STALE_AFTER_TURNOVERS tiers\' worth of copies arrived is stale: it goes after cold copies and before replicas; one read meanwhile stays', async () => {
+  const cap = 4 * 36 * 1024; // four chunks
+  const stale = STALE_AFTER_TURNOVERS * 4; // copies arriving at a full four-chunk tier that make an unused chunk stale
+  for (const kind of ['cpu', 'disk'] as const) {
+    const store = await oneTierStore(kind, cap, 'kvc-stale-');
+    const loc = store.locations()[0]!;
+    const evicted: string[] = [];
+    store.on('evict', (e) => evicted.push(...e.keys));
+    for (const i of [1, 2, 3, 4]) await store.put(keyOf(i), makeChunk(keyOf(i), i));
+    store.markReplicas(loc, [keyOf(4)], [1]); // held elsewhere too: a replica
+    const copy = (i: number) => store.put(keyOf(i), makeChunk(keyOf(i), i), undefined, { evictFirst: true });
+    // The replica makes room for the first copy (one arrival); read, the copy is in use here too.
+    await copy(100);
+    assert.deepEqual(evicted, [keyOf(4)]);
+    await store.get(keyOf(100));
+    // The tier now holds only chunks in use: copies are declined, and each one counts as arrived.
+    let next = 101;
+    for (let n = 0; n < 7; n++) await assert.rejects(copy(next++), CopyDeclinedError);
+    await store.get(keyOf(1)); // used on the way: keyOf(1) is in use again
+    while (next < 100 + stale) await assert.rejects(copy(next++), CopyDeclinedError);
+    assert.equal(store.declined[loc], stale - 1);
+    assert.deepEqual(evicted, [keyOf(4)], `${kind}: nothing displaced while declining`);
+    store.markReplicas(loc, [keyOf(100)], [1]); // keyOf(100) is held elsewhere too: a replica
+    // `stale` arrivals since keyOf(2) and keyOf(3) were last used: stale, so they go before the
+    // replica keyOf(100), oldest first.
+    await copy(next++);
+    assert.deepEqual(evicted, [keyOf(4), keyOf(2)], `${kind}: the oldest stale chunk made room, not the replica`);
+    await copy(next++);
+    assert.deepEqual(evicted, [keyOf(4), keyOf(2), keyOf(100 + stale)], `${kind}: a cold copy goes before the next stale chunk`);
+    assert.ok(store.has(keyOf(1)) && store.has(keyOf(3)) && store.has(keyOf(100)), `${kind}: the chunk read on the way, the stale one behind the copy and the replica stay`);
+    // Ordinary puts take the cold copy, then the stale chunk, before the replica.
+    await store.put(keyOf(9), makeChunk(keyOf(9), 9));
+    await store.put(keyOf(10), makeChunk(keyOf(10), 10));
+    assert.deepEqual(evicted.slice(3), [keyOf(101 + stale), keyOf(3)], `${kind}: cold, then stale`);
+    assert.ok(store.has(keyOf(100)) && store.has(keyOf(1)), `${kind}: the replica and the chunk in use stay`);
     await store.close();
   }
 });

@@ -20,12 +20,30 @@
 // ordinary again, as it does a cold entry.
 //
 // The one admission rule that makes this hold: an evict-first admission takes only room that is
-// free or held by cold entries and replicas (victims(..., {evictFirst})). A copy of what a peer
-// keeps, or a partial chunk, never displaces a chunk of `main`; when the two evict-first segments
-// cannot make room, the copy is declined (CopyDeclinedError) and the tier keeps what it has.
+// free or held by cold entries, stale entries of `main` and replicas (victims(..., {evictFirst})).
+// A copy of what a peer keeps, or a partial chunk, does not displace a chunk of `main` that is
+// still in use; when those cannot make room, the copy is declined (CopyDeclinedError) and the tier
+// keeps what it has.
+//
+// "Still in use" ages with the copies that arrive: a chunk of `main` not used (stored, read, made
+// the deployment's copy) while STALE_AFTER_TURNOVERS times as many evict-first chunks arrived as
+// the tier holds chunks is stale. Stale entries go after cold ones and before replicas (a replica
+// duplicates something another instance keeps; a stale chunk is what nobody asked for over that
+// much traffic), oldest first. Without that, a tier that rarely computes (a decoder) kept the
+// chunks it held as the deployment's last copy of an earlier workload for good: only a chunk it
+// computes may displace them, and the copies of the current workload turned over in whatever
+// room was left (docs/routing.md, "Tiers already full").
 import type { ChunkKey } from '../common/keys.js';
 import type { BackendStats, LocationName } from './types.js';
 import { NewestFirst } from './newest_first.js';
+
+/**
+ * How many tiers' worth of arriving evict-first chunks (counted in chunks the tier holds) make an
+ * unused chunk of `main` stale (see the top). On the routing benchmark a decoder keeps the
+ * deployment's last copy of a tenant's prefix, read every ~10 s while ~16 chunks of copies arrive
+ * in a tier of ~15: four tiers' worth leaves such a chunk a wide margin.
+ */
+export const STALE_AFTER_TURNOVERS = 4;
 
 export interface Entry {
   bytes: number;
@@ -38,6 +56,10 @@ export class LruIndex<E extends Entry> {
   private readonly cold = new Map<ChunkKey, E>();
   /** Entries another instance holds too (controller hint): victims after `cold`, newest first. */
   private readonly replicas = new NewestFirst<ChunkKey, E>();
+  /** Evict-first chunks that arrived so far, admitted or declined (the clock that ages `main`). */
+  private copyArrivals = 0;
+  /** Per entry of `main`: copyArrivals when it last entered or was used there (ascending in `map` order). */
+  private readonly usedAt = new Map<ChunkKey, number>();
   private _bytes = 0;
   private _pinned = 0;
 
@@ -69,7 +91,14 @@ export class LruIndex<E extends Entry> {
 
   /** Removes `key` from whichever segment holds it (no accounting). */
   private unlink(key: ChunkKey): void {
-    if (!this.map.delete(key) && !this.cold.delete(key)) this.replicas.delete(key);
+    if (this.map.delete(key)) this.usedAt.delete(key);
+    else if (!this.cold.delete(key)) this.replicas.delete(key);
+  }
+
+  /** Puts `key` at the recent end of `main` (after unlink), stamped with the arrival clock. */
+  private toMain(key: ChunkKey, e: E): void {
+    this.map.set(key, e);
+    this.usedAt.set(key, this.copyArrivals);
   }
 
   /**
@@ -85,7 +114,7 @@ export class LruIndex<E extends Entry> {
     const e = this.map.get(key) ?? this.cold.get(key);
     if (e) {
       this.unlink(key);
-      this.map.set(key, e);
+      this.toMain(key, e);
     }
     return e;
   }
@@ -104,7 +133,7 @@ export class LruIndex<E extends Entry> {
       this.replicas.set(key, e);
     } else if (!this.map.has(key)) {
       this.unlink(key);
-      this.map.set(key, e);
+      this.toMain(key, e);
     }
     return true;
   }
@@ -114,7 +143,7 @@ export class LruIndex<E extends Entry> {
     const all = [...this.replicas.entries()].reverse();
     for (const [k, e] of all) {
       this.replicas.delete(k);
-      this.map.set(k, e);
+      this.toMain(k, e);
     }
   }
 
@@ -151,7 +180,10 @@ export class LruIndex<E extends Entry> {
   /** Indexes `key` as most recently used, or, with evictFirst, at the cold end (see the top). */
   add(key: ChunkKey, e: E, opts: { evictFirst?: boolean } = {}): void {
     if (this.get(key)) this.delete(key);
-    (opts.evictFirst ? this.cold : this.map).set(key, e);
+    if (opts.evictFirst) {
+      this.cold.set(key, e);
+      this.copyArrivals++;
+    } else this.toMain(key, e);
     this._bytes += e.bytes;
     if (e.pinned) this._pinned++;
   }
@@ -183,39 +215,55 @@ export class LruIndex<E extends Entry> {
     return true;
   }
 
+  /** True while `main`'s entry `key` is stale (see the top). */
+  private stale(key: ChunkKey): boolean {
+    return this.usedAt.get(key)! <= this.copyArrivals - STALE_AFTER_TURNOVERS * this.size;
+  }
+
   /**
-   * Chooses unpinned victims (cold, then replicas newest first, then least recently used) whose
-   * removal brings bytes + need within capacity. Returns null when that is impossible: the rest
-   * is pinned, or, for an evict-first admission (`opts.evictFirst`), the cold entries and
-   * replicas are not enough (such a chunk never displaces one of `main`; see the top).
+   * Chooses unpinned victims (cold, then stale entries of `main` oldest first, then replicas
+   * newest first, then the rest of `main` least recently used first) whose removal brings
+   * bytes + need within capacity. Returns null when that is impossible: the rest is pinned, or,
+   * for an evict-first admission (`opts.evictFirst`), cold, stale and replica entries are not
+   * enough (such a chunk does not displace one of `main` still in use; see the top).
    */
   victims(need: number, capacity: number, opts: { evictFirst?: boolean } = {}): ChunkKey[] | null {
     let excess = this._bytes + need - capacity;
     if (excess <= 0) return [];
     const out: ChunkKey[] = [];
-    const segments = [this.cold.entries(), this.replicas.entries()];
-    if (!opts.evictFirst) segments.push(this.map.entries());
-    for (const seg of segments) {
-      for (const [k, e] of seg) {
-        if (e.pinned) continue;
-        out.push(k);
-        excess -= e.bytes;
-        if (excess <= 0) return out;
-      }
+    const take = (k: ChunkKey, e: E) => {
+      if (e.pinned) return false;
+      out.push(k);
+      excess -= e.bytes;
+      return excess <= 0;
+    };
+    for (const [k, e] of this.cold) if (take(k, e)) return out;
+    // Stale entries are the oldest of `main` (stamps ascend along `map`): the first one still in use ends them.
+    let staleCount = 0;
+    for (const [k, e] of this.map) {
+      if (!this.stale(k)) break;
+      staleCount++;
+      if (take(k, e)) return out;
     }
+    for (const [k, e] of this.replicas.entries()) if (take(k, e)) return out;
+    if (opts.evictFirst) return null;
+    let i = 0;
+    for (const [k, e] of this.map) if (i++ >= staleCount && take(k, e)) return out;
     return null;
   }
 
   /**
    * True when victims(need, capacity, opts) found no room only because the chunk is evict-first:
    * an ordinary put would find it (so the chunk is declined, CopyDeclinedError), rather than
-   * everything being pinned.
+   * everything being pinned. A declined copy still counts as arrived (the clock that ages `main`).
    */
   declines(need: number, capacity: number, opts: { evictFirst?: boolean }): boolean {
-    return !!opts.evictFirst && this.victims(need, capacity) !== null;
+    const declined = !!opts.evictFirst && this.victims(need, capacity) !== null;
+    if (declined) this.copyArrivals++;
+    return declined;
   }
 
-  /** Every unpinned key, first evicted first (cold ones, replicas newest first, then least recently used). */
+  /** Every unpinned key, first evicted first (cold ones, stale ones, replicas newest first, then least recently used). */
   unpinnedKeys(): ChunkKey[] {
     const out: ChunkKey[] = [];
     for (const [k, e] of this.entries()) if (!e.pinned) out.push(k);
@@ -224,14 +272,19 @@ export class LruIndex<E extends Entry> {
 
   /** Every key, first evicted first. */
   keys(): ChunkKey[] {
-    return [...this.cold.keys(), ...this.replicas.keys(), ...this.map.keys()];
+    return [...this.entries()].map(([k]) => k);
   }
 
-  /** Every entry, first evicted first. */
+  /** Every entry, first evicted first (cold, stale, replicas, the rest of `main`). */
   *entries(): IterableIterator<[ChunkKey, E]> {
     yield* this.cold.entries();
+    const rest: [ChunkKey, E][] = [];
+    for (const [k, e] of this.map) {
+      if (rest.length === 0 && this.stale(k)) yield [k, e];
+      else rest.push([k, e]);
+    }
     yield* this.replicas.entries();
-    yield* this.map.entries();
+    yield* rest;
   }
 
   /** The backend-level figures every location reports. */

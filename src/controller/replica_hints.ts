@@ -16,8 +16,9 @@
 // So exactly one copy of each chunk is ordinary (the first one), every other is a replica. A later
 // copy never demotes the first one (where the chunk was computed, or where it survived), a read of
 // a replica keeps it a replica, and a replica or any evict-first copy never displaces an ordinary
-// chunk (src/kvc/lru_index.ts): a deployment keeps every prefix somewhere for as long as its
-// tiers together can hold them, before keeping any prefix twice.
+// chunk still in use (src/kvc/lru_index.ts; one unused for a while goes stale): a deployment keeps
+// every prefix in use somewhere for as long as its tiers together can hold them, before keeping
+// any prefix twice.
 //
 // Hints are batched per (instance, location) and sent once the current event-loop turn's ops are
 // applied; at most MAX_PENDING keys wait per instance (more are dropped and counted: a lost hint

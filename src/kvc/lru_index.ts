@@ -231,25 +231,32 @@ export class LruIndex<E extends Entry> {
     let excess = this._bytes + need - capacity;
     if (excess <= 0) return [];
     const out: ChunkKey[] = [];
-    const take = (k: ChunkKey, e: E) => {
-      if (e.pinned) return false;
+    for (const [k, e, inUse] of this.evictionOrder()) {
+      if (inUse && opts.evictFirst) return null;
+      if (e.pinned) continue;
       out.push(k);
       excess -= e.bytes;
-      return excess <= 0;
-    };
-    for (const [k, e] of this.cold) if (take(k, e)) return out;
-    // Stale entries are the oldest of `main` (stamps ascend along `map`): the first one still in use ends them.
-    let staleCount = 0;
+      if (excess <= 0) return out;
+    }
+    return null;
+  }
+
+  /**
+   * Every entry, first evicted first: cold, then the stale entries of `main` (its oldest: stamps
+   * ascend along `map`, so the first one still in use ends them), then replicas newest first, then
+   * the rest of `main`, which alone is flagged in use. The one definition of the eviction order.
+   */
+  private *evictionOrder(): IterableIterator<[ChunkKey, E, boolean]> {
+    for (const [k, e] of this.cold) yield [k, e, false];
+    let stale = 0;
     for (const [k, e] of this.map) {
       if (!this.stale(k)) break;
-      staleCount++;
-      if (take(k, e)) return out;
+      stale++;
+      yield [k, e, false];
     }
-    for (const [k, e] of this.replicas.entries()) if (take(k, e)) return out;
-    if (opts.evictFirst) return null;
+    for (const [k, e] of this.replicas.entries()) yield [k, e, false];
     let i = 0;
-    for (const [k, e] of this.map) if (i++ >= staleCount && take(k, e)) return out;
-    return null;
+    for (const [k, e] of this.map) if (i++ >= stale) yield [k, e, true];
   }
 
   /**
@@ -277,14 +284,7 @@ export class LruIndex<E extends Entry> {
 
   /** Every entry, first evicted first (cold, stale, replicas, the rest of `main`). */
   *entries(): IterableIterator<[ChunkKey, E]> {
-    yield* this.cold.entries();
-    const rest: [ChunkKey, E][] = [];
-    for (const [k, e] of this.map) {
-      if (rest.length === 0 && this.stale(k)) yield [k, e];
-      else rest.push([k, e]);
-    }
-    yield* this.replicas.entries();
-    yield* rest;
+    for (const [k, e] of this.evictionOrder()) yield [k, e];
   }
 
   /** The backend-level figures every location reports. */

@@ -209,20 +209,20 @@ export class Router {
     // kv-aware): its queued tokens if it prefills. Whether it prefills locally is decided on what
     // it lacks, fetchable or not (see the top).
     const decoderUncached = kv ? this.work(decoder, promptTokens, cached, best) : promptTokens - decoderCached;
-    const decoderLacks = promptTokens - decoderCached;
     const ranked = kv ? this.byCost('prefiller', this.prefillers.backends, promptTokens, cached, best) : this.prefillers.order();
     const prefillers = kv ? this.coolFirst(ranked) : ranked;
     let where: PrefillWhere = 'remote';
     const { maxLocalPrefillTokens: maxLocal, maxPrefillQueue: maxQueue } = this.opts;
+    /** Short enough for decoder `d` to prefill locally: what it lacks itself (see the top). */
+    const couldBeLocal = (d: Backend) => maxLocal !== null && promptTokens - this.cachedOn(d, cached) <= maxLocal;
     if (prefillers.length === 0) where = 'local_no_prefiller';
     // (kv-aware: not on a decoder over its share while a prefiller under its share can take it)
-    else if (maxLocal !== null && decoderLacks <= maxLocal && !(kv && this.hot(decoder) && !this.hot(prefillers[0]!))) where = 'local_short_uncached';
+    else if (couldBeLocal(decoder) && !(kv && this.hot(decoder) && !this.hot(prefillers[0]!))) where = 'local_short_uncached';
     else if (maxQueue !== null && prefillers.every((p) => this.load.of(p).inFlight > maxQueue)) where = 'local_prefill_queue_full';
     const local = where !== 'remote';
     const computes = local ? decoder : prefillers[0]!;
     // Disaggregated: share_cap when the share rule changed where the prompt is computed (the
     // cheapest prefiller was passed over, or a decoder that would have prefilled it locally was).
-    const couldBeLocal = (d: Backend) => maxLocal !== null && promptTokens - this.cachedOn(d, cached) <= maxLocal;
     if (!local) capped = prefillers[0] !== ranked[0] || couldBeLocal(decoder) || (passedOver !== undefined && couldBeLocal(passedOver));
     if (kv) this.remember(computes);
     const cachedTokens = local ? decoderCached : this.cachedOn(computes, cached);

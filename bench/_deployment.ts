@@ -49,10 +49,9 @@ export interface DeployOptions {
 }
 
 /**
- * Starts `kvc up` on a free port offset. A port found free can still be taken before the engine
- * binds it (the offsets overlap the kernel's ephemeral range, which other processes' outgoing
- * connections draw from): then `kvc up` exits naming EADDRINUSE, and another offset is tried, at
- * most three times in all.
+ * Starts `kvc up` on a free port offset (below the kernel's ephemeral range: freePortOffset). A
+ * port found free can still be taken before the engine binds it, by another process binding it
+ * too: then `kvc up` exits naming EADDRINUSE, and another offset is tried, at most three times in all.
  */
 async function upOnFreeOffset(o: DeployOptions, timeout: number): Promise<{ up: Proc; offset: number; logDir: string }> {
   for (let attempt = 1; ; attempt++) {

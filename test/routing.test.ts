@@ -97,11 +97,6 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
     }
   }
   /**
-   * Index vs reality for one decoder: the controller's answer for `prompt`, then what the decoder
-   * really holds (its own cached_tokens when asked directly). The direct request stores the
-   * prompt's chunks and may evict others: wait until those events reached the controller.
-   */
-  /**
    * For decoder i and `prompt`: the leading prefix the controller's index says it holds, and the
    * leading prefix its CPU tier really holds, asked of its own worker API (`POST /lookup` on its
    * kvc_worker_port, with the deployment secret, as the controller asks it), both in tokens of

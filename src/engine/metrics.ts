@@ -8,6 +8,7 @@
 // only grows is a counter.
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { EngineSample } from '../protocol/instance_stats.js';
+import { HotHistogram, type HistogramSeries } from '../common/hot_histogram.js';
 
 /** Step buckets: fine below 100 ms, where decode steps and their bounds live. */
 const STEP_BUCKETS = [0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5];
@@ -33,6 +34,9 @@ export interface WatchedStore {
   readonly declined: Readonly<Partial<Record<string, number>>>;
 }
 
+export const STEP_PHASES = ['prefill', 'decode', 'mixed'] as const;
+export type StepPhase = (typeof STEP_PHASES)[number];
+
 export class EngineMetrics {
   readonly registry = new Registry();
   // requests and tokens
@@ -44,20 +48,22 @@ export class EngineMetrics {
   readonly tokensComputed: Counter;
   readonly prefillRequests: Counter;
   readonly chunksSaved: Counter;
-  readonly ttft: Histogram;
-  readonly itl: Histogram;
-  readonly e2e: Histogram;
+  // Histograms observed per token or per step are HotHistograms (common/hot_histogram.ts).
+  readonly ttft: HotHistogram;
+  readonly itl: HotHistogram;
+  readonly e2e: HotHistogram;
   // scheduler
-  readonly decodeStepInterval: Histogram;
-  readonly decodeStepGap: Histogram;
-  readonly decodeStepGapCpu: Histogram;
+  readonly decodeStepInterval: HotHistogram;
+  readonly decodeStepGap: HotHistogram;
+  readonly decodeStepGapCpu: HotHistogram;
   readonly importSlices: Counter;
   readonly running: Gauge;
   readonly waiting: Gauge;
   readonly kvUsage: Gauge;
   readonly kvBlocks: Gauge<'state'>;
-  readonly stepSeconds: Histogram<'phase'>;
-  readonly stepTokens: Histogram<'phase'>;
+  /** Step time and tokens per phase: one series each for prefill, decode and mixed steps. */
+  readonly stepSeconds: Record<StepPhase, HistogramSeries>;
+  readonly stepTokens: Record<StepPhase, HistogramSeries>;
   // cache instance
   readonly cacheQueryTokens: Counter;
   readonly cacheHitTokens: Counter;
@@ -89,22 +95,22 @@ export class EngineMetrics {
     this.tokensComputed = new Counter({ name: 'kvc_engine_prompt_tokens_computed_total', help: 'Prompt tokens computed by prefill', registers });
     this.prefillRequests = new Counter({ name: 'kvc_engine_prefill_requests_total', help: 'Requests whose prefill completed on this engine', registers });
     this.chunksSaved = new Counter({ name: 'kvc_engine_chunks_saved_total', help: 'KV chunks saved into the cache instance after prefill', registers });
-    this.ttft = new Histogram({ name: 'kvc_engine_time_to_first_token_seconds', help: 'Time from request arrival to its first generated token', buckets: LATENCY_BUCKETS, registers });
-    this.itl = new Histogram({ name: 'kvc_engine_inter_token_latency_seconds', help: 'Time between consecutive generated tokens of a request', buckets: LATENCY_BUCKETS, registers });
-    this.e2e = new Histogram({ name: 'kvc_engine_request_latency_seconds', help: 'Time from request arrival to its last token', buckets: LATENCY_BUCKETS, registers });
-    this.decodeStepInterval = new Histogram({
+    this.ttft = new HotHistogram({ name: 'kvc_engine_time_to_first_token_seconds', help: 'Time from request arrival to its first generated token', buckets: LATENCY_BUCKETS, registers });
+    this.itl = new HotHistogram({ name: 'kvc_engine_inter_token_latency_seconds', help: 'Time between consecutive generated tokens of a request', buckets: LATENCY_BUCKETS, registers });
+    this.e2e = new HotHistogram({ name: 'kvc_engine_request_latency_seconds', help: 'Time from request arrival to its last token', buckets: LATENCY_BUCKETS, registers });
+    this.decodeStepInterval = new HotHistogram({
       name: 'kvc_engine_decode_step_interval_seconds',
       help: 'Time between the ends of two consecutive steps that both had decode rows: what a running sequence waits per token, including any work run between the steps (KV imports, transfers, HTTP)',
       buckets: STEP_BUCKETS,
       registers,
     });
-    this.decodeStepGap = new Histogram({
+    this.decodeStepGap = new HotHistogram({
       name: 'kvc_engine_decode_step_gap_seconds',
       help: 'Time from the end of a step with decode rows to the start of the next step while sequences are decoding: the work run between decode steps (KV imports, transfers, HTTP), bounded by import slicing',
       buckets: STEP_BUCKETS,
       registers,
     });
-    this.decodeStepGapCpu = new Histogram({
+    this.decodeStepGapCpu = new HotHistogram({
       name: 'kvc_engine_decode_step_gap_cpu_seconds',
       help: 'CPU time the scheduler\'s thread used between the end of a step with decode rows and the start of the next one: the work run between decode steps, without the time other processes held the CPU or other threads of this process used (Linux; elsewhere the whole process)',
       buckets: STEP_BUCKETS,
@@ -116,8 +122,13 @@ export class EngineMetrics {
     this.waiting = new Gauge({ name: 'kvc_engine_num_requests_waiting', help: 'Requests queued for admission', registers });
     this.kvUsage = new Gauge({ name: 'kvc_engine_kv_cache_usage_ratio', help: 'Fraction of paged KV blocks in use', registers });
     this.kvBlocks = new Gauge({ name: 'kvc_engine_kv_cache_blocks', help: 'Paged KV blocks, by state (used, total)', labelNames: ['state'], registers });
-    this.stepSeconds = new Histogram({ name: 'kvc_engine_step_duration_seconds', help: 'Time of one scheduler step (one model forward), by phase (prefill, decode, mixed)', labelNames: ['phase'], buckets: LATENCY_BUCKETS, registers });
-    this.stepTokens = new Histogram({ name: 'kvc_engine_step_tokens', help: 'Tokens computed in one scheduler step, by phase', labelNames: ['phase'], buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192], registers });
+    const stepSeconds = new HotHistogram({ name: 'kvc_engine_step_duration_seconds', help: 'Time of one scheduler step (one model forward), by phase (prefill, decode, mixed)', labelNames: ['phase'], buckets: LATENCY_BUCKETS, registers });
+    const stepTokens = new HotHistogram({ name: 'kvc_engine_step_tokens', help: 'Tokens computed in one scheduler step, by phase', labelNames: ['phase'], buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192], registers });
+    // Every phase's series exists from the start, at zero (a scrape before the first decode step
+    // shows decode at 0 instead of no line).
+    const byPhase = (h: HotHistogram<'phase'>) => Object.fromEntries(STEP_PHASES.map((phase) => [phase, h.series({ phase })])) as Record<StepPhase, HistogramSeries>;
+    this.stepSeconds = byPhase(stepSeconds);
+    this.stepTokens = byPhase(stepTokens);
 
     this.cacheQueryTokens = new Counter({ name: 'kvc_cache_query_tokens_total', help: 'Prompt tokens looked up in the cache instance', registers });
     this.cacheHitTokens = new Counter({ name: 'kvc_cache_hit_tokens_total', help: 'Prompt tokens whose KV was loaded from the cache instance', registers });

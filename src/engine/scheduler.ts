@@ -354,8 +354,8 @@ export class Scheduler {
         this.msPerToken = this.msPerToken ? COST_EWMA * perToken + (1 - COST_EWMA) * this.msPerToken : perToken;
       }
       const phase = decodes === rows.length ? 'decode' : decodes === 0 ? 'prefill' : 'mixed';
-      this.o.metrics.stepSeconds.observe({ phase }, (performance.now() - t0) / 1000);
-      this.o.metrics.stepTokens.observe({ phase }, stepTokens);
+      this.o.metrics.stepSeconds[phase].observe((performance.now() - t0) / 1000);
+      this.o.metrics.stepTokens[phase].observe(stepTokens);
       this.stepTimes(decodeRows > 0);
     } catch (e) {
       // A bug in the model must not take the server down: fail the sequences of this step.

@@ -1,0 +1,61 @@
+// The incremental decoder's shortcut (Tokenizer.appendedText: with SentencePiece's decoder chain,
+// a token that is neither special nor a byte piece adds its piece with ▁ as a space) must give
+// exactly the deltas of the plain algorithm, whose every window goes through the tokenizer
+// library's decode. Checked on any token sequence: ordinary pieces, "▁" alone, byte pieces that
+// make whole or broken UTF-8, special ids, after an empty or a special-only context.
+import { test, before } from 'node:test';
+import assert from 'node:assert/strict';
+import fc from 'fast-check';
+import { ensureBuiltinModel } from '../src/engine/model/builtin.js';
+import { Tokenizer } from '../src/engine/model/tokenizer.js';
+
+let tok: Tokenizer;
+before(async () => {
+  tok = await Tokenizer.load(await ensureBuiltinModel('tiny'));
+});
+
+/** The decoder's algorithm with every window decoded by the library (no shortcut, no memo). */
+function referenceDeltas(context: number[], gen: number[]): string[] {
+  const ids = context.filter((id) => !tok.isSpecial(id)).slice(-6);
+  let prefixOffset = 0;
+  let readOffset = ids.length;
+  const out: string[] = [];
+  for (const id of gen) {
+    if (tok.isSpecial(id)) {
+      out.push('');
+      continue;
+    }
+    ids.push(id);
+    const prefix = tok.decode(ids.slice(prefixOffset, readOffset));
+    const full = tok.decode(ids.slice(prefixOffset));
+    if (full.length > prefix.length && !full.endsWith('\uFFFD')) {
+      out.push(full.slice(prefix.length));
+      prefixOffset = readOffset;
+      readOffset = ids.length;
+    } else out.push('');
+  }
+  const prefix = tok.decode(ids.slice(prefixOffset, readOffset));
+  const full = tok.decode(ids.slice(prefixOffset));
+  out.push(full.length > prefix.length ? full.slice(prefix.length) : '');
+  return out;
+}
+
+test('tokenizer: the SentencePiece shortcut is taken, and its deltas equal the library-decoded ones', () => {
+  const spaceAlone = tok.encode(' ', { addBos: false }).find((id) => tok.decode([5, id]) === tok.decode([5]) + ' ');
+  const pieces = tok.encode('Hello world, naïve café 日本語 🙂 done.\nok', { addBos: false });
+  const interesting = [...pieces, 0, 1, 2, 3, 4, 5, 13, 29871, 31999, 0x3c + 3, 0xe6 + 3, 0x97 + 3, 0xa5 + 3, 0x80 + 3, 0xff + 3];
+  if (spaceAlone !== undefined) interesting.push(spaceAlone);
+  assert.equal(tok.appendedText(pieces[1]!) !== null, true, 'the built-in tokenizer has the SentencePiece chain');
+  assert.equal(tok.appendedText(0xe6 + 3), null, 'a byte piece needs its neighbours');
+  assert.equal(tok.appendedText(1), null, 'a special id adds nothing by itself');
+  const id = fc.oneof(fc.constantFrom(...interesting), fc.integer({ min: 0, max: tok.vocabSize - 1 }));
+  fc.assert(
+    fc.property(fc.array(id, { maxLength: 8 }), fc.array(id, { minLength: 1, maxLength: 24 }), (context, gen) => {
+      const dec = tok.streamDecoder(context);
+      const got = gen.map((g) => dec.push(g));
+      got.push(dec.flush());
+      assert.deepEqual(got, referenceDeltas(context, gen));
+    }),
+    { numRuns: 400 },
+  );
+});

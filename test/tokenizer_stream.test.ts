@@ -45,9 +45,13 @@ test('tokenizer: the SentencePiece shortcut is taken, and its deltas equal the l
   const pieces = tok.encode('Hello world, naïve café 日本語 🙂 done.\nok', { addBos: false });
   const interesting = [...pieces, 0, 1, 2, 3, 4, 5, 13, 29871, 31999, 0x3c + 3, 0xe6 + 3, 0x97 + 3, 0xa5 + 3, 0x80 + 3, 0xff + 3];
   if (spaceAlone !== undefined) interesting.push(spaceAlone);
-  assert.equal(tok.appendedText(pieces[1]!) !== null, true, 'the built-in tokenizer has the SentencePiece chain');
-  assert.equal(tok.appendedText(0xe6 + 3), null, 'a byte piece needs its neighbours');
-  assert.equal(tok.appendedText(1), null, 'a special id adds nothing by itself');
+  assert.equal(tok.appendedText(pieces[0]!, pieces[1]!) !== null, true, 'the built-in tokenizer has the SentencePiece chain');
+  assert.equal(tok.appendedText(pieces[0]!, 0xe6 + 3), null, 'a byte piece needs its neighbours');
+  assert.equal(tok.appendedText(0xe6 + 3, pieces[1]!), tok.decode([0xe6 + 3, pieces[1]!]).slice(tok.decode([0xe6 + 3]).length), 'after a byte piece');
+  assert.equal(tok.appendedText(pieces[0]!, 1), null, 'a special id adds nothing by itself');
+  assert.equal(tok.appendedText(1, pieces[1]!), null, 'nor does it start a window');
+  assert.equal(tok.appendedText(pieces[0]!, -1), null);
+  assert.equal(tok.appendedText(pieces[0]!, tok.vocabSize), null);
   const id = fc.oneof(fc.constantFrom(...interesting), fc.integer({ min: 0, max: tok.vocabSize - 1 }));
   fc.assert(
     fc.property(fc.array(id, { maxLength: 8 }), fc.array(id, { minLength: 1, maxLength: 24 }), (context, gen) => {

@@ -12,6 +12,15 @@ const SMALL_INT = 1 << 30;
 /** Windows remembered before the memory starts over (~100 bytes each). */
 const WINDOW_MEMO_MAX = 1 << 16;
 
+/** appendedText's kinds of vocabulary ids, ordered so one comparison asks "adds text of its own". */
+const KIND_UNSEEN = 0;
+/** Special, or no such piece: adds nothing itself. */
+const KIND_NONE = 1;
+/** An empty piece (adds nothing) is also KIND_NONE; a byte piece adds a byte, joined with its neighbours. */
+const KIND_BYTE = 2;
+/** A non-empty ordinary piece: adds its text. */
+const KIND_TEXT = 3;
+
 /** A byte-fallback piece: ByteFallback turns it into that byte, joined with neighbouring bytes. */
 const BYTE_PIECE = /^<0x[0-9A-Fa-f]{2}>$/;
 
@@ -141,8 +150,10 @@ export class Tokenizer {
   readonly eosToken: string | null;
   readonly addBosDefault: boolean;
   readonly vocabSize: number;
-  /** appendedText's memory by id (null: the token needs its neighbours). */
-  private readonly appended: (string | null)[] = [];
+  /** appendedText's memory: one KIND_* per vocabulary id (null: not SentencePiece's decoder chain). */
+  private readonly pieceKind: Uint8Array | null;
+  /** appendedText's text per KIND_TEXT id. */
+  private readonly pieceText: string[];
   /** decodeWindow's memory: window key → text. */
   private readonly windows = new Map<number, string>();
   /** See maxCharsPerToken (null: no bound from the character count). */
@@ -165,6 +176,8 @@ export class Tokenizer {
     this.eosTokenId = this.eosToken !== null ? (hf.token_to_id(this.eosToken) ?? null) : null;
     this.addBosDefault = config.add_bos_token === undefined ? this.bosTokenId !== null : config.add_bos_token === true;
     this.vocabSize = hf.get_vocab(true).size;
+    this.pieceKind = appends ? new Uint8Array(this.vocabSize) : null;
+    this.pieceText = appends ? new Array<string>(this.vocabSize).fill('') : [];
     this.specialIds = new Set([...hf.get_added_tokens_decoder()].filter(([, t]) => t.special).map(([id]) => id));
     try {
       this.template = new Template(chatTemplateSource);
@@ -246,33 +259,41 @@ export class Tokenizer {
   }
 
   /**
-   * The text a token adds at the end of a decoded window, when that is knowable from the token
-   * alone; null otherwise. With SentencePiece's decoder chain (the only one this answers for:
-   * Replace ▁ → space, ByteFallback, Fuse, Strip one leading space) the text of ids is
-   * strip1(concat(piece(id) with ▁ as space)), byte pieces (<0xNN>) first joined into UTF-8
-   * with their neighbours. So after a window whose own text before the strip is not empty, a
-   * token that is neither special nor a byte piece adds exactly its piece with ▁ as space: the
-   * strip touched only the window's first character, and no byte run crosses the token. The
-   * incremental decoder uses this instead of decoding the pair (a memo miss costs ~13 µs in the
-   * library, for most generated tokens); test/tokenizer_stream.test.ts checks it against the
-   * library's own decode.
+   * The text token `id` adds at the end of a decoded window whose last id is `prev`, when that is
+   * knowable from the two ids alone; null otherwise. With SentencePiece's decoder chain (the only
+   * one this answers for: Replace ▁ → space, ByteFallback, Fuse, Strip one leading space) the
+   * text of ids is strip1(concat(piece(id) with ▁ as space)), byte pieces (<0xNN>) first joined
+   * into UTF-8 with their neighbours. So when `prev` adds text of its own before the strip (a
+   * byte piece, or a non-empty piece) and `id` is neither special nor a byte piece, `id` adds
+   * exactly its piece with ▁ as space: the strip touched only the window's first character, and
+   * no byte run crosses `id`. The incremental decoder uses this instead of decoding the pair (a
+   * memo miss costs ~13 µs in the library, and most generated pairs are new). Right after a
+   * model forward the caches are cold, so the answer comes from one byte per id (`pieceKind`)
+   * and one string. test/tokenizer_stream.test.ts checks it against the library's decode.
    */
-  appendedText(id: number): string | null {
-    if (!this.appends) return null;
-    let t = this.appended[id];
-    if (t === undefined) {
-      const piece = this.hf.id_to_token(id);
-      t = piece === undefined || piece === null || this.isSpecial(id) || BYTE_PIECE.test(piece) ? null : piece.replaceAll('▁', ' ');
-      this.appended[id] = t;
-    }
-    return t;
+  appendedText(prev: number, id: number): string | null {
+    if (!this.pieceKind) return null;
+    if (this.kindOf(prev) < KIND_BYTE || this.kindOf(id) < KIND_TEXT) return null;
+    return this.pieceText[id]!;
   }
 
-  /** True when id's text before the decoder's strip is never empty (a byte piece, or a non-empty piece). */
-  nonEmptyPiece(id: number): boolean {
-    if (!this.appends || this.isSpecial(id)) return false;
+  /** What a vocabulary id is to appendedText (learnt on first use, from the library's vocabulary). */
+  private kindOf(id: number): number {
+    const kinds = this.pieceKind!;
+    if (!(id >= 0 && id < kinds.length)) return KIND_NONE;
+    const k = kinds[id]!;
+    if (k !== KIND_UNSEEN) return k;
     const piece = this.hf.id_to_token(id);
-    return typeof piece === 'string' && piece.length > 0;
+    let kind = KIND_NONE;
+    if (typeof piece === 'string' && !this.isSpecial(id)) {
+      if (BYTE_PIECE.test(piece)) kind = KIND_BYTE;
+      else if (piece.length > 0) {
+        kind = KIND_TEXT;
+        this.pieceText[id] = piece.replaceAll('▁', ' ');
+      }
+    }
+    kinds[id] = kind;
+    return kind;
   }
 
   decode(ids: number[], opts: { skipSpecialTokens?: boolean } = {}): string {
@@ -362,8 +383,8 @@ export class IncrementalDecoder {
       this.ids.push(id);
       // The usual case: one new token after a complete window (Tokenizer.appendedText).
       const last = this.ids.length - 1;
-      if (this.readOffset === last && this.readOffset > this.prefixOffset && this.tok.nonEmptyPiece(this.ids[last - 1]!)) {
-        const add = this.tok.appendedText(id);
+      if (this.readOffset === last && this.readOffset > this.prefixOffset) {
+        const add = this.tok.appendedText(this.ids[last - 1]!, id);
         if (add !== null) {
           if (add.length > 0 && !add.endsWith('\uFFFD')) {
             out += add;

@@ -20,7 +20,8 @@
 // just that part (for diagnosis; each run prints where its prompt tokens came from, per engine,
 // and how many copies of each prefix the deployment keeps). `--list-misses` also lists the
 // requests whose prefix no instance held when they were sent. `--no-replica-hints` starts the
-// deployments without the controller's replica hints (docs/storage.md), for an A/B.
+// deployments without the controller's replica hints (docs/storage.md), for an A/B;
+// `--kv-up-args "<flags>"` adds `kvc up` flags to the kv-aware deployments (an A/B of a rule).
 // The full run adds a reference without sharing: round-robin on engines started with `--no-p2p`
 // (`rr no p2p`; JSON rr_no_p2p_*): every engine recomputes what its own tiers lack.
 // Ends with one JSON line (see the end of main()) and writes bench-results/routing/routing.svg.
@@ -68,6 +69,21 @@ const WARMUP_REQUESTS = (() => {
   return v;
 })();
 const KEEP_WARMUP_CHUNKS = process.argv.includes('--keep-warmup-chunks');
+/**
+ * `--kv-up-args "<flags>"`: more `kvc up` flags for the kv-aware deployments only (e.g.
+ * `--max-local-prefill-tokens 0`), for an A/B of the routing rules in the same run. Split on
+ * spaces; `kvc up` itself refuses a flag it does not know, so a typo stops the bench at start.
+ */
+const KV_UP_ARGS = (() => {
+  const i = process.argv.indexOf('--kv-up-args');
+  if (i < 0) return [];
+  const v = process.argv[i + 1];
+  if (v === undefined || v.trim() === '') {
+    console.error('--kv-up-args: expected the flags in one argument, e.g. --kv-up-args "--max-local-prefill-tokens 0"');
+    process.exit(2);
+  }
+  return v.trim().split(/\s+/);
+})();
 /** Prompt lengths of the warm-up, in turn: a short prompt (kv-aware prefills it on the decoder), a prefill on a prefiller, and a prefix of a whole 1,024 tokens plus a question. */
 const WARMUP_LENGTHS = [48, 320, PREFIX + 64];
 
@@ -141,7 +157,7 @@ async function up(routing: string, p2p = true): Promise<Deployment> {
 async function upOnce(routing: string, p2p: boolean): Promise<Deployment> {
   const off = await freePortOffset({ prefillers: 2, decoders: 2, model: 'builtin:tiny', controller: true, host: '127.0.0.1' });
   const logDir = mkdtempSync(join(tmpdir(), `kvc-bench-routing-${routing}-`));
-  const proc = spawn(process.execPath, [CLI, 'up', '--prefillers', '2', '--decoders', '2', '--routing', routing, '--max-local-cpu-size', CPU_GIB.toFixed(6), '--port-offset', String(off), '--log-dir', logDir, ...(NO_REPLICA_HINTS ? ['--no-replica-hints'] : []), ...(p2p ? [] : ['--no-p2p'])], {
+  const proc = spawn(process.execPath, [CLI, 'up', '--prefillers', '2', '--decoders', '2', '--routing', routing, '--max-local-cpu-size', CPU_GIB.toFixed(6), '--port-offset', String(off), '--log-dir', logDir, ...(NO_REPLICA_HINTS ? ['--no-replica-hints'] : []), ...(p2p ? [] : ['--no-p2p']), ...(routing === 'kv-aware' ? KV_UP_ARGS : [])], {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, KVC_LOG_LEVEL: 'warn' },
   });

@@ -53,6 +53,8 @@ test('HotHistogram: reset, bad values and bad labels are refused the way prom-cl
   assert.throws(() => (h as unknown as HotHistogram<'phase'>).series({ phase: 'decode' }), /unknown label "phase"/);
   const l = new HotHistogram({ name: 'y_seconds', help: 'y', buckets: [1], labelNames: ['phase'], registers: [r] });
   assert.throws(() => l.observe(1), /observe through series/);
+  assert.equal(l.labels('decode'), l.series({ phase: 'decode' }), 'labels() in labelNames order is the same series');
+  assert.throws(() => l.labels('decode', 'extra'), /expected 1 label values \(phase\), found 2/);
   assert.throws(() => new HotHistogram({ name: 'z', help: 'z', buckets: [1, 1], registers: [r] }), /ascending/);
   assert.throws(() => new HotHistogram({ name: 'x_seconds', help: 'x', buckets: [1], registers: [r] }), /already been registered/);
 });

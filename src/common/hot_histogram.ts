@@ -100,6 +100,17 @@ export class HotHistogram<L extends string = never> {
     return s;
   }
 
+  /**
+   * The series of label values given in `labelNames` order (prom-client's `labels()`; the proxy's
+   * memoLabels keeps what it returns).
+   */
+  labels(...values: string[]): HistogramSeries {
+    if (values.length !== this.labelNames.length) throw new Error(`${this.name}: expected ${this.labelNames.length} label values (${this.labelNames.join(', ')}), found ${values.length}`);
+    const labels = {} as Record<L, string>;
+    this.labelNames.forEach((n, i) => (labels[n] = values[i]!));
+    return this.series(labels);
+  }
+
   /** Forgets every observation (a series keeps existing, at zero). */
   reset(): void {
     for (const s of this.byKey.values()) {

@@ -2,8 +2,11 @@
 // client's request arriving to the first token written back to it (the first SSE event that
 // carries text, not a role-only chat chunk; the whole body for a non-streamed request); the
 // prefill time is the prefiller's answer.
-import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import { Counter, Gauge, Registry, collectDefaultMetrics } from 'prom-client';
+import { HotHistogram } from '../common/hot_histogram.js';
 
+// The three latency histograms are observed on every request: HotHistograms
+// (common/hot_histogram.ts), exported in prom-client's format through this registry.
 const latencyBuckets = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120];
 
 export class ProxyMetrics {
@@ -14,21 +17,21 @@ export class ProxyMetrics {
     labelNames: ['endpoint', 'status'] as const,
     registers: [this.registry],
   });
-  readonly ttft = new Histogram({
+  readonly ttft = new HotHistogram({
     name: 'kvc_proxy_ttft_seconds',
     help: 'End-to-end time to first token as the client received it',
     labelNames: ['endpoint'] as const,
     buckets: latencyBuckets,
     registers: [this.registry],
   });
-  readonly e2e = new Histogram({
+  readonly e2e = new HotHistogram({
     name: 'kvc_proxy_request_duration_seconds',
     help: 'End-to-end request duration',
     labelNames: ['endpoint'] as const,
     buckets: latencyBuckets,
     registers: [this.registry],
   });
-  readonly prefill = new Histogram({
+  readonly prefill = new HotHistogram({
     name: 'kvc_proxy_prefill_seconds',
     help: 'Prefill-node TTFT: time until the prefiller answered (KV transferred)',
     labelNames: ['prefiller'] as const,

@@ -2,7 +2,8 @@
 // hit-rate figure the 5-second statistics line prints. "Cached" and "computed" prompt tokens
 // are what the controller's index said when the request was routed: the cached prefix on the
 // instance chosen to compute the prompt, and the rest.
-import { Counter, Histogram, type Registry } from 'prom-client';
+import { Counter, type Registry } from 'prom-client';
+import { HotHistogram } from '../common/hot_histogram.js';
 import { memoLabels } from './metrics.js';
 import type { PrefillWhere, RouteReason } from './router.js';
 
@@ -11,7 +12,7 @@ export class RoutingMetrics {
   readonly promptTokens: Counter<'instance' | 'kind'>;
   readonly prefills: Counter<'where' | 'instance'>;
   readonly lookups: Counter<'outcome'>;
-  readonly decisionSeconds: Histogram;
+  readonly decisionSeconds: HotHistogram;
   private readonly decision: (reason: string) => { inc(): void };
   private readonly tokens: (instance: string, kind: string) => { inc(n: number): void };
   private readonly prefill: (where: string, instance: string) => { inc(): void };
@@ -26,7 +27,7 @@ export class RoutingMetrics {
     this.promptTokens = new Counter({ name: 'kvc_proxy_prompt_tokens_total', help: 'Prompt tokens per instance that computes them, by kind: cached (per the controller index) or computed', labelNames: ['instance', 'kind'], registers });
     this.prefills = new Counter({ name: 'kvc_proxy_prefills_total', help: 'Prefills by where they ran: remote (a prefiller, KV transferred) or local_* (the decoder itself, and why), and the instance that ran them', labelNames: ['where', 'instance'], registers });
     this.lookups = new Counter({ name: 'kvc_proxy_prefix_lookups_total', help: "Routing lookups on the controller's index, by outcome (ok, failed)", labelNames: ['outcome'], registers });
-    this.decisionSeconds = new Histogram({
+    this.decisionSeconds = new HotHistogram({
       name: 'kvc_proxy_routing_decision_seconds',
       help: 'Time to decide where a request goes (controller lookup included)',
       buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25],

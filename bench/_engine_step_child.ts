@@ -17,8 +17,9 @@
 // "HTTP step − forward call" would count as forward.
 //
 // And per step: the gap from the end of one 8-row decode forward call to the start of the next,
-// plus the time that first call spent in sampling work done inside it (this tree's argmaxRows
-// after the LM head; 0 for a tree without it). Measured within each step, a few hundred per run,
+// plus the time that first call spent in sampling work done inside it (a tree's argmaxRows after
+// the LM head, and since round 10 the argmax the LM-head product takes chunk by chunk, which the
+// kernel adds up in `gemm.argmaxMs` for the main thread; 0 for a tree with neither). Measured within each step, a few hundred per run,
 // its median does not swing with the machine's speed from one second to the next, which the
 // difference of two ~10 ms step times measured seconds apart does (±0.5 ms per step here).
 //
@@ -35,7 +36,7 @@ interface ChildEngine {
   url: string;
   model: {
     forward(...a: unknown[]): unknown;
-    llama: { forward(segs: Segment[], kv: unknown, opts: { transientLogits: boolean }): Float32Array[]; gemm: { argmaxRows?(...a: unknown[]): void } };
+    llama: { forward(segs: Segment[], kv: unknown, opts: { transientLogits: boolean }): Float32Array[]; gemm: { argmaxRows?(...a: unknown[]): void; argmaxMs?: number } };
   };
   kv: { allocate(id: number, tokens: number): void; free(id: number): void };
   close(): Promise<void>;
@@ -91,6 +92,7 @@ process.on('message', (m: Msg) => {
         // Only options both trees know (an older tree has no logRequests/logStats; stdout is dropped).
         const e = await mod.startEngine({ model: 'builtin:tiny', maxNumSeqs: 8, maxNumBatchedTokens: 512, host: '127.0.0.1', port: 0 });
         const forward = e.model.forward.bind(e.model);
+        const gemm = e.model.llama.gemm;
         e.model.forward = (...a: unknown[]) => {
           const segs = a[0] as Segment[];
           const decode8 = segs.length === 8 && segs.every((s) => s.tokens.length === 1);
@@ -98,9 +100,11 @@ process.on('message', (m: Msg) => {
           const t0 = performance.now();
           if (decode8 && lastDecodeEnd) gaps.push(t0 - lastDecodeEnd + lastSampling);
           sampling = 0;
+          const am0 = gemm.argmaxMs ?? 0;
           try {
             return forward(...a);
           } finally {
+            sampling += (gemm.argmaxMs ?? 0) - am0;
             const t1 = performance.now();
             inside.wall += t1 - t0;
             inside.cpu += cpuMicros() - c0;
@@ -110,7 +114,6 @@ process.on('message', (m: Msg) => {
           }
         };
         // Sampling work inside the forward call (argmax after the LM head) counts as step cost.
-        const gemm = e.model.llama.gemm;
         const rowsArgmax = gemm.argmaxRows?.bind(gemm);
         if (rowsArgmax) {
           gemm.argmaxRows = (...a: unknown[]) => {

@@ -184,6 +184,49 @@ test('argmax: the WASM SIMD kernel answers like the scalar loop (lowest index on
   }
 });
 
+test('matmul with argmaxOut: each row answers like the scalar loop over the product, chunked across the helper thread or not', async () => {
+  const two = await WasmGemm.create({ threads: 2 });
+  const one = await WasmGemm.create({ threads: 1 });
+  const js = new JsGemm();
+  try {
+    // [m, k, n]: shared by both threads (m·k·n ≥ 2^20) with and without padded columns, and small.
+    for (const [m, k, n, nanFirst] of [[8, 64, 32003, false], [3, 64, 32000, false], [8, 64, 32000, true], [1, 8, 50, false], [8, 32, 4096, false]] as const) {
+      const w = Float32Array.from({ length: n * k }, (_, i) => (((i * 7919) % 97) - 48) / 64);
+      const row = (c: number, v: number) => w.fill(v, c * k, c * k + k);
+      // The largest product of the positive rows, at several columns far apart (ties across
+      // chunks: the first must win); a NaN column and +Inf / -Inf columns (sums that overflow).
+      for (const c of [n - 1, 7, Math.floor(n / 2) + 3, 9]) row(c, 3);
+      row(5, Number.NaN);
+      row(Math.floor(n / 3), 1e38);
+      row(Math.floor(n / 4), -1e38);
+      if (nanFirst) row(0, Number.NaN);
+      // Rows alternate in sign, so the odd ones' maximum lies elsewhere (and +Inf becomes -Inf).
+      const a = Float32Array.from({ length: m * k }, (_, i) => (Math.floor(i / k) % 2 ? -1 : 1) * (0.5 + ((i * 31) % 17) / 17));
+      for (const g of [two, one, js]) {
+        const wt = g.upload(w, n, k);
+        const plain = new Float32Array(m * n);
+        g.matmul(wt, a, m, plain);
+        const out = new Float32Array(m * n);
+        const am = new Int32Array(m + 1).fill(-7);
+        g.matmul(wt, a, m, out, am);
+        assert.deepEqual(out, plain, `${g.kind} ${m}x${k}x${n}: the product is unchanged`);
+        const want = Array.from({ length: m }, (_, r) => argmaxJs(out.subarray(r * n, r * n + n)));
+        assert.deepEqual([...am.subarray(0, m)], want, `${g.kind} ${m}x${k}x${n}${nanFirst ? ' (NaN first)' : ''}`);
+        assert.equal(am[m], -7, 'nothing written past the rows');
+        // In kernel memory (the LM head's output buffer), where the product is written in place.
+        if (g !== js) {
+          const inKernel = g.activation(11, m * n);
+          g.matmul(wt, a, m, inKernel, am);
+          assert.deepEqual([...am.subarray(0, m)], want, `${g.kind} ${m}x${k}x${n} in place`);
+        }
+      }
+    }
+  } finally {
+    two.close();
+    one.close();
+  }
+});
+
 test('argmaxRows: every row answers like the scalar loop, the rows shared with the helper thread or not', async () => {
   const two = await WasmGemm.create({ threads: 2 });
   const one = await WasmGemm.create({ threads: 1 });

@@ -35,7 +35,15 @@ export const CTL = {
    * of spinning SPIN_MS for a job that will not come. Cleared before every job is posted.
    */
   PARK: 17,
-  SIZE: 18,
+  /**
+   * Non-zero: the job is an LM-head product whose greedy argmax is taken chunk by chunk
+   * (kernel_wasm.ts matmulArgmax): the address of the chunks' candidates, where each thread, right
+   * after computing a chunk, runs argmaxcols over it (gemm_wat.ts). 0 for every other job.
+   */
+  AM_SLOT: 18,
+  /** The product's columns that are logits (the rest of each row, up to its padded width, is not). */
+  AM_N: 19,
+  SIZE: 20,
 } as const;
 
 /**

@@ -12,6 +12,7 @@ type Kernel = (...args: number[]) => void;
 // attendrows and swiglurows (whose ranges are rows), the fused gate|up + SwiGLU product, then
 // argmaxrows (rows of logits).
 const kernels = ['gemm', 'gemmp', 'gemmpbf16', 'gemmpf16', 'gemmpq8', 'attendrows', 'swiglurows', 'gemmpglu', 'argmaxrows'].map((n) => inst.exports[n] as Kernel);
+const argmaxcols = inst.exports.argmaxcols as Kernel;
 // Read the job counter BEFORE announcing readiness: the main thread posts the first job only
 // after 'ready', so that job is always seen as new.
 let seen = Atomics.load(c, CTL.SEQ);
@@ -36,8 +37,11 @@ for (;;) {
   const n1 = c[a + 9]!;
   const unit = c[CTL.CHUNK]!;
   const gemm = kernels[c[CTL.PACKED]!]!;
+  const amSlot = c[CTL.AM_SLOT]!;
   for (let r = takeChunk(c, n1, unit); r; r = takeChunk(c, n1, unit)) {
     gemm(c[a]!, c[a + 1]!, c[a + 2]!, c[a + 3]!, c[a + 4]!, c[a + 5]!, c[a + 6]!, c[a + 7]!, r[0], r[1]);
+    // An LM head whose argmax is taken per chunk: this chunk's columns, still in this core's cache.
+    if (amSlot !== 0) argmaxcols(c[a + 2]!, c[a + 5]!, c[CTL.AM_N]!, c[a + 3]!, amSlot, 0, 0, 0, r[0], r[1]);
   }
   Atomics.store(c, CTL.DONE, seq);
   Atomics.notify(c, CTL.DONE);

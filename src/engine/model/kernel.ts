@@ -63,8 +63,12 @@ export interface Gemm {
    * against per-row quantized activations (q8_dot.ts), the same bits in both kernels.
    */
   uploadEncoded(w: EncodedWeight, n: number, k: number): Weight;
-  /** out[0..m*n) = a[0..m*k) · Wᵀ. */
-  matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void;
+  /**
+   * out[0..m*n) = a[0..m*k) · Wᵀ; with `argmaxOut`, also each of the m rows' greedy argmax
+   * (argmaxRows's answers), which a kernel may take while the product's columns are still in
+   * cache (the LM head, kernel_wasm.ts).
+   */
+  matmul(w: Weight, a: Float32Array, m: number, out: Float32Array, argmaxOut?: Int32Array): void;
   /**
    * out[m][n/2] = SwiGLU of a · Wᵀ for a gate|up weight (n = 2·hidden): the bits of matmul into
    * `gu` ([m][n]) then swiglu. A weight uploaded with `glu` and packed for it is computed in one

@@ -36,13 +36,11 @@ export class JsGemm implements Gemm {
     return this.upload(decodeWeight(w, n, k), n, k);
   }
 
-  matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void {
+  matmul(w: Weight, a: Float32Array, m: number, out: Float32Array, argmaxOut?: Int32Array): void {
     checkArgs(w, a, m, out);
-    if (w.q8) {
-      matmulQ8Js(w.q8, w.n, w.k, a, m, out);
-      return;
-    }
-    this.accumulate(a, m, w.k, w.data!, w.n, w.nPad, out);
+    if (w.q8) matmulQ8Js(w.q8, w.n, w.k, a, m, out);
+    else this.accumulate(a, m, w.k, w.data!, w.n, w.nPad, out);
+    if (argmaxOut) this.argmaxRows(out, m, w.n, argmaxOut);
   }
 
   matmulSwiglu(w: Weight, a: Float32Array, m: number, gu: Float32Array, out: Float32Array): void {

@@ -48,6 +48,8 @@ interface GemmExports {
   /** swiglu of rows [r0, r1) in the gemm entry points' argument shape (shared with the worker). */
   swiglurows(GU: number, O: number, hidden: number, u3: number, u4: number, u5: number, u6: number, u7: number, r0: number, r1: number): void;
   argmaxrows(X: number, OUT: number, n: number, u3: number, u4: number, u5: number, u6: number, u7: number, r0: number, r1: number): void;
+  /** The candidates of one chunk [n0, n1) of an LM-head product's rows (gemm_wat.ts argmaxColsFunc). */
+  argmaxcols(C: number, nPad: number, N: number, M: number, SLOT: number, u5: number, u6: number, u7: number, n0: number, n1: number): void;
   attendheads(stage: number, Q: number, KT: number, S: number, V: number, O: number, L: number, M: number, hd: number, hdPad: number, kvDim: number, heads: number, keys: number, P: number, scale: number): void;
   /** One head's attention for query rows [r0, r1); prm holds Q, KT, S, V, O, L, M, hd, P, hdPad, scale bits. */
   attendrows(prm: number, u1: number, u2: number, u3: number, u4: number, u5: number, u6: number, u7: number, r0: number, r1: number): void;
@@ -135,6 +137,15 @@ export class WasmGemm implements Gemm {
   private seq = 0;
   private argmaxOutPtr = 0;
   private argmaxOutRows = 0;
+  /** matmul's chunked-argmax candidates (argmaxSlots), grown as needed. */
+  private amPtr = 0;
+  private amBytes = 0;
+  /**
+   * Milliseconds the calling thread has spent so far on the greedy argmax that matmul takes with
+   * `argmaxOut` (its chunks' scans and the merge): the sampling work a forward now does inside
+   * the LM-head product, which the engine benchmark's step cost counts apart (bench/_engine_step_child.ts).
+   */
+  argmaxMs = 0;
 
   /** Every buffer object this memory has had (it changes on growth; older views stay valid). */
   private readonly ownBuffers = new WeakSet<ArrayBufferLike>();
@@ -288,15 +299,83 @@ export class WasmGemm implements Gemm {
    * `fmt`: the format of a strip-packed weight (gemmp and its variants), or null for a dense
    * [K][nPad] operand (gemm).
    */
-  private run(A: number, W: number, C: number, m: number, K: number, nPad: number, fmt: WFmt | null): void {
+  private run(A: number, W: number, C: number, m: number, K: number, nPad: number, fmt: WFmt | null, argmax?: { n: number; out: Int32Array }): void {
     const strips = nPad / STRIP;
     const code = fmt === null ? 0 : FMT_CODE[fmt];
     const gemm = code === 0 ? this.exp.gemm : code === 1 ? this.exp.gemmp : code === 2 ? this.exp.gemmpbf16 : code === 3 ? this.exp.gemmpf16 : this.exp.gemmpq8;
     if (!this.worker || strips < 2 || m * K * nPad < SPLIT_MIN_MACS) {
       gemm(A, W, C, m, K, nPad, 0, m, 0, nPad);
+      if (argmax) {
+        const t = performance.now();
+        this.argmaxPadded(C, m, nPad, argmax.n, argmax.out);
+        this.argmaxMs += performance.now() - t;
+      }
       return;
     }
-    this.share(code, gemm, [A, W, C, m, K, nPad, 0, m], nPad, STRIP);
+    if (!argmax) {
+      this.share(code, gemm, [A, W, C, m, K, nPad, 0, m], nPad, STRIP);
+      return;
+    }
+    // Greedy argmax chunk by chunk, by the thread that computed the chunk, while its columns are
+    // still in that core's cache (a separate pass read 1 MB of logits for 8 rows, most of it
+    // written by the other core); then the chunks' candidates merged in column order.
+    const slot = this.argmaxSlots(m, strips);
+    const cols = this.exp.argmaxcols;
+    const post = (n0: number, n1: number) => {
+      const t = performance.now();
+      cols(C, nPad, argmax.n, m, slot, 0, 0, 0, n0, n1);
+      this.argmaxMs += performance.now() - t;
+    };
+    this.share(code, gemm, [A, W, C, m, K, nPad, 0, m], nPad, STRIP, { slot, n: argmax.n, post });
+    const t = performance.now();
+    this.mergeArgmax(C, m, nPad, argmax.n, slot, argmax.out);
+    this.argmaxMs += performance.now() - t;
+  }
+
+  /** Candidate space for a chunked argmax: per strip, its chunk's end and M (index, value) pairs. */
+  private argmaxSlots(m: number, strips: number): number {
+    const bytes = strips * (8 + 8 * m);
+    if (this.amBytes < bytes) {
+      this.amPtr = this.alloc(bytes);
+      this.amBytes = bytes;
+    }
+    return this.amPtr;
+  }
+
+  /**
+   * Each row's argmax from its chunks' candidates, by argmaxJs's rules: start from column 0 (the
+   * answer when it is NaN), take a chunk's candidate only when strictly larger. A chunk's
+   * candidate is the first strict maximum of its columns, NaN never taken, so the first chunk
+   * holding the row's largest value gives its first column, as the scalar scan would.
+   */
+  private mergeArgmax(C: number, m: number, nPad: number, n: number, slot: number, out: Int32Array): void {
+    const f32 = this.f32;
+    const i32 = new Int32Array(this.mem.buffer);
+    const stride = 8 + 8 * m;
+    for (let r = 0; r < m; r++) {
+      let best = f32[C / 4 + r * nPad]!;
+      let at = 0;
+      if (best === best) {
+        for (let n0 = 0; n0 < n; ) {
+          const base = slot + (n0 / STRIP) * stride;
+          const i = i32[(base + 8 + 8 * r) / 4]!;
+          if (i >= 0) {
+            const v = f32[(base + 12 + 8 * r) / 4]!;
+            if (v > best) {
+              best = v;
+              at = i;
+            }
+          }
+          n0 = i32[base / 4]!;
+        }
+      }
+      out[r] = at;
+    }
+  }
+
+  /** argmaxRows of the m rows of C when its rows have the padded stride (nPad ≥ n columns). */
+  private argmaxPadded(C: number, m: number, nPad: number, n: number, out: Int32Array): void {
+    for (let r = 0; r < m; r++) out[r] = this.exp.argmax(C + r * nPad * 4, n);
   }
 
   /**
@@ -304,10 +383,13 @@ export class WasmGemm implements Gemm {
    * chunks of whole `unit`s, pulled by both threads from a shared counter (takeChunk). `args`
    * are the kernel's first 8 arguments; the chunk's bounds are the last two.
    */
-  private share(code: number, fn: (...a: number[]) => void, args: number[], n1: number, unit: number): void {
+  private share(code: number, fn: (...a: number[]) => void, args: number[], n1: number, unit: number, argmax?: { slot: number; n: number; post: (n0: number, n1: number) => void }): void {
     const A = args;
     const c = this.ctl;
     c[CTL.PACKED] = code;
+    c[CTL.AM_SLOT] = argmax ? argmax.slot : 0;
+    c[CTL.AM_N] = argmax ? argmax.n : 0;
+    const post = argmax?.post;
     for (let i = 0; i < 8; i++) c[CTL.ARGS + i] = A[i]!;
     c[CTL.ARGS + 8] = 0;
     c[CTL.ARGS + 9] = n1;
@@ -317,7 +399,10 @@ export class WasmGemm implements Gemm {
     const seq = (this.seq = (this.seq + 1) | 0);
     Atomics.store(c, CTL.SEQ, seq);
     Atomics.notify(c, CTL.SEQ);
-    for (let r = takeChunk(c, n1, unit); r; r = takeChunk(c, n1, unit)) fn(A[0]!, A[1]!, A[2]!, A[3]!, A[4]!, A[5]!, A[6]!, A[7]!, r[0], r[1]);
+    for (let r = takeChunk(c, n1, unit); r; r = takeChunk(c, n1, unit)) {
+      fn(A[0]!, A[1]!, A[2]!, A[3]!, A[4]!, A[5]!, A[6]!, A[7]!, r[0], r[1]);
+      post?.(r[0], r[1]);
+    }
     // The worker never joined this job: every chunk was computed here.
     if (Atomics.compareExchange(c, CTL.CLAIM, (seq - 1) | 0, seq) === ((seq - 1) | 0)) return;
     // The worker is on its last chunk (at most 1/16 of the job): spin for it first.
@@ -332,6 +417,7 @@ export class WasmGemm implements Gemm {
         // Broken worker: recompute everything here (same bits) and continue single-threaded.
         this.dropWorker();
         fn(A[0]!, A[1]!, A[2]!, A[3]!, A[4]!, A[5]!, A[6]!, A[7]!, 0, n1);
+        post?.(0, n1); // one chunk over everything: its candidates replace any the worker left
         return;
       }
       Atomics.wait(c, CTL.DONE, done, Math.min(left, 1000));
@@ -609,8 +695,9 @@ export class WasmGemm implements Gemm {
     if (inC < 0) out.set(this.f32.subarray(C / 4, C / 4 + m * h));
   }
 
-  matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void {
+  matmul(w: Weight, a: Float32Array, m: number, out: Float32Array, argmaxOut?: Int32Array): void {
     checkArgs(w, a, m, out);
+    if (argmaxOut && argmaxOut.length < m) throw new Error(`matmul: argmaxOut holds ${argmaxOut.length} rows, expected at least ${m}`);
     if (w.glu) throw new Error('matmul: a gate|up weight packed for the fused SwiGLU is computed by matmulSwiglu');
     if (m === 0) return;
     const { k: K, n: N, nPad } = w;
@@ -630,8 +717,8 @@ export class WasmGemm implements Gemm {
     if (inA < 0) f32.set(a.subarray(0, m * K), A / 4);
     if (w.fmt === 'q8') {
       this.exp.quantq8(A, m, K, Q);
-      this.run(Q, w.ptr, C, m, K, nPad, w.fmt);
-    } else this.run(A, w.ptr, C, m, K, nPad, w.fmt);
+      this.run(Q, w.ptr, C, m, K, nPad, w.fmt, argmaxOut && { n: N, out: argmaxOut });
+    } else this.run(A, w.ptr, C, m, K, nPad, w.fmt, argmaxOut && { n: N, out: argmaxOut });
     if (inC >= 0) return;
     const c0 = C / 4;
     if (nPad === N) out.set(f32.subarray(c0, c0 + m * N));
@@ -677,8 +764,8 @@ export class WasmGemmPool implements Gemm {
     return { ...part.uploadEncoded(w, n, k), part: this.cur };
   }
 
-  matmul(w: Weight, a: Float32Array, m: number, out: Float32Array): void {
-    this.parts[w.part]!.matmul(w, a, m, out);
+  matmul(w: Weight, a: Float32Array, m: number, out: Float32Array, argmaxOut?: Int32Array): void {
+    this.parts[w.part]!.matmul(w, a, m, out, argmaxOut);
   }
 
   matmulSwiglu(w: Weight, a: Float32Array, m: number, gu: Float32Array, out: Float32Array): void {

@@ -375,8 +375,8 @@ export class LlamaModel {
     this.gemm.rmsNorm(sel, this.finalNorm, normed, want.length, dim, normEps);
     const V = this.config.vocabSize;
     const logits = this.buf(B_LOGITS, want.length * V);
-    this.gemm.matmul(this.lmHead, normed, want.length, logits);
-    if (opts.argmaxOut) this.gemm.argmaxRows(logits, want.length, V, opts.argmaxOut);
+    // With argmaxOut, the greedy argmax of each row is taken inside the product (Gemm.matmul).
+    this.gemm.matmul(this.lmHead, normed, want.length, logits, opts.argmaxOut);
     if (opts.transientLogits) return want.map((_, i) => logits.subarray(i * V, i * V + V));
     return want.map((_, i) => logits.slice(i * V, i * V + V));
   }

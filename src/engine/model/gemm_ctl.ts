@@ -37,7 +37,7 @@ export const CTL = {
   PARK: 17,
   /**
    * Non-zero: the job is an LM-head product whose greedy argmax is taken chunk by chunk
-   * (kernel_wasm.ts matmulArgmax): the address of the chunks' candidates, where each thread, right
+   * (kernel_wasm.ts, matmul with argmaxOut): the address of the chunks' candidates, where each thread, right
    * after computing a chunk, runs argmaxcols over it (gemm_wat.ts). 0 for every other job.
    */
   AM_SLOT: 18,

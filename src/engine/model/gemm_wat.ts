@@ -728,7 +728,7 @@ function argmaxRowsFunc(): string {
 /**
  * argmaxcols(C, nPad, N, M, SLOT, _, _, _, n0, n1): the part of greedy sampling that one chunk
  * [n0, n1) of an LM-head product can do while its columns are still in the cache of the thread
- * that computed them (kernel_wasm.ts matmulArgmax). For each row r of C ([M][nPad] floats), the
+ * that computed them (kernel_wasm.ts, matmul with argmaxOut). For each row r of C ([M][nPad] floats), the
  * first strict maximum of its columns [n0, min(n1, N)) with NaN never taken ($argmaxany: -1 when
  * there is none), as an index into the row and its value. Stored at SLOT + s·(8 + 8M) bytes, s =
  * n0 / STRIP: the chunk's end n1, 4 bytes unused, then M pairs (index i32, value f32). The chunks

@@ -14,9 +14,9 @@ const WINDOW_MEMO_MAX = 1 << 16;
 
 /** appendedText's kinds of vocabulary ids, ordered so one comparison asks "adds text of its own". */
 const KIND_UNSEEN = 0;
-/** Special, or no such piece: adds nothing itself. */
+/** Special, no such piece, or an empty piece: adds nothing itself. */
 const KIND_NONE = 1;
-/** An empty piece (adds nothing) is also KIND_NONE; a byte piece adds a byte, joined with its neighbours. */
+/** A byte piece: adds a byte, joined with its neighbours into UTF-8. */
 const KIND_BYTE = 2;
 /** A non-empty ordinary piece: adds its text. */
 const KIND_TEXT = 3;
@@ -167,7 +167,7 @@ export class Tokenizer {
     readonly chatTemplateSource: string,
     maxChars: number | null = null,
     /** The decoder is SentencePiece's chain (isSentencePieceDecoder): appendedText() may answer. */
-    private readonly appends = false,
+    appends = false,
   ) {
     this.maxCharsPerToken = maxChars;
     this.bosToken = tokenContent(config.bos_token);

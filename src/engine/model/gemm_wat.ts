@@ -10,7 +10,8 @@
 // fma setting).
 //
 // Blocking: rows in blocks of MB (A block stays in L1/L2), columns in strips of STRIP=32 (a strip
-// of Wt is K*128 bytes, cache resident across the row block); inside, 4 rows x 8 columns (8 vector
+// of Wt is K*128 bytes, cache resident across the row block; the model's weights hold each strip
+// as four panels of PANEL=8 columns, one per register tile); inside, 4 rows x 8 columns (8 vector
 // accumulators) per micro-kernel, and 1 row x 32 columns for the leftover rows (8 independent
 // accumulators keep the add pipeline busy during single-sequence decode).
 
@@ -32,12 +33,28 @@ const TILE_COLS = [0, 8, 16, 24];
 
 
 /**
- * Weight formats of strip-packed weights (see gemmFunc). Each is turned into the f32 value the
+ * Columns per panel: a strip of packed weights is STRIP / PANEL panels, each [K][PANEL] — the
+ * columns of one register tile, contiguous over k (see gemmFunc).
+ */
+export const PANEL = 8;
+
+/**
+ * Where packed column `c` of a weight with `k` rows starts, in values, in the WASM kernel's weight
+ * layout (gemm_wat.ts gemmFunc): strips of STRIP columns, each STRIP / PANEL panels of [k][PANEL];
+ * its value at row kk is at panelIndex(c, k) + kk * PANEL.
+ */
+export function panelIndex(c: number, k: number): number {
+  const inStrip = c % STRIP;
+  return (c - inStrip) * k + (inStrip - (inStrip % PANEL)) * k + (inStrip % PANEL);
+}
+
+/**
+ * Weight formats of packed weights (see gemmFunc). Each is turned into the f32 value the
  * plain-JS decoder (gguf_format.ts dequantize, safetensors.ts) gives, then used exactly like an
  * f32 weight: a model computes the same bits as with those values widened to f32 at load.
- *   f32   [K][32] f32 per strip, 128 bytes a row;
- *   bf16  [K][32] u16 per strip: the f32 bits are the u16 << 16;
- *   f16   [K][32] u16 per strip: |h| << 13 reinterpreted as f32, times 2^112 (exact for normal and
+ *   f32   [4][K][8] f32 per strip (panels), 32 bytes a panel row;
+ *   bf16  [4][K][8] u16 per strip: the f32 bits are the u16 << 16;
+ *   f16   [4][K][8] u16 per strip: |h| << 13 reinterpreted as f32, times 2^112 (exact for normal and
  *         subnormal halves; Inf/NaN weights are refused at upload), then the sign;
  *   q8    per block of 32 k: 32 f32 column scales (128 bytes), then 16 k-pairs of [32 columns][2]
  *         i8 (1024 bytes) — the layout i32x4.dot_i16x8_s takes; computed as an int8 dot product
@@ -45,16 +62,20 @@ const TILE_COLS = [0, 8, 16, 24];
  */
 export type WFmt = 'f32' | 'bf16' | 'f16' | 'q8';
 export const WFMT_ROW_BYTES: Record<WFmt, number> = { f32: STRIP * 4, bf16: STRIP * 2, f16: STRIP * 2, q8: STRIP };
+/** Bytes of one weight value (the f32 and 16-bit formats). */
+const ELEM_BYTES: Record<Exclude<WFmt, 'q8'>, number> = { f32: 4, bf16: 2, f16: 2 };
 /** q8: bytes of one k-block of a strip (scales + 32 rows of 32 i8). */
 export const Q8_BLOCK_BYTES = STRIP * 4 + 32 * STRIP;
 
-/** v128 (f32x4) of columns col + 4*half .. +3 of the k-row at `wp` (f32 and 16-bit formats). */
-function loadW(fmt: WFmt, wp: string, col: number, half: number): string {
-  const c = col + 4 * half;
+/**
+ * v128 (f32x4) of the 4 columns `half` (0 or 1) of the 8 whose k-row starts `off` bytes past the
+ * address expression `at` (f32 and 16-bit formats; 16-bit values come from $wq, see loadGroup).
+ */
+function loadW(fmt: WFmt, at: string, off: number, half: number): string {
   const ext = half ? 'high' : 'low';
   switch (fmt) {
     case 'f32':
-      return `(v128.load offset=${c * 4} (local.get ${wp}))`;
+      return `(v128.load offset=${off + 16 * half} ${at})`;
     case 'bf16':
       return `(i32x4.shl (i32x4.extend_${ext}_i16x8_u (local.get $wq)) (i32.const 16))`;
     case 'f16': {
@@ -68,23 +89,24 @@ function loadW(fmt: WFmt, wp: string, col: number, half: number): string {
 }
 
 /**
- * For the narrow formats, the statement loading the 8 columns col..col+7 of the k-row at `wp`
- * into $wq (as i16x8: 16-bit values, or int8 sign-extended), which loadW then widens; one load
- * serves both halves. Nothing for f32.
+ * For the 16-bit formats, the statement loading the 8 columns whose k-row starts `off` bytes past
+ * `at` into $wq (as i16x8), which loadW then widens; one load serves both halves. Nothing for f32.
  */
-function loadGroup(fmt: WFmt, wp: string, col: number): string {
+function loadGroup(fmt: WFmt, at: string, off: number): string {
   if (fmt === 'f32') return '';
-  return `(local.set $wq (v128.load offset=${col * 2} (local.get ${wp})))`;
+  return `(local.set $wq (v128.load offset=${off} ${at}))`;
 }
 
 /**
  * The k loop around `body` (which reads the weight row at $wp): K rows, $wp advancing one row;
  * for q8, in blocks of 32 rows after the block's scales (`loadScales`, at the block start).
  */
-/** The k loop around `body` (which reads the weight row at $wp): K rows, $wp advancing one row. */
-function kLoop(fmt: WFmt, label: string, body: string[]): string {
-  // f32 rows are $ws apart (STRIP*4 packed, N*4 for the dense layout); 16-bit formats are packed only.
-  const step = `(local.set $wp (i32.add (local.get $wp) ${fmt === 'f32' ? '(local.get $ws)' : `(i32.const ${WFMT_ROW_BYTES[fmt]})`}))`;
+/**
+ * The k loop around `body` (which reads the weight row at $wp): K rows, $wp advancing one row of
+ * $ws bytes (set by gemmFunc: a panel row, a strip row, or N*4 for the dense layout).
+ */
+function kLoop(label: string, body: string[]): string {
+  const step = `(local.set $wp (i32.add (local.get $wp) (local.get $ws)))`;
   return `(local.set $k (local.get $K))
       (loop $${label} ${body.join('\n')} ${step}
         (local.set $k (i32.sub (local.get $k) (i32.const 1)))
@@ -117,21 +139,24 @@ function madd(fma: boolean, acc: string, x: string, w: string): string {
  * over the whole k range, stored once. Every accumulator lane is one output element updated for
  * k ascending, so the tile shape changes no bits.
  */
-function kernelTile(rows: number, col: number, fmt: WFmt, fma: boolean, glu = false): string {
+function kernelTile(rows: number, col: number, fmt: WFmt, fma: boolean, glu: boolean, panels: boolean): string {
   const lines: string[] = [];
   for (let r = 0; r < rows; r++) for (let j = 0; j < 2; j++) lines.push(`(local.set $a${r}${j} (v128.const i32x4 0 0 0 0))`);
   lines.push(`(local.set $p0 (local.get $arow))`);
   for (let r = 1; r < rows; r++) lines.push(`(local.set $p${r} (i32.add (local.get $p${r - 1}) (local.get $kb)))`);
-  lines.push(`(local.set $wp (local.get $wstrip))`);
+  // Panels: this tile's 8 columns are the strip's panel col/8, its k-rows adjacent; strips: the
+  // columns are at offset col within each k-row of the strip.
+  lines.push(panels ? `(local.set $wp (i32.add (local.get $wstrip) (i32.mul (i32.const ${col / PANEL}) (local.get $pb))))` : `(local.set $wp (local.get $wstrip))`);
+  const off = panels ? 0 : col * ELEM_BYTES[fmt as Exclude<WFmt, 'q8'>];
   const body: string[] = [];
-  body.push(loadGroup(fmt, '$wp', col));
-  for (let j = 0; j < 2; j++) body.push(`(local.set $w${j} ${loadW(fmt, '$wp', col, j)})`);
+  body.push(loadGroup(fmt, '(local.get $wp)', off));
+  for (let j = 0; j < 2; j++) body.push(`(local.set $w${j} ${loadW(fmt, '(local.get $wp)', off, j)})`);
   for (let r = 0; r < rows; r++) {
     body.push(`(local.set $x (v128.load32_splat (local.get $p${r})))`);
     for (let j = 0; j < 2; j++) body.push(`(local.set $a${r}${j} ${madd(fma, `(local.get $a${r}${j})`, '(local.get $x)', `(local.get $w${j})`)})`);
     body.push(`(local.set $p${r} (i32.add (local.get $p${r}) (i32.const 4)))`);
   }
-  lines.push(kLoop(fmt, `kl${rows}`, body));
+  lines.push(kLoop(`kl${rows}`, body));
   if (glu) {
     // Gate|up interleaved (packGluStrips): a tile's first 4 columns are gate columns, its last 4
     // the matching up columns; C gets SwiGLU of the pair at output column (n + col) / 2.
@@ -149,19 +174,25 @@ function kernelTile(rows: number, col: number, fmt: WFmt, fma: boolean, glu = fa
   return lines.join('\n');
 }
 
-function kernel1x32(fmt: WFmt, fma: boolean, glu = false): string {
+function kernel1x32(fmt: WFmt, fma: boolean, glu: boolean, panels: boolean): string {
   const lines: string[] = [];
   for (let j = 0; j < 8; j++) lines.push(`(local.set $b${j} (v128.const i32x4 0 0 0 0))`);
   lines.push(`(local.set $p0 (local.get $arow))`);
   lines.push(`(local.set $wp (local.get $wstrip))`);
+  // The k-row of columns 8q..8q+7: panel q ($pb bytes apart, $pb2 = 2·$pb, $pb3 = 3·$pb), or
+  // offset 8q in the strip's row.
+  const eb = ELEM_BYTES[fmt as Exclude<WFmt, 'q8'>];
+  const at = (q: number) => (!panels || q === 0 ? '(local.get $wp)' : `(i32.add (local.get $wp) (local.get ${['', '$pb', '$pb2', '$pb3'][q]}))`);
+  const off = (q: number) => (panels ? 0 : q * PANEL * eb);
   const body: string[] = [];
   body.push(`(local.set $x (v128.load32_splat (local.get $p0)))`);
   for (let j = 0; j < 8; j++) {
-    if (j % 2 === 0) body.push(loadGroup(fmt, '$wp', (j >> 1) * 8));
-    body.push(`(local.set $b${j} ${madd(fma, `(local.get $b${j})`, '(local.get $x)', loadW(fmt, '$wp', (j >> 1) * 8, j & 1))})`);
+    const q = j >> 1;
+    if (j % 2 === 0) body.push(loadGroup(fmt, at(q), off(q)));
+    body.push(`(local.set $b${j} ${madd(fma, `(local.get $b${j})`, '(local.get $x)', loadW(fmt, at(q), off(q), j & 1))})`);
   }
   body.push(`(local.set $p0 (i32.add (local.get $p0) (i32.const 4)))`);
-  lines.push(kLoop(fmt, 'kl1', body));
+  lines.push(kLoop('kl1', body));
   if (glu) {
     for (let j = 0; j < 4; j++) lines.push(`(v128.store offset=${j * 16} (local.get $crow) ${gluV(`$b${2 * j}`, `(local.get $b${2 * j + 1})`)})`);
     return lines.join('\n');
@@ -453,11 +484,18 @@ function swigluRowsFunc(): string {
  * One GEMM entry point. `packed` selects the weight layout:
  *   dense  Wt [K][N]: strip s starts at W + s*STRIP*4, rows STRIDE N*4 apart (attention's
  *          transient operands, written per call);
- *   packed Wt [N/STRIP][K][STRIP]: strip s is one contiguous K*STRIP*4-byte panel (the model's
- *          weights, packed once at load), so a strip streams sequentially from memory instead of
- *          touching K pages N*4 bytes apart. Decode (few rows) reads each weight once per step and
- *          is bound by exactly that stream.
- * The arithmetic, and so every result bit, is the same for both layouts.
+ *   packed, the model's weights (packed once at load; packStrips, packGluStrips, packEncoded):
+ *          Wt [N/STRIP][STRIP/PANEL][K][PANEL]: strip s is one contiguous block of K*STRIP
+ *          values made of four panels, panel q holding columns 8q..8q+7 of the strip with their
+ *          k-rows adjacent (32 bytes of f32). A strip streams sequentially from memory instead of
+ *          touching K pages N*4 bytes apart (decode, few rows, reads each weight once per step and
+ *          is bound by exactly that stream), and a register tile reads its own panel front to
+ *          back: every cache line it pulls in is all its own columns. With [K][STRIP] rows
+ *          instead (before round 11), a tile used 32 of each 128-byte row, so half of every line
+ *          it pulled from L2 was other tiles' columns; panels measured 7–16 % faster on the
+ *          156M prefill's shapes (docs/engine-model.md, "Panels");
+ *   packed, strided (attention's Kᵀ, gatherkv): Wt [P/STRIP][hd][STRIP], k-rows of 128 bytes.
+ * The arithmetic, and so every result bit, is the same for every layout.
  * `glu` (export gemmpglu): the fused gate|up projection and SwiGLU. Wt is the gate|up weight
  * packed by packGluStrips (kernel.ts: each strip holds 16 gate columns and their 16 up columns,
  * in groups of 4), N is its padded width (2·hidden) and C is [M][N/2]: each tile's accumulators
@@ -471,6 +509,9 @@ function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean, stride
   for (let r = 0; r < TILE_ROWS; r++) for (let j = 0; j < 2; j++) v128Locals.push(`$a${r}${j}`);
   for (let j = 0; j < 8; j++) v128Locals.push(`$b${j}`);
   v128Locals.push('$w0', '$w1', '$x', '$wq');
+  // The model's weights are in panels; attention's strided Kᵀ is in [hd][STRIP] strips.
+  const panels = packed && !strided;
+  if (panels && fmt === 'q8') throw new Error('q8 weights use gemmpq8');
   const stripBase = packed
     ? `(i32.add (local.get $W) (i32.mul (local.get $n) (i32.mul (local.get $K) (i32.const ${WFMT_ROW_BYTES[fmt] / STRIP}))))`
     : `(i32.add (local.get $W) (i32.shl (local.get $n) (i32.const 2)))`;
@@ -488,12 +529,19 @@ function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean, stride
     (local.set $ws ${packed ? `(i32.const ${STRIP * 4})` : '(i32.shl (local.get $ldw) (i32.const 2))'})`
     : `(local.set $kb (i32.shl (local.get $K) (i32.const 2)))
     (local.set $nb (i32.shl (local.get $N) (i32.const ${glu ? 1 : 2})))
-    (local.set $ws ${packed ? `(i32.const ${STRIP * 4})` : '(local.get $nb)'})`;
+    (local.set $ws ${panels ? `(i32.const ${PANEL * ELEM_BYTES[fmt as Exclude<WFmt, 'q8'>]})` : '(local.get $nb)'})${
+      panels
+        ? `
+    (local.set $pb (i32.mul (local.get $K) (i32.const ${PANEL * ELEM_BYTES[fmt as Exclude<WFmt, 'q8'>]})))
+    (local.set $pb2 (i32.shl (local.get $pb) (i32.const 1)))
+    (local.set $pb3 (i32.add (local.get $pb2) (local.get $pb)))`
+        : ''
+    }`;
   return `
   ;; ${name}(A, Wt, C, ${strided ? 'lda, ldw, ldc, K' : 'M, K, N'}, m0, m1, n0, n1): rows [m0,m1) x columns [n0,n1) of C (n0, n1 multiples of ${STRIP})
   ${head}
     (local $kb i32) (local $nb i32) (local $ws i32) (local $mb i32) (local $mEnd i32) (local $n i32) (local $m i32) (local $k i32)
-    (local $arow i32) (local $crow i32) (local $wstrip i32) (local $wp i32) (local $cp i32)
+    (local $arow i32) (local $crow i32) (local $wstrip i32) (local $wp i32) (local $cp i32) (local $pb i32) (local $pb2 i32) (local $pb3 i32)
     ${Array.from({ length: TILE_ROWS }, (_, r) => `(local $p${r} i32)`).join(' ')}
     ${v128Locals.map((l) => `(local ${l} v128)`).join(' ')}
     ${strides}
@@ -505,7 +553,7 @@ function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean, stride
           (br_if $rtdone (i32.gt_u (i32.add (local.get $m) (i32.const ${TILE_ROWS})) (local.get $mEnd)))
           (local.set $arow (i32.add (local.get $A) (i32.mul (local.get $m) (local.get $kb))))
           (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const ${glu ? 1 : 2})))))
-          ${TILE_COLS.map((c) => kernelTile(TILE_ROWS, c, fmt, fma, glu)).join('\n')}
+          ${TILE_COLS.map((c) => kernelTile(TILE_ROWS, c, fmt, fma, glu, panels)).join('\n')}
           (local.set $m (i32.add (local.get $m) (i32.const ${TILE_ROWS})))
           (br $rtloop)))
         ;; leftover rows, one at a time
@@ -513,7 +561,7 @@ function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean, stride
           (br_if $r1done (i32.ge_u (local.get $m) (local.get $mEnd)))
           (local.set $arow (i32.add (local.get $A) (i32.mul (local.get $m) (local.get $kb))))
           (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const ${glu ? 1 : 2})))))
-          ${kernel1x32(fmt, fma, glu)}
+          ${kernel1x32(fmt, fma, glu, panels)}
           (local.set $m (i32.add (local.get $m) (i32.const 1)))
           (br $r1loop)))`)}
   )`;

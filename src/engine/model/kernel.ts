@@ -14,7 +14,7 @@
 // (JS evaluates in f64; rounding the product and the sum to f32 each step gives exactly the f32
 // results, since f64 has more than 2*24+2 bits; fma.ts fmaf gives the fused result exactly.)
 // One process uses one setting (fmaSupport(): KVC_WASM_FMA, then the platform) for every kernel.
-import { STRIP, type WFmt } from './gemm_wat.js';
+import { PANEL, panelIndex, STRIP, type WFmt } from './gemm_wat.js';
 import type { Q8Weight } from './q8_dot.js';
 import type { EncodedWeight } from './weight_pack.js';
 
@@ -157,20 +157,20 @@ export function transposePadded(w: Float32Array, n: number, k: number, nPad: num
   }
 }
 
-/** Wt packed in strips (the WASM kernel's weight layout): dest[s][k][j] = w[s*STRIP + j][k]. */
+/** Wt packed in panels (the WASM kernel's weight layout): w[c][kk] at panelIndex(c, k) + kk·PANEL. */
 export function packStrips(w: Float32Array, n: number, k: number, nPad: number, dest: Float32Array): void {
   if (w.length !== n * k) throw new Error(`weight has ${w.length} values, expected ${n}x${k}`);
   dest.fill(0, 0, k * nPad);
   for (let i = 0; i < n; i++) {
     const row = i * k;
-    const base = (i - (i % STRIP)) * k + (i % STRIP);
-    for (let j = 0; j < k; j++) dest[base + j * STRIP] = w[row + j]!;
+    const base = panelIndex(i, k);
+    for (let j = 0; j < k; j++) dest[base + j * PANEL] = w[row + j]!;
   }
 }
 
 /**
  * A gate|up weight ([gate (h rows) | up (h rows)][k], h a multiple of 16) in the fused SwiGLU
- * layout: strips like packStrips, where strip s holds gate columns 16s..16s+15 and the up columns
+ * layout: panels like packStrips, where strip s holds gate columns 16s..16s+15 and the up columns
  * of the same indices, in groups of 4 — packed column 8q + j is gate 16s + 4q + j and 8q + 4 + j is
  * up 16s + 4q + j (q < 4, j < 4) — so each 8-column register tile holds 4 gate columns and their 4 up
  * columns (gemm_wat.ts gemmpglu).
@@ -184,8 +184,8 @@ export function packGluStrips(w: Float32Array, h: number, k: number, dest: Float
       const j = p & 3;
       const col = 16 * s + 4 * q + j;
       const row = (p & 4 ? h + col : col) * k;
-      const base = s * STRIP * k + p;
-      for (let kk = 0; kk < k; kk++) dest[base + kk * STRIP] = w[row + kk]!;
+      const base = panelIndex(s * STRIP + p, k);
+      for (let kk = 0; kk < k; kk++) dest[base + kk * PANEL] = w[row + kk]!;
     }
   }
 }

@@ -6,7 +6,7 @@
 // layout: its 4-bit values widen to int8 exactly, same scale) are computed as int8 dot products
 // against quantized activations (q8_dot.ts), in the JS kernel too.
 import { dequantize, type GgmlTypeName } from './gguf_format.js';
-import { Q8_BLOCK_BYTES, STRIP, type WFmt } from './gemm_wat.js';
+import { PANEL, panelIndex, Q8_BLOCK_BYTES, STRIP, type WFmt } from './gemm_wat.js';
 import { f16ToF32 } from './safetensors.js';
 
 /** A [n][k] weight in its stored encoding (row-major, rows of k values; blocks run along k). */
@@ -55,11 +55,11 @@ export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8A
   const out = new DataView(dest.buffer, dest.byteOffset, dest.byteLength);
   if (fmt !== 'q8') {
     for (let i = 0; i < n; i++) {
-      const base = ((i - (i % STRIP)) * k + (i % STRIP)) * 2;
+      const base = panelIndex(i, k) * 2;
       for (let j = 0; j < k; j++) {
         const h = src.getUint16((i * k + j) * 2, true);
         if (fmt === 'f16' && (h & 0x7c00) === 0x7c00) throw new Error(`F16 weight holds Inf or NaN at row ${i}, column ${j}`);
-        out.setUint16(base + j * STRIP * 2, h, true);
+        out.setUint16(base + j * PANEL * 2, h, true);
       }
     }
     return;

@@ -636,21 +636,48 @@ function quantQ8Func(): string {
  * k-pairs (the pair (x_k, x_k+1) splatted as one i32), then C += f32(isum) · f32(dw · dx), C
  * starting at 0 — q8_dot.ts's order. Rows one at a time: the integer dot leaves no widening work
  * to share between rows, and the strip stays cache-resident over the row block.
+ * A k-block is taken in two passes of 16 columns (four accumulators each), not one of 32: V8
+ * loads all of a step's weight groups before its dot products, so eight accumulators, eight
+ * loaded groups and the splat needed 17 xmm registers; one accumulator then lived on the stack
+ * and its load-add-store ran through store forwarding every step. Each column's sums, and so
+ * every bit, are the same. (Measured in docs/engine-model.md, "Q8 in two passes".)
  */
 function q8GemmFunc(): string {
-  const acc = Array.from({ length: 8 }, (_, g) => `$c${g}`);
-  const pair: string[] = [`(local.set $x (v128.load32_splat (local.get $ap)))`];
-  for (let g = 0; g < 8; g++) pair.push(`(local.set $c${g} (i32x4.add (local.get $c${g}) (i32x4.dot_i16x8_s (v128.load8x8_s offset=${g * 8} (local.get $wp)) (local.get $x))))`);
-  const flush: string[] = [`(local.set $dx (f32x4.splat (f32.load (local.get $sp))))`];
-  for (let g = 0; g < 8; g++) {
-    flush.push(`(v128.store offset=${g * 16} (local.get $crow) (f32x4.add (v128.load offset=${g * 16} (local.get $crow))
-        (f32x4.mul (f32x4.convert_i32x4_s (local.get $c${g})) (f32x4.mul (v128.load offset=${g * 16} (local.get $wsc)) (local.get $dx)))))`);
-  }
+  const HALF = 4;
+  const acc = Array.from({ length: HALF }, (_, g) => `$c${g}`);
+  // `h`: which 16 columns (0 or 1) of the strip; their groups are at bytes 32h..32h+31 of a k-pair row.
+  const pair = (h: number) => {
+    const out: string[] = [`(local.set $x (v128.load32_splat (local.get $ap)))`];
+    for (let g = 0; g < HALF; g++) out.push(`(local.set $c${g} (i32x4.add (local.get $c${g}) (i32x4.dot_i16x8_s (v128.load8x8_s offset=${(h * HALF + g) * 8} (local.get $wp)) (local.get $x))))`);
+    return out;
+  };
+  const flush = (h: number) => {
+    const out: string[] = [];
+    for (let g = 0; g < HALF; g++) {
+      const o = (h * HALF + g) * 16;
+      out.push(`(v128.store offset=${o} (local.get $crow) (f32x4.add (v128.load offset=${o} (local.get $crow))
+        (f32x4.mul (f32x4.convert_i32x4_s (local.get $c${g})) (f32x4.mul (v128.load offset=${o} (local.get $wsc)) (local.get $dx)))))`);
+    }
+    return out;
+  };
+  const half = (h: number) => `
+            ${acc.map((a) => `(local.set ${a} (v128.const i32x4 0 0 0 0))`).join(' ')}
+            (local.set $wp (local.get $wk))
+            (local.set $ap (local.get $ak))
+            ;; 16 k-pairs, counted by the activation pointer (a separate counter was one
+            ;; register too many: V8 kept it on the stack)
+            (loop $kpl${h}
+              ${pair(h).join('\n              ')}
+              (local.set $ap (i32.add (local.get $ap) (i32.const 4)))
+              (local.set $wp (i32.add (local.get $wp) (i32.const ${2 * STRIP})))
+              (br_if $kpl${h} (i32.ne (local.get $ap) (local.get $aend))))
+            ${flush(h).join('\n            ')}`;
   return `
   (func $gemmpq8 (export "gemmpq8") (param $A i32) (param $W i32) (param $C i32) (param $M i32) (param $K i32) (param $N i32)
       (param $m0 i32) (param $m1 i32) (param $n0 i32) (param $n1 i32)
     (local $kb2 i32) (local $nblk i32) (local $sbase i32) (local $nb i32) (local $mb i32) (local $mEnd i32) (local $n i32) (local $m i32)
     (local $wstrip i32) (local $wp i32) (local $wsc i32) (local $ap i32) (local $sp i32) (local $crow i32) (local $kq i32) (local $k i32)
+    (local $wk i32) (local $ak i32) (local $aend i32)
     (local $x v128) (local $dx v128) ${acc.map((a) => `(local ${a} v128)`).join(' ')}
     (local.set $kb2 (i32.shl (local.get $K) (i32.const 1)))
     (local.set $nblk (i32.shr_u (local.get $K) (i32.const 5)))
@@ -668,17 +695,15 @@ function q8GemmFunc(): string {
           (local.set $wp (local.get $wstrip))
           (local.set $kq (local.get $nblk))
           (if (local.get $kq) (then (loop $kbl
-            ${acc.map((a) => `(local.set ${a} (v128.const i32x4 0 0 0 0))`).join(' ')}
+            ;; the block's column scales, then its 16 k-pair rows of 64 bytes ($wk), and the
+            ;; activations' 16 pairs ($ak); each half walks them from there
             (local.set $wsc (local.get $wp))
-            (local.set $wp (i32.add (local.get $wp) (i32.const ${STRIP * 4})))
-            (local.set $k (i32.const 16))
-            (loop $kpl
-              ${pair.join('\n              ')}
-              (local.set $ap (i32.add (local.get $ap) (i32.const 4)))
-              (local.set $wp (i32.add (local.get $wp) (i32.const ${2 * STRIP})))
-              (local.set $k (i32.sub (local.get $k) (i32.const 1)))
-              (br_if $kpl (local.get $k)))
-            ${flush.join('\n            ')}
+            (local.set $wk (i32.add (local.get $wp) (i32.const ${STRIP * 4})))
+            (local.set $ak (local.get $ap))
+            (local.set $aend (i32.add (local.get $ap) (i32.const 64)))
+            (local.set $dx (f32x4.splat (f32.load (local.get $sp))))
+            ${half(0)}
+            ${half(1)}
             (local.set $sp (i32.add (local.get $sp) (i32.const 4)))
             (local.set $kq (i32.sub (local.get $kq) (i32.const 1)))
             (br_if $kbl (local.get $kq)))))

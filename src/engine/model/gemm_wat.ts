@@ -56,8 +56,10 @@ export function panelIndex(c: number, k: number): number {
  *   bf16  [4][K][8] u16 per strip: the f32 bits are the u16 << 16;
  *   f16   [4][K][8] u16 per strip: |h| << 13 reinterpreted as f32, times 2^112 (exact for normal and
  *         subnormal halves; Inf/NaN weights are refused at upload), then the sign;
- *   q8    per block of 32 k: 32 f32 column scales (128 bytes), then 16 k-pairs of [32 columns][2]
- *         i8 (1024 bytes) — the layout i32x4.dot_i16x8_s takes; computed as an int8 dot product
+ *   q8    per strip, two runs of k-blocks, one per half of 16 columns (two streams from memory);
+ *         per half and block of 32 k: 16 f32 column scales (64 bytes), then 16 k-pairs of
+ *         [16 columns][2] i8 (512 bytes) — the layout i32x4.dot_i16x8_s takes (before round 11,
+ *         one run of 32-column blocks); computed as an int8 dot product
  *         against quantized activations (q8_dot.ts defines the bits; gemmpq8 below), not widened.
  */
 export type WFmt = 'f32' | 'bf16' | 'f16' | 'q8';
@@ -66,6 +68,8 @@ export const WFMT_ROW_BYTES: Record<WFmt, number> = { f32: STRIP * 4, bf16: STRI
 const ELEM_BYTES: Record<Exclude<WFmt, 'q8'>, number> = { f32: 4, bf16: 2, f16: 2 };
 /** q8: bytes of one k-block of a strip (scales + 32 rows of 32 i8). */
 export const Q8_BLOCK_BYTES = STRIP * 4 + 32 * STRIP;
+/** q8: bytes of one k-block of one half (16 columns) of a strip: 16 scales, then 16 k-pairs of 16 × 2 i8. */
+export const Q8_HALF_BLOCK_BYTES = Q8_BLOCK_BYTES / 2;
 
 /**
  * v128 (f32x4) of the 4 columns `half` (0 or 1) of the 8 whose k-row starts `off` bytes past the
@@ -645,10 +649,10 @@ function quantQ8Func(): string {
 function q8GemmFunc(): string {
   const HALF = 4;
   const acc = Array.from({ length: HALF }, (_, g) => `$c${g}`);
-  // `h`: which 16 columns (0 or 1) of the strip; their groups are at bytes 32h..32h+31 of a k-pair row.
-  const pair = (h: number) => {
+  // A half's k-pair row is 32 bytes: its four groups of 4 columns × 2 k.
+  const pair = () => {
     const out: string[] = [`(local.set $x (v128.load32_splat (local.get $ap)))`];
-    for (let g = 0; g < HALF; g++) out.push(`(local.set $c${g} (i32x4.add (local.get $c${g}) (i32x4.dot_i16x8_s (v128.load8x8_s offset=${(h * HALF + g) * 8} (local.get $wp)) (local.get $x))))`);
+    for (let g = 0; g < HALF; g++) out.push(`(local.set $c${g} (i32x4.add (local.get $c${g}) (i32x4.dot_i16x8_s (v128.load8x8_s offset=${g * 8} (local.get $wp)) (local.get $x))))`);
     return out;
   };
   const flush = (h: number) => {
@@ -656,28 +660,29 @@ function q8GemmFunc(): string {
     for (let g = 0; g < HALF; g++) {
       const o = (h * HALF + g) * 16;
       out.push(`(v128.store offset=${o} (local.get $crow) (f32x4.add (v128.load offset=${o} (local.get $crow))
-        (f32x4.mul (f32x4.convert_i32x4_s (local.get $c${g})) (f32x4.mul (v128.load offset=${o} (local.get $wsc)) (local.get $dx)))))`);
+        (f32x4.mul (f32x4.convert_i32x4_s (local.get $c${g})) (f32x4.mul (v128.load offset=${g * 16} (local.get $wh${h})) (local.get $dx)))))`);
     }
     return out;
   };
   const half = (h: number) => `
             ${acc.map((a) => `(local.set ${a} (v128.const i32x4 0 0 0 0))`).join(' ')}
-            (local.set $wp (local.get $wk))
+            (local.set $wp (i32.add (local.get $wh${h}) (i32.const 64)))
             (local.set $ap (local.get $ak))
             ;; 16 k-pairs, counted by the activation pointer (a separate counter was one
             ;; register too many: V8 kept it on the stack)
             (loop $kpl${h}
-              ${pair(h).join('\n              ')}
+              ${pair().join('\n              ')}
               (local.set $ap (i32.add (local.get $ap) (i32.const 4)))
-              (local.set $wp (i32.add (local.get $wp) (i32.const ${2 * STRIP})))
+              (local.set $wp (i32.add (local.get $wp) (i32.const ${STRIP})))
               (br_if $kpl${h} (i32.ne (local.get $ap) (local.get $aend))))
-            ${flush(h).join('\n            ')}`;
+            ${flush(h).join('\n            ')}
+            (local.set $wh${h} (i32.add (local.get $wh${h}) (i32.const ${Q8_HALF_BLOCK_BYTES})))`;
   return `
   (func $gemmpq8 (export "gemmpq8") (param $A i32) (param $W i32) (param $C i32) (param $M i32) (param $K i32) (param $N i32)
       (param $m0 i32) (param $m1 i32) (param $n0 i32) (param $n1 i32)
     (local $kb2 i32) (local $nblk i32) (local $sbase i32) (local $nb i32) (local $mb i32) (local $mEnd i32) (local $n i32) (local $m i32)
     (local $wstrip i32) (local $wp i32) (local $wsc i32) (local $ap i32) (local $sp i32) (local $crow i32) (local $kq i32) (local $k i32)
-    (local $wk i32) (local $ak i32) (local $aend i32)
+    (local $wh0 i32) (local $wh1 i32) (local $ak i32) (local $aend i32)
     (local $x v128) (local $dx v128) ${acc.map((a) => `(local ${a} v128)`).join(' ')}
     (local.set $kb2 (i32.shl (local.get $K) (i32.const 1)))
     (local.set $nblk (i32.shr_u (local.get $K) (i32.const 5)))
@@ -692,13 +697,13 @@ function q8GemmFunc(): string {
           (local.set $sp (i32.add (local.get $sbase) (i32.shl (i32.mul (local.get $m) (local.get $nblk)) (i32.const 2))))
           (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const 2)))))
           ${Array.from({ length: 8 }, (_, g) => `(v128.store offset=${g * 16} (local.get $crow) (v128.const i32x4 0 0 0 0))`).join('\n          ')}
-          (local.set $wp (local.get $wstrip))
+          ;; the strip's two halves, each its own run of k-blocks (two streams from memory)
+          (local.set $wh0 (local.get $wstrip))
+          (local.set $wh1 (i32.add (local.get $wstrip) (i32.mul (local.get $nblk) (i32.const ${Q8_HALF_BLOCK_BYTES}))))
           (local.set $kq (local.get $nblk))
           (if (local.get $kq) (then (loop $kbl
-            ;; the block's column scales, then its 16 k-pair rows of 64 bytes ($wk), and the
-            ;; activations' 16 pairs ($ak); each half walks them from there
-            (local.set $wsc (local.get $wp))
-            (local.set $wk (i32.add (local.get $wp) (i32.const ${STRIP * 4})))
+            ;; per half: the block's 16 column scales ($wh0 / $wh1), then its 16 k-pair rows of
+            ;; 32 bytes; the activations' 16 pairs from $ak
             (local.set $ak (local.get $ap))
             (local.set $aend (i32.add (local.get $ap) (i32.const 64)))
             (local.set $dx (f32x4.splat (f32.load (local.get $sp))))

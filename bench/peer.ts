@@ -157,6 +157,8 @@ const now = () => performance.now();
 // cache (external memory), and without this V8's external-memory-pressure mark-compact of the
 // previous runs' caches lands inside the timed forward. (`npm run bench` runs with --expose-gc.)
 const settle = () => (globalThis as { gc?: () => void }).gc?.();
+/** Idle time before every timed figure (see the run loop). */
+const IDLE_MS = 100;
 
 interface Figures {
   prefill: number;
@@ -335,10 +337,19 @@ async function compare(llama: Llama, label: string, dir: string): Promise<Compar
       await side.decode(1, 0);
       await side.decode(8, 0);
     }
+    // Each timed figure starts after IDLE_MS of idleness: llama.cpp's worker threads poll for
+    // work for a while after a graph before they sleep (kvc parks its helper at the end of every
+    // forward), and a measurement that starts while they still poll shares the cores with them.
+    const idle = () => new Promise((res) => setTimeout(res, IDLE_MS));
     for (let i = 0; i < RUNS; i++) {
       const pre = prompt(512, 1 + i);
       for (const [name, side] of i % 2 === 0 ? sides : [...sides].reverse()) {
-        runs.get(name)!.push({ prefill: await side.prefill(pre), decode1: await side.decode(1, 10 + i), decode8: await side.decode(8, 20 + 8 * i) });
+        await idle();
+        const prefill = await side.prefill(pre);
+        await idle();
+        const decode1 = await side.decode(1, 10 + i);
+        await idle();
+        runs.get(name)!.push({ prefill, decode1, decode8: await side.decode(8, 20 + 8 * i) });
       }
     }
     const agg = (list: Figures[], f: (xs: number[]) => number): Figures => ({ prefill: f(list.map((x) => x.prefill)), decode1: f(list.map((x) => x.decode1)), decode8: f(list.map((x) => x.decode8)) });

@@ -681,7 +681,7 @@ function q8GemmFunc(): string {
   (func $gemmpq8 (export "gemmpq8") (param $A i32) (param $W i32) (param $C i32) (param $M i32) (param $K i32) (param $N i32)
       (param $m0 i32) (param $m1 i32) (param $n0 i32) (param $n1 i32)
     (local $kb2 i32) (local $nblk i32) (local $sbase i32) (local $nb i32) (local $mb i32) (local $mEnd i32) (local $n i32) (local $m i32)
-    (local $wstrip i32) (local $wp i32) (local $wsc i32) (local $ap i32) (local $sp i32) (local $crow i32) (local $kq i32) (local $k i32)
+    (local $wstrip i32) (local $wp i32) (local $ap i32) (local $sp i32) (local $crow i32) (local $kq i32)
     (local $wh0 i32) (local $wh1 i32) (local $ak i32) (local $aend i32)
     (local $x v128) (local $dx v128) ${acc.map((a) => `(local ${a} v128)`).join(' ')}
     (local.set $kb2 (i32.shl (local.get $K) (i32.const 1)))

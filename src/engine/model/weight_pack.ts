@@ -1,10 +1,11 @@
 // Weights kept in their checkpoint's encoding (16-bit floats, 8- or 4-bit blocks) instead of being
-// widened to f32 at load, and their strip-packed layouts for the WASM kernel's formats (gemm_wat.ts
-// WFmt). For 16-bit weights the kernel turns each packed value into exactly the f32 that
-// `dequantize` gives, so a model computes the same bits either way and only memory (and the
-// bandwidth decode is bound by) halves. Q8_0 (3.6x smaller than f32) and Q4_0 (held in the Q8
-// layout: its 4-bit values widen to int8 exactly, same scale) are computed as int8 dot products
-// against quantized activations (q8_dot.ts), in the JS kernel too.
+// widened to f32 at load, and their packed layouts for the WASM kernel's formats (gemm_wat.ts
+// WFmt: 16-bit in strips of 8-column panels, Q8 in one run of k-blocks per half-strip). For
+// 16-bit weights the kernel turns each packed value into exactly the f32 that `dequantize` gives,
+// so a model computes the same bits either way and only memory (and the bandwidth decode is bound
+// by) halves. Q8_0 (3.6x smaller than f32) and Q4_0 (held in the Q8 layout: its 4-bit values
+// widen to int8 exactly, same scale) are computed as int8 dot products against quantized
+// activations (q8_dot.ts), in the JS kernel too.
 import { dequantize, type GgmlTypeName } from './gguf_format.js';
 import { PANEL, panelIndex, Q8_BLOCK_BYTES, Q8_HALF_BLOCK_BYTES, STRIP, type WFmt } from './gemm_wat.js';
 import { f16ToF32 } from './safetensors.js';

@@ -63,9 +63,10 @@ export function panelIndex(c: number, k: number): number {
  *         against quantized activations (q8_dot.ts defines the bits; gemmpq8 below), not widened.
  */
 export type WFmt = 'f32' | 'bf16' | 'f16' | 'q8';
-export const WFMT_ROW_BYTES: Record<WFmt, number> = { f32: STRIP * 4, bf16: STRIP * 2, f16: STRIP * 2, q8: STRIP };
-/** Bytes of one weight value (the f32 and 16-bit formats). */
-const ELEM_BYTES: Record<Exclude<WFmt, 'q8'>, number> = { f32: 4, bf16: 2, f16: 2 };
+/** The formats the widening GEMMs take (gemmFunc): every one but q8, which has gemmpq8. */
+type WideFmt = Exclude<WFmt, 'q8'>;
+/** Bytes of one weight value of a widened format. */
+const ELEM_BYTES: Record<WideFmt, number> = { f32: 4, bf16: 2, f16: 2 };
 /** q8: bytes of one k-block of a strip (scales + 32 rows of 32 i8). */
 export const Q8_BLOCK_BYTES = STRIP * 4 + 32 * STRIP;
 /** q8: bytes of one k-block of one half (16 columns) of a strip: 16 scales, then 16 k-pairs of 16 × 2 i8. */
@@ -75,7 +76,7 @@ export const Q8_HALF_BLOCK_BYTES = Q8_BLOCK_BYTES / 2;
  * v128 (f32x4) of the 4 columns `half` (0 or 1) of the 8 whose k-row starts `off` bytes past the
  * address expression `at` (f32 and 16-bit formats; 16-bit values come from $wq, see loadGroup).
  */
-function loadW(fmt: WFmt, at: string, off: number, half: number): string {
+function loadW(fmt: WideFmt, at: string, off: number, half: number): string {
   const ext = half ? 'high' : 'low';
   switch (fmt) {
     case 'f32':
@@ -87,8 +88,6 @@ function loadW(fmt: WFmt, at: string, off: number, half: number): string {
       return `(v128.or (f32x4.mul (i32x4.shl (v128.and ${h} (v128.const i32x4 0x7fff 0x7fff 0x7fff 0x7fff)) (i32.const 13)) (v128.const i32x4 0x77800000 0x77800000 0x77800000 0x77800000))
         (i32x4.shl (v128.and ${h} (v128.const i32x4 0x8000 0x8000 0x8000 0x8000)) (i32.const 16)))`;
     }
-    case 'q8':
-      throw new Error('q8 weights use gemmpq8 (q8GemmFunc), not the widening kernels');
   }
 }
 
@@ -96,15 +95,11 @@ function loadW(fmt: WFmt, at: string, off: number, half: number): string {
  * For the 16-bit formats, the statement loading the 8 columns whose k-row starts `off` bytes past
  * `at` into $wq (as i16x8), which loadW then widens; one load serves both halves. Nothing for f32.
  */
-function loadGroup(fmt: WFmt, at: string, off: number): string {
+function loadGroup(fmt: WideFmt, at: string, off: number): string {
   if (fmt === 'f32') return '';
   return `(local.set $wq (v128.load offset=${off} ${at}))`;
 }
 
-/**
- * The k loop around `body` (which reads the weight row at $wp): K rows, $wp advancing one row;
- * for q8, in blocks of 32 rows after the block's scales (`loadScales`, at the block start).
- */
 /**
  * The k loop around `body` (which reads the weight row at $wp): K rows, $wp advancing one row of
  * $ws bytes (set by gemmFunc: a panel row, a strip row, or N*4 for the dense layout).
@@ -143,7 +138,7 @@ function madd(fma: boolean, acc: string, x: string, w: string): string {
  * over the whole k range, stored once. Every accumulator lane is one output element updated for
  * k ascending, so the tile shape changes no bits.
  */
-function kernelTile(rows: number, col: number, fmt: WFmt, fma: boolean, glu: boolean, panels: boolean): string {
+function kernelTile(rows: number, col: number, fmt: WideFmt, fma: boolean, glu: boolean, panels: boolean): string {
   const lines: string[] = [];
   for (let r = 0; r < rows; r++) for (let j = 0; j < 2; j++) lines.push(`(local.set $a${r}${j} (v128.const i32x4 0 0 0 0))`);
   lines.push(`(local.set $p0 (local.get $arow))`);
@@ -151,7 +146,7 @@ function kernelTile(rows: number, col: number, fmt: WFmt, fma: boolean, glu: boo
   // Panels: this tile's 8 columns are the strip's panel col/8, its k-rows adjacent; strips: the
   // columns are at offset col within each k-row of the strip.
   lines.push(panels ? `(local.set $wp (i32.add (local.get $wstrip) (i32.mul (i32.const ${col / PANEL}) (local.get $pb))))` : `(local.set $wp (local.get $wstrip))`);
-  const off = panels ? 0 : col * ELEM_BYTES[fmt as Exclude<WFmt, 'q8'>];
+  const off = panels ? 0 : col * ELEM_BYTES[fmt];
   const body: string[] = [];
   body.push(loadGroup(fmt, '(local.get $wp)', off));
   for (let j = 0; j < 2; j++) body.push(`(local.set $w${j} ${loadW(fmt, '(local.get $wp)', off, j)})`);
@@ -178,14 +173,14 @@ function kernelTile(rows: number, col: number, fmt: WFmt, fma: boolean, glu: boo
   return lines.join('\n');
 }
 
-function kernel1x32(fmt: WFmt, fma: boolean, glu: boolean, panels: boolean): string {
+function kernel1x32(fmt: WideFmt, fma: boolean, glu: boolean, panels: boolean): string {
   const lines: string[] = [];
   for (let j = 0; j < 8; j++) lines.push(`(local.set $b${j} (v128.const i32x4 0 0 0 0))`);
   lines.push(`(local.set $p0 (local.get $arow))`);
   lines.push(`(local.set $wp (local.get $wstrip))`);
   // The k-row of columns 8q..8q+7: panel q ($pb bytes apart, $pb2 = 2·$pb, $pb3 = 3·$pb), or
   // offset 8q in the strip's row.
-  const eb = ELEM_BYTES[fmt as Exclude<WFmt, 'q8'>];
+  const eb = ELEM_BYTES[fmt];
   const at = (q: number) => (!panels || q === 0 ? '(local.get $wp)' : `(i32.add (local.get $wp) (local.get ${['', '$pb', '$pb2', '$pb3'][q]}))`);
   const off = (q: number) => (panels ? 0 : q * PANEL * eb);
   const body: string[] = [];
@@ -507,7 +502,7 @@ function swigluRowsFunc(): string {
  * registers and only silu(gate)·up is stored — the same bits as gemmp then swiglu, without
  * writing and re-reading the [M][2·hidden] gate|up product.
  */
-function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean, strided = false, glu = false): string {
+function gemmFunc(name: string, packed: boolean, fmt: WideFmt, fma: boolean, strided = false, glu = false): string {
   const v128Locals: string[] = [];
   if (glu) v128Locals.push('$e', '$d', '$sg', '$ex', '$efx', '$ey', '$ez');
   for (let r = 0; r < TILE_ROWS; r++) for (let j = 0; j < 2; j++) v128Locals.push(`$a${r}${j}`);
@@ -515,9 +510,8 @@ function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean, stride
   v128Locals.push('$w0', '$w1', '$x', '$wq');
   // The model's weights are in panels; attention's strided Kᵀ is in [hd][STRIP] strips.
   const panels = packed && !strided;
-  if (panels && fmt === 'q8') throw new Error('q8 weights use gemmpq8');
   const stripBase = packed
-    ? `(i32.add (local.get $W) (i32.mul (local.get $n) (i32.mul (local.get $K) (i32.const ${WFMT_ROW_BYTES[fmt] / STRIP}))))`
+    ? `(i32.add (local.get $W) (i32.mul (local.get $n) (i32.mul (local.get $K) (i32.const ${ELEM_BYTES[fmt]}))))`
     : `(i32.add (local.get $W) (i32.shl (local.get $n) (i32.const 2)))`;
   // The strided variant (internal, attention's per-group products): A, Wt and C each have their
   // own row stride (lda, ldw, ldc floats; ldw unused when Wt is strip-packed), so a product can
@@ -533,10 +527,10 @@ function gemmFunc(name: string, packed: boolean, fmt: WFmt, fma: boolean, stride
     (local.set $ws ${packed ? `(i32.const ${STRIP * 4})` : '(i32.shl (local.get $ldw) (i32.const 2))'})`
     : `(local.set $kb (i32.shl (local.get $K) (i32.const 2)))
     (local.set $nb (i32.shl (local.get $N) (i32.const ${glu ? 1 : 2})))
-    (local.set $ws ${panels ? `(i32.const ${PANEL * ELEM_BYTES[fmt as Exclude<WFmt, 'q8'>]})` : '(local.get $nb)'})${
+    (local.set $ws ${panels ? `(i32.const ${PANEL * ELEM_BYTES[fmt]})` : '(local.get $nb)'})${
       panels
         ? `
-    (local.set $pb (i32.mul (local.get $K) (i32.const ${PANEL * ELEM_BYTES[fmt as Exclude<WFmt, 'q8'>]})))
+    (local.set $pb (i32.mul (local.get $K) (i32.const ${PANEL * ELEM_BYTES[fmt]})))
     (local.set $pb2 (i32.shl (local.get $pb) (i32.const 1)))
     (local.set $pb3 (i32.add (local.get $pb2) (local.get $pb)))`
         : ''

@@ -46,8 +46,9 @@ async function withKernel(opts: Parameters<typeof WasmGemm.create>[0], fn: (g: W
 
 test('RMSNorm, RoPE and the residual add: WASM SIMD equals the JS definition bitwise, in kernel memory and not', async () => {
   await withKernel({ threads: 1 }, async (g) => {
-    // dim 37: vector body and scalar tail; hd 20 (half 10) and 6 (half 3) likewise for RoPE.
-    for (const [rows, dim] of [[7, 37], [3, 256], [1, 4]] as const) {
+    // dim 37: vector body and scalar tail; hd 20 (half 10) and 6 (half 3) likewise for RoPE. Rows
+    // 7 and 9: RMSNorm's groups of four rows and the rows after them.
+    for (const [rows, dim] of [[7, 37], [3, 256], [1, 4], [9, 64]] as const) {
       const x = rand(rows * dim, dim, 3);
       x.set([0, -0, 1e-30, 1e30], 0);
       const w = rand(dim, dim + 1);

@@ -315,7 +315,7 @@ export class LlamaModel {
     const x = this.buf(B_X, R * dim);
     {
       let r = 0;
-      for (const [si, s] of segments.entries()) {
+      for (const s of segments) {
         kv.allocate(s.seqId, s.startPos + s.tokens.length);
         tables.push(kv.blockTable(s.seqId));
         for (let i = 0; i < s.tokens.length; i++, r++) {

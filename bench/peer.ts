@@ -21,7 +21,7 @@
 // Last line: {"bench":"peer","match":…,"prefill_ratio":…,…} — ratios are kvc ÷ llama.cpp.
 // Parts for targeted runs (the default is the whole benchmark, ~25 min on 2 cores):
 //   --only tiny,big,q8   any subset (figures of parts not run are null, "parts" lists those run)
-//   --reps N             timed runs per figure and configuration (the best counts; default 3)
+//   --reps N             timed runs per figure and configuration (the best counts; default 7)
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdir, rename, rm, writeFile, copyFile } from 'node:fs/promises';
@@ -58,7 +58,7 @@ function parseOptions(argv: string[]): { only: Set<Part>; reps: number } {
   const o = new Command('peer')
     .description('kvc against llama.cpp on identical weights')
     .addOption(new Option('--only <parts>', `parts to run, comma-separated: ${PARTS.join(', ')}`).argParser(parts).default([...PARTS]))
-    .addOption(new Option('--reps <n>', 'timed runs per figure and configuration (the best counts)').argParser(reps).default(3))
+    .addOption(new Option('--reps <n>', 'timed runs per figure and configuration (the best counts)').argParser(reps).default(7))
     .parse(argv, { from: 'user' })
     .opts<{ only: Part[]; reps: number }>();
   return { only: new Set(o.only), reps: o.reps };

@@ -19,7 +19,7 @@
 //      context, and so its KV buffer, is likewise allocated outside the timed region).
 //   5. kvc decode at batch 1 from the 156M model's Q8_0 GGUF against its f32 weights (interleaved).
 // Last line: {"bench":"peer","match":…,"prefill_ratio":…,…} — ratios are kvc ÷ llama.cpp.
-// Parts for targeted runs (the default is the whole benchmark, ~25 min on 2 cores):
+// Parts for targeted runs (the default is the whole benchmark, ~12 min on 2 cores at 7 runs):
 //   --only tiny,big,q8   any subset (figures of parts not run are null, "parts" lists those run)
 //   --reps N             timed runs per figure and configuration (the best counts; default 7)
 import { spawnSync } from 'node:child_process';

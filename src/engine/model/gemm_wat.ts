@@ -69,7 +69,11 @@ type WideFmt = Exclude<WFmt, 'q8'>;
 const ELEM_BYTES: Record<WideFmt, number> = { f32: 4, bf16: 2, f16: 2 };
 /** q8: bytes of one k-block of a strip (scales + 32 rows of 32 i8). */
 export const Q8_BLOCK_BYTES = STRIP * 4 + 32 * STRIP;
-/** q8: bytes of one k-block of one half (16 columns) of a strip: 16 scales, then 16 k-pairs of 16 × 2 i8. */
+/** q8: columns of one half of a strip (gemmpq8 takes a strip in two passes, one per half). */
+export const Q8_HALF_COLS = STRIP / 2;
+/** q8: bytes of one k-pair row of a half: its columns × 2 i8. */
+export const Q8_HALF_PAIR_BYTES = Q8_HALF_COLS * 2;
+/** q8: bytes of one k-block of one half of a strip: its column scales (f32), then 16 k-pair rows. */
 export const Q8_HALF_BLOCK_BYTES = Q8_BLOCK_BYTES / 2;
 
 /**
@@ -641,7 +645,7 @@ function quantQ8Func(): string {
  * every bit, are the same. (Measured in docs/engine-model.md, "Q8 in two passes".)
  */
 function q8GemmFunc(): string {
-  const HALF = 4;
+  const HALF = Q8_HALF_COLS / 4; // accumulators (groups of 4 columns) per half
   const acc = Array.from({ length: HALF }, (_, g) => `$c${g}`);
   // A half's k-pair row is 32 bytes: its four groups of 4 columns × 2 k.
   const pair = () => {
@@ -660,14 +664,14 @@ function q8GemmFunc(): string {
   };
   const half = (h: number) => `
             ${acc.map((a) => `(local.set ${a} (v128.const i32x4 0 0 0 0))`).join(' ')}
-            (local.set $wp (i32.add (local.get $wh${h}) (i32.const 64)))
+            (local.set $wp (i32.add (local.get $wh${h}) (i32.const ${Q8_HALF_COLS * 4})))
             (local.set $ap (local.get $ak))
             ;; 16 k-pairs, counted by the activation pointer (a separate counter was one
             ;; register too many: V8 kept it on the stack)
             (loop $kpl${h}
               ${pair().join('\n              ')}
               (local.set $ap (i32.add (local.get $ap) (i32.const 4)))
-              (local.set $wp (i32.add (local.get $wp) (i32.const ${STRIP})))
+              (local.set $wp (i32.add (local.get $wp) (i32.const ${Q8_HALF_PAIR_BYTES})))
               (br_if $kpl${h} (i32.ne (local.get $ap) (local.get $aend))))
             ${flush(h).join('\n            ')}
             (local.set $wh${h} (i32.add (local.get $wh${h}) (i32.const ${Q8_HALF_BLOCK_BYTES})))`;

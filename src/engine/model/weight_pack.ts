@@ -7,7 +7,7 @@
 // widen to int8 exactly, same scale) are computed as int8 dot products against quantized
 // activations (q8_dot.ts), in the JS kernel too.
 import { dequantize, type GgmlTypeName } from './gguf_format.js';
-import { PANEL, panelIndex, Q8_BLOCK_BYTES, Q8_HALF_BLOCK_BYTES, STRIP, type WFmt } from './gemm_wat.js';
+import { PANEL, panelIndex, Q8_BLOCK_BYTES, Q8_HALF_BLOCK_BYTES, Q8_HALF_COLS, Q8_HALF_PAIR_BYTES, STRIP, type WFmt } from './gemm_wat.js';
 import { f16ToF32 } from './safetensors.js';
 
 /** A [n][k] weight in its stored encoding (row-major, rows of k values; blocks run along k). */
@@ -71,18 +71,18 @@ export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8A
   const bb = q4 ? 18 : 34;
   for (let i = 0; i < n; i++) {
     const s = Math.floor(i / STRIP);
-    // The strip's half (16 columns) this column is in, and its place there: each half is a run
-    // of k-blocks of its own (gemm_wat.ts gemmpq8).
-    const half = (i % STRIP) >> 4;
-    const col = i % 16;
+    // The strip's half this column is in, and its place there: each half is a run of k-blocks
+    // of its own (gemm_wat.ts gemmpq8).
+    const half = Math.floor((i % STRIP) / Q8_HALF_COLS);
+    const col = i % Q8_HALF_COLS;
     for (let b = 0; b < kBlocks; b++) {
       const at = i * rb + b * bb;
       const blk = s * kBlocks * Q8_BLOCK_BYTES + (half * kBlocks + b) * Q8_HALF_BLOCK_BYTES;
       out.setFloat32(blk + col * 4, f16ToF32(src.getUint16(at, true)), true);
-      // k-row r of the block: pair r>>1 (32 bytes each), column col, slot r&1 (the layout
-      // i32x4.dot_i16x8_s takes: a column's two k values side by side).
-      const q0 = blk + 16 * 4 + col * 2;
-      const at8 = (r: number) => q0 + (r >> 1) * 32 + (r & 1);
+      // k-row r of the block: pair r>>1 (after the half's column scales), column col, slot r&1
+      // (the layout i32x4.dot_i16x8_s takes: a column's two k values side by side).
+      const q0 = blk + Q8_HALF_COLS * 4 + col * 2;
+      const at8 = (r: number) => q0 + (r >> 1) * Q8_HALF_PAIR_BYTES + (r & 1);
       if (q4) {
         for (let j = 0; j < 16; j++) {
           const v = w.bytes[at + 2 + j]!;

@@ -229,14 +229,14 @@ test('gguf: malformed and unsupported files are a clear GgufError at load, never
   const hugeStr = Buffer.from(bytes);
   hugeStr.writeBigUInt64LE(1n << 50n, 24);
   await expectErr(write('huge-string.gguf', hugeStr), /truncated|out of range/);
-  // A tensor type this engine does not read (Q4_1 = 3): patch the first tensor's type field.
+  // A tensor type this engine does not read (Q2_K = 10): patch the first tensor's type field.
   const firstName = Buffer.from('token_embd.weight');
   const at = bytes.indexOf(firstName, 24);
   assert.ok(at > 0);
   const typeAt = at + firstName.length + 4 + 2 * 8; // name, n_dims, 2 dims
-  const q41 = Buffer.from(bytes);
-  q41.writeUInt32LE(3, typeAt);
-  await expectErr(write('q4_1.gguf', q41), /ggml type 3; supported/);
+  const q2k = Buffer.from(bytes);
+  q2k.writeUInt32LE(10, typeAt);
+  await expectErr(write('q2_k.gguf', q2k), /ggml type 10; supported: .*Q4_K, Q5_K, Q6_K/);
   // Another architecture.
   const arch = Buffer.from(bytes);
   const llamaAt = arch.indexOf(Buffer.from('llama'), 24);

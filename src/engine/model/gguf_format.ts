@@ -5,6 +5,7 @@
 //                  u64 offset within the data section)*,
 //   padding to `general.alignment` (default 32), then the data section.
 // A 2-D weight of Hugging Face shape [out][in] is stored with dims [in, out] and the same bytes.
+import { BLOCK_LAYOUT, decodeBlocks, type RequantizedType } from './gguf_blocks.js';
 import { f16ToF32, f32ToF16 } from './safetensors.js';
 
 export const GGUF_MAGIC = 0x46554747; // "GGUF" read as u32 LE
@@ -28,18 +29,38 @@ export const enum GV {
   F64 = 12,
 }
 
-/** The ggml tensor types this engine reads and writes. */
+/**
+ * The ggml tensor types this engine reads and writes. F16, BF16, Q8_0 and Q4_0 are computed in
+ * their encoding; the others (gguf_blocks.ts) are decoded and re-quantized to Q8_0 at load.
+ */
 export const GGML_TYPES = {
   F32: 0,
   F16: 1,
   Q4_0: 2,
+  Q4_1: 3,
+  Q5_0: 6,
+  Q5_1: 7,
   Q8_0: 8,
+  Q4_K: 12,
+  Q5_K: 13,
+  Q6_K: 14,
   BF16: 30,
 } as const;
 export type GgmlTypeName = keyof typeof GGML_TYPES;
 
-/** `general.file_type` for a file whose 2-D weights are all of one type. */
-export const FILE_TYPE: Record<GgmlTypeName, number> = { F32: 0, F16: 1, Q4_0: 2, Q8_0: 7, BF16: 32 };
+/** The 2-D weight encodings the kernel holds as they are (weight_pack.ts). */
+export type HeldType = 'F16' | 'BF16' | 'Q8_0' | 'Q4_0';
+
+/** Whether a type is decoded and re-quantized to Q8_0 at load rather than held as it is. */
+export function isRequantized(type: GgmlTypeName): type is RequantizedType {
+  return type in BLOCK_LAYOUT;
+}
+
+/**
+ * `general.file_type` for a file whose 2-D weights are all of one type (llama.cpp's llama_ftype;
+ * an all-Q4_K file is its Q4_K_S, all-Q5_K its Q5_K_S).
+ */
+export const FILE_TYPE: Record<GgmlTypeName, number> = { F32: 0, F16: 1, Q4_0: 2, Q4_1: 3, Q8_0: 7, Q5_0: 8, Q5_1: 9, Q4_K: 14, Q5_K: 16, Q6_K: 18, BF16: 32 };
 
 /** Values per block and bytes per block of each type. */
 export const TYPE_LAYOUT: Record<GgmlTypeName, { block: number; bytes: number }> = {
@@ -48,6 +69,7 @@ export const TYPE_LAYOUT: Record<GgmlTypeName, { block: number; bytes: number }>
   BF16: { block: 1, bytes: 2 },
   Q8_0: { block: 32, bytes: 34 }, // f16 scale, 32 x int8
   Q4_0: { block: 32, bytes: 18 }, // f16 scale, 16 bytes of 4-bit pairs
+  ...BLOCK_LAYOUT,
 };
 
 export function typeName(t: number): GgmlTypeName | null {
@@ -137,6 +159,8 @@ export function dequantize(type: GgmlTypeName, bytes: Uint8Array, count: number)
         }
       }
       break;
+    default:
+      decodeBlocks(type, bytes, count, out);
   }
   return out;
 }

@@ -5,7 +5,7 @@
 // GgufError naming the key or tensor.
 import { basename, resolve } from 'node:path';
 import type { ModelConfig } from './config.js';
-import { dequantize, ggufTensorName, unpermuteRopeRows } from './gguf_format.js';
+import { dequantize, ggufTensorName, isRequantized, quantizeQ8_0, typeBytes, unpermuteRopeRows } from './gguf_format.js';
 import { GgufError, GgufFile, type GgufValue } from './gguf_read.js';
 import { tokenizerFromGguf } from './gguf_tokenizer.js';
 import { LlamaModel, type LoadOptions, type WeightSource } from './model.js';
@@ -121,6 +121,15 @@ export function ggufWeights(g: GgufFile, cfg: ModelConfig): WeightSource {
       if (t.type === 'F32' || shape.length !== 2) return null;
       const bytes = await g.read(t.name);
       const heads = qkHeads(hf);
+      if (isRequantized(t.type)) {
+        // Decoded and re-quantized to Q8_0 (gguf_blocks.ts): rows are whole blocks of 32, as
+        // every such type's block is a multiple of 32 values.
+        let x = dequantize(t.type, bytes, shape[0]! * shape[1]!);
+        if (heads) x = unpermuteRopeRows(x, heads, cfg.headDim, shape[1]!);
+        const q8 = new Uint8Array(typeBytes('Q8_0', x.length));
+        quantizeQ8_0(x, q8);
+        return { type: 'Q8_0', bytes: q8 };
+      }
       return { type: t.type, bytes: heads ? unpermuteRopeRows(bytes, heads, cfg.headDim, rowBytes(t.type, shape[1]!)) : bytes };
     },
   };

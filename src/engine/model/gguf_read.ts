@@ -4,7 +4,7 @@
 // time with positioned reads and checked to lie inside the file.
 import { open } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
-import { GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GV, TYPE_LAYOUT, typeBytes, typeName, type GgmlTypeName } from './gguf_format.js';
+import { GGML_TYPES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GV, TYPE_LAYOUT, typeBytes, typeName, type GgmlTypeName } from './gguf_format.js';
 
 export class GgufError extends Error {
   override name = 'GgufError';
@@ -171,7 +171,7 @@ export class GgufFile {
       for (let d = 0; d < nd; d++) dims.push(c.u64(`tensor "${name}" dims`));
       const rawType = c.u32();
       const type = typeName(rawType);
-      if (!type) throw new GgufError(`${file}: tensor "${name}" has ggml type ${rawType}; supported: F32, F16, BF16, Q8_0, Q4_0`);
+      if (!type) throw new GgufError(`${file}: tensor "${name}" has ggml type ${rawType}; supported: ${Object.keys(GGML_TYPES).join(', ')}`);
       const off = c.u64(`tensor "${name}" offset`);
       const count = dims.reduce((a, x) => a * x, 1);
       if (!Number.isSafeInteger(count) || count <= 0) throw new GgufError(`${file}: tensor "${name}" has dims [${dims}]`);

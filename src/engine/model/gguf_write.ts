@@ -18,9 +18,11 @@ import {
   permuteRopeRows,
   quantizeQ4_0,
   quantizeQ8_0,
+  TYPE_LAYOUT,
   typeBytes,
   type GgmlTypeName,
 } from './gguf_format.js';
+import { encodeBlocks } from './gguf_blocks.js';
 import { f32ToBf16, f32ToF16, SafetensorsCollection } from './safetensors.js';
 
 export type MetaValue =
@@ -144,6 +146,8 @@ export function encodeTensor(type: GgmlTypeName, x: Float32Array): Uint8Array {
     case 'Q4_0':
       quantizeQ4_0(x, out);
       break;
+    default:
+      encodeBlocks(type, x, out);
   }
   return out;
 }
@@ -162,7 +166,8 @@ export async function writeGguf(file: string, meta: [string, MetaValue][], tenso
   for (const t of tensors) {
     const count = t.shape.reduce((a, x) => a * x, 1);
     const innermost = t.shape[t.shape.length - 1]!;
-    if (innermost % (t.type === 'Q8_0' || t.type === 'Q4_0' ? 32 : 1) !== 0) throw new Error(`${t.name}: ${t.type} needs rows of a multiple of 32 values, got ${innermost}`);
+    const block = TYPE_LAYOUT[t.type].block;
+    if (innermost % block !== 0) throw new Error(`${t.name}: ${t.type} needs rows of a multiple of ${block} values, got ${innermost}`);
     h.str(t.name);
     h.u32(t.shape.length);
     for (let i = t.shape.length - 1; i >= 0; i--) h.u64(t.shape[i]!); // innermost first
@@ -269,9 +274,11 @@ export function llamaMeta(cfg: ModelConfig, name: string, fileType: GgmlTypeName
 
 /**
  * Converts the checkpoint in `dir` to `file`. `type` is the type of the 2-D weights (norms stay
- * F32). The output head is written even when tied, so llama.cpp needs no tying logic.
+ * F32), `opts.typeOf` may name another for some of them by GGUF name (mixes such as llama.cpp's
+ * Q4_K_M: Q6_K for the output head and some attn_v / ffn_down). The output head is written even
+ * when tied, so llama.cpp needs no tying logic.
  */
-export async function convertToGguf(dir: string, file: string, type: GgmlTypeName = 'F32', opts: { name?: string } = {}): Promise<void> {
+export async function convertToGguf(dir: string, file: string, type: GgmlTypeName = 'F32', opts: { name?: string; typeOf?: (ggufName: string) => GgmlTypeName | undefined } = {}): Promise<void> {
   const cfg = await loadModelConfig(dir);
   const st = await SafetensorsCollection.openDir(dir);
   const tj = JSON.parse(await readFile(join(dir, 'tokenizer.json'), 'utf8')) as TokenizerJson;
@@ -291,7 +298,7 @@ export async function convertToGguf(dir: string, file: string, type: GgmlTypeNam
     tensors.push({
       name,
       shape,
-      type: shape.length === 1 ? 'F32' : type,
+      type: shape.length === 1 ? 'F32' : (opts.typeOf?.(name) ?? type),
       data: async () => {
         const d = (await st.get(hf, shape)).data;
         return permuteHeads ? permuteRopeRows(d, permuteHeads, headDim, shape[1]!) : d;
@@ -313,6 +320,6 @@ export async function convertToGguf(dir: string, file: string, type: GgmlTypeNam
   }
   add('model.norm.weight', [dim]);
   if (st.has('lm_head.weight') && !cfg.tieWordEmbeddings) add('lm_head.weight', [vocabSize, dim]);
-  else tensors.push({ name: 'output.weight', shape: [vocabSize, dim], type, data: async () => (await st.get('model.embed_tokens.weight', [vocabSize, dim])).data });
+  else tensors.push({ name: 'output.weight', shape: [vocabSize, dim], type: opts.typeOf?.('output.weight') ?? type, data: async () => (await st.get('model.embed_tokens.weight', [vocabSize, dim])).data });
   await writeGguf(file, llamaMeta(cfg, opts.name ?? 'kvc-converted', type, vocab, addBos), tensors);
 }

@@ -6,13 +6,13 @@
 // by) halves. Q8_0 (3.6x smaller than f32) and Q4_0 (held in the Q8 layout: its 4-bit values
 // widen to int8 exactly, same scale) are computed as int8 dot products against quantized
 // activations (q8_dot.ts), in the JS kernel too.
-import { dequantize, type GgmlTypeName } from './gguf_format.js';
+import { dequantize, type HeldType } from './gguf_format.js';
 import { PANEL, panelIndex, Q8_BLOCK_BYTES, Q8_HALF_BLOCK_BYTES, Q8_HALF_COLS, Q8_HALF_PAIR_BYTES, STRIP, type WFmt } from './gemm_wat.js';
 import { f16ToF32 } from './safetensors.js';
 
 /** A [n][k] weight in its stored encoding (row-major, rows of k values; blocks run along k). */
 export interface EncodedWeight {
-  type: Exclude<GgmlTypeName, 'F32'>;
+  type: HeldType;
   bytes: Uint8Array;
 }
 

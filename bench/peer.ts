@@ -18,9 +18,15 @@
 //      with one KV cache per configuration kept across runs (as a server keeps it; llama.cpp's
 //      context, and so its KV buffer, is likewise allocated outside the timed region).
 //   5. kvc decode at batch 1 from the 156M model's Q8_0 GGUF against its f32 weights (interleaved).
+//   6. The block formats kvc re-quantizes at load (src/engine/model/gguf_blocks.ts): the tiny model
+//      in llama.cpp's Q4_K_M and Q5_K_M mixes, all-Q6_K and all-Q5_0, written by kvc's converter;
+//      on 8 prompts, the next-token distribution of kvc and of llama.cpp from each file, against
+//      each other and against kvc's f32 model (total variation distance). Both read the same
+//      quantized weights when kvc–llama.cpp is well below either's distance from f32 (a layout
+//      read differently would put llama.cpp as far from kvc as from f32, or farther).
 // Last line: {"bench":"peer","match":…,"prefill_ratio":…,…} — ratios are kvc ÷ llama.cpp.
 // Parts for targeted runs (the default is the whole benchmark, ~12 min on 2 cores at 7 runs):
-//   --only tiny,big,q8   any subset (figures of parts not run are null, "parts" lists those run)
+//   --only tiny,big,q8,kquant   any subset (figures of parts not run are null, "parts" lists those run)
 //   --reps N             timed runs per figure and configuration (the best counts; default 7)
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -34,6 +40,7 @@ import { compile, type TopLevelSpec } from 'vega-lite';
 import { builtinConfigJson, ensureBuiltinModel, builtinTensors, Rng, randn, type BuiltinSpec } from '../src/engine/model/builtin.js';
 import { loadGgufModel } from '../src/engine/model/gguf_model.js';
 import { fmaSupport } from '../src/engine/model/fma.js';
+import type { GgmlTypeName } from '../src/engine/model/gguf_format.js';
 import { convertToGguf } from '../src/engine/model/gguf_write.js';
 import { LlamaModel, type Segment } from '../src/engine/model/model.js';
 import { writeSafetensors } from '../src/engine/model/safetensors.js';
@@ -42,7 +49,7 @@ import { resultsDir } from './_plot.js';
 const PEER_VERSION = '3.22.1';
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const PEER_DIR = join(ROOT, 'bench', '.peer');
-const PARTS = ['tiny', 'big', 'q8'] as const;
+const PARTS = ['tiny', 'big', 'q8', 'kquant'] as const;
 type Part = (typeof PARTS)[number];
 
 function parseOptions(argv: string[]): { only: Set<Part>; reps: number } {
@@ -74,6 +81,8 @@ const PEER_RUN_CAP_MS = 30_000;
 
 interface LlamaSeq {
   evaluate(tokens: number[], opts: { temperature: number }): AsyncIterable<number>;
+  /** Used with `generateNext.probabilities` on the last token: the next token's distribution. */
+  controlledEvaluate(input: (number | [number, { generateNext: { probabilities: true } }])[]): Promise<(undefined | { next?: { probabilities?: Map<number, number> } })[]>;
   evaluateWithoutGeneratingNewTokens(tokens: number[]): Promise<void>;
   clearHistory(): Promise<void>;
   dispose(): void;
@@ -408,6 +417,98 @@ async function q8Decode(dir: string): Promise<{ q8: number; f32: number }> {
   }
 }
 
+interface KquantFile {
+  file: string;
+  /** Mean total variation distance of the next-token distributions over the prompts. */
+  kvcVsPeer: number;
+  kvcVsF32: number;
+  peerVsF32: number;
+  /** Prompts whose most likely next token is the same for both engines. */
+  top1Same: number;
+  /** kvc–llama.cpp closer than either is to f32: both read the same weights. */
+  agree: boolean;
+}
+
+const KQUANT_FILES: [string, GgmlTypeName, ((ggufName: string) => GgmlTypeName | undefined) | undefined][] = [
+  // llama.cpp's Q4_K_M / Q5_K_M: Q6_K for the output head and (of a model this small, all of)
+  // attn_v and ffn_down.
+  ['Q4_K_M', 'Q4_K', (n) => (/^output\.weight$|attn_v|ffn_down/.test(n) ? 'Q6_K' : undefined)],
+  ['Q5_K_M', 'Q5_K', (n) => (/^output\.weight$|attn_v|ffn_down/.test(n) ? 'Q6_K' : undefined)],
+  ['Q6_K', 'Q6_K', undefined],
+  ['Q5_0', 'Q5_0', undefined],
+];
+const KQUANT_PROMPTS = 8;
+
+/** Next-token distributions of kvc and llama.cpp on the tiny model's k-quant files (part 6 above). */
+async function kquantAgreement(llama: Llama, dir: string): Promise<KquantFile[]> {
+  const softmax = (lg: Float32Array): Float64Array => {
+    let m = -Infinity;
+    for (const v of lg) m = Math.max(m, v);
+    const p = new Float64Array(lg.length);
+    let s = 0;
+    for (let i = 0; i < lg.length; i++) s += p[i] = Math.exp(lg[i]! - m);
+    for (let i = 0; i < p.length; i++) p[i]! /= s;
+    return p;
+  };
+  const tv = (a: Float64Array, b: Float64Array) => {
+    let s = 0;
+    for (let i = 0; i < a.length; i++) s += Math.abs(a[i]! - b[i]!);
+    return s / 2;
+  };
+  const kvcNext = (m: LlamaModel, p: number[]) => {
+    const kv = m.createKvCache(16 << 20);
+    return softmax(m.forward([{ seqId: 1, tokens: p, startPos: 0, wantLogits: true }], kv)[0]!);
+  };
+  const prompts = Array.from({ length: KQUANT_PROMPTS }, (_, k) => prompt(24, 300 + k));
+  const f32 = await LlamaModel.load(dir);
+  const exact = prompts.map((p) => kvcNext(f32, p));
+  f32.close();
+  const out: KquantFile[] = [];
+  for (const [label, type, typeOf] of KQUANT_FILES) {
+    const file = join(PEER_DIR, 'gguf', `tiny-${label}.gguf`);
+    await mkdir(dirname(file), { recursive: true });
+    await convertToGguf(dir, file, type, { name: `tiny-${label}`, typeOf });
+    const km = await loadGgufModel(file);
+    const pm = await llama.loadModel({ modelPath: file, gpuLayers: 0 });
+    const r = { kvcVsPeer: 0, kvcVsF32: 0, peerVsF32: 0, top1Same: 0 };
+    try {
+      for (const [i, p] of prompts.entries()) {
+        const k = kvcNext(km, p);
+        const ctx = await pm.createContext({ contextSize: 256, batchSize: 64, threads: 2, sequences: 1 });
+        let probs: Map<number, number> | undefined;
+        try {
+          const res = await ctx.getSequence().controlledEvaluate(p.map((t, j) => (j === p.length - 1 ? [t, { generateNext: { probabilities: true } }] : t)));
+          probs = res[p.length - 1]?.next?.probabilities;
+        } finally {
+          await ctx.dispose();
+        }
+        if (!probs) throw new Error(`llama.cpp gave no next-token probabilities for ${file}`);
+        const q = new Float64Array(k.length);
+        for (const [t, v] of probs) q[t] = v;
+        r.kvcVsPeer += tv(k, q) / prompts.length;
+        r.kvcVsF32 += tv(k, exact[i]!) / prompts.length;
+        r.peerVsF32 += tv(q, exact[i]!) / prompts.length;
+        let ak = 0;
+        let aq = 0;
+        for (let j = 1; j < k.length; j++) {
+          if (k[j]! > k[ak]!) ak = j;
+          if (q[j]! > q[aq]!) aq = j;
+        }
+        if (ak === aq) r.top1Same++;
+      }
+    } finally {
+      km.close();
+      await pm.dispose();
+    }
+    const agree = r.kvcVsPeer < Math.min(r.kvcVsF32, r.peerVsF32);
+    out.push({ file: label, ...r, agree });
+    console.log(
+      `[kquant] ${label.padEnd(7)} next-token total variation: kvc–llama.cpp ${r.kvcVsPeer.toFixed(3)}, kvc–f32 ${r.kvcVsF32.toFixed(3)}, llama.cpp–f32 ${r.peerVsF32.toFixed(3)}; top-1 same ${r.top1Same}/${prompts.length}; ${agree ? 'same weights read' : 'READ DIFFERENTLY'}`,
+    );
+  }
+  return out;
+}
+
 /** Bars of tok/s, kvc against llama.cpp's best, per model and figure (vega-lite rendered to SVG). */
 async function plot(file: string, rows: { model: string; engine: string; figure: string; tps: number }[]): Promise<void> {
   const spec: TopLevelSpec = {
@@ -433,13 +534,14 @@ async function main(): Promise<void> {
   const { only } = OPTS;
   // KVC_WASM_FMA=0 measures the mul+add kernel; unset uses FMA where the platform has it.
   console.log(`kvc GEMM: ${fmaSupport().fma ? 'fused multiply-add' : 'mul+add'} (${fmaSupport().reason})`);
-  const llama = only.has('tiny') || only.has('big') ? await peer() : null;
+  const llama = only.has('tiny') || only.has('big') || only.has('kquant') ? await peer() : null;
   try {
     const tiny = llama && only.has('tiny') ? await compare(llama, 'tiny', await ensureBuiltinModel('tiny')) : null;
     const bigDir = only.has('big') || only.has('q8') ? await bigModelDir() : '';
     const big = llama && only.has('big') ? await compare(llama, 'big', bigDir) : null;
     const q8 = only.has('q8') ? await q8Decode(bigDir) : null;
     if (q8) console.log(`[big] kvc decode b1: Q8_0 ${q8.q8.toFixed(1)} tok/s vs f32 ${q8.f32.toFixed(1)} tok/s (x${(q8.q8 / q8.f32).toFixed(2)})`);
+    const kq = llama && only.has('kquant') ? await kquantAgreement(llama, await ensureBuiltinModel('tiny')) : null;
     const rows: { model: string; engine: string; figure: string; tps: number }[] = [];
     for (const [model, c] of [
       ['built-in tiny', tiny],
@@ -476,6 +578,9 @@ async function main(): Promise<void> {
         big_decode8_ratio: r(big?.ratio.decode8),
         q8_decode1_tps: q8 ? Number(q8.q8.toFixed(1)) : null,
         f32_decode1_tps: q8 ? Number(q8.f32.toFixed(1)) : null,
+        // Part 6: every k-quant file read as llama.cpp reads it, and the distances per file.
+        kquant_agree: kq ? kq.every((f) => f.agree) : null,
+        kquant_tv: kq ? Object.fromEntries(kq.map((f) => [f.file, { kvc_llama: r(f.kvcVsPeer), kvc_f32: r(f.kvcVsF32), llama_f32: r(f.peerVsF32), top1_same: f.top1Same }])) : null,
         // Prefill tok/s per configuration (best of the runs), to judge the ratios by.
         prefill_tps: Object.fromEntries(
           [['tiny', tiny], ['big', big]].filter(([, c]) => c !== null).map(([m, c]) => [m, Object.fromEntries((c as Comparison).configs.map((x) => [x.name, Math.round(x.best.prefill)]))]),

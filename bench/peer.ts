@@ -23,7 +23,8 @@
 //      on 8 prompts, the next-token distribution of kvc and of llama.cpp from each file, against
 //      each other and against kvc's f32 model (total variation distance). Both read the same
 //      quantized weights when kvc–llama.cpp is well below either's distance from f32 (a layout
-//      read differently would put llama.cpp as far from kvc as from f32, or farther).
+//      read differently would put llama.cpp as far from kvc as from f32, or farther). Then decode
+//      at batch 1 from the 156M model's Q4_K_M file, kvc against llama.cpp (q4km_decode1_ratio).
 // Last line: {"bench":"peer","match":…,"prefill_ratio":…,…} — ratios are kvc ÷ llama.cpp.
 // Parts for targeted runs (the default is the whole benchmark, ~12 min on 2 cores at 7 runs):
 //   --only tiny,big,q8,kquant   any subset (figures of parts not run are null, "parts" lists those run)
@@ -509,6 +510,44 @@ async function kquantAgreement(llama: Llama, dir: string): Promise<KquantFile[]>
   return out;
 }
 
+/**
+ * Decode at batch 1 from the 156M model in the Q4_K_M mix, kvc (which holds it re-quantized to
+ * Q8_0) against llama.cpp (which computes the k-quant blocks as they are), each at 1 and 2
+ * threads, interleaved; each engine's best run counts.
+ */
+async function q4kmDecode(llama: Llama, dir: string): Promise<{ kvc: number; peer: number }> {
+  const file = join(PEER_DIR, 'gguf', 'big-Q4_K_M.gguf');
+  await mkdir(dirname(file), { recursive: true });
+  const [, type, typeOf] = KQUANT_FILES[0]!;
+  await convertToGguf(dir, file, type, { name: 'big-Q4_K_M', typeOf });
+  const k1 = new KvcSide(await loadGgufModel(file, { threads: 1 }));
+  const k2 = new KvcSide(await loadGgufModel(file, { threads: 2 }));
+  const pm = await llama.loadModel({ modelPath: file, gpuLayers: 0 });
+  try {
+    const sides: [string, KvcSide | PeerSide][] = [
+      ['kvc (1 thread)', k1],
+      ['kvc (2 threads)', k2],
+      ['llama.cpp (1 thread)', new PeerSide(pm, 1)],
+      ['llama.cpp (2 threads)', new PeerSide(pm, 2)],
+    ];
+    const runs = new Map<string, number[]>(sides.map(([n]) => [n, []]));
+    for (const [, side] of sides) await side.decode(1, 0);
+    for (let i = 0; i < RUNS; i++) {
+      for (const [name, side] of i % 2 === 0 ? sides : [...sides].reverse()) {
+        await new Promise((res) => setTimeout(res, IDLE_MS));
+        runs.get(name)!.push(await side.decode(1, 60 + i));
+      }
+    }
+    for (const [name, xs] of runs) console.log(`[big Q4_K_M] ${name.padEnd(22)} decode b1 best ${Math.max(...xs).toFixed(1)} tok/s   runs: ${xs.map((x) => x.toFixed(1)).join(' ')}`);
+    const best = (a: string, b: string) => Math.max(...runs.get(a)!, ...runs.get(b)!);
+    return { kvc: best('kvc (1 thread)', 'kvc (2 threads)'), peer: best('llama.cpp (1 thread)', 'llama.cpp (2 threads)') };
+  } finally {
+    k1.model.close();
+    k2.model.close();
+    await pm.dispose();
+  }
+}
+
 /** Bars of tok/s, kvc against llama.cpp's best, per model and figure (vega-lite rendered to SVG). */
 async function plot(file: string, rows: { model: string; engine: string; figure: string; tps: number }[]): Promise<void> {
   const spec: TopLevelSpec = {
@@ -537,11 +576,13 @@ async function main(): Promise<void> {
   const llama = only.has('tiny') || only.has('big') || only.has('kquant') ? await peer() : null;
   try {
     const tiny = llama && only.has('tiny') ? await compare(llama, 'tiny', await ensureBuiltinModel('tiny')) : null;
-    const bigDir = only.has('big') || only.has('q8') ? await bigModelDir() : '';
+    const bigDir = only.has('big') || only.has('q8') || only.has('kquant') ? await bigModelDir() : '';
     const big = llama && only.has('big') ? await compare(llama, 'big', bigDir) : null;
     const q8 = only.has('q8') ? await q8Decode(bigDir) : null;
     if (q8) console.log(`[big] kvc decode b1: Q8_0 ${q8.q8.toFixed(1)} tok/s vs f32 ${q8.f32.toFixed(1)} tok/s (x${(q8.q8 / q8.f32).toFixed(2)})`);
     const kq = llama && only.has('kquant') ? await kquantAgreement(llama, await ensureBuiltinModel('tiny')) : null;
+    const q4km = llama && only.has('kquant') ? await q4kmDecode(llama, bigDir) : null;
+    if (q4km) console.log(`[big Q4_K_M] decode b1: kvc ${q4km.kvc.toFixed(1)} tok/s (re-quantized to Q8_0) vs llama.cpp ${q4km.peer.toFixed(1)} tok/s (x${(q4km.kvc / q4km.peer).toFixed(2)})`);
     const rows: { model: string; engine: string; figure: string; tps: number }[] = [];
     for (const [model, c] of [
       ['built-in tiny', tiny],
@@ -580,6 +621,7 @@ async function main(): Promise<void> {
         f32_decode1_tps: q8 ? Number(q8.f32.toFixed(1)) : null,
         // Part 6: every k-quant file read as llama.cpp reads it, and the distances per file.
         kquant_agree: kq ? kq.every((f) => f.agree) : null,
+        q4km_decode1_ratio: q4km ? r(q4km.kvc / q4km.peer) : null,
         kquant_tv: kq ? Object.fromEntries(kq.map((f) => [f.file, { kvc_llama: r(f.kvcVsPeer), kvc_f32: r(f.kvcVsF32), llama_f32: r(f.peerVsF32), top1_same: f.top1Same }])) : null,
         // Prefill tok/s per configuration (best of the runs), to judge the ratios by.
         prefill_tps: Object.fromEntries(

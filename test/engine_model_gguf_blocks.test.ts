@@ -3,7 +3,8 @@
 // ggml's layout (so an encoder and decoder that agree with each other but not with the format
 // fail), each encoder's round trip within its bit width's error, and a GGUF in llama.cpp's
 // Q4_K_M mix (Q4_K, Q6_K for the output head, attn_v and ffn_down) loaded as a model held in
-// Q8 and within the documented logit tolerance of its f32 weights. (That llama.cpp reads these
+// Q8 and within the documented logit tolerance of its f32 weights; a layer stacked from Q4_0 and
+// Q8_0 parts held as one Q8 weight. (That llama.cpp reads these
 // files as kvc does is checked against llama.cpp itself by `npm run bench -- peer`.)
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -12,10 +13,12 @@ import { join } from 'node:path';
 import { builtinConfigJson, builtinTensors, type BuiltinSpec } from '../src/engine/model/builtin.js';
 import { BLOCK_LAYOUT, decodeBlocks, encodeBlocks, type RequantizedType } from '../src/engine/model/gguf_blocks.js';
 import { loadGguf } from '../src/engine/model/gguf_model.js';
+import { dequantize, type GgmlTypeName } from '../src/engine/model/gguf_format.js';
 import { GgufFile } from '../src/engine/model/gguf_read.js';
-import { convertToGguf } from '../src/engine/model/gguf_write.js';
+import { convertToGguf, encodeTensor } from '../src/engine/model/gguf_write.js';
 import { LlamaModel } from '../src/engine/model/model.js';
 import { f32ToF16, writeSafetensors } from '../src/engine/model/safetensors.js';
+import { q4_0AsQ8_0 } from '../src/engine/model/weight_pack.js';
 import { tempDir } from './helpers/proc.js';
 
 const decode = (type: RequantizedType, bytes: Uint8Array, count: number) => {
@@ -164,8 +167,11 @@ const SPEC: BuiltinSpec = {
   embedStd: 0.2,
 };
 
-test('gguf: a Q4_K_M-style file (Q4_K, Q6_K head/attn_v/ffn_down) and a Q5_K file load held in Q8, within the documented tolerance', async () => {
-  const root = tempDir('kvc-gguf-kq-');
+let root: string | undefined;
+/** The random model as an f32 Hugging Face directory (written once). */
+async function modelDir(): Promise<string> {
+  if (root) return join(root, 'f32');
+  root = tempDir('kvc-gguf-kq-');
   const dir = join(root, 'f32');
   mkdirSync(dir, { recursive: true });
   await writeSafetensors(join(dir, 'model.safetensors'), builtinTensors(SPEC));
@@ -173,21 +179,38 @@ test('gguf: a Q4_K_M-style file (Q4_K, Q6_K head/attn_v/ffn_down) and a Q5_K fil
   const tok = join('node_modules', '@lenml', 'tokenizer-llama2', 'models');
   copyFileSync(join(tok, 'tokenizer.json'), join(dir, 'tokenizer.json'));
   copyFileSync(join(tok, 'tokenizer_config.json'), join(dir, 'tokenizer_config.json'));
+  return dir;
+}
+
+test('Q4_0 as Q8_0: the same values, bit for bit', () => {
+  const n = 32 * 40;
+  const x = Float32Array.from({ length: n }, (_, i) => Math.sin(i * 0.37) * (1 + (i % 97)) * 0.01);
+  const q4 = encodeTensor('Q4_0', x);
+  assert.deepEqual([...dequantize('Q8_0', q4_0AsQ8_0(q4), n)], [...dequantize('Q4_0', q4, n)]);
+  assert.throws(() => q4_0AsQ8_0(new Uint8Array(17)), /whole 18-byte blocks/);
+});
+
+type Mix = [string, GgmlTypeName, ((n: string) => GgmlTypeName | undefined) | undefined, number, string[]];
+
+test('gguf: Q4_K_M-style (Q4_K, Q6_K head/attn_v/ffn_down), Q5_K and Q4_0 with Q8_0 attn_v files load held in Q8 (no layer widened to f32), within the documented tolerance', async () => {
+  const dir = await modelDir();
   const ref = await LlamaModel.load(dir);
   const p = [1, ...Array.from({ length: 29 }, (_, i) => 3 + ((i * 7919) % 31000))];
   const logits = (m: LlamaModel) => m.forward([{ seqId: 1, tokens: p, startPos: 0, wantLogits: true }], m.createKvCache(16 << 20))[0]!;
   try {
     const exact = logits(ref);
-    const mixes: [string, 'Q4_K' | 'Q5_K', ((n: string) => 'Q6_K' | undefined) | undefined, number][] = [
-      ['q4_k_m', 'Q4_K', (n) => (/^output\.weight$|attn_v|ffn_down/.test(n) ? 'Q6_K' : undefined), 0.9],
-      ['q5_k', 'Q5_K', undefined, 0.6],
+    const mixes: Mix[] = [
+      ['q4_k_m', 'Q4_K', (n) => (/^output\.weight$|attn_v|ffn_down/.test(n) ? 'Q6_K' : undefined), 0.9, ['Q4_K', 'Q6_K']],
+      ['q5_k', 'Q5_K', undefined, 0.6, ['Q5_K']],
+      // q, k in Q4_0 and v in Q8_0 are one stacked layer: held as one Q8 weight.
+      ['q4_0+q8_0', 'Q4_0', (n) => (/attn_v/.test(n) ? 'Q8_0' : undefined), 0.9, ['Q4_0', 'Q8_0']],
     ];
-    for (const [name, type, typeOf, tol] of mixes) {
-      const file = join(root, `${name}.gguf`);
+    for (const [name, type, typeOf, tol, fileTypes] of mixes) {
+      const file = join(root!, `${name}.gguf`);
       await convertToGguf(dir, file, type, { typeOf });
       const g = await GgufFile.open(file);
       const types = new Set([...g.tensors.values()].filter((t) => t.dims.length === 2).map((t) => t.type));
-      assert.deepEqual([...types].sort(), typeOf ? ['Q4_K', 'Q6_K'] : [type], `${name}: the file's 2-D types`);
+      assert.deepEqual([...types].sort(), fileTypes, `${name}: the file's 2-D types`);
       const m = (await loadGguf(file)).model;
       try {
         assert.deepEqual(m.weightFormats(), ['q8'], `${name}: held as Q8`);

@@ -15,7 +15,7 @@ import { createGemm } from './gemm.js';
 import { argmaxJs, type Gemm, type Weight } from './kernel.js';
 import { BLOCK_SHIFT, BLOCK_TOKENS, KvCacheFullError, PagedKvCache } from './kv_cache.js';
 import { SafetensorsCollection, SafetensorsError } from './safetensors.js';
-import type { EncodedWeight } from './weight_pack.js';
+import { commonEncoding, type EncodedWeight } from './weight_pack.js';
 
 export interface Segment {
   seqId: string | number;
@@ -151,22 +151,23 @@ export class LlamaModel {
     // Normalisation weights where the kernel's RMSNorm reads them in place.
     const vec = async (name: string, n: number) => gemm.hold(await st.get(name, [n]));
     // A linear layer from one or more tensors stacked by rows. Kept in its stored encoding
-    // (16-bit, Q8_0, Q4_0) when every part has the same one — the kernel computes the same bits
-    // as from the widened f32 values, with a half or a quarter of the memory traffic — else f32.
+    // (16-bit, Q8_0, Q4_0) when its parts share one (commonEncoding: Q4_0 and Q8_0 parts share
+    // the Q8 layout) — the kernel computes the same bits as from the widened f32 values, with a
+    // half or a quarter of the memory traffic — else f32.
     const mat = async (names: string[], rows: number[], cols: number, glu = false): Promise<Weight> => {
       const n = rows.reduce((a, b) => a + b, 0);
       if (st.getEncoded) {
-        const parts: (EncodedWeight | null)[] = [];
-        for (let i = 0; i < names.length; i++) parts.push(await st.getEncoded(names[i]!, [rows[i]!, cols]));
-        const type = parts[0]?.type;
-        if (type && parts.every((p) => p?.type === type)) {
-          const bytes = new Uint8Array(parts.reduce((a, p) => a + p!.bytes.length, 0));
+        const raw: (EncodedWeight | null)[] = [];
+        for (let i = 0; i < names.length; i++) raw.push(await st.getEncoded(names[i]!, [rows[i]!, cols]));
+        const parts = commonEncoding(raw);
+        if (parts) {
+          const bytes = new Uint8Array(parts.reduce((a, p) => a + p.bytes.length, 0));
           let off = 0;
           for (const p of parts) {
-            bytes.set(p!.bytes, off);
-            off += p!.bytes.length;
+            bytes.set(p.bytes, off);
+            off += p.bytes.length;
           }
-          return gemm.uploadEncoded({ type, bytes }, n, cols);
+          return gemm.uploadEncoded({ type: parts[0]!.type, bytes }, n, cols);
         }
       }
       const out = new Float32Array(n * cols);

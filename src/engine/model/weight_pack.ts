@@ -35,6 +35,42 @@ export function decodeWeight(w: EncodedWeight, n: number, k: number): Float32Arr
   return dequantize(w.type, w.bytes, n * k);
 }
 
+/**
+ * A Q4_0 weight as Q8_0 bytes with the same values: each block's f16 scale and its 4-bit values
+ * −8..7 as int8. The kernel holds both in one layout, so a layer stacked from Q4_0 and Q8_0 parts
+ * (llama.cpp files mix them) is held as one Q8 weight, computing the same bits as either alone.
+ */
+export function q4_0AsQ8_0(bytes: Uint8Array): Uint8Array {
+  if (bytes.length % 18 !== 0) throw new Error(`Q4_0 weight of ${bytes.length} bytes is not whole 18-byte blocks`);
+  const blocks = bytes.length / 18;
+  const out = new Uint8Array(blocks * 34);
+  for (let b = 0; b < blocks; b++) {
+    const i = b * 18;
+    const o = b * 34;
+    out[o] = bytes[i]!;
+    out[o + 1] = bytes[i + 1]!;
+    for (let j = 0; j < 16; j++) {
+      const v = bytes[i + 2 + j]!;
+      out[o + 2 + j] = ((v & 15) - 8) & 255;
+      out[o + 2 + j + 16] = ((v >> 4) - 8) & 255;
+    }
+  }
+  return out;
+}
+
+/**
+ * The encoded parts of a stacked layer in one encoding, or null when they cannot share one
+ * without changing a value (then the layer is widened to f32): parts of one type as they are,
+ * Q4_0 and Q8_0 parts together as Q8_0 (q4_0AsQ8_0).
+ */
+export function commonEncoding(parts: (EncodedWeight | null)[]): EncodedWeight[] | null {
+  if (parts.some((p) => p === null)) return null;
+  const ps = parts as EncodedWeight[];
+  if (ps.every((p) => p.type === ps[0]!.type)) return ps;
+  if (ps.every((p) => p.type === 'Q8_0' || p.type === 'Q4_0')) return ps.map((p) => (p.type === 'Q4_0' ? { type: 'Q8_0', bytes: q4_0AsQ8_0(p.bytes) } : p));
+  return null;
+}
+
 /** Rows [n][k] bytes per row of an encoding. */
 export function rowBytes(type: EncodedWeight['type'], k: number): number {
   if (type === 'Q8_0') return (k / 32) * 34;

@@ -636,8 +636,11 @@ function quantQ8Func(): string {
  * activations as quantq8 left them (int16 [M][K], scales after) and W strip-packed q8. Per row
  * and 32-column strip, per k-block: eight i32x4 accumulators of i32x4.dot_i16x8_s over the 16
  * k-pairs (the pair (x_k, x_k+1) splatted as one i32), then C += f32(isum) · f32(dw · dx), C
- * starting at 0 — q8_dot.ts's order. Rows one at a time: the integer dot leaves no widening work
- * to share between rows, and the strip stays cache-resident over the row block.
+ * starting at 0 — q8_dot.ts's order. Rows two at a time (one alone when a row block has an odd
+ * count): each weight group is loaded and widened once for both rows' dot products, which took
+ * a 512-token prefill of the 156M model's Q8_0 file from ~330 to ~390 tok/s and decode at batch
+ * 8 up ~13 % (paired runs, docs/engine-model.md); three rows would need 19 xmm registers. The
+ * strip stays cache-resident over the row block; every row's sums are those of the one-row path.
  * A k-block is taken in two passes of 16 columns (four accumulators each), not one of 32: V8
  * loads all of a step's weight groups before its dot products, so eight accumulators, eight
  * loaded groups and the splat needed 17 xmm registers; one accumulator then lived on the stack
@@ -646,42 +649,82 @@ function quantQ8Func(): string {
  */
 function q8GemmFunc(): string {
   const HALF = Q8_HALF_COLS / 4; // accumulators (groups of 4 columns) per half
-  const acc = Array.from({ length: HALF }, (_, g) => `$c${g}`);
+  // Rows in pairs where two remain (R = 2), then one: a pair shares each weight group's load and
+  // widening between its two rows' dot products. Accumulators: $c* of the first row, $e* of the
+  // second; each row's integer sums and flushes are exactly the single-row path's.
+  const acc = (r: number) => Array.from({ length: HALF }, (_, g) => `$${r === 0 ? 'c' : 'e'}${g}`);
   // A half's k-pair row is 32 bytes: its four groups of 4 columns × 2 k.
-  const pair = () => {
+  const pair = (R: number) => {
     const out: string[] = [`(local.set $x (v128.load32_splat (local.get $ap)))`];
-    for (let g = 0; g < HALF; g++) out.push(`(local.set $c${g} (i32x4.add (local.get $c${g}) (i32x4.dot_i16x8_s (v128.load8x8_s offset=${g * 8} (local.get $wp)) (local.get $x))))`);
-    return out;
-  };
-  const flush = (h: number) => {
-    const out: string[] = [];
+    if (R === 1) {
+      for (let g = 0; g < HALF; g++) out.push(`(local.set $c${g} (i32x4.add (local.get $c${g}) (i32x4.dot_i16x8_s (v128.load8x8_s offset=${g * 8} (local.get $wp)) (local.get $x))))`);
+      return out;
+    }
+    out.push(`(local.set $x1 (v128.load32_splat (i32.add (local.get $ap) (local.get $kb2))))`);
     for (let g = 0; g < HALF; g++) {
-      const o = (h * HALF + g) * 16;
-      out.push(`(v128.store offset=${o} (local.get $crow) (f32x4.add (v128.load offset=${o} (local.get $crow))
-        (f32x4.mul (f32x4.convert_i32x4_s (local.get $c${g})) (f32x4.mul (v128.load offset=${g * 16} (local.get $wh${h})) (local.get $dx)))))`);
+      out.push(`(local.set $q${g} (v128.load8x8_s offset=${g * 8} (local.get $wp)))`);
+      out.push(`(local.set $c${g} (i32x4.add (local.get $c${g}) (i32x4.dot_i16x8_s (local.get $q${g}) (local.get $x))))`);
+      out.push(`(local.set $e${g} (i32x4.add (local.get $e${g}) (i32x4.dot_i16x8_s (local.get $q${g}) (local.get $x1))))`);
     }
     return out;
   };
-  const half = (h: number) => `
-            ${acc.map((a) => `(local.set ${a} (v128.const i32x4 0 0 0 0))`).join(' ')}
+  const flush = (h: number, R: number) => {
+    const out: string[] = [];
+    for (let r = 0; r < R; r++) {
+      const [crow, dx, a] = r === 0 ? ['$crow', '$dx', 'c'] : ['$crow1', '$dx1', 'e'];
+      for (let g = 0; g < HALF; g++) {
+        const o = (h * HALF + g) * 16;
+        out.push(`(v128.store offset=${o} (local.get ${crow}) (f32x4.add (v128.load offset=${o} (local.get ${crow}))
+        (f32x4.mul (f32x4.convert_i32x4_s (local.get $${a}${g})) (f32x4.mul (v128.load offset=${g * 16} (local.get $wh${h})) (local.get ${dx})))))`);
+      }
+    }
+    return out;
+  };
+  const half = (h: number, R: number) => `
+            ${[0, 1].slice(0, R).flatMap(acc).map((a) => `(local.set ${a} (v128.const i32x4 0 0 0 0))`).join(' ')}
             (local.set $wp (i32.add (local.get $wh${h}) (i32.const ${Q8_HALF_COLS * 4})))
             (local.set $ap (local.get $ak))
             ;; 16 k-pairs, counted by the activation pointer (a separate counter was one
             ;; register too many: V8 kept it on the stack)
-            (loop $kpl${h}
-              ${pair().join('\n              ')}
+            (loop $kpl${h}r${R}
+              ${pair(R).join('\n              ')}
               (local.set $ap (i32.add (local.get $ap) (i32.const 4)))
               (local.set $wp (i32.add (local.get $wp) (i32.const ${Q8_HALF_PAIR_BYTES})))
-              (br_if $kpl${h} (i32.ne (local.get $ap) (local.get $aend))))
-            ${flush(h).join('\n            ')}
+              (br_if $kpl${h}r${R} (i32.ne (local.get $ap) (local.get $aend))))
+            ${flush(h, R).join('\n            ')}
             (local.set $wh${h} (i32.add (local.get $wh${h}) (i32.const ${Q8_HALF_BLOCK_BYTES})))`;
+  // Rows m (and m + 1 when R = 2) of the strip: C zeroed, then every k-block.
+  const rows = (R: number) => `
+          (local.set $ap (i32.add (local.get $A) (i32.mul (local.get $m) (local.get $kb2))))
+          (local.set $sp (i32.add (local.get $sbase) (i32.shl (i32.mul (local.get $m) (local.get $nblk)) (i32.const 2))))
+          (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const 2)))))
+          (local.set $crow1 (i32.add (local.get $crow) (local.get $nb)))
+          ${Array.from({ length: 8 * R }, (_, g) => `(v128.store offset=${(g % 8) * 16} (local.get ${g < 8 ? '$crow' : '$crow1'}) (v128.const i32x4 0 0 0 0))`).join('\n          ')}
+          ;; the strip's two halves, each its own run of k-blocks (two streams from memory)
+          (local.set $wh0 (local.get $wstrip))
+          (local.set $wh1 (i32.add (local.get $wstrip) (i32.mul (local.get $nblk) (i32.const ${Q8_HALF_BLOCK_BYTES}))))
+          (local.set $kq (local.get $nblk))
+          (if (local.get $kq) (then (loop $kblr${R}
+            ;; per half: the block's 16 column scales ($wh0 / $wh1), then its 16 k-pair rows of
+            ;; 32 bytes; the activations' 16 pairs from $ak (the next row's $kb2 bytes further)
+            (local.set $ak (local.get $ap))
+            (local.set $aend (i32.add (local.get $ap) (i32.const 64)))
+            (local.set $dx (f32x4.splat (f32.load (local.get $sp))))
+            ${R === 2 ? '(local.set $dx1 (f32x4.splat (f32.load (i32.add (local.get $sp) (i32.shl (local.get $nblk) (i32.const 2))))))' : ''}
+            ${half(0, R)}
+            ${half(1, R)}
+            (local.set $sp (i32.add (local.get $sp) (i32.const 4)))
+            (local.set $kq (i32.sub (local.get $kq) (i32.const 1)))
+            (br_if $kblr${R} (local.get $kq)))))
+          (local.set $m (i32.add (local.get $m) (i32.const ${R})))`;
   return `
   (func $gemmpq8 (export "gemmpq8") (param $A i32) (param $W i32) (param $C i32) (param $M i32) (param $K i32) (param $N i32)
       (param $m0 i32) (param $m1 i32) (param $n0 i32) (param $n1 i32)
     (local $kb2 i32) (local $nblk i32) (local $sbase i32) (local $nb i32) (local $mb i32) (local $mEnd i32) (local $n i32) (local $m i32)
-    (local $wstrip i32) (local $wp i32) (local $ap i32) (local $sp i32) (local $crow i32) (local $kq i32)
+    (local $wstrip i32) (local $wp i32) (local $ap i32) (local $sp i32) (local $crow i32) (local $crow1 i32) (local $kq i32)
     (local $wh0 i32) (local $wh1 i32) (local $ak i32) (local $aend i32)
-    (local $x v128) (local $dx v128) ${acc.map((a) => `(local ${a} v128)`).join(' ')}
+    (local $x v128) (local $x1 v128) (local $dx v128) (local $dx1 v128)
+    ${[0, 1].flatMap(acc).map((a) => `(local ${a} v128)`).join(' ')} ${Array.from({ length: HALF }, (_, g) => `(local $q${g} v128)`).join(' ')}
     (local.set $kb2 (i32.shl (local.get $K) (i32.const 1)))
     (local.set $nblk (i32.shr_u (local.get $K) (i32.const 5)))
     (local.set $sbase (i32.add (local.get $A) (i32.mul (local.get $M) (local.get $kb2))))
@@ -689,29 +732,12 @@ function q8GemmFunc(): string {
     ${blockedLoops(`
         (local.set $wstrip (i32.add (local.get $W) (i32.mul (i32.shr_u (local.get $n) (i32.const 5)) (i32.mul (local.get $nblk) (i32.const ${Q8_BLOCK_BYTES})))))
         (local.set $m (local.get $mb))
-        (block $rdone (loop $rloop
-          (br_if $rdone (i32.ge_u (local.get $m) (local.get $mEnd)))
-          (local.set $ap (i32.add (local.get $A) (i32.mul (local.get $m) (local.get $kb2))))
-          (local.set $sp (i32.add (local.get $sbase) (i32.shl (i32.mul (local.get $m) (local.get $nblk)) (i32.const 2))))
-          (local.set $crow (i32.add (local.get $C) (i32.add (i32.mul (local.get $m) (local.get $nb)) (i32.shl (local.get $n) (i32.const 2)))))
-          ${Array.from({ length: 8 }, (_, g) => `(v128.store offset=${g * 16} (local.get $crow) (v128.const i32x4 0 0 0 0))`).join('\n          ')}
-          ;; the strip's two halves, each its own run of k-blocks (two streams from memory)
-          (local.set $wh0 (local.get $wstrip))
-          (local.set $wh1 (i32.add (local.get $wstrip) (i32.mul (local.get $nblk) (i32.const ${Q8_HALF_BLOCK_BYTES}))))
-          (local.set $kq (local.get $nblk))
-          (if (local.get $kq) (then (loop $kbl
-            ;; per half: the block's 16 column scales ($wh0 / $wh1), then its 16 k-pair rows of
-            ;; 32 bytes; the activations' 16 pairs from $ak
-            (local.set $ak (local.get $ap))
-            (local.set $aend (i32.add (local.get $ap) (i32.const 64)))
-            (local.set $dx (f32x4.splat (f32.load (local.get $sp))))
-            ${half(0)}
-            ${half(1)}
-            (local.set $sp (i32.add (local.get $sp) (i32.const 4)))
-            (local.set $kq (i32.sub (local.get $kq) (i32.const 1)))
-            (br_if $kbl (local.get $kq)))))
-          (local.set $m (i32.add (local.get $m) (i32.const 1)))
-          (br $rloop)))`)}
+        (block $r2done (loop $r2loop
+          (br_if $r2done (i32.gt_u (i32.add (local.get $m) (i32.const 2)) (local.get $mEnd)))
+          ${rows(2)}
+          (br $r2loop)))
+        (if (i32.lt_u (local.get $m) (local.get $mEnd)) (then
+          ${rows(1)}))`)}
   )`;
 }
 

@@ -23,8 +23,9 @@
 //      on 8 prompts, the next-token distribution of kvc and of llama.cpp from each file, against
 //      each other and against kvc's f32 model (total variation distance). Both read the same
 //      quantized weights when kvc–llama.cpp is well below either's distance from f32 (a layout
-//      read differently would put llama.cpp as far from kvc as from f32, or farther). Then decode
-//      at batch 1 from the 156M model's Q4_K_M file, kvc against llama.cpp (q4km_decode1_ratio).
+//      read differently would put llama.cpp as far from kvc as from f32, or farther). Then prefill
+//      and decode at batch 1 from the 156M model's Q4_K_M file, kvc against llama.cpp
+//      (q4km_prefill_ratio, q4km_decode1_ratio).
 // Last line: {"bench":"peer","match":…,"prefill_ratio":…,…} — ratios are kvc ÷ llama.cpp.
 // Parts for targeted runs (the default is the whole benchmark, ~12 min on 2 cores at 7 runs):
 //   --only tiny,big,q8,kquant   any subset (figures of parts not run are null, "parts" lists those run)
@@ -511,11 +512,11 @@ async function kquantAgreement(llama: Llama, dir: string): Promise<KquantFile[]>
 }
 
 /**
- * Decode at batch 1 from the 156M model in the Q4_K_M mix, kvc (which holds it re-quantized to
- * Q8_0) against llama.cpp (which computes the k-quant blocks as they are), each at 1 and 2
- * threads, interleaved; each engine's best run counts.
+ * Prefill (512 tokens) and decode at batch 1 from the 156M model in the Q4_K_M mix, kvc (which
+ * holds it re-quantized to Q8_0) against llama.cpp (which computes the k-quant blocks as they
+ * are), each at 1 and 2 threads, interleaved; each engine's best run counts.
  */
-async function q4kmDecode(llama: Llama, dir: string): Promise<{ kvc: number; peer: number }> {
+async function q4kmCompare(llama: Llama, dir: string): Promise<{ kvc: { prefill: number; decode1: number }; peer: { prefill: number; decode1: number } }> {
   const file = join(PEER_DIR, 'gguf', 'big-Q4_K_M.gguf');
   await mkdir(dirname(file), { recursive: true });
   const [, type, typeOf] = KQUANT_FILES[0]!;
@@ -530,17 +531,28 @@ async function q4kmDecode(llama: Llama, dir: string): Promise<{ kvc: number; pee
       ['llama.cpp (1 thread)', new PeerSide(pm, 1)],
       ['llama.cpp (2 threads)', new PeerSide(pm, 2)],
     ];
-    const runs = new Map<string, number[]>(sides.map(([n]) => [n, []]));
-    for (const [, side] of sides) await side.decode(1, 0);
+    const pre = new Map<string, number[]>(sides.map(([n]) => [n, []]));
+    const dec = new Map<string, number[]>(sides.map(([n]) => [n, []]));
+    for (const [, side] of sides) {
+      await side.prefill(prompt(512, 0));
+      await side.decode(1, 0);
+    }
     for (let i = 0; i < RUNS; i++) {
       for (const [name, side] of i % 2 === 0 ? sides : [...sides].reverse()) {
         await new Promise((res) => setTimeout(res, IDLE_MS));
-        runs.get(name)!.push(await side.decode(1, 60 + i));
+        pre.get(name)!.push(await side.prefill(prompt(512, 70 + i)));
+        await new Promise((res) => setTimeout(res, IDLE_MS));
+        dec.get(name)!.push(await side.decode(1, 60 + i));
       }
     }
-    for (const [name, xs] of runs) console.log(`[big Q4_K_M] ${name.padEnd(22)} decode b1 best ${Math.max(...xs).toFixed(1)} tok/s   runs: ${xs.map((x) => x.toFixed(1)).join(' ')}`);
-    const best = (a: string, b: string) => Math.max(...runs.get(a)!, ...runs.get(b)!);
-    return { kvc: best('kvc (1 thread)', 'kvc (2 threads)'), peer: best('llama.cpp (1 thread)', 'llama.cpp (2 threads)') };
+    for (const [name] of sides) {
+      const p = pre.get(name)!;
+      const d = dec.get(name)!;
+      console.log(`[big Q4_K_M] ${name.padEnd(22)} best: prefill ${Math.max(...p).toFixed(0)} tok/s, decode b1 ${Math.max(...d).toFixed(1)} tok/s   runs: prefill ${p.map((x) => x.toFixed(0)).join(' ')} | b1 ${d.map((x) => x.toFixed(1)).join(' ')}`);
+    }
+    const best = (m: Map<string, number[]>, a: string, b: string) => Math.max(...m.get(a)!, ...m.get(b)!);
+    const fig = (a: string, b: string) => ({ prefill: best(pre, a, b), decode1: best(dec, a, b) });
+    return { kvc: fig('kvc (1 thread)', 'kvc (2 threads)'), peer: fig('llama.cpp (1 thread)', 'llama.cpp (2 threads)') };
   } finally {
     k1.model.close();
     k2.model.close();
@@ -581,8 +593,12 @@ async function main(): Promise<void> {
     const q8 = only.has('q8') ? await q8Decode(bigDir) : null;
     if (q8) console.log(`[big] kvc decode b1: Q8_0 ${q8.q8.toFixed(1)} tok/s vs f32 ${q8.f32.toFixed(1)} tok/s (x${(q8.q8 / q8.f32).toFixed(2)})`);
     const kq = llama && only.has('kquant') ? await kquantAgreement(llama, await ensureBuiltinModel('tiny')) : null;
-    const q4km = llama && only.has('kquant') ? await q4kmDecode(llama, bigDir) : null;
-    if (q4km) console.log(`[big Q4_K_M] decode b1: kvc ${q4km.kvc.toFixed(1)} tok/s (re-quantized to Q8_0) vs llama.cpp ${q4km.peer.toFixed(1)} tok/s (x${(q4km.kvc / q4km.peer).toFixed(2)})`);
+    const q4km = llama && only.has('kquant') ? await q4kmCompare(llama, bigDir) : null;
+    if (q4km) {
+      console.log(
+        `[big Q4_K_M] kvc (re-quantized to Q8_0) ÷ llama.cpp, each its best of 1 and 2 threads: prefill ${(q4km.kvc.prefill / q4km.peer.prefill).toFixed(2)}, decode b1 ${(q4km.kvc.decode1 / q4km.peer.decode1).toFixed(2)}`,
+      );
+    }
     const rows: { model: string; engine: string; figure: string; tps: number }[] = [];
     for (const [model, c] of [
       ['built-in tiny', tiny],
@@ -621,7 +637,8 @@ async function main(): Promise<void> {
         f32_decode1_tps: q8 ? Number(q8.f32.toFixed(1)) : null,
         // Part 6: every k-quant file read as llama.cpp reads it, and the distances per file.
         kquant_agree: kq ? kq.every((f) => f.agree) : null,
-        q4km_decode1_ratio: q4km ? r(q4km.kvc / q4km.peer) : null,
+        q4km_prefill_ratio: q4km ? r(q4km.kvc.prefill / q4km.peer.prefill) : null,
+        q4km_decode1_ratio: q4km ? r(q4km.kvc.decode1 / q4km.peer.decode1) : null,
         kquant_tv: kq ? Object.fromEntries(kq.map((f) => [f.file, { kvc_llama: r(f.kvcVsPeer), kvc_f32: r(f.kvcVsF32), llama_f32: r(f.peerVsF32), top1_same: f.top1Same }])) : null,
         // Prefill tok/s per configuration (best of the runs), to judge the ratios by.
         prefill_tps: Object.fromEntries(

@@ -18,6 +18,7 @@ import { f16ToF32, f32ToF16, writeSafetensors } from '../src/engine/model/safete
 import { Tokenizer } from '../src/engine/model/tokenizer.js';
 import { loadEngineModel } from '../src/engine/runtime.js';
 import { tempDir } from './helpers/proc.js';
+import { relativeRms } from './helpers/numeric.js';
 
 const SPEC: BuiltinSpec = {
   name: 'gguf-test',
@@ -170,14 +171,7 @@ test('gguf: an F16 file equals the same weights as F16 safetensors bitwise; BF16
       const m = (await loadGguf(file)).model;
       try {
         assert.deepEqual(m.weightFormats(), [type === 'BF16' ? 'bf16' : 'q8'], `${type} held in its encoding`);
-        const got = greedy(m, p, 1).logits[0]!;
-        let err2 = 0;
-        let ref2 = 0;
-        for (let i = 0; i < got.length; i++) {
-          err2 += (got[i]! - exact[i]!) ** 2;
-          ref2 += exact[i]! ** 2;
-        }
-        const rel = Math.sqrt(err2 / ref2);
+        const rel = relativeRms(greedy(m, p, 1).logits[0]!, exact);
         console.log(`${type}: relative RMS logit error ${rel.toFixed(4)} (tolerance ${tol})`);
         assert.ok(rel <= tol, `${type}: relative RMS logit error ${rel} > ${tol}`);
         assert.ok(rel > 0, `${type}: quantized weights should not be exact`);

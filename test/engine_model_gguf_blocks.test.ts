@@ -19,6 +19,7 @@ import { convertToGguf, encodeTensor } from '../src/engine/model/gguf_write.js';
 import { LlamaModel } from '../src/engine/model/model.js';
 import { f32ToF16, writeSafetensors } from '../src/engine/model/safetensors.js';
 import { q4_0AsQ8_0 } from '../src/engine/model/weight_pack.js';
+import { relativeRms } from './helpers/numeric.js';
 import { tempDir } from './helpers/proc.js';
 
 const decode = (type: RequantizedType, bytes: Uint8Array, count: number) => {
@@ -139,13 +140,7 @@ test('block encoders: the round trip is within each width\'s error, all-zero blo
     const bytes = new Uint8Array((n / L.block) * L.bytes);
     encodeBlocks(type, x, bytes);
     const y = decode(type, bytes, n);
-    let e = 0;
-    let r = 0;
-    for (let i = 0; i < n; i++) {
-      e += (y[i]! - x[i]!) ** 2;
-      r += x[i]! ** 2;
-    }
-    const rel = Math.sqrt(e / r);
+    const rel = relativeRms(y, x);
     assert.ok(rel > 0 && rel < bound[type], `${type}: relative RMS error ${rel} (bound ${bound[type]})`);
     for (let i = 0; i < 256; i++) assert.equal(Math.abs(y[i]!), 0, `${type}: zero block value ${i}`);
   }
@@ -214,14 +209,7 @@ test('gguf: Q4_K_M-style (Q4_K, Q6_K head/attn_v/ffn_down), Q5_K and Q4_0 with Q
       const m = (await loadGguf(file)).model;
       try {
         assert.deepEqual(m.weightFormats(), ['q8'], `${name}: held as Q8`);
-        const got = logits(m);
-        let e = 0;
-        let r = 0;
-        for (let i = 0; i < got.length; i++) {
-          e += (got[i]! - exact[i]!) ** 2;
-          r += exact[i]! ** 2;
-        }
-        const rel = Math.sqrt(e / r);
+        const rel = relativeRms(logits(m), exact);
         console.log(`${name}: relative RMS logit error ${rel.toFixed(4)} (tolerance ${tol})`);
         assert.ok(rel > 0 && rel <= tol, `${name}: relative RMS logit error ${rel} (tolerance ${tol})`);
       } finally {

@@ -8,6 +8,7 @@ import { encodeTensor } from '../src/engine/model/gguf_write.js';
 import { JsGemm } from '../src/engine/model/kernel_js.js';
 import { WasmGemm } from '../src/engine/model/kernel_wasm.js';
 import { decodeWeight, type EncodedWeight } from '../src/engine/model/weight_pack.js';
+import { relativeRms } from './helpers/numeric.js';
 
 function rand(len: number, seed: number, scale = 1): Float32Array {
   const out = new Float32Array(len);
@@ -78,14 +79,8 @@ test('Q8 product: close to the f32 product of the decoded weights (activations q
   const f32 = new Float32Array(m * n);
   js.matmul(js.uploadEncoded(enc, n, k), a, m, q8);
   js.matmul(js.upload(decodeWeight(enc, n, k), n, k), a, m, f32);
-  let err = 0;
-  let ref = 0;
-  for (let i = 0; i < q8.length; i++) {
-    err += (q8[i]! - f32[i]!) ** 2;
-    ref += f32[i]! ** 2;
-  }
   // int8 activations carry ~0.4 % noise per value; the dot averages it down.
-  const rel = Math.sqrt(err / ref);
+  const rel = relativeRms(q8, f32);
   assert.ok(rel < 0.01, `relative RMS error ${rel}`);
   assert.ok(rel > 0, 'the Q8 product quantizes the activations, so it differs from the f32 one');
 });

@@ -27,7 +27,7 @@
 //      and decode at batch 1 from the 156M model's Q4_K_M file, kvc against llama.cpp
 //      (q4km_prefill_ratio, q4km_decode1_ratio).
 // Last line: {"bench":"peer","match":…,"prefill_ratio":…,…} — ratios are kvc ÷ llama.cpp.
-// Parts for targeted runs (the default is the whole benchmark, ~12 min on 2 cores at 7 runs):
+// Parts for targeted runs (the default is the whole benchmark, ~15 min on 2 cores at 7 runs):
 //   --only tiny,big,q8,kquant   any subset (figures of parts not run are null, "parts" lists those run)
 //   --reps N             timed runs per figure and configuration (the best counts; default 7)
 import { spawnSync } from 'node:child_process';

@@ -73,10 +73,14 @@ export function decodeBlocks(type: RequantizedType, bytes: Uint8Array, count: nu
   }
 }
 
-/** Scale and min of sub-block j (0..7) from the 12 packed bytes at `at` (ggml's get_scale_min_k4). */
-function scaleMin(bytes: Uint8Array, at: number, j: number): [number, number] {
-  if (j < 4) return [bytes[at + j]! & 63, bytes[at + j + 4]! & 63];
-  return [(bytes[at + j + 4]! & 15) | ((bytes[at + j - 4]! >> 6) << 4), (bytes[at + j + 4]! >> 4) | ((bytes[at + j]! >> 6) << 4)];
+/** Scale of sub-block j (0..7) from the 12 packed bytes at `at` (ggml's get_scale_min_k4). */
+function scaleOf(bytes: Uint8Array, at: number, j: number): number {
+  return j < 4 ? bytes[at + j]! & 63 : (bytes[at + j + 4]! & 15) | ((bytes[at + j - 4]! >> 6) << 4);
+}
+
+/** Min of sub-block j (0..7) from the same 12 bytes. */
+function minOf(bytes: Uint8Array, at: number, j: number): number {
+  return j < 4 ? bytes[at + j + 4]! & 63 : (bytes[at + j + 4]! >> 4) | ((bytes[at + j]! >> 6) << 4);
 }
 
 function decodeQ45K(five: boolean, bytes: Uint8Array, dv: DataView, o: number, out: Float32Array, y: number): void {
@@ -85,12 +89,10 @@ function decodeQ45K(five: boolean, bytes: Uint8Array, dv: DataView, o: number, o
   const qh = o + 16;
   let ql = five ? o + 48 : o + 16;
   for (let c = 0; c < 4; c++, ql += 32) {
-    const [sc1, m1] = scaleMin(bytes, o + 4, 2 * c);
-    const [sc2, m2] = scaleMin(bytes, o + 4, 2 * c + 1);
-    const d1 = fr(d * sc1);
-    const mm1 = fr(dmin * m1);
-    const d2 = fr(d * sc2);
-    const mm2 = fr(dmin * m2);
+    const d1 = fr(d * scaleOf(bytes, o + 4, 2 * c));
+    const mm1 = fr(dmin * minOf(bytes, o + 4, 2 * c));
+    const d2 = fr(d * scaleOf(bytes, o + 4, 2 * c + 1));
+    const mm2 = fr(dmin * minOf(bytes, o + 4, 2 * c + 1));
     for (let l = 0; l < 32; l++) {
       const v = bytes[ql + l]!;
       const h = five ? bytes[qh + l]! : 0;
@@ -116,13 +118,13 @@ function decodeQ6K(bytes: Uint8Array, dv: DataView, o: number, out: Float32Array
     for (let l = 0; l < 32; l++) {
       const is = l >> 4;
       const h = bytes[qh + l]!;
-      const q = [
-        ((bytes[ql + l]! & 15) | ((h & 3) << 4)) - 32,
-        ((bytes[ql + l + 32]! & 15) | (((h >> 2) & 3) << 4)) - 32,
-        ((bytes[ql + l]! >> 4) | (((h >> 4) & 3) << 4)) - 32,
-        ((bytes[ql + l + 32]! >> 4) | (((h >> 6) & 3) << 4)) - 32,
-      ];
-      for (let i = 0; i < 4; i++) out[y + 128 * n + 32 * i + l] = fr(fr(d * dv.getInt8(sc + is + 2 * i)) * q[i]!);
+      const a = bytes[ql + l]!;
+      const b = bytes[ql + l + 32]!;
+      const at = y + 128 * n + l;
+      out[at] = fr(fr(d * dv.getInt8(sc + is)) * (((a & 15) | ((h & 3) << 4)) - 32));
+      out[at + 32] = fr(fr(d * dv.getInt8(sc + is + 2)) * (((b & 15) | (((h >> 2) & 3) << 4)) - 32));
+      out[at + 64] = fr(fr(d * dv.getInt8(sc + is + 4)) * (((a >> 4) | (((h >> 4) & 3) << 4)) - 32));
+      out[at + 96] = fr(fr(d * dv.getInt8(sc + is + 6)) * (((b >> 4) | (((h >> 6) & 3) << 4)) - 32));
     }
   }
 }
@@ -213,10 +215,9 @@ function encodeQ45K(five: boolean, x: Float32Array, b: number, out: Uint8Array, 
   const dmin = half(dv, o + 2);
   const L = new Uint8Array(256);
   for (let j = 0; j < 8; j++) {
-    const [sc, m] = scaleMin(out, s, j);
-    const dd = fr(d * sc);
+    const dd = fr(d * scaleOf(out, s, j));
     if (!dd) continue;
-    const dm = fr(dmin * m);
+    const dm = fr(dmin * minOf(out, s, j));
     for (let i = 0; i < 32; i++) L[32 * j + i] = clamp(Math.round((x[b + 32 * j + i]! + dm) / dd), 0, nmax);
   }
   const qh = o + 16;

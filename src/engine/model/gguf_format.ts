@@ -89,15 +89,28 @@ export function typeBytes(type: GgmlTypeName, count: number): number {
 export function quantizeQ8_0(x: Float32Array, out: Uint8Array, outOff = 0): void {
   if (x.length % 32 !== 0) throw new Error(`Q8_0 needs a multiple of 32 values, got ${x.length}`);
   const dv = new DataView(out.buffer, out.byteOffset, out.byteLength);
+  // Int8 stores wrap like DataView.setInt8 (and NaN becomes 0); this runs once per weight at load.
+  const q = new Int8Array(out.buffer, out.byteOffset, out.byteLength);
+  const fr = Math.fround;
   for (let b = 0, o = outOff; b < x.length; b += 32, o += 34) {
+    // amax = Math.max over |x| (NaN if any value is NaN), without the calls.
     let amax = 0;
-    for (let i = 0; i < 32; i++) amax = Math.max(amax, Math.abs(x[b + i]!));
+    let nan = false;
+    for (let i = 0; i < 32; i++) {
+      const v = x[b + i]!;
+      const a = v < 0 ? -v : v;
+      if (a > amax) amax = a;
+      else if (a !== a) nan = true;
+    }
+    if (nan) amax = NaN;
     const d = amax / 127;
     const id = d ? 1 / d : 0;
     dv.setUint16(o, f32ToF16(d), true);
     for (let i = 0; i < 32; i++) {
-      const v = Math.fround(x[b + i]! * id);
-      dv.setInt8(o + 2 + i, Math.sign(v) * Math.round(Math.abs(v))); // C roundf: halves away from zero
+      // C roundf (halves away from zero): v is an f32, so v ± 0.5 is exact in a double and
+      // truncating it rounds; |v| ≤ 127.5 fits the int32 truncation (NaN gives 0).
+      const v = fr(x[b + i]! * id);
+      q[o + 2 + i] = v >= 0 ? (v + 0.5) | 0 : (v - 0.5) | 0;
     }
   }
 }

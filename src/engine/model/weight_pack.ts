@@ -90,6 +90,7 @@ export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8A
   dest.fill(0);
   const src = new DataView(w.bytes.buffer, w.bytes.byteOffset, w.bytes.byteLength);
   const out = new DataView(dest.buffer, dest.byteOffset, dest.byteLength);
+  const bytes = w.bytes;
   if (fmt !== 'q8') {
     for (let i = 0; i < n; i++) {
       const base = panelIndex(i, k) * 2;
@@ -116,17 +117,20 @@ export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8A
       const blk = s * kBlocks * Q8_BLOCK_BYTES + (half * kBlocks + b) * Q8_HALF_BLOCK_BYTES;
       out.setFloat32(blk + col * 4, f16ToF32(src.getUint16(at, true)), true);
       // k-row r of the block: pair r>>1 (after the half's column scales), column col, slot r&1
-      // (the layout i32x4.dot_i16x8_s takes: a column's two k values side by side).
+      // (the layout i32x4.dot_i16x8_s takes: a column's two k values side by side). Plain byte
+      // copies: an int8 value's byte is the same in both places.
       const q0 = blk + Q8_HALF_COLS * 4 + col * 2;
-      const at8 = (r: number) => q0 + (r >> 1) * Q8_HALF_PAIR_BYTES + (r & 1);
       if (q4) {
         for (let j = 0; j < 16; j++) {
-          const v = w.bytes[at + 2 + j]!;
-          out.setInt8(at8(j), (v & 15) - 8);
-          out.setInt8(at8(j + 16), (v >> 4) - 8);
+          const v = bytes[at + 2 + j]!;
+          dest[q0 + (j >> 1) * Q8_HALF_PAIR_BYTES + (j & 1)] = ((v & 15) - 8) & 255;
+          dest[q0 + ((j + 16) >> 1) * Q8_HALF_PAIR_BYTES + (j & 1)] = ((v >> 4) - 8) & 255;
         }
       } else {
-        for (let r = 0; r < 32; r++) out.setInt8(at8(r), src.getInt8(at + 2 + r));
+        for (let p = 0; p < 16; p++) {
+          dest[q0 + p * Q8_HALF_PAIR_BYTES] = bytes[at + 2 + 2 * p]!;
+          dest[q0 + p * Q8_HALF_PAIR_BYTES + 1] = bytes[at + 3 + 2 * p]!;
+        }
       }
     }
   }

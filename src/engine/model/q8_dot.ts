@@ -16,7 +16,7 @@
 //   per output element, for b ascending from acc = 0:
 //     isum = Σ_{k in b} qx_k · qw[n][k]    (exact in int32: |isum| ≤ 32·128·128)
 //     acc  = f32(acc + f32(f32(isum) · f32(dw[n][b] · dx[r][b]))).
-import type { EncodedWeight } from './weight_pack.js';
+import { q4_0AsQ8_0, type EncodedWeight } from './weight_pack.js';
 import { f16ToF32 } from './safetensors.js';
 
 /** int8 weights [n][k] and their per-block scales [n][k/32] (the JS kernel's Q8 weight). */
@@ -61,30 +61,21 @@ export function quantizeActivationsQ8(x: Float32Array, m: number, k: number): Q8
   return { q, d };
 }
 
-/** The int8 values and f32 block scales of a Q8_0 or Q4_0 weight [n][k] (Q4_0's −8..7 widen exactly). */
+/** The int8 values and f32 block scales of a Q8_0 or Q4_0 weight [n][k] (Q4_0 as q4_0AsQ8_0: its −8..7 widen exactly). */
 export function q8WeightOf(w: EncodedWeight, n: number, k: number): Q8Weight {
   if (w.type !== 'Q8_0' && w.type !== 'Q4_0') throw new Error(`q8WeightOf: ${w.type} is not a block-quantized type`);
   if (k % 32 !== 0) throw new Error(`${w.type} weight: K=${k} is not a multiple of 32`);
-  const q4 = w.type === 'Q4_0';
-  const bb = q4 ? 18 : 34;
   const blocks = (n * k) / 32;
+  const bb = w.type === 'Q4_0' ? 18 : 34;
   if (w.bytes.length !== blocks * bb) throw new Error(`${w.type} weight has ${w.bytes.length} bytes, expected ${n}x${k} (${blocks * bb})`);
-  const src = new DataView(w.bytes.buffer, w.bytes.byteOffset, w.bytes.byteLength);
+  const bytes = w.type === 'Q4_0' ? q4_0AsQ8_0(w.bytes) : w.bytes;
+  const src = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   const q = new Int8Array(n * k);
   const d = new Float32Array(blocks);
   for (let b = 0; b < blocks; b++) {
-    const at = b * bb;
+    const at = b * 34;
     d[b] = f16ToF32(src.getUint16(at, true));
-    const o = b * 32;
-    if (q4) {
-      for (let j = 0; j < 16; j++) {
-        const v = w.bytes[at + 2 + j]!;
-        q[o + j] = (v & 15) - 8;
-        q[o + j + 16] = (v >> 4) - 8;
-      }
-    } else {
-      for (let j = 0; j < 32; j++) q[o + j] = src.getInt8(at + 2 + j);
-    }
+    for (let j = 0; j < 32; j++) q[b * 32 + j] = src.getInt8(at + 2 + j);
   }
   return { q, d };
 }

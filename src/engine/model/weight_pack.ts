@@ -84,6 +84,11 @@ export function rowBytes(type: EncodedWeight['type'], k: number): number {
  * multiple of 32 for block formats.
  */
 export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8Array): void {
+  // Q4_0 is held as the Q8_0 of the same values (q4_0AsQ8_0), packed like any Q8_0 weight.
+  if (w.type === 'Q4_0') {
+    if (w.bytes.length !== n * rowBytes('Q4_0', k)) throw new Error(`Q4_0 weight has ${w.bytes.length} bytes, expected ${n}x${k} (${n * rowBytes('Q4_0', k)})`);
+    return packEncoded({ type: 'Q8_0', bytes: q4_0AsQ8_0(w.bytes) }, n, k, dest);
+  }
   const fmt = kernelFormat(w.type);
   const rb = rowBytes(w.type, k);
   if (w.bytes.length !== n * rb) throw new Error(`${w.type} weight has ${w.bytes.length} bytes, expected ${n}x${k} (${n * rb})`);
@@ -104,8 +109,6 @@ export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8A
   }
   if (k % 32 !== 0) throw new Error(`${w.type} weight: K=${k} is not a multiple of 32`);
   const kBlocks = k / 32;
-  const q4 = w.type === 'Q4_0';
-  const bb = q4 ? 18 : 34;
   for (let i = 0; i < n; i++) {
     const s = Math.floor(i / STRIP);
     // The strip's half this column is in, and its place there: each half is a run of k-blocks
@@ -113,24 +116,16 @@ export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8A
     const half = Math.floor((i % STRIP) / Q8_HALF_COLS);
     const col = i % Q8_HALF_COLS;
     for (let b = 0; b < kBlocks; b++) {
-      const at = i * rb + b * bb;
+      const at = i * rb + b * 34;
       const blk = s * kBlocks * Q8_BLOCK_BYTES + (half * kBlocks + b) * Q8_HALF_BLOCK_BYTES;
       out.setFloat32(blk + col * 4, f16ToF32(src.getUint16(at, true)), true);
       // k-row r of the block: pair r>>1 (after the half's column scales), column col, slot r&1
       // (the layout i32x4.dot_i16x8_s takes: a column's two k values side by side). Plain byte
       // copies: an int8 value's byte is the same in both places.
       const q0 = blk + Q8_HALF_COLS * 4 + col * 2;
-      if (q4) {
-        for (let j = 0; j < 16; j++) {
-          const v = bytes[at + 2 + j]!;
-          dest[q0 + (j >> 1) * Q8_HALF_PAIR_BYTES + (j & 1)] = ((v & 15) - 8) & 255;
-          dest[q0 + ((j + 16) >> 1) * Q8_HALF_PAIR_BYTES + (j & 1)] = ((v >> 4) - 8) & 255;
-        }
-      } else {
-        for (let p = 0; p < 16; p++) {
-          dest[q0 + p * Q8_HALF_PAIR_BYTES] = bytes[at + 2 + 2 * p]!;
-          dest[q0 + p * Q8_HALF_PAIR_BYTES + 1] = bytes[at + 3 + 2 * p]!;
-        }
+      for (let p = 0; p < 16; p++) {
+        dest[q0 + p * Q8_HALF_PAIR_BYTES] = bytes[at + 2 + 2 * p]!;
+        dest[q0 + p * Q8_HALF_PAIR_BYTES + 1] = bytes[at + 3 + 2 * p]!;
       }
     }
   }

@@ -311,6 +311,32 @@ interface Comparison {
   configs: { name: string; best: Figures; median: Figures }[];
 }
 
+/**
+ * The configurations' timed runs of the `figures` asked for, interleaved in rounds whose order is
+ * reversed every other round, so a burst of load on this shared machine (or a thread left
+ * spinning by the previous configuration) does not always hit the same one; each configuration
+ * gets a warm-up pass of each figure first. Each timed figure starts after IDLE_MS of idleness:
+ * llama.cpp's worker threads poll for work for a while after a graph before they sleep (kvc
+ * parks its helper at the end of every forward), and a measurement that starts while they still
+ * poll shares the cores with them. Per configuration, the runs of each figure.
+ */
+async function interleavedRuns(sides: [string, KvcSide | PeerSide][], figures: (keyof Figures)[]): Promise<Map<string, Record<keyof Figures, number[]>>> {
+  const one = (side: KvcSide | PeerSide, f: keyof Figures, i: number): number | Promise<number> =>
+    f === 'prefill' ? side.prefill(prompt(512, 1 + i)) : f === 'decode1' ? side.decode(1, 10 + i) : side.decode(8, 20 + 8 * i);
+  const runs = new Map(sides.map(([n]) => [n, { prefill: [] as number[], decode1: [] as number[], decode8: [] as number[] }]));
+  for (const [, side] of sides) for (const f of figures) await one(side, f, -1);
+  const idle = () => new Promise((res) => setTimeout(res, IDLE_MS));
+  for (let i = 0; i < RUNS; i++) {
+    for (const [name, side] of i % 2 === 0 ? sides : [...sides].reverse()) {
+      for (const f of figures) {
+        await idle();
+        runs.get(name)![f].push(await one(side, f, i));
+      }
+    }
+  }
+  return runs;
+}
+
 async function compare(llama: Llama, label: string, dir: string): Promise<Comparison> {
   const gguf = join(PEER_DIR, 'gguf', `${label}-f32.gguf`);
   await mkdir(dirname(gguf), { recursive: true });
@@ -333,36 +359,20 @@ async function compare(llama: Llama, label: string, dir: string): Promise<Compar
       match &&= same;
       console.log(`[${label}] greedy, ${n}-token prompt: ${same ? 'identical' : 'DIFFERENT'} (kvc ${a.slice(0, 6).join(',')}… llama.cpp ${b.slice(0, 6).join(',')}…)`);
     }
-    // The four configurations' runs interleave in rounds, the order reversed every other round,
-    // so a burst of load on this shared machine (or a thread left spinning by the previous
-    // configuration) does not always hit the same one; each gets a warm-up pass first.
+    // The four configurations' runs interleave (interleavedRuns).
     const sides: [string, KvcSide | PeerSide][] = [
       ['kvc (1 thread)', k1],
       ['kvc (2 threads)', k2],
       ['llama.cpp (1 thread)', p1],
       ['llama.cpp (2 threads)', p2],
     ];
-    const runs = new Map<string, Figures[]>(sides.map(([n]) => [n, []]));
-    for (const [, side] of sides) {
-      await side.prefill(prompt(512, 0));
-      await side.decode(1, 0);
-      await side.decode(8, 0);
-    }
-    // Each timed figure starts after IDLE_MS of idleness: llama.cpp's worker threads poll for
-    // work for a while after a graph before they sleep (kvc parks its helper at the end of every
-    // forward), and a measurement that starts while they still poll shares the cores with them.
-    const idle = () => new Promise((res) => setTimeout(res, IDLE_MS));
-    for (let i = 0; i < RUNS; i++) {
-      const pre = prompt(512, 1 + i);
-      for (const [name, side] of i % 2 === 0 ? sides : [...sides].reverse()) {
-        await idle();
-        const prefill = await side.prefill(pre);
-        await idle();
-        const decode1 = await side.decode(1, 10 + i);
-        await idle();
-        runs.get(name)!.push({ prefill, decode1, decode8: await side.decode(8, 20 + 8 * i) });
-      }
-    }
+    const timed = await interleavedRuns(sides, ['prefill', 'decode1', 'decode8']);
+    const runs = new Map<string, Figures[]>(
+      sides.map(([n]) => {
+        const t = timed.get(n)!;
+        return [n, t.prefill.map((prefill, i) => ({ prefill, decode1: t.decode1[i]!, decode8: t.decode8[i]! }))];
+      }),
+    );
     const agg = (list: Figures[], f: (xs: number[]) => number): Figures => ({ prefill: f(list.map((x) => x.prefill)), decode1: f(list.map((x) => x.decode1)), decode8: f(list.map((x) => x.decode8)) });
     const maxOf = (xs: number[]) => Math.max(...xs);
     const each = (list: Figures[]) => `prefill ${list.map((f) => f.prefill.toFixed(0)).join(' ')} | b1 ${list.map((f) => f.decode1.toFixed(1)).join(' ')} | b8 ${list.map((f) => f.decode8.toFixed(1)).join(' ')}`;
@@ -531,27 +541,14 @@ async function q4kmCompare(llama: Llama, dir: string): Promise<{ kvc: { prefill:
       ['llama.cpp (1 thread)', new PeerSide(pm, 1)],
       ['llama.cpp (2 threads)', new PeerSide(pm, 2)],
     ];
-    const pre = new Map<string, number[]>(sides.map(([n]) => [n, []]));
-    const dec = new Map<string, number[]>(sides.map(([n]) => [n, []]));
-    for (const [, side] of sides) {
-      await side.prefill(prompt(512, 0));
-      await side.decode(1, 0);
-    }
-    for (let i = 0; i < RUNS; i++) {
-      for (const [name, side] of i % 2 === 0 ? sides : [...sides].reverse()) {
-        await new Promise((res) => setTimeout(res, IDLE_MS));
-        pre.get(name)!.push(await side.prefill(prompt(512, 70 + i)));
-        await new Promise((res) => setTimeout(res, IDLE_MS));
-        dec.get(name)!.push(await side.decode(1, 60 + i));
-      }
-    }
+    const timed = await interleavedRuns(sides, ['prefill', 'decode1']);
     for (const [name] of sides) {
-      const p = pre.get(name)!;
-      const d = dec.get(name)!;
+      const p = timed.get(name)!.prefill;
+      const d = timed.get(name)!.decode1;
       console.log(`[big Q4_K_M] ${name.padEnd(22)} best: prefill ${Math.max(...p).toFixed(0)} tok/s, decode b1 ${Math.max(...d).toFixed(1)} tok/s   runs: prefill ${p.map((x) => x.toFixed(0)).join(' ')} | b1 ${d.map((x) => x.toFixed(1)).join(' ')}`);
     }
-    const best = (m: Map<string, number[]>, a: string, b: string) => Math.max(...m.get(a)!, ...m.get(b)!);
-    const fig = (a: string, b: string) => ({ prefill: best(pre, a, b), decode1: best(dec, a, b) });
+    const best = (f: 'prefill' | 'decode1', a: string, b: string) => Math.max(...timed.get(a)![f], ...timed.get(b)![f]);
+    const fig = (a: string, b: string) => ({ prefill: best('prefill', a, b), decode1: best('decode1', a, b) });
     return { kvc: fig('kvc (1 thread)', 'kvc (2 threads)'), peer: fig('llama.cpp (1 thread)', 'llama.cpp (2 threads)') };
   } finally {
     k1.model.close();

@@ -52,13 +52,12 @@ export function decodeBlocks(type: RequantizedType, bytes: Uint8Array, count: nu
         const qhAt = type === 'Q5_1' ? o + 4 : o + 2;
         const qh = type === 'Q4_1' ? 0 : dv.getUint32(qhAt, true);
         const qs = type === 'Q4_1' ? o + 4 : qhAt + 4;
-        const bias = type === 'Q5_0' ? 16 : 0;
         for (let j = 0; j < 16; j++) {
           const v = bytes[qs + j]!;
           const q0 = (v & 15) | (((qh >>> j) & 1) << 4);
           const q1 = (v >> 4) | (((qh >>> (j + 16)) & 1) << 4);
-          out[b + j] = type === 'Q5_0' ? fr(d * (q0 - bias)) : fr(fr(d * q0) + m);
-          out[b + j + 16] = type === 'Q5_0' ? fr(d * (q1 - bias)) : fr(fr(d * q1) + m);
+          out[b + j] = type === 'Q5_0' ? fr(d * (q0 - 16)) : fr(fr(d * q0) + m);
+          out[b + j + 16] = type === 'Q5_0' ? fr(d * (q1 - 16)) : fr(fr(d * q1) + m);
         }
         break;
       }

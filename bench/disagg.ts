@@ -32,6 +32,7 @@ import * as vega from 'vega';
 import * as vl from 'vega-lite';
 import { isPortFree } from '../src/common/ports.js';
 import { resultsDir } from './_plot.js';
+import { seededRandom } from '../test/helpers/numeric.js';
 
 const CLI = join(dirname(fileURLToPath(import.meta.url)), '..', 'src', 'cli', 'main.js');
 
@@ -107,15 +108,7 @@ interface Done {
 }
 
 // ---- deterministic randomness -----------------------------------------------------------------
-function rng(seed: number): () => number {
-  let s = seed >>> 0 || 1;
-  return () => {
-    s ^= s << 13;
-    s ^= s >>> 17;
-    s ^= s << 5;
-    return (s >>> 0) / 4294967296;
-  };
-}
+const rng = seededRandom;
 const ids = (n: number, r: () => number) => Array.from({ length: n }, () => 100 + Math.floor(r() * 31000));
 
 // ---- one streamed request ---------------------------------------------------------------------

@@ -11,3 +11,14 @@ export function relativeRms(got: ArrayLike<number>, exact: ArrayLike<number>): n
   }
   return Math.sqrt(err / ref);
 }
+
+/** A deterministic generator of numbers in [0, 1) (xorshift32), so a failing input reproduces. */
+export function seededRandom(seed: number): () => number {
+  let s = seed >>> 0 || 1;
+  return () => {
+    s ^= s << 13;
+    s ^= s >>> 17;
+    s ^= s << 5;
+    return (s >>> 0) / 4294967296;
+  };
+}

@@ -103,12 +103,15 @@ export function quantizeQ8_0(x: Float32Array, out: Uint8Array, outOff = 0): void
       else if (a !== a) nan = true;
     }
     if (nan) amax = NaN;
-    const d = amax / 127;
-    const id = d ? 1 / d : 0;
+    // d and id in f32, as ggml computes them (a double id could round x · id differently).
+    const d = fr(amax / 127);
+    const id = d ? fr(1 / d) : 0;
     dv.setUint16(o, f32ToF16(d), true);
     for (let i = 0; i < 32; i++) {
       // C roundf (halves away from zero): v is an f32, so v ± 0.5 is exact in a double and
-      // truncating it rounds; |v| ≤ 127.5 fits the int32 truncation (NaN gives 0).
+      // truncating it rounds; |v| ≤ 127.5 fits the int32 truncation. NaN gives 0, and so does
+      // ±Inf, which x · id is when 1 / d overflows f32 (amax < ≈ 4e-37: the f16 scale is 0, so
+      // the block's values are 0 whatever q holds; ggml's conversion is undefined there).
       const v = fr(x[b + i]! * id);
       q[o + 2 + i] = v >= 0 ? (v + 0.5) | 0 : (v - 0.5) | 0;
     }
@@ -149,7 +152,11 @@ export function dequantize(type: GgmlTypeName, bytes: Uint8Array, count: number)
       new Uint8Array(out.buffer).set(bytes.subarray(0, count * 4));
       break;
     case 'F16':
-      for (let i = 0; i < count; i++) out[i] = f16ToF32(dv.getUint16(i * 2, true));
+      if (bytes.byteOffset % 2 === 0) {
+        // Aligned (tensor data is): a Uint16Array view, ≈ 5 × faster than DataView reads.
+        const h = new Uint16Array(bytes.buffer, bytes.byteOffset, count);
+        for (let i = 0; i < count; i++) out[i] = f16ToF32(h[i]!);
+      } else for (let i = 0; i < count; i++) out[i] = f16ToF32(dv.getUint16(i * 2, true));
       break;
     case 'BF16': {
       const bits = new Uint32Array(out.buffer);

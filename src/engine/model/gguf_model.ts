@@ -5,6 +5,7 @@
 // GgufError naming the key or tensor.
 import { basename, resolve } from 'node:path';
 import type { ModelConfig } from './config.js';
+import { wasmConverter } from './convert_wasm.js';
 import { dequantize, ggufTensorName, isRequantized, quantizeQ8_0, typeBytes, unpermuteRopeRows } from './gguf_format.js';
 import { GgufError, GgufFile, type GgufValue } from './gguf_read.js';
 import { tokenizerFromGguf } from './gguf_tokenizer.js';
@@ -112,7 +113,12 @@ export function ggufWeights(g: GgufFile, cfg: ModelConfig): WeightSource {
     },
     get: async (hf, shape) => {
       const t = tensor(hf, shape);
-      const data = dequantize(t.type, await g.read(t.name), shape.reduce((a, x) => a * x, 1));
+      const count = shape.reduce((a, x) => a * x, 1);
+      const bytes = await g.read(t.name);
+      const conv = isRequantized(t.type) ? await wasmConverter() : null;
+      let data: Float32Array;
+      if (conv && isRequantized(t.type)) conv.decode(t.type, bytes, count, (data = new Float32Array(count)));
+      else data = dequantize(t.type, bytes, count);
       const heads = qkHeads(hf);
       return heads ? unpermuteRopeRows(data, heads, cfg.headDim, shape[1]!) : data;
     },
@@ -122,13 +128,18 @@ export function ggufWeights(g: GgufFile, cfg: ModelConfig): WeightSource {
       const bytes = await g.read(t.name);
       const heads = qkHeads(hf);
       if (isRequantized(t.type)) {
-        // Decoded and re-quantized to Q8_0 (gguf_blocks.ts): rows are whole blocks of 32, as
-        // every such type's block is a multiple of 32 values.
-        let x = dequantize(t.type, bytes, shape[0]! * shape[1]!);
-        if (heads) x = unpermuteRopeRows(x, heads, cfg.headDim, shape[1]!);
-        const q8 = new Uint8Array(typeBytes('Q8_0', x.length));
-        quantizeQ8_0(x, q8);
-        return { type: 'Q8_0', bytes: q8 };
+        // Decoded and re-quantized to Q8_0 (gguf_blocks.ts), in the WASM converter when it is
+        // there (the same bytes, ≈ 8 × faster). Rows are whole blocks of 32, as every such
+        // type's block is a multiple of 32 values, so the q/k rows can be reordered after.
+        const count = shape[0]! * shape[1]!;
+        const conv = await wasmConverter();
+        let q8: Uint8Array;
+        if (conv) q8 = conv.requantize(t.type, bytes, count);
+        else {
+          q8 = new Uint8Array(typeBytes('Q8_0', count));
+          quantizeQ8_0(dequantize(t.type, bytes, count), q8);
+        }
+        return { type: 'Q8_0', bytes: heads ? unpermuteRopeRows(q8, heads, cfg.headDim, rowBytes('Q8_0', shape[1]!)) : q8 };
       }
       return { type: t.type, bytes: heads ? unpermuteRopeRows(bytes, heads, cfg.headDim, rowBytes(t.type, shape[1]!)) : bytes };
     },

@@ -1,7 +1,6 @@
 // The WASM SIMD kernel (gemm_wat.ts compiled with wabt): weights in the module's shared memory,
 // large products split over columns with one worker thread (gemm_worker.ts), and a pool of
 // instances for checkpoints whose weights exceed one 4 GiB address space.
-import { createRequire } from 'node:module';
 import { availableParallelism } from 'node:os';
 import { Worker } from 'node:worker_threads';
 import { stageInto } from './attention.js';
@@ -13,6 +12,8 @@ import { checkArgs, packGluStrips, packStrips, padTo, type Gemm, type UploadOpti
 import { BLOCK_TOKENS } from './kv_cache.js';
 import { addIntoJs, copyRowsJs, rmsNormJs, ropeJs } from './ops_js.js';
 import { opsWat } from './ops_wat.js';
+import { compileWat } from './wat_compile.js';
+import { wasmConverter, type WasmConverter } from './convert_wasm.js';
 import { kernelFormat, packEncoded, packedBytes, type EncodedWeight } from './weight_pack.js';
 
 /** CTL.PACKED codes: which export a job runs (the worker picks the same). */
@@ -61,20 +62,6 @@ interface OpsExports {
   rope(QKV: number, rows: number, stride: number, heads: number, hd: number, POS: number, COS: number, SIN: number): void;
   addinto(X: number, Y: number, n: number): void;
   copyrows(S: number, ss: number, D: number, ds: number, rows: number, n: number): void;
-}
-
-type Wabt = { parseWat(f: string, s: string, o: object): { toBinary(o: object): { buffer: Uint8Array }; destroy(): void } };
-
-async function compileWat(name: string, wat: string, features: object): Promise<WebAssembly.Module> {
-  const require = createRequire(import.meta.url);
-  const wabt = await (require('wabt') as () => Promise<Wabt>)();
-  const mod = wabt.parseWat(name, wat, features);
-  try {
-    const { buffer } = mod.toBinary({});
-    return await WebAssembly.compile(new Uint8Array(buffer));
-  } finally {
-    mod.destroy();
-  }
 }
 
 let opsModulePromise: Promise<WebAssembly.Module> | null = null;
@@ -127,6 +114,8 @@ const WORKER_TIMEOUT_MS = 30_000;
 export class WasmGemm implements Gemm {
   readonly kind = 'wasm-simd' as const;
   private top = 64; // bump allocator; 0 stays unused
+  /** Packs Q8_0 weights at upload (convert_wasm.ts); null: packEncoded's JavaScript, same bytes. */
+  private converter: WasmConverter | null = null;
   private scratchPtr = 0;
   private scratchBytes = 0;
   private f32: Float32Array;
@@ -242,6 +231,7 @@ export class WasmGemm implements Gemm {
     const ops = await WebAssembly.instantiate(await opsModule(), { env: { mem } });
     const g = new WasmGemm(mem, inst.exports as unknown as GemmExports, ops.exports as unknown as OpsExports, fma);
     if (opts.weightCapBytes !== undefined) g.weightCap = Math.min(opts.weightCapBytes, WASM_WEIGHT_CAP);
+    g.converter = await wasmConverter();
     const threads = opts.threads ?? kernelEnv(process.env).threads ?? Math.min(2, availableParallelism());
     if (threads >= 2) await g.startWorker(mod);
     return g;
@@ -447,7 +437,7 @@ export class WasmGemm implements Gemm {
     const bytes = packedBytes(fmt, n, k);
     if (!this.canHold(n, k, fmt)) throw new Error(`WASM kernel instance full: a ${n}x${k} weight does not fit its ${this.weightCap}-byte budget`);
     const ptr = this.alloc(bytes);
-    packEncoded(w, n, k, new Uint8Array(this.mem.buffer, ptr, bytes));
+    packEncoded(w, n, k, new Uint8Array(this.mem.buffer, ptr, bytes), this.converter);
     this.weightBytes += bytes;
     return { k, n, nPad, ptr, data: null, part: 0, fmt };
   }

@@ -34,7 +34,12 @@ export interface TensorData {
 const f32buf = new Float32Array(1);
 const u32buf = new Uint32Array(f32buf.buffer);
 
+/** The f32 value of f16 bits (a table lookup: load paths call this once per block or value). */
 export function f16ToF32(h: number): number {
+  return (f16Lut ?? f16Table())[h & 0xffff]!;
+}
+
+function f16Value(h: number): number {
   const s = h & 0x8000 ? -1 : 1;
   const e = (h >> 10) & 0x1f;
   const m = h & 0x3ff;
@@ -96,7 +101,6 @@ function decode(bytes: Uint8Array, dtype: StDType, count: number): Float32Array 
     for (let i = 0; i < count; i++) bits[i] = dv.getUint16(i * 2, true) << 16;
     return out;
   }
-  // F16: a 64K lookup table is cheaper than per-element math for large tensors.
   const lut = f16Table();
   for (let i = 0; i < count; i++) out[i] = lut[dv.getUint16(i * 2, true)]!;
   return out;
@@ -106,7 +110,7 @@ let f16Lut: Float32Array | null = null;
 function f16Table(): Float32Array {
   if (!f16Lut) {
     f16Lut = new Float32Array(65536);
-    for (let i = 0; i < 65536; i++) f16Lut[i] = f16ToF32(i);
+    for (let i = 0; i < 65536; i++) f16Lut[i] = f16Value(i);
   }
   return f16Lut;
 }

@@ -6,6 +6,7 @@
 // by) halves. Q8_0 (3.6x smaller than f32) and Q4_0 (held in the Q8 layout: its 4-bit values
 // widen to int8 exactly, same scale) are computed as int8 dot products against quantized
 // activations (q8_dot.ts), in the JS kernel too.
+import type { WasmConverter } from './convert_wasm.js';
 import { dequantize, type HeldType } from './gguf_format.js';
 import { PANEL, panelIndex, Q8_BLOCK_BYTES, Q8_HALF_BLOCK_BYTES, Q8_HALF_COLS, Q8_HALF_PAIR_BYTES, STRIP, type WFmt } from './gemm_wat.js';
 import { f16ToF32 } from './safetensors.js';
@@ -83,20 +84,22 @@ export function rowBytes(type: EncodedWeight['type'], k: number): number {
  * Refuses F16 Inf/NaN (the kernel's exact f16 widening covers finite values only) and K not a
  * multiple of 32 for block formats.
  */
-export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8Array): void {
+export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8Array, conv: WasmConverter | null = null): void {
   // Q4_0 is held as the Q8_0 of the same values (q4_0AsQ8_0), packed like any Q8_0 weight.
   if (w.type === 'Q4_0') {
     if (w.bytes.length !== n * rowBytes('Q4_0', k)) throw new Error(`Q4_0 weight has ${w.bytes.length} bytes, expected ${n}x${k} (${n * rowBytes('Q4_0', k)})`);
-    return packEncoded({ type: 'Q8_0', bytes: q4_0AsQ8_0(w.bytes) }, n, k, dest);
+    return packEncoded({ type: 'Q8_0', bytes: conv ? conv.q4_0AsQ8_0(w.bytes) : q4_0AsQ8_0(w.bytes) }, n, k, dest, conv);
   }
   const fmt = kernelFormat(w.type);
   const rb = rowBytes(w.type, k);
   if (w.bytes.length !== n * rb) throw new Error(`${w.type} weight has ${w.bytes.length} bytes, expected ${n}x${k} (${n * rb})`);
-  dest.fill(0);
   const src = new DataView(w.bytes.buffer, w.bytes.byteOffset, w.bytes.byteLength);
   const out = new DataView(dest.buffer, dest.byteOffset, dest.byteLength);
   const bytes = w.bytes;
   if (fmt !== 'q8') {
+    // The same placement in WASM (convert_wat.ts p16pack), ≈ 10 × faster.
+    if (conv) return conv.pack16(bytes, n, k, fmt === 'f16', dest);
+    dest.fill(0); // the padding columns
     for (let i = 0; i < n; i++) {
       const base = panelIndex(i, k) * 2;
       for (let j = 0; j < k; j++) {
@@ -108,6 +111,9 @@ export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8A
     return;
   }
   if (k % 32 !== 0) throw new Error(`${w.type} weight: K=${k} is not a multiple of 32`);
+  // The same placement in WASM (convert_wat.ts q8pack), ≈ 10 × faster: most of a load.
+  if (conv) return conv.packQ8(bytes, n, k, dest);
+  dest.fill(0);
   const kBlocks = k / 32;
   for (let i = 0; i < n; i++) {
     const s = Math.floor(i / STRIP);

@@ -11,6 +11,7 @@ import assert from 'node:assert/strict';
 import { mkdirSync, writeFileSync, copyFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { builtinConfigJson, builtinTensors, type BuiltinSpec } from '../src/engine/model/builtin.js';
+import { fmaSupport } from '../src/engine/model/fma.js';
 import { BLOCK_LAYOUT, decodeBlocks, encodeBlocks, type RequantizedType } from '../src/engine/model/gguf_blocks.js';
 import { loadGguf } from '../src/engine/model/gguf_model.js';
 import { dequantize, type GgmlTypeName } from '../src/engine/model/gguf_format.js';
@@ -185,35 +186,42 @@ test('Q4_0 as Q8_0: the same values, bit for bit', () => {
   assert.throws(() => q4_0AsQ8_0(new Uint8Array(17)), /whole 18-byte blocks/);
 });
 
-type Mix = [string, GgmlTypeName, ((n: string) => GgmlTypeName | undefined) | undefined, number, string[]];
+type Mix = [string, GgmlTypeName, ((n: string) => GgmlTypeName | undefined) | undefined, number, string[], string[]];
 
-test('gguf: Q4_K_M-style (Q4_K, Q6_K head/attn_v/ffn_down), Q5_K and Q4_0 with Q8_0 attn_v files load held in Q8 (no layer widened to f32), within the documented tolerance', async () => {
+test('gguf: Q4_K_M-style (Q4_K, Q6_K head/attn_v/ffn_down), Q4_K, Q4_1, Q5_K and Q4_0 with Q8_0 attn_v files load with no layer widened to f32 — held in Q8, or with KVC_WEIGHTS_4BIT=q4 their 4-bit layers as q4 — within the documented tolerance', async () => {
   const dir = await modelDir();
   const ref = await LlamaModel.load(dir);
   const p = [1, ...Array.from({ length: 29 }, (_, i) => 3 + ((i * 7919) % 31000))];
   const logits = (m: LlamaModel) => m.forward([{ seqId: 1, tokens: p, startPos: 0, wantLogits: true }], m.createKvCache(16 << 20))[0]!;
   try {
     const exact = logits(ref);
+    // The last column: the formats held with q4 on, in layer order (q|k|v, o, gate|up, down, then
+    // the head), distinct; by default every one is 'q8'.
     const mixes: Mix[] = [
-      ['q4_k_m', 'Q4_K', (n) => (/^output\.weight$|attn_v|ffn_down/.test(n) ? 'Q6_K' : undefined), 0.9, ['Q4_K', 'Q6_K']],
-      ['q5_k', 'Q5_K', undefined, 0.6, ['Q5_K']],
+      // q|k|v stacks Q4_K with a Q6_K attn_v (re-quantized): held as Q8; o and gate|up as q4.
+      ['q4_k_m', 'Q4_K', (n) => (/^output\.weight$|attn_v|ffn_down/.test(n) ? 'Q6_K' : undefined), 0.9, ['Q4_K', 'Q6_K'], ['q8', 'q4']],
+      ['q4_k', 'Q4_K', undefined, 0.9, ['Q4_K'], ['q4']],
+      ['q4_1', 'Q4_1', undefined, 0.9, ['Q4_1'], ['q4']],
+      ['q5_k', 'Q5_K', undefined, 0.6, ['Q5_K'], ['q8']],
       // q, k in Q4_0 and v in Q8_0 are one stacked layer: held as one Q8 weight.
-      ['q4_0+q8_0', 'Q4_0', (n) => (/attn_v/.test(n) ? 'Q8_0' : undefined), 0.9, ['Q4_0', 'Q8_0']],
+      ['q4_0+q8_0', 'Q4_0', (n) => (/attn_v/.test(n) ? 'Q8_0' : undefined), 0.9, ['Q4_0', 'Q8_0'], ['q8', 'q4']],
     ];
-    for (const [name, type, typeOf, tol, fileTypes] of mixes) {
+    for (const [name, type, typeOf, tol, fileTypes, heldQ4] of mixes) {
       const file = join(root!, `${name}.gguf`);
       await convertToGguf(dir, file, type, { typeOf });
       const g = await GgufFile.open(file);
       const types = new Set([...g.tensors.values()].filter((t) => t.dims.length === 2).map((t) => t.type));
       assert.deepEqual([...types].sort(), fileTypes, `${name}: the file's 2-D types`);
-      const m = (await loadGguf(file)).model;
-      try {
-        assert.deepEqual(m.weightFormats(), ['q8'], `${name}: held as Q8`);
-        const rel = relativeRms(logits(m), exact);
-        console.log(`${name}: relative RMS logit error ${rel.toFixed(4)} (tolerance ${tol})`);
-        assert.ok(rel > 0 && rel <= tol, `${name}: relative RMS logit error ${rel} (tolerance ${tol})`);
-      } finally {
-        m.close();
+      for (const q4 of fmaSupport().fma ? [false, true] : [false]) {
+        const m = (await loadGguf(file, { q4 })).model;
+        try {
+          assert.deepEqual(m.weightFormats(), q4 ? heldQ4 : ['q8'], `${name}: the formats held (q4 ${q4})`);
+          const rel = relativeRms(logits(m), exact);
+          console.log(`${name}${q4 ? ' (q4)' : ''}: relative RMS logit error ${rel.toFixed(4)} (tolerance ${tol})`);
+          assert.ok(rel > 0 && rel <= tol, `${name} (q4 ${q4}): relative RMS logit error ${rel} (tolerance ${tol})`);
+        } finally {
+          m.close();
+        }
       }
     }
   } finally {

@@ -1,10 +1,11 @@
-// Weights kept in their stored encoding (F16, BF16, Q8_0, Q4_0) in the WASM kernel: every product
-// equals, bit for bit, the plain-JS kernel's (16-bit: on the decoded f32 values; Q8_0/Q4_0: the
-// int8 dot product of q8_dot.ts), for any number of rows (batch invariance) and whether or not
-// the worker thread takes a share of the columns.
+// Weights kept in their stored encoding (F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K) in the WASM kernel:
+// every product equals, bit for bit, the plain-JS kernel's (16-bit: on the decoded f32 values;
+// block formats: the int8 dot products of q8_dot.ts, Q8 and Q4), for any number of rows (batch
+// invariance) and whether or not the worker thread takes a share of the columns.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { encodeTensor } from '../src/engine/model/gguf_write.js';
+import { fmaSupport } from '../src/engine/model/fma.js';
 import { JsGemm } from '../src/engine/model/kernel_js.js';
 import { WasmGemm } from '../src/engine/model/kernel_wasm.js';
 import { decodeWeight, type EncodedWeight } from '../src/engine/model/weight_pack.js';
@@ -26,14 +27,19 @@ function sameBits(a: Float32Array, b: Float32Array, what: string): void {
   for (let i = 0; i < a.length; i++) if (ua[i] !== ub[i]) assert.fail(`${what}: element ${i}: ${a[i]} vs ${b[i]}`);
 }
 
-test('encoded weights: WASM F16/BF16/Q8_0/Q4_0 kernels equal the JS kernel bitwise (16-bit: on decoded weights), alone or batched', async () => {
-  const js = new JsGemm();
-  for (const threads of [1, 2]) {
-    const wasm = await WasmGemm.create({ threads });
+test('encoded weights: WASM F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K kernels equal the JS kernel bitwise (16-bit: on decoded weights), alone or batched', async () => {
+  // 4-bit weights held as q8 (the default) and as q4 (KVC_WEIGHTS_4BIT=q4: relaxed SIMD only).
+  for (const [threads, q4] of [[1, false], [2, false], [1, true], [2, true]] as const) {
+    if (q4 && !fmaSupport().fma) {
+      console.log(`q4 kernel not tested: it needs relaxed SIMD with FMA (${fmaSupport().reason})`);
+      continue;
+    }
+    const js = new JsGemm({ q4 });
+    const wasm = await WasmGemm.create({ threads, q4 });
     try {
       // n not a multiple of the strip (padding), k a multiple of 32 (block formats).
       for (const [n, k] of [
-        [70, 64],
+        [70, 256],
         [300, 512],
       ] as const) {
         const w = rand(n * k, n + k, 0.2);
@@ -41,9 +47,11 @@ test('encoded weights: WASM F16/BF16/Q8_0/Q4_0 kernels equal the JS kernel bitwi
         w[3] = 3e-6;
         w[5] = -1e-7;
         w[7] = 0;
-        for (const type of ['F16', 'BF16', 'Q8_0', 'Q4_0'] as const) {
+        for (const type of ['F16', 'BF16', 'Q8_0', 'Q4_0', 'Q4_1', 'Q4_K'] as const) {
           const enc: EncodedWeight = { type, bytes: encodeTensor(type, w) };
-          const ref = type === 'Q8_0' || type === 'Q4_0' ? js.uploadEncoded(enc, n, k) : js.upload(decodeWeight(enc, n, k), n, k);
+          const ref = type === 'F16' || type === 'BF16' ? js.upload(decodeWeight(enc, n, k), n, k) : js.uploadEncoded(enc, n, k);
+          assert.equal(ref.fmt, type === 'F16' || type === 'BF16' ? 'f32' : type === 'Q8_0' || !q4 ? 'q8' : 'q4');
+          assert.equal(wasm.uploadEncoded(enc, n, k).fmt, ref.fmt === 'f32' ? type.toLowerCase() : ref.fmt);
           const wt = wasm.uploadEncoded(enc, n, k);
           // 70 rows: past the kernel's 64-row block, and large enough to be split with the worker.
           const a = rand(70 * k, 7);
@@ -58,7 +66,7 @@ test('encoded weights: WASM F16/BF16/Q8_0/Q4_0 kernels equal the JS kernel bitwi
             const exp = new Float32Array(m * n);
             wasm.matmul(wt, a, m, got);
             js.matmul(ref, a, m, exp);
-            sameBits(got, exp, `${type} ${n}x${k} m=${m} threads=${threads}`);
+            sameBits(got, exp, `${type} ${n}x${k} m=${m} threads=${threads} q4=${q4}`);
             sameBits(got, full.subarray(0, m * n), `${type} batch invariance m=${m}`);
           }
         }
@@ -85,6 +93,23 @@ test('Q8 product: close to the f32 product of the decoded weights (activations q
   assert.ok(rel > 0, 'the Q8 product quantizes the activations, so it differs from the f32 one');
 });
 
+test('Q4 product: close to the f32 product of the decoded weights, for Q4_0, Q4_1 and Q4_K', async () => {
+  const js = new JsGemm({ q4: true });
+  const [n, k, m] = [96, 512, 3];
+  const w = rand(n * k, 11, 0.2);
+  const a = rand(m * k, 5);
+  for (const type of ['Q4_0', 'Q4_1', 'Q4_K'] as const) {
+    const enc: EncodedWeight = { type, bytes: encodeTensor(type, w) };
+    const q4 = new Float32Array(m * n);
+    const f32 = new Float32Array(m * n);
+    js.matmul(js.uploadEncoded(enc, n, k), a, m, q4);
+    js.matmul(js.upload(decodeWeight(enc, n, k), n, k), a, m, f32);
+    // The same weight values (s·q − o is the decoded value), only the activations quantized.
+    const rel = relativeRms(q4, f32);
+    assert.ok(rel < 0.01, `${type}: relative RMS error ${rel}`);
+  }
+});
+
 test('encoded weights: F16 Inf/NaN and malformed sizes are refused at upload', async () => {
   const wasm = await WasmGemm.create({ threads: 1 });
   try {
@@ -92,6 +117,8 @@ test('encoded weights: F16 Inf/NaN and malformed sizes are refused at upload', a
     new DataView(bytes.buffer).setUint16(10, 0x7c00, true);
     assert.throws(() => wasm.uploadEncoded({ type: 'F16', bytes }, 32, 32), /Inf or NaN/);
     assert.throws(() => wasm.uploadEncoded({ type: 'Q8_0', bytes: new Uint8Array(10) }, 32, 32), /expected 32x32/);
+    assert.throws(() => wasm.uploadEncoded({ type: 'Q4_K', bytes: new Uint8Array(10) }, 32, 256), /expected 32x256/);
+    assert.throws(() => wasm.uploadEncoded({ type: 'Q4_K', bytes: new Uint8Array(32 * 18) }, 32, 32), /not a multiple of 256/);
   } finally {
     wasm.close();
   }

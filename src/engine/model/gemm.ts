@@ -13,13 +13,15 @@ import { WASM_WEIGHT_CAP, WasmGemm, WasmGemmPool } from './kernel_wasm.js';
  * fma setting, fma.ts), so the choice never changes outputs. `weightCapBytes` (tests) lowers the per-instance weight budget; `threads` (1 or 2)
  * overrides the WASM kernel's default (KVC_GEMM_THREADS, else 2 on a multi-core machine).
  */
-export async function createGemm(opts: { shapes?: [number, number][]; prefer?: 'wasm' | 'js'; weightCapBytes?: number; threads?: 1 | 2 } = {}): Promise<Gemm> {
-  // Decided first and outside the fallback below: a bad or unsatisfiable KVC_WASM_FMA is an
-  // error at start, never a silent switch of arithmetic.
-  fmaSupport();
+export async function createGemm(opts: { shapes?: [number, number][]; prefer?: 'wasm' | 'js'; weightCapBytes?: number; threads?: 1 | 2; q4?: boolean } = {}): Promise<Gemm> {
+  // Decided first and outside the fallback below: a bad or unsatisfiable KVC_WASM_FMA or
+  // KVC_WEIGHTS_4BIT is an error at start, never a silent switch of arithmetic.
+  const fma = fmaSupport().fma;
   const env = kernelEnv(process.env);
+  const q4 = opts.q4 ?? env.q4;
+  if (q4 && !fma) throw new Error(`4-bit weights held as q4 (KVC_WEIGHTS_4BIT=q4) need relaxed SIMD with fused multiply-add: ${fmaSupport().reason}`);
   const prefer = opts.prefer ?? env.prefer;
-  if (prefer === 'js') return new JsGemm();
+  if (prefer === 'js') return new JsGemm({ q4 });
   const cap = Math.min(opts.weightCapBytes ?? WASM_WEIGHT_CAP, WASM_WEIGHT_CAP);
   // Pack the weights (in upload order, first fit like WasmGemmPool.upload) to count instances.
   let parts = 1;
@@ -35,11 +37,11 @@ export async function createGemm(opts: { shapes?: [number, number][]; prefer?: '
   }
   try {
     const threads = opts.threads ?? env.threads;
-    if (parts === 1) return await WasmGemm.create({ ...(opts.weightCapBytes !== undefined ? { weightCapBytes: cap } : {}), ...(threads ? { threads } : {}) });
+    if (parts === 1) return await WasmGemm.create({ q4, ...(opts.weightCapBytes !== undefined ? { weightCapBytes: cap } : {}), ...(threads ? { threads } : {}) });
     const list: WasmGemm[] = [];
-    for (let i = 0; i < parts; i++) list.push(await WasmGemm.create({ weightCapBytes: cap, ...(i > 0 ? { threads: 1 } : threads ? { threads } : {}) }));
+    for (let i = 0; i < parts; i++) list.push(await WasmGemm.create({ q4, weightCapBytes: cap, ...(i > 0 ? { threads: 1 } : threads ? { threads } : {}) }));
     return new WasmGemmPool(list);
   } catch {
-    return new JsGemm();
+    return new JsGemm({ q4 });
   }
 }

@@ -26,7 +26,7 @@ export const CTL = {
    * Which kernel export the job runs: 0 dense (gemm), 1 gemmp, 2 gemmpbf16, 3 gemmpf16, 4 gemmpq8,
    * 5 attendrows (its range [n0, n1) is query rows, not columns), 6 swiglurows (rows), 7 gemmpglu
    * (the gate|up product with SwiGLU fused; columns of the packed weight), 8 argmaxrows (rows of
-   * logits).
+   * logits), 9 gemmpq4.
    */
   PACKED: 16,
   /**

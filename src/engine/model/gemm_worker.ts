@@ -10,8 +10,8 @@ const inst = new WebAssembly.Instance(module, { env: { mem: memory } });
 type Kernel = (...args: number[]) => void;
 // Indexed by CTL.PACKED (kernel_wasm.ts FMT_CODE): dense, the strip-packed weight formats, then
 // attendrows and swiglurows (whose ranges are rows), the fused gate|up + SwiGLU product, then
-// argmaxrows (rows of logits).
-const kernels = ['gemm', 'gemmp', 'gemmpbf16', 'gemmpf16', 'gemmpq8', 'attendrows', 'swiglurows', 'gemmpglu', 'argmaxrows'].map((n) => inst.exports[n] as Kernel);
+// argmaxrows (rows of logits), then gemmpq4 (Q4 weights; in relaxed-SIMD modules only).
+const kernels = ['gemm', 'gemmp', 'gemmpbf16', 'gemmpf16', 'gemmpq8', 'attendrows', 'swiglurows', 'gemmpglu', 'argmaxrows', 'gemmpq4'].map((n) => inst.exports[n] as Kernel);
 const argmaxcols = inst.exports.argmaxcols as Kernel;
 // Read the job counter BEFORE announcing readiness: the main thread posts the first job only
 // after 'ready', so that job is always seen as new.

@@ -73,12 +73,12 @@ export function decodeBlocks(type: RequantizedType, bytes: Uint8Array, count: nu
 }
 
 /** Scale of sub-block j (0..7) from the 12 packed bytes at `at` (ggml's get_scale_min_k4). */
-function scaleOf(bytes: Uint8Array, at: number, j: number): number {
+export function scaleOf(bytes: Uint8Array, at: number, j: number): number {
   return j < 4 ? bytes[at + j]! & 63 : (bytes[at + j + 4]! & 15) | ((bytes[at + j - 4]! >> 6) << 4);
 }
 
 /** Min of sub-block j (0..7) from the same 12 bytes. */
-function minOf(bytes: Uint8Array, at: number, j: number): number {
+export function minOf(bytes: Uint8Array, at: number, j: number): number {
   return j < 4 ? bytes[at + j + 4]! & 63 : (bytes[at + j + 4]! >> 4) | ((bytes[at + j]! >> 6) << 4);
 }
 

@@ -49,9 +49,17 @@ export const GGML_TYPES = {
 export type GgmlTypeName = keyof typeof GGML_TYPES;
 
 /** The 2-D weight encodings the kernel holds as they are (weight_pack.ts). */
-export type HeldType = 'F16' | 'BF16' | 'Q8_0' | 'Q4_0';
+export type HeldType = 'F16' | 'BF16' | 'Q8_0' | 'Q4_0' | 'Q4_1' | 'Q4_K';
 
-/** Whether a type is decoded and re-quantized to Q8_0 at load rather than held as it is. */
+/** Whether a block type's 2-D weights are held as they are (weight_pack.ts q4: 4-bit with a scale and offset per 32). */
+export function isHeldBlockType(type: GgmlTypeName): type is 'Q4_0' | 'Q4_1' | 'Q4_K' {
+  return type === 'Q4_0' || type === 'Q4_1' || type === 'Q4_K';
+}
+
+/**
+ * Whether a type is decoded to f32 by gguf_blocks.ts (every block format beyond Q8_0 and Q4_0);
+ * its 2-D weights are then re-quantized to Q8_0 at load unless they are held (isHeldBlockType).
+ */
 export function isRequantized(type: GgmlTypeName): type is RequantizedType {
   return type in BLOCK_LAYOUT;
 }

@@ -6,7 +6,7 @@
 import { basename, resolve } from 'node:path';
 import type { ModelConfig } from './config.js';
 import { wasmConverter } from './convert_wasm.js';
-import { dequantize, ggufTensorName, isRequantized, quantizeQ8_0, typeBytes, unpermuteRopeRows } from './gguf_format.js';
+import { dequantize, ggufTensorName, isHeldBlockType, isRequantized, quantizeQ8_0, typeBytes, unpermuteRopeRows } from './gguf_format.js';
 import { GgufError, GgufFile, type GgufValue } from './gguf_read.js';
 import { tokenizerFromGguf } from './gguf_tokenizer.js';
 import { LlamaModel, type LoadOptions, type WeightSource } from './model.js';
@@ -127,7 +127,7 @@ export function ggufWeights(g: GgufFile, cfg: ModelConfig): WeightSource {
       if (t.type === 'F32' || shape.length !== 2) return null;
       const bytes = await g.read(t.name);
       const heads = qkHeads(hf);
-      if (isRequantized(t.type)) {
+      if (isRequantized(t.type) && !isHeldBlockType(t.type)) {
         // Decoded and re-quantized to Q8_0 (gguf_blocks.ts), in the WASM converter when it is
         // there (the same bytes, ≈ 8 × faster). Rows are whole blocks of 32, as every such
         // type's block is a multiple of 32 values, so the q/k rows can be reordered after.

@@ -15,7 +15,7 @@
 // results, since f64 has more than 2*24+2 bits; fma.ts fmaf gives the fused result exactly.)
 // One process uses one setting (fmaSupport(): KVC_WASM_FMA, then the platform) for every kernel.
 import { PANEL, panelIndex, STRIP, type WFmt } from './gemm_wat.js';
-import type { Q8Weight } from './q8_dot.js';
+import type { Q4Weight, Q8Weight } from './q8_dot.js';
 import type { EncodedWeight } from './weight_pack.js';
 
 export interface Weight {
@@ -30,10 +30,12 @@ export interface Weight {
   readonly data: Float32Array | null;
   /** Which WASM instance holds it (WasmGemmPool). */
   readonly part: number;
-  /** How the kernel holds it (weight_pack.ts); the JS kernel holds 'f32' or 'q8'. */
+  /** How the kernel holds it (weight_pack.ts); the JS kernel holds 'f32', 'q8' or 'q4'. */
   readonly fmt: WFmt;
   /** The JS kernel's Q8 weight (int8 values and block scales, q8_dot.ts); null otherwise. */
   readonly q8?: Q8Weight | null;
+  /** The JS kernel's Q4 weight (4-bit values, block scales and offsets, q8_dot.ts); null otherwise. */
+  readonly q4?: Q4Weight | null;
   /**
    * A gate|up weight in the fused layout (packGluStrips): usable only through matmulSwiglu,
    * which then computes the product and SwiGLU in one pass.

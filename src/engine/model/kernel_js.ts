@@ -3,12 +3,13 @@
 // unavailable.
 import { gatherStagedJs, softmaxRowsJs, stageInto, swigluJs } from './attention.js';
 import { fmaf, fmaSupport } from './fma.js';
+import { kernelEnv } from './kernel_env.js';
 import { STRIP } from './gemm_wat.js';
 import { argmaxJs, checkArgs, padTo, transposePadded, type Gemm, type UploadOptions, type Weight } from './kernel.js';
 import { BLOCK_TOKENS } from './kv_cache.js';
 import { addIntoJs, copyRowsJs, rmsNormJs, ropeJs } from './ops_js.js';
-import { matmulQ8Js, q8WeightOf } from './q8_dot.js';
-import { decodeWeight, type EncodedWeight } from './weight_pack.js';
+import { matmulQ4Js, matmulQ8Js, q4WeightOf, q8WeightOf } from './q8_dot.js';
+import { asQ8_0, checkEncoded, decodeWeight, heldFormat, type EncodedWeight, type Q4Type } from './weight_pack.js';
 
 /** Plain-JS kernel with the exact summation order of the WASM kernel (reference and fallback). */
 export class JsGemm implements Gemm {
@@ -16,8 +17,12 @@ export class JsGemm implements Gemm {
   /** Fused multiply-add (fmaf) like the WASM FMA kernel; default: fmaSupport(). */
   readonly fma: boolean;
 
-  constructor(opts: { fma?: boolean } = {}) {
+  /** Q4_0, Q4_1 and Q4_K weights held as q4 (q8_dot.ts's Q4 product), else as q8, like the WASM kernel. */
+  readonly q4: boolean;
+
+  constructor(opts: { fma?: boolean; q4?: boolean } = {}) {
     this.fma = opts.fma ?? fmaSupport().fma;
+    this.q4 = opts.q4 ?? kernelEnv(process.env).q4;
   }
 
   close(): void {}
@@ -32,13 +37,17 @@ export class JsGemm implements Gemm {
   }
 
   uploadEncoded(w: EncodedWeight, n: number, k: number): Weight {
-    if (w.type === 'Q8_0' || w.type === 'Q4_0') return { k, n, nPad: padTo(n, STRIP), ptr: -1, data: null, part: 0, fmt: 'q8', q8: q8WeightOf(w, n, k) };
+    checkEncoded(w, n, k);
+    const fmt = heldFormat(w.type, this.q4);
+    if (fmt === 'q4') return { k, n, nPad: padTo(n, STRIP), ptr: -1, data: null, part: 0, fmt, q4: q4WeightOf(w.type as Q4Type, w.bytes, n, k) };
+    if (fmt === 'q8') return { k, n, nPad: padTo(n, STRIP), ptr: -1, data: null, part: 0, fmt, q8: q8WeightOf(asQ8_0(w, null), n, k) };
     return this.upload(decodeWeight(w, n, k), n, k);
   }
 
   matmul(w: Weight, a: Float32Array, m: number, out: Float32Array, argmaxOut?: Int32Array): void {
     checkArgs(w, a, m, out);
     if (w.q8) matmulQ8Js(w.q8, w.n, w.k, a, m, out);
+    else if (w.q4) matmulQ4Js(w.q4, w.n, w.k, a, m, out);
     else this.accumulate(a, m, w.k, w.data!, w.n, w.nPad, out);
     if (argmaxOut) this.argmaxRows(out, m, w.n, argmaxOut);
   }

@@ -2,6 +2,7 @@
 // large products split over columns with one worker thread (gemm_worker.ts), and a pool of
 // instances for checkpoints whose weights exceed one 4 GiB address space.
 import { availableParallelism } from 'node:os';
+import v8 from 'node:v8';
 import { Worker } from 'node:worker_threads';
 import { stageInto } from './attention.js';
 import { fmaSupport } from './fma.js';
@@ -14,10 +15,10 @@ import { addIntoJs, copyRowsJs, rmsNormJs, ropeJs } from './ops_js.js';
 import { opsWat } from './ops_wat.js';
 import { compileWat } from './wat_compile.js';
 import { wasmConverter, type WasmConverter } from './convert_wasm.js';
-import { kernelFormat, packEncoded, packedBytes, type EncodedWeight } from './weight_pack.js';
+import { asQ8_0, checkEncoded, heldFormat, kernelFormat, packEncoded, packedBytes, type EncodedWeight } from './weight_pack.js';
 
 /** CTL.PACKED codes: which export a job runs (the worker picks the same). */
-const FMT_CODE: Record<WFmt, number> = { f32: 1, bf16: 2, f16: 3, q8: 4 };
+const FMT_CODE: Record<WFmt, number> = { f32: 1, bf16: 2, f16: 3, q8: 4, q4: 9 };
 /** CTL.PACKED code of attendrows (a job over query rows). */
 const ATTEND_ROWS = 5;
 /** CTL.PACKED code of swiglurows (a job over activation rows). */
@@ -41,7 +42,11 @@ interface GemmExports {
   gemmpglu(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
   /** Q8 weights: A is the activation quantq8 made (int8 dot products, q8_dot.ts's bits). */
   gemmpq8(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
+  /** Q4 weights (gemm_wat.ts q4): gemmpq8's arguments, the weight's nibbles with scales and offsets. */
+  gemmpq4(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
   quantq8(X: number, M: number, K: number, Q: number): void;
+  /** quantq8's values as int8 [M][K], then scales, then block sums (gemmpq4's activations). */
+  quantq8i8(X: number, M: number, K: number, Q: number): void;
   softmax(S: number, rows: number, stride: number, L: number, scale: number): void;
   gatherkv(src: number, P: number, Pb: number, kvDim: number, off: number, hd: number, kt: number, v: number, hdPad: number): void;
   argmax(p: number, n: number): number;
@@ -78,19 +83,27 @@ export function opsModule(): Promise<WebAssembly.Module> {
  */
 const ACTIVATION_CAP = 1024 * 1024 * 1024;
 
-const wasmModulePromises = new Map<boolean, Promise<WebAssembly.Module>>();
+const wasmModulePromises = new Map<string, Promise<WebAssembly.Module>>();
 
 /**
  * Compiles the kernel's WAT (gemm_wat.ts) with wabt, once per process and `fma` setting. The FMA
  * module needs relaxed SIMD, which fmaSupport() switches on in V8 (process-wide, so the worker
  * thread can instantiate it too) — asking for it where fmaSupport() found none is an error.
  */
-export function gemmModule(fma = false): Promise<WebAssembly.Module> {
+export function gemmModule(fma = false, q4 = false): Promise<WebAssembly.Module> {
   if (fma && !fmaSupport().fma) return Promise.reject(new Error(`FMA kernel requested but unavailable: ${fmaSupport().reason}`));
-  let p = wasmModulePromises.get(fma);
+  if (q4 && !fma) return Promise.reject(new Error(`4-bit weights held as q4 (KVC_WEIGHTS_4BIT=q4) need the relaxed-SIMD (FMA) kernel: ${fmaSupport().reason}`));
+  const key = `${fma}/${q4}`;
+  let p = wasmModulePromises.get(key);
   if (p) return p;
-  p = compileWat('gemm.wat', gemmWat({ fma }), { simd: true, threads: true, relaxed_simd: fma });
-  wasmModulePromises.set(fma, p);
+  // gemmpq4's i32x4.relaxed_dot_i8x16_i7x16_add_s is miscompiled by V8's baseline compiler
+  // (Liftoff) in Node 20 (wrong sums, measured; the optimizing compiler is right), and a function
+  // runs in Liftoff until it is hot: the q4 module, compiled from here on, skips Liftoff
+  // (process-wide: every module compiled later too; ≈ 0.2 s more at start). Its own module, so
+  // no code compiled before the flag runs gemmpq4.
+  if (q4) v8.setFlagsFromString('--no-liftoff');
+  p = compileWat(q4 ? 'gemm-q4.wat' : 'gemm.wat', gemmWat({ fma, q4 }), { simd: true, threads: true, relaxed_simd: fma });
+  wasmModulePromises.set(key, p);
   return p;
 }
 
@@ -148,6 +161,8 @@ export class WasmGemm implements Gemm {
     private readonly ops: OpsExports,
     /** The f32/16-bit GEMMs use fused multiply-add (fma.ts). */
     readonly fma: boolean,
+    /** Q4_0, Q4_1 and Q4_K weights are held as q4 (gemmpq4), else as q8 (KVC_WEIGHTS_4BIT). */
+    readonly q4: boolean,
   ) {
     this.f32 = new Float32Array(mem.buffer);
     this.ownBuffers.add(mem.buffer);
@@ -223,13 +238,14 @@ export class WasmGemm implements Gemm {
    * `fma`: fused multiply-add in the GEMMs (default: fmaSupport(), i.e. KVC_WASM_FMA and the
    * platform); true where it is unavailable is an error.
    */
-  static async create(opts: { threads?: number; weightCapBytes?: number; fma?: boolean } = {}): Promise<WasmGemm> {
+  static async create(opts: { threads?: number; weightCapBytes?: number; fma?: boolean; q4?: boolean } = {}): Promise<WasmGemm> {
     const fma = opts.fma ?? fmaSupport().fma;
-    const mod = await gemmModule(fma);
+    const q4 = opts.q4 ?? kernelEnv(process.env).q4;
+    const mod = await gemmModule(fma, q4);
     const mem = new WebAssembly.Memory({ initial: 16, maximum: 65536, shared: true });
     const inst = await WebAssembly.instantiate(mod, { env: { mem } });
     const ops = await WebAssembly.instantiate(await opsModule(), { env: { mem } });
-    const g = new WasmGemm(mem, inst.exports as unknown as GemmExports, ops.exports as unknown as OpsExports, fma);
+    const g = new WasmGemm(mem, inst.exports as unknown as GemmExports, ops.exports as unknown as OpsExports, fma, q4);
     if (opts.weightCapBytes !== undefined) g.weightCap = Math.min(opts.weightCapBytes, WASM_WEIGHT_CAP);
     g.converter = await wasmConverter();
     const threads = opts.threads ?? kernelEnv(process.env).threads ?? Math.min(2, availableParallelism());
@@ -292,7 +308,7 @@ export class WasmGemm implements Gemm {
   private run(A: number, W: number, C: number, m: number, K: number, nPad: number, fmt: WFmt | null, argmax?: { n: number; out: Int32Array }): void {
     const strips = nPad / STRIP;
     const code = fmt === null ? 0 : FMT_CODE[fmt];
-    const gemm = code === 0 ? this.exp.gemm : code === 1 ? this.exp.gemmp : code === 2 ? this.exp.gemmpbf16 : code === 3 ? this.exp.gemmpf16 : this.exp.gemmpq8;
+    const gemm = code === 0 ? this.exp.gemm : code === 1 ? this.exp.gemmp : code === 2 ? this.exp.gemmpbf16 : code === 3 ? this.exp.gemmpf16 : code === 4 ? this.exp.gemmpq8 : this.exp.gemmpq4;
     if (!this.worker || strips < 2 || m * K * nPad < SPLIT_MIN_MACS) {
       gemm(A, W, C, m, K, nPad, 0, m, 0, nPad);
       if (argmax) {
@@ -432,7 +448,10 @@ export class WasmGemm implements Gemm {
   }
 
   uploadEncoded(w: EncodedWeight, n: number, k: number): Weight {
-    const fmt = kernelFormat(w.type);
+    checkEncoded(w, n, k);
+    const fmt = heldFormat(w.type, this.q4);
+    // Unless the kernel holds 4-bit weights as q4, they are held as q8.
+    if (fmt !== kernelFormat(w.type)) w = asQ8_0(w, this.converter);
     const nPad = padTo(n, STRIP);
     const bytes = packedBytes(fmt, n, k);
     if (!this.canHold(n, k, fmt)) throw new Error(`WASM kernel instance full: a ${n}x${k} weight does not fit its ${this.weightCap}-byte budget`);
@@ -696,8 +715,10 @@ export class WasmGemm implements Gemm {
     const inA = this.addrOf(a);
     const inC = nPad === N ? this.addrOf(out) : -1;
     const aBytes = inA >= 0 ? 0 : padTo(m * K * 4, 64);
-    // Q8: the activations quantized (int16 [m][K], then f32 scales [m][K/32]) next to the f32 copy.
-    const qBytes = w.fmt === 'q8' ? padTo(m * K * 2 + m * (K / 32) * 4, 64) : 0;
+    // Q8: the activations quantized (int16 [m][K], then f32 scales [m][K/32]); Q4: int8 [m][K],
+    // then scales and block sums.
+    const int8 = w.fmt === 'q8' || w.fmt === 'q4';
+    const qBytes = w.fmt === 'q8' ? padTo(m * K * 2 + m * (K / 32) * 4, 64) : w.fmt === 'q4' ? padTo(m * K + 2 * m * (K / 32) * 4, 64) : 0;
     const cBytes = inC >= 0 ? 0 : m * nPad * 4;
     const base = aBytes + qBytes + cBytes > 0 ? this.scratch(aBytes + qBytes + cBytes) : 0;
     const A = inA >= 0 ? inA : base;
@@ -705,8 +726,9 @@ export class WasmGemm implements Gemm {
     const C = inC >= 0 ? inC : Q + qBytes;
     const f32 = this.f32;
     if (inA < 0) f32.set(a.subarray(0, m * K), A / 4);
-    if (w.fmt === 'q8') {
-      this.exp.quantq8(A, m, K, Q);
+    if (int8) {
+      if (w.fmt === 'q4') this.exp.quantq8i8(A, m, K, Q);
+      else this.exp.quantq8(A, m, K, Q);
       this.run(Q, w.ptr, C, m, K, nPad, w.fmt, argmaxOut && { n: N, out: argmaxOut });
     } else this.run(A, w.ptr, C, m, K, nPad, w.fmt, argmaxOut && { n: N, out: argmaxOut });
     if (inC >= 0) return;
@@ -747,7 +769,7 @@ export class WasmGemmPool implements Gemm {
   }
 
   uploadEncoded(w: EncodedWeight, n: number, k: number): Weight {
-    const fmt = kernelFormat(w.type);
+    const fmt = heldFormat(w.type, this.parts[0]!.q4);
     while (this.cur < this.parts.length && !this.parts[this.cur]!.canHold(n, k, fmt)) this.cur++;
     const part = this.parts[this.cur];
     if (!part) throw new Error(`WASM kernel pool full: no instance left for a ${n}x${k} weight`);

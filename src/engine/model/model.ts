@@ -15,6 +15,7 @@ import { createGemm } from './gemm.js';
 import { argmaxJs, type Gemm, type Weight } from './kernel.js';
 import { BLOCK_SHIFT, BLOCK_TOKENS, KvCacheFullError, PagedKvCache } from './kv_cache.js';
 import { SafetensorsCollection, SafetensorsError } from './safetensors.js';
+import { wasmConverter } from './convert_wasm.js';
 import { commonEncoding, type EncodedWeight } from './weight_pack.js';
 
 export interface Segment {
@@ -75,6 +76,8 @@ export interface LoadOptions {
   wasmWeightCapBytes?: number;
   /** Kernel threads, 1 or 2 (default: KVC_GEMM_THREADS, else 2 on a multi-core machine). */
   threads?: 1 | 2;
+  /** Hold Q4_0, Q4_1 and Q4_K weights as 4-bit (default: KVC_WEIGHTS_4BIT, else as 8-bit). */
+  q4?: boolean;
 }
 
 /** Where a model's weights come from, by Hugging Face tensor name. */
@@ -147,19 +150,21 @@ export class LlamaModel {
       ...(opts.kernel ? { prefer: opts.kernel } : {}),
       ...(opts.wasmWeightCapBytes !== undefined ? { weightCapBytes: opts.wasmWeightCapBytes } : {}),
       ...(opts.threads ? { threads: opts.threads } : {}),
+      ...(opts.q4 !== undefined ? { q4: opts.q4 } : {}),
     });
     // Normalisation weights where the kernel's RMSNorm reads them in place.
     const vec = async (name: string, n: number) => gemm.hold(await st.get(name, [n]));
     // A linear layer from one or more tensors stacked by rows. Kept in its stored encoding
-    // (16-bit, Q8_0, Q4_0) when its parts share one (commonEncoding: Q4_0 and Q8_0 parts share
-    // the Q8 layout) — the kernel computes the same bits as from the widened f32 values, with a
-    // half or a quarter of the memory traffic — else f32.
+    // (16-bit, Q8_0, or 4-bit: Q4_0, Q4_1, Q4_K) when its parts share one (commonEncoding: block
+    // formats mixed share the Q8 layout) — 16-bit weights compute the same bits as their widened
+    // f32 values, with half the memory traffic, block formats are int8 products — else f32.
     const mat = async (names: string[], rows: number[], cols: number, glu = false): Promise<Weight> => {
       const n = rows.reduce((a, b) => a + b, 0);
       if (st.getEncoded) {
         const raw: (EncodedWeight | null)[] = [];
         for (let i = 0; i < names.length; i++) raw.push(await st.getEncoded(names[i]!, [rows[i]!, cols]));
-        const parts = commonEncoding(raw);
+        const conv = await wasmConverter();
+        const parts = commonEncoding(raw, conv);
         if (parts) {
           const bytes = new Uint8Array(parts.reduce((a, p) => a + p.bytes.length, 0));
           let off = 0;
@@ -206,7 +211,7 @@ export class LlamaModel {
     return new LlamaModel(path, modelId, cfg, gemm, embed, layers, finalNorm, lmHead);
   }
 
-  /** How the linear layers' weights are held by the kernel ('f32', 'f16', 'bf16', 'q8'), distinct, in layer order. */
+  /** How the linear layers' weights are held by the kernel ('f32', 'f16', 'bf16', 'q8', 'q4'), distinct, in layer order. */
   weightFormats(): string[] {
     const all = this.layers.flatMap((l) => [l.qkv.fmt, l.o.fmt, l.gateUp.fmt, l.down.fmt]).concat(this.lmHead.fmt);
     return [...new Set(all)];

@@ -3,12 +3,13 @@
 // WFmt: 16-bit in strips of 8-column panels, Q8 in one run of k-blocks per half-strip). For
 // 16-bit weights the kernel turns each packed value into exactly the f32 that `dequantize` gives,
 // so a model computes the same bits either way and only memory (and the bandwidth decode is bound
-// by) halves. Q8_0 (3.6x smaller than f32) and Q4_0 (held in the Q8 layout: its 4-bit values
-// widen to int8 exactly, same scale) are computed as int8 dot products against quantized
-// activations (q8_dot.ts), in the JS kernel too.
+// by) halves. Q8_0 (3.6x smaller than f32) and the 4-bit formats Q4_0, Q4_1 and Q4_K (held as
+// their 4-bit values with a scale and an offset per block of 32: 5.3x smaller) are computed as
+// int8 dot products against quantized activations (q8_dot.ts), in the JS kernel too.
 import type { WasmConverter } from './convert_wasm.js';
-import { dequantize, type HeldType } from './gguf_format.js';
-import { PANEL, panelIndex, Q8_BLOCK_BYTES, Q8_HALF_BLOCK_BYTES, Q8_HALF_COLS, Q8_HALF_PAIR_BYTES, STRIP, type WFmt } from './gemm_wat.js';
+import { dequantize, quantizeQ8_0, TYPE_LAYOUT, type HeldType } from './gguf_format.js';
+import { minOf, scaleOf } from './gguf_blocks.js';
+import { PANEL, panelIndex, Q4_BLOCK_BYTES, Q4_HALF_BLOCK_BYTES, Q4_HALF_QUAD_BYTES, Q8_BLOCK_BYTES, Q8_HALF_BLOCK_BYTES, Q8_HALF_COLS, Q8_HALF_PAIR_BYTES, STRIP, type WFmt } from './gemm_wat.js';
 import { f16ToF32 } from './safetensors.js';
 
 /** A [n][k] weight in its stored encoding (row-major, rows of k values; blocks run along k). */
@@ -21,13 +22,66 @@ export const padTo = (n: number, s: number) => Math.ceil(n / s) * s;
 
 /** The kernel format an encoding is held in. */
 export function kernelFormat(type: EncodedWeight['type']): WFmt {
-  return type === 'F16' ? 'f16' : type === 'BF16' ? 'bf16' : 'q8';
+  return type === 'F16' ? 'f16' : type === 'BF16' ? 'bf16' : type === 'Q8_0' ? 'q8' : 'q4';
+}
+
+/**
+ * The format a kernel holds an encoding in: kernelFormat's, except that the 4-bit formats are held
+ * as q8 (asQ8_0) unless the kernel holds them as q4 (KVC_WEIGHTS_4BIT=q4, kernel_env.ts).
+ */
+export function heldFormat(type: EncodedWeight['type'], q4: boolean): WFmt {
+  const fmt = kernelFormat(type);
+  return fmt === 'q4' && !q4 ? 'q8' : fmt;
+}
+
+/** A Q4_0, Q4_1 or Q4_K weight as Q8_0: Q4_0 with the same values, the others re-quantized. */
+export function asQ8_0(w: EncodedWeight, conv: WasmConverter | null): EncodedWeight {
+  if (w.type === 'Q4_0') return { type: 'Q8_0', bytes: conv ? conv.q4_0AsQ8_0(w.bytes) : q4_0AsQ8_0(w.bytes) };
+  if (w.type === 'Q4_1' || w.type === 'Q4_K') return { type: 'Q8_0', bytes: requantizeToQ8_0(w.type, w.bytes, conv) };
+  return w;
+}
+
+/** The encodings held in the q4 format: 4-bit values with a scale and an offset per block of 32. */
+export type Q4Type = 'Q4_0' | 'Q4_1' | 'Q4_K';
+
+/**
+ * Block b (values 32b … 32b + 31) of row i of a Q4_0, Q4_1 or Q4_K weight of k columns: its
+ * 4-bit values into q[0..31], its scale into so[0] and offset into so[1], so that value j is
+ * so[0]·q[j] − so[1] — the file's value, exactly (no rounding: Q4_0 is d·(q − 8), offset 8d;
+ * Q4_1 is d·q + m, offset −m; Q4_K's sub-block j of a super-block is (d·sc_j)·q − dmin·m_j,
+ * each product of an f16 and a 6-bit integer exact in f32).
+ */
+export function q4Block(type: Q4Type, bytes: Uint8Array, k: number, i: number, b: number, q: Uint8Array, so: Float32Array): void {
+  const row = i * rowBytes(type, k);
+  const half = (at: number) => f16ToF32(bytes[at]! | (bytes[at + 1]! << 8));
+  let nib: number; // where the 16 (Q4_0, Q4_1) or 32 (Q4_K) bytes of nibbles start
+  let high = false; // Q4_K: this sub-block is the high nibbles of its 32 bytes
+  if (type === 'Q4_K') {
+    const at = row + (b >> 3) * 144;
+    const j = b & 7;
+    so[0] = Math.fround(half(at) * scaleOf(bytes, at + 4, j));
+    so[1] = Math.fround(half(at + 2) * minOf(bytes, at + 4, j));
+    nib = at + 16 + 32 * (j >> 1);
+    high = (j & 1) === 1;
+    for (let l = 0; l < 32; l++) q[l] = high ? bytes[nib + l]! >> 4 : bytes[nib + l]! & 15;
+    return;
+  }
+  const at = row + b * (type === 'Q4_0' ? 18 : 20);
+  const d = half(at);
+  so[0] = d;
+  so[1] = type === 'Q4_0' ? 8 * d : -half(at + 2);
+  nib = at + (type === 'Q4_0' ? 2 : 4);
+  for (let l = 0; l < 16; l++) {
+    q[l] = bytes[nib + l]! & 15;
+    q[l + 16] = bytes[nib + l]! >> 4;
+  }
 }
 
 /** Bytes of the packed layout of an n x k weight in format `fmt` (N padded to the strip). */
 export function packedBytes(fmt: WFmt, n: number, k: number): number {
   const strips = padTo(n, STRIP) / STRIP;
   if (fmt === 'q8') return strips * (k / 32) * Q8_BLOCK_BYTES;
+  if (fmt === 'q4') return strips * (k / 32) * Q4_BLOCK_BYTES;
   return strips * k * STRIP * (fmt === 'f32' ? 4 : 2);
 }
 
@@ -61,21 +115,44 @@ export function q4_0AsQ8_0(bytes: Uint8Array): Uint8Array {
 
 /**
  * The encoded parts of a stacked layer in one encoding, or null when they cannot share one
- * without changing a value (then the layer is widened to f32): parts of one type as they are,
- * Q4_0 and Q8_0 parts together as Q8_0 (q4_0AsQ8_0).
+ * (then the layer is widened to f32): parts of one type as they are; parts of the block types
+ * mixed (a Q4_K_M file's Q4_K attn_q beside a Q6_K attn_v, which the loader has re-quantized
+ * to Q8_0) together as Q8_0 — Q4_0 with the same values (q4_0AsQ8_0), Q4_1 and Q4_K
+ * re-quantized (requantizeToQ8_0: what the loader does to the formats it does not hold); in the
+ * WASM converter when there is one (the same bytes).
  */
-export function commonEncoding(parts: (EncodedWeight | null)[]): EncodedWeight[] | null {
+export function commonEncoding(parts: (EncodedWeight | null)[], conv: WasmConverter | null): EncodedWeight[] | null {
   if (parts.some((p) => p === null)) return null;
   const ps = parts as EncodedWeight[];
   if (ps.every((p) => p.type === ps[0]!.type)) return ps;
-  if (ps.every((p) => p.type === 'Q8_0' || p.type === 'Q4_0')) return ps.map((p) => (p.type === 'Q4_0' ? { type: 'Q8_0', bytes: q4_0AsQ8_0(p.bytes) } : p));
-  return null;
+  if (!ps.every((p) => p.type === 'Q8_0' || kernelFormat(p.type) === 'q4')) return null;
+  return ps.map((p) => asQ8_0(p, conv));
+}
+
+/** The Q8_0 bytes of a Q4_1 or Q4_K tensor's decoded values (as the loader re-quantizes formats it does not hold). */
+export function requantizeToQ8_0(type: 'Q4_1' | 'Q4_K', bytes: Uint8Array, conv: WasmConverter | null): Uint8Array {
+  const { block, bytes: bb } = TYPE_LAYOUT[type];
+  const count = (bytes.length / bb) * block;
+  if (conv) return conv.requantize(type, bytes, count);
+  const q8 = new Uint8Array((count / 32) * 34);
+  quantizeQ8_0(dequantize(type, bytes, count), q8);
+  return q8;
+}
+
+/** Refuses an encoded [n][k] weight whose K its blocks cannot divide or whose byte count is not n rows. */
+export function checkEncoded(w: EncodedWeight, n: number, k: number): void {
+  const block = w.type === 'Q4_K' ? 256 : kernelFormat(w.type) === 'f16' || kernelFormat(w.type) === 'bf16' ? 1 : 32;
+  if (k % block !== 0) throw new Error(`${w.type} weight: K=${k} is not a multiple of ${block}`);
+  const rb = rowBytes(w.type, k);
+  if (w.bytes.length !== n * rb) throw new Error(`${w.type} weight has ${w.bytes.length} bytes, expected ${n}x${k} (${n * rb})`);
 }
 
 /** Rows [n][k] bytes per row of an encoding. */
 export function rowBytes(type: EncodedWeight['type'], k: number): number {
   if (type === 'Q8_0') return (k / 32) * 34;
   if (type === 'Q4_0') return (k / 32) * 18;
+  if (type === 'Q4_1') return (k / 32) * 20;
+  if (type === 'Q4_K') return (k / 256) * 144;
   return k * 2;
 }
 
@@ -85,11 +162,7 @@ export function rowBytes(type: EncodedWeight['type'], k: number): number {
  * multiple of 32 for block formats.
  */
 export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8Array, conv: WasmConverter | null = null): void {
-  // Q4_0 is held as the Q8_0 of the same values (q4_0AsQ8_0), packed like any Q8_0 weight.
-  if (w.type === 'Q4_0') {
-    if (w.bytes.length !== n * rowBytes('Q4_0', k)) throw new Error(`Q4_0 weight has ${w.bytes.length} bytes, expected ${n}x${k} (${n * rowBytes('Q4_0', k)})`);
-    return packEncoded({ type: 'Q8_0', bytes: conv ? conv.q4_0AsQ8_0(w.bytes) : q4_0AsQ8_0(w.bytes) }, n, k, dest, conv);
-  }
+  if (kernelFormat(w.type) === 'q4') return packQ4(w.type as Q4Type, w.bytes, n, k, dest);
   const fmt = kernelFormat(w.type);
   const rb = rowBytes(w.type, k);
   if (w.bytes.length !== n * rb) throw new Error(`${w.type} weight has ${w.bytes.length} bytes, expected ${n}x${k} (${n * rb})`);
@@ -133,6 +206,39 @@ export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8A
         dest[q0 + p * Q8_HALF_PAIR_BYTES] = bytes[at + 2 + 2 * p]!;
         dest[q0 + p * Q8_HALF_PAIR_BYTES + 1] = bytes[at + 3 + 2 * p]!;
       }
+    }
+  }
+}
+
+/**
+ * The q4 layout (gemm_wat.ts) of a Q4_0, Q4_1 or Q4_K weight: per strip, per half of 16
+ * columns, per k-block, the 16 columns' scales, their offsets (q4Block), then 8 k-quad rows of
+ * 32 bytes: value r of column c's block (k-quad r >> 2, 4-column group g = (c mod 16) >> 2) in
+ * byte 16·(g >> 1) + 4·(c mod 4) + (r mod 4) of its row, the low nibble for even g, the high one
+ * for odd — so that gemmpq4 finds each group's [4 columns][4 k] with one `and` or shift.
+ */
+function packQ4(type: Q4Type, bytes: Uint8Array, n: number, k: number, dest: Uint8Array): void {
+  const rb = rowBytes(type, k);
+  if (k % (type === 'Q4_K' ? 256 : 32) !== 0) throw new Error(`${type} weight: K=${k} is not a multiple of ${type === 'Q4_K' ? 256 : 32}`);
+  if (bytes.length !== n * rb) throw new Error(`${type} weight has ${bytes.length} bytes, expected ${n}x${k} (${n * rb})`);
+  dest.fill(0);
+  const out = new DataView(dest.buffer, dest.byteOffset, dest.byteLength);
+  const kBlocks = k / 32;
+  const q = new Uint8Array(32);
+  const so = new Float32Array(2);
+  for (let i = 0; i < n; i++) {
+    const half = Math.floor((i % STRIP) / Q8_HALF_COLS);
+    const col = i % Q8_HALF_COLS;
+    const g = col >> 2;
+    const at0 = (g >> 1) * 16 + (col & 3) * 4;
+    const shift = g & 1 ? 4 : 0;
+    for (let b = 0; b < kBlocks; b++) {
+      q4Block(type, bytes, k, i, b, q, so);
+      const blk = Math.floor(i / STRIP) * kBlocks * Q4_BLOCK_BYTES + (half * kBlocks + b) * Q4_HALF_BLOCK_BYTES;
+      out.setFloat32(blk + col * 4, so[0]!, true);
+      out.setFloat32(blk + Q8_HALF_COLS * 4 + col * 4, so[1]!, true);
+      const rows = blk + Q8_HALF_COLS * 8 + at0;
+      for (let r = 0; r < 32; r++) dest[rows + (r >> 2) * Q4_HALF_QUAD_BYTES + (r & 3)]! |= q[r]! << shift;
     }
   }
 }

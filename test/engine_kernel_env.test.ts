@@ -2,6 +2,7 @@
 // naming the variable, never silently replaced by the default.
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import { kernelEnv } from '../src/engine/model/kernel_env.js';
 
 describe('kernel environment', () => {
@@ -14,5 +15,18 @@ describe('kernel environment', () => {
     assert.throws(() => kernelEnv({ KVC_GEMM: 'gpu' }), /^Error: KVC_GEMM must be "wasm" \(default\) or "js"; got "gpu"$/);
     assert.throws(() => kernelEnv({ KVC_GEMM_THREADS: '4' }), /^Error: KVC_GEMM_THREADS must be "1" or "2" \(kernel threads\); got "4"$/);
     assert.throws(() => kernelEnv({ KVC_WEIGHTS_4BIT: '4' }), /^Error: KVC_WEIGHTS_4BIT must be "q8" \(default\) or "q4" \(how 4-bit weights are held\); got "4"$/);
+  });
+});
+
+describe('KVC_WEIGHTS_4BIT=q4', () => {
+  it('needs the relaxed-SIMD (FMA) kernel: with KVC_WASM_FMA=0 start-up stops and says why', () => {
+    const createGemm = new URL('../src/engine/model/gemm.js', import.meta.url).href;
+    const r = spawnSync(process.execPath, ['--input-type=module', '-e', `const { createGemm } = await import(${JSON.stringify(createGemm)}); await createGemm({});`], {
+      env: { ...process.env, KVC_WASM_FMA: '0', KVC_WEIGHTS_4BIT: 'q4' },
+      encoding: 'utf8',
+      timeout: 60_000,
+    });
+    assert.notEqual(r.status, 0);
+    assert.match(r.stderr, /4-bit weights held as q4 \(KVC_WEIGHTS_4BIT=q4\) need relaxed SIMD with fused multiply-add: off \(KVC_WASM_FMA=0\)/);
   });
 });

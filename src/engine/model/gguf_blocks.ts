@@ -4,8 +4,10 @@
 // Q4_K_M file is mostly Q4_K with Q6_K for the output head and half of attn_v / ffn_down; tensors
 // whose rows are not whole super-blocks fall back to Q5_0, Q5_1 or Q8_0).
 //
-// The engine decodes these to f32 and re-quantizes them to Q8_0 at load (gguf_model.ts): one
-// int8 kernel for every quantized file. Decoding follows ggml's definitions value for value; the
+// The engine decodes these to f32 and re-quantizes them to Q8_0 at load (gguf_model.ts;
+// convert_wat.ts runs the same decoders in WASM): one int8 kernel for every quantized file. Q4_1
+// and Q4_K can instead be held as they are (KVC_WEIGHTS_4BIT=q4: weight_pack.ts q4Block reads
+// their blocks with scaleOf / minOf below). Decoding follows ggml's definitions value for value; the
 // encoders below are plain min/max quantizers (not llama.cpp's error-minimising search) that
 // write the same layouts, for the tests and the benchmark's files.
 //

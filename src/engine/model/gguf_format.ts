@@ -30,8 +30,9 @@ export const enum GV {
 }
 
 /**
- * The ggml tensor types this engine reads and writes. F16, BF16, Q8_0 and Q4_0 are computed in
- * their encoding; the others (gguf_blocks.ts) are decoded and re-quantized to Q8_0 at load.
+ * The ggml tensor types this engine reads and writes. F16, BF16 and Q8_0 are computed in their
+ * encoding; Q4_0 as Q8_0 of the same values, or with Q4_1 and Q4_K as 4-bit (KVC_WEIGHTS_4BIT=q4);
+ * the others (gguf_blocks.ts) are decoded and re-quantized to Q8_0 at load.
  */
 export const GGML_TYPES = {
   F32: 0,

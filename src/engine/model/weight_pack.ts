@@ -3,9 +3,10 @@
 // WFmt: 16-bit in strips of 8-column panels, Q8 in one run of k-blocks per half-strip). For
 // 16-bit weights the kernel turns each packed value into exactly the f32 that `dequantize` gives,
 // so a model computes the same bits either way and only memory (and the bandwidth decode is bound
-// by) halves. Q8_0 (3.6x smaller than f32) and the 4-bit formats Q4_0, Q4_1 and Q4_K (held as
-// their 4-bit values with a scale and an offset per block of 32: 5.3x smaller) are computed as
-// int8 dot products against quantized activations (q8_dot.ts), in the JS kernel too.
+// by) halves. Q8_0 (3.6x smaller than f32) and the 4-bit formats Q4_0, Q4_1 and Q4_K (as Q8 by
+// default; with KVC_WEIGHTS_4BIT=q4 as their 4-bit values with a scale and an offset per block of
+// 32, 5.3x smaller) are computed as int8 dot products against quantized activations (q8_dot.ts),
+// in the JS kernel too.
 import type { WasmConverter } from './convert_wasm.js';
 import { dequantize, quantizeQ8_0, TYPE_LAYOUT, type HeldType } from './gguf_format.js';
 import { minOf, scaleOf } from './gguf_blocks.js';
@@ -54,23 +55,22 @@ export type Q4Type = 'Q4_0' | 'Q4_1' | 'Q4_K';
 export function q4Block(type: Q4Type, bytes: Uint8Array, k: number, i: number, b: number, q: Uint8Array, so: Float32Array): void {
   const row = i * rowBytes(type, k);
   const half = (at: number) => f16ToF32(bytes[at]! | (bytes[at + 1]! << 8));
-  let nib: number; // where the 16 (Q4_0, Q4_1) or 32 (Q4_K) bytes of nibbles start
-  let high = false; // Q4_K: this sub-block is the high nibbles of its 32 bytes
   if (type === 'Q4_K') {
     const at = row + (b >> 3) * 144;
     const j = b & 7;
     so[0] = Math.fround(half(at) * scaleOf(bytes, at + 4, j));
     so[1] = Math.fround(half(at + 2) * minOf(bytes, at + 4, j));
-    nib = at + 16 + 32 * (j >> 1);
-    high = (j & 1) === 1;
-    for (let l = 0; l < 32; l++) q[l] = high ? bytes[nib + l]! >> 4 : bytes[nib + l]! & 15;
+    // Sub-blocks 2c and 2c + 1 are the low and high nibbles of the 32 bytes at 16 + 32c.
+    const nib = at + 16 + 32 * (j >> 1);
+    const shift = (j & 1) * 4;
+    for (let l = 0; l < 32; l++) q[l] = (bytes[nib + l]! >> shift) & 15;
     return;
   }
   const at = row + b * (type === 'Q4_0' ? 18 : 20);
   const d = half(at);
   so[0] = d;
   so[1] = type === 'Q4_0' ? 8 * d : -half(at + 2);
-  nib = at + (type === 'Q4_0' ? 2 : 4);
+  const nib = at + (type === 'Q4_0' ? 2 : 4);
   for (let l = 0; l < 16; l++) {
     q[l] = bytes[nib + l]! & 15;
     q[l + 16] = bytes[nib + l]! >> 4;

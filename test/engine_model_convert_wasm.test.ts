@@ -170,3 +170,23 @@ test('WASM 16-bit packing equals packEncoded in JS (F16, BF16; partial strips, s
   assert.throws(() => packEncoded({ type: 'F16', bytes: bad }, 40, 64, dest), /Inf or NaN at row 37, column 5/);
   assert.throws(() => packEncoded({ type: 'F16', bytes: bad }, 40, 64, dest, c), /Inf or NaN at row 37, column 5/);
 });
+
+test('WASM q4 packing equals packEncoded in JS (Q4_0, Q4_1, Q4_K; partial strips, several calls)', async () => {
+  const c = await converter();
+  const layout = { Q4_0: [32, 18, [0]], Q4_1: [32, 20, [0, 2]], Q4_K: [256, 144, [0, 2]] } as const;
+  for (const type of ['Q4_0', 'Q4_1', 'Q4_K'] as const) {
+    const [block, bb, scales] = layout[type];
+    for (const [n, k, seed] of [[70, 256, 1], [33, 2816 - (2816 % block), 2], [700, 4096, 3]] as const) {
+      const src = randomBytes(n * (k / block) * bb, seed);
+      // Finite f16 scales (bit 14 clear): the bits of a NaN scale's products are not specified.
+      for (let at = 0; at < src.length; at += bb) for (const o of scales) src[at + o + 1]! &= 0xbf;
+      const size = packedBytes('q4', n, k);
+      const want = new Uint8Array(size).fill(0xaa);
+      packEncoded({ type, bytes: src }, n, k, want);
+      const got = new Uint8Array(size).fill(0x55);
+      packEncoded({ type, bytes: src }, n, k, got, c);
+      assert.equal(firstDiff(got, want), -1, `${type} ${n}x${k}`);
+    }
+  }
+  assert.throws(() => packEncoded({ type: 'Q4_K', bytes: new Uint8Array(10) }, 32, 256, new Uint8Array(packedBytes('q4', 32, 256)), c), /expected 32x256/);
+});

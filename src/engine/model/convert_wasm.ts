@@ -4,7 +4,9 @@
 // gguf_format.ts, the q8 branch of packEncoded in weight_pack.ts), which remain the fallback where
 // the module cannot be compiled.
 import { convertWat } from './convert_wat.js';
-import { Q8_BLOCK_BYTES, STRIP } from './gemm_wat.js';
+import { Q4_BLOCK_BYTES, Q8_BLOCK_BYTES, STRIP } from './gemm_wat.js';
+
+const padTo = (n: number, s: number) => Math.ceil(n / s) * s;
 import { BLOCK_LAYOUT, type RequantizedType } from './gguf_blocks.js';
 import { compileWat } from './wat_compile.js';
 
@@ -13,6 +15,7 @@ interface ConvertExports {
   q8quant(X: number, O: number, blocks: number): void;
   q8pack(S: number, D: number, n: number, k: number): void;
   p16pack(S: number, D: number, n: number, k: number, f16: number): number;
+  q4pack(S: number, D: number, n: number, k: number, type: number): void;
   q4toq8(S: number, O: number, blocks: number): void;
   dq4_1: Decode;
   dq5_0: Decode;
@@ -124,15 +127,13 @@ export class WasmConverter {
   }
 
   /**
-   * The q8 layout of n rows of Q8_0 blocks (k values a row) into `dest` (packedBytes('q8', n, k)
-   * bytes; columns past n are zero), as weight_pack.ts packEncoded places them. The caller has
-   * checked the sizes.
+   * Runs `pack(S, D, rows, r0)` over n rows of `rowBytes` each, a few MiB of strips (32 rows) at a
+   * time: the rows copied in at S = 0, the strips' `stripOut` bytes of output at D zeroed first
+   * (columns past n stay zero), then copied out to `dest` at the strips' place.
    */
-  packQ8(src: Uint8Array, n: number, k: number, dest: Uint8Array): void {
-    const rowBytes = (k / 32) * 34;
-    const stripOut = (k / 32) * Q8_BLOCK_BYTES;
+  private byStrips(src: Uint8Array, n: number, rowBytes: number, stripOut: number, dest: Uint8Array, pack: (D: number, rows: number, r0: number) => void): void {
     const stripsPerCall = Math.max(1, Math.floor(PACK_CHUNK_BYTES / (STRIP * rowBytes)));
-    const inBytes = stripsPerCall * STRIP * rowBytes;
+    const inBytes = padTo(stripsPerCall * STRIP * rowBytes, 16);
     const mem = this.bytes(inBytes + stripsPerCall * stripOut);
     const strips = Math.ceil(n / STRIP);
     for (let s = 0; s < strips; s += stripsPerCall) {
@@ -141,32 +142,41 @@ export class WasmConverter {
       const r1 = Math.min(n, (s + ns) * STRIP);
       mem.set(src.subarray(r0 * rowBytes, r1 * rowBytes), 0);
       mem.fill(0, inBytes, inBytes + ns * stripOut);
-      this.fns.q8pack(0, inBytes, r1 - r0, k);
+      pack(inBytes, r1 - r0, r0);
       dest.set(mem.subarray(inBytes, inBytes + ns * stripOut), s * stripOut);
     }
   }
+
+  /**
+   * The q8 layout of n rows of Q8_0 blocks (k values a row) into `dest` (packedBytes('q8', n, k)
+   * bytes; columns past n are zero), as weight_pack.ts packEncoded places them. The caller has
+   * checked the sizes.
+   */
+  packQ8(src: Uint8Array, n: number, k: number, dest: Uint8Array): void {
+    this.byStrips(src, n, (k / 32) * 34, (k / 32) * Q8_BLOCK_BYTES, dest, (D, rows) => this.fns.q8pack(0, D, rows, k));
+  }
+
+  /**
+   * The q4 layout of n rows of Q4_0, Q4_1 or Q4_K blocks (k values a row) into `dest`
+   * (packedBytes('q4', n, k) bytes; columns past n are zero), as weight_pack.ts packQ4 places
+   * them. The caller has checked the sizes.
+   */
+  packQ4(type: 'Q4_0' | 'Q4_1' | 'Q4_K', src: Uint8Array, n: number, k: number, dest: Uint8Array): void {
+    const rowBytes = type === 'Q4_K' ? (k / 256) * 144 : (k / 32) * (type === 'Q4_0' ? 18 : 20);
+    const code = type === 'Q4_0' ? 0 : type === 'Q4_1' ? 1 : 2;
+    this.byStrips(src, n, rowBytes, (k / 32) * Q4_BLOCK_BYTES, dest, (D, rows) => this.fns.q4pack(0, D, rows, k, code));
+  }
+
   /**
    * The 16-bit panel layout of n rows of k F16 or BF16 values into `dest` (packedBytes('f16', n,
    * k) bytes; columns past n are zero), as weight_pack.ts packEncoded places them; for F16, an
    * Inf or NaN is refused naming its row and column (the kernel widens finite halves only).
    */
   pack16(src: Uint8Array, n: number, k: number, f16: boolean, dest: Uint8Array): void {
-    const rowBytes = k * 2;
-    const stripOut = STRIP * rowBytes;
-    const stripsPerCall = Math.max(1, Math.floor(PACK_CHUNK_BYTES / stripOut));
-    const inBytes = stripsPerCall * stripOut;
-    const mem = this.bytes(2 * inBytes);
-    const strips = Math.ceil(n / STRIP);
-    for (let s = 0; s < strips; s += stripsPerCall) {
-      const ns = Math.min(stripsPerCall, strips - s);
-      const r0 = s * STRIP;
-      const r1 = Math.min(n, (s + ns) * STRIP);
-      mem.set(src.subarray(r0 * rowBytes, r1 * rowBytes), 0);
-      mem.fill(0, inBytes, inBytes + ns * stripOut);
-      const bad = this.fns.p16pack(0, inBytes, r1 - r0, k, f16 ? 1 : 0);
+    this.byStrips(src, n, k * 2, STRIP * k * 2, dest, (D, rows, r0) => {
+      const bad = this.fns.p16pack(0, D, rows, k, f16 ? 1 : 0);
       if (bad) throw new Error(`F16 weight holds Inf or NaN at row ${r0 + Math.floor((bad - 1) / k)}, column ${(bad - 1) % k}`);
-      dest.set(mem.subarray(inBytes, inBytes + ns * stripOut), s * stripOut);
-    }
+    });
   }
 }
 

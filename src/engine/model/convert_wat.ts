@@ -1,13 +1,13 @@
 // WAT source of the load-time conversions: decoding GGUF block formats (Q4_K, Q6_K, ...) and
-// quantizing the values to Q8_0 blocks (a re-quantized tensor), and packing Q8_0 blocks and 16-bit
-// weights into the kernel's layouts (gemm_wat.ts). In JavaScript both ran at 6–10 ns a value on this project's reference
+// quantizing the values to Q8_0 blocks (a re-quantized tensor), and packing Q8_0, 4-bit (Q4_0,
+// Q4_1, Q4_K) and 16-bit weights into the kernel's layouts (gemm_wat.ts). In JavaScript both ran at 6–10 ns a value on this project's reference
 // machine, most of a quantized model's load (a 7B Q4_K_M file: minutes); here they are a small
 // fraction of a nanosecond. The JS functions stay the definition (quantizeQ8_0 in gguf_format.ts,
 // decodeBlocks in gguf_blocks.ts, packEncoded in weight_pack.ts): these produce the same bytes,
 // which the tests check bit for bit.
 // A module of its own with its own memory (no threads), used only while a model loads.
 
-import { PANEL, Q8_BLOCK_BYTES, Q8_HALF_BLOCK_BYTES, Q8_HALF_COLS, Q8_HALF_PAIR_BYTES, STRIP } from './gemm_wat.js';
+import { PANEL, Q4_BLOCK_BYTES, Q4_HALF_BLOCK_BYTES, Q8_BLOCK_BYTES, Q8_HALF_BLOCK_BYTES, Q8_HALF_COLS, Q8_HALF_PAIR_BYTES, STRIP } from './gemm_wat.js';
 
 /**
  * $f32_to_f16(x): round-to-nearest-even f16 bits of a non-negative f32 or NaN (a block's scale:
@@ -153,6 +153,94 @@ function q8PackFunc(): string {
         (local.set $src (i32.add (local.get $src) (i32.const 34)))
         (local.set $blk (i32.add (local.get $blk) (i32.const ${Q8_HALF_BLOCK_BYTES})))
         (local.set $b (i32.add (local.get $b) (i32.const 1)))
+        (br $blocksl)))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $rowsl)))
+  )`;
+}
+
+/**
+ * q4pack(S, D, n, k, type): n rows of Q4_0 (type 0), Q4_1 (1) or Q4_K (2) blocks at S into the q4
+ * layout at D (gemm_wat.ts; zeroed by the caller), as weight_pack.ts packQ4 places them: per
+ * column and block of 32 its scale s and offset o (weight_pack.ts q4Block: Q4_0 d and 8d, Q4_1 d
+ * and −m, Q4_K d·sc_j and dmin·m_j), and its 32 nibbles — value r of k-quad t = r >> 2 is byte
+ * r mod 4 of the 32-bit word 4·(c mod 4) + 16·(g >> 1) of quad row t, low nibble for even
+ * groups g, high for odd: each quad's 4 values are one lane of the block's values in k order,
+ * OR-ed into its word.
+ */
+function q4PackFunc(): string {
+  // The block's 32 values in k order: $lo (0..15), $hi (16..31), as bytes (nibble values).
+  const words = Array.from({ length: 8 }, (_, t) => {
+    const v = t < 4 ? '$lo' : '$hi';
+    const at = `(i32.add (local.get $rows) (i32.const ${t * 32}))`;
+    return `(i32.store ${at} (i32.or (i32.load ${at}) (i32x4.extract_lane ${t % 4} (local.get ${v}))))`;
+  }).join('\n        ');
+  // Q4_K's 6-bit scale (min: `min`) of sub-block $j from the 12 bytes at $sb + 4 (gguf_blocks.ts scaleOf / minOf).
+  const b = (off: string) => `(i32.load8_u (i32.add (local.get $sb) ${off}))`;
+  const jp = (d: number) => `(i32.add (local.get $j) (i32.const ${4 + d}))`;
+  const scale = `(if (result i32) (i32.lt_u (local.get $j) (i32.const 4))
+          (then (i32.and ${b(jp(0))} (i32.const 63)))
+          (else (i32.or (i32.and ${b(jp(4))} (i32.const 15)) (i32.shl (i32.shr_u ${b(jp(-4))} (i32.const 6)) (i32.const 4)))))`;
+  const min = `(if (result i32) (i32.lt_u (local.get $j) (i32.const 4))
+          (then (i32.and ${b(jp(4))} (i32.const 63)))
+          (else (i32.or (i32.shr_u ${b(jp(4))} (i32.const 4)) (i32.shl (i32.shr_u ${b(jp(0))} (i32.const 6)) (i32.const 4)))))`;
+  return `
+  (func (export "q4pack") (param $S i32) (param $D i32) (param $n i32) (param $k i32) (param $type i32)
+    (local $kb i32) (local $rb i32) (local $i i32) (local $blk i32) (local $src i32) (local $sb i32) (local $j i32)
+    (local $half i32) (local $col i32) (local $g i32) (local $hb i32) (local $rows i32) (local $v v128) (local $lo v128) (local $hi v128)
+    (local $s f32) (local $o f32) (local $sh i32) (local $nib i32)
+    (local.set $kb (i32.shr_u (local.get $k) (i32.const 5)))
+    ;; bytes per row: Q4_0 18, Q4_1 20 per 32 values; Q4_K 144 per 256
+    (local.set $rb (if (result i32) (i32.eq (local.get $type) (i32.const 2))
+      (then (i32.mul (i32.shr_u (local.get $k) (i32.const 8)) (i32.const 144)))
+      (else (i32.mul (local.get $kb) (select (i32.const 18) (i32.const 20) (i32.eqz (local.get $type)))))))
+    (block $rowsd (loop $rowsl
+      (br_if $rowsd (i32.ge_u (local.get $i) (local.get $n)))
+      (local.set $half (i32.and (i32.shr_u (local.get $i) (i32.const 4)) (i32.const 1)))
+      (local.set $col (i32.and (local.get $i) (i32.const ${Q8_HALF_COLS - 1})))
+      (local.set $g (i32.shr_u (local.get $col) (i32.const 2)))
+      ;; the column's first half-block: its strip, then its half's run of k-blocks
+      (local.set $hb (i32.add (local.get $D) (i32.add
+        (i32.mul (i32.shr_u (local.get $i) (i32.const 5)) (i32.mul (local.get $kb) (i32.const ${Q4_BLOCK_BYTES})))
+        (i32.mul (i32.mul (local.get $half) (local.get $kb)) (i32.const ${Q4_HALF_BLOCK_BYTES})))))
+      (local.set $blk (i32.const 0))
+      (block $blocksd (loop $blocksl
+        (br_if $blocksd (i32.ge_u (local.get $blk) (local.get $kb)))
+        (local.set $src (i32.add (local.get $S) (i32.mul (local.get $i) (local.get $rb))))
+        (if (i32.eq (local.get $type) (i32.const 2))
+          (then
+            ;; Q4_K: super-block blk >> 3, sub-block j; sub-blocks 2c, 2c + 1 are the low and high
+            ;; nibbles of the 32 bytes at 16 + 32c
+            (local.set $sb (i32.add (local.get $src) (i32.mul (i32.shr_u (local.get $blk) (i32.const 3)) (i32.const 144))))
+            (local.set $j (i32.and (local.get $blk) (i32.const 7)))
+            (local.set $s (f32.mul (call $f16_to_f32 (i32.load16_u (local.get $sb))) (f32.convert_i32_u ${scale})))
+            (local.set $o (f32.mul (call $f16_to_f32 (i32.load16_u offset=2 (local.get $sb))) (f32.convert_i32_u ${min})))
+            (local.set $sh (i32.shl (i32.and (local.get $j) (i32.const 1)) (i32.const 2)))
+            (local.set $nib (i32.add (local.get $sb) (i32.add (i32.const 16) (i32.shl (i32.shr_u (local.get $j) (i32.const 1)) (i32.const 5)))))
+            (local.set $lo (v128.and (i8x16.shr_u (v128.load (local.get $nib)) (local.get $sh)) ${splat8(15)}))
+            (local.set $hi (v128.and (i8x16.shr_u (v128.load offset=16 (local.get $nib)) (local.get $sh)) ${splat8(15)})))
+          (else
+            ;; Q4_0 (d, 16 bytes) or Q4_1 (d, m, 16 bytes): value l < 16 the low nibble of byte l,
+            ;; l + 16 its high nibble
+            (local.set $sb (i32.add (local.get $src) (i32.mul (local.get $blk) (select (i32.const 18) (i32.const 20) (i32.eqz (local.get $type))))))
+            (local.set $s (call $f16_to_f32 (i32.load16_u (local.get $sb))))
+            (local.set $o (if (result f32) (i32.eqz (local.get $type))
+              (then (f32.mul (local.get $s) (f32.const 8)))
+              (else (f32.neg (call $f16_to_f32 (i32.load16_u offset=2 (local.get $sb)))))))
+            (local.set $v (v128.load (i32.add (local.get $sb) (select (i32.const 2) (i32.const 4) (i32.eqz (local.get $type))))))
+            (local.set $lo (v128.and (local.get $v) ${splat8(15)}))
+            (local.set $hi (i8x16.shr_u (local.get $v) (i32.const 4)))))
+        ;; odd groups take the high nibble of their bytes
+        (if (i32.and (local.get $g) (i32.const 1)) (then
+          (local.set $lo (i8x16.shl (local.get $lo) (i32.const 4)))
+          (local.set $hi (i8x16.shl (local.get $hi) (i32.const 4)))))
+        (f32.store (i32.add (local.get $hb) (i32.shl (local.get $col) (i32.const 2))) (local.get $s))
+        (f32.store (i32.add (local.get $hb) (i32.add (i32.const ${Q8_HALF_COLS * 4}) (i32.shl (local.get $col) (i32.const 2)))) (local.get $o))
+        (local.set $rows (i32.add (local.get $hb) (i32.add (i32.const ${Q8_HALF_COLS * 8})
+          (i32.add (i32.shl (i32.shr_u (local.get $g) (i32.const 1)) (i32.const 4)) (i32.shl (i32.and (local.get $col) (i32.const 3)) (i32.const 2))))))
+        ${words}
+        (local.set $hb (i32.add (local.get $hb) (i32.const ${Q4_HALF_BLOCK_BYTES})))
+        (local.set $blk (i32.add (local.get $blk) (i32.const 1)))
         (br $blocksl)))
       (local.set $i (i32.add (local.get $i) (i32.const 1)))
       (br $rowsl)))
@@ -379,6 +467,7 @@ export function convertWat(): string {
   ${q8QuantFunc()}
   ${q8PackFunc()}
   ${p16PackFunc()}
+  ${q4PackFunc()}
   ${q4ToQ8Func()}
   ${legacyDecoders()}
   ${kDecoder(false)}

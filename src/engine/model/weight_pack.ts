@@ -162,7 +162,14 @@ export function rowBytes(type: EncodedWeight['type'], k: number): number {
  * multiple of 32 for block formats.
  */
 export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8Array, conv: WasmConverter | null = null): void {
-  if (kernelFormat(w.type) === 'q4') return packQ4(w.type as Q4Type, w.bytes, n, k, dest);
+  if (kernelFormat(w.type) === 'q4') {
+    // The same placement in WASM (convert_wat.ts q4pack), ≈ 10 × faster.
+    if (conv) {
+      checkEncoded(w, n, k);
+      return conv.packQ4(w.type as Q4Type, w.bytes, n, k, dest);
+    }
+    return packQ4(w.type as Q4Type, w.bytes, n, k, dest);
+  }
   const fmt = kernelFormat(w.type);
   const rb = rowBytes(w.type, k);
   if (w.bytes.length !== n * rb) throw new Error(`${w.type} weight has ${w.bytes.length} bytes, expected ${n}x${k} (${n * rb})`);

@@ -162,8 +162,8 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
   });
 
   test('a popular prefix spreads to the other decoder once its holder is busy, fetched by P2P instead of recomputed; output identical', async () => {
-    // Token-id prompts: a 1,024-token prefix (4 full chunks) and 24-token questions.
-    const prefix = Array.from({ length: 1024 }, (_, i) => 100 + ((i * 7919 + 13) % 30000));
+    // Token-id prompts: a 1,024-token prefix (4 full chunks; a new one per attempt) and 24-token questions.
+    let prefix: number[] = [];
     const prompt = (k: number) => [...prefix, ...Array.from({ length: 24 }, (_, i) => 200 + ((k * 331 + i * 17) % 20000))];
     const ask = async (url: string, ids: number[]) => {
       const r = await postJson(`${url}/v1/completions`, { model: 'builtin:tiny', prompt: ids, max_tokens: 8, temperature: 0 }, 120_000);
@@ -183,36 +183,53 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
       const h = (await (await fetch(`http://127.0.0.1:${port + offset}/health`, { signal: AbortSignal.timeout(5_000) })).json()) as { kvc_p2p?: boolean };
       assert.equal(h.kvc_p2p, true, `engine on port ${port + offset}: /health kvc_p2p`);
     }
-    assert.equal(await ask(proxy, prompt(0)), await ask(refUrl, prompt(0)));
-    const held = await lookupUntil(prefix, (m) => Object.keys(m).some((id) => id.startsWith('decoder-') && m[id]! >= 1024), 'the prefix on a decoder');
-    const holder = Object.keys(held).find((id) => id.startsWith('decoder-') && held[id]! >= 1024)!;
-    const other = holder === 'decoder-0' ? 'decoder-1' : 'decoder-0';
-    const before = await metrics();
-    const [computed0, p2p0] = [await engineSum('kvc_engine_prompt_tokens_computed_total'), await engineSum('kvc_p2p_chunks_total')];
-    // Six requests 30 ms apart: the holder takes the first; with one request in flight there, the
-    // other decoder (a P2P fetch of the prefix: 24 + 0.15 x 1024 tokens of work) costs less.
-    const n = 6;
-    const texts = await Promise.all(
-      Array.from({ length: n }, async (_, k) => {
-        await sleep(30 * k);
-        return ask(proxy, prompt(k + 1));
-      }),
-    );
-    for (let k = 0; k < n; k++) assert.equal(texts[k], await ask(refUrl, prompt(k + 1)), `request ${k + 1}: greedy output equals the plain engine`);
-    const after = await metrics();
-    const computedOn = (id: string) => {
-      const i = Number(id.split('-')[1]);
-      const name = `instance="${id}(127.0.0.1:${7200 + i + offset})"`;
-      return metric(after, 'kvc_proxy_prefills_total', name) - metric(before, 'kvc_proxy_prefills_total', name);
+    // One attempt: a new prefix placed on a decoder, then a burst. Under a loaded machine (the full
+    // suite beside it) a P2P fetch can fail or miss its 1 s time bound and fall back to computing,
+    // which is correct behaviour but not what this test is about: up to three attempts, each with its
+    // own prefix (after a fallback the other decoder holds the old one itself).
+    const attempt = async (tag: number) => {
+      prefix = Array.from({ length: 1024 }, (_, i) => 100 + ((i * 7919 + 13 + tag * 104729) % 30000));
+      assert.equal(await ask(proxy, prompt(0)), await ask(refUrl, prompt(0)));
+      const held = await lookupUntil(prefix, (m) => Object.keys(m).some((id) => id.startsWith('decoder-') && m[id]! >= 1024), 'the prefix on a decoder');
+      const holder = Object.keys(held).find((id) => id.startsWith('decoder-') && held[id]! >= 1024)!;
+      const other = holder === 'decoder-0' ? 'decoder-1' : 'decoder-0';
+      const before = await metrics();
+      const [computed0, p2p0] = [await engineSum('kvc_engine_prompt_tokens_computed_total'), await engineSum('kvc_p2p_chunks_total')];
+      // Six requests 30 ms apart: the holder takes the first; with one request in flight there, the
+      // other decoder (a P2P fetch of the prefix: 24 + 0.15 x 1024 tokens of work) costs less.
+      const n = 6;
+      const texts = await Promise.all(
+        Array.from({ length: n }, async (_, k) => {
+          await sleep(30 * k);
+          return ask(proxy, prompt(k + 1));
+        }),
+      );
+      for (let k = 0; k < n; k++) assert.equal(texts[k], await ask(refUrl, prompt(k + 1)), `request ${k + 1}: greedy output equals the plain engine`);
+      const after = await metrics();
+      const computedOn = (id: string) => {
+        const i = Number(id.split('-')[1]);
+        const name = `instance="${id}(127.0.0.1:${7200 + i + offset})"`;
+        return metric(after, 'kvc_proxy_prefills_total', name) - metric(before, 'kvc_proxy_prefills_total', name);
+      };
+      const fetched = (await engineSum('kvc_p2p_chunks_total')) - p2p0;
+      const computed = (await engineSum('kvc_engine_prompt_tokens_computed_total')) - computed0;
+      const spreadReasons = ['p2p_fetch', 'share_cap', 'load_spread'].reduce((a, r) => a + metric(after, 'kvc_proxy_routing_decisions_total', `reason="${r}"`) - metric(before, 'kvc_proxy_routing_decisions_total', `reason="${r}"`), 0);
+      const failures = [...(await Promise.all([7100, 7101, 7200, 7201].map(async (port) => (await fetch(`http://127.0.0.1:${port + offset}/metrics`, { signal: AbortSignal.timeout(5_000) })).text())))
+        .join('\n')
+        .matchAll(/^kvc_p2p_failures_total\{reason="([a-z]+)"\} (\S+)$/gm)].map((m) => `${m[1]} ${m[2]}`);
+      return { holder, other, fromHolder: computedOn(holder), fromOther: computedOn(other), fetched, computed, spreadReasons, failures };
     };
-    assert.ok(computedOn(holder) >= 1, `the holder ${holder} took part of the burst`);
-    assert.ok(n - computedOn(holder) >= 1, `the burst spread beyond the holder ${holder} (it computed ${computedOn(holder)} of ${n}; ${other} ${computedOn(other)})`);
-    const fetched = (await engineSum('kvc_p2p_chunks_total')) - p2p0;
-    const computed = (await engineSum('kvc_engine_prompt_tokens_computed_total')) - computed0;
-    assert.ok(fetched >= 4, `the prefix reached another instance by P2P (${fetched} chunks)`);
-    assert.ok(computed < (n * 1024) / 2, `the prefix was fetched, not recomputed for every request (${computed} prompt tokens computed for ${n} requests)`);
-    const spreadReasons = ['p2p_fetch', 'share_cap', 'load_spread'].reduce((a, r) => a + metric(after, 'kvc_proxy_routing_decisions_total', `reason="${r}"`) - metric(before, 'kvc_proxy_routing_decisions_total', `reason="${r}"`), 0);
-    assert.ok(spreadReasons >= 1, 'the spread decisions are counted by reason');
+    let r = await attempt(0);
+    for (let tag = 1; tag < 3 && r.fetched < 4; tag++) {
+      console.log(`attempt ${tag}: no P2P fetch in the last burst (P2P failures so far: ${r.failures.join(', ') || 'none'}); again with a new prefix`);
+      r = await attempt(tag);
+    }
+    const n = 6;
+    assert.ok(r.fromHolder >= 1, `the holder ${r.holder} took part of the burst`);
+    assert.ok(n - r.fromHolder >= 1, `the burst spread beyond the holder ${r.holder} (it computed ${r.fromHolder} of ${n}; ${r.other} ${r.fromOther})`);
+    assert.ok(r.fetched >= 4, `the prefix reached another instance by P2P (${r.fetched} chunks; P2P failures: ${r.failures.join(', ') || 'none'})`);
+    assert.ok(r.computed < (n * 1024) / 2, `the prefix was fetched, not recomputed for every request (${r.computed} prompt tokens computed for ${n} requests)`);
+    assert.ok(r.spreadReasons >= 1, 'the spread decisions are counted by reason');
   });
 
   test('chat requests are routed on the templated tokens the engine sees', async () => {

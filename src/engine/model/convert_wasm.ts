@@ -1,13 +1,12 @@
 // The load-time conversions of convert_wat.ts, run through a module of their own: a tensor goes
 // through its memory in chunks of a few MiB (so the module stays small whatever the model), and
-// the results are copied out. Same bytes as the JavaScript definitions (quantizeQ8_0 in
-// gguf_format.ts, the q8 branch of packEncoded in weight_pack.ts), which remain the fallback where
-// the module cannot be compiled.
+// the results are copied out. Same bytes as the JavaScript definitions (gguf_blocks.ts
+// decodeBlocks, gguf_format.ts quantizeQ8_0, weight_pack.ts q4_0AsQ8_0, packEncoded and packQ4),
+// which remain the fallback where the module cannot be compiled.
 import { convertWat } from './convert_wat.js';
 import { Q4_BLOCK_BYTES, Q8_BLOCK_BYTES, STRIP } from './gemm_wat.js';
-
-const padTo = (n: number, s: number) => Math.ceil(n / s) * s;
 import { BLOCK_LAYOUT, type RequantizedType } from './gguf_blocks.js';
+import { padTo } from './kernel.js';
 import { compileWat } from './wat_compile.js';
 
 type Decode = (S: number, F: number, blocks: number) => void;

@@ -86,7 +86,7 @@ const ACTIVATION_CAP = 1024 * 1024 * 1024;
 const wasmModulePromises = new Map<string, Promise<WebAssembly.Module>>();
 
 /**
- * Compiles the kernel's WAT (gemm_wat.ts) with wabt, once per process and `fma` setting. The FMA
+ * Compiles the kernel's WAT (gemm_wat.ts) with wabt, once per process, `fma` and `q4` setting. The FMA
  * module needs relaxed SIMD, which fmaSupport() switches on in V8 (process-wide, so the worker
  * thread can instantiate it too) — asking for it where fmaSupport() found none is an error.
  */
@@ -127,7 +127,7 @@ const WORKER_TIMEOUT_MS = 30_000;
 export class WasmGemm implements Gemm {
   readonly kind = 'wasm-simd' as const;
   private top = 64; // bump allocator; 0 stays unused
-  /** Packs Q8_0 weights at upload (convert_wasm.ts); null: packEncoded's JavaScript, same bytes. */
+  /** Packs encoded weights at upload (convert_wasm.ts); null: packEncoded's JavaScript, same bytes. */
   private converter: WasmConverter | null = null;
   private scratchPtr = 0;
   private scratchBytes = 0;

@@ -6,8 +6,10 @@
 import { convertWat } from './convert_wat.js';
 import { Q4_BLOCK_BYTES, Q8_BLOCK_BYTES, STRIP } from './gemm_wat.js';
 import { BLOCK_LAYOUT, type RequantizedType } from './gguf_blocks.js';
-import { padTo } from './kernel.js';
 import { compileWat } from './wat_compile.js';
+
+// Not kernel.ts's padTo: kernel.ts reaches this file through weight_pack.ts (an import cycle).
+const padTo = (n: number, s: number) => Math.ceil(n / s) * s;
 
 type Decode = (S: number, F: number, blocks: number) => void;
 interface ConvertExports {

@@ -52,6 +52,8 @@ export interface LoadResult {
   ttftMs: number;
   error?: string;
   stream: boolean;
+  /** When it was sent (Date.now()). */
+  startedAt: number;
 }
 
 /**
@@ -75,6 +77,7 @@ export function startLoad(proxy: string, concurrency: number, o: { timeoutMs?: n
       : { model: 'builtin:tiny', prompt: ids ? [1, 450, 3186, 29871, (k % 500) + 100] : `load request ${k}: the KV cache` };
     Object.assign(body, { max_tokens: o.maxTokens ?? 4, temperature: 0, stream });
     const t0 = performance.now();
+    const startedAt = Date.now();
     let ttft = 0;
     try {
       const r = await fetch(`${proxy}/v1/${chat ? 'chat/completions' : 'completions'}`, {
@@ -94,9 +97,9 @@ export function startLoad(proxy: string, concurrency: number, o: { timeoutMs?: n
       if (!ttft) ttft = performance.now() - t0;
       // A stream that broke after its headers carries an error event: count it as the error it is.
       const broken = r.status === 200 && stream && /"error"\s*:/.test(text);
-      results.push({ status: broken ? 599 : r.status, ttftMs: ttft, stream, error: r.status >= 400 || broken ? text.slice(0, 300) : undefined });
+      results.push({ status: broken ? 599 : r.status, ttftMs: ttft, stream, startedAt, error: r.status >= 400 || broken ? text.slice(0, 300) : undefined });
     } catch (e) {
-      results.push({ status: 0, ttftMs: performance.now() - t0, stream, error: (e as Error).message });
+      results.push({ status: 0, ttftMs: performance.now() - t0, stream, startedAt, error: (e as Error).message });
     } finally {
       pending.delete(k);
     }

@@ -58,14 +58,21 @@ describe('faults under load (1P2D)', () => {
     await dep?.stop();
   });
 
-  test('kill -9 of a decoder under load: every request succeeds on the other decoder; restarted, it rejoins', async (t) => {
+  test('kill -9 of a decoder under load: only streams it had begun are cut, every other request succeeds on the other decoder; restarted, it rejoins', async (t) => {
     const load = startLoadHere(6);
     await eventually(() => load.results.length >= 6, 30_000);
+    const killAt = Date.now();
     await killAndRestart('decoder-1');
     await eventually(() => load.results.length >= 40, 60_000);
     const rs = await load.stop();
     t.diagnostic(`requests: ${summary(rs)}`);
-    assert.deepEqual(failures(rs), [], 'no request failed (a refused decoder is retried on the other one)');
+    // A stream the killed decoder had already begun to send cannot move (docs/proxy.md: it ends
+    // with an error event, status 599 here); at most the 6 in flight at the kill. Every other
+    // request succeeds: one that reaches the dead decoder is refused and retried on the other.
+    const cut = rs.filter((r) => r.status === 599 && r.stream && r.startedAt < killAt);
+    t.diagnostic(`streams cut by the kill: ${cut.length}`);
+    assert.ok(cut.length <= 6, `${cut.length} streams cut: more than were in flight`);
+    assert.deepEqual(failures(rs.filter((r) => !cut.includes(r))), [], 'no other request failed (a refused decoder is retried on the other one)');
     assert.ok(await eventually(async () => (await health()).status === 'ok', 60_000), 'the restarted decoder is back in rotation');
     assert.ok(await eventually(() => operable('decoder-1'), 30_000), 'the controller operates on the restarted decoder (restarted within the heartbeat timeout)');
   });

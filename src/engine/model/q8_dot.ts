@@ -24,7 +24,7 @@
 // (exact, as f32):
 //     isum = Σ_{k in b} qx_k · q[n][k]
 //     acc  = f32(acc + f32(f32(f32(isum) · f32(s[n][b] · dx[r][b])) − f32(xsum[r][b] · f32(o[n][b] · dx[r][b])))).
-import { q4_0AsQ8_0, q4Block, rowBytes, type EncodedWeight, type Q4Type } from './weight_pack.js';
+import { checkEncoded, q4_0AsQ8_0, q4Block, type EncodedWeight, type Q4Type } from './weight_pack.js';
 import { f16ToF32 } from './safetensors.js';
 
 /** int8 weights [n][k] and their per-block scales [n][k/32] (the JS kernel's Q8 weight). */
@@ -131,8 +131,7 @@ export function matmulQ8Js(w: Q8Weight, n: number, k: number, a: Float32Array, m
 
 /** The 4-bit values, scales and offsets of a Q4_0, Q4_1 or Q4_K weight [n][k] (q4Block). */
 export function q4WeightOf(type: Q4Type, bytes: Uint8Array, n: number, k: number): Q4Weight {
-  if (k % (type === 'Q4_K' ? 256 : 32) !== 0) throw new Error(`${type} weight: K=${k} is not a multiple of ${type === 'Q4_K' ? 256 : 32}`);
-  if (bytes.length !== n * rowBytes(type, k)) throw new Error(`${type} weight has ${bytes.length} bytes, expected ${n}x${k} (${n * rowBytes(type, k)})`);
+  checkEncoded({ type, bytes }, n, k);
   const kb = k / 32;
   const q = new Uint8Array(n * k);
   const s = new Float32Array(n * kb);

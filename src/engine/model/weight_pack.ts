@@ -225,9 +225,7 @@ export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8A
  * for odd — so that gemmpq4 finds each group's [4 columns][4 k] with one `and` or shift.
  */
 function packQ4(type: Q4Type, bytes: Uint8Array, n: number, k: number, dest: Uint8Array): void {
-  const rb = rowBytes(type, k);
-  if (k % (type === 'Q4_K' ? 256 : 32) !== 0) throw new Error(`${type} weight: K=${k} is not a multiple of ${type === 'Q4_K' ? 256 : 32}`);
-  if (bytes.length !== n * rb) throw new Error(`${type} weight has ${bytes.length} bytes, expected ${n}x${k} (${n * rb})`);
+  checkEncoded({ type, bytes }, n, k);
   dest.fill(0);
   const out = new DataView(dest.buffer, dest.byteOffset, dest.byteLength);
   const kBlocks = k / 32;

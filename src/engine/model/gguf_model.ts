@@ -6,7 +6,7 @@
 import { basename, resolve } from 'node:path';
 import type { ModelConfig } from './config.js';
 import { wasmConverter } from './convert_wasm.js';
-import { dequantize, ggufTensorName, isHeldBlockType, isRequantized, quantizeQ8_0, typeBytes, unpermuteRopeRows } from './gguf_format.js';
+import { TOKEN_TYPE, dequantize, ggufTensorName, isHeldBlockType, isRequantized, quantizeQ8_0, typeBytes, unpermuteRopeRows } from './gguf_format.js';
 import { GgufError, GgufFile, type GgufValue } from './gguf_read.js';
 import { tokenizerFromGguf } from './gguf_tokenizer.js';
 import { LlamaModel, type LoadOptions, type WeightSource } from './model.js';
@@ -43,6 +43,46 @@ function shortestF32(v: number): number {
   return v;
 }
 
+/**
+ * Texts of control tokens that end a turn in the chat formats of Llama-architecture models. A
+ * GGUF file names one eos_token_id, and an instruct model's file often names the base model's
+ * (Llama 3: <|end_of_text|>) while its chat template ends every turn with another
+ * (<|eot_id|>): generation stops on these too, as llama.cpp does, when they are control tokens.
+ */
+const END_OF_TURN_TEXTS = new Set(['<|eot_id|>', '<|eom_id|>', '<|end_of_text|>', '<|im_end|>', '<|endoftext|>', '<|end|>', '</s>']);
+
+/** The ids that end generation: eos, then eot/eom when given, then control tokens of END_OF_TURN_TEXTS. */
+function endOfGeneration(g: GgufFile, eos: number | null, more: (number | null)[]): number[] {
+  const ids = new Set<number>();
+  if (eos !== null) ids.add(eos);
+  for (const m of more) if (m !== null) ids.add(m);
+  const tokens = g.meta.get('tokenizer.ggml.tokens');
+  const types = g.meta.get('tokenizer.ggml.token_type');
+  if (Array.isArray(tokens) && Array.isArray(types) && types.length === tokens.length) {
+    for (let i = 0; i < tokens.length; i++) {
+      if (types[i] === TOKEN_TYPE.CONTROL && typeof tokens[i] === 'string' && END_OF_TURN_TEXTS.has(tokens[i] as string)) ids.add(i);
+    }
+  }
+  return [...ids];
+}
+
+/**
+ * Llama 3 RoPE scaling: the divisors (config.ts ropeFreqFactors) a GGUF file stores as the
+ * rope_freqs.weight tensor, checked to be positive and finite; undefined when it has none.
+ */
+async function readRopeFactors(g: GgufFile, headDim: number): Promise<number[] | undefined> {
+  const t = g.tensors.get('rope_freqs.weight');
+  if (!t) return undefined;
+  if (t.type !== 'F32' || t.dims.length !== 1 || t.dims[0] !== headDim / 2) {
+    throw new GgufError(`${g.file}: tensor "rope_freqs.weight" must be F32 with dims [${headDim / 2}], is ${t.type} [${t.dims}]`);
+  }
+  const b = await g.read(t.name);
+  const f = Array.from(new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength)));
+  const bad = f.findIndex((v) => !(v > 0 && Number.isFinite(v)));
+  if (bad >= 0) throw new GgufError(`${g.file}: tensor "rope_freqs.weight" value ${bad} must be a positive finite number, got ${f[bad]}`);
+  return f;
+}
+
 /** The model configuration a GGUF file describes (llama architecture only). */
 export function configFromGguf(g: GgufFile): ModelConfig {
   const arch = g.meta.get('general.architecture');
@@ -74,6 +114,7 @@ export function configFromGguf(g: GgufFile): ModelConfig {
   };
   const bos = id('tokenizer.ggml.bos_token_id');
   const eos = id('tokenizer.ggml.eos_token_id');
+  const eog = endOfGeneration(g, eos, [id('tokenizer.ggml.eot_token_id'), id('tokenizer.ggml.eom_token_id')]);
   return {
     vocabSize,
     dim,
@@ -87,7 +128,7 @@ export function configFromGguf(g: GgufFile): ModelConfig {
     maxPositionEmbeddings: posInt(g, 'llama.context_length', 2048),
     tieWordEmbeddings: !g.tensors.has('output.weight'),
     bosTokenId: bos,
-    eosTokenIds: eos === null ? [] : [eos],
+    eosTokenIds: eog,
     eosTokenId: eos,
   };
 }
@@ -176,8 +217,10 @@ function checkTensors(g: GgufFile, cfg: ModelConfig): void {
 /** Model and tokenizer from a GGUF file; the model id defaults to the file name without ".gguf". */
 export async function loadGguf(file: string, opts: LoadOptions = {}): Promise<{ model: LlamaModel; tokenizer: Tokenizer }> {
   const g = await GgufFile.open(file);
-  const cfg = configFromGguf(g);
+  let cfg = configFromGguf(g);
   checkTensors(g, cfg);
+  const ropeFreqFactors = await readRopeFactors(g, cfg.headDim);
+  if (ropeFreqFactors) cfg = { ...cfg, ropeFreqFactors };
   const tokenizer = tokenizerFromGguf(g);
   if (tokenizer.vocabSize > cfg.vocabSize) throw new GgufError(`${file}: tokenizer has ${tokenizer.vocabSize} tokens, the model ${cfg.vocabSize}`);
   const abs = resolve(file);

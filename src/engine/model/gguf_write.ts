@@ -1,6 +1,7 @@
 // Converts a Hugging Face Llama checkpoint directory (config.json, *.safetensors, tokenizer.json)
 // into one GGUF file, the way llama.cpp's own converter lays it out: llama.* hyper-parameters,
-// a "llama" (SentencePiece-style) vocabulary, q/k projection rows permuted for llama.cpp's RoPE,
+// the vocabulary ("llama" for SentencePiece-style tokenizers, "gpt2" for byte-level ones), the
+// chat template, Llama 3's RoPE divisors as rope_freqs.weight, q/k projection rows permuted for llama.cpp's RoPE,
 // 1-D tensors (norms) in F32 and 2-D weights in the chosen type. Tensors are written one at a
 // time at their offsets, so a large checkpoint is never held in memory twice.
 import { open, readFile, rename, rm } from 'node:fs/promises';
@@ -24,6 +25,7 @@ import {
 } from './gguf_format.js';
 import { encodeBlocks } from './gguf_blocks.js';
 import { f32ToBf16, f32ToF16, SafetensorsCollection } from './safetensors.js';
+import { PRE_TOKENIZERS } from './gguf_tokenizer.js';
 
 export type MetaValue =
   | { type: GV.U32 | GV.I32 | GV.F32 | GV.U64; value: number }
@@ -199,9 +201,26 @@ export async function writeGguf(file: string, meta: [string, MetaValue][], tenso
 }
 
 interface TokenizerJson {
-  model?: { type?: string; vocab?: Record<string, number>; merges?: (string | [string, string])[]; byte_fallback?: boolean; unk_token?: string };
+  model?: { type?: string; vocab?: Record<string, number>; merges?: (string | [string, string])[]; byte_fallback?: boolean; unk_token?: string; ignore_merges?: boolean };
   added_tokens?: { id: number; content: string; special?: boolean }[];
+  pre_tokenizer?: unknown;
+  decoder?: { type?: string } | null;
 }
+
+/** A GGUF vocabulary: "llama" (SentencePiece, with scores) or "gpt2" (byte-level, with merges and the pre-tokenizer's name). */
+export type GgufVocab =
+  | { kind: 'llama'; tokens: string[]; scores: Float32Array; types: Int32Array }
+  | { kind: 'gpt2'; pre: string; tokens: string[]; types: Int32Array; merges: string[] };
+
+/** Tokens by id from tokenizer.json's vocabulary and added tokens; ids without one stay ''. */
+function tokensById(tj: TokenizerJson, vocabSize: number): string[] {
+  const tokens: string[] = new Array<string>(vocabSize).fill('');
+  for (const [t, id] of Object.entries(tj.model!.vocab!)) if (id >= 0 && id < vocabSize) tokens[id] = t;
+  for (const a of tj.added_tokens ?? []) if (a.id >= 0 && a.id < vocabSize) tokens[a.id] = a.content;
+  return tokens;
+}
+
+const mergePair = (mg: string | [string, string]): [string, string] => (typeof mg === 'string' ? (mg.split(' ') as [string, string]) : mg);
 
 /**
  * The "llama" GGUF vocabulary from a SentencePiece-style BPE tokenizer.json: tokens by id, a
@@ -211,13 +230,11 @@ interface TokenizerJson {
  */
 export function llamaVocabFromTokenizerJson(tj: TokenizerJson, vocabSize: number): { tokens: string[]; scores: Float32Array; types: Int32Array } {
   const m = tj.model;
-  if (!m || m.type !== 'BPE' || !m.vocab || !Array.isArray(m.merges)) throw new Error('tokenizer.json: only SentencePiece-style BPE vocabularies (model.type "BPE" with vocab and merges) convert to GGUF');
-  const tokens: string[] = new Array<string>(vocabSize).fill('');
-  for (const [t, id] of Object.entries(m.vocab)) if (id >= 0 && id < vocabSize) tokens[id] = t;
-  for (const a of tj.added_tokens ?? []) if (a.id >= 0 && a.id < vocabSize) tokens[a.id] = a.content;
+  if (!m || m.type !== 'BPE' || !m.vocab || !Array.isArray(m.merges)) throw new Error('tokenizer.json: only BPE vocabularies (model.type "BPE" with vocab and merges) convert to GGUF');
+  const tokens = tokensById(tj, vocabSize);
   const rank = new Map<string, number>();
   m.merges.forEach((mg, r) => {
-    const [a, b] = typeof mg === 'string' ? (mg.split(' ') as [string, string]) : mg;
+    const [a, b] = mergePair(mg);
     const t = a + b;
     if (!rank.has(t)) rank.set(t, r);
   });
@@ -240,9 +257,89 @@ export function llamaVocabFromTokenizerJson(tj: TokenizerJson, vocabSize: number
   return { tokens, scores, types };
 }
 
-/** The GGUF metadata of a Llama model. */
-export function llamaMeta(cfg: ModelConfig, name: string, fileType: GgmlTypeName, vocab: { tokens: string[]; scores: Float32Array; types: Int32Array }, addBos: boolean): [string, MetaValue][] {
+/**
+ * A pre-tokenizer reduced to what decides the split (tokenizer.json spells the same one with
+ * varying extra fields): Split's pattern and behaviour, ByteLevel's prefix space and own regex,
+ * Digits' grouping, in order.
+ */
+function preSignature(p: unknown): string {
+  if (p === null || p === undefined) return 'none';
+  const o = p as Record<string, unknown>;
+  switch (o.type) {
+    case 'Sequence':
+      return Array.isArray(o.pretokenizers) ? o.pretokenizers.map(preSignature).join(' + ') : 'invalid';
+    case 'Split':
+      return `split(${JSON.stringify((o.pattern as Record<string, unknown> | undefined)?.Regex ?? (o.pattern as Record<string, unknown> | undefined)?.String)}, ${String(o.behavior)}, ${String(o.invert ?? false)})`;
+    case 'ByteLevel':
+      return `bytelevel(${String(o.add_prefix_space ?? true)}, ${String(o.use_regex ?? true)})`;
+    case 'Digits':
+      return `digits(${String(o.individual_digits ?? false)})`;
+    default:
+      return `${String(o.type)}(?)`;
+  }
+}
+
+/** Whether tokenizer.json describes a byte-level (GPT-2 style) BPE, which GGUF calls "gpt2". */
+export function isByteLevel(tj: TokenizerJson): boolean {
+  return tj.decoder?.type === 'ByteLevel';
+}
+
+/**
+ * The "gpt2" GGUF vocabulary from a byte-level BPE tokenizer.json: tokens by id (ids without a
+ * piece become "[PADn]", unused), types (control for special added tokens, user-defined for the
+ * other added ones), the merges as "a b" strings, and tokenizer.ggml.pre: the name of the
+ * pre-tokenizer (gguf_tokenizer.ts PRE_TOKENIZERS) whose split is this file's. A split this
+ * engine has no name for is an error: llama.cpp would split words by another rule.
+ */
+export function gpt2VocabFromTokenizerJson(tj: TokenizerJson, vocabSize: number): { pre: string; tokens: string[]; types: Int32Array; merges: string[] } {
+  const m = tj.model;
+  if (!m || m.type !== 'BPE' || !m.vocab || !Array.isArray(m.merges)) throw new Error('tokenizer.json: only BPE vocabularies (model.type "BPE" with vocab and merges) convert to GGUF');
+  const sig = preSignature(tj.pre_tokenizer);
+  const pre = Object.entries(PRE_TOKENIZERS).find(([, p]) => preSignature(p.json) === sig && p.ignoreMerges === (m.ignore_merges === true));
+  if (!pre) throw new Error(`tokenizer.json: byte-level pre-tokenizer ${sig} (ignore_merges ${m.ignore_merges === true}) is none of the ones GGUF names here (${Object.keys(PRE_TOKENIZERS).join(', ')})`);
+  const tokens = tokensById(tj, vocabSize);
+  const added = new Map((tj.added_tokens ?? []).map((a) => [a.id, a.special === true]));
+  const types = new Int32Array(vocabSize);
+  for (let id = 0; id < vocabSize; id++) {
+    if (tokens[id] === '') {
+      tokens[id] = `[PAD${id}]`;
+      types[id] = TOKEN_TYPE.UNUSED;
+    } else {
+      const special = added.get(id);
+      types[id] = special === undefined ? TOKEN_TYPE.NORMAL : special ? TOKEN_TYPE.CONTROL : TOKEN_TYPE.USER_DEFINED;
+    }
+  }
+  const merges = m.merges.map((mg) => mergePair(mg).join(' '));
+  return { pre: pre[0], tokens, types, merges };
+}
+
+/** The GGUF vocabulary of a tokenizer.json: byte-level ones as "gpt2", SentencePiece-style ones as "llama". */
+export function vocabFromTokenizerJson(tj: TokenizerJson, vocabSize: number): GgufVocab {
+  return isByteLevel(tj) ? { kind: 'gpt2', ...gpt2VocabFromTokenizerJson(tj, vocabSize) } : { kind: 'llama', ...llamaVocabFromTokenizerJson(tj, vocabSize) };
+}
+
+/** The tokenizer's GGUF metadata: its kind's arrays, the special ids, BOS, and the chat template when there is one. */
+function vocabMeta(cfg: ModelConfig, vocab: GgufVocab, addBos: boolean, chatTemplate: string | null): [string, MetaValue][] {
   const meta: [string, MetaValue][] = [
+    ['tokenizer.ggml.model', { type: GV.STRING, value: vocab.kind }],
+    ...(vocab.kind === 'gpt2' ? ([['tokenizer.ggml.pre', { type: GV.STRING, value: vocab.pre }]] as [string, MetaValue][]) : []),
+    ['tokenizer.ggml.tokens', { type: GV.ARRAY, elem: GV.STRING, value: vocab.tokens }],
+  ];
+  if (vocab.kind === 'llama') meta.push(['tokenizer.ggml.scores', { type: GV.ARRAY, elem: GV.F32, value: vocab.scores }]);
+  meta.push(['tokenizer.ggml.token_type', { type: GV.ARRAY, elem: GV.I32, value: vocab.types }]);
+  if (vocab.kind === 'gpt2') meta.push(['tokenizer.ggml.merges', { type: GV.ARRAY, elem: GV.STRING, value: vocab.merges }]);
+  meta.push(['tokenizer.ggml.add_bos_token', { type: GV.BOOL, value: addBos }], ['tokenizer.ggml.add_eos_token', { type: GV.BOOL, value: false }]);
+  if (cfg.bosTokenId !== null) meta.push(['tokenizer.ggml.bos_token_id', { type: GV.U32, value: cfg.bosTokenId }]);
+  if (cfg.eosTokenId !== null) meta.push(['tokenizer.ggml.eos_token_id', { type: GV.U32, value: cfg.eosTokenId }]);
+  const unk = vocab.types.indexOf(TOKEN_TYPE.UNKNOWN);
+  if (unk >= 0) meta.push(['tokenizer.ggml.unknown_token_id', { type: GV.U32, value: unk }]);
+  if (chatTemplate !== null) meta.push(['tokenizer.chat_template', { type: GV.STRING, value: chatTemplate }]);
+  return meta;
+}
+
+/** The GGUF metadata of a Llama model. */
+export function llamaMeta(cfg: ModelConfig, name: string, fileType: GgmlTypeName, vocab: GgufVocab, addBos: boolean, chatTemplate: string | null = null): [string, MetaValue][] {
+  return [
     ['general.architecture', { type: GV.STRING, value: 'llama' }],
     ['general.name', { type: GV.STRING, value: name }],
     ['general.file_type', { type: GV.U32, value: FILE_TYPE[fileType] }],
@@ -258,18 +355,8 @@ export function llamaMeta(cfg: ModelConfig, name: string, fileType: GgmlTypeName
     ['llama.attention.layer_norm_rms_epsilon', { type: GV.F32, value: cfg.normEps }],
     ['llama.rope.freq_base', { type: GV.F32, value: cfg.ropeTheta }],
     ['llama.vocab_size', { type: GV.U32, value: cfg.vocabSize }],
-    ['tokenizer.ggml.model', { type: GV.STRING, value: 'llama' }],
-    ['tokenizer.ggml.tokens', { type: GV.ARRAY, elem: GV.STRING, value: vocab.tokens }],
-    ['tokenizer.ggml.scores', { type: GV.ARRAY, elem: GV.F32, value: vocab.scores }],
-    ['tokenizer.ggml.token_type', { type: GV.ARRAY, elem: GV.I32, value: vocab.types }],
-    ['tokenizer.ggml.add_bos_token', { type: GV.BOOL, value: addBos }],
-    ['tokenizer.ggml.add_eos_token', { type: GV.BOOL, value: false }],
+    ...vocabMeta(cfg, vocab, addBos, chatTemplate),
   ];
-  if (cfg.bosTokenId !== null) meta.push(['tokenizer.ggml.bos_token_id', { type: GV.U32, value: cfg.bosTokenId }]);
-  if (cfg.eosTokenId !== null) meta.push(['tokenizer.ggml.eos_token_id', { type: GV.U32, value: cfg.eosTokenId }]);
-  const unk = vocab.types.indexOf(TOKEN_TYPE.UNKNOWN);
-  if (unk >= 0) meta.push(['tokenizer.ggml.unknown_token_id', { type: GV.U32, value: unk }]);
-  return meta;
 }
 
 /**
@@ -283,13 +370,15 @@ export async function convertToGguf(dir: string, file: string, type: GgmlTypeNam
   const st = await SafetensorsCollection.openDir(dir);
   const tj = JSON.parse(await readFile(join(dir, 'tokenizer.json'), 'utf8')) as TokenizerJson;
   let addBos = cfg.bosTokenId !== null;
+  let chatTemplate: string | null = null;
   try {
-    const tc = JSON.parse(await readFile(join(dir, 'tokenizer_config.json'), 'utf8')) as { add_bos_token?: boolean };
+    const tc = JSON.parse(await readFile(join(dir, 'tokenizer_config.json'), 'utf8')) as { add_bos_token?: boolean; chat_template?: unknown };
     if (typeof tc.add_bos_token === 'boolean') addBos = tc.add_bos_token;
+    if (typeof tc.chat_template === 'string') chatTemplate = tc.chat_template;
   } catch {
-    // no tokenizer_config.json: BOS when the model has one
+    // no tokenizer_config.json: BOS when the model has one, no chat template
   }
-  const vocab = llamaVocabFromTokenizerJson(tj, cfg.vocabSize);
+  const vocab = vocabFromTokenizerJson(tj, cfg.vocabSize);
   const { dim, numHeads, numKvHeads, headDim, hiddenDim, vocabSize, numLayers } = cfg;
   const tensors: GgufTensorSource[] = [];
   const add = (hf: string, shape: number[], permuteHeads = 0) => {
@@ -305,6 +394,9 @@ export async function convertToGguf(dir: string, file: string, type: GgmlTypeNam
       },
     });
   };
+  // Llama 3 RoPE scaling travels as llama.cpp's converter writes it: the divisors as a tensor.
+  const factors = cfg.ropeFreqFactors;
+  if (factors) tensors.push({ name: 'rope_freqs.weight', shape: [factors.length], type: 'F32', data: async () => Float32Array.from(factors) });
   add('model.embed_tokens.weight', [vocabSize, dim]);
   for (let l = 0; l < numLayers; l++) {
     const p = `model.layers.${l}.`;
@@ -321,5 +413,5 @@ export async function convertToGguf(dir: string, file: string, type: GgmlTypeNam
   add('model.norm.weight', [dim]);
   if (st.has('lm_head.weight') && !cfg.tieWordEmbeddings) add('lm_head.weight', [vocabSize, dim]);
   else tensors.push({ name: 'output.weight', shape: [vocabSize, dim], type: opts.typeOf?.('output.weight') ?? type, data: async () => (await st.get('model.embed_tokens.weight', [vocabSize, dim])).data });
-  await writeGguf(file, llamaMeta(cfg, opts.name ?? 'kvc-converted', type, vocab, addBos), tensors);
+  await writeGguf(file, llamaMeta(cfg, opts.name ?? 'kvc-converted', type, vocab, addBos, chatTemplate), tensors);
 }

@@ -111,7 +111,8 @@ export class LlamaModel {
     this.layout = { dtype: 0, numLayers: config.numLayers, numKvHeads: config.numKvHeads, headDim: config.headDim };
     const half = config.headDim / 2;
     this.invFreq = new Float32Array(half);
-    for (let i = 0; i < half; i++) this.invFreq[i] = 1 / Math.pow(config.ropeTheta, (2 * i) / config.headDim);
+    const div = config.ropeFreqFactors;
+    for (let i = 0; i < half; i++) this.invFreq[i] = 1 / Math.pow(config.ropeTheta, (2 * i) / config.headDim) / (div ? div[i]! : 1);
   }
 
   /** Loads a Hugging Face checkpoint directory (config.json + *.safetensors). */

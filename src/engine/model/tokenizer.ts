@@ -168,6 +168,8 @@ export class Tokenizer {
     maxChars: number | null = null,
     /** The decoder is SentencePiece's chain (isSentencePieceDecoder): appendedText() may answer. */
     appends = false,
+    /** The decoder is byte-level (GPT-2 style): a piece's characters stand for bytes ("Ġ" a space). */
+    private readonly byteLevel = false,
   ) {
     this.maxCharsPerToken = maxChars;
     this.bosToken = tokenContent(config.bos_token);
@@ -213,7 +215,8 @@ export class Tokenizer {
     }
     let tpl = cfg.chat_template;
     if (Array.isArray(tpl)) tpl = (tpl as { name?: string; template?: string }[]).find((t) => t.name === 'default')?.template;
-    return new Tokenizer(hf, cfg, typeof tpl === 'string' ? tpl : DEFAULT_CHAT_TEMPLATE, maxCharsPerToken(tj), appends);
+    const byteLevel = (tj.decoder as Json | null | undefined)?.type === 'ByteLevel';
+    return new Tokenizer(hf, cfg, typeof tpl === 'string' ? tpl : DEFAULT_CHAT_TEMPLATE, maxCharsPerToken(tj), appends, byteLevel);
   }
 
   /**
@@ -305,11 +308,15 @@ export class Tokenizer {
 
   /**
    * One token as text on its own, for logprobs: its vocabulary piece with SentencePiece's word
-   * marker as a space and a byte-fallback piece (<0x41>) as that byte when it is ASCII.
+   * marker as a space and a byte-fallback piece (<0x41>) as that byte when it is ASCII; a
+   * byte-level piece as the text of its bytes.
    */
   tokenText(id: number): string {
     const piece = this.hf.id_to_token(id);
     if (piece === undefined || piece === null) return '';
+    // Byte-level pieces map each character back to a byte; a piece ending inside a multi-byte
+    // character shows U+FFFD for the partial bytes.
+    if (this.byteLevel) return this.hf.decode([id], { skip_special_tokens: false });
     const byte = /^<0x([0-9A-Fa-f]{2})>$/.exec(piece);
     if (byte) {
       const b = parseInt(byte[1]!, 16);

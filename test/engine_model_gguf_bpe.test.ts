@@ -22,7 +22,8 @@ import { convertToGguf, gpt2VocabFromTokenizerJson } from '../src/engine/model/g
 import { LlamaModel } from '../src/engine/model/model.js';
 import { writeSafetensors } from '../src/engine/model/safetensors.js';
 import { Tokenizer } from '../src/engine/model/tokenizer.js';
-import { tempDir } from './helpers/proc.js';
+import { freePortRange } from '../src/common/ports.js';
+import { postJson, startKvc, tempDir, waitHttp } from './helpers/proc.js';
 
 const SPEC: BuiltinSpec = {
   name: 'gguf-bpe-test',
@@ -222,4 +223,34 @@ test('gguf "gpt2" vocabulary: an unknown pre-tokenizer, a missing or malformed m
   const tj = JSON.parse(readFileSync(join(dir, 'tokenizer.json'), 'utf8'));
   tj.pre_tokenizer.pretokenizers[0].pattern.Regex = '\\p{L}+|\\s+';
   assert.throws(() => gpt2VocabFromTokenizerJson(tj, SPEC.vocabSize), /byte-level pre-tokenizer split\(.*\) is none of the ones GGUF names here/);
+});
+
+test('kvc engine serves the Llama 3 GGUF: chat on its template, streamed text equal to the whole answer, <|eot_id|> ends the turn', async () => {
+  const port = await freePortRange(1);
+  const eng = startKvc(['engine', '--port', String(port), '--model', gguf, '--max-model-len', '1024']);
+  try {
+    await waitHttp(`http://127.0.0.1:${port}/health`, 120_000);
+    const base = `http://127.0.0.1:${port}/v1/chat/completions`;
+    const messages = [{ role: 'user', content: 'Name a colour. 🎨' }];
+    const ref = await Tokenizer.load(dir);
+    const whole = await postJson(base, { model: gguf, messages, max_tokens: 12, temperature: 0 });
+    assert.equal(whole.status, 200, JSON.stringify(whole.json));
+    // The prompt is the template's rendering, tokenized as the checkpoint's own tokenizer does.
+    assert.equal(whole.json.usage.prompt_tokens, ref.encodeChat(messages).length);
+    const res = await fetch(base, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: gguf, messages, max_tokens: 12, temperature: 0, stream: true }) });
+    let streamed = '';
+    for (const line of (await res.text()).split('\n')) {
+      if (!line.startsWith('data: ') || line === 'data: [DONE]') continue;
+      streamed += JSON.parse(line.slice(6)).choices[0]?.delta?.content ?? '';
+    }
+    assert.equal(streamed, whole.json.choices[0].message.content);
+    // A turn that ends: <|eot_id|> made certain by a logit bias stops the answer at once.
+    const ended = await postJson(base, { model: gguf, messages, max_tokens: 12, temperature: 0, logit_bias: { '128009': 100 } });
+    assert.equal(ended.status, 200, JSON.stringify(ended.json));
+    assert.equal(ended.json.choices[0].finish_reason, 'stop');
+    assert.equal(ended.json.choices[0].message.content, '');
+    assert.equal(ended.json.usage.completion_tokens, 1);
+  } finally {
+    await eng.kill();
+  }
 });

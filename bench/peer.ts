@@ -30,8 +30,9 @@
 //      package's tokenizer.json: byte-level BPE, GGUF "gpt2" with pre-tokenizer "llama-bpe") and
 //      its RoPE scaling (rope_freqs.weight), written by kvc's converter. llama.cpp must tokenize a
 //      corpus (contractions in capitals, digit runs, whitespace runs, CRLF, scripts, emoji, special
-//      tokens) into the ids kvc's tokenizer rebuilt from the same file gives, detokenize them to
-//      the same text, and generate the same greedy tokens on prompts of 20 and 200 tokens.
+//      tokens, and 400 random texts from such pieces and random code points) into the ids kvc's
+//      tokenizer rebuilt from the same file gives, detokenize the corpus to the same text, and
+//      generate the same greedy tokens on prompts of 20 and 200 tokens.
 // Last line: {"bench":"peer","match":…,"prefill_ratio":…,…} — ratios are kvc ÷ llama.cpp.
 // Parts for targeted runs (the default is the whole benchmark, ~15 min on 2 cores at 7 runs):
 //   --only tiny,big,q8,kquant,llama3   any subset (figures of parts not run are null, "parts" lists those run)
@@ -657,6 +658,27 @@ async function llama3Compare(llama: Llama): Promise<{ tokensMatch: boolean; text
       if (!same || ta !== tb) console.log(`[llama3] ${JSON.stringify(text)}: kvc ${JSON.stringify(a)} ${JSON.stringify(ta)} | llama.cpp ${JSON.stringify(b)} ${JSON.stringify(tb)}`);
     }
     console.log(`[llama3] tokenization of ${LLAMA3_CORPUS.length} texts: ${tokensMatch ? 'identical' : 'DIFFERENT'}; detokenized text: ${textMatch ? 'identical' : 'DIFFERENT'}`);
+    // Random texts built from pieces where splits differ between rules: words in mixed case,
+    // contractions, digit runs, punctuation runs, whitespace runs with newlines, and code points
+    // from several scripts and planes.
+    const rng = new Rng(20261127);
+    const pick = <T>(xs: readonly T[]) => xs[Math.floor(rng.uniform() * xs.length)]!;
+    const PIECES = ['the', 'The', 'THE', "'s", "'LL", "'ve", "n't", ' ', '  ', '\n', '\r\n', '\t', ' \n ', '12', '2024', '3.14', '1234567', '!!', '...', '?!', '—', '(', ')', '{', '}', '$', '%', '#', '@', '_', '/', '\\', 'é', 'ß', 'Ω', 'я', 'ع', '中文', 'テスト', '한국어', 'ไทย', '🦙', '👍🏽', '\u0301', '\u00a0', '\u200b', '𝔘'];
+    const RANDOM_TEXTS = 400;
+    let randomSame = 0;
+    for (let k = 0; k < RANDOM_TEXTS; k++) {
+      let text = '';
+      const n = 1 + Math.floor(rng.uniform() * 24);
+      for (let j = 0; j < n; j++) text += rng.uniform() < 0.15 ? String.fromCodePoint(0x20 + Math.floor(rng.uniform() * 0x2ffe0)) : pick(PIECES);
+      text = text.replace(/[\ud800-\udfff]/g, 'x'); // no lone surrogates (not text)
+      const a = tokenizer.encode(text, { addBos: false });
+      const b = tok.tokenize(text, false);
+      const same = a.length === b.length && a.every((x, i) => x === b[i]);
+      if (same) randomSame++;
+      else if (randomSame + 3 > k) console.log(`[llama3] random text ${JSON.stringify(text)}: kvc ${JSON.stringify(a)} | llama.cpp ${JSON.stringify(b)}`);
+    }
+    tokensMatch &&= randomSame === RANDOM_TEXTS;
+    console.log(`[llama3] tokenization of ${RANDOM_TEXTS} random texts: ${randomSame} identical`);
     const k = new KvcSide(model);
     const p1 = new PeerSide(pm, 1);
     for (const n of [20, 200]) {

@@ -5,7 +5,10 @@
 //     adds at concurrency 1 (p50/p99 of proxy minus direct).
 // (b) Real engines on the built-in model in 1P1D (`kvc up`): TTFT p50/p99 of streamed requests
 //     through the proxy vs direct to one plain engine.
-// Last line: {"bench":"proxy","proxy_rps":…,"direct_rps":…,"overhead_p50_ms":…,"overhead_p99_ms":…,
+// (a) also runs, in the same rounds, the floor reference of bench/_proxy_floor.ts (a bare node:http
+//     server making the same three calls: the least a process in the proxy's place can do):
+//     floor_rps, and floor_ratio = floor_rps / direct_rps, what bounds proxy_rps / direct_rps here.
+// Last line: {"bench":"proxy","proxy_rps":…,"direct_rps":…,"floor_rps":…,"floor_ratio":…,"overhead_p50_ms":…,"overhead_p99_ms":…,
 //             "proxy_cpu_us_per_req":…,"ttft_proxy_p50_ms":…,"ttft_direct_p50_ms":…}
 // `--stub-only` runs (a) alone and ends with {"bench":"proxy","stub_only":true,"proxy_rps":…,
 // "direct_rps":…,"ratio":…,"overhead_p50_ms":…,"overhead_p99_ms":…,"proxy_cpu_us_per_req":…,
@@ -176,6 +179,7 @@ async function stubPart() {
       ? spawnNode([process.argv[cmpAt + 1]!, 'proxy', '--port', String(cmpPorts[0]), '--prefiller-port', String(stubPort), '--decoder-port', String(stubPort),
           '--proxy-port', String(cmpPorts[1]), '--stats-interval', '3600'])
       : null;
+  let floorChild: ReturnType<typeof spawnNode> | null = null;
   try {
     if (other) {
       await stub.waitFor(/stub listening/, 20_000);
@@ -183,22 +187,32 @@ async function stubPart() {
       await other.waitFor(/listening on|floor listening/, 20_000);
       return await compareBuilds(proxy.child.pid!, proxyPort, other.child.pid!, cmpPorts[0]!);
     }
+    // The floor reference (bench/_proxy_floor.ts: the same three calls and one answer, no checks,
+    // metrics, timeouts or failover) in the same rounds: what any Node process in the proxy's
+    // place reaches on this machine, next to what the proxy reaches.
+    const floorPort = await freePortRange(1);
+    floorChild = spawnNode([fileURLToPath(import.meta.url), '--floor-server', String(floorPort), String(stubPort)]);
     await stub.waitFor(/stub listening/, 20_000);
     await proxy.waitFor(/listening on/, 20_000);
+    await floorChild.waitFor(/floor listening/, 20_000);
     const direct = new Pool(`http://127.0.0.1:${stubPort}`, { connections: 64 });
     const viaProxy = new Pool(`http://127.0.0.1:${proxyPort}`, { connections: 64 });
+    const viaFloor = new Pool(`http://127.0.0.1:${floorPort}`, { connections: 64 });
     const d = (i: number) => directOnce(direct, i);
     const p = (i: number) => proxyOnce(viaProxy, i);
+    const f = (i: number) => proxyOnce(viaFloor, i);
     // Warm-up by count, not time: the proxy is a fresh process whose JIT compiles its hot path
     // over its first few thousand requests (until then a request costs it 1.5-4x the CPU of later
     // ones); on a loaded machine a fixed time would cover too few of them.
     await warmUp(d, 3000, 30_000);
     await warmUp(p, 3000, 30_000);
+    await warmUp(f, 3000, 30_000);
     const conc = 16;
     // Interleaved rounds, median of each: the machine's load (other processes) drifts over
     // time, and both variants should see the same drift.
     const dr: number[] = [];
     const pr: number[] = [];
+    const fr: number[] = [];
     // The proxy process's CPU time per request in each proxy round: the figure that changes to
     // the per-request path move, less at the mercy of the machine's load than req/s.
     const proxyCpu: number[] = [];
@@ -229,11 +243,13 @@ async function stubPart() {
         proxyCpu.push((c1.user + c1.system - c0.user - c0.system) / (completed - n0));
         proxySys.push((c1.system - c0.system) / (completed - n0));
       }
+      fr.push(await throughput(f, conc, 2000));
     }
     const median = (a: number[]) => [...a].sort((x, y) => x - y)[a.length >> 1]!;
     const directRps = median(dr);
     const proxyRps = median(pr);
-    console.log(`  rounds (req/s) direct ${dr.map((v) => v.toFixed(0)).join(' ')} | proxy ${pr.map((v) => v.toFixed(0)).join(' ')}`);
+    const floorRps = median(fr);
+    console.log(`  rounds (req/s) direct ${dr.map((v) => v.toFixed(0)).join(' ')} | proxy ${pr.map((v) => v.toFixed(0)).join(' ')} | floor reference ${fr.map((v) => v.toFixed(0)).join(' ')}`);
     const proxyCpuUs = proxyCpu.length ? median(proxyCpu) : NaN;
     const proxySysUs = proxySys.length ? median(proxySys) : NaN;
     if (proxyCpu.length) {
@@ -249,9 +265,11 @@ async function stubPart() {
     const lp = await latencies(p, 500);
     await direct.close();
     await viaProxy.close();
+    await viaFloor.close();
     return {
       directRps,
       proxyRps,
+      floorRps,
       proxyCpuUs,
       proxySysUs,
       directP50: percentile(ld, 50),
@@ -262,6 +280,7 @@ async function stubPart() {
   } finally {
     await stop(proxy.child);
     if (other) await stop(other.child);
+    if (floorChild) await stop(floorChild.child);
     await stop(stub.child);
   }
 }
@@ -355,6 +374,7 @@ async function main() {
   console.log(`  direct client doing the 3 calls itself: ${a.directRps.toFixed(0)} req/s at concurrency 16; latency p50 ${a.directP50.toFixed(2)} ms, p99 ${a.directP99.toFixed(2)} ms`);
   console.log(`  through the proxy:                      ${a.proxyRps.toFixed(0)} req/s at concurrency 16; latency p50 ${a.proxyP50.toFixed(2)} ms, p99 ${a.proxyP99.toFixed(2)} ms`);
   console.log(`  proxy/direct throughput ${(a.proxyRps / a.directRps).toFixed(2)} (target >= 0.7); added latency p50 ${(a.proxyP50 - a.directP50).toFixed(2)} ms (target <= 1), p99 ${(a.proxyP99 - a.directP99).toFixed(2)} ms`);
+  console.log(`  floor reference (bench/_proxy_floor.ts) in the same rounds: ${a.floorRps.toFixed(0)} req/s, floor/direct ${(a.floorRps / a.directRps).toFixed(2)}, proxy/floor ${(a.proxyRps / a.floorRps).toFixed(2)}`);
   if (process.argv.includes('--stub-only')) {
     console.log(
       JSON.stringify({
@@ -363,6 +383,8 @@ async function main() {
         proxy_rps: r2(a.proxyRps),
         direct_rps: r2(a.directRps),
         ratio: r2(a.proxyRps / a.directRps),
+        floor_rps: r2(a.floorRps),
+        floor_ratio: r2(a.floorRps / a.directRps),
         overhead_p50_ms: r2(a.proxyP50 - a.directP50),
         overhead_p99_ms: r2(a.proxyP99 - a.directP99),
         proxy_cpu_us_per_req: Math.round(a.proxyCpuUs),
@@ -380,6 +402,8 @@ async function main() {
       bench: 'proxy',
       proxy_rps: r2(a.proxyRps),
       direct_rps: r2(a.directRps),
+      floor_rps: r2(a.floorRps),
+      floor_ratio: r2(a.floorRps / a.directRps),
       overhead_p50_ms: r2(a.proxyP50 - a.directP50),
       overhead_p99_ms: r2(a.proxyP99 - a.directP99),
       proxy_cpu_us_per_req: Math.round(a.proxyCpuUs),

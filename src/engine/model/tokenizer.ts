@@ -24,6 +24,39 @@ const KIND_TEXT = 3;
 /** A byte-fallback piece: ByteFallback turns it into that byte, joined with neighbouring bytes. */
 const BYTE_PIECE = /^<0x[0-9A-Fa-f]{2}>$/;
 
+/**
+ * GPT-2's byte-level alphabet, character → byte: the printable bytes ("!".."~", "¡".."¬",
+ * "®".."ÿ") stand for themselves, every other byte b for U+0100 + its rank among those others
+ * (so a space, 0x20, is "Ġ", U+0120). Byte-level vocabularies spell their pieces in it.
+ */
+const BYTE_OF_CHAR: Map<number, number> = (() => {
+  const m = new Map<number, number>();
+  let next = 0;
+  for (let b = 0; b < 256; b++) {
+    const printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+    m.set(printable ? b : 0x100 + next++, b);
+  }
+  return m;
+})();
+
+/** Strict UTF-8: a piece whose bytes are not whole characters on their own has no text of its own. */
+const UTF8 = new TextDecoder('utf-8', { fatal: true });
+
+/** The text a byte-level piece stands for, when its bytes are whole UTF-8 characters; null otherwise. */
+function byteLevelText(piece: string): string | null {
+  const bytes = new Uint8Array(piece.length);
+  for (let i = 0; i < piece.length; i++) {
+    const b = BYTE_OF_CHAR.get(piece.charCodeAt(i));
+    if (b === undefined) return null;
+    bytes[i] = b;
+  }
+  try {
+    return UTF8.decode(bytes);
+  } catch {
+    return null;
+  }
+}
+
 /** Whether a tokenizer.json decoder is exactly SentencePiece's chain (see Tokenizer.appendedText). */
 function isSentencePieceDecoder(d: unknown): boolean {
   const want = [{ type: 'Replace', pattern: { String: '▁' }, content: ' ' }, { type: 'ByteFallback' }, { type: 'Fuse' }, { type: 'Strip', content: ' ', start: 1, stop: 0 }];
@@ -160,6 +193,8 @@ export class Tokenizer {
   readonly maxCharsPerToken: number | null;
   private readonly template: Template;
   private readonly specialIds: Set<number>;
+  /** Ids of added tokens (special or not): their text is their content, not a vocabulary spelling. */
+  private readonly addedIds: Set<number>;
 
   private constructor(
     private readonly hf: HfTokenizer,
@@ -178,8 +213,9 @@ export class Tokenizer {
     this.eosTokenId = this.eosToken !== null ? (hf.token_to_id(this.eosToken) ?? null) : null;
     this.addBosDefault = config.add_bos_token === undefined ? this.bosTokenId !== null : config.add_bos_token === true;
     this.vocabSize = hf.get_vocab(true).size;
-    this.pieceKind = appends ? new Uint8Array(this.vocabSize) : null;
-    this.pieceText = appends ? new Array<string>(this.vocabSize).fill('') : [];
+    this.pieceKind = appends || byteLevel ? new Uint8Array(this.vocabSize) : null;
+    this.pieceText = appends || byteLevel ? new Array<string>(this.vocabSize).fill('') : [];
+    this.addedIds = new Set([...hf.get_added_tokens_decoder()].map(([id]) => id));
     this.specialIds = new Set([...hf.get_added_tokens_decoder()].filter(([, t]) => t.special).map(([id]) => id));
     try {
       this.template = new Template(chatTemplateSource);
@@ -267,8 +303,9 @@ export class Tokenizer {
 
   /**
    * The text token `id` adds at the end of a decoded window whose last id is `prev`, when that is
-   * knowable from the two ids alone; null otherwise. With SentencePiece's decoder chain (the only
-   * one this answers for: Replace ▁ → space, ByteFallback, Fuse, Strip one leading space) the
+   * knowable from the two ids alone; null otherwise. It answers for two decoders. Byte-level
+   * (GPT-2 style; below, in the code). With SentencePiece's decoder chain (Replace ▁ → space,
+   * ByteFallback, Fuse, Strip one leading space) the
    * text of ids is strip1(concat(piece(id) with ▁ as space)), byte pieces (<0xNN>) first joined
    * into UTF-8 with their neighbours. So when `prev` adds text of its own before the strip (a
    * byte piece, or a non-empty piece) and `id` is neither special nor a byte piece, `id` adds
@@ -280,6 +317,11 @@ export class Tokenizer {
    */
   appendedText(prev: number, id: number): string | null {
     if (!this.pieceKind) return null;
+    // Byte-level: the text of ids is the UTF-8 of their pieces' bytes, nothing stripped. The
+    // incremental decoder asks only after a window whose text was complete (it emitted it, so it
+    // did not end inside a character), and UTF-8 decodes the same from a character boundary on:
+    // a piece whose bytes are whole characters adds exactly their text, whatever came before.
+    if (this.byteLevel) return this.kindOf(id) < KIND_TEXT ? null : this.pieceText[id]!;
     if (this.kindOf(prev) < KIND_BYTE || this.kindOf(id) < KIND_TEXT) return null;
     return this.pieceText[id]!;
   }
@@ -292,7 +334,14 @@ export class Tokenizer {
     if (k !== KIND_UNSEEN) return k;
     const piece = this.hf.id_to_token(id);
     let kind = KIND_NONE;
-    if (typeof piece === 'string' && !this.isSpecial(id)) {
+    if (this.byteLevel) {
+      // Added tokens, and pieces that are not whole characters, go through the library's decode.
+      const text = typeof piece === 'string' && !this.addedIds.has(id) ? byteLevelText(piece) : null;
+      if (text !== null && text.length > 0) {
+        kind = KIND_TEXT;
+        this.pieceText[id] = text;
+      }
+    } else if (typeof piece === 'string' && !this.isSpecial(id)) {
       if (BYTE_PIECE.test(piece)) kind = KIND_BYTE;
       else if (piece.length > 0) {
         kind = KIND_TEXT;

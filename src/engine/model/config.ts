@@ -159,21 +159,29 @@ export function parseModelConfig(raw: unknown, file = 'config.json'): ModelConfi
   };
 }
 
-/** Reads and validates `<dir>/config.json`. */
-export async function loadModelConfig(dir: string): Promise<ModelConfig> {
-  const file = join(dir, 'config.json');
+/**
+ * A JSON file's parsed content, or undefined when `optional` and the file does not exist; an
+ * unreadable file or invalid JSON is a ModelConfigError naming the file (`what` names its role).
+ */
+async function readJsonFile(file: string, what: string, optional = false): Promise<unknown> {
   let text: string;
   try {
     text = await readFile(file, 'utf8');
   } catch (e) {
-    throw new ModelConfigError(`${file}: cannot read model config (${(e as Error).message})`);
+    if (optional && (e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw new ModelConfigError(`${file}: cannot read${what ? ` ${what}` : ''} (${(e as Error).message})`);
   }
-  let raw: unknown;
   try {
-    raw = JSON.parse(text);
+    return JSON.parse(text);
   } catch (e) {
     throw new ModelConfigError(`${file}: not valid JSON (${(e as Error).message})`);
   }
+}
+
+/** Reads and validates `<dir>/config.json`. */
+export async function loadModelConfig(dir: string): Promise<ModelConfig> {
+  const file = join(dir, 'config.json');
+  const raw = await readJsonFile(file, 'model config');
   return withGenerationEos(parseModelConfig(raw, file), join(dir, 'generation_config.json'));
 }
 
@@ -184,19 +192,8 @@ export async function loadModelConfig(dir: string): Promise<ModelConfig> {
  * unreadable one or a bad id is an error naming the file and the key.
  */
 async function withGenerationEos(cfg: ModelConfig, file: string): Promise<ModelConfig> {
-  let text: string;
-  try {
-    text = await readFile(file, 'utf8');
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return cfg;
-    throw new ModelConfigError(`${file}: cannot read (${(e as Error).message})`);
-  }
-  let raw: unknown;
-  try {
-    raw = JSON.parse(text);
-  } catch (e) {
-    throw new ModelConfigError(`${file}: not valid JSON (${(e as Error).message})`);
-  }
+  const raw = await readJsonFile(file, '', true);
+  if (raw === undefined) return cfg;
   if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw new ModelConfigError(`${file}: expected a JSON object`);
   const v = (raw as Json).eos_token_id;
   if (v === undefined || v === null) return cfg;

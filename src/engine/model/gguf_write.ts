@@ -212,10 +212,19 @@ export type GgufVocab =
   | { kind: 'llama'; tokens: string[]; scores: Float32Array; types: Int32Array }
   | { kind: 'gpt2'; pre: string; tokens: string[]; types: Int32Array; merges: string[] };
 
+type BpeModel = NonNullable<TokenizerJson['model']> & { vocab: Record<string, number>; merges: (string | [string, string])[] };
+
+/** tokenizer.json's model, which must be a BPE with its vocabulary and merges (both GGUF kinds are). */
+function bpeModel(tj: TokenizerJson): BpeModel {
+  const m = tj.model;
+  if (!m || m.type !== 'BPE' || !m.vocab || !Array.isArray(m.merges)) throw new Error('tokenizer.json: only BPE vocabularies (model.type "BPE" with vocab and merges) convert to GGUF');
+  return m as BpeModel;
+}
+
 /** Tokens by id from tokenizer.json's vocabulary and added tokens; ids without one stay ''. */
 function tokensById(tj: TokenizerJson, vocabSize: number): string[] {
   const tokens: string[] = new Array<string>(vocabSize).fill('');
-  for (const [t, id] of Object.entries(tj.model!.vocab!)) if (id >= 0 && id < vocabSize) tokens[id] = t;
+  for (const [t, id] of Object.entries(bpeModel(tj).vocab)) if (id >= 0 && id < vocabSize) tokens[id] = t;
   for (const a of tj.added_tokens ?? []) if (a.id >= 0 && a.id < vocabSize) tokens[a.id] = a.content;
   return tokens;
 }
@@ -229,8 +238,7 @@ const mergePair = (mg: string | [string, string]): [string, string] => (typeof m
  * BPE merges list) and a type (control for special added tokens, byte for <0xNN>).
  */
 export function llamaVocabFromTokenizerJson(tj: TokenizerJson, vocabSize: number): { tokens: string[]; scores: Float32Array; types: Int32Array } {
-  const m = tj.model;
-  if (!m || m.type !== 'BPE' || !m.vocab || !Array.isArray(m.merges)) throw new Error('tokenizer.json: only BPE vocabularies (model.type "BPE" with vocab and merges) convert to GGUF');
+  const m = bpeModel(tj);
   const tokens = tokensById(tj, vocabSize);
   const rank = new Map<string, number>();
   m.merges.forEach((mg, r) => {
@@ -292,8 +300,7 @@ export function isByteLevel(tj: TokenizerJson): boolean {
  * engine has no name for is an error: llama.cpp would split words by another rule.
  */
 export function gpt2VocabFromTokenizerJson(tj: TokenizerJson, vocabSize: number): { pre: string; tokens: string[]; types: Int32Array; merges: string[] } {
-  const m = tj.model;
-  if (!m || m.type !== 'BPE' || !m.vocab || !Array.isArray(m.merges)) throw new Error('tokenizer.json: only BPE vocabularies (model.type "BPE" with vocab and merges) convert to GGUF');
+  const m = bpeModel(tj);
   const sig = preSignature(tj.pre_tokenizer);
   const pre = Object.entries(PRE_TOKENIZERS).find(([, p]) => preSignature(p.json) === sig && p.ignoreMerges === (m.ignore_merges === true));
   if (!pre) throw new Error(`tokenizer.json: byte-level pre-tokenizer ${sig} (ignore_merges ${m.ignore_merges === true}) is none of the ones GGUF names here (${Object.keys(PRE_TOKENIZERS).join(', ')})`);

@@ -215,8 +215,9 @@ export class Tokenizer {
     this.vocabSize = hf.get_vocab(true).size;
     this.pieceKind = appends || byteLevel ? new Uint8Array(this.vocabSize) : null;
     this.pieceText = appends || byteLevel ? new Array<string>(this.vocabSize).fill('') : [];
-    this.addedIds = new Set([...hf.get_added_tokens_decoder()].map(([id]) => id));
-    this.specialIds = new Set([...hf.get_added_tokens_decoder()].filter(([, t]) => t.special).map(([id]) => id));
+    const added = [...hf.get_added_tokens_decoder()];
+    this.specialIds = new Set(added.filter(([, t]) => t.special).map(([id]) => id));
+    this.addedIds = new Set(added.map(([id]) => id));
     try {
       this.template = new Template(chatTemplateSource);
     } catch (e) {

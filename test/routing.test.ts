@@ -119,6 +119,26 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
   // kvc up generates the deployment secret that guards the controller's mutations (/move, /clear).
   let logDir = '';
   const secretHeader = () => ({ authorization: `Bearer ${readFileSync(join(logDir, 'deployment.secret'), 'utf8').trim()}` });
+  const INSTANCES = ['prefiller-0', 'prefiller-1', 'decoder-0', 'decoder-1'];
+  /**
+   * Empties every instance's CPU tier and waits until the index is empty: the explicit starting
+   * state of a subtest whose expectations depend on what the ~10-chunk tiers hold (otherwise on
+   * what earlier subtests left there and on the order of their evictions).
+   */
+  async function clearAll(): Promise<void> {
+    for (const id of INSTANCES) {
+      const c = await postJson(`${ctl}/clear`, { instance_id: id, location: 'LocalCPUBackend' }, 60_000, secretHeader());
+      assert.equal(c.status, 200, JSON.stringify(c.json));
+      await waitEvent(c.json.event_id);
+    }
+    const deadline = Date.now() + 15_000;
+    for (;;) {
+      const h = (await (await fetch(`${ctl}/healthz`, { signal: AbortSignal.timeout(5_000) })).json()) as { index_keys: number };
+      if (h.index_keys === 0) return;
+      if (Date.now() > deadline) assert.fail(`index after clearing every instance: ${h.index_keys} keys left`);
+      await sleep(100);
+    }
+  }
 
   before(async () => {
     offset = await freePortOffset(base);
@@ -162,6 +182,7 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
   });
 
   test('a popular prefix spreads to the other decoder once its holder is busy, fetched by P2P instead of recomputed; output identical', async () => {
+    await clearAll();
     // Token-id prompts: a 1,024-token prefix (4 full chunks; a new one per attempt) and 24-token questions.
     let prefix: number[] = [];
     const prompt = (k: number) => [...prefix, ...Array.from({ length: 24 }, (_, i) => 200 + ((k * 331 + i * 17) % 20000))];
@@ -233,6 +254,7 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
   });
 
   test('chat requests are routed on the templated tokens the engine sees', async () => {
+    await clearAll();
     const system = prefixText('sys');
     const m1 = [{ role: 'system', content: system }, { role: 'user', content: 'Hello, who are you?' }];
     const m2 = [{ role: 'system', content: system }, { role: 'user', content: 'Tell me about the river.' }];
@@ -250,6 +272,7 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
   });
 
   test('after a move the index and the route follow the chunks; after /clear nothing is routed on them', async () => {
+    await clearAll();
     const B = prefixText('beta');
     const p1 = `${B} First question about the beta river?`;
     await complete(proxy, p1);
@@ -275,11 +298,7 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
     assert.ok(metric(after, 'kvc_proxy_prompt_tokens_total', `instance="${toName}",kind="cached"`) - metric(before, 'kvc_proxy_prompt_tokens_total', `instance="${toName}",kind="cached"`) >= 512, 'routed to the decoder the chunks moved to');
 
     // /clear every instance: the index forgets them and the next request is routed as a miss.
-    for (const id of ['prefiller-0', 'prefiller-1', 'decoder-0', 'decoder-1']) {
-      const c = await postJson(`${ctl}/clear`, { instance_id: id, location: 'LocalCPUBackend' }, 60_000, secretHeader());
-      assert.equal(c.status, 200, JSON.stringify(c.json));
-      await waitEvent(c.json.event_id);
-    }
+    await clearAll();
     await lookupUntil(t1, (m) => Object.keys(m).length === 0, 'index after /clear');
     const b2 = await metrics();
     const p3 = `${B} Third question after the clear?`;

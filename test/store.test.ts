@@ -221,6 +221,39 @@ test('a chunk nobody used while STALE_AFTER_TURNOVERS tiers\' worth of copies ar
   }
 });
 
+test('a prompt being stored never evicts its own earlier chunks (keep): its head stays whole, its tail is declined', async () => {
+  // A decoder's tier full of replicas (copies the controller says a prefiller holds too, evicted
+  // newest first). A received prompt's chunks become replicas as the hints arrive, each one the
+  // newest: without `keep`, storing chunk k+1 evicted chunk k of the same prompt, leaving a tail
+  // no prefix lookup reaches.
+  const cap = 4 * 36 * 1024; // four chunks
+  for (const kind of ['cpu', 'disk'] as const) {
+    const store = await oneTierStore(kind, cap, 'kvc-keep-');
+    const loc = store.locations()[0]!;
+    const old = [keyOf(1), keyOf(2)];
+    for (const k of old) await store.put(k, makeChunk(k, 1));
+    store.markReplicas(loc, old, [1, 1]);
+    const prompt = [keyOf(10), keyOf(11), keyOf(12), keyOf(13), keyOf(14)];
+    const keep = new Set(prompt);
+    for (const [i, k] of prompt.entries()) {
+      const put = store.put(k, makeChunk(k, 10 + i), undefined, { keep });
+      if (i < 4) await put;
+      else await assert.rejects(put, (e: unknown) => e instanceof CopyDeclinedError && /earlier chunks of the same prompt/.test((e as Error).message));
+      store.markReplicas(loc, [k], [1]); // the hint for this chunk arrives before the next one
+    }
+    assert.equal(store.lookupPrefix(prompt), 4, `${kind}: the prompt's first four chunks are held`);
+    assert.ok(!store.has(keyOf(1)) && !store.has(keyOf(2)), `${kind}: the older replicas made the room`);
+    // Without `keep` the same sequence loses the head: the newest replica is the previous chunk.
+    const other = [keyOf(20), keyOf(21)];
+    for (const k of other) {
+      await store.put(k, makeChunk(k, 20));
+      store.markReplicas(loc, [k], [1]);
+    }
+    assert.equal(store.lookupPrefix(other), 0, `${kind}: unprotected, chunk 21 evicted chunk 20 (newest replica first)`);
+    await store.close();
+  }
+});
+
 test('a put whose chunk header does not carry its key is refused, in every location and in the store', async () => {
   const good = makeChunk(keyOf(1), 1);
   const wrongKey = makeChunk(keyOf(2), 2);

@@ -173,14 +173,14 @@ export class KvcConnectorV1 {
   }
 
   /** Stores a received, verified chunk (the store copies it before put() resolves); a failure is logged, save() retries it. */
-  private async keepReceived(req: ConnectorRequest, span: ChunkSpan, chunk: Uint8Array): Promise<void> {
+  private async keepReceived(req: ConnectorRequest, span: ChunkSpan, chunk: Uint8Array, keep: ReadonlySet<string>): Promise<void> {
     const m = this.o.metrics;
     const key = span.key;
     const t0 = performance.now();
     // The prefiller that sent it keeps its own copy (with P2P, fetchable again).
     const evictFirst = this.peerCopyEvictFirst || (this.partialEvictFirst && this.partial(span));
     try {
-      await withTimeout(this.store.put(key, chunk, undefined, { evictFirst }), this.loadTimeoutMs, `storing received chunk ${key}`);
+      await withTimeout(this.store.put(key, chunk, undefined, { evictFirst, keep }), this.loadTimeoutMs, `storing received chunk ${key}`);
       m.chunksSaved.inc();
       m.cacheStoredBytes.inc(chunk.byteLength);
       m.cacheStoreSeconds.observe((performance.now() - t0) / 1000);
@@ -200,6 +200,8 @@ export class KvcConnectorV1 {
    */
   async load(req: ConnectorRequest, kv: PagedKvCache): Promise<LoadResult> {
     const spans = this.spans(req.prompt);
+    // What this prompt stores or fetches never evicts its own other chunks (PutOptions.keep).
+    const ownKeys = new Set(spans.map((s) => s.key));
     // Positions that may be imported: all but the recomputed tail.
     const recompute = Math.max(1, this.role === 'kv_consumer' ? this.skipLastN : 0);
     const maxLoad = req.prompt.length - recompute;
@@ -259,7 +261,7 @@ export class KvcConnectorV1 {
             // Keep the verified chunk as it arrived, now, inside this import slice: otherwise
             // save() exports and re-seals the whole received prompt from the paged KV in the
             // step that computes its last token, which every decoding sequence waits for.
-            if (payload && canQuery && !this.store.has(span.key)) await this.keepReceived(req, span, buf);
+            if (payload && canQuery && !this.store.has(span.key)) await this.keepReceived(req, span, buf, ownKeys);
           }
         }
         if (!payload) {
@@ -277,7 +279,7 @@ export class KvcConnectorV1 {
             let have = 0;
             while (have < want.length && fetched.has(want[have]!)) have++;
             if (p2p && have < want.length && !req.cancelled()) {
-              for (const [k, v] of await p2p.fetch(want.slice(have), { evictFirst: this.peerCopyEvictFirst })) fetched.set(k, v);
+              for (const [k, v] of await p2p.fetch(want.slice(have), { evictFirst: this.peerCopyEvictFirst, keep: ownKeys })) fetched.set(k, v);
             }
           }
           buf ??= fetched?.get(span.key) ?? null;
@@ -339,6 +341,7 @@ export class KvcConnectorV1 {
    */
   save(req: ConnectorRequest, kv: PagedKvCache): Promise<Record<string, unknown> | undefined> {
     const spans = this.spans(req.prompt);
+    const ownKeys = new Set(spans.map((s) => s.key));
     const canStore = this.store.locations().length > 0 || this.store.remote !== null;
     const wantSend = this.role === 'kv_producer' && !!this.transfer?.send && req.kvTransferParams?.disagg_spec !== undefined;
     const sealed: SealedChunk[] = [];
@@ -370,7 +373,7 @@ export class KvcConnectorV1 {
           // it as this instance's own would let it displace the chunks the tier keeps for the
           // deployment.
           const imported = c.end <= (req.loadedTokens ?? 0);
-          await this.store.put(c.key, c.chunk, undefined, { evictFirst: (imported && this.peerCopyEvictFirst) || (this.partialEvictFirst && this.partial(c)) });
+          await this.store.put(c.key, c.chunk, undefined, { evictFirst: (imported && this.peerCopyEvictFirst) || (this.partialEvictFirst && this.partial(c)), keep: ownKeys });
           m.chunksSaved.inc();
           m.cacheStoredBytes.inc(c.chunk.byteLength);
           m.cacheStoreSeconds.observe((performance.now() - t0) / 1000);

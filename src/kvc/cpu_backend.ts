@@ -60,7 +60,7 @@ export class LocalCPUBackend implements StorageBackend {
     }
     const victims = this.index.victims(cls, this.capacityBytes, opts);
     if (victims === null && this.index.declines(cls, this.capacityBytes, opts)) {
-      throw new CopyDeclinedError(`LocalCPUBackend declined evict-first chunk ${key}: the room it needs is held by chunks it may not displace (computed, reused or kept as the deployment's copy)`);
+      throw new CopyDeclinedError('LocalCPUBackend', key, opts);
     }
     if (victims === null) {
       throw new StoreFullError(

@@ -184,7 +184,7 @@ export class LocalDiskBackend implements StorageBackend {
   /** Why a put of `size` bytes finds no room: an evict-first chunk declined (LruIndex), or everything pinned. */
   private refusal(key: ChunkKey, size: number, opts: PutOptions): StoreFullError {
     if (this.index.declines(size, this.capacityBytes, opts)) {
-      return new CopyDeclinedError(`LocalDiskBackend declined evict-first chunk ${key}: the room it needs is held by chunks it may not displace (computed, reused or kept as the deployment's copy)`);
+      return new CopyDeclinedError('LocalDiskBackend', key, opts);
     }
     return this.fullError(key);
   }

@@ -34,7 +34,7 @@
 // computes may displace them, and the copies of the current workload turned over in whatever
 // room was left (docs/routing.md, "Tiers already full").
 import type { ChunkKey } from '../common/keys.js';
-import type { BackendStats, LocationName } from './types.js';
+import type { BackendStats, LocationName, PutOptions } from './types.js';
 import { NewestFirst } from './newest_first.js';
 
 /**
@@ -44,6 +44,9 @@ import { NewestFirst } from './newest_first.js';
  * in a tier of ~15: four tiers' worth leaves such a chunk a wide margin.
  */
 export const STALE_AFTER_TURNOVERS = 4;
+
+/** How a chunk is admitted: src/kvc/types.ts PutOptions. */
+export type AdmitOptions = Pick<PutOptions, 'evictFirst' | 'keep'>;
 
 export interface Entry {
   bytes: number;
@@ -227,13 +230,13 @@ export class LruIndex<E extends Entry> {
    * for an evict-first admission (`opts.evictFirst`), cold, stale and replica entries are not
    * enough (such a chunk does not displace one of `main` still in use; see the top).
    */
-  victims(need: number, capacity: number, opts: { evictFirst?: boolean } = {}): ChunkKey[] | null {
+  victims(need: number, capacity: number, opts: AdmitOptions = {}): ChunkKey[] | null {
     let excess = this._bytes + need - capacity;
     if (excess <= 0) return [];
     const out: ChunkKey[] = [];
     for (const [k, e, inUse] of this.evictionOrder()) {
       if (inUse && opts.evictFirst) return null;
-      if (e.pinned) continue;
+      if (e.pinned || opts.keep?.has(k)) continue;
       out.push(k);
       excess -= e.bytes;
       if (excess <= 0) return out;
@@ -260,13 +263,15 @@ export class LruIndex<E extends Entry> {
   }
 
   /**
-   * True when victims(need, capacity, opts) found no room only because the chunk is evict-first:
-   * an ordinary put would find it (so the chunk is declined, CopyDeclinedError), rather than
-   * everything being pinned. A declined copy still counts as arrived (the clock that ages `main`).
+   * True when victims(need, capacity, opts) found no room only because of how the chunk is
+   * admitted (evict-first, or the chunks it must keep): an unrestricted put would find it (so the
+   * chunk is declined, CopyDeclinedError), rather than everything being pinned. A declined
+   * evict-first copy still counts as arrived (the clock that ages `main`).
    */
-  declines(need: number, capacity: number, opts: { evictFirst?: boolean }): boolean {
-    const declined = !!opts.evictFirst && this.victims(need, capacity) !== null;
-    if (declined) this.copyArrivals++;
+  declines(need: number, capacity: number, opts: AdmitOptions): boolean {
+    const restricted = !!opts.evictFirst || (opts.keep?.size ?? 0) > 0;
+    const declined = restricted && this.victims(need, capacity) !== null;
+    if (declined && opts.evictFirst) this.copyArrivals++;
     return declined;
   }
 

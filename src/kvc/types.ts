@@ -20,6 +20,13 @@ export interface PutOptions {
    * (docs/storage.md).
    */
   evictFirst?: boolean;
+  /**
+   * Chunks this admission must not evict: the other chunks of the prompt being stored. Prefix
+   * lookups stop at the first missing chunk, so evicting a prompt's head to make room for its tail
+   * leaves a run no request can reach; when only such chunks (or pinned ones) could make room, the
+   * chunk is declined instead (CopyDeclinedError), and the prompt's head stays whole.
+   */
+  keep?: ReadonlySet<ChunkKey>;
 }
 
 /** Thrown when a put cannot make room because everything that remains is pinned (or the chunk exceeds capacity). */
@@ -37,11 +44,20 @@ export class StoreFullError extends Error {
 /**
  * Thrown when an evict-first chunk (PutOptions.evictFirst) finds no room that is free or held by
  * other evict-first chunks and replicas: it is declined rather than displace a chunk this instance
- * computed, reused or keeps as the deployment's copy (src/kvc/lru_index.ts). Not a failure: the
- * chunk is a copy or a partial chunk, and the caller still has it for the request at hand.
+ * computed, reused or keeps as the deployment's copy (src/kvc/lru_index.ts). Also when the only
+ * room is held by the chunks the put must keep (PutOptions.keep: its own prompt's head). Not a
+ * failure: the caller still has the chunk for the request at hand.
  */
 export class CopyDeclinedError extends StoreFullError {
   override name = 'CopyDeclinedError';
+
+  constructor(location: LocationName, key: ChunkKey, opts: PutOptions) {
+    const what = opts.evictFirst ? 'evict-first chunk' : 'chunk';
+    super(
+      `${location} declined ${what} ${key}: the room it needs is held by chunks it may not displace ` +
+        `(computed, reused or kept as the deployment's copy${opts.keep?.size ? ', or the earlier chunks of the same prompt' : ''})`,
+    );
+  }
 }
 
 /** Admission/eviction notices, batched per call; the controller client forwards them. */

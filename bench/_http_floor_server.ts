@@ -19,7 +19,7 @@ http
     req.on('data', (d: Buffer) => (bytes += d.length));
     req.on('end', () => {
       const n = bytes >>> 2;
-      const body = JSON.stringify({ num_tokens: n, layout_info: { 'sim-0': { LocalCPUBackend: { '0': n } }, matched_tokens: n } });
+      const body = JSON.stringify({ event_id: 'lookup-floor', layout_info: { 'sim-0': ['LocalCPUBackend', n] }, num_tokens: n, layout_detail: { 'sim-0': { location: 'LocalCPUBackend', matched_tokens: n, locations: { LocalCPUBackend: n } } } });
       res.writeHead(200, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(body) });
       res.end(body);
     });

@@ -351,7 +351,7 @@ async function main(): Promise<void> {
   // garbage is not charged to lookups; any GC that lookups' own allocations cause is counted.
   // 100,000 samples put 1,000 of them above p99.
   const check = ctl.ops.lookup(prompt);
-  if (check.layout_info['sim-0']?.matched_tokens !== 8192) throw new Error(`lookup sanity check failed: ${JSON.stringify(check)}`);
+  if (check.layout_info['sim-0']?.[1] !== 8192) throw new Error(`lookup sanity check failed: ${JSON.stringify(check)}`);
   const timeLoop = (n: number, warmup: number, f: () => void): Float64Array => {
     for (let i = 0; i < warmup; i++) f();
     (globalThis as { gc?: () => void }).gc?.();

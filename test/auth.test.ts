@@ -38,7 +38,7 @@ test('engine: the OpenAI endpoints need the API key; health and metrics stay ope
   const body = { model: e.modelName, prompt: 'hi', max_tokens: 1 };
   const none = await post(`${e.url}/v1/completions`, body);
   assert.equal(none.status, 401);
-  assert.deepEqual(Object.keys(none.json.error).sort(), ['code', 'message', 'type']);
+  assert.deepEqual(Object.keys(none.json.error).sort(), ['code', 'message', 'param', 'type']);
   assert.equal(none.json.error.code, 'invalid_api_key');
   assert.equal((await post(`${e.url}/v1/completions`, body, { authorization: 'Bearer wrong' })).status, 401);
   assert.equal((await post(`${e.url}/tokenize`, { prompt: 'x' })).status, 401);

@@ -113,7 +113,7 @@ function registerTests(): void {
   const lookup = async (tokens: number[]) => {
     const r = await postJson(`${url}/lookup`, { tokens });
     assert.equal(r.status, 200, JSON.stringify(r.json));
-    return r.json as { num_tokens: number; layout_info: Record<string, { location: string; matched_tokens: number; locations: Record<string, number> }> };
+    return r.json as { event_id: string; layout_info: Record<string, [string, number]>; num_tokens: number; layout_detail: Record<string, { location: string; matched_tokens: number; locations: Record<string, number> }> };
   };
   const waitEvent = async (event_id: string, timeoutMs = 20_000) =>
     waitUntil(`event ${event_id}`, async () => {
@@ -156,33 +156,39 @@ function registerTests(): void {
       await putPrompt(A.store, tokens, 'LocalCPUBackend');
       const got = await waitUntil('lookup on A', async () => {
         const l = await lookup(tokens);
-        return l.layout_info['inst-A']?.matched_tokens === 40 ? l : undefined;
+        return l.layout_detail['inst-A']?.matched_tokens === 40 ? l : undefined;
       });
-      assert.deepEqual(got.layout_info['inst-A'], { location: 'LocalCPUBackend', matched_tokens: 40, locations: { LocalCPUBackend: 40 } });
-      assert.equal(got.layout_info['inst-B'], undefined);
+      assert.deepEqual(got.layout_detail['inst-A'], { location: 'LocalCPUBackend', matched_tokens: 40, locations: { LocalCPUBackend: 40 } });
+      assert.deepEqual(got.layout_info['inst-A'], ['LocalCPUBackend', 40], "LMCache's [location, num_tokens]");
+      assert.equal(got.layout_detail['inst-B'], undefined);
       // A longer prompt sharing the prefix matches the prefix only.
-      assert.equal((await lookup([...tokens.slice(0, 32), 7, 7, 7])).layout_info['inst-A']?.matched_tokens, 32);
+      assert.equal((await lookup([...tokens.slice(0, 32), 7, 7, 7])).layout_detail['inst-A']?.matched_tokens, 32);
       // Evicting the second chunk cuts the prefix at the first.
       const spans = chunkKeys(tokens, { modelId: MODEL, chunkSize: CHUNK, seed: 0n });
       await A.store.remove(spans[1]!.key, 'LocalCPUBackend');
-      await waitUntil('evict reported', async () => (await lookup(tokens)).layout_info['inst-A']?.matched_tokens === 16);
+      await waitUntil('evict reported', async () => (await lookup(tokens)).layout_detail['inst-A']?.matched_tokens === 16);
       await A.store.clear('LocalCPUBackend');
       await waitUntil('clear reported', async () => (await lookup(tokens)).num_tokens === 0);
-      assert.deepEqual(await lookup([]), { num_tokens: 0, layout_info: {} });
+      const empty = await lookup([]);
+      assert.deepEqual({ ...empty, event_id: undefined }, { event_id: undefined, layout_info: {}, num_tokens: 0, layout_detail: {} });
+      assert.match(empty.event_id, /^lookup-/);
     });
 
     test('lookup bodies give the same answer through the token fast path and the generic path', async () => {
       const tokens = range(48, 5000);
       await putPrompt(A.store, tokens, 'LocalCPUBackend');
-      await waitUntil('indexed', async () => (await lookup(tokens)).layout_info['inst-A']?.matched_tokens === 48);
+      await waitUntil('indexed', async () => (await lookup(tokens)).layout_detail['inst-A']?.matched_tokens === 48);
       const fast = await postJson(`${url}/lookup`, `{ "tokens" : [ ${tokens.join(' , ')} ] }`);
-      // An extra key (ignored by the schema) sends the body down the generic path.
-      const generic = await postJson(`${url}/lookup`, { tokens, note: 'x' });
+      const generic = await postJson(`${url}/lookup`, { tokens });
       assert.equal(fast.status, 200);
-      assert.deepEqual(fast.json, generic.json);
-      assert.equal(fast.json.layout_info['inst-A'].matched_tokens, 48);
+      // Each answer has its own event id (LMCache's field); the rest is the same.
+      assert.deepEqual({ ...fast.json, event_id: 0 }, { ...generic.json, event_id: 0 });
+      // An extra key is refused (strict schema), even when the tokens are valid.
+      assert.equal((await postJson(`${url}/lookup`, { tokens, note: 'x' })).status, 400);
+      assert.equal(fast.json.layout_detail['inst-A'].matched_tokens, 48);
       const pf = await postJson(`${url}/prefix_lookup`, { tokens });
-      const pg = await postJson(`${url}/prefix_lookup`, { note: 'x', tokens });
+      const pg = await postJson(`${url}/prefix_lookup`, { tokens: [...tokens] });
+      assert.equal((await postJson(`${url}/prefix_lookup`, { note: 'x', tokens })).status, 400);
       assert.equal(pf.status, 200);
       assert.deepEqual(pf.json, pg.json);
       assert.equal(pf.json.instances['inst-A'], 48);
@@ -194,10 +200,12 @@ function registerTests(): void {
       const q = await postJson(`${url}/query_instance`, { ip: '127.0.0.1' });
       assert.equal(q.status, 200);
       assert.deepEqual(q.json.instance_ids, ['inst-A', 'inst-B']);
+      assert.equal(q.json.res, 'inst-A');
       assert.equal((await postJson(`${url}/query_instance`, { ip: '10.9.9.9' })).status, 404);
       const h = await postJson(`${url}/health`, { instance_id: 'inst-B' });
       assert.equal(h.status, 200);
       assert.equal(h.json.healthy, true);
+      assert.deepEqual(h.json.error_codes, { 0: 0 });
       assert.equal(h.json.workers[0].instance_id, 'inst-B');
       assert.equal((await fetch(`${url}/healthz`)).status, 200);
       // At least one finished event, so the finished count must be positive.
@@ -247,6 +255,18 @@ function registerTests(): void {
       ['/check_finish', { event_id: 'no-such-event' }, 404, /no-such-event/],
       ['/check_finish', { event_id: 3 }, 400, /event_id/],
       ['/query_instance', {}, 400, /ip/],
+      // Strict bodies: an unknown field is refused by name, with the closest known one.
+      ['/move', { old_position: ['inst-A', 'LocalCPUBackend'], new_position: ['inst-B', 'LocalCPUBackend'], tokens: [1], cpy: true }, 400, /field `cpy`: unknown field \(did you mean `copy`\?\)/],
+      ['/move', { old_position: ['inst-A', 'LocalCPUBackend'], new_position: ['inst-B', 'LocalCPUBackend'], tokens: [1], copy: true, should_copy: false }, 400, /field `should_copy`: .*send one of them/],
+      ['/pin', { tokens: [1], instance_id: 'inst-A', location: 'LocalCPUBackend', instanceid: 'x' }, 400, /field `instanceid`: unknown field \(did you mean `instance_id`\?\)/],
+      ['/lookup', { tokens: [1], token: [2] }, 400, /field `token`: unknown field \(did you mean `tokens`\?\)/],
+      ['/prefix_lookup', { tokens: [1], salt: 'x' }, 400, /field `salt`: unknown field/],
+      ['/clear', { instance_id: 'inst-A', location: 'LocalCPUBackend', keep_fraction: 0.5 }, 400, /field `keep_fraction`: not supported by kvc/],
+      ['/clear', { instance_id: 'inst-A', location: 'LocalCPUBackend', include_pined: true }, 400, /did you mean `include_pinned`/],
+      ['/health', { instance_id: 'inst-A', verbose: true }, 400, /field `verbose`: unknown field/],
+      ['/check_finish', { event_id: 'x', eventid: 'y' }, 400, /did you mean `event_id`/],
+      ['/query_worker_info', { instance_id: 'ghost' }, 404, /ghost/],
+      ['/query_worker_info', { instance_id: 'inst-A', worker_ids: [7] }, 404, /no worker 7/],
     ];
     for (const [path, body, status, re] of cases) {
       test(`${path} ${typeof body === 'string' ? body : JSON.stringify(body)} → ${status}`, async () => {
@@ -254,6 +274,7 @@ function registerTests(): void {
         assert.equal(r.status, status, JSON.stringify(r.json));
         assert.match(r.json.error.message, re);
         assert.equal(typeof r.json.error.type, 'string');
+        if (status === 400 && r.json.error.code !== 'invalid_json') assert.equal(typeof r.json.error.param, 'string', 'a 400 names its field in `param`');
       });
     }
     test('GET /events/{unknown} → 404 and unknown routes → 404', async () => {
@@ -280,7 +301,8 @@ function registerTests(): void {
         assert.match(refused.json.error.message, /not reachable/);
         const t0 = Date.now();
         const slow = await postJson(`${url}/health`, { instance_id: 'silent' });
-        assert.equal(slow.status, 504, JSON.stringify(slow.json));
+        assert.equal(slow.status, 200, JSON.stringify(slow.json));
+        assert.deepEqual([slow.json.healthy, slow.json.error_codes], [false, { 0: 504 }], JSON.stringify(slow.json));
         assert.ok(Date.now() - t0 < 8000);
         assert.equal((await fetch(`${url}/healthz`)).status, 200);
       } finally {
@@ -333,7 +355,7 @@ function registerTests(): void {
     test('move within an instance: LocalCPUBackend → LocalDiskBackend', async () => {
       const tokens = range(48, 5000);
       const spans = await putPrompt(A.store, tokens, 'LocalCPUBackend');
-      await waitUntil('indexed', async () => (await lookup(tokens)).layout_info['inst-A']?.matched_tokens === 48);
+      await waitUntil('indexed', async () => (await lookup(tokens)).layout_detail['inst-A']?.matched_tokens === 48);
       const r = await postJson(`${url}/move`, { old_position: ['inst-A', 'LocalCPUBackend'], new_position: ['inst-A', 'LocalDiskBackend'], tokens, copy: false });
       assert.equal(r.status, 200, JSON.stringify(r.json));
       assert.deepEqual(Object.keys(r.json).sort(), ['event_id', 'num_tokens']);
@@ -348,9 +370,9 @@ function registerTests(): void {
       }
       const l = await waitUntil('index moved', async () => {
         const x = await lookup(tokens);
-        return x.layout_info['inst-A']?.location === 'LocalDiskBackend' && !x.layout_info['inst-A'].locations.LocalCPUBackend ? x : undefined;
+        return x.layout_detail['inst-A']?.location === 'LocalDiskBackend' && !x.layout_detail['inst-A'].locations.LocalCPUBackend ? x : undefined;
       });
-      assert.equal(l.layout_info['inst-A']!.matched_tokens, 48);
+      assert.equal(l.layout_detail['inst-A']!.matched_tokens, 48);
     });
 
     test('move across instances peer to peer: source emptied, destination verified, lookup shows only B', async () => {
@@ -358,7 +380,7 @@ function registerTests(): void {
       const spans = await putPrompt(A.store, tokens, 'LocalCPUBackend');
       // num_tokens counts only the prefix the source holds: ask for more tokens than it has.
       const asked = [...tokens, ...range(16, 777)];
-      await waitUntil('indexed', async () => (await lookup(tokens)).layout_info['inst-A']?.matched_tokens === 64);
+      await waitUntil('indexed', async () => (await lookup(tokens)).layout_detail['inst-A']?.matched_tokens === 64);
       const r = await postJson(`${url}/move`, { old_position: ['inst-A', 'LocalCPUBackend'], new_position: ['inst-B', 'LocalCPUBackend'], tokens: asked });
       assert.equal(r.status, 200, JSON.stringify(r.json));
       assert.equal(r.json.num_tokens, 64);
@@ -373,7 +395,7 @@ function registerTests(): void {
       }
       await waitUntil('lookup shows only B', async () => {
         const l = await lookup(tokens);
-        return !l.layout_info['inst-A'] && l.layout_info['inst-B']?.matched_tokens === 64;
+        return !l.layout_detail['inst-A'] && l.layout_detail['inst-B']?.matched_tokens === 64;
       });
       // copy: true keeps the source.
       const c = await postJson(`${url}/move`, { old_position: ['inst-B', 'LocalCPUBackend'], new_position: ['inst-A', 'LocalCPUBackend'], tokens, copy: true });
@@ -387,7 +409,7 @@ function registerTests(): void {
       }
       await waitUntil('lookup shows both', async () => {
         const l = await lookup(tokens);
-        return l.layout_info['inst-A']?.matched_tokens === 64 && l.layout_info['inst-B']?.matched_tokens === 64;
+        return l.layout_detail['inst-A']?.matched_tokens === 64 && l.layout_detail['inst-B']?.matched_tokens === 64;
       });
       // Nothing held: num_tokens 0, finished.
       const none = await postJson(`${url}/move`, { old_position: ['inst-A', 'LocalCPUBackend'], new_position: ['inst-B', 'LocalCPUBackend'], tokens: range(32, 424242) });
@@ -461,7 +483,7 @@ function registerTests(): void {
       await putPrompt(D.store, range(64, 123_000), 'LocalCPUBackend', CHUNK, big);
       const tokens = range(40 * CHUNK, 200_000); // 40 chunks = 20 MiB, D holds ~10 MiB
       const spans = await putPrompt(S.store, tokens, 'LocalCPUBackend', CHUNK, big);
-      await waitUntil('indexed', async () => (await lookup(tokens)).layout_info['inst-S']?.matched_tokens === tokens.length);
+      await waitUntil('indexed', async () => (await lookup(tokens)).layout_detail['inst-S']?.matched_tokens === tokens.length);
       const r = await postJson(`${url}/move`, { old_position: ['inst-S', 'LocalCPUBackend'], new_position: ['inst-D', 'LocalCPUBackend'], tokens, copy: false });
       assert.equal(r.status, 200, JSON.stringify(r.json));
       assert.equal(r.json.num_tokens, tokens.length);
@@ -490,7 +512,7 @@ function registerTests(): void {
     test('a move inside an instance into a smaller disk tier: refused, source intact, no pin left behind', async () => {
       const tokens = range(24 * CHUNK, 300_000); // 12 MiB into a ~5 MiB disk tier
       const spans = await putPrompt(S.store, tokens, 'LocalCPUBackend', CHUNK, big);
-      await waitUntil('indexed', async () => (await lookup(tokens)).layout_info['inst-S']?.matched_tokens === tokens.length);
+      await waitUntil('indexed', async () => (await lookup(tokens)).layout_detail['inst-S']?.matched_tokens === tokens.length);
       const r = await postJson(`${url}/move`, { old_position: ['inst-S', 'LocalCPUBackend'], new_position: ['inst-S', 'LocalDiskBackend'], tokens, copy: false });
       assert.equal(r.json.num_tokens, tokens.length);
       const ev = await waitEvent(r.json.event_id);
@@ -675,7 +697,7 @@ function registerTests(): void {
       // The instance keeps serving: a copy into D still completes.
       const tokens = range(4 * CHUNK, 900_000);
       await putPrompt(S.store, tokens, 'LocalCPUBackend', CHUNK, big);
-      await waitUntil('indexed', async () => (await lookup(tokens)).layout_info['inst-S']?.matched_tokens === tokens.length);
+      await waitUntil('indexed', async () => (await lookup(tokens)).layout_detail['inst-S']?.matched_tokens === tokens.length);
       const c = await postJson(`${url}/move`, { old_position: ['inst-S', 'LocalCPUBackend'], new_position: ['inst-D', 'LocalCPUBackend'], tokens, copy: true });
       const ev = await waitEvent(c.json.event_id);
       assert.equal(ev.status, 'finished', ev.error);
@@ -719,7 +741,7 @@ function registerTests(): void {
         assert.equal(ev.status, 'failed');
         assert.match(ev.error, /inst-src|peer|closed|failed/);
         for (const s of spans) assert.ok(src.store.has(s.key, 'LocalCPUBackend'), `source lost chunk ${s.index}`);
-        assert.equal((await lookup(tokens)).layout_info['inst-src']?.matched_tokens, tokens.length);
+        assert.equal((await lookup(tokens)).layout_detail['inst-src']?.matched_tokens, tokens.length);
       } finally {
         if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
         await src.close();
@@ -736,13 +758,13 @@ function registerTests(): void {
         const tokens = range(32, 60_000);
         const keys = chunkKeys(tokens, { modelId: MODEL, chunkSize: CHUNK, seed: 0n }).map((s) => s.key);
         await d.send(encodeMsg({ t: 'sync', location: 'LocalCPUBackend', keys: packKeys(keys), reset: true, last: true }));
-        await waitUntil('doomed indexed', async () => (await lookup(tokens)).layout_info.doomed?.matched_tokens === 32);
+        await waitUntil('doomed indexed', async () => (await lookup(tokens)).layout_detail.doomed?.matched_tokens === 32);
         // No heartbeats from here on: reaped after the 3 s timeout.
         await waitUntil('reaped', async () => {
           const r = await (await fetch(`${url}/instances`)).json();
           return !r.instances.some((i: { instance_id: string }) => i.instance_id === 'doomed');
         }, 10_000);
-        assert.deepEqual((await lookup(tokens)).layout_info, {});
+        assert.deepEqual((await lookup(tokens)).layout_detail, {});
         assert.equal((await postJson(`${url}/health`, { instance_id: 'doomed' })).status, 404);
       } finally {
         d.close();
@@ -755,14 +777,14 @@ function registerTests(): void {
     test('a restarted controller rebuilds its index from the instances, with no instance restarted', async () => {
       const tokens = range(48, 70_000);
       await putPrompt(B.store, tokens, 'LocalCPUBackend');
-      await waitUntil('indexed', async () => (await lookup(tokens)).layout_info['inst-B']?.matched_tokens === 48, 60_000);
+      await waitUntil('indexed', async () => (await lookup(tokens)).layout_detail['inst-B']?.matched_tokens === 48, 60_000);
       await ctl.kill('SIGKILL');
       await startController();
       // Bounds are generous (a loaded machine slows the restart and the instances' rejoin): only a hang fails.
       await waitHttp(`${url}/healthz`, 60_000);
       const l = await waitUntil('index rebuilt', async () => {
         const x = await lookup(tokens);
-        return x.layout_info['inst-B']?.matched_tokens === 48 ? x : undefined;
+        return x.layout_detail['inst-B']?.matched_tokens === 48 ? x : undefined;
       }, 60_000);
       assert.equal(l.num_tokens, 48);
       await waitUntil('both instances back', async () => {

@@ -30,8 +30,8 @@ const tokenize = async (prompt: string) => {
   assert.equal(r.status, 200);
   return r.json.tokens as number[];
 };
-const lookup = async (tokens: number[]) => (await postJson(`${ctlUrl}/lookup`, { tokens })).json as { layout_info: Record<string, { matched_tokens: number }> };
-const matched = async (tokens: number[], id: string) => (await lookup(tokens)).layout_info[id]?.matched_tokens ?? 0;
+const lookup = async (tokens: number[]) => (await postJson(`${ctlUrl}/lookup`, { tokens })).json as { layout_detail: Record<string, { matched_tokens: number }> };
+const matched = async (tokens: number[], id: string) => (await lookup(tokens)).layout_detail[id]?.matched_tokens ?? 0;
 const loadedTokens = async (who: 'A' | 'B') => {
   const m = await (await fetch(`${engineUrl[who]}/metrics`)).text();
   return Number(m.match(/^kvc_engine_tokens_loaded_total(?:\{[^}]*\})? (\d+(?:\.\d+)?)/m)?.[1] ?? 'NaN');

@@ -53,7 +53,7 @@ test('kvcError builds the OpenAI shape from an entry; the shorthands give the sa
   const e = kvcError(ERRORS.store_full, 'destination has no room');
   assert.ok(e instanceof KvcError);
   assert.equal(e.status, 409);
-  assert.deepEqual(e.toJSON(), { error: { message: 'destination has no room', type: 'conflict_error', code: 'store_full' } });
+  assert.deepEqual(e.toJSON(), { error: { message: 'destination has no room', type: 'conflict_error', param: null, code: 'store_full' } });
   assert.ok(e.is(ERRORS.store_full));
   assert.ok(!e.is(ERRORS.conflict));
 
@@ -103,7 +103,7 @@ test('the shared HTTP server answers bad input with catalog codes in the OpenAI 
     assert.match(cases[2]![1].body.error.message, /field `n`/);
     const nf = await app.inject({ method: 'GET', url: '/nowhere' });
     assert.equal(nf.statusCode, 404);
-    assert.deepEqual(nf.json(), { error: { message: 'no route GET /nowhere', type: 'not_found_error', code: 'route_not_found' } });
+    assert.deepEqual(nf.json(), { error: { message: 'no route GET /nowhere', type: 'not_found_error', param: null, code: 'route_not_found' } });
   } finally {
     await app.close();
   }

@@ -195,7 +195,7 @@ describe('1P1D across network namespaces', { skip: skip ?? false }, () => {
     const p = ids(48, 3);
     await complete('ctl', proxyUrl, p);
     const lookup = async () => (await request('ctl', 'POST', `${ctlUrl}/lookup`, { tokens: p })).json;
-    await waitUntil('the prefiller\'s chunks in the controller index', async () => (await lookup()).layout_info?.['prefiller-0']?.matched_tokens >= 48, 30_000);
+    await waitUntil('the prefiller\'s chunks in the controller index', async () => (await lookup()).layout_detail?.['prefiller-0']?.matched_tokens >= 48, 30_000);
     const t0 = Date.now();
     const mv = await request('ctl', 'POST', `${ctlUrl}/move`, { old_position: ['prefiller-0', 'LocalCPUBackend'], new_position: ['decoder-0', 'LocalCPUBackend'], tokens: p, copy: false });
     assert.equal(mv.status, 200, mv.text);
@@ -208,8 +208,8 @@ describe('1P1D across network namespaces', { skip: skip ?? false }, () => {
     timings.push(`controller move of 3 chunks between hosts ${Date.now() - t0} ms`);
     assert.equal(ev.status, 'finished', JSON.stringify(ev));
     const after = await lookup();
-    assert.ok(after.layout_info['decoder-0']?.matched_tokens >= 48, JSON.stringify(after));
-    assert.equal(after.layout_info['prefiller-0'], undefined, 'moved, not copied');
+    assert.ok(after.layout_detail['decoder-0']?.matched_tokens >= 48, JSON.stringify(after));
+    assert.equal(after.layout_detail['prefiller-0'], undefined, 'moved, not copied');
   });
 
   it('the decoder\'s link cut mid-request: the request ends within a bound, nothing hangs, service resumes', async () => {

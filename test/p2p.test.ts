@@ -52,8 +52,8 @@ const tokenize = async (prompt: string) => {
   return r.json.tokens as number[];
 };
 const matched = async (tokens: number[], id: string) => {
-  const r = (await postJson(`${ctlUrl}/lookup`, { tokens })).json as { layout_info: Record<string, { matched_tokens: number }> };
-  return r.layout_info[id]?.matched_tokens ?? 0;
+  const r = (await postJson(`${ctlUrl}/lookup`, { tokens })).json as { layout_detail: Record<string, { matched_tokens: number }> };
+  return r.layout_detail[id]?.matched_tokens ?? 0;
 };
 /** A metric's value on an engine (sum over series matching every label given). */
 async function metric(who: 'A' | 'B', name: string, labels: Record<string, string> = {}): Promise<number> {

@@ -1,5 +1,5 @@
 // One error type for the whole stack, rendered as the OpenAI error shape
-// {"error": {"message", "type", "code"}}. Every code a process answers with is an entry of
+// {"error": {"message", "type", "param", "code"}} (`param`: the request field at fault, else null). Every code a process answers with is an entry of
 // ERRORS below (code, HTTP status, OpenAI error type), so a code always comes with the same
 // status and type whichever process sends it. Anything thrown that is not a KvcError is a bug
 // on our side and becomes a 500 `internal` with the thrown message.
@@ -143,9 +143,24 @@ export class KvcError extends Error {
     return this.code === entry.code && this.status === entry.status;
   }
 
-  toJSON(): { error: { message: string; type: ErrorType; code: string | null } } {
-    return { error: { message: this.message, type: this.type, code: this.code } };
+  /** The request field at fault (OpenAI's `param`): the one the message names first, else null. */
+  get param(): string | null {
+    return this.status >= 400 && this.status < 500 ? paramOf(this.message) : null;
   }
+
+  toJSON(): { error: { message: string; type: ErrorType; param: string | null; code: string | null } } {
+    return { error: { message: this.message, type: this.type, param: this.param, code: this.code } };
+  }
+}
+
+// Every 400 names its field first: "field `x.y`: …" (request schemas) or "x.y: …" (controller
+// positions, config keys); that name is the error's `param`.
+const FIELD_FIRST = /^field `([^`]+)`|^([A-Za-z_][\w.]*(?:\[\d+\])*(?:\.[A-Za-z_]\w*)*): /;
+
+/** The field a message names first, or null. */
+export function paramOf(message: string): string | null {
+  const m = FIELD_FIRST.exec(message);
+  return m ? (m[1] ?? m[2] ?? null) : null;
 }
 
 /** The error of catalog entry `entry` with `message` (status, type and code come from the entry). */

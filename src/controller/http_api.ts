@@ -6,7 +6,7 @@ import { z } from 'zod';
 import { ERRORS, kvcError } from '../common/errors.js';
 import { createHttpServer, requireObject } from '../common/http.js';
 import { parseBody } from '../common/validate.js';
-import { checkFinishSchema, clearSchema, eventsQuerySchema, healthSchema, lookupSchema, moveSchema, pinSchema, queryInstanceSchema } from '../protocol/controller_api.js';
+import { checkFinishSchema, clearSchema, eventsQuerySchema, healthSchema, lookupSchema, moveSchema, pinSchema, queryInstanceSchema, queryWorkerInfoSchema } from '../protocol/controller_api.js';
 import { TOKEN_BODY_CONTENT_TYPE } from '../protocol/token_body.js';
 import { PREFIX_LOOKUP_PATH, prefixLookupRequestSchema, type PrefixLookupReply } from '../protocol/prefix_lookup.js';
 import { registerDashboard } from './dashboard.js';
@@ -86,7 +86,14 @@ export async function buildHttpApi(ops: Operations, o: HttpApiOptions = {}): Pro
   });
   app.post('/clear', async (req) => ops.clear(parseBody(clearSchema, body(req.body))));
   app.post('/health', async (req) => ops.health(parseBody(healthSchema, body(req.body)).instance_id));
-  app.post('/query_instance', async (req) => ops.queryInstance(parseBody(queryInstanceSchema, body(req.body)).ip));
+  app.post('/query_instance', async (req) => {
+    const q = parseBody(queryInstanceSchema, body(req.body));
+    return ops.queryInstance(q.ip, q.event_id);
+  });
+  app.post('/query_worker_info', async (req) => {
+    const q = parseBody(queryWorkerInfoSchema, body(req.body));
+    return ops.queryWorkerInfo(q.instance_id, q.worker_ids);
+  });
   app.post('/check_finish', async (req) => {
     const { event_id } = parseBody(checkFinishSchema, body(req.body));
     const ev = ops.events.get(event_id);

@@ -8,12 +8,13 @@
 // then confirms at a final commit that it still holds every one; only then, and only if its
 // deadline has not passed and this controller's request is still open, does the source delete
 // its copies. Any failure leaves the source as it was and marks the event failed.
-import { ERRORS, KvcError, kvcError } from '../common/errors.js';
+import { randomUUID } from 'node:crypto';
+import { ERRORS, KvcError, asKvcError, kvcError } from '../common/errors.js';
 import { chunkKeys, type ChunkSpan } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import { EventLog, type EventKind, type EventRecord } from './events.js';
 import { keyHalves, type KeyHalves } from '../common/keys.js';
-import type { ClearRequest, EventReply, LookupReply, MoveRequest, PinRequest } from '../protocol/controller_api.js';
+import type { ClearRequest, EventReply, LookupReply, MoveRequest, PinRequest, WorkerInfo } from '../protocol/controller_api.js';
 import type { LocationName } from '../protocol/worker_api.js';
 import type { Registry, WorkerRec } from './registry.js';
 import { callWorker, workerName } from './worker_rpc.js';
@@ -193,8 +194,11 @@ export class Operations {
     return { event_id: ev.event_id, num_tokens: numTokens };
   }
 
-  /** Clears a location of an instance; pinned chunks stay unless `include_pinned`. */
-  clear(req: ClearRequest): { event_id: string; num_chunks: number } {
+  /**
+   * Clears a location of an instance; pinned chunks stay unless `include_pinned`. `num_tokens`
+   * (LMCache's field) counts the indexed chunks as whole chunks of `chunk_size` tokens.
+   */
+  clear(req: ClearRequest): { event_id: string; num_tokens: number; num_chunks: number } {
     const workers = this.workersOf(req.instance_id, 'instance_id');
     this.checkLocation(workers, req.location, 'location');
     let chunks = 0;
@@ -206,12 +210,13 @@ export class Operations {
       );
       return results.reduce((a, r) => a + r.removed, 0);
     });
-    return { event_id: ev.event_id, num_chunks: chunks };
+    return { event_id: ev.event_id, num_tokens: chunks * workers[0]!.chunkSize, num_chunks: chunks };
   }
 
   /** Index-only lookup: per instance, the location with the longest cached prefix. */
   lookup(tokens: ArrayLike<number>): LookupReply {
-    const out: LookupReply = { num_tokens: 0, layout_info: {} };
+    // The event id only names the answer (LMCache's field); a lookup schedules nothing to poll.
+    const out: LookupReply = { event_id: `lookup-${randomUUID()}`, layout_info: {}, num_tokens: 0, layout_detail: {} };
     if (tokens.length === 0) return out;
     // Keys depend on (model, chunk size): compute them once per distinct pair among live workers.
     const groups = new Map<string, WorkerRec>();
@@ -251,7 +256,8 @@ export class Operations {
         if (t > bestTokens) [best, bestTokens] = [loc, t];
       }
       if (bestTokens === 0) continue;
-      out.layout_info[instanceId] = { location: best, matched_tokens: bestTokens, locations };
+      out.layout_info[instanceId] = [best, bestTokens];
+      out.layout_detail[instanceId] = { location: best, matched_tokens: bestTokens, locations };
       out.num_tokens = Math.max(out.num_tokens, bestTokens);
     }
     return out;
@@ -264,27 +270,66 @@ export class Operations {
   prefixByInstance(tokens: ArrayLike<number>): { num_tokens: number; instances: Record<string, number> } {
     const r = this.lookup(tokens);
     const instances: Record<string, number> = {};
-    for (const id in r.layout_info) instances[id] = r.layout_info[id]!.matched_tokens;
+    for (const id in r.layout_info) instances[id] = r.layout_info[id]![1];
     return { num_tokens: r.num_tokens, instances };
   }
 
+  /**
+   * Asks every worker of the instance for its health, each with a deadline. LMCache's fields:
+   * `event_id` and `error_codes` (worker id → 0 when it answered, else the HTTP status of the
+   * failure: 503 unreachable, 504 no answer in time); kvc adds `healthy` and each worker's answer
+   * or error.
+   */
   async health(instanceId: string): Promise<Record<string, unknown>> {
     const workers = this.workersOf(instanceId, 'instance_id');
     const results = await Promise.all(
       workers.map(async (w) => {
         const t = performance.now();
-        const { worker_id, ...rest } = await callWorker(w, 'health', undefined, this.timeouts.commandMs);
-        return { worker_id, latency_ms: Math.round((performance.now() - t) * 1000) / 1000, ...rest };
+        try {
+          const { worker_id, ...rest } = await callWorker(w, 'health', undefined, this.timeouts.commandMs);
+          return { worker_id, error_code: 0, latency_ms: Math.round((performance.now() - t) * 1000) / 1000, ...rest };
+        } catch (e) {
+          const err = asKvcError(e);
+          return { worker_id: w.workerId, error_code: err.status, error: err.message };
+        }
       }),
     );
-    return { instance_id: instanceId, healthy: true, workers: results };
+    const error_codes = Object.fromEntries(results.map((r) => [r.worker_id, r.error_code]));
+    return { event_id: `health-${randomUUID()}`, error_codes, instance_id: instanceId, healthy: results.every((r) => r.error_code === 0), workers: results };
   }
 
-  queryInstance(ip: string): { ip: string; instance_ids: string[] } {
+  /** LMCache's fields: `event_id` (the client's, else a new one) and `res`, the (first) instance on `ip`; kvc adds every one. */
+  queryInstance(ip: string, eventId?: string): { event_id: string; res: string; ip: string; instance_ids: string[] } {
     const ids = new Set<string>();
     for (const w of this.registry.workers()) if (w.ip === ip) ids.add(w.instanceId);
     if (ids.size === 0) throw kvcError(ERRORS.unknown_instance, `ip: no registered instance has a worker on "${ip}"`);
-    return { ip, instance_ids: [...ids].sort() };
+    const sorted = [...ids].sort();
+    return { event_id: eventId ?? `query_instance-${randomUUID()}`, res: sorted[0]!, ip, instance_ids: sorted };
+  }
+
+  /** LMCache's /query_worker_info: the instance's workers (those of `workerIds` when given; an unknown one is a 404). */
+  queryWorkerInfo(instanceId: string, workerIds: number[] | null | undefined): { event_id: string; worker_infos: WorkerInfo[] } {
+    let workers = this.workersOf(instanceId, 'instance_id');
+    if (workerIds && workerIds.length > 0) {
+      const missing = workerIds.filter((id) => !workers.some((w) => w.workerId === id));
+      if (missing.length) {
+        throw kvcError(ERRORS.unknown_instance, `worker_ids: instance "${instanceId}" has no worker ${missing.join(', ')} (registered: ${workers.map((w) => w.workerId).join(', ')})`);
+      }
+      workers = workers.filter((w) => workerIds.includes(w.workerId));
+    }
+    return {
+      event_id: `query_worker_info-${randomUUID()}`,
+      worker_infos: workers.map((w) => ({
+        instance_id: w.instanceId,
+        worker_id: w.workerId,
+        ip: w.ip,
+        port: w.workerPort,
+        distributed_url: w.distributedUrl,
+        registration_time: w.registeredAt / 1000,
+        // lastSeen is Date.now()-based, like registeredAt (describeInstances subtracts it from Date.now()).
+        last_heartbeat_time: w.lastSeen / 1000,
+      })),
+    };
   }
 
   describeInstances(): Record<string, unknown>[] {

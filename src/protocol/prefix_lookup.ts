@@ -8,7 +8,7 @@ import { tokenIds } from '../common/validate.js';
 
 export const PREFIX_LOOKUP_PATH = '/prefix_lookup';
 
-export const prefixLookupRequestSchema = z.object({
+export const prefixLookupRequestSchema = z.strictObject({
   /** The prompt exactly as the engine will see it (chat: the templated token ids). */
   tokens: tokenIds,
 });

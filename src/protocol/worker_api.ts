@@ -18,22 +18,22 @@ export const chunkKeysSchema = z.array(z.string().regex(CHUNK_KEY_PATTERN, 'expe
 export const locationSchema = z.enum(LOCATIONS, `expected one of ${LOCATIONS.join(', ')}`);
 
 /** POST /lookup, /pin, /unpin: keys in one location. */
-export const keysAtSchema = z.object({ keys: chunkKeysSchema, location: locationSchema });
+export const keysAtSchema = z.strictObject({ keys: chunkKeysSchema, location: locationSchema });
 export type KeysAt = z.infer<typeof keysAtSchema>;
 
 /** POST /clear: pinned chunks stay unless include_pinned. */
-export const clearRequestSchema = z.object({ location: locationSchema, include_pinned: z.boolean('expected true or false').optional() });
+export const clearRequestSchema = z.strictObject({ location: locationSchema, include_pinned: z.boolean('expected true or false').optional() });
 export type ClearRequest = z.infer<typeof clearRequestSchema>;
 
 /** Where a move/copy goes: another location of the same instance, or another instance's distributed_url. */
-export const moveTargetSchema = z.object({
+export const moveTargetSchema = z.strictObject({
   location: z.string().min(1),
   instance_id: z.string().optional(),
   distributed_url: z.string().nullable().optional(),
 });
 
 /** POST /move: move or copy `keys` from `location` to `target` within `deadline_ms`. */
-export const moveCommandSchema = z.object({
+export const moveCommandSchema = z.strictObject({
   event_id: z.string().optional(),
   keys: chunkKeysSchema,
   location: locationSchema,

@@ -1,5 +1,5 @@
 // Shared fastify setup for every HTTP server in the stack (engine, controller, proxy, cache
-// workers): errors in the OpenAI shape {"error": {"message", "type", "code"}} with codes from the
+// workers): errors in the OpenAI shape {"error": {"message", "type", "param", "code"}} with codes from the
 // catalog in errors.ts, malformed JSON → 400, oversized body → 413, nesting deeper than
 // the JSON depth limit → 400, unknown route → 404, fastify's and Node's own protocol errors
 // (bad URL encoding, oversized headers, slow requests) in the same shape, a cap on connections

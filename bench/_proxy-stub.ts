@@ -10,6 +10,9 @@ import Fastify, { type FastifyInstance } from 'fastify';
  * 'reject': completions answer 500 while /health stays ok (a request the engine fails on, the
  * engine itself fine).
  */
+/** The stubs' default context length: long enough for the longest streams the tests ask for. */
+export const STUB_CONTEXT = 1 << 20;
+
 export type StubMode = 'ok' | 'error' | 'hang' | 'cut' | 'reject';
 
 export interface StubRequest {
@@ -33,6 +36,8 @@ export interface StubEngine {
   streamDelayMs: number;
   /** Delay before answering GET /health, ms (a busy engine's slow probe answer). */
   healthDelayMs: number;
+  /** The context length its /tokenize and /health report. */
+  maxModelLen: number;
   close(): Promise<void>;
 }
 
@@ -62,6 +67,7 @@ export async function startStubEngine(name: string, port = 0, host = '127.0.0.1'
     delayMs: 0,
     streamDelayMs: 0,
     healthDelayMs: 0,
+    maxModelLen: STUB_CONTEXT,
     close: async () => {
       await app.close();
     },
@@ -73,14 +79,14 @@ export async function startStubEngine(name: string, port = 0, host = '127.0.0.1'
   };
   app.get('/health', async (_req, reply) => {
     if (stub.healthDelayMs) await new Promise((r) => setTimeout(r, stub.healthDelayMs).unref());
-    return stub.mode === 'ok' || stub.mode === 'reject' ? { status: 'ok' } : reply.code(503).send({ status: 'down' });
+    return stub.mode === 'ok' || stub.mode === 'reject' ? { status: 'ok', max_model_len: stub.maxModelLen } : reply.code(503).send({ status: 'down' });
   });
   app.get('/v1/models', async () => ({ object: 'list', data: [{ id: 'stub', object: 'model', owned_by: name }] }));
   app.post('/tokenize', async (req) => {
     const body = req.body as Record<string, unknown>;
     stub.requests.push({ path: '/tokenize', body, authorization: req.headers.authorization });
     const words = promptText(body).split(/\s+/).filter(Boolean);
-    return { tokens: words.map((_, i) => i + 1), count: words.length, max_model_len: 2048 };
+    return { tokens: words.map((_, i) => i + 1), count: words.length, max_model_len: stub.maxModelLen };
   });
   const complete = (chat: boolean) => async (req: import('fastify').FastifyRequest, reply: import('fastify').FastifyReply) => {
     const body = req.body as Record<string, unknown>;

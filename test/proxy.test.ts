@@ -10,12 +10,13 @@ import { spawn } from 'node:child_process';
 import { freePortRange } from '../src/common/ports.js';
 import { ProxyServer } from '../src/proxy/server.js';
 import { Backend, RoundRobin } from '../src/proxy/backend.js';
-import { FirstContent, prefillBody } from '../src/proxy/flow.js';
+import { prefillBody } from '../src/proxy/request_rules.js';
+import { FirstContent } from '../src/proxy/sse.js';
 import { secondsFlag } from '../src/cli/options.js';
 import { parseTopology, pairEndpoints, TopologyError } from '../src/proxy/topology.js';
 import { CLI } from './helpers/proc.js';
 import { formatStatsLine, percentile, summarize, TtftStats } from '../src/proxy/stats.js';
-import { startStubEngine, stubWords, type StubEngine } from '../bench/_proxy-stub.js';
+import { STUB_CONTEXT, startStubEngine, stubWords, type StubEngine } from '../bench/_proxy-stub.js';
 
 describe('topology flags', () => {
   const f = { host: '--h', port: '--p', num: '--n' };
@@ -196,6 +197,7 @@ describe('proxy against stub engines', () => {
       s.delayMs = 0;
       s.streamDelayMs = 0;
       s.aborted = 0;
+      s.maxModelLen = STUB_CONTEXT;
     }
   };
   const metricValue = async (re: RegExp) => Number((await (await fetch(base + '/metrics')).text()).match(re)?.[1] ?? NaN);
@@ -430,10 +432,20 @@ describe('proxy against stub engines', () => {
     const raw = await fetch(base + '/v1/completions', { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"prompt": ' });
     assert.equal(raw.status, 400);
     assert.equal((await fetch(base + '/nope')).status, 404);
+    // Requests that cannot fit the context are refused before any prefill, with the engine's
+    // own code and message (src/protocol/context_limit.ts).
+    for (const d of D) d.maxModelLen = 2048;
     const long = Array.from({ length: 3000 }, () => 'w').join(' ');
     r = await post('/v1/completions', { prompt: long });
     assert.equal(r.status, 400);
-    assert.match(JSON.parse(r.text).error.message, /3000 tokens exceed the model's context of 2048/);
+    assert.equal(JSON.parse(r.text).error.code, 'context_length_exceeded');
+    assert.match(JSON.parse(r.text).error.message, /field `prompt`: the prompt has 3000 tokens; this model's maximum context length is 2048 tokens/);
+    r = await post('/v1/completions', { prompt: Array.from({ length: 2000 }, () => 'w').join(' '), max_tokens: 100 });
+    assert.equal(JSON.parse(r.text).error.code, 'context_length_exceeded');
+    assert.match(JSON.parse(r.text).error.message, /field `max_tokens`: 100 tokens requested with a 2000-token prompt/);
+    r = await post('/v1/chat/completions', { messages: [{ role: 'user', content: 'a b' }], max_tokens: 10, max_completion_tokens: 2047 });
+    assert.match(JSON.parse(r.text).error.message, /field `max_completion_tokens`: 2047 tokens requested/);
+    for (const s of D) s.maxModelLen = STUB_CONTEXT;
     assert.equal(P.flatMap(completions).length, 0, 'nothing reached a prefiller');
     // The engine's own 400 (here from the prefiller) reaches the client unchanged.
     r = await post('/v1/completions', { prompt: 'a', max_tokens: -1 });

@@ -3,7 +3,8 @@
 // address, so kv-aware routing needs no second list of names that could disagree with the
 // engines' own configuration. Sender: the engine (src/engine/routes/status.ts); receiver: the
 // proxy (src/proxy/server.ts). Engines without a cache instance answer `kvc_instance_id: null`.
-// `kvc_p2p` says whether the instance fetches what it lacks from its peers.
+// `kvc_p2p` says whether the instance fetches what it lacks from its peers; `max_model_len` is the
+// model's context length.
 import { z } from 'zod';
 
 export const engineHealthSchema = z.object({
@@ -15,5 +16,10 @@ export const engineHealthSchema = z.object({
    * recompute. Absent (older engines) counts as false.
    */
   kvc_p2p: z.boolean().optional(),
+  /**
+   * The model's context length: the proxy refuses a token-id prompt that cannot fit before any
+   * prefill (a text prompt's length comes with its /tokenize answer). Absent: not checked there.
+   */
+  max_model_len: z.number().int().min(1).optional(),
 });
 export type EngineHealth = z.infer<typeof engineHealthSchema>;

@@ -74,6 +74,8 @@ export class Backend {
   probeFailures = 0;
   /** The health probes' own connection (see the file comment). */
   readonly probePool: Pool;
+  /** The model's context length as this backend's /health gave it (null: not known yet). */
+  maxModelLen: number | null = null;
   /** performance-clock ms of the last byte (headers or body) received from this backend. */
   lastProgress = 0;
   /** Request headers of every call (shared, never modified: undici only reads them). */

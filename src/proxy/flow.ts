@@ -6,11 +6,12 @@
 //      tried; with none left the decoder prefills by itself,
 //   3. forward the client's request to the decoder and relay its answer (SSE or JSON) unchanged,
 //      so the client sees one engine's OpenAI response.
-// A client that disconnects aborts whatever upstream call is running.
+// A client that disconnects aborts whatever upstream call is running. The request rules live in
+// request_rules.ts, the SSE reading in sse.ts.
 import { randomUUID } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import { badRequest, timedOut, upstreamFailed, unavailable, KvcError } from '../common/errors.js';
+import { timedOut, upstreamFailed, unavailable, KvcError } from '../common/errors.js';
 import { requireObject } from '../common/http.js';
 import { logger } from '../common/log.js';
 import { kvTransferParams, kvTransferParamsSchema, type DisaggSpec } from '../protocol/disagg_spec.js';
@@ -24,12 +25,12 @@ import type { RoutingMetrics } from './routing_metrics.js';
 import type { TtftStats } from './stats.js';
 import type { DecoderEndpoint } from './topology.js';
 import { ClientRelay } from './relay.js';
+import { checkContext, checkRequest, PATHS, prefillBody, promptForm, type Kind } from './request_rules.js';
+import { FirstContent } from './sse.js';
 import { BackendFailure, Cancelled, CancelSignal, PassThrough, callJson, callStream, callWhole } from './upstream.js';
 
 const log = logger('proxy');
 
-export type Kind = 'completion' | 'chat';
-export const PATHS: Record<Kind, string> = { completion: '/v1/completions', chat: '/v1/chat/completions' };
 
 export interface Timeouts {
   tokenizeMs: number;
@@ -58,36 +59,6 @@ export interface FlowDeps {
   routing: RoutingMetrics;
 }
 
-const isIds = (p: unknown): p is number[] =>
-  Array.isArray(p) && p.length > 0 && p.every((t) => Number.isInteger(t) && (t as number) >= 0);
-
-/** One prompt per request: a string or token ids, also as a one-element list (OpenAI's batch form). */
-export function promptForm(p: unknown): { text: string } | { ids: number[] } | null {
-  if (typeof p === 'string') return { text: p };
-  if (isIds(p)) return { ids: p };
-  if (Array.isArray(p) && p.length === 1) {
-    if (typeof p[0] === 'string') return { text: p[0] };
-    if (isIds(p[0])) return { ids: p[0] };
-  }
-  return null;
-}
-
-/** Checks the few fields the proxy itself relies on; the engine validates the rest. */
-export function checkRequest(kind: Kind, body: Record<string, unknown>): void {
-  if (kind === 'completion') {
-    if (promptForm(body.prompt) === null) throw badRequest('field `prompt`: expected a string or an array of token ids (one prompt per request)');
-  } else if (!Array.isArray(body.messages) || body.messages.length === 0) {
-    throw badRequest('field `messages`: expected a non-empty array of messages');
-  }
-  if (body.stream !== undefined && typeof body.stream !== 'boolean') throw badRequest('field `stream`: expected a boolean');
-  for (const f of ['max_tokens', 'max_completion_tokens'] as const) {
-    const v = body[f];
-    if (v !== undefined && v !== null && !(Number.isInteger(v) && (v as number) >= 1)) {
-      throw badRequest(`field \`${f}\`: expected an integer >= 1`);
-    }
-  }
-}
-
 interface PrefillResult {
   prefiller: Backend | null;
   reqId: string;
@@ -96,6 +67,29 @@ interface PrefillResult {
   params: Record<string, unknown> | null;
   /** The router chose to prefill on the decoder (not a fallback after prefillers failed). */
   local: boolean;
+}
+
+/**
+ * No prefiller computed this request's KV: the decoder prefills it. `local` when the router chose
+ * that (conditional disaggregation), not a fallback after the prefillers failed.
+ */
+function noPrefill(local: boolean, reqId = `kvc-${randomUUID()}`): PrefillResult {
+  return { prefiller: null, reqId, ms: 0, params: null, local };
+}
+
+/** One decode attempt: the request, where it goes, what the prefill left, and whom to answer. */
+interface DecodeCall {
+  kind: Kind;
+  body: Record<string, unknown>;
+  stream: boolean;
+  decoder: Backend;
+  pre: PrefillResult;
+  reply: FastifyReply;
+  signal: CancelSignal;
+  /** When the proxy received the request (performance.now()). */
+  t0: number;
+  /** Called once the decoder's prefill is over (its first token), for the load book. */
+  prefilled: () => void;
 }
 
 interface Tokenized {
@@ -110,92 +104,9 @@ export const DECODER_ONLY = 'decoder-only';
 /** The statistics line of requests the router sent straight to their decoder (conditional disaggregation). */
 export const DECODER_LOCAL = 'decoder-local';
 
-/** Fields of the client's body the prefill request leaves out or sets itself (see prefillBody). */
-const PREFILL_SETS = new Set(['__proto__', 'max_tokens', 'stream', 'n', 'kv_transfer_params', 'stream_options', 'max_completion_tokens', 'best_of', 'min_tokens', 'echo', 'logprobs', 'top_logprobs']);
-
-/**
- * The prefill request's body: the client's fields except those about the answer's shape (the
- * decoder's: it validates every field of the client's body), as one sequence of one token. Built
- * by copying the kept fields rather than spreading the body and deleting fields: a `delete`
- * turns the object into a dictionary, several times slower to build and to JSON.stringify, and
- * this is on every request's path.
- */
-export function prefillBody(body: Record<string, unknown>): Record<string, unknown> {
-  const out: Record<string, unknown> = {};
-  for (const k in body) if (!PREFILL_SETS.has(k)) out[k] = body[k];
-  out.max_tokens = 1;
-  out.stream = false;
-  out.n = 1;
-  return out;
-}
-
 /** The disagg_spec naming a decoder's xfer receiver for one request. */
 function specFor(reqId: string, ep: DecoderEndpoint): DisaggSpec {
   return { req_id: reqId, receiver_host: ep.host, receiver_init_port: ep.initPort, receiver_alloc_port: ep.allocPort };
-}
-
-/** True when a parsed SSE payload carries generated text (completion `text`, chat `delta.content`). */
-function hasContent(ev: unknown): boolean {
-  const choices = (ev as { choices?: unknown } | null)?.choices;
-  if (!Array.isArray(choices)) return false;
-  for (const c of choices as { text?: unknown; delta?: { content?: unknown; tool_calls?: unknown } }[]) {
-    if (typeof c?.text === 'string' && c.text.length > 0) return true;
-    const d = c?.delta;
-    if (d && ((typeof d.content === 'string' && d.content.length > 0) || (Array.isArray(d.tool_calls) && d.tool_calls.length > 0))) return true;
-  }
-  return false;
-}
-
-/** Could this event's text carry a token? A cheap filter before JSON.parse. */
-const MAYBE_CONTENT = /"(?:text|content)"\s*:\s*"(?!")|"tool_calls"/;
-
-/** Parses one SSE event (without its blank line) and tells whether it carries generated text. */
-function eventHasContent(event: string): boolean {
-  if (!MAYBE_CONTENT.test(event)) return false;
-  let data = '';
-  for (const line of event.split(/\r?\n/)) {
-    if (line.startsWith('data:')) data += (data ? '\n' : '') + line.slice(line.startsWith('data: ') ? 6 : 5);
-  }
-  if (!data || data === '[DONE]') return false;
-  try {
-    return hasContent(JSON.parse(data));
-  } catch {
-    return false; // not JSON: not a token
-  }
-}
-
-/**
- * Finds the first SSE event of a stream that carries generated text, so the time to first
- * token is not taken at a role-only chat chunk (`delta: {role, content: ""}`). Fed the raw
- * pieces until it answers true; it looks at whole events only (an event split across pieces
- * waits for its end), decodes just those bytes and is not used after that, so its cost stays
- * on the first event or two.
- */
-export class FirstContent {
-  private pending: Buffer | null = null;
-
-  feed(piece: Buffer): boolean {
-    const buf = this.pending ? Buffer.concat([this.pending, piece]) : piece;
-    let from = 0;
-    for (;;) {
-      // An event ends at a blank line: "\n\n" (or "\n\r\n" with CRLF line ends).
-      let end = buf.indexOf('\n\n', from);
-      let sep = 2;
-      if (end < 0) {
-        end = buf.indexOf('\n\r\n', from);
-        sep = 3;
-      }
-      if (end < 0) {
-        this.pending = from < buf.length ? buf.subarray(from) : null;
-        return false;
-      }
-      if (eventHasContent(buf.toString('utf8', from, end))) {
-        this.pending = null;
-        return true;
-      }
-      from = end + sep;
-    }
-  }
 }
 
 export class Flow {
@@ -249,7 +160,7 @@ export class Flow {
         pre =
           route.where === 'remote'
             ? await this.prefill(kind, body, decoder, route, abort)
-            : { prefiller: null, reqId: `kvc-${randomUUID()}`, ms: 0, params: null, local: route.where !== 'local_no_prefiller' };
+            : noPrefill(route.where !== 'local_no_prefiller');
       } catch (err) {
         // The decoder the KV was going to was found hung or dead during the prefill: another
         // decoder serves the request and prefills it itself.
@@ -258,7 +169,7 @@ export class Flow {
         log.warn(`${(err as Error).message} during the prefill; the request goes to ${next.name}`);
         tried.add(decoder);
         decoder = next;
-        pre = { prefiller: null, reqId: `kvc-${randomUUID()}`, ms: 0, params: null, local: false };
+        pre = noPrefill(false);
       }
       if (!pre.prefiller && !pre.local) this.noPrefiller(decoder);
       if (pre.prefiller) {
@@ -273,7 +184,7 @@ export class Flow {
         // The decoder computes what it does not hold when it prefills, else only its recomputed tail.
         const work = this.d.load.begin(decoder, pre.prefiller ? 1 : route.decoderUncached);
         try {
-          status = await this.decode(kind, body, stream, decoder, pre, reply, abort, t0, work.prefilled);
+          status = await this.decode({ kind, body, stream, decoder, pre, reply, signal: abort, t0, prefilled: work.prefilled });
           break;
         } catch (err) {
           const next = this.retryable(err, reply) ? this.d.decoders.order().find((d) => !tried.has(d)) : undefined;
@@ -281,7 +192,7 @@ export class Flow {
           log.warn(`${(err as Error).message}; retrying the request on ${next.name}`);
           delete body.kv_transfer_params;
           decoder = next;
-          pre = { prefiller: null, reqId: pre.reqId, ms: 0, params: null, local: false };
+          pre = noPrefill(false, pre.reqId);
         } finally {
           work.end();
         }
@@ -332,8 +243,9 @@ export class Flow {
 
   /**
    * Tokenizes on the decoders in round-robin order; the first that answers is the request's
-   * decoder. The count lets a prompt longer than the model's context be refused before any
-   * prefill work.
+   * decoder. The count lets a request that cannot fit the model's context (the prompt, or the
+   * prompt plus max_tokens) be refused before any prefill work, with the engine's own rule and
+   * code. Token ids are counted as sent, against the context the decoder's /health gave.
    */
   private async tokenize(kind: Kind, body: Record<string, unknown>, signal: CancelSignal): Promise<Tokenized> {
     const candidates = this.d.decoders.orderOrAny();
@@ -344,7 +256,11 @@ export class Flow {
     let last: BackendFailure | null = null;
     for (const dec of candidates) {
       try {
-        if (form && 'ids' in form) return { decoder: dec, tokens: form.ids, count: form.ids.length }; // already token ids
+        if (form && 'ids' in form) {
+          // Already token ids: no call; the context is known from the decoder's health probe.
+          if (dec.maxModelLen !== null) checkContext(kind, body, form.ids.length, dec.maxModelLen);
+          return { decoder: dec, tokens: form.ids, count: form.ids.length };
+        }
         const reply = await callJson(dec, {
           method: 'POST',
           path: '/tokenize',
@@ -355,9 +271,7 @@ export class Flow {
         });
         // A reply of another shape skips the length check; the decoder still enforces it.
         const r = tokenizeLengthSchema.safeParse(reply);
-        if (r.success && r.data.count > r.data.max_model_len) {
-          throw badRequest(`field \`${kind === 'chat' ? 'messages' : 'prompt'}\`: ${r.data.count} tokens exceed the model's context of ${r.data.max_model_len}`);
-        }
+        if (r.success) checkContext(kind, body, r.data.count, r.data.max_model_len);
         // The token ids route the request (kv-aware); the controller validates them on lookup.
         const ids = (reply as { tokens?: unknown } | null)?.tokens;
         const tokens = Array.isArray(ids) ? (ids as number[]) : null;
@@ -453,20 +367,11 @@ export class Flow {
         }
       }
     }
-    return { prefiller: null, reqId: `kvc-${randomUUID()}`, ms: 0, params: null, local: false };
+    return noPrefill(false);
   }
 
-  private async decode(
-    kind: Kind,
-    body: Record<string, unknown>,
-    stream: boolean,
-    decoder: Backend,
-    pre: PrefillResult,
-    reply: FastifyReply,
-    signal: CancelSignal,
-    t0: number,
-    prefilled: () => void,
-  ): Promise<number> {
+  private async decode(c: DecodeCall): Promise<number> {
+    const { kind, body, stream, decoder, pre, reply, signal, t0, prefilled } = c;
     if (pre.prefiller) {
       // The client's body is not used after this: extend it instead of copying it.
       const ep = this.d.decoderEndpoint(decoder);

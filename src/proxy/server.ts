@@ -188,6 +188,7 @@ export class ProxyServer {
           this.instanceIds.set(b, id);
           log.info(`${b.name} serves cache instance "${id}"`);
         } else if (!id && this.instanceIds.has(b)) this.instanceIds.delete(b);
+        b.maxModelLen = h.success ? (h.data.max_model_len ?? null) : null;
         if (h.success && h.data.kvc_p2p === true && id) this.p2pBackends.add(b);
         else this.p2pBackends.delete(b);
         if (b.markUp()) {

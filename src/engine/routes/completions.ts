@@ -9,7 +9,8 @@ import type { RouteContext } from './context.js';
 import { badRequest } from '../../common/errors.js';
 import type { SamplingParams } from '../sampler.js';
 import { chatRequest, completionRequest, refuseUnknownFields, type ChatRequest, type CompletionRequest } from './completions.schema.js';
-import { GEN_LIMIT, PromptRules } from './prompt_rules.js';
+import { PromptRules } from './prompt_rules.js';
+import { GEN_LIMIT } from '../../protocol/context_limit.js';
 
 type Body = ChatRequest | CompletionRequest;
 /** An `X-Request-Id` of word characters (up to 128) is used as the request id, else one is generated. */

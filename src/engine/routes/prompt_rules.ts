@@ -5,9 +5,9 @@ import { badRequest, ERRORS, kvcError } from '../../common/errors.js';
 import { ChatTemplateError, type ChatMessage } from '../model/tokenizer.js';
 import type { RouteContext } from './context.js';
 import { messageText, type ChatMessageBody } from './messages.schema.js';
+import { answerOverContext, promptOverContext } from '../../protocol/context_limit.js';
 
-/** Generation needs prompt < max_model_len; /tokenize only refuses what is beyond max_model_len. */
-export const GEN_LIMIT = 'leaving no room to generate';
+/** /tokenize refuses only text beyond max_model_len (generation's limit is GEN_LIMIT, src/protocol/context_limit.ts). */
 export const TOK_LIMIT = 'more than the model can take';
 
 export class PromptRules {
@@ -63,19 +63,14 @@ export class PromptRules {
   plan(prompt: number[], field: string, maxTokens: number | null | undefined, maxField: string, defaultMax: number): number {
     const { maxModelLen, kv } = this.ctx;
     if (prompt.length === 0) throw badRequest(`field \`${field}\`: the prompt is empty (0 tokens)`);
-    if (prompt.length >= maxModelLen) {
-      throw kvcError(ERRORS.context_length_exceeded, `field \`${field}\`: the prompt has ${prompt.length} tokens; this model's maximum context length is ${maxModelLen} tokens, ${GEN_LIMIT}`);
-    }
+    const over = promptOverContext({ field, promptTokens: prompt.length, maxModelLen });
+    if (over) throw kvcError(ERRORS.context_length_exceeded, over);
     if (prompt.length > kv.capacityTokens) {
       throw kvcError(ERRORS.kv_capacity_exceeded, `field \`${field}\`: the prompt has ${prompt.length} tokens; this engine's KV cache holds ${kv.capacityTokens} tokens`);
     }
     const mt = maxTokens ?? Math.min(defaultMax, kv.capacityTokens + 1 - prompt.length);
-    if (prompt.length + mt > maxModelLen) {
-      throw kvcError(
-        ERRORS.context_length_exceeded,
-        `field \`${maxField}\`: ${mt} tokens requested with a ${prompt.length}-token prompt; this model's maximum context length is ${maxModelLen} tokens`,
-      );
-    }
+    const tooLong = answerOverContext({ field, promptTokens: prompt.length, maxField, maxTokens: mt, maxModelLen });
+    if (tooLong) throw kvcError(ERRORS.context_length_exceeded, tooLong);
     if (prompt.length + mt - 1 > kv.capacityTokens) {
       throw kvcError(ERRORS.kv_capacity_exceeded, `field \`${maxField}\`: prompt + ${mt} tokens need more KV than this engine has (${kv.capacityTokens} tokens)`);
     }

@@ -14,8 +14,9 @@ export async function statusRoutes(app: FastifyInstance, ctx: RouteContext): Pro
   }));
 
   // The proxy reads kvc_instance_id here to map this address to the controller's name for it,
-  // and kvc_p2p to know that a prefix held elsewhere costs this engine a fetch, not a recompute.
-  const health: EngineHealth = { status: 'ok', kvc_instance_id: ctx.kvcInstanceId, kvc_p2p: ctx.kvcP2p };
+  // kvc_p2p to know that a prefix held elsewhere costs this engine a fetch, not a recompute, and
+  // max_model_len to refuse a token-id prompt that cannot fit before any prefill.
+  const health: EngineHealth = { status: 'ok', kvc_instance_id: ctx.kvcInstanceId, kvc_p2p: ctx.kvcP2p, max_model_len: maxModelLen };
   app.get('/health', async () => health);
 
   app.get('/metrics', async (_req, reply) => {

@@ -38,7 +38,7 @@ module.exports = {
         '(npm packages and node builtins are fine)',
       severity: 'error',
       from: { path: '^src/common/' },
-      to: { path: '^(src|test|bench|scripts|examples)/', pathNot: '^src/common/' },
+      to: { path: '^(src|test|harness|bench|scripts|examples)/', pathNot: '^src/common/' },
     },
     {
       name: 'engine-imports-only-common-protocol-kvc-xfer',
@@ -50,11 +50,49 @@ module.exports = {
       to: { path: '^src/', pathNot: ['^src/engine/', '^src/common/', '^src/protocol/', '^src/kvc/', '^src/xfer/'] },
     },
     {
-      name: 'src-never-imports-test-or-bench',
-      comment: 'product code under src/ must not depend on test/ or bench/ code (helpers, stubs, fixtures)',
+      name: 'src-never-imports-test-harness-or-bench',
+      comment: 'product code under src/ must not depend on test/, harness/ or bench/ code (helpers, stubs, fixtures)',
       severity: 'error',
       from: { path: '^src/' },
-      to: { path: '^(test|bench)/' },
+      to: { path: '^(test|harness|bench)/' },
+    },
+    {
+      name: 'harness-imports-only-src-and-harness',
+      comment:
+        'harness/ holds what tests and benchmarks share (starting processes and deployments, stubs, temporary ' +
+        'folders); it may import src/ and itself, never a test or a benchmark',
+      severity: 'error',
+      from: { path: '^harness/' },
+      to: { path: '^(test|bench|scripts|examples)/' },
+    },
+    {
+      name: 'tests-never-import-bench',
+      comment: 'a test may import src/, harness/ and its own tier; what it shares with a benchmark belongs in harness/',
+      severity: 'error',
+      from: { path: '^test/' },
+      to: { path: '^(bench|scripts|examples)/' },
+    },
+    {
+      name: 'bench-never-imports-tests',
+      comment: 'a benchmark may import src/, harness/ and bench/; what it shares with a test belongs in harness/',
+      severity: 'error',
+      from: { path: '^bench/' },
+      to: { path: '^test/' },
+    },
+    {
+      name: 'unit-tests-start-no-processes',
+      comment:
+        'test/unit runs concurrently and must stay pure: no child process, no socket, no process-starting ' +
+        'harness module. A test that needs one belongs in test/system',
+      severity: 'error',
+      from: { path: '^test/unit/' },
+      to: {
+        path: [
+          '^(node:)?(child_process|net|http|https|http2|dgram|cluster)$',
+          '^harness/(?!numeric\\.ts$|temp_dir\\.ts$)',
+          '^test/system/',
+        ],
+      },
     },
     {
       name: 'no-circular',

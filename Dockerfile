@@ -11,6 +11,7 @@ RUN npm ci --no-audit --no-fund
 COPY tsconfig.json ./
 COPY src ./src
 COPY test ./test
+COPY harness ./harness
 COPY bench ./bench
 RUN npx tsc -p tsconfig.json \
  && npm prune --omit=dev --no-audit --no-fund

@@ -32,7 +32,7 @@ import * as vega from 'vega';
 import * as vl from 'vega-lite';
 import { isPortFree } from '../src/common/ports.js';
 import { resultsDir } from './_plot.js';
-import { seededRandom } from '../test/helpers/numeric.js';
+import { seededRandom } from '../harness/numeric.js';
 
 const CLI = join(dirname(fileURLToPath(import.meta.url)), '..', 'src', 'cli', 'main.js');
 

@@ -1,5 +1,5 @@
 // `npm run bench -- proxy`
-// (a) The proxy alone, against a minimal stub upstream (bench/_proxy-stub.ts in its own process:
+// (a) The proxy alone, against a minimal stub upstream (harness/proxy_stub.ts in its own process:
 //     tokenize, prefill, decode stream with fixed small payloads): requests/s the proxy sustains
 //     vs a client that drives the same three upstream calls itself, and the latency the proxy
 //     adds at concurrency 1 (p50/p99 of proxy minus direct).
@@ -34,7 +34,7 @@ import { Pool } from 'undici';
 import { freePortRange } from '../src/common/ports.js';
 import { freePortOffset } from '../src/deploy/free_offset.js';
 import { percentile } from '../src/proxy/stats.js';
-import { startStubEngine } from './_proxy-stub.js';
+import { startStubEngine } from '../harness/proxy_stub.js';
 import { startFloorProxy } from './_proxy_floor.js';
 
 const here = dirname(fileURLToPath(import.meta.url));

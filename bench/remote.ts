@@ -14,7 +14,7 @@ import { validateCacheConfig } from '../src/common/config.js';
 import { parseRemoteUrl } from '../src/common/remote_url.js';
 import { RemoteTier } from '../src/kvc/remote_tier.js';
 import { startEngine, type Engine } from '../src/engine/server.js';
-import { REDIS_SKIP, findRedisServer, startRedisServer } from '../test/helpers/redis_server.js';
+import { REDIS_SKIP, findRedisServer, startRedisServer } from '../harness/redis_server.js';
 import { resultsDir, writeBarsSvg } from './_plot.js';
 import { readStreamTtft } from './_stream_ttft.js';
 

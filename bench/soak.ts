@@ -11,8 +11,8 @@
 // Options: --minutes N (default 1), --concurrency C (default 16), --no-faults.
 import { join } from 'node:path';
 import type { ChildProcess } from 'node:child_process';
-import { alive, rssBytes, startDeployment, type Deployment } from './_deployment.js';
-import { eventually, processImage, respawn, signal, startLoad, type LoadResult } from './_faults.js';
+import { alive, rssBytes, startDeployment, type Deployment } from '../harness/deployment.js';
+import { eventually, processImage, respawn, signal, startLoad, type LoadResult } from '../harness/faults.js';
 
 function arg(name: string, def: number): number {
   const i = process.argv.indexOf(name);

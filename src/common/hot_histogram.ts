@@ -7,7 +7,7 @@
 // its series once (`series()`), and leaves the library everything else: it registers in a
 // prom-client Registry and hands it, at scrape time, values in exactly the shape a prom-client
 // Histogram does, so the exposition (text and JSON, default labels included) is the library's
-// own. test/hot_histogram.test.ts checks the text against prom-client's Histogram.
+// own. test/unit/hot_histogram.test.ts checks the text against prom-client's Histogram.
 import type { Registry } from 'prom-client';
 
 /** One value line as prom-client's Registry formats it (Histogram.getForPromString's shape). */

@@ -1,7 +1,7 @@
 // Kubernetes manifests (kustomize base + overlays) generated from the same plan as `kvc up`
 // (makePlan, engineArgs, controllerArgs, proxyArgs, the cache YAML and connector JSON), so the
 // flags, ports and configuration of every process cannot drift from what `kvc up` runs.
-// `npm run k8s` writes them to k8s/; test/deploy_k8s.test.ts checks that the committed files
+// `npm run k8s` writes them to k8s/; test/system/deploy_k8s.test.ts checks that the committed files
 // are exactly what this generates, renders the overlays with `kubectl kustomize` and checks every
 // container command against the CLI's real options.
 //

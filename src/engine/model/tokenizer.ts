@@ -314,7 +314,7 @@ export class Tokenizer {
    * no byte run crosses `id`. The incremental decoder uses this instead of decoding the pair (a
    * memo miss costs ~13 µs in the library, and most generated pairs are new). Right after a
    * model forward the caches are cold, so the answer comes from one byte per id (`pieceKind`)
-   * and one string. test/tokenizer_stream.test.ts checks it against the library's decode.
+   * and one string. test/unit/tokenizer_stream.test.ts checks it against the library's decode.
    */
   appendedText(prev: number, id: number): string | null {
     if (!this.pieceKind) return null;

@@ -1,0 +1,150 @@
+// A whole local deployment (`kvc up`) for the fuzz and fault tests and the soak run: started on a
+// free port offset, with every process's pid and every port it listens on read back from what
+// `kvc up` wrote (deployment.json and the generated cache YAML), so callers never recompute the
+// port plan. Stopped with SIGTERM to `kvc up` (which stops its children), SIGKILL as a last resort.
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { parse as parseYaml } from 'yaml';
+import { freePortOffset } from '../src/deploy/free_offset.js';
+import { startKvc, type Proc } from './proc.js';
+import { tempDir } from './temp_dir.js';
+
+export interface EnginePorts {
+  name: string;
+  role: 'prefiller' | 'decoder';
+  pid: number;
+  http: string;
+  /** The cache instance's HTTP command port (controller → instance). */
+  worker: number;
+  /** The cache instance's peer port (chunk bytes between instances). */
+  peer: number;
+  /** xfer receiver init / alloc ports (decoders only). */
+  xferInit: number | null;
+  xferAlloc: number | null;
+}
+
+export interface Deployment {
+  up: Proc;
+  logDir: string;
+  offset: number;
+  proxy: string;
+  /** The proxy's xfer notify port (ZeroMQ PULL). */
+  notifyPort: number;
+  controller: string;
+  /** The controller's monitor port (ZeroMQ ROUTER). */
+  monitorPort: number;
+  engines: EnginePorts[];
+  /** name → pid of every process, as `kvc up` reported it (updated by refreshPids()). */
+  pids: Map<string, number>;
+  refreshPids(): Map<string, number>;
+  stop(): Promise<void>;
+}
+
+export interface DeployOptions {
+  prefillers: number;
+  decoders: number;
+  /** Extra `kvc up` arguments. */
+  args?: string[];
+  env?: NodeJS.ProcessEnv;
+  startupTimeoutMs?: number;
+}
+
+/**
+ * Starts `kvc up` on a free port offset (below the kernel's ephemeral range: freePortOffset). A
+ * port found free can still be taken before the engine binds it, by another process binding it
+ * too: then `kvc up` exits naming EADDRINUSE, and another offset is tried, at most three times in all.
+ */
+async function upOnFreeOffset(o: DeployOptions, timeout: number): Promise<{ up: Proc; offset: number; logDir: string }> {
+  for (let attempt = 1; ; attempt++) {
+    const offset = await freePortOffset({ prefillers: o.prefillers, decoders: o.decoders, model: 'builtin:tiny', controller: true, host: '127.0.0.1' });
+    const logDir = tempDir('kvc-deploy-');
+    const up = startKvc(
+      ['up', '--prefillers', String(o.prefillers), '--decoders', String(o.decoders), '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', String(Math.ceil(timeout / 1000)), ...(o.args ?? [])],
+      o.env ?? {},
+    );
+    try {
+      await up.waitFor(/kvc up: ready/, timeout + 20_000);
+      return { up, offset, logDir };
+    } catch (e) {
+      await up.kill('SIGTERM');
+      if (attempt >= 3 || !/EADDRINUSE/.test((e as Error).message)) throw e;
+    }
+  }
+}
+
+export async function startDeployment(o: DeployOptions): Promise<Deployment> {
+  const timeout = o.startupTimeoutMs ?? 150_000;
+  const { up, offset, logDir } = await upOnFreeOffset(o, timeout);
+  const readPids = () => {
+    const dep = JSON.parse(readFileSync(join(logDir, 'deployment.json'), 'utf8')) as { processes: { name: string; pid: number }[] };
+    return new Map(dep.processes.map((p) => [p.name, p.pid]));
+  };
+  const pids = readPids();
+  const engines: EnginePorts[] = [];
+  for (const [name, pid] of pids) {
+    const m = /^(prefiller|decoder)-(\d+)$/.exec(name);
+    if (!m) continue;
+    const i = Number(m[2]);
+    const y = parseYaml(readFileSync(join(logDir, `${name}.yaml`), 'utf8')) as Record<string, unknown>;
+    const role = m[1] as 'prefiller' | 'decoder';
+    engines.push({
+      name,
+      role,
+      pid,
+      http: `http://127.0.0.1:${(role === 'prefiller' ? 7100 : 7200) + i + offset}`,
+      worker: Number(y.kvc_worker_port),
+      peer: Number(String(y.distributed_url).split(':').pop()),
+      xferInit: role === 'decoder' ? Number(y.xfer_peer_init_port) : null,
+      xferAlloc: role === 'decoder' ? Number(y.xfer_peer_alloc_port) : null,
+    });
+  }
+  const d: Deployment = {
+    up,
+    logDir,
+    offset,
+    proxy: `http://127.0.0.1:${9100 + offset}`,
+    notifyPort: 7500 + offset,
+    controller: `http://127.0.0.1:${9000 + offset}`,
+    monitorPort: 9001 + offset,
+    engines,
+    pids,
+    refreshPids() {
+      const now = readPids();
+      d.pids = now;
+      return now;
+    },
+    async stop() {
+      const all = [...d.pids.values()];
+      await up.kill('SIGTERM');
+      // `kvc up` stops its children; anything it could not is killed here, by pid.
+      for (const pid of all) {
+        try {
+          process.kill(pid, 'SIGKILL');
+        } catch {
+          /* already gone */
+        }
+      }
+    },
+  };
+  return d;
+}
+
+/** True while a process with this pid exists. */
+export function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Resident set size of a process, bytes (from /proc; 0 when it is gone). */
+export function rssBytes(pid: number): number {
+  try {
+    const m = /^VmRSS:\s+(\d+) kB/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+    return m ? Number(m[1]) * 1024 : 0;
+  } catch {
+    return 0;
+  }
+}

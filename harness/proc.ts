@@ -1,0 +1,115 @@
+// Helpers for tests that run real processes: start the built CLI, wait until a
+// server answers, and always kill what was started (by pid, never by name).
+import { spawn, type ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { dirname, join } from 'node:path';
+
+const here = dirname(fileURLToPath(import.meta.url));
+/** The compiled CLI next to this compiled test helper (works for any outDir). */
+export const CLI = join(here, '..', 'src', 'cli', 'main.js');
+
+export interface Proc {
+  child: ChildProcess;
+  /** Everything printed so far (stdout + stderr). */
+  output(): string;
+  /** Resolves when `re` appears in the output, rejects after `timeoutMs`. */
+  waitFor(re: RegExp, timeoutMs?: number): Promise<RegExpMatchArray>;
+  kill(signal?: NodeJS.Signals): Promise<number | null>;
+}
+
+const live = new Set<ChildProcess>();
+process.on('exit', () => {
+  for (const c of live) if (c.exitCode === null) c.kill('SIGKILL');
+});
+
+export function startKvc(args: string[], env: NodeJS.ProcessEnv = {}): Proc {
+  const child = spawn(process.execPath, [CLI, ...args], {
+    env: { ...process.env, PYTHONHASHSEED: '0', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  live.add(child);
+  let out = '';
+  const waiters = new Set<() => void>();
+  const onData = (d: Buffer) => {
+    out += d.toString();
+    if (process.env.KVC_TEST_VERBOSE) process.stderr.write(d);
+    for (const w of waiters) w();
+  };
+  child.stdout!.on('data', onData);
+  child.stderr!.on('data', onData);
+  const exited = new Promise<number | null>((r) => child.once('exit', (code) => { live.delete(child); for (const w of waiters) w(); r(code); }));
+  return {
+    child,
+    output: () => out,
+    waitFor(re, timeoutMs = 60_000) {
+      return new Promise((resolve, reject) => {
+        const check = () => {
+          const m = out.match(re);
+          if (m) { cleanup(); resolve(m); return; }
+          if (child.exitCode !== null || child.signalCode !== null) {
+            cleanup();
+            reject(new Error(`process exited (${child.exitCode ?? child.signalCode}) before printing ${re}; output:\n${out.slice(-4000)}`));
+          }
+        };
+        const timer = setTimeout(() => { cleanup(); reject(new Error(`timed out after ${timeoutMs} ms waiting for ${re}; output:\n${out.slice(-4000)}`)); }, timeoutMs);
+        const cleanup = () => { clearTimeout(timer); waiters.delete(check); };
+        waiters.add(check);
+        check();
+      });
+    },
+    async kill(signal = 'SIGTERM') {
+      if (child.exitCode === null && child.signalCode === null) {
+        child.kill(signal);
+        const t = setTimeout(() => child.kill('SIGKILL'), 10_000);
+        const code = await exited;
+        clearTimeout(t);
+        return code;
+      }
+      return child.exitCode;
+    },
+  };
+}
+
+/** Polls `url` until it answers 2xx, or throws after `timeoutMs`. */
+export async function waitHttp(url: string, timeoutMs = 60_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  let last = '';
+  while (Date.now() < deadline) {
+    try {
+      const r = await fetch(url, { signal: AbortSignal.timeout(2000) });
+      if (r.ok) return;
+      last = `HTTP ${r.status}`;
+    } catch (e) {
+      last = (e as Error).message;
+    }
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  throw new Error(`${url} not healthy after ${timeoutMs} ms (${last})`);
+}
+
+/**
+ * Polls `fn` until it returns a truthy value (a throw counts as not yet), or throws naming `what`
+ * after `timeoutMs`.
+ */
+export async function waitUntil<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs: number, pollMs: number): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    const v = await fn().catch(() => undefined);
+    if (v) return v;
+    await new Promise((r) => setTimeout(r, pollMs));
+  }
+  throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+}
+
+export async function postJson(url: string, body: unknown, timeoutMs = 60_000, headers: Record<string, string> = {}): Promise<{ status: number; json: any }> {
+  const r = await fetch(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers },
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+    signal: AbortSignal.timeout(timeoutMs),
+  });
+  const text = await r.text();
+  let json: any;
+  try { json = JSON.parse(text); } catch { json = text; }
+  return { status: r.status, json };
+}

@@ -1,0 +1,646 @@
+// Proxy unit tests against in-test upstreams (harness/proxy_stub.ts): topology flags, routing
+// and the request rewrite, round-robin, prefiller failover (error, refused, timeout) and
+// recovery, all-prefillers-down fallback, decoder failure → 502, client disconnect, the
+// notify port, metrics and the statistics lines.
+import { test, before, after, describe } from 'node:test';
+import assert from 'node:assert/strict';
+import { Push } from 'zeromq';
+import { encode } from '@msgpack/msgpack';
+import { spawn } from 'node:child_process';
+import { freePortRange } from '../../src/common/ports.js';
+import { ProxyServer } from '../../src/proxy/server.js';
+import { Backend, RoundRobin } from '../../src/proxy/backend.js';
+import { prefillBody } from '../../src/proxy/request_rules.js';
+import { FirstContent } from '../../src/proxy/sse.js';
+import { secondsFlag } from '../../src/cli/options.js';
+import { parseTopology, pairEndpoints, TopologyError } from '../../src/proxy/topology.js';
+import { CLI } from '../../harness/proc.js';
+import { formatStatsLine, percentile, summarize, TtftStats } from '../../src/proxy/stats.js';
+import { STUB_CONTEXT, startStubEngine, stubWords, type StubEngine } from '../../harness/proxy_stub.js';
+
+describe('topology flags', () => {
+  const f = { host: '--h', port: '--p', num: '--n' };
+  test('one host + one port + count → consecutive ports', () => {
+    assert.deepEqual(pairEndpoints('a', '7100', '3', f).map((e) => `${e.host}:${e.port}`), ['a:7100', 'a:7101', 'a:7102']);
+  });
+  test('one host, many ports; many hosts, one port; one to one', () => {
+    assert.deepEqual(pairEndpoints('a', '1,5', undefined, f).map((e) => `${e.host}:${e.port}`), ['a:1', 'a:5']);
+    assert.deepEqual(pairEndpoints('a,b', '9', undefined, f).map((e) => `${e.host}:${e.port}`), ['a:9', 'b:9']);
+    assert.deepEqual(pairEndpoints('a,b', '1,2', 2, f).map((e) => `${e.host}:${e.port}`), ['a:1', 'b:2']);
+  });
+  test('mismatches are errors naming the flags', () => {
+    assert.throws(() => pairEndpoints('a,b', '1,2,3', undefined, f), /--h lists 2 hosts and --p lists 3 ports/);
+    assert.throws(() => pairEndpoints('a', '1,2', 3, f), /--n is 3 but/);
+    assert.throws(() => pairEndpoints('a', 'x', undefined, f), TopologyError);
+    assert.throws(() => pairEndpoints('a', '70000', undefined, f), /outside 1..65535/);
+    assert.throws(() => pairEndpoints('a,a', '1', undefined, f), /listed twice/);
+    assert.throws(() => pairEndpoints('a', '1', '0', f), /--n: expected an integer/);
+  });
+  test('decoder init/alloc ports: one value expands per decoder, a list must match', () => {
+    const t = parseTopology({
+      prefillerHost: '127.0.0.1', prefillerPort: '7100', numPrefillers: 2,
+      decoderHost: '127.0.0.1', decoderPort: '7200', numDecoders: 2,
+      decoderInitPort: '7300', decoderAllocPort: '7400,7410',
+    });
+    assert.equal(t.prefillers.length, 2);
+    assert.deepEqual(t.decoders.map((d) => [d.port, d.initPort, d.allocPort]), [[7200, 7300, 7400], [7201, 7301, 7410]]);
+    assert.throws(
+      () => parseTopology({ prefillerHost: 'a', prefillerPort: '1', decoderHost: 'a', decoderPort: '2', numDecoders: 2, decoderInitPort: '1,2,3', decoderAllocPort: '5' }),
+      /--decoder-init-port lists 3 ports for 2 decoders/,
+    );
+  });
+  test('decoder init/alloc ports follow the --decoder-port rule: one value is shared across hosts, consecutive on one host', () => {
+    const spread = parseTopology({
+      prefillerHost: 'p', prefillerPort: '7100',
+      decoderHost: 'h1,h2,h3', decoderPort: '7200',
+      decoderInitPort: '7300', decoderAllocPort: '7400',
+    });
+    assert.deepEqual(spread.decoders.map((d) => `${d.host}:${d.port}/${d.initPort}/${d.allocPort}`), ['h1:7200/7300/7400', 'h2:7200/7300/7400', 'h3:7200/7300/7400']);
+    // Two decoders on h1 and one on h2: consecutive on h1, the value itself on h2.
+    const mixed = parseTopology({
+      prefillerHost: 'p', prefillerPort: '7100',
+      decoderHost: 'h1,h1,h2', decoderPort: '7200,7201,7200',
+      decoderInitPort: '7300', decoderAllocPort: '7400',
+    });
+    assert.deepEqual(mixed.decoders.map((d) => `${d.host}:${d.initPort}/${d.allocPort}`), ['h1:7300/7400', 'h1:7301/7401', 'h2:7300/7400']);
+    assert.throws(
+      () => parseTopology({ prefillerHost: 'p', prefillerPort: '1', decoderHost: 'h', decoderPort: '7200', numDecoders: 2, decoderInitPort: '7300', decoderAllocPort: '7301' }),
+      /--decoder-init-port h:7301 is already used as --decoder-alloc-port of decoder h:7200/,
+    );
+  });
+});
+
+describe('round-robin', () => {
+  const backends = (n: number) => Array.from({ length: n }, (_, i) => new Backend('prefiller', i, { host: '127.0.0.1', port: 1 + i }, 1));
+  const firsts = (rr: RoundRobin, n: number) => Array.from({ length: n }, () => rr.order()[0]?.index ?? -1);
+
+  test('strict rotation when all are up; each order lists every healthy backend from its turn', async () => {
+    const b = backends(3);
+    const rr = new RoundRobin(b);
+    assert.deepEqual(rr.order().map((x) => x.index), [0, 1, 2]);
+    assert.deepEqual(rr.order().map((x) => x.index), [1, 2, 0]);
+    assert.deepEqual(firsts(rr, 4), [2, 0, 1, 2]);
+    await Promise.all(b.map((x) => x.close()));
+  });
+
+  test('a backend that is down is skipped fairly: its share is spread over the healthy ones', async () => {
+    const b = backends(3);
+    const rr = new RoundRobin(b);
+    b[0]!.markDown('test');
+    // Advancing by one slot per request would give [1, 1, 2, 1, 1, 2]: backend 1 twice the load.
+    assert.deepEqual(firsts(rr, 6), [1, 2, 1, 2, 1, 2]);
+    b[0]!.markUp();
+    b[2]!.markDown('test');
+    const got = firsts(rr, 6);
+    assert.deepEqual([got.filter((i) => i === 0).length, got.filter((i) => i === 1).length], [3, 3], `${got}`);
+    b[0]!.markDown('test');
+    b[1]!.markDown('test');
+    assert.deepEqual(rr.order(), [], 'none healthy');
+    assert.equal(rr.orderOrAny().length, 1, 'orderOrAny still names one to try');
+    await Promise.all(b.map((x) => x.close()));
+  });
+});
+
+describe('first content event', () => {
+  const ev = (o: unknown) => Buffer.from(`data: ${JSON.stringify(o)}\n\n`);
+  test('a role-only chat chunk is not a token; the first delta with content is', () => {
+    const f = new FirstContent();
+    assert.equal(f.feed(ev({ choices: [{ index: 0, delta: { role: 'assistant', content: '' } }] })), false);
+    assert.equal(f.feed(ev({ choices: [{ index: 0, delta: { role: 'assistant' } }] })), false);
+    const tok = ev({ choices: [{ index: 0, delta: { content: ' é' } }] });
+    // Split inside the event (and inside the two-byte é): found only once the event is complete.
+    assert.equal(f.feed(tok.subarray(0, tok.length - 5)), false);
+    assert.equal(f.feed(tok.subarray(tok.length - 5)), true);
+  });
+  test('CRLF line ends are understood too', () => {
+    const f = new FirstContent();
+    assert.equal(f.feed(Buffer.from('data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\r\n\r\n')), false);
+    assert.equal(f.feed(Buffer.from('data: {"choices":[{"delta":{"content":"hi"}}]}\r\n\r\n')), true);
+  });
+  test('completions: empty text and [DONE] are not tokens', () => {
+    const f = new FirstContent();
+    assert.equal(f.feed(Buffer.concat([ev({ choices: [{ text: '' }] }), Buffer.from('data: [DONE]\n\n')])), false);
+    assert.equal(f.feed(ev({ choices: [{ text: 'x' }] })), true);
+  });
+});
+
+describe('seconds flags', () => {
+  test('a number of seconds longer than a timer can wait is refused, naming the flag (it would fire after 1 ms)', () => {
+    assert.equal(secondsFlag('--health-interval', '2'), 2000);
+    assert.equal(secondsFlag('--health-interval', '2147483'), 2_147_483_000);
+    assert.throws(() => secondsFlag('--health-interval', '3600000'), /--health-interval: expected a number of seconds > 0 and <= 2147483, found "3600000"/);
+    assert.throws(() => secondsFlag('--idle-timeout', '0'), /--idle-timeout/);
+  });
+});
+
+describe('prefill body', () => {
+  test("keeps the client's fields, leaves out the answer-shape ones, asks for one token, and leaves the client's body as it was", () => {
+    const client = JSON.parse(
+      '{"model":"m","prompt":"p","temperature":0.5,"max_tokens":9,"stream":true,"n":1,"stream_options":{"include_usage":true},"max_completion_tokens":9,' +
+        '"best_of":2,"min_tokens":3,"echo":true,"logprobs":2,"top_logprobs":2,"kv_transfer_params":{"evil":true},"seed":7}',
+    ) as Record<string, unknown>;
+    const before = JSON.stringify(client);
+    const pb = prefillBody(client);
+    assert.deepEqual(pb, { model: 'm', prompt: 'p', temperature: 0.5, seed: 7, max_tokens: 1, stream: false, n: 1 });
+    assert.equal(JSON.stringify(client), before);
+    assert.notEqual(pb, client);
+  });
+});
+
+describe('TTFT statistics', () => {
+  test('percentile, median, average', () => {
+    const s = summarize([5, 1, 3, 2, 4]);
+    assert.deepEqual(s, { count: 5, avg: 3, median: 3, p99: 5 });
+    assert.equal(summarize([1, 2, 3, 4]).median, 2.5);
+    const hundred = Array.from({ length: 100 }, (_, i) => i + 1);
+    assert.equal(percentile(hundred, 99), 99);
+    assert.equal(percentile(hundred, 50), 50);
+    assert.equal(summarize([]).count, 0);
+  });
+  test('one timestamped line per prefiller with count, avg, median, p99 in ms, saying which time it is; window resets; quiet when idle', () => {
+    const st = new TtftStats(['prefiller-0', 'prefiller-1']);
+    st.record('prefiller-0', 10);
+    st.record('prefiller-0', 30);
+    st.record('prefiller-1', 7.25);
+    const now = new Date('2026-01-02T03:04:05.678Z');
+    const lines = st.flush(5, now);
+    const basis = "(prefill node's time, KV transfer included; end-to-end TTFT is in /metrics)";
+    assert.deepEqual(lines, [
+      `2026-01-02T03:04:05.678Z TTFT prefiller-0: 2 requests in last 5s (total 2), avg 20.0 ms, median 20.0 ms, p99 30.0 ms ${basis}`,
+      `2026-01-02T03:04:05.678Z TTFT prefiller-1: 1 requests in last 5s (total 1), avg 7.3 ms, median 7.3 ms, p99 7.3 ms ${basis}`,
+    ]);
+    assert.deepEqual(st.flush(5, now), [], 'no request in the interval: no line at all');
+    st.record('prefiller-1', 4);
+    assert.deepEqual(st.flush(5, now), [`2026-01-02T03:04:05.678Z TTFT prefiller-1: 1 requests in last 5s (total 2), avg 4.0 ms, median 4.0 ms, p99 4.0 ms ${basis}`]);
+    assert.equal(formatStatsLine('x', summarize([1]), 1, 5), `TTFT x: 1 requests in last 5s (total 1), avg 1.0 ms, median 1.0 ms, p99 1.0 ms ${basis}`);
+    assert.match(formatStatsLine('decoder-only', summarize([1]), 1, 5), /\(decoder's time to first token, no prefiller\)$/);
+  });
+});
+
+describe('proxy against stub engines', () => {
+  let P: StubEngine[] = [];
+  let D: StubEngine[] = [];
+  let proxy: ProxyServer;
+  let base = '';
+  let notifyPort = 0;
+  const statsLines: string[] = [];
+
+  const post = async (path: string, body: unknown, signal?: AbortSignal) => {
+    const r = await fetch(base + path, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: signal ?? AbortSignal.timeout(10_000) });
+    return { status: r.status, text: await r.text(), type: r.headers.get('content-type') ?? '' };
+  };
+  const completions = (stub: StubEngine) => stub.requests.filter((r) => r.path !== '/tokenize');
+  const reset = () => {
+    for (const s of [...P, ...D]) {
+      s.requests.length = 0;
+      s.mode = 'ok';
+      s.delayMs = 0;
+      s.streamDelayMs = 0;
+      s.aborted = 0;
+      s.maxModelLen = STUB_CONTEXT;
+    }
+  };
+  const metricValue = async (re: RegExp) => Number((await (await fetch(base + '/metrics')).text()).match(re)?.[1] ?? NaN);
+  const waitUntil = async (cond: () => boolean | Promise<boolean>, ms: number, what: string) => {
+    const end = Date.now() + ms;
+    while (Date.now() < end) {
+      if (await cond()) return;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    assert.fail(`timed out after ${ms} ms waiting for ${what}`);
+  };
+
+  before(async () => {
+    P = [await startStubEngine('p0'), await startStubEngine('p1')];
+    D = [await startStubEngine('d0'), await startStubEngine('d1')];
+    const ports = await freePortRange(2);
+    notifyPort = ports + 1;
+    proxy = new ProxyServer({
+      host: '127.0.0.1',
+      port: ports,
+      topology: {
+        prefillers: P.map((s) => ({ host: '127.0.0.1', port: s.port })),
+        decoders: D.map((s, i) => ({ host: '127.0.0.1', port: s.port, initPort: 7300 + i, allocPort: 7400 + i })),
+      },
+      notify: { host: '127.0.0.1', port: notifyPort },
+      timeouts: { tokenizeMs: 2_000, prefillMs: 800, decodeMs: 2_000, idleMs: 2_000 },
+      healthIntervalMs: 150,
+      statsIntervalMs: 300,
+      statsSink: (l) => statsLines.push(l),
+    });
+    await proxy.start();
+    base = `http://127.0.0.1:${proxy.port}`;
+  });
+  after(async () => {
+    await proxy?.stop();
+    for (const s of [...P, ...D]) await s.close().catch(() => undefined);
+  });
+
+  test('non-streamed completion: prefiller gets max_tokens=1/stream=false/disagg_spec, decoder the original request', async () => {
+    reset();
+    const r = await post('/v1/completions', { model: 'stub', prompt: 'hello there world', max_tokens: 5, stream_options: { include_usage: true }, kv_transfer_params: { evil: true } });
+    assert.equal(r.status, 200, r.text);
+    const j = JSON.parse(r.text);
+    assert.equal(j.choices[0].text, stubWords('hello there world', 5).join(''));
+    assert.equal(j.usage.completion_tokens, 5);
+    const all = [...P, ...D];
+    const pre = all.flatMap((s) => completions(s).filter((q) => q.body.max_tokens === 1).map((q) => ({ s, q })));
+    assert.equal(pre.length, 1);
+    const pb = pre[0]!.q.body;
+    assert.equal(pb.stream, false);
+    assert.equal(pb.stream_options, undefined);
+    const spec = (pb.kv_transfer_params as any).disagg_spec;
+    assert.match(spec.req_id, /^kvc-/);
+    assert.equal(spec.receiver_host, '127.0.0.1');
+    const dec = D.find((d) => completions(d).length === 1)!;
+    assert.ok(dec, 'one decoder got the request');
+    const di = D.indexOf(dec);
+    assert.equal(spec.receiver_init_port, 7300 + di);
+    assert.equal(spec.receiver_alloc_port, 7400 + di);
+    const db = completions(dec)[0]!.body;
+    assert.equal(db.max_tokens, 5);
+    assert.deepEqual((db.kv_transfer_params as any).disagg_spec, spec, 'decoder gets the same disagg_spec');
+    assert.equal((db.kv_transfer_params as any).evil, undefined, "client's kv_transfer_params are dropped");
+    assert.equal(dec.requests.filter((q) => q.path === '/tokenize').length, 1, 'tokenized on the decoder');
+  });
+
+  test('streamed completion and chat relay the SSE unchanged', async () => {
+    reset();
+    const r = await post('/v1/completions', { model: 'stub', prompt: 'abc', max_tokens: 3, stream: true });
+    assert.equal(r.status, 200);
+    assert.match(r.type, /text\/event-stream/);
+    const events = r.text.split('\n\n').filter(Boolean);
+    assert.equal(events.at(-1), 'data: [DONE]');
+    const text = events.slice(0, 3).map((e) => JSON.parse(e.slice(6)).choices[0].text).join('');
+    assert.equal(text, stubWords('abc', 3).join(''));
+    const msgs = [{ role: 'user', content: 'hi' }];
+    const c = await post('/v1/chat/completions', { model: 'stub', messages: msgs, max_tokens: 2, stream: true });
+    assert.equal(c.status, 200);
+    const ev = c.text.split('\n\n').filter(Boolean);
+    assert.equal(ev.at(-1), 'data: [DONE]');
+    assert.equal(JSON.parse(ev[0]!.slice(6)).object, 'chat.completion.chunk');
+    const nc = await post('/v1/chat/completions', { model: 'stub', messages: msgs, max_tokens: 2 });
+    assert.equal(JSON.parse(nc.text).choices[0].message.content, stubWords(JSON.stringify(msgs), 2).join(''));
+  });
+
+  test('the relayed stream is byte for byte the decoder\'s, whether its events come in one burst or one by one', async () => {
+    // Only the id (it names the stub and counts its requests) and the creation second differ
+    // between two answers of a stub to the same body.
+    const norm = (t: string) => t.replace(/"id":"[^"]*"/g, '"id":"-"').replace(/"created":\d+/g, '"created":0');
+    for (const streamDelayMs of [0, 5]) {
+      reset();
+      for (const s of D) s.streamDelayMs = streamDelayMs;
+      for (const body of [
+        { model: 'stub', prompt: 'same bytes', max_tokens: 12, stream: true },
+        { model: 'stub', messages: [{ role: 'user', content: 'same bytes' }], max_tokens: 12, stream: true },
+      ]) {
+        const path = 'messages' in body ? '/v1/chat/completions' : '/v1/completions';
+        const viaProxy = await post(path, body);
+        assert.equal(viaProxy.status, 200, viaProxy.text);
+        const direct = await fetch(`http://127.0.0.1:${D[0]!.port}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+        const directText = await direct.text();
+        assert.ok(directText.split('\n\n').length > 12, 'the decoder streamed one event per token');
+        assert.equal(norm(viaProxy.text), norm(directText), `stream relayed unchanged (stream delay ${streamDelayMs} ms)`);
+      }
+    }
+    reset();
+  });
+
+  test('round-robin over prefillers and decoders', async () => {
+    reset();
+    for (let i = 0; i < 4; i++) assert.equal((await post('/v1/completions', { prompt: `p ${i}`, max_tokens: 2 })).status, 200);
+    assert.deepEqual(P.map((p) => completions(p).length), [2, 2]);
+    assert.deepEqual(D.map((d) => completions(d).length), [2, 2]);
+    // Consecutive requests alternate.
+    const firstP = completions(P[0]!).map((q) => q.body.prompt);
+    assert.ok(firstP[0] === 'p 0' ? firstP[1] === 'p 2' : firstP[0] === 'p 1' && firstP[1] === 'p 3', `p0 got ${firstP}`);
+  });
+
+  test('a failing prefiller is skipped, marked down and probed back', async () => {
+    reset();
+    P[0]!.mode = 'error';
+    for (let i = 0; i < 4; i++) assert.equal((await post('/v1/completions', { prompt: `f ${i}`, max_tokens: 2 })).status, 200);
+    const h = await (await fetch(base + '/health')).json() as any;
+    assert.equal(h.prefillers[0].up, false);
+    assert.equal(h.status, 'degraded');
+    assert.match(h.prefillers[0].last_error, /HTTP 50[03]/);
+    assert.equal(P[1]!.requests.length, 4, 'every request prefilled on the healthy one');
+    P[0]!.mode = 'ok';
+    await waitUntil(() => proxy.prefillers[0]!.up, 3_000, 'prefiller-0 back up');
+    P[0]!.requests.length = 0;
+    for (let i = 0; i < 2; i++) assert.equal((await post('/v1/completions', { prompt: `g ${i}`, max_tokens: 2 })).status, 200);
+    assert.equal(completions(P[0]!).length, 1, 'recovered prefiller used again');
+  });
+
+  test('a prefiller that hangs times out and the next one serves', async () => {
+    reset();
+    P[0]!.mode = 'hang';
+    P[1]!.mode = 'ok';
+    const t = Date.now();
+    const rs = await Promise.all([0, 1].map((i) => post('/v1/completions', { prompt: `h ${i}`, max_tokens: 2 })));
+    assert.deepEqual(rs.map((r) => r.status), [200, 200]);
+    assert.ok(Date.now() - t < 5_000);
+    const m = await (await fetch(base + '/metrics')).text();
+    assert.match(m, /kvc_proxy_prefill_failures_total\{prefiller="prefiller-0\([^)]*\)"\} [1-9]/);
+    P[0]!.mode = 'ok';
+    await waitUntil(() => proxy.prefillers[0]!.up, 3_000, 'prefiller-0 back up');
+  });
+
+  test('no prefiller left: the decoder prefills alone and the request succeeds', async () => {
+    reset();
+    P[0]!.mode = 'error';
+    P[1]!.mode = 'error';
+    const r = await post('/v1/completions', { prompt: 'alone', max_tokens: 3 });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(JSON.parse(r.text).choices[0].text, stubWords('alone', 3).join(''));
+    const dreq = D.flatMap(completions);
+    assert.equal(dreq.length, 1);
+    assert.equal(dreq[0]!.body.kv_transfer_params, undefined, 'no transfer announced to the decoder');
+    const m = await (await fetch(base + '/metrics')).text();
+    assert.match(m, /kvc_proxy_decoder_only_total [1-9]/);
+    P[0]!.mode = 'ok';
+    P[1]!.mode = 'ok';
+    await waitUntil(() => proxy.prefillers.every((p) => p.up), 3_000, 'prefillers back up');
+  });
+
+  test('a failed decoder gives a 502 JSON error', async () => {
+    reset();
+    D[0]!.mode = 'error';
+    D[1]!.mode = 'error';
+    const r = await post('/v1/completions', { prompt: 'x', max_tokens: 2 });
+    assert.equal(r.status, 502);
+    const j = JSON.parse(r.text);
+    assert.equal(j.error.type, 'upstream_error');
+    assert.match(j.error.message, /decoder-\d.*HTTP 500/);
+    const s = await post('/v1/completions', { prompt: 'x', max_tokens: 2, stream: true });
+    assert.equal(s.status, 502);
+    assert.match(s.type, /application\/json/);
+    D[0]!.mode = 'ok';
+    D[1]!.mode = 'ok';
+    await waitUntil(() => proxy.decoders.every((d) => d.up), 3_000, 'decoders back up');
+  });
+
+  test('a decoder stream that breaks off ends the client stream with an error event', async () => {
+    reset();
+    D[0]!.mode = 'cut';
+    D[1]!.mode = 'cut';
+    const r = await post('/v1/completions', { prompt: 'cut me', max_tokens: 4, stream: true });
+    assert.equal(r.status, 200);
+    const events = r.text.split('\n\n').filter(Boolean);
+    assert.equal(JSON.parse(events[0]!.slice(6)).choices[0].text, stubWords('cut me', 4)[0]);
+    const last = JSON.parse(events.at(-1)!.slice(6));
+    assert.equal(last.error.type, 'upstream_error');
+    assert.match(last.error.message, /stream broken/);
+    assert.ok(!r.text.includes('[DONE]'));
+    D[0]!.mode = 'ok';
+    D[1]!.mode = 'ok';
+  });
+
+  test('a closed decoder port (refused) is skipped at tokenize time', async () => {
+    reset();
+    const spare = await startStubEngine('spare');
+    const port = spare.port;
+    await spare.close();
+    const lone = new ProxyServer({
+      host: '127.0.0.1', port: 0,
+      topology: { prefillers: [{ host: '127.0.0.1', port: P[0]!.port }], decoders: [{ host: '127.0.0.1', port, initPort: 1, allocPort: 2 }] },
+      notify: null, timeouts: { tokenizeMs: 1_000, prefillMs: 1_000, decodeMs: 1_000, idleMs: 1_000 }, healthIntervalMs: 10_000, statsIntervalMs: 10_000,
+    });
+    await lone.start();
+    try {
+      const r = await fetch(`http://127.0.0.1:${lone.port}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: 'x' }) });
+      assert.equal(r.status, 502);
+      const j = await r.json() as any;
+      assert.match(j.error.message, /no decoder answered.*ECONNREFUSED/);
+      const h = await fetch(`http://127.0.0.1:${lone.port}/health`);
+      assert.equal(h.status, 503);
+    } finally {
+      await lone.stop();
+    }
+  });
+
+  test('bad requests are 400 naming the field; upstream 4xx pass through', async () => {
+    reset();
+    let r = await post('/v1/completions', { max_tokens: 2 });
+    assert.equal(r.status, 400);
+    assert.match(JSON.parse(r.text).error.message, /`prompt`/);
+    r = await post('/v1/chat/completions', { messages: 'hi' });
+    assert.equal(r.status, 400);
+    assert.match(JSON.parse(r.text).error.message, /`messages`/);
+    r = await post('/v1/completions', { prompt: 'a', stream: 'yes' });
+    assert.match(JSON.parse(r.text).error.message, /`stream`/);
+    const raw = await fetch(base + '/v1/completions', { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"prompt": ' });
+    assert.equal(raw.status, 400);
+    assert.equal((await fetch(base + '/nope')).status, 404);
+    // Requests that cannot fit the context are refused before any prefill, with the engine's
+    // own code and message (src/protocol/context_limit.ts).
+    for (const d of D) d.maxModelLen = 2048;
+    const long = Array.from({ length: 3000 }, () => 'w').join(' ');
+    r = await post('/v1/completions', { prompt: long });
+    assert.equal(r.status, 400);
+    assert.equal(JSON.parse(r.text).error.code, 'context_length_exceeded');
+    assert.match(JSON.parse(r.text).error.message, /field `prompt`: the prompt has 3000 tokens; this model's maximum context length is 2048 tokens/);
+    r = await post('/v1/completions', { prompt: Array.from({ length: 2000 }, () => 'w').join(' '), max_tokens: 100 });
+    assert.equal(JSON.parse(r.text).error.code, 'context_length_exceeded');
+    assert.match(JSON.parse(r.text).error.message, /field `max_tokens`: 100 tokens requested with a 2000-token prompt/);
+    r = await post('/v1/chat/completions', { messages: [{ role: 'user', content: 'a b' }], max_tokens: 10, max_completion_tokens: 2047 });
+    assert.match(JSON.parse(r.text).error.message, /field `max_completion_tokens`: 2047 tokens requested/);
+    for (const s of D) s.maxModelLen = STUB_CONTEXT;
+    assert.equal(P.flatMap(completions).length, 0, 'nothing reached a prefiller');
+    // The engine's own 400 (here from the prefiller) reaches the client unchanged.
+    r = await post('/v1/completions', { prompt: 'a', max_tokens: -1 });
+    assert.equal(r.status, 400);
+    assert.match(JSON.parse(r.text).error.message, /`max_tokens`/);
+    r = await post('/v1/completions', { prompt: 'a', temperature: -1 });
+    assert.equal(r.status, 400);
+    assert.match(JSON.parse(r.text).error.message, /`temperature`: expected a number >= 0/);
+    assert.equal(D.flatMap(completions).length, 0, 'the decoder was not asked');
+  });
+
+  test('a client that disconnects cancels the upstream call', async () => {
+    reset();
+    for (const p of P) p.aborted = 0;
+    P[0]!.delayMs = 600;
+    P[1]!.delayMs = 600;
+    const ac = new AbortController();
+    const pending = post('/v1/completions', { prompt: 'bye', max_tokens: 2 }, ac.signal).catch((e) => e);
+    await waitUntil(() => P.some((p) => completions(p).length > 0), 2_000, 'prefill started');
+    ac.abort();
+    await pending;
+    await waitUntil(() => P[0]!.aborted + P[1]!.aborted === 1, 2_000, 'prefiller saw the cancel');
+    await new Promise((r) => setTimeout(r, 800));
+    assert.equal(D.flatMap(completions).length, 0, 'decoder never called');
+    const m = await (await fetch(base + '/metrics')).text();
+    assert.match(m, /kvc_proxy_client_disconnects_total [1-9]/);
+  });
+
+  test('end-to-end TTFT of a stream is taken at the first event with text, not the role-only chat chunk', async () => {
+    reset();
+    for (const d of D) d.streamDelayMs = 300;
+    const re = /kvc_proxy_ttft_seconds_sum\{endpoint="\/v1\/chat\/completions"\} ([\d.e+-]+)/;
+    const cnt = /kvc_proxy_ttft_seconds_count\{endpoint="\/v1\/chat\/completions"\} (\d+)/;
+    const sum0 = (await metricValue(re)) || 0;
+    const n0 = (await metricValue(cnt)) || 0;
+    const r = await post('/v1/chat/completions', { model: 'stub', messages: [{ role: 'user', content: 'slow' }], max_tokens: 1, stream: true });
+    assert.equal(r.status, 200);
+    const first = JSON.parse(r.text.split('\n\n')[0]!.slice(6));
+    assert.deepEqual(first.choices[0].delta, { role: 'assistant', content: '' }, 'the stream opens with a role-only chunk');
+    assert.equal(await metricValue(cnt), n0 + 1);
+    // The role chunk leaves at once, the first word 300 ms later (the stub's delay).
+    const ttft = (await metricValue(re)) - sum0;
+    assert.ok(ttft >= 0.29, `TTFT ${ttft} s counts from the first content event`);
+  });
+
+  test('decoder-only requests: statistics line with the decoder\'s real time to first token', async () => {
+    reset();
+    P[0]!.mode = 'error';
+    P[1]!.mode = 'error';
+    for (const d of D) d.delayMs = 300;
+    statsLines.length = 0;
+    const s = await post('/v1/completions', { prompt: 'alone streamed', max_tokens: 2, stream: true });
+    const j = await post('/v1/completions', { prompt: 'alone whole', max_tokens: 2 });
+    assert.deepEqual([s.status, j.status], [200, 200]);
+    const lineRe = /^\d{4}-\d\d-\d\dT[\d:.]+Z TTFT decoder-only: (\d+) requests in last [\d.]+s \(total \d+\), avg ([\d.]+) ms, median ([\d.]+) ms, p99 ([\d.]+) ms \(decoder's time to first token, no prefiller\)$/;
+    const seen = () => statsLines.map((l) => l.match(lineRe)).filter((m): m is RegExpMatchArray => !!m && m[1] !== '0');
+    await waitUntil(() => seen().reduce((a, m) => a + Number(m[1]), 0) >= 2, 3_000, 'decoder-only statistics lines');
+    for (const m of seen()) {
+      // Each decoder took >= 300 ms to its first token; a made-up 0 would pull these down.
+      for (const v of [m[2], m[3], m[4]]) assert.ok(Number(v) >= 290, `decoder-only TTFT ${v} ms in: ${m[0]}`);
+    }
+    P[0]!.mode = 'ok';
+    P[1]!.mode = 'ok';
+    await waitUntil(() => proxy.prefillers.every((p) => p.up), 3_000, 'prefillers back up');
+  });
+
+  test('a client that disconnects during a streamed decode cancels the decoder call', async () => {
+    reset();
+    for (const d of D) d.streamDelayMs = 100;
+    const ac = new AbortController();
+    const res = await fetch(base + '/v1/completions', {
+      method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'leave early', max_tokens: 40, stream: true }), signal: ac.signal,
+    });
+    assert.equal(res.status, 200);
+    const reader = res.body!.getReader();
+    let got = '';
+    while (!got.includes('\n\n')) {
+      const { value, done } = await reader.read();
+      assert.ok(!done, 'stream ended before its first event');
+      got += Buffer.from(value).toString();
+    }
+    assert.equal(JSON.parse(got.split('\n\n')[0]!.slice(6)).choices[0].text, stubWords('leave early', 40)[0]);
+    const before = await metricValue(/kvc_proxy_client_disconnects_total (\d+)/);
+    ac.abort();
+    // The stream would run 4 s; the decoder must see its request closed long before.
+    await waitUntil(() => D[0]!.aborted + D[1]!.aborted === 1, 2_000, 'the decoder saw the abort');
+    assert.equal(P[0]!.aborted + P[1]!.aborted, 0, 'the prefill had completed normally');
+    assert.equal(await metricValue(/kvc_proxy_client_disconnects_total (\d+)/), before + 1);
+  });
+
+  test('a slow client: the relay pauses the decoder and the whole stream still arrives intact', { timeout: 20_000 }, async () => {
+    reset();
+    const n = 20_000; // ~2.5 MB of SSE: far more than the sockets buffer
+    const { request } = await import('node:http');
+    const text = await new Promise<string>((resolve, reject) => {
+      const req = request(base + '/v1/completions', { method: 'POST', headers: { 'content-type': 'application/json' } }, (res) => {
+        res.pause();
+        // Nothing read for 500 ms: the proxy's socket to the client fills up first.
+        setTimeout(() => {
+          let t = '';
+          res.setEncoding('utf8');
+          res.on('data', (d: string) => (t += d));
+          res.on('end', () => resolve(t));
+          res.resume();
+        }, 500);
+      });
+      req.on('error', reject);
+      req.end(JSON.stringify({ prompt: 'a long one', max_tokens: n, stream: true }));
+    });
+    const events = text.split('\n\n').filter(Boolean);
+    assert.equal(events.length, n + 2);
+    assert.equal(events.at(-1), 'data: [DONE]');
+    assert.equal(events.slice(0, n).map((e) => JSON.parse(e.slice(6)).choices[0].text).join(''), stubWords('a long one', n).join(''));
+  });
+
+  test('a client that stops reading for longer than the idle timeout: its decode is cancelled, the connection freed', { timeout: 30_000 }, async () => {
+    reset();
+    const metric = async (name: string) => Number(new RegExp(`^${name} (\\d+)`, 'm').exec(await (await fetch(base + '/metrics')).text())?.[1] ?? NaN);
+    const disconnects = await metric('kvc_proxy_client_disconnects_total');
+    const { request } = await import('node:http');
+    const req = request(base + '/v1/completions', { method: 'POST', headers: { 'content-type': 'application/json' } }, (r) => {
+      r.pause(); // and never resumed: the sockets fill up and the relay pauses the decoder
+      r.on('error', () => {});
+    });
+    req.on('error', () => {});
+    // ~54 MB of events: more than the client's receive buffer (tcp_rmem's maximum, 32 MiB here)
+    // plus the proxy's send buffer can ever hold, so the stream cannot complete unread.
+    req.end(JSON.stringify({ prompt: 'never read', max_tokens: 300_000, stream: true }));
+    // idleMs is 2 s in this suite, and nothing else bounds a paused stream: without the stall
+    // bound this request would stay in flight, holding a decoder connection, for ever. (The
+    // client itself cannot tell: the proxy's close is queued behind the bytes it never reads.)
+    await waitUntil(async () => (await metric('kvc_proxy_client_disconnects_total')) === disconnects + 1, 20_000, 'the proxy to give up on the client');
+    await waitUntil(async () => (await metric('kvc_proxy_requests_in_flight')) === 0, 5_000, 'nothing left in flight');
+    req.destroy();
+  });
+
+  test('models, health, metrics with end-to-end TTFT, stats lines, xfer notices', async () => {
+    reset();
+    const models = await (await fetch(base + '/v1/models')).json() as any;
+    assert.equal(models.data[0].id, 'stub');
+    const h = await fetch(base + '/health');
+    assert.equal(h.status, 200);
+    const hj = await h.json() as any;
+    assert.equal(hj.prefillers.length, 2);
+    assert.equal(hj.decoders.length, 2);
+    const push = new Push();
+    push.connect(`tcp://127.0.0.1:${notifyPort}`);
+    await push.send(encode({ req_id: 'kvc-x', prefiller: 'p0', num_chunks: 2, num_tokens: 300, ok: true }));
+    await push.send(encode({ req_id: 'kvc-y', prefiller: 'p0', num_chunks: 0, num_tokens: 0, ok: false, error: 'buffer full' }));
+    await push.send(Buffer.from('not msgpack at all \xff'));
+    await waitUntil(() => proxy.notices.ok === 1 && proxy.notices.failed === 1, 3_000, 'notices received');
+    push.close();
+    const m = await (await fetch(base + '/metrics')).text();
+    assert.match(m, /kvc_proxy_ttft_seconds_count\{endpoint="\/v1\/completions"\} [1-9]/);
+    assert.match(m, /kvc_proxy_xfer_tokens_total 300/);
+    assert.match(m, /kvc_proxy_backend_up\{role="prefiller",backend="prefiller-0/);
+    statsLines.length = 0;
+    await post('/v1/completions', { prompt: 'stats', max_tokens: 1 });
+    await waitUntil(() => statsLines.some((l) => /requests in last 0.3s/.test(l) && / 1 requests/.test(l)), 3_000, 'stats line');
+    assert.ok(statsLines.some((l) => /^\d{4}-\d\d-\d\dT[\d:.]+Z TTFT prefiller-\d\(127\.0\.0\.1:\d+\): 1 requests in last 0\.3s \(total \d+\), avg [\d.]+ ms, median [\d.]+ ms, p99 [\d.]+ ms \(prefill node's time, KV transfer included; end-to-end TTFT is in \/metrics\)$/.test(l)), statsLines.join('\n'));
+  });
+});
+
+describe('kvc proxy process', () => {
+  test('statistics lines go to stdout even with KVC_LOG_LEVEL=warn', async () => {
+    const p = await startStubEngine('p');
+    const d = await startStubEngine('d');
+    const port = await freePortRange(2);
+    const child = spawn(process.execPath, [CLI, 'proxy', '--port', String(port), '--proxy-port', String(port + 1),
+      '--prefiller-port', String(p.port), '--decoder-port', String(d.port), '--stats-interval', '0.2'], {
+      env: { ...process.env, KVC_LOG_LEVEL: 'warn' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '';
+    child.stdout!.on('data', (b) => (out += b));
+    child.stderr!.resume();
+    try {
+      const until = async (cond: () => boolean | Promise<boolean>, what: string) => {
+        const end = Date.now() + 20_000;
+        while (!(await cond())) {
+          if (Date.now() > end || child.exitCode !== null) assert.fail(`waiting for ${what}; stdout:\n${out}`);
+          await new Promise((r) => setTimeout(r, 50));
+        }
+      };
+      await until(async () => (await fetch(`http://127.0.0.1:${port}/health`).catch(() => null))?.ok === true, 'the proxy to answer');
+      const r = await fetch(`http://127.0.0.1:${port}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: 'hi', max_tokens: 1 }) });
+      assert.equal(r.status, 200);
+      await until(() => /^\S+Z TTFT prefiller-0\(127\.0\.0\.1:\d+\): 1 requests in last 0\.2s \(total 1\), avg [\d.]+ ms/m.test(out), 'a statistics line on stdout');
+      assert.doesNotMatch(out, /INFO/, 'info log lines are still filtered');
+    } finally {
+      child.kill('SIGTERM');
+      await new Promise((r) => (child.exitCode !== null ? r(null) : child.once('exit', r)));
+      await p.close();
+      await d.close();
+    }
+  });
+});

@@ -7,7 +7,7 @@
 // child wraps that method to add up wall and process CPU time spent inside it. Process CPU
 // outside the forward is the main thread's (scheduling, sampling, detokenizing, SSE, socket
 // writes, GC) plus what the kernel's second thread burns there: it spins briefly after its last
-// job before it sleeps in Atomics.wait (gemm_ctl.ts SPIN_MS), a real cost of the step.
+// job before it sleeps in Atomics.wait (worker_ctl.ts SPIN_MS), a real cost of the step.
 //
 // The forward alone is also timed outside HTTP ({cmd:'direct'}): the same shapes (8 sequences of a
 // 32-token prompt, then 127 decode steps of 8 rows) run in a plain loop through the model itself
@@ -19,7 +19,7 @@
 // And per step: the gap from the end of one 8-row decode forward call to the start of the next,
 // plus the time that first call spent in sampling work done inside it (a tree's argmaxRows after
 // the LM head, and since round 10 the argmax the LM-head product takes chunk by chunk, which the
-// kernel adds up in `gemm.argmaxMs` for the main thread; 0 for a tree with neither). Measured within each step, a few hundred per run,
+// kernel adds up in `argmaxMs` (`llama.kernel`, `llama.gemm` in trees before the kernel's rename) for the main thread; 0 for a tree with neither). Measured within each step, a few hundred per run,
 // its median does not swing with the machine's speed from one second to the next, which the
 // difference of two ~10 ms step times measured seconds apart does (±0.5 ms per step here).
 //
@@ -29,18 +29,20 @@
 // ms per decode step); {cmd:'close'} → exits. The engine runs without a connector.
 import { pathToFileURL } from 'node:url';
 import { join } from 'node:path';
-import { argmaxJs } from '../src/engine/model/kernel.js';
+import { argmaxJs } from '../src/engine/model/kernels/kernel.js';
 
 /** The part of an engine (of either tree) the child touches. */
 interface ChildEngine {
   url: string;
   model: {
     forward(...a: unknown[]): unknown;
-    llama: { forward(segs: Segment[], kv: unknown, opts: { transientLogits: boolean }): Float32Array[]; gemm: { argmaxRows?(...a: unknown[]): void; argmaxMs?: number } };
+    llama: { forward(segs: Segment[], kv: unknown, opts: { transientLogits: boolean }): Float32Array[]; kernel?: ChildKernel; gemm?: ChildKernel };
   };
   kv: { allocate(id: number, tokens: number): void; free(id: number): void };
   close(): Promise<void>;
 }
+/** The kernel's sampling counters, as both trees have them. */
+type ChildKernel = { argmaxRows?(...a: unknown[]): void; argmaxMs?: number };
 type Segment = { seqId: number; tokens: number[]; startPos: number; wantLogits: boolean };
 type Msg = { cmd: 'start'; root: string } | { cmd: 'stats' } | { cmd: 'gaps' } | { cmd: 'direct'; prompt: number; tokens: number } | { cmd: 'close' };
 
@@ -92,7 +94,7 @@ process.on('message', (m: Msg) => {
         // Only options both trees know (an older tree has no logRequests/logStats; stdout is dropped).
         const e = await mod.startEngine({ model: 'builtin:tiny', maxNumSeqs: 8, maxNumBatchedTokens: 512, host: '127.0.0.1', port: 0 });
         const forward = e.model.forward.bind(e.model);
-        const gemm = e.model.llama.gemm;
+        const kernel = (e.model.llama.kernel ?? e.model.llama.gemm)!;
         e.model.forward = (...a: unknown[]) => {
           const segs = a[0] as Segment[];
           const decode8 = segs.length === 8 && segs.every((s) => s.tokens.length === 1);
@@ -100,11 +102,11 @@ process.on('message', (m: Msg) => {
           const t0 = performance.now();
           if (decode8 && lastDecodeEnd) gaps.push(t0 - lastDecodeEnd + lastSampling);
           sampling = 0;
-          const am0 = gemm.argmaxMs ?? 0;
+          const am0 = kernel.argmaxMs ?? 0;
           try {
             return forward(...a);
           } finally {
-            sampling += (gemm.argmaxMs ?? 0) - am0;
+            sampling += (kernel.argmaxMs ?? 0) - am0;
             const t1 = performance.now();
             inside.wall += t1 - t0;
             inside.cpu += cpuMicros() - c0;
@@ -114,9 +116,9 @@ process.on('message', (m: Msg) => {
           }
         };
         // Sampling work inside the forward call (argmax after the LM head) counts as step cost.
-        const rowsArgmax = gemm.argmaxRows?.bind(gemm);
+        const rowsArgmax = kernel.argmaxRows?.bind(kernel);
         if (rowsArgmax) {
-          gemm.argmaxRows = (...a: unknown[]) => {
+          kernel.argmaxRows = (...a: unknown[]) => {
             const t = performance.now();
             try {
               rowsArgmax(...a);

@@ -11,7 +11,7 @@
 // Options: `--baseline DIR`; `--only http-step` runs just the step-cost part.
 // Last line: one JSON object with every figure (targets: docs/engine.md).
 import { validateCacheConfig } from '../src/common/config.js';
-import { measureGemm } from '../src/engine/model/gemm_bench.js';
+import { measureGemm } from '../src/engine/model/kernels/gemm_bench.js';
 import { startEngine, type Engine } from '../src/engine/server.js';
 import { readStreamTtft } from './_stream_ttft.js';
 import { measureStepCost, type StepCost } from './_http_step.js';

@@ -10,9 +10,9 @@
 import { existsSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { ensureBuiltinModel } from '../src/engine/model/builtin.js';
-import type { Gemm } from '../src/engine/model/kernel.js';
-import { measureGemm, measureGemmFma, measureGemmShapes, PREFILL_156M_SHAPES } from '../src/engine/model/gemm_bench.js';
+import { ensureBuiltinModel } from '../src/engine/model/formats/builtin.js';
+import type { Kernel } from '../src/engine/model/kernels/kernel.js';
+import { measureGemm, measureGemmFma, measureGemmShapes, PREFILL_156M_SHAPES } from '../src/engine/model/kernels/gemm_bench.js';
 import { LlamaModel } from '../src/engine/model/model.js';
 
 const MiB = 1024 * 1024;
@@ -33,7 +33,7 @@ async function profilePrefill(dir: string, reps: number): Promise<Record<1 | 2, 
   const models = { 1: await LlamaModel.load(dir, { threads: 1 }), 2: await LlamaModel.load(dir, { threads: 2 }) };
   const samples = { 1: [] as Record<string, number>[], 2: [] as Record<string, number>[] };
   for (const th of [1, 2] as const) {
-    const g = models[th].gemm as unknown as Record<string, (...a: unknown[]) => unknown>;
+    const g = models[th].kernel as unknown as Record<string, (...a: unknown[]) => unknown>;
     for (const name of PROFILED) {
       const f = g[name]!.bind(g);
       g[name] = (...a: unknown[]) => {
@@ -67,7 +67,7 @@ async function profilePrefill(dir: string, reps: number): Promise<Record<1 | 2, 
     const run = runs[runs.length >> 1]!;
     const inOps = Object.entries(run).filter(([k]) => k !== 'total').reduce((a, [, v]) => a + v, 0);
     out[th] = { ...run, rest: run['total']! - inOps };
-    (models[th].gemm as Gemm).close();
+    (models[th].kernel as Kernel).close();
   }
   return out;
 }

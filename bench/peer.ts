@@ -5,7 +5,7 @@
 //      @node-llama-cpp/linux-x64; nothing is downloaded or built at run time (build: 'never').
 //   2. Two checkpoints: the built-in tiny model and a ~156M-parameter random Llama generated here
 //      (dim 1024, 8 layers, 16/4 heads, hidden 2816, untied head). Each is converted to GGUF by
-//      kvc's own converter (src/engine/model/gguf_write.ts, q/k rows permuted for llama.cpp's RoPE).
+//      kvc's own converter (src/engine/model/formats/gguf_write.ts, q/k rows permuted for llama.cpp's RoPE).
 //   3. Greedy tokens must match on prompts of 20 and 200 tokens (16 generated tokens each).
 //   4. Speed, both engines in-process, each at 1 and at 2 threads (its best counts): prefill of a
 //      512-token prompt, decode at batch 1 (one sequence, 64 steps after a 32-token prompt) and
@@ -18,7 +18,7 @@
 //      with one KV cache per configuration kept across runs (as a server keeps it; llama.cpp's
 //      context, and so its KV buffer, is likewise allocated outside the timed region).
 //   5. kvc decode at batch 1 from the 156M model's Q8_0 GGUF against its f32 weights (interleaved).
-//   6. The block formats kvc re-quantizes at load (src/engine/model/gguf_blocks.ts): the tiny model
+//   6. The block formats kvc re-quantizes at load (src/engine/model/formats/gguf_blocks.ts): the tiny model
 //      in llama.cpp's Q4_K_M and Q5_K_M mixes, all-Q6_K and all-Q5_0, written by kvc's converter;
 //      on 8 prompts, the next-token distribution of kvc and of llama.cpp from each file, against
 //      each other and against kvc's f32 model (total variation distance). Both read the same
@@ -46,13 +46,13 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import * as vega from 'vega';
 import { compile, type TopLevelSpec } from 'vega-lite';
-import { builtinConfigJson, ensureBuiltinModel, builtinTensors, Rng, randn, tokenizerPackageDir, type BuiltinSpec } from '../src/engine/model/builtin.js';
-import { loadGguf, loadGgufModel } from '../src/engine/model/gguf_model.js';
-import { fmaSupport } from '../src/engine/model/fma.js';
-import type { GgmlTypeName } from '../src/engine/model/gguf_format.js';
-import { convertToGguf } from '../src/engine/model/gguf_write.js';
+import { builtinConfigJson, ensureBuiltinModel, builtinTensors, Rng, randn, tokenizerPackageDir, type BuiltinSpec } from '../src/engine/model/formats/builtin.js';
+import { loadGguf, loadGgufModel } from '../src/engine/model/formats/gguf_model.js';
+import { fmaSupport } from '../src/engine/model/kernels/fma.js';
+import type { GgmlTypeName } from '../src/engine/model/formats/gguf_format.js';
+import { convertToGguf } from '../src/engine/model/formats/gguf_write.js';
 import { LlamaModel, type Segment } from '../src/engine/model/model.js';
-import { writeSafetensors, type TensorToWrite } from '../src/engine/model/safetensors.js';
+import { writeSafetensors, type TensorToWrite } from '../src/engine/model/formats/safetensors.js';
 import { resultsDir } from './_plot.js';
 
 const PEER_VERSION = '3.22.1';
@@ -218,7 +218,7 @@ class KvcSide {
     for (let i = 0; i < n; i++) {
       const [lg] = this.model.forward([{ seqId: id, tokens: seg, startPos: pos, wantLogits: true }], kv, { transientLogits: true });
       pos += seg.length;
-      const t = this.model.gemm.argmax(lg!);
+      const t = this.model.kernel.argmax(lg!);
       out.push(t);
       seg = [t];
     }

@@ -4,7 +4,7 @@
 // modelIdOf() gives the id chunk keys are bound to (the same on every engine of one model).
 import { existsSync, statSync } from 'node:fs';
 import { basename, join, resolve } from 'node:path';
-import { BUILTIN_MODELS, builtinDirName } from './model/builtin.js';
+import { BUILTIN_MODELS, builtinDirName } from './model/formats/builtin.js';
 
 /** Throws an Error starting with `flag` when `spec` is not a built-in model or a checkpoint directory. */
 export function checkModelSpec(spec: string, flag = '--model'): void {

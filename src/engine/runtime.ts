@@ -3,8 +3,8 @@
 import type { KvLayout } from '../common/chunk.js';
 import type { ModelConfig } from './model/config.js';
 import type { PagedKvCache } from './model/kv_cache.js';
-import { resolveModelDir } from './model/builtin.js';
-import { loadGguf } from './model/gguf_model.js';
+import { resolveModelDir } from './model/formats/builtin.js';
+import { loadGguf } from './model/formats/gguf_model.js';
 import { LlamaModel } from './model/model.js';
 import { Tokenizer } from './model/tokenizer.js';
 import type { ForwardSegment, Forwarder } from './scheduler.js';
@@ -50,7 +50,7 @@ export async function loadEngineModel(spec: string, env: NodeJS.ProcessEnv = pro
     },
     argmax: (logits: Float32Array) => {
       const i = rows.indexOf(logits);
-      return i >= 0 ? greedy[i]! : llama.gemm.argmax(logits);
+      return i >= 0 ? greedy[i]! : llama.kernel.argmax(logits);
     },
   };
 }

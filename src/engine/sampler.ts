@@ -11,7 +11,7 @@
 //
 // Logprobs are those of the model's own distribution (a log-softmax of the raw logits, before
 // any processor or temperature), as vLLM reports them by default.
-import { argmaxJs } from './model/kernel.js';
+import { argmaxJs } from './model/kernels/kernel.js';
 
 export interface SamplingParams {
   temperature: number;

@@ -10,7 +10,7 @@ import { readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import OpenAI from 'openai';
 import { freePortRange } from '../../src/common/ports.js';
-import { BUILTIN_MODELS, writeBuiltinModel, type BuiltinSpec } from '../../src/engine/model/builtin.js';
+import { BUILTIN_MODELS, writeBuiltinModel, type BuiltinSpec } from '../../src/engine/model/formats/builtin.js';
 import { LlamaModel, argmax } from '../../src/engine/model/model.js';
 import { Tokenizer } from '../../src/engine/model/tokenizer.js';
 import { postJson, startKvc, type Proc } from '../../harness/proc.js';

@@ -3,7 +3,7 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { kernelEnv } from '../../src/engine/model/kernel_env.js';
+import { kernelEnv } from '../../src/engine/model/kernels/env.js';
 
 describe('kernel environment', () => {
   it('accepts the documented values and defaults', () => {
@@ -20,8 +20,8 @@ describe('kernel environment', () => {
 
 describe('KVC_WEIGHTS_4BIT=q4', () => {
   it('needs the relaxed-SIMD (FMA) kernel: with KVC_WASM_FMA=0 start-up stops and says why', () => {
-    const createGemm = new URL('../../src/engine/model/gemm.js', import.meta.url).href;
-    const r = spawnSync(process.execPath, ['--input-type=module', '-e', `const { createGemm } = await import(${JSON.stringify(createGemm)}); await createGemm({});`], {
+    const createKernel = new URL('../../src/engine/model/kernels/create.js', import.meta.url).href;
+    const r = spawnSync(process.execPath, ['--input-type=module', '-e', `const { createKernel } = await import(${JSON.stringify(createKernel)}); await createKernel({});`], {
       env: { ...process.env, KVC_WASM_FMA: '0', KVC_WEIGHTS_4BIT: 'q4' },
       encoding: 'utf8',
       timeout: 60_000,

@@ -9,7 +9,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import { freePortRange } from '../../src/common/ports.js';
 import { runGeneration, type GenerationRequest } from '../../src/engine/generate.js';
 import { EngineMetrics } from '../../src/engine/metrics.js';
-import { BUILTIN_MODELS, ensureBuiltinModel } from '../../src/engine/model/builtin.js';
+import { BUILTIN_MODELS, ensureBuiltinModel } from '../../src/engine/model/formats/builtin.js';
 import { BLOCK_TOKENS, PagedKvCache } from '../../src/engine/model/kv_cache.js';
 import { Tokenizer } from '../../src/engine/model/tokenizer.js';
 import { Scheduler, type ForwardSegment } from '../../src/engine/scheduler.js';

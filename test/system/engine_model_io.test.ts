@@ -9,9 +9,10 @@ import { copyFileSync, existsSync, mkdirSync, readFileSync, readdirSync, utimesS
 import { join, dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseModelConfig, loadModelConfig, ModelConfigError } from '../../src/engine/model/config.js';
-import { SafetensorsCollection, writeSafetensors, f32ToBf16, f32ToF16, f16ToF32 } from '../../src/engine/model/safetensors.js';
+import { SafetensorsCollection, writeSafetensors } from '../../src/engine/model/formats/safetensors.js';
+import { f32ToBf16, f32ToF16, f16ToF32 } from '../../src/engine/model/formats/half.js';
 import { Tokenizer, maxCharsPerToken } from '../../src/engine/model/tokenizer.js';
-import { ensureBuiltinModel, BUILTIN_MODELS, builtinDirName, cleanStaleBuiltinTemps, STALE_TMP_MS } from '../../src/engine/model/builtin.js';
+import { ensureBuiltinModel, BUILTIN_MODELS, builtinDirName, cleanStaleBuiltinTemps, STALE_TMP_MS } from '../../src/engine/model/formats/builtin.js';
 import { tempDir } from '../../harness/temp_dir.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -152,7 +153,7 @@ test('tokenizer: encode/decode, streaming decode of multi-byte characters, chat 
 
 test('builtin model: several processes generating at once agree on one complete directory', async () => {
   const cache = tempDir();
-  const mod = join(here, '..', '..', 'src', 'engine', 'model', 'builtin.js');
+  const mod = join(here, '..', '..', 'src', 'engine', 'model', 'formats', 'builtin.js');
   const script = `import(${JSON.stringify(mod)}).then(async (m) => { process.stdout.write(await m.ensureBuiltinModel('tiny')); })`;
   const runs = await Promise.all(
     [0, 1, 2].map(

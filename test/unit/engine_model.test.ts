@@ -5,17 +5,19 @@
 // kernel equals the plain-JS reference; the paged KV cache respects its budget.
 import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
-import { ensureBuiltinModel } from '../../src/engine/model/builtin.js';
+import { ensureBuiltinModel } from '../../src/engine/model/formats/builtin.js';
 import { LlamaModel, argmax } from '../../src/engine/model/model.js';
-import { expf32 } from '../../src/engine/model/attention.js';
-import { measureGemm } from '../../src/engine/model/gemm_bench.js';
-import { argmaxJs } from '../../src/engine/model/kernel.js';
-import { JsGemm } from '../../src/engine/model/kernel_js.js';
-import { WasmGemm, WasmGemmPool } from '../../src/engine/model/kernel_wasm.js';
+import { expf32 } from '../../src/engine/model/kernels/attention_js.js';
+import { measureGemm } from '../../src/engine/model/kernels/gemm_bench.js';
+import { argmaxJs } from '../../src/engine/model/kernels/kernel.js';
+import { JsKernel } from '../../src/engine/model/kernels/js_kernel.js';
+import { WasmKernel } from '../../src/engine/model/kernels/wasm_kernel.js';
+import { WasmKernelPool } from '../../src/engine/model/kernels/wasm_kernel_pool.js';
 import { PagedKvCache, KvCacheFullError, BLOCK_TOKENS } from '../../src/engine/model/kv_cache.js';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { SafetensorsCollection, writeSafetensors, f32ToBf16, type TensorToWrite } from '../../src/engine/model/safetensors.js';
+import { SafetensorsCollection, writeSafetensors, type TensorToWrite } from '../../src/engine/model/formats/safetensors.js';
+import { f32ToBf16 } from '../../src/engine/model/formats/half.js';
 import { tempDir } from '../../harness/temp_dir.js';
 import fc from 'fast-check';
 import { encodeChunk, verifyChunk, chunkPayload, payloadBytes, DType } from '../../src/common/chunk.js';
@@ -41,8 +43,8 @@ before(async () => {
 });
 
 test('gemm: WASM SIMD kernel equals the JS reference bitwise and is batch invariant', async () => {
-  const js = new JsGemm();
-  const wa = await WasmGemm.create();
+  const js = new JsKernel();
+  const wa = await WasmKernel.create();
   for (const [m, n, k] of [[1, 40, 7], [5, 33, 16], [9, 100, 64], [70, 64, 9], [131, 70, 33]] as const) {
     const a = Float32Array.from({ length: m * k }, (_, i) => Math.sin(i * 1.7) * 3);
     const w = Float32Array.from({ length: n * k }, (_, i) => Math.cos(i * 0.37));
@@ -68,8 +70,8 @@ test('gemm: WASM SIMD kernel equals the JS reference bitwise and is batch invari
     bitsEqual(d2, o1, 'dense wasm');
   }
   // Big enough to be split across the worker thread: still bitwise equal to the reference.
-  const two = await WasmGemm.create({ threads: 2 });
-  const one = await WasmGemm.create({ threads: 1 });
+  const two = await WasmKernel.create({ threads: 2 });
+  const one = await WasmKernel.create({ threads: 1 });
   try {
     const [m, n, k] = [37, 1000, 300];
     const a = Float32Array.from({ length: m * k }, (_, i) => Math.sin(i * 0.77));
@@ -137,8 +139,8 @@ test('gemm: WASM SIMD kernel equals the JS reference bitwise and is batch invari
 });
 
 test('argmax: the WASM SIMD kernel answers like the scalar loop (lowest index on ties, NaN), any length', async () => {
-  const wa = await WasmGemm.create({ threads: 1 });
-  const js = new JsGemm();
+  const wa = await WasmKernel.create({ threads: 1 });
+  const js = new JsKernel();
   try {
     const cases: Float32Array[] = [
       Float32Array.of(1),
@@ -185,9 +187,9 @@ test('argmax: the WASM SIMD kernel answers like the scalar loop (lowest index on
 });
 
 test('matmul with argmaxOut: each row answers like the scalar loop over the product, chunked across the helper thread or not', async () => {
-  const two = await WasmGemm.create({ threads: 2 });
-  const one = await WasmGemm.create({ threads: 1 });
-  const js = new JsGemm();
+  const two = await WasmKernel.create({ threads: 2 });
+  const one = await WasmKernel.create({ threads: 1 });
+  const js = new JsKernel();
   try {
     // [m, k, n]: shared by both threads (m·k·n ≥ 2^20) with and without padded columns, and small.
     for (const [m, k, n, nanFirst] of [[8, 64, 32003, false], [3, 64, 32000, false], [8, 64, 32000, true], [1, 8, 50, false], [8, 32, 4096, false]] as const) {
@@ -228,9 +230,9 @@ test('matmul with argmaxOut: each row answers like the scalar loop over the prod
 });
 
 test('argmaxRows: every row answers like the scalar loop, the rows shared with the helper thread or not', async () => {
-  const two = await WasmGemm.create({ threads: 2 });
-  const one = await WasmGemm.create({ threads: 1 });
-  const js = new JsGemm();
+  const two = await WasmKernel.create({ threads: 2 });
+  const one = await WasmKernel.create({ threads: 1 });
+  const js = new JsKernel();
   try {
     for (const [rows, n] of [[1, 7], [2, 32000], [8, 32003], [13, 50], [3, 1]] as const) {
       const x = Float32Array.from({ length: rows * n }, (_, i) => ((i * 7919) % 97) - 40);
@@ -257,8 +259,8 @@ test('argmaxRows: every row answers like the scalar loop, the rows shared with t
 });
 
 test('attention over staged paged KV equals attend() on gathered operands, WASM and JS, bitwise', async () => {
-  const js = new JsGemm();
-  const wa = await WasmGemm.create({ threads: 1 });
+  const js = new JsKernel();
+  const wa = await WasmKernel.create({ threads: 1 });
   try {
     // A pool of 6 blocks [layers=2][K,V][16][kvDim]; the sequence owns blocks 4, 1, 3 (out of order).
     const layers = 2;
@@ -398,8 +400,8 @@ test('model: split prefill and imported KV give the same logits and the same KV'
 
 test('model: the JS kernel path gives the same logits as WASM', async () => {
   const jsModel = await LlamaModel.load(model.dir, { kernel: 'js' });
-  assert.equal(jsModel.gemm.kind, 'js');
-  assert.equal(model.gemm.kind, 'wasm-simd');
+  assert.equal(jsModel.kernel.kind, 'js');
+  assert.equal(model.kernel.kind, 'wasm-simd');
   const P = prompt(11, 5);
   const a = model.forward([{ seqId: 1, tokens: P, startPos: 0, wantLogits: true }], model.createKvCache(8 * MiB))[0]!;
   const b = jsModel.forward([{ seqId: 1, tokens: P, startPos: 0, wantLogits: true }], jsModel.createKvCache(8 * MiB))[0]!;
@@ -531,7 +533,7 @@ test('loader: an untied, sharded BF16 checkpoint equals its F32 copy', async () 
   // Weights spread over several WASM instances (how checkpoints beyond 4 GiB of f32 are held).
   const m3 = await LlamaModel.load(bfDir, { wasmWeightCapBytes: 96 * 1024 });
   try {
-    assert.ok(m3.gemm instanceof WasmGemmPool && m3.gemm.size >= 3, 'pooled kernel');
+    assert.ok(m3.kernel instanceof WasmKernelPool && m3.kernel.size >= 3, 'pooled kernel');
     const c = m3.forward([{ seqId: 0, tokens: P, startPos: 0, wantLogits: true }], m3.createKvCache(MiB))[0]!;
     bitsEqual(c, a, 'pooled WASM instances vs one');
   } finally {

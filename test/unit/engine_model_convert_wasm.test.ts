@@ -1,4 +1,4 @@
-// The load-time conversions in WASM (convert_wat.ts, convert_wasm.ts) against their JavaScript
+// The load-time conversions in WASM (kernels/wat/convert.ts, kernels/convert_wasm.ts) against their JavaScript
 // definitions, bit for bit: Q8_0 quantization (gguf_format.ts quantizeQ8_0), the six block
 // decoders (gguf_blocks.ts decodeBlocks) and decode-then-quantize, and the q8 packing
 // (weight_pack.ts packEncoded). Inputs cover what a file may hold: random weights, exact
@@ -7,10 +7,10 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
-import { wasmConverter, type WasmConverter } from '../../src/engine/model/convert_wasm.js';
-import { BLOCK_LAYOUT, decodeBlocks, encodeBlocks, type RequantizedType } from '../../src/engine/model/gguf_blocks.js';
-import { quantizeQ8_0 } from '../../src/engine/model/gguf_format.js';
-import { packedBytes, packEncoded, q4_0AsQ8_0 } from '../../src/engine/model/weight_pack.js';
+import { wasmConverter, type WasmConverter } from '../../src/engine/model/kernels/convert_wasm.js';
+import { BLOCK_LAYOUT, decodeBlocks, encodeBlocks, type RequantizedType } from '../../src/engine/model/formats/gguf_blocks.js';
+import { quantizeQ8_0 } from '../../src/engine/model/formats/gguf_format.js';
+import { packedBytes, packEncoded, q4_0AsQ8_0 } from '../../src/engine/model/kernels/weight_pack.js';
 import { seededRandom } from '../../harness/numeric.js';
 
 const TYPES = Object.keys(BLOCK_LAYOUT) as RequantizedType[];

@@ -3,9 +3,9 @@
 // bit and is batch invariant, like the mul+add kernel; the setting is validated.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { detectFma, fmaf, fmaSupport } from '../../src/engine/model/fma.js';
-import { JsGemm } from '../../src/engine/model/kernel_js.js';
-import { WasmGemm } from '../../src/engine/model/kernel_wasm.js';
+import { detectFma, fmaf, fmaSupport } from '../../src/engine/model/kernels/fma.js';
+import { JsKernel } from '../../src/engine/model/kernels/js_kernel.js';
+import { WasmKernel } from '../../src/engine/model/kernels/wasm_kernel.js';
 
 function bitsEqual(a: Float32Array, b: Float32Array, what: string): void {
   assert.equal(a.length, b.length, `${what}: lengths differ`);
@@ -40,16 +40,16 @@ test('gemm: FMA and mul+add WASM kernels each equal the JS kernel with the same 
   const support = fmaSupport();
   if (!support.fma) {
     // Nothing fused to test here: asking for the FMA kernel must fail, not silently compute mul+add.
-    await assert.rejects(WasmGemm.create({ fma: true }), /FMA kernel requested but unavailable/);
+    await assert.rejects(WasmKernel.create({ fma: true }), /FMA kernel requested but unavailable/);
     t.diagnostic(`FMA unavailable: ${support.reason}`);
     return;
   }
   const shapes = [[1, 40, 7], [5, 33, 16], [9, 100, 64], [70, 64, 9], [131, 70, 300]] as const;
   const outs: Record<string, Float32Array[]> = {};
   for (const fma of [true, false]) {
-    const js = new JsGemm({ fma });
-    const one = await WasmGemm.create({ fma, threads: 1 });
-    const two = await WasmGemm.create({ fma, threads: 2 });
+    const js = new JsKernel({ fma });
+    const one = await WasmKernel.create({ fma, threads: 1 });
+    const two = await WasmKernel.create({ fma, threads: 2 });
     assert.equal(one.fma, fma);
     outs[String(fma)] = [];
     for (const [m, n, k] of shapes) {

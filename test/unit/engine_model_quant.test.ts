@@ -4,11 +4,11 @@
 // invariance) and whether or not the worker thread takes a share of the columns.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { encodeTensor } from '../../src/engine/model/gguf_write.js';
-import { fmaSupport } from '../../src/engine/model/fma.js';
-import { JsGemm } from '../../src/engine/model/kernel_js.js';
-import { WasmGemm } from '../../src/engine/model/kernel_wasm.js';
-import { decodeWeight, type EncodedWeight } from '../../src/engine/model/weight_pack.js';
+import { encodeTensor } from '../../src/engine/model/formats/gguf_write.js';
+import { fmaSupport } from '../../src/engine/model/kernels/fma.js';
+import { JsKernel } from '../../src/engine/model/kernels/js_kernel.js';
+import { WasmKernel } from '../../src/engine/model/kernels/wasm_kernel.js';
+import { decodeWeight, type EncodedWeight } from '../../src/engine/model/kernels/weight_pack.js';
 import { relativeRms } from '../../harness/numeric.js';
 
 function rand(len: number, seed: number, scale = 1): Float32Array {
@@ -34,8 +34,8 @@ test('encoded weights: WASM F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K kernels equal the JS ke
       console.log(`q4 kernel not tested: it needs relaxed SIMD with FMA (${fmaSupport().reason})`);
       continue;
     }
-    const js = new JsGemm({ q4 });
-    const wasm = await WasmGemm.create({ threads, q4 });
+    const js = new JsKernel({ q4 });
+    const wasm = await WasmKernel.create({ threads, q4 });
     try {
       // n not a multiple of the strip (padding), k a multiple of 32 (block formats).
       for (const [n, k] of [
@@ -78,7 +78,7 @@ test('encoded weights: WASM F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K kernels equal the JS ke
 });
 
 test('Q8 product: close to the f32 product of the decoded weights (activations quantized per block of 32)', async () => {
-  const js = new JsGemm();
+  const js = new JsKernel();
   const [n, k, m] = [96, 256, 3];
   const w = rand(n * k, 11, 0.2);
   const enc: EncodedWeight = { type: 'Q8_0', bytes: encodeTensor('Q8_0', w) };
@@ -94,7 +94,7 @@ test('Q8 product: close to the f32 product of the decoded weights (activations q
 });
 
 test('Q4 product: close to the f32 product of the decoded weights, for Q4_0, Q4_1 and Q4_K', async () => {
-  const js = new JsGemm({ q4: true });
+  const js = new JsKernel({ q4: true });
   const [n, k, m] = [96, 512, 3];
   const w = rand(n * k, 11, 0.2);
   const a = rand(m * k, 5);
@@ -111,7 +111,7 @@ test('Q4 product: close to the f32 product of the decoded weights, for Q4_0, Q4_
 });
 
 test('encoded weights: F16 Inf/NaN and malformed sizes are refused at upload', async () => {
-  const wasm = await WasmGemm.create({ threads: 1 });
+  const wasm = await WasmKernel.create({ threads: 1 });
   try {
     const bytes = encodeTensor('F16', rand(32 * 32, 1));
     new DataView(bytes.buffer).setUint16(10, 0x7c00, true);
@@ -125,8 +125,8 @@ test('encoded weights: F16 Inf/NaN and malformed sizes are refused at upload', a
 });
 
 test('swiglu: the WASM kernel equals swigluJs bitwise, extremes included, and is per element', async () => {
-  const { swigluJs } = await import('../../src/engine/model/attention.js');
-  const wasm = await WasmGemm.create({ threads: 1 });
+  const { swigluJs } = await import('../../src/engine/model/kernels/attention_js.js');
+  const wasm = await WasmKernel.create({ threads: 1 });
   try {
     const hidden = 37; // vector body and scalar tail
     const rows = 5;

@@ -1,14 +1,14 @@
 // The forward pass's element-wise operations (and strided row copies) and the in-place paths of the WASM kernel: RMSNorm,
-// RoPE and the residual add in WASM SIMD (ops_wat.ts) equal their JS definitions (ops_js.ts) bit
+// RoPE and the residual add in WASM SIMD (kernels/wat/ops.ts) equal their JS definitions (ops_js.ts) bit
 // for bit, on activation buffers in kernel memory and on plain arrays alike; GEMMs and SwiGLU
 // reading and writing activation buffers in place give the bits of the copying path, with one
 // thread and with the work shared with the worker; softmax with extreme scores equals its JS twin.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { swigluJs } from '../../src/engine/model/attention.js';
-import { JsGemm } from '../../src/engine/model/kernel_js.js';
-import { WasmGemm } from '../../src/engine/model/kernel_wasm.js';
-import { addIntoJs, copyRowsJs, rmsNormJs, ropeJs } from '../../src/engine/model/ops_js.js';
+import { swigluJs } from '../../src/engine/model/kernels/attention_js.js';
+import { JsKernel } from '../../src/engine/model/kernels/js_kernel.js';
+import { WasmKernel } from '../../src/engine/model/kernels/wasm_kernel.js';
+import { addIntoJs, copyRowsJs, rmsNormJs, ropeJs } from '../../src/engine/model/kernels/ops_js.js';
 
 function sameBits(a: Float32Array, b: Float32Array, what: string): void {
   assert.equal(a.length, b.length, `${what}: lengths differ`);
@@ -28,15 +28,15 @@ function rand(n: number, seed: number, scale = 1): Float32Array {
 }
 
 /** A copy of `v` in activation slot `slot` of the kernel (kernel memory). */
-function inKernel(g: WasmGemm, slot: number, v: Float32Array): Float32Array {
+function inKernel(g: WasmKernel, slot: number, v: Float32Array): Float32Array {
   const a = g.activation(slot, v.length);
   a.set(v);
   return a;
 }
 
 /** Runs `fn` on a WASM kernel made with `opts`, then closes it (its worker thread), also on failure. */
-async function withKernel(opts: Parameters<typeof WasmGemm.create>[0], fn: (g: WasmGemm) => void | Promise<void>): Promise<void> {
-  const g = await WasmGemm.create(opts);
+async function withKernel(opts: Parameters<typeof WasmKernel.create>[0], fn: (g: WasmKernel) => void | Promise<void>): Promise<void> {
+  const g = await WasmKernel.create(opts);
   try {
     await fn(g);
   } finally {
@@ -110,7 +110,7 @@ test('RMSNorm, RoPE and the residual add: WASM SIMD equals the JS definition bit
 });
 
 test('GEMMs and SwiGLU on activation buffers equal the copying path and the JS kernel, one and two threads', async () => {
-  const js = new JsGemm();
+  const js = new JsKernel();
   for (const threads of [1, 2] as const) {
     await withKernel({ threads, fma: js.fma }, async (g) => {
       // Large enough to be shared with the worker (2^20 multiply-adds; 2^15 SwiGLU elements).
@@ -153,7 +153,7 @@ test('GEMMs and SwiGLU on activation buffers equal the copying path and the JS k
 });
 
 test('softmax with extreme scores (exp underflow, equal maxima, large magnitudes): WASM equals JS bitwise', async () => {
-  const js = new JsGemm();
+  const js = new JsKernel();
   await withKernel({ threads: 1, fma: js.fma }, async (g) => {
     const [M, hd, P] = [6, 4, 64];
     const q = Float32Array.from({ length: M * hd }, (_, i) => [0, 1, -1, 30, -30, 1e3][Math.floor(i / hd)]! * (i % 2 ? 1 : -0.5));
@@ -170,7 +170,7 @@ test('softmax with extreme scores (exp underflow, equal maxima, large magnitudes
 });
 
 test('fused gate|up + SwiGLU (matmulSwiglu): WASM equals the JS product then SwiGLU bitwise, fused and not, one and two threads', async () => {
-  const js = new JsGemm();
+  const js = new JsKernel();
   for (const threads of [1, 2] as const) {
     await withKernel({ threads, fma: js.fma }, async (g) => {
       // hidden 48 (96 rows: packed for the fused kernel), 40 (80 rows: not a whole number of

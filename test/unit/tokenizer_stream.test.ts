@@ -7,7 +7,7 @@
 import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
-import { ensureBuiltinModel, tokenizerPackageDir } from '../../src/engine/model/builtin.js';
+import { ensureBuiltinModel, tokenizerPackageDir } from '../../src/engine/model/formats/builtin.js';
 import { Tokenizer } from '../../src/engine/model/tokenizer.js';
 
 let tok: Tokenizer;

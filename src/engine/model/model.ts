@@ -11,12 +11,12 @@
 import { basename, resolve } from 'node:path';
 import type { KvLayout } from '../../common/chunk.js';
 import { loadModelConfig, type ModelConfig } from './config.js';
-import { createGemm } from './gemm.js';
-import { argmaxJs, type Gemm, type Weight } from './kernel.js';
+import { createKernel } from './kernels/create.js';
+import { argmaxJs, type Kernel, type Weight } from './kernels/kernel.js';
 import { BLOCK_SHIFT, BLOCK_TOKENS, KvCacheFullError, PagedKvCache } from './kv_cache.js';
-import { SafetensorsCollection, SafetensorsError } from './safetensors.js';
-import { wasmConverter } from './convert_wasm.js';
-import { commonEncoding, type EncodedWeight } from './weight_pack.js';
+import { SafetensorsCollection, SafetensorsError } from './formats/safetensors.js';
+import { wasmConverter } from './kernels/convert_wasm.js';
+import { commonEncoding, type EncodedWeight } from './kernels/weight_pack.js';
 
 export interface Segment {
   seqId: string | number;
@@ -102,7 +102,7 @@ export class LlamaModel {
     readonly dir: string,
     readonly modelId: string,
     readonly config: ModelConfig,
-    readonly gemm: Gemm,
+    readonly kernel: Kernel,
     private readonly embed: Float32Array,
     private readonly layers: Layer[],
     private readonly finalNorm: Float32Array,
@@ -146,7 +146,7 @@ export class LlamaModel {
     const shapes: [number, number][] = [];
     for (let l = 0; l < numLayers; l++) shapes.push([qDim + 2 * kvDim, dim], [dim, qDim], [2 * hiddenDim, dim], [dim, hiddenDim]);
     shapes.push([vocabSize, dim]);
-    const gemm = await createGemm({
+    const kernel = await createKernel({
       shapes,
       ...(opts.kernel ? { prefer: opts.kernel } : {}),
       ...(opts.wasmWeightCapBytes !== undefined ? { weightCapBytes: opts.wasmWeightCapBytes } : {}),
@@ -154,7 +154,7 @@ export class LlamaModel {
       ...(opts.q4 !== undefined ? { q4: opts.q4 } : {}),
     });
     // Normalisation weights where the kernel's RMSNorm reads them in place.
-    const vec = async (name: string, n: number) => gemm.hold(await st.get(name, [n]));
+    const vec = async (name: string, n: number) => kernel.hold(await st.get(name, [n]));
     // A linear layer from one or more tensors stacked by rows. Kept in its stored encoding
     // (16-bit, Q8_0, or 4-bit: Q4_0, Q4_1, Q4_K) when its parts share one (commonEncoding: block
     // formats mixed share the Q8 layout) — 16-bit weights compute the same bits as their widened
@@ -173,7 +173,7 @@ export class LlamaModel {
             bytes.set(p.bytes, off);
             off += p.bytes.length;
           }
-          return gemm.uploadEncoded({ type: parts[0]!.type, bytes }, n, cols);
+          return kernel.uploadEncoded({ type: parts[0]!.type, bytes }, n, cols);
         }
       }
       const out = new Float32Array(n * cols);
@@ -183,7 +183,7 @@ export class LlamaModel {
         out.set(t, off);
         off += t.length;
       }
-      return gemm.upload(out, n, cols, { glu });
+      return kernel.upload(out, n, cols, { glu });
     };
     const embed = await st.get('model.embed_tokens.weight', [vocabSize, dim]);
     const layers: Layer[] = [];
@@ -209,7 +209,7 @@ export class LlamaModel {
     } else {
       lmHead = await mat(['lm_head.weight'], [vocabSize], dim);
     }
-    return new LlamaModel(path, modelId, cfg, gemm, embed, layers, finalNorm, lmHead);
+    return new LlamaModel(path, modelId, cfg, kernel, embed, layers, finalNorm, lmHead);
   }
 
   /** How the linear layers' weights are held by the kernel ('f32', 'f16', 'bf16', 'q8', 'q4'), distinct, in layer order. */
@@ -220,7 +220,7 @@ export class LlamaModel {
 
   /** Stops the kernel's worker thread (call on shutdown; forward still works, single-threaded). */
   close(): void {
-    this.gemm.close();
+    this.kernel.close();
   }
 
   /** A paged KV cache shaped for this model, bounded by `budgetBytes`. */
@@ -233,8 +233,8 @@ export class LlamaModel {
     const half = this.config.headDim / 2;
     const n = Math.max(len, this.ropeLen * 2, 256);
     // In kernel memory (activation slots), where the RoPE kernel reads them in place.
-    const cos = this.gemm.activation(B_COS, n * half);
-    const sin = this.gemm.activation(B_SIN, n * half);
+    const cos = this.kernel.activation(B_COS, n * half);
+    const sin = this.kernel.activation(B_SIN, n * half);
     for (let p = 0; p < n; p++) {
       for (let i = 0; i < half; i++) {
         const a = Math.fround(p * this.invFreq[i]!);
@@ -279,7 +279,7 @@ export class LlamaModel {
     } finally {
       // The next product comes only after the caller has used these logits (sampling,
       // streaming, the next step's admission): the kernel's helper thread sleeps meanwhile.
-      this.gemm.park();
+      this.kernel.park();
     }
   }
 
@@ -346,24 +346,24 @@ export class LlamaModel {
 
     for (let l = 0; l < numLayers; l++) {
       const L = this.layers[l]!;
-      this.gemm.rmsNorm(x, L.attnNorm, h, R, dim, normEps);
-      this.gemm.matmul(L.qkv, h, R, qkv);
+      this.kernel.rmsNorm(x, L.attnNorm, h, R, dim, normEps);
+      this.kernel.matmul(L.qkv, h, R, qkv);
 
       // RoPE on q and k (the first numHeads + numKvHeads heads of a row), then k and v into the cache.
-      this.gemm.rope(qkv, R, qkvDim, numHeads + numKvHeads, headDim, rowPos, cos, sin);
+      this.kernel.rope(qkv, R, qkvDim, numHeads + numKvHeads, headDim, rowPos, cos, sin);
       this.writeKv(segments, tables, kv, l, qkv, R);
 
       this.attention(segments, tables, kv, l, qkv, attn);
 
-      this.gemm.matmul(L.o, attn, R, proj);
-      this.gemm.addInto(x, proj, R * dim);
+      this.kernel.matmul(L.o, attn, R, proj);
+      this.kernel.addInto(x, proj, R * dim);
 
-      this.gemm.rmsNorm(x, L.mlpNorm, h, R, dim, normEps);
+      this.kernel.rmsNorm(x, L.mlpNorm, h, R, dim, normEps);
       // SwiGLU fused into the gate|up product where the kernel packed the weight for it (f32
       // weights in the WASM kernel), else the product into gu, then SwiGLU: the same bits.
-      this.gemm.matmulSwiglu(L.gateUp, h, R, gu, act);
-      this.gemm.matmul(L.down, act, R, proj);
-      this.gemm.addInto(x, proj, R * dim);
+      this.kernel.matmulSwiglu(L.gateUp, h, R, gu, act);
+      this.kernel.matmul(L.down, act, R, proj);
+      this.kernel.addInto(x, proj, R * dim);
     }
 
     for (const s of segments) kv.setLength(s.seqId, s.startPos + s.tokens.length);
@@ -373,11 +373,11 @@ export class LlamaModel {
     const sel = this.buf(B_H, want.length * dim);
     want.forEach((r, i) => sel.set(x.subarray(r * dim, r * dim + dim), i * dim));
     const normed = this.buf(B_PROJ, want.length * dim);
-    this.gemm.rmsNorm(sel, this.finalNorm, normed, want.length, dim, normEps);
+    this.kernel.rmsNorm(sel, this.finalNorm, normed, want.length, dim, normEps);
     const V = this.config.vocabSize;
     const logits = this.buf(B_LOGITS, want.length * V);
-    // With argmaxOut, the greedy argmax of each row is taken inside the product (Gemm.matmul).
-    this.gemm.matmul(this.lmHead, normed, want.length, logits, opts.argmaxOut);
+    // With argmaxOut, the greedy argmax of each row is taken inside the product (Kernel.matmul).
+    this.kernel.matmul(this.lmHead, normed, want.length, logits, opts.argmaxOut);
     if (opts.transientLogits) return want.map((_, i) => logits.subarray(i * V, i * V + V));
     return want.map((_, i) => logits.slice(i * V, i * V + V));
   }
@@ -396,8 +396,8 @@ export class LlamaModel {
     const qkvDim = qDim + 2 * kvDim;
     const kRows = this.buf(B_K_ROWS, R * kvDim);
     const vRows = this.buf(B_V_ROWS, R * kvDim);
-    this.gemm.copyRows(qkv, qDim, qkvDim, kRows, 0, kvDim, R, kvDim);
-    this.gemm.copyRows(qkv, qDim + kvDim, qkvDim, vRows, 0, kvDim, R, kvDim);
+    this.kernel.copyRows(qkv, qDim, qkvDim, kRows, 0, kvDim, R, kvDim);
+    this.kernel.copyRows(qkv, qDim + kvDim, qkvDim, vRows, 0, kvDim, R, kvDim);
     const pool = kv.pool;
     let r = 0;
     for (const [si, s] of segments.entries()) {
@@ -420,7 +420,7 @@ export class LlamaModel {
    * it in place rather than copying every operand in and every result out.
    */
   private buf(i: number, n: number): Float32Array {
-    return this.gemm.activation(i, n);
+    return this.kernel.activation(i, n);
   }
 
   /**
@@ -428,7 +428,7 @@ export class LlamaModel {
    * Per segment and KV head, the query rows of the heads sharing that KV head are stacked and
    * S = Q·Kᵀ and O = P·V run through the GEMM kernel (each element a fixed-order f32 dot over
    * head_dim resp. key positions ascending). Softmax per query row is plain (max, exp, sum with
-   * a fixed lane order, normalise; exp is a deterministic f32 polynomial, attention.ts/gemm_wat.ts)
+   * a fixed lane order, normalise; exp is a deterministic f32 polynomial, kernels/attention_js.ts, kernels/wat/exp.ts)
    * over keys 0..pos, with no block-size-dependent online rescaling; later keys get exactly 0.
    */
   private attention(segments: Segment[], tables: (readonly number[])[], kv: PagedKvCache, l: number, qkv: Float32Array, attn: Float32Array): void {
@@ -445,7 +445,7 @@ export class LlamaModel {
       // This layer's K/V slabs of the sequence's blocks, copied to the kernel in bulk once;
       // each KV head's operands are then gathered inside the kernel (this runs every decode step).
       const layerBase = l * 2 * BLOCK_TOKENS * kvDim; // K of this layer within a block; V follows
-      this.gemm.stageKv(kv.pool, tables[si]!, Math.ceil(P / BLOCK_TOKENS), kv.blockFloats, layerBase, kvDim);
+      this.kernel.stageKv(kv.pool, tables[si]!, Math.ceil(P / BLOCK_TOKENS), kv.blockFloats, layerBase, kvDim);
       // Query rows in blocks to bound the score matrix; all KV heads of a block in one kernel
       // call, q and out laid out [head][row][headDim] (the kernel picks one WASM call for small
       // problems such as a decode step, or per-head calls shared with its worker thread).
@@ -464,11 +464,11 @@ export class LlamaModel {
         }
         // KV head g's query heads are adjacent in a qkv row: one strided copy per KV head.
         const gw = group * headDim;
-        for (let g = 0; g < numKvHeads; g++) this.gemm.copyRows(qkv, (row0 + t0) * qkvDim + g * gw, qkvDim, q, g * M * headDim, gw, t1 - t0, gw);
+        for (let g = 0; g < numKvHeads; g++) this.kernel.copyRows(qkv, (row0 + t0) * qkvDim + g * gw, qkvDim, q, g * M * headDim, gw, t1 - t0, gw);
         // Keys after this block's last position are masked for all its rows: they are not
         // gathered (each score is computed independently, so this changes no value).
-        this.gemm.attendStagedHeads(q, M, headDim, numKvHeads, seg.startPos + t1, lens, scale, out);
-        for (let g = 0; g < numKvHeads; g++) this.gemm.copyRows(out, g * M * headDim, gw, attn, (row0 + t0) * qDim + g * gw, qDim, t1 - t0, gw);
+        this.kernel.attendStagedHeads(q, M, headDim, numKvHeads, seg.startPos + t1, lens, scale, out);
+        for (let g = 0; g < numKvHeads; g++) this.kernel.copyRows(out, g * M * headDim, gw, attn, (row0 + t0) * qDim + g * gw, qDim, t1 - t0, gw);
       }
       row0 += T;
     }

@@ -37,8 +37,8 @@ export const CTL = {
   PARK: 17,
   /**
    * Non-zero: the job is an LM-head product whose greedy argmax is taken chunk by chunk
-   * (kernel_wasm.ts, matmul with argmaxOut): the address of the chunks' candidates, where each thread, right
-   * after computing a chunk, runs argmaxcols over it (gemm_wat.ts). 0 for every other job.
+   * (wasm_kernel.ts, matmul with argmaxOut): the address of the chunks' candidates, where each thread, right
+   * after computing a chunk, runs argmaxcols over it (wat/argmax.ts). 0 for every other job.
    */
   AM_SLOT: 18,
   /** The product's columns that are logits (the rest of each row, up to its padded width, is not). */

@@ -1,6 +1,6 @@
 // The Q8 and Q4 products (Q8_0 weights; Q4_0, Q4_1 and Q4_K weights): int8 dot products against
 // activations quantized per row and block of 32, as llama.cpp computes its quantized layers. This
-// file is the plain-JS definition of every bit; the WASM kernel (gemm_wat.ts `quantq8`, `gemmpq8`
+// file is the plain-JS definition of every bit; the WASM kernel (wat/quantized.ts `quantq8`, `gemmpq8`
 // and `gemmpq4`) computes the same.
 //
 // Why not widen the weights to f32 and use the f32 dot: a decode step is bound by the weight
@@ -25,7 +25,7 @@
 //     isum = Σ_{k in b} qx_k · q[n][k]
 //     acc  = f32(acc + f32(f32(f32(isum) · f32(s[n][b] · dx[r][b])) − f32(xsum[r][b] · f32(o[n][b] · dx[r][b])))).
 import { checkEncoded, q4_0AsQ8_0, q4Block, type EncodedWeight, type Q4Type } from './weight_pack.js';
-import { f16ToF32 } from './safetensors.js';
+import { f16ToF32 } from '../formats/half.js';
 
 /** int8 weights [n][k] and their per-block scales [n][k/32] (the JS kernel's Q8 weight). */
 export interface Q8Weight {

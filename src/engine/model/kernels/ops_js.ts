@@ -1,5 +1,5 @@
 // The forward pass's element-wise operations in plain JS: the definition of their bits (the WASM
-// SIMD twins in ops_wat.ts compute the same values bit for bit), used by the JS kernel and by the
+// SIMD twins in wat/ops.ts compute the same values bit for bit), used by the JS kernel and by the
 // WASM kernel for operands outside its memory.
 //
 // Every operation is per row or per element in a fixed order, so a row's result never depends

@@ -10,7 +10,7 @@
 import type { GgufFile, GgufValue } from './gguf_read.js';
 import { GgufError } from './gguf_read.js';
 import { TOKEN_TYPE } from './gguf_format.js';
-import { Tokenizer } from './tokenizer.js';
+import { Tokenizer } from '../tokenizer.js';
 
 function arr(g: GgufFile, key: string): GgufValue[] {
   const v = g.meta.get(key);

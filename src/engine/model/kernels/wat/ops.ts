@@ -2,7 +2,7 @@
 // add), run in place on activations kept in the kernel's memory. ops_js.ts defines their bits;
 // these compute the same values (per lane the same f32 operations, the RMSNorm sum of squares the
 // same sequential f64 chain). A module of its own on the kernel's shared memory, beside the GEMM
-// module (gemm_wat.ts), so the two evolve independently.
+// module (kernel.ts), so the two evolve independently.
 
 /**
  * `while (v < end) { body; v += step }` as WAT: the inner loops below (the sum of squares, and

@@ -6,7 +6,7 @@
 // time at their offsets, so a large checkpoint is never held in memory twice.
 import { open, readFile, rename, rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import { loadModelConfig, type ModelConfig } from './config.js';
+import { loadModelConfig, type ModelConfig } from '../config.js';
 import {
   FILE_TYPE,
   GGML_TYPES,
@@ -24,7 +24,8 @@ import {
   type GgmlTypeName,
 } from './gguf_format.js';
 import { encodeBlocks } from './gguf_blocks.js';
-import { f32ToBf16, f32ToF16, SafetensorsCollection } from './safetensors.js';
+import { f32ToBf16, f32ToF16 } from './half.js';
+import { SafetensorsCollection } from './safetensors.js';
 import { PRE_TOKENIZERS } from './gguf_tokenizer.js';
 
 export type MetaValue =

@@ -1,7 +1,7 @@
 // GEMM rates for the engine benchmarks: the model's kernel against a plain-JS triple loop.
 import { fmaSupport } from './fma.js';
-import { createGemm } from './gemm.js';
-import { WasmGemm } from './kernel_wasm.js';
+import { createKernel } from './create.js';
+import { WasmKernel } from './wasm_kernel.js';
 
 /** The textbook triple loop (i-k-j order) over Float32Arrays: the "plain JS" baseline. */
 export function plainJsMatmul(a: Float32Array, b: Float32Array, c: Float32Array, m: number, n: number, k: number): void {
@@ -35,7 +35,7 @@ export async function measureGemm(m = 256, n = 768, k = 256, iters = 5): Promise
   const a = randomArray(m * k, 1);
   const w = randomArray(n * k, 2);
   const out = new Float32Array(m * n);
-  const gemm = await createGemm();
+  const gemm = await createKernel();
   const wt = gemm.upload(w, n, k);
   gemm.matmul(wt, a, m, out); // warm-up (JIT / tier-up)
   let t = process.hrtime.bigint();
@@ -64,9 +64,9 @@ export async function measureGemmFma(m: number, n: number, k: number, rounds = 1
   const a = randomArray(m * k, 3);
   const w = randomArray(n * k, 4);
   const out = new Float32Array(m * n);
-  let kernels: WasmGemm[];
+  let kernels: WasmKernel[];
   try {
-    kernels = [await WasmGemm.create({ threads: 1, fma: true }), await WasmGemm.create({ threads: 1, fma: false })];
+    kernels = [await WasmKernel.create({ threads: 1, fma: true }), await WasmKernel.create({ threads: 1, fma: false })];
   } catch (e) {
     return { unavailable: (e as Error).message };
   }
@@ -101,7 +101,7 @@ export const PREFILL_156M_SHAPES: readonly (readonly [number, number, number])[]
  * is the one that load disturbs least; the wall figure is what the model sees.
  */
 export async function measureGemmShapes(shapes: readonly (readonly [number, number, number])[], threads: 1 | 2, rounds = 5): Promise<{ shape: string; threads: number; gflops: number; cpuGflops: number }[]> {
-  const gemm = await WasmGemm.create({ threads });
+  const gemm = await WasmKernel.create({ threads });
   const out: { shape: string; threads: number; gflops: number; cpuGflops: number }[] = [];
   try {
     for (const [m, n, k] of shapes) {

@@ -1,13 +1,13 @@
 // WAT source of the load-time conversions: decoding GGUF block formats (Q4_K, Q6_K, ...) and
 // quantizing the values to Q8_0 blocks (a re-quantized tensor), and packing Q8_0, 4-bit (Q4_0,
-// Q4_1, Q4_K) and 16-bit weights into the kernel's layouts (gemm_wat.ts). In JavaScript both ran at 6–10 ns a value on this project's reference
+// Q4_1, Q4_K) and 16-bit weights into the kernel's layouts (../layout.ts). In JavaScript both ran at 6–10 ns a value on this project's reference
 // machine, most of a quantized model's load (a 7B Q4_K_M file: minutes); here they are a small
 // fraction of a nanosecond. The JS functions stay the definition (quantizeQ8_0 in gguf_format.ts,
 // decodeBlocks in gguf_blocks.ts, packEncoded in weight_pack.ts): these produce the same bytes,
 // which the tests check bit for bit.
 // A module of its own with its own memory (no threads), used only while a model loads.
 
-import { PANEL, Q4_BLOCK_BYTES, Q4_HALF_BLOCK_BYTES, Q8_BLOCK_BYTES, Q8_HALF_BLOCK_BYTES, Q8_HALF_COLS, Q8_HALF_PAIR_BYTES, STRIP } from './gemm_wat.js';
+import { PANEL, Q4_BLOCK_BYTES, Q4_HALF_BLOCK_BYTES, Q8_BLOCK_BYTES, Q8_HALF_BLOCK_BYTES, Q8_HALF_COLS, Q8_HALF_PAIR_BYTES, STRIP } from '../layout.js';
 
 /**
  * $f32_to_f16(x): round-to-nearest-even f16 bits of a non-negative f32 or NaN (a block's scale:
@@ -161,7 +161,7 @@ function q8PackFunc(): string {
 
 /**
  * q4pack(S, D, n, k, type): n rows of Q4_0 (type 0), Q4_1 (1) or Q4_K (2) blocks at S into the q4
- * layout at D (gemm_wat.ts; zeroed by the caller), as weight_pack.ts packQ4 places them: per
+ * layout at D (../layout.ts; zeroed by the caller), as weight_pack.ts packQ4 places them: per
  * column and block of 32 its scale s and offset o (weight_pack.ts q4Block: Q4_0 d and 8d, Q4_1 d
  * and −m, Q4_K d·sc_j and dmin·m_j), and its 32 nibbles — value r of k-quad t = r >> 2 is byte
  * r mod 4 of the 32-bit word 4·(c mod 4) + 16·(g >> 1) of quad row t, low nibble for even
@@ -250,7 +250,7 @@ function q4PackFunc(): string {
 /**
  * p16pack(S, D, n, k, f16) → 0, or 1 + the index of the first Inf/NaN value when `f16`: n rows of
  * k 16-bit values at S (F16 or BF16 bits, row-major) into the 16-bit panel layout at D (column c's
- * value at row kk goes to value ((c & ~7)·k + (c & 7)) + kk·8: gemm_wat.ts panelIndex), which
+ * value at row kk goes to value ((c & ~7)·k + (c & 7)) + kk·8: ../layout.ts panelIndex), which
  * the caller has zeroed. The f16 kernel widens finite halves only, so F16 Inf/NaN is refused.
  */
 function p16PackFunc(): string {
@@ -459,7 +459,7 @@ function q6kDecoder(): string {
 
 /** The module: its memory imported as env.mem (one page table per converter, not shared). */
 export function convertWat(): string {
-  if (STRIP !== 2 * Q8_HALF_COLS) throw new Error('convert_wat: the q8 layout changed (two halves per strip)');
+  if (STRIP !== 2 * Q8_HALF_COLS) throw new Error('wat/convert.ts: the q8 layout changed (two halves per strip)');
   return `(module
   (import "env" "mem" (memory 1))
   ${f32ToF16Func()}

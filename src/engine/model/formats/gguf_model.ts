@@ -4,14 +4,14 @@
 // validated before any weight is read, so an unsupported or malformed file fails at start with a
 // GgufError naming the key or tensor.
 import { basename, resolve } from 'node:path';
-import type { ModelConfig } from './config.js';
-import { wasmConverter } from './convert_wasm.js';
+import type { ModelConfig } from '../config.js';
+import { wasmConverter } from '../kernels/convert_wasm.js';
 import { TOKEN_TYPE, dequantize, ggufTensorName, isHeldBlockType, isRequantized, quantizeQ8_0, typeBytes, unpermuteRopeRows } from './gguf_format.js';
 import { GgufError, GgufFile, type GgufValue } from './gguf_read.js';
 import { tokenizerFromGguf } from './gguf_tokenizer.js';
-import { LlamaModel, type LoadOptions, type WeightSource } from './model.js';
-import type { Tokenizer } from './tokenizer.js';
-import { rowBytes } from './weight_pack.js';
+import { LlamaModel, type LoadOptions, type WeightSource } from '../model.js';
+import type { Tokenizer } from '../tokenizer.js';
+import { rowBytes } from '../kernels/weight_pack.js';
 
 function num(g: GgufFile, key: string, def?: number): number {
   const v: GgufValue | undefined = g.meta.get(key);

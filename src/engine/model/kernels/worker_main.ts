@@ -2,13 +2,13 @@
 // computes the column range the main thread hands it through a small shared control block.
 // Splitting columns never changes any element's summation order, so results stay bitwise equal.
 import { parentPort, workerData } from 'node:worker_threads';
-import { CTL, SPIN_MS, takeChunk } from './gemm_ctl.js';
+import { CTL, SPIN_MS, takeChunk } from './worker_ctl.js';
 
 const { module, memory, ctl } = workerData as { module: WebAssembly.Module; memory: WebAssembly.Memory; ctl: SharedArrayBuffer };
 const c = new Int32Array(ctl);
 const inst = new WebAssembly.Instance(module, { env: { mem: memory } });
 type Kernel = (...args: number[]) => void;
-// Indexed by CTL.PACKED (kernel_wasm.ts FMT_CODE): dense, the strip-packed weight formats, then
+// Indexed by CTL.PACKED (wasm_kernel.ts FMT_CODE): dense, the strip-packed weight formats, then
 // attendrows and swiglurows (whose ranges are rows), the fused gate|up + SwiGLU product, then
 // argmaxrows (rows of logits), then gemmpq4 (Q4 weights; in relaxed-SIMD modules only).
 const kernels = ['gemm', 'gemmp', 'gemmpbf16', 'gemmpf16', 'gemmpq8', 'attendrows', 'swiglurows', 'gemmpglu', 'argmaxrows', 'gemmpq4'].map((n) => inst.exports[n] as Kernel);

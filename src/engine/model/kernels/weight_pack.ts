@@ -1,5 +1,5 @@
 // Weights kept in their checkpoint's encoding (16-bit floats, 8- or 4-bit blocks) instead of being
-// widened to f32 at load, and their packed layouts for the WASM kernel's formats (gemm_wat.ts
+// widened to f32 at load, and their packed layouts for the WASM kernel's formats (layout.ts
 // WFmt: 16-bit in strips of 8-column panels, Q8 in one run of k-blocks per half-strip). For
 // 16-bit weights the kernel turns each packed value into exactly the f32 that `dequantize` gives,
 // so a model computes the same bits either way and only memory (and the bandwidth decode is bound
@@ -8,18 +8,16 @@
 // 32, 5.3x smaller) are computed as int8 dot products against quantized activations (q8_dot.ts),
 // in the JS kernel too.
 import type { WasmConverter } from './convert_wasm.js';
-import { dequantize, quantizeQ8_0, TYPE_LAYOUT, type HeldType } from './gguf_format.js';
-import { minOf, scaleOf } from './gguf_blocks.js';
-import { PANEL, panelIndex, Q4_BLOCK_BYTES, Q4_HALF_BLOCK_BYTES, Q4_HALF_QUAD_BYTES, Q8_BLOCK_BYTES, Q8_HALF_BLOCK_BYTES, Q8_HALF_COLS, Q8_HALF_PAIR_BYTES, STRIP, type WFmt } from './gemm_wat.js';
-import { f16ToF32 } from './safetensors.js';
+import { dequantize, quantizeQ8_0, TYPE_LAYOUT, type HeldType } from '../formats/gguf_format.js';
+import { minOf, scaleOf } from '../formats/gguf_blocks.js';
+import { padTo, PANEL, panelIndex, Q4_BLOCK_BYTES, Q4_HALF_BLOCK_BYTES, Q4_HALF_QUAD_BYTES, Q8_BLOCK_BYTES, Q8_HALF_BLOCK_BYTES, Q8_HALF_COLS, Q8_HALF_PAIR_BYTES, STRIP, type WFmt } from './layout.js';
+import { f16ToF32 } from '../formats/half.js';
 
 /** A [n][k] weight in its stored encoding (row-major, rows of k values; blocks run along k). */
 export interface EncodedWeight {
   type: HeldType;
   bytes: Uint8Array;
 }
-
-export const padTo = (n: number, s: number) => Math.ceil(n / s) * s;
 
 /** The kernel format an encoding is held in. */
 export function kernelFormat(type: EncodedWeight['type']): WFmt {
@@ -28,7 +26,7 @@ export function kernelFormat(type: EncodedWeight['type']): WFmt {
 
 /**
  * The format a kernel holds an encoding in: kernelFormat's, except that the 4-bit formats are held
- * as q8 (asQ8_0) unless the kernel holds them as q4 (KVC_WEIGHTS_4BIT=q4, kernel_env.ts).
+ * as q8 (asQ8_0) unless the kernel holds them as q4 (KVC_WEIGHTS_4BIT=q4, env.ts).
  */
 export function heldFormat(type: EncodedWeight['type'], q4: boolean): WFmt {
   const fmt = kernelFormat(type);
@@ -163,7 +161,7 @@ export function rowBytes(type: EncodedWeight['type'], k: number): number {
  */
 export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8Array, conv: WasmConverter | null = null): void {
   if (kernelFormat(w.type) === 'q4') {
-    // The same placement in WASM (convert_wat.ts q4pack), ≈ 10 × faster.
+    // The same placement in WASM (wat/convert.ts q4pack), ≈ 10 × faster.
     if (conv) {
       checkEncoded(w, n, k);
       return conv.packQ4(w.type as Q4Type, w.bytes, n, k, dest);
@@ -177,7 +175,7 @@ export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8A
   const out = new DataView(dest.buffer, dest.byteOffset, dest.byteLength);
   const bytes = w.bytes;
   if (fmt !== 'q8') {
-    // The same placement in WASM (convert_wat.ts p16pack), ≈ 10 × faster.
+    // The same placement in WASM (wat/convert.ts p16pack), ≈ 10 × faster.
     if (conv) return conv.pack16(bytes, n, k, fmt === 'f16', dest);
     dest.fill(0); // the padding columns
     for (let i = 0; i < n; i++) {
@@ -191,14 +189,14 @@ export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8A
     return;
   }
   if (k % 32 !== 0) throw new Error(`${w.type} weight: K=${k} is not a multiple of 32`);
-  // The same placement in WASM (convert_wat.ts q8pack), ≈ 10 × faster: most of a load.
+  // The same placement in WASM (wat/convert.ts q8pack), ≈ 10 × faster: most of a load.
   if (conv) return conv.packQ8(bytes, n, k, dest);
   dest.fill(0);
   const kBlocks = k / 32;
   for (let i = 0; i < n; i++) {
     const s = Math.floor(i / STRIP);
     // The strip's half this column is in, and its place there: each half is a run of k-blocks
-    // of its own (gemm_wat.ts gemmpq8).
+    // of its own (wat/quantized.ts gemmpq8).
     const half = Math.floor((i % STRIP) / Q8_HALF_COLS);
     const col = i % Q8_HALF_COLS;
     for (let b = 0; b < kBlocks; b++) {
@@ -218,7 +216,7 @@ export function packEncoded(w: EncodedWeight, n: number, k: number, dest: Uint8A
 }
 
 /**
- * The q4 layout (gemm_wat.ts) of a Q4_0, Q4_1 or Q4_K weight: per strip, per half of 16
+ * The q4 layout (layout.ts) of a Q4_0, Q4_1 or Q4_K weight: per strip, per half of 16
  * columns, per k-block, the 16 columns' scales, their offsets (q4Block), then 8 k-quad rows of
  * 32 bytes: value r of column c's block (k-quad r >> 2, 4-column group g = (c mod 16) >> 2) in
  * byte 16·(g >> 1) + 4·(c mod 4) + (r mod 4) of its row, the low nibble for even g, the high one

@@ -1,19 +1,16 @@
-// The WASM SIMD kernel (gemm_wat.ts compiled with wabt): weights in the module's shared memory,
-// large products split over columns with one worker thread (gemm_worker.ts), and a pool of
-// instances for checkpoints whose weights exceed one 4 GiB address space.
+// The WASM SIMD kernel: weights in the kernel module's shared memory (wasm_modules.ts), large
+// products, attention and SwiGLU split with one worker thread (worker_host.ts), everything else on
+// the calling thread. Several instances form a pool for larger checkpoints (wasm_kernel_pool.ts).
 import { availableParallelism } from 'node:os';
-import v8 from 'node:v8';
-import { Worker } from 'node:worker_threads';
-import { stageInto } from './attention.js';
+import { stageInto } from './attention_js.js';
 import { fmaSupport } from './fma.js';
-import { kernelEnv } from './kernel_env.js';
-import { CTL, SPIN_MS, takeChunk } from './gemm_ctl.js';
-import { ATT_GROUP, gemmWat, STRIP, type WFmt } from './gemm_wat.js';
-import { checkArgs, packGluStrips, packStrips, padTo, type Gemm, type UploadOptions, type Weight } from './kernel.js';
-import { BLOCK_TOKENS } from './kv_cache.js';
+import { kernelModule, opsModule, type KernelExports, type OpsExports } from './wasm_modules.js';
+import { WorkerHost } from './worker_host.js';
+import { kernelEnv } from './env.js';
+import { ATT_GROUP, padTo, STRIP, type WFmt } from './layout.js';
+import { checkArgs, packGluStrips, packStrips, type Kernel, type UploadOptions, type Weight } from './kernel.js';
+import { BLOCK_TOKENS } from '../kv_cache.js';
 import { addIntoJs, copyRowsJs, rmsNormJs, ropeJs } from './ops_js.js';
-import { opsWat } from './ops_wat.js';
-import { compileWat } from './wat_compile.js';
 import { wasmConverter, type WasmConverter } from './convert_wasm.js';
 import { asQ8_0, checkEncoded, heldFormat, kernelFormat, packEncoded, packedBytes, type EncodedWeight } from './weight_pack.js';
 
@@ -27,85 +24,14 @@ const SWIGLU_ROWS = 6;
 const GLU = 7;
 /** CTL.PACKED code of argmaxrows (greedy argmax of logits rows). */
 const ARGMAX_ROWS = 8;
-/** attendrows chunks are whole attention groups (gemm_wat.ts ATT_GROUP: rows sharing one key count). */
+/** attendrows chunks are whole attention groups (layout.ts ATT_GROUP: rows sharing one key count). */
 const ATTEND_ROW_UNIT = ATT_GROUP;
-
-interface GemmExports {
-  /** Dense Wt [K][N] (attention operands). */
-  gemm(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
-  /** Strip-packed Wt (model weights); same arguments and bits as gemm. */
-  gemmp(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
-  /** gemmp for 16-bit strip-packed weights (gemm_wat.ts WFmt); same bits as gemmp on the decoded values. */
-  gemmpbf16(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
-  gemmpf16(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
-  /** The gate|up product with SwiGLU fused (packGluStrips layout); C is [M][N/2]. */
-  gemmpglu(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
-  /** Q8 weights: A is the activation quantq8 made (int8 dot products, q8_dot.ts's bits). */
-  gemmpq8(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
-  /** Q4 weights (gemm_wat.ts q4): gemmpq8's arguments, the weight's nibbles with scales and offsets. */
-  gemmpq4(A: number, W: number, C: number, M: number, K: number, N: number, m0: number, m1: number, n0: number, n1: number): void;
-  quantq8(X: number, M: number, K: number, Q: number): void;
-  /** quantq8's values as int8 [M][K], then scales, then block sums (gemmpq4's activations). */
-  quantq8i8(X: number, M: number, K: number, Q: number): void;
-  softmax(S: number, rows: number, stride: number, L: number, scale: number): void;
-  gatherkv(src: number, P: number, Pb: number, kvDim: number, off: number, hd: number, kt: number, v: number, hdPad: number): void;
-  argmax(p: number, n: number): number;
-  swiglu(GU: number, O: number, rows: number, hidden: number): void;
-  /** swiglu of rows [r0, r1) in the gemm entry points' argument shape (shared with the worker). */
-  swiglurows(GU: number, O: number, hidden: number, u3: number, u4: number, u5: number, u6: number, u7: number, r0: number, r1: number): void;
-  argmaxrows(X: number, OUT: number, n: number, u3: number, u4: number, u5: number, u6: number, u7: number, r0: number, r1: number): void;
-  /** The candidates of one chunk [n0, n1) of an LM-head product's rows (gemm_wat.ts argmaxColsFunc). */
-  argmaxcols(C: number, nPad: number, N: number, M: number, SLOT: number, u5: number, u6: number, u7: number, n0: number, n1: number): void;
-  attendheads(stage: number, Q: number, KT: number, S: number, V: number, O: number, L: number, M: number, hd: number, hdPad: number, kvDim: number, heads: number, keys: number, P: number, scale: number): void;
-  /** One head's attention for query rows [r0, r1); prm holds Q, KT, S, V, O, L, M, hd, P, hdPad, scale bits. */
-  attendrows(prm: number, u1: number, u2: number, u3: number, u4: number, u5: number, u6: number, u7: number, r0: number, r1: number): void;
-}
-
-/** The element-wise operations' module (ops_wat.ts), on the same memory. */
-interface OpsExports {
-  rmsnorm(X: number, W: number, O: number, rows: number, dim: number, eps: number): void;
-  rope(QKV: number, rows: number, stride: number, heads: number, hd: number, POS: number, COS: number, SIN: number): void;
-  addinto(X: number, Y: number, n: number): void;
-  copyrows(S: number, ss: number, D: number, ds: number, rows: number, n: number): void;
-}
-
-let opsModulePromise: Promise<WebAssembly.Module> | null = null;
-
-/** Compiles the element-wise operations' WAT (ops_wat.ts), once per process. */
-export function opsModule(): Promise<WebAssembly.Module> {
-  opsModulePromise ??= compileWat('ops.wat', opsWat(), { simd: true, threads: true });
-  return opsModulePromise;
-}
 
 /**
  * Activation buffers stay in kernel memory up to this many bytes in all (beyond, plain arrays
  * that the kernel copies through scratch): weights take most of a large model's address space.
  */
 const ACTIVATION_CAP = 1024 * 1024 * 1024;
-
-const wasmModulePromises = new Map<string, Promise<WebAssembly.Module>>();
-
-/**
- * Compiles the kernel's WAT (gemm_wat.ts) with wabt, once per process, `fma` and `q4` setting. The FMA
- * module needs relaxed SIMD, which fmaSupport() switches on in V8 (process-wide, so the worker
- * thread can instantiate it too) — asking for it where fmaSupport() found none is an error.
- */
-export function gemmModule(fma = false, q4 = false): Promise<WebAssembly.Module> {
-  if (fma && !fmaSupport().fma) return Promise.reject(new Error(`FMA kernel requested but unavailable: ${fmaSupport().reason}`));
-  if (q4 && !fma) return Promise.reject(new Error(`4-bit weights held as q4 (KVC_WEIGHTS_4BIT=q4) need the relaxed-SIMD (FMA) kernel: ${fmaSupport().reason}`));
-  const key = `${fma}/${q4}`;
-  let p = wasmModulePromises.get(key);
-  if (p) return p;
-  // gemmpq4's i32x4.relaxed_dot_i8x16_i7x16_add_s is miscompiled by V8's baseline compiler
-  // (Liftoff) in Node 20 (wrong sums, measured; the optimizing compiler is right), and a function
-  // runs in Liftoff until it is hot: the q4 module, compiled from here on, skips Liftoff
-  // (process-wide: every module compiled later too; ≈ 0.2 s more at start). Its own module, so
-  // no code compiled before the flag runs gemmpq4.
-  if (q4) v8.setFlagsFromString('--no-liftoff');
-  p = compileWat(q4 ? 'gemm-q4.wat' : 'gemm.wat', gemmWat({ fma, q4 }), { simd: true, threads: true, relaxed_simd: fma });
-  wasmModulePromises.set(key, p);
-  return p;
-}
 
 const PAGE = 65536;
 /** wasm32 addresses 4 GiB; stay clear of the top for scratch. */
@@ -117,14 +43,12 @@ export const WASM_WEIGHT_CAP = WASM_MAX_BYTES - 512 * 1024 * 1024;
 const SPLIT_MIN_MACS = 1 << 20;
 /** Below this many SwiGLU elements the activation stays on one thread (~10 ns each). */
 const SWIGLU_SPLIT_MIN = 1 << 15;
-/** A worker that has not finished its half by then is considered broken. */
-const WORKER_TIMEOUT_MS = 30_000;
 
 /**
  * WASM SIMD kernel. Weights live in the module's (shared) memory; inputs and outputs pass
  * through scratch. Large calls split the columns with one worker thread.
  */
-export class WasmGemm implements Gemm {
+export class WasmKernel implements Kernel {
   readonly kind = 'wasm-simd' as const;
   private top = 64; // bump allocator; 0 stays unused
   /** Packs encoded weights at upload (convert_wasm.ts); null: packEncoded's JavaScript, same bytes. */
@@ -132,11 +56,10 @@ export class WasmGemm implements Gemm {
   private scratchPtr = 0;
   private scratchBytes = 0;
   private f32: Float32Array;
-  private worker: Worker | null = null;
+  /** The second thread, when there is one (worker_host.ts). */
+  private readonly helper = new WorkerHost();
   private weightBytes = 0;
   private weightCap = WASM_WEIGHT_CAP;
-  private readonly ctl = new Int32Array(new SharedArrayBuffer(CTL.SIZE * 4));
-  private seq = 0;
   private argmaxOutPtr = 0;
   private argmaxOutRows = 0;
   /** matmul's chunked-argmax candidates (argmaxSlots), grown as needed. */
@@ -157,7 +80,7 @@ export class WasmGemm implements Gemm {
 
   private constructor(
     private readonly mem: WebAssembly.Memory,
-    private readonly exp: GemmExports,
+    private readonly exp: KernelExports,
     private readonly ops: OpsExports,
     /** The f32/16-bit GEMMs use fused multiply-add (fma.ts). */
     readonly fma: boolean,
@@ -238,66 +161,32 @@ export class WasmGemm implements Gemm {
    * `fma`: fused multiply-add in the GEMMs (default: fmaSupport(), i.e. KVC_WASM_FMA and the
    * platform); true where it is unavailable is an error.
    */
-  static async create(opts: { threads?: number; weightCapBytes?: number; fma?: boolean; q4?: boolean } = {}): Promise<WasmGemm> {
+  static async create(opts: { threads?: number; weightCapBytes?: number; fma?: boolean; q4?: boolean } = {}): Promise<WasmKernel> {
     const fma = opts.fma ?? fmaSupport().fma;
     const q4 = opts.q4 ?? kernelEnv(process.env).q4;
-    const mod = await gemmModule(fma, q4);
+    const mod = await kernelModule(fma, q4);
     const mem = new WebAssembly.Memory({ initial: 16, maximum: 65536, shared: true });
     const inst = await WebAssembly.instantiate(mod, { env: { mem } });
     const ops = await WebAssembly.instantiate(await opsModule(), { env: { mem } });
-    const g = new WasmGemm(mem, inst.exports as unknown as GemmExports, ops.exports as unknown as OpsExports, fma, q4);
+    const g = new WasmKernel(mem, inst.exports as unknown as KernelExports, ops.exports as unknown as OpsExports, fma, q4);
     if (opts.weightCapBytes !== undefined) g.weightCap = Math.min(opts.weightCapBytes, WASM_WEIGHT_CAP);
     g.converter = await wasmConverter();
     const threads = opts.threads ?? kernelEnv(process.env).threads ?? Math.min(2, availableParallelism());
-    if (threads >= 2) await g.startWorker(mod);
+    if (threads >= 2) await g.helper.start(mod, mem);
     return g;
   }
 
   get threads(): number {
-    return this.worker ? 2 : 1;
-  }
-
-  private async startWorker(mod: WebAssembly.Module): Promise<void> {
-    const w = new Worker(new URL('./gemm_worker.js', import.meta.url), { workerData: { module: mod, memory: this.mem, ctl: this.ctl.buffer } });
-    try {
-      await new Promise<void>((resolve, reject) => {
-        const timer = setTimeout(() => reject(new Error('GEMM worker did not start within 10 s')), 10_000);
-        w.once('message', () => {
-          clearTimeout(timer);
-          resolve();
-        });
-        w.once('error', (e) => {
-          clearTimeout(timer);
-          reject(e);
-        });
-      });
-    } catch {
-      void w.terminate();
-      return; // single-threaded: same results, just slower
-    }
-    w.on('error', () => this.dropWorker());
-    w.on('exit', () => {
-      if (this.worker === w) this.worker = null;
-    });
-    w.unref(); // never keeps the process alive
-    this.worker = w;
-  }
-
-  private dropWorker(): void {
-    const w = this.worker;
-    this.worker = null;
-    Atomics.store(this.ctl, CTL.STOP, 1);
-    Atomics.notify(this.ctl, CTL.SEQ);
-    if (w) void w.terminate();
+    return this.helper.running ? 2 : 1;
   }
 
   /** Stops the worker thread (the kernel keeps working single-threaded). */
   close(): void {
-    this.dropWorker();
+    this.helper.stop();
   }
 
   park(): void {
-    if (this.worker) Atomics.store(this.ctl, CTL.PARK, 1);
+    this.helper.park();
   }
 
   /**
@@ -309,7 +198,7 @@ export class WasmGemm implements Gemm {
     const strips = nPad / STRIP;
     const code = fmt === null ? 0 : FMT_CODE[fmt];
     const gemm = code === 0 ? this.exp.gemm : code === 1 ? this.exp.gemmp : code === 2 ? this.exp.gemmpbf16 : code === 3 ? this.exp.gemmpf16 : code === 4 ? this.exp.gemmpq8 : this.exp.gemmpq4;
-    if (!this.worker || strips < 2 || m * K * nPad < SPLIT_MIN_MACS) {
+    if (!this.helper.running || strips < 2 || m * K * nPad < SPLIT_MIN_MACS) {
       gemm(A, W, C, m, K, nPad, 0, m, 0, nPad);
       if (argmax) {
         const t = performance.now();
@@ -319,7 +208,7 @@ export class WasmGemm implements Gemm {
       return;
     }
     if (!argmax) {
-      this.share(code, gemm, [A, W, C, m, K, nPad, 0, m], nPad, STRIP);
+      this.helper.share(code, gemm, [A, W, C, m, K, nPad, 0, m], nPad, STRIP);
       return;
     }
     // Greedy argmax chunk by chunk, by the thread that computed the chunk, while its columns are
@@ -332,7 +221,7 @@ export class WasmGemm implements Gemm {
       cols(C, nPad, argmax.n, m, slot, 0, 0, 0, n0, n1);
       this.argmaxMs += performance.now() - t;
     };
-    this.share(code, gemm, [A, W, C, m, K, nPad, 0, m], nPad, STRIP, { slot, n: argmax.n, post });
+    this.helper.share(code, gemm, [A, W, C, m, K, nPad, 0, m], nPad, STRIP, { slot, n: argmax.n, post });
     const t = performance.now();
     this.mergeArgmax(C, m, nPad, argmax.n, slot, argmax.out);
     this.argmaxMs += performance.now() - t;
@@ -382,52 +271,6 @@ export class WasmGemm implements Gemm {
   /** argmaxRows of the m rows of C when its rows have the padded stride (nPad ≥ n columns). */
   private argmaxPadded(C: number, m: number, nPad: number, n: number, out: Int32Array): void {
     for (let r = 0; r < m; r++) out[r] = this.exp.argmax(C + r * nPad * 4, n);
-  }
-
-  /**
-   * Computes kernel `code` (`fn` here, the same export in the worker) over the range [0, n1) in
-   * chunks of whole `unit`s, pulled by both threads from a shared counter (takeChunk). `args`
-   * are the kernel's first 8 arguments; the chunk's bounds are the last two.
-   */
-  private share(code: number, fn: (...a: number[]) => void, args: number[], n1: number, unit: number, argmax?: { slot: number; n: number; post: (n0: number, n1: number) => void }): void {
-    const A = args;
-    const c = this.ctl;
-    c[CTL.PACKED] = code;
-    c[CTL.AM_SLOT] = argmax ? argmax.slot : 0;
-    c[CTL.AM_N] = argmax ? argmax.n : 0;
-    const post = argmax?.post;
-    for (let i = 0; i < 8; i++) c[CTL.ARGS + i] = A[i]!;
-    c[CTL.ARGS + 8] = 0;
-    c[CTL.ARGS + 9] = n1;
-    c[CTL.CHUNK] = unit;
-    Atomics.store(c, CTL.NEXT, 0);
-    Atomics.store(c, CTL.PARK, 0);
-    const seq = (this.seq = (this.seq + 1) | 0);
-    Atomics.store(c, CTL.SEQ, seq);
-    Atomics.notify(c, CTL.SEQ);
-    for (let r = takeChunk(c, n1, unit); r; r = takeChunk(c, n1, unit)) {
-      fn(A[0]!, A[1]!, A[2]!, A[3]!, A[4]!, A[5]!, A[6]!, A[7]!, r[0], r[1]);
-      post?.(r[0], r[1]);
-    }
-    // The worker never joined this job: every chunk was computed here.
-    if (Atomics.compareExchange(c, CTL.CLAIM, (seq - 1) | 0, seq) === ((seq - 1) | 0)) return;
-    // The worker is on its last chunk (at most 1/16 of the job): spin for it first.
-    const until = performance.now() + SPIN_MS;
-    while (Atomics.load(c, CTL.DONE) !== seq && performance.now() < until);
-    const deadline = Date.now() + WORKER_TIMEOUT_MS;
-    for (;;) {
-      const done = Atomics.load(c, CTL.DONE);
-      if (done === seq) return;
-      const left = deadline - Date.now();
-      if (left <= 0) {
-        // Broken worker: recompute everything here (same bits) and continue single-threaded.
-        this.dropWorker();
-        fn(A[0]!, A[1]!, A[2]!, A[3]!, A[4]!, A[5]!, A[6]!, A[7]!, 0, n1);
-        post?.(0, n1); // one chunk over everything: its candidates replace any the worker left
-        return;
-      }
-      Atomics.wait(c, CTL.DONE, done, Math.min(left, 1000));
-    }
   }
 
   private alloc(bytes: number): number {
@@ -511,7 +354,7 @@ export class WasmGemm implements Gemm {
       this.argmaxOutRows = rows;
     }
     const O = this.argmaxOutPtr;
-    if (this.worker && rows >= 2) this.share(ARGMAX_ROWS, this.exp.argmaxrows, [X, O, n, 0, 0, 0, 0, 0], rows, 1);
+    if (this.helper.running && rows >= 2) this.helper.share(ARGMAX_ROWS, this.exp.argmaxrows, [X, O, n, 0, 0, 0, 0, 0], rows, 1);
     else this.exp.argmaxrows(X, O, n, 0, 0, 0, 0, 0, 0, rows);
     out.set(new Int32Array(this.mem.buffer, O, rows));
   }
@@ -528,7 +371,7 @@ export class WasmGemm implements Gemm {
     if (inGU < 0) this.f32.set(gu.subarray(0, 2 * n), GU / 4);
     // Per element, so splitting rows with the worker changes no bit; serial, it was ~5 % of a
     // two-thread prefill.
-    if (this.worker && n >= SWIGLU_SPLIT_MIN) this.share(SWIGLU_ROWS, this.exp.swiglurows, [GU, O, hidden, 0, 0, 0, 0, 0], rows, 1);
+    if (this.helper.running && n >= SWIGLU_SPLIT_MIN) this.helper.share(SWIGLU_ROWS, this.exp.swiglurows, [GU, O, hidden, 0, 0, 0, 0, 0], rows, 1);
     else this.exp.swiglu(GU, O, rows, hidden);
     if (inO < 0) out.set(this.f32.subarray(O / 4, O / 4 + n));
   }
@@ -563,7 +406,7 @@ export class WasmGemm implements Gemm {
     const P = padTo(keys, STRIP);
     const hdPad = padTo(hd, STRIP);
     const rows = M * hd;
-    if (this.worker && (M * hd * P >= SPLIT_MIN_MACS || M * P * hdPad >= SPLIT_MIN_MACS)) {
+    if (this.helper.running && (M * hd * P >= SPLIT_MIN_MACS || M * P * hdPad >= SPLIT_MIN_MACS)) {
       for (let g = 0; g < heads; g++) {
         this.attendStaged(q.subarray(g * rows, (g + 1) * rows), M, hd, g * hd, keys, lens, scale, out.subarray(g * rows, (g + 1) * rows));
       }
@@ -641,7 +484,7 @@ export class WasmGemm implements Gemm {
     w.set([Q, KT, S, V, O, L, M, hd, P, hdPad]);
     new Float32Array(this.mem.buffer, this.prm + 40, 1)[0] = scale;
     const args = [this.prm, 0, 0, 0, 0, 0, 0, 0];
-    if (this.worker && M >= 8 && M * P * (hd + hdPad) >= SPLIT_MIN_MACS) this.share(ATTEND_ROWS, this.exp.attendrows, args, M, ATTEND_ROW_UNIT);
+    if (this.helper.running && M >= 8 && M * P * (hd + hdPad) >= SPLIT_MIN_MACS) this.helper.share(ATTEND_ROWS, this.exp.attendrows, args, M, ATTEND_ROW_UNIT);
     else this.exp.attendrows(this.prm, 0, 0, 0, 0, 0, 0, 0, 0, M);
     if (O !== outAt) this.readRows(O, M, hd, hdPad, out);
   }
@@ -699,8 +542,8 @@ export class WasmGemm implements Gemm {
     // Columns split in packed strips like any product (a strip is 16 output columns, 64 bytes of
     // a C row, so the threads still never write the same cache line: rows are 64-byte aligned).
     const strips = w.nPad / STRIP;
-    if (!this.worker || strips < 2 || m * K * w.nPad < SPLIT_MIN_MACS) this.exp.gemmpglu(A, w.ptr, C, m, K, w.nPad, 0, m, 0, w.nPad);
-    else this.share(GLU, this.exp.gemmpglu, [A, w.ptr, C, m, K, w.nPad, 0, m], w.nPad, STRIP);
+    if (!this.helper.running || strips < 2 || m * K * w.nPad < SPLIT_MIN_MACS) this.exp.gemmpglu(A, w.ptr, C, m, K, w.nPad, 0, m, 0, w.nPad);
+    else this.helper.share(GLU, this.exp.gemmpglu, [A, w.ptr, C, m, K, w.nPad, 0, m], w.nPad, STRIP);
     if (inC < 0) out.set(this.f32.subarray(C / 4, C / 4 + m * h));
   }
 
@@ -735,117 +578,5 @@ export class WasmGemm implements Gemm {
     const c0 = C / 4;
     if (nPad === N) out.set(f32.subarray(c0, c0 + m * N));
     else for (let r = 0; r < m; r++) out.set(f32.subarray(c0 + r * nPad, c0 + r * nPad + N), r * N);
-  }
-}
-
-/**
- * Weights spread over several WASM instances (each addresses at most 4 GiB), for checkpoints
- * whose f32 weights exceed one. A weight is used by the instance that holds it; attention runs
- * on the first. Same kernel everywhere, so the same bits as a single instance.
- */
-export class WasmGemmPool implements Gemm {
-  readonly kind = 'wasm-simd' as const;
-  private cur = 0;
-
-  constructor(private readonly parts: WasmGemm[]) {
-    if (parts.length === 0) throw new Error('WasmGemmPool needs at least one instance');
-    // One model, one arithmetic: mixing FMA and mul+add instances would change bits by layer.
-    if (parts.some((p) => p.fma !== parts[0]!.fma)) throw new Error('WasmGemmPool instances must share one fma setting');
-  }
-
-  get fma(): boolean {
-    return this.parts[0]!.fma;
-  }
-
-  get size(): number {
-    return this.parts.length;
-  }
-
-  upload(w: Float32Array, n: number, k: number, opts?: UploadOptions): Weight {
-    while (this.cur < this.parts.length && !this.parts[this.cur]!.canHold(n, k)) this.cur++;
-    const part = this.parts[this.cur];
-    if (!part) throw new Error(`WASM kernel pool full: no instance left for a ${n}x${k} weight`);
-    return { ...part.upload(w, n, k, opts), part: this.cur };
-  }
-
-  uploadEncoded(w: EncodedWeight, n: number, k: number): Weight {
-    const fmt = heldFormat(w.type, this.parts[0]!.q4);
-    while (this.cur < this.parts.length && !this.parts[this.cur]!.canHold(n, k, fmt)) this.cur++;
-    const part = this.parts[this.cur];
-    if (!part) throw new Error(`WASM kernel pool full: no instance left for a ${n}x${k} weight`);
-    return { ...part.uploadEncoded(w, n, k), part: this.cur };
-  }
-
-  matmul(w: Weight, a: Float32Array, m: number, out: Float32Array, argmaxOut?: Int32Array): void {
-    this.parts[w.part]!.matmul(w, a, m, out, argmaxOut);
-  }
-
-  matmulSwiglu(w: Weight, a: Float32Array, m: number, gu: Float32Array, out: Float32Array): void {
-    this.parts[w.part]!.matmulSwiglu(w, a, m, gu, out);
-  }
-
-  matmulDense(a: Float32Array, m: number, k: number, b: Float32Array, n: number, out: Float32Array): void {
-    this.parts[0]!.matmulDense(a, m, k, b, n, out);
-  }
-
-  attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void {
-    this.parts[0]!.attend(q, M, hd, kt, P, v, lens, scale, out);
-  }
-
-  stageKv(pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void {
-    this.parts[0]!.stageKv(pool, blocks, nBlocks, blockFloats, layerOffset, kvDim);
-  }
-
-  attendStaged(q: Float32Array, M: number, hd: number, off: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
-    this.parts[0]!.attendStaged(q, M, hd, off, keys, lens, scale, out);
-  }
-
-  argmax(x: Float32Array): number {
-    return this.parts[0]!.argmax(x);
-  }
-
-  argmaxRows(x: Float32Array, rows: number, n: number, out: Int32Array): void {
-    this.parts[0]!.argmaxRows(x, rows, n, out);
-  }
-
-  swiglu(gu: Float32Array, rows: number, hidden: number, out: Float32Array): void {
-    this.parts[0]!.swiglu(gu, rows, hidden, out);
-  }
-
-  attendStagedHeads(q: Float32Array, M: number, hd: number, heads: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
-    this.parts[0]!.attendStagedHeads(q, M, hd, heads, keys, lens, scale, out);
-  }
-
-  // Activations live in the first instance; a weight in another one copies them (matmul).
-  activation(slot: number, n: number): Float32Array {
-    return this.parts[0]!.activation(slot, n);
-  }
-
-  hold(v: Float32Array): Float32Array {
-    return this.parts[0]!.hold(v);
-  }
-
-  rmsNorm(x: Float32Array, w: Float32Array, out: Float32Array, rows: number, dim: number, eps: number): void {
-    this.parts[0]!.rmsNorm(x, w, out, rows, dim, eps);
-  }
-
-  rope(qkv: Float32Array, rows: number, stride: number, heads: number, hd: number, pos: Int32Array, cos: Float32Array, sin: Float32Array): void {
-    this.parts[0]!.rope(qkv, rows, stride, heads, hd, pos, cos, sin);
-  }
-
-  addInto(x: Float32Array, y: Float32Array, n: number): void {
-    this.parts[0]!.addInto(x, y, n);
-  }
-
-  copyRows(src: Float32Array, so: number, ss: number, dst: Float32Array, d0: number, ds: number, rows: number, n: number): void {
-    this.parts[0]!.copyRows(src, so, ss, dst, d0, ds, rows, n);
-  }
-
-  park(): void {
-    for (const p of this.parts) p.park();
-  }
-
-  close(): void {
-    for (const p of this.parts) p.close();
   }
 }

@@ -1,8 +1,8 @@
 // Attention's plain-JS reference pieces (shared by the JS kernel, mirrored bit for bit by the
-// WASM kernel in gemm_wat.ts): staging a sequence's paged KV, gathering one KV head's keys and
+// WASM kernel's generators in wat/): staging a sequence's paged KV, gathering one KV head's keys and
 // values, and the softmax with its deterministic f32 exp.
-import { EXP_CONSTS } from './gemm_wat.js';
-import { BLOCK_SHIFT, BLOCK_TOKENS } from './kv_cache.js';
+import { EXP_CONSTS } from './wat/exp.js';
+import { BLOCK_SHIFT, BLOCK_TOKENS } from '../kv_cache.js';
 
 /** JS twin of the WASM gatherkv: kt [hd][Pb] transposed keys, v [Pb][hd] values, zero padding. */
 export function gatherStagedJs(src: Float32Array, kvDim: number, off: number, hd: number, P: number, Pb: number, kt: Float32Array, v: Float32Array): void {
@@ -19,7 +19,7 @@ export function gatherStagedJs(src: Float32Array, kvDim: number, off: number, hd
   }
 }
 
-/** Copies one layer's K/V slabs of `nBlocks` cache blocks to dest[destOff..] (see Gemm.stageKv). */
+/** Copies one layer's K/V slabs of `nBlocks` cache blocks to dest[destOff..] (see Kernel.stageKv). */
 export function stageInto(dest: Float32Array, destOff: number, pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void {
   const slabs = 2 * BLOCK_TOKENS * kvDim;
   for (let b = 0; b < nBlocks; b++) {
@@ -28,7 +28,7 @@ export function stageInto(dest: Float32Array, destOff: number, pool: Float32Arra
   }
 }
 
-// ---- softmax reference (mirrors the WASM "softmax" function in gemm_wat.ts bit for bit) ----
+// ---- softmax reference (mirrors the WASM "softmax" function in wat/softmax.ts bit for bit) ----
 
 const fr = Math.fround;
 const EC = {

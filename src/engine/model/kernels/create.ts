@@ -1,11 +1,12 @@
 // Chooses the kernel for a model (kernel.ts describes the interface and the determinism
 // contract every implementation keeps).
 import { fmaSupport } from './fma.js';
-import { kernelEnv } from './kernel_env.js';
-import { JsGemm } from './kernel_js.js';
-import { padTo, type Gemm } from './kernel.js';
-import { STRIP } from './gemm_wat.js';
-import { WASM_WEIGHT_CAP, WasmGemm, WasmGemmPool } from './kernel_wasm.js';
+import { kernelEnv } from './env.js';
+import { JsKernel } from './js_kernel.js';
+import type { Kernel } from './kernel.js';
+import { padTo, STRIP } from './layout.js';
+import { WASM_WEIGHT_CAP, WasmKernel } from './wasm_kernel.js';
+import { WasmKernelPool } from './wasm_kernel_pool.js';
 
 /**
  * The kernel for a model: WASM SIMD (one instance, or a pool of them when the weights exceed
@@ -13,7 +14,7 @@ import { WASM_WEIGHT_CAP, WasmGemm, WasmGemmPool } from './kernel_wasm.js';
  * fma setting, fma.ts), so the choice never changes outputs. `weightCapBytes` (tests) lowers the per-instance weight budget; `threads` (1 or 2)
  * overrides the WASM kernel's default (KVC_GEMM_THREADS, else 2 on a multi-core machine).
  */
-export async function createGemm(opts: { shapes?: [number, number][]; prefer?: 'wasm' | 'js'; weightCapBytes?: number; threads?: 1 | 2; q4?: boolean } = {}): Promise<Gemm> {
+export async function createKernel(opts: { shapes?: [number, number][]; prefer?: 'wasm' | 'js'; weightCapBytes?: number; threads?: 1 | 2; q4?: boolean } = {}): Promise<Kernel> {
   // Decided first and outside the fallback below: a bad or unsatisfiable KVC_WASM_FMA or
   // KVC_WEIGHTS_4BIT is an error at start, never a silent switch of arithmetic.
   const fma = fmaSupport().fma;
@@ -21,14 +22,14 @@ export async function createGemm(opts: { shapes?: [number, number][]; prefer?: '
   const q4 = opts.q4 ?? env.q4;
   if (q4 && !fma) throw new Error(`4-bit weights held as q4 (KVC_WEIGHTS_4BIT=q4) need relaxed SIMD with fused multiply-add: ${fmaSupport().reason}`);
   const prefer = opts.prefer ?? env.prefer;
-  if (prefer === 'js') return new JsGemm({ q4 });
+  if (prefer === 'js') return new JsKernel({ q4 });
   const cap = Math.min(opts.weightCapBytes ?? WASM_WEIGHT_CAP, WASM_WEIGHT_CAP);
-  // Pack the weights (in upload order, first fit like WasmGemmPool.upload) to count instances.
+  // Pack the weights (in upload order, first fit like WasmKernelPool.upload) to count instances.
   let parts = 1;
   let used = 0;
   for (const [n, k] of opts.shapes ?? []) {
     const b = k * padTo(n, STRIP) * 4;
-    if (b > cap) return new JsGemm(); // one weight larger than an address space
+    if (b > cap) return new JsKernel(); // one weight larger than an address space
     if (used + b > cap) {
       parts++;
       used = 0;
@@ -37,11 +38,11 @@ export async function createGemm(opts: { shapes?: [number, number][]; prefer?: '
   }
   try {
     const threads = opts.threads ?? env.threads;
-    if (parts === 1) return await WasmGemm.create({ q4, ...(opts.weightCapBytes !== undefined ? { weightCapBytes: cap } : {}), ...(threads ? { threads } : {}) });
-    const list: WasmGemm[] = [];
-    for (let i = 0; i < parts; i++) list.push(await WasmGemm.create({ q4, weightCapBytes: cap, ...(i > 0 ? { threads: 1 } : threads ? { threads } : {}) }));
-    return new WasmGemmPool(list);
+    if (parts === 1) return await WasmKernel.create({ q4, ...(opts.weightCapBytes !== undefined ? { weightCapBytes: cap } : {}), ...(threads ? { threads } : {}) });
+    const list: WasmKernel[] = [];
+    for (let i = 0; i < parts; i++) list.push(await WasmKernel.create({ q4, weightCapBytes: cap, ...(i > 0 ? { threads: 1 } : threads ? { threads } : {}) }));
+    return new WasmKernelPool(list);
   } catch {
-    return new JsGemm({ q4 });
+    return new JsKernel({ q4 });
   }
 }

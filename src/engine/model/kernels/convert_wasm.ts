@@ -1,15 +1,13 @@
-// The load-time conversions of convert_wat.ts, run through a module of their own: a tensor goes
+// The load-time conversions of wat/convert.ts, run through a module of their own: a tensor goes
 // through its memory in chunks of a few MiB (so the module stays small whatever the model), and
 // the results are copied out. Same bytes as the JavaScript definitions (gguf_blocks.ts
 // decodeBlocks, gguf_format.ts quantizeQ8_0, weight_pack.ts q4_0AsQ8_0, packEncoded and packQ4),
 // which remain the fallback where the module cannot be compiled.
-import { convertWat } from './convert_wat.js';
-import { Q4_BLOCK_BYTES, Q8_BLOCK_BYTES, STRIP } from './gemm_wat.js';
-import { BLOCK_LAYOUT, type RequantizedType } from './gguf_blocks.js';
-import { compileWat } from './wat_compile.js';
+import { convertWat } from './wat/convert.js';
+import { padTo, Q4_BLOCK_BYTES, Q8_BLOCK_BYTES, STRIP } from './layout.js';
+import { BLOCK_LAYOUT, type RequantizedType } from '../formats/gguf_blocks.js';
+import { compileWat } from './wat/compile.js';
 
-// Not kernel.ts's padTo: kernel.ts reaches this file through weight_pack.ts (an import cycle).
-const padTo = (n: number, s: number) => Math.ceil(n / s) * s;
 
 type Decode = (S: number, F: number, blocks: number) => void;
 interface ConvertExports {

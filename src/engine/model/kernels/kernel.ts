@@ -14,7 +14,7 @@
 // (JS evaluates in f64; rounding the product and the sum to f32 each step gives exactly the f32
 // results, since f64 has more than 2*24+2 bits; fma.ts fmaf gives the fused result exactly.)
 // One process uses one setting (fmaSupport(): KVC_WASM_FMA, then the platform) for every kernel.
-import { PANEL, panelIndex, STRIP, type WFmt } from './gemm_wat.js';
+import { PANEL, panelIndex, STRIP, type WFmt } from './layout.js';
 import type { Q4Weight, Q8Weight } from './q8_dot.js';
 import type { EncodedWeight } from './weight_pack.js';
 
@@ -28,7 +28,7 @@ export interface Weight {
   readonly ptr: number;
   /** … or the Wt array itself (JS kernel). */
   readonly data: Float32Array | null;
-  /** Which WASM instance holds it (WasmGemmPool). */
+  /** Which WASM instance holds it (WasmKernelPool). */
   readonly part: number;
   /** How the kernel holds it (weight_pack.ts); the JS kernel holds 'f32', 'q8' or 'q4'. */
   readonly fmt: WFmt;
@@ -43,7 +43,7 @@ export interface Weight {
   readonly glu?: boolean;
 }
 
-/** Options of Gemm.upload. */
+/** Options of Kernel.upload. */
 export interface UploadOptions {
   /**
    * The weight is a gate|up projection ([gate (n/2 rows) | up (n/2 rows)][k]) meant for
@@ -53,7 +53,7 @@ export interface UploadOptions {
   glu?: boolean;
 }
 
-export interface Gemm {
+export interface Kernel {
   readonly kind: 'wasm-simd' | 'js';
   /** Products accumulate with a fused multiply-add (fma.ts; both kernels, the same bits). */
   readonly fma: boolean;
@@ -68,7 +68,7 @@ export interface Gemm {
   /**
    * out[0..m*n) = a[0..m*k) · Wᵀ; with `argmaxOut`, also each of the m rows' greedy argmax
    * (argmaxRows's answers), which a kernel may take while the product's columns are still in
-   * cache (the LM head, kernel_wasm.ts).
+   * cache (the LM head, wasm_kernel.ts).
    */
   matmul(w: Weight, a: Float32Array, m: number, out: Float32Array, argmaxOut?: Int32Array): void;
   /**
@@ -113,7 +113,7 @@ export interface Gemm {
   argmax(x: Float32Array): number;
   /** out[r] = argmax of row r of x ([rows][n]), for r < rows: argmax()'s answer per row. */
   argmaxRows(x: Float32Array, rows: number, n: number, out: Int32Array): void;
-  /** SwiGLU: gu is [rows][gate (hidden) | up (hidden)], out [rows][hidden] (attention.ts swigluJs defines the bits). */
+  /** SwiGLU: gu is [rows][gate (hidden) | up (hidden)], out [rows][hidden] (attention_js.ts swigluJs defines the bits). */
   swiglu(gu: Float32Array, rows: number, hidden: number, out: Float32Array): void;
   /**
    * Reusable activation buffer number `slot`, at least n floats, contents unspecified (a larger
@@ -148,8 +148,6 @@ export function argmaxJs(x: Float32Array): number {
   return best;
 }
 
-export const padTo = (n: number, s: number) => Math.ceil(n / s) * s;
-
 export function transposePadded(w: Float32Array, n: number, k: number, nPad: number, dest: Float32Array): void {
   if (w.length !== n * k) throw new Error(`weight has ${w.length} values, expected ${n}x${k}`);
   dest.fill(0, 0, k * nPad);
@@ -175,7 +173,7 @@ export function packStrips(w: Float32Array, n: number, k: number, nPad: number, 
  * layout: panels like packStrips, where strip s holds gate columns 16s..16s+15 and the up columns
  * of the same indices, in groups of 4 — packed column 8q + j is gate 16s + 4q + j and 8q + 4 + j is
  * up 16s + 4q + j (q < 4, j < 4) — so each 8-column register tile holds 4 gate columns and their 4 up
- * columns (gemm_wat.ts gemmpglu).
+ * columns (wat/gemm.ts gemmpglu).
  */
 export function packGluStrips(w: Float32Array, h: number, k: number, dest: Float32Array): void {
   if (w.length !== 2 * h * k) throw new Error(`weight has ${w.length} values, expected ${2 * h}x${k}`);

@@ -1,5 +1,5 @@
-// The kernel's environment settings, parsed in one place for createGemm (gemm.ts) and
-// WasmGemm.create (kernel_wasm.ts), so both act on the same checked values.
+// The kernel's environment settings, parsed in one place for createKernel (create.ts) and
+// WasmKernel.create (wasm_kernel.ts), so both act on the same checked values.
 
 /**
  * The kernel settings of the environment, checked: KVC_GEMM = "wasm" (default) or "js";

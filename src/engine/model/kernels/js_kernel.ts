@@ -1,18 +1,18 @@
 // The plain-JS kernel: the exact summation order of the WASM kernel (kernel.ts; Q8 weights:
 // q8_dot.ts), used as the bitwise reference in tests and as the fallback where WASM SIMD is
 // unavailable.
-import { gatherStagedJs, softmaxRowsJs, stageInto, swigluJs } from './attention.js';
+import { gatherStagedJs, softmaxRowsJs, stageInto, swigluJs } from './attention_js.js';
 import { fmaf, fmaSupport } from './fma.js';
-import { kernelEnv } from './kernel_env.js';
-import { STRIP } from './gemm_wat.js';
-import { argmaxJs, checkArgs, padTo, transposePadded, type Gemm, type UploadOptions, type Weight } from './kernel.js';
-import { BLOCK_TOKENS } from './kv_cache.js';
+import { kernelEnv } from './env.js';
+import { padTo, STRIP } from './layout.js';
+import { argmaxJs, checkArgs, transposePadded, type Kernel, type UploadOptions, type Weight } from './kernel.js';
+import { BLOCK_TOKENS } from '../kv_cache.js';
 import { addIntoJs, copyRowsJs, rmsNormJs, ropeJs } from './ops_js.js';
 import { matmulQ4Js, matmulQ8Js, q4WeightOf, q8WeightOf } from './q8_dot.js';
 import { asQ8_0, checkEncoded, decodeWeight, heldFormat, type EncodedWeight, type Q4Type } from './weight_pack.js';
 
 /** Plain-JS kernel with the exact summation order of the WASM kernel (reference and fallback). */
-export class JsGemm implements Gemm {
+export class JsKernel implements Kernel {
   readonly kind = 'js' as const;
   /** Fused multiply-add (fmaf) like the WASM FMA kernel; default: fmaSupport(). */
   readonly fma: boolean;

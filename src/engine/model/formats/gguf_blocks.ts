@@ -5,7 +5,7 @@
 // whose rows are not whole super-blocks fall back to Q5_0, Q5_1 or Q8_0).
 //
 // The engine decodes these to f32 and re-quantizes them to Q8_0 at load (gguf_model.ts;
-// convert_wat.ts runs the same decoders in WASM): one int8 kernel for every quantized file. Q4_1
+// kernels/wat/convert.ts runs the same decoders in WASM): one int8 kernel for every quantized file. Q4_1
 // and Q4_K can instead be held as they are (KVC_WEIGHTS_4BIT=q4: weight_pack.ts q4Block reads
 // their blocks with scaleOf / minOf below). Decoding follows ggml's definitions value for value; the
 // encoders below are plain min/max quantizers (not llama.cpp's error-minimising search) that
@@ -24,7 +24,7 @@
 //     sub-block s is bit s of qh[l]
 //   Q6_K 210 B / 256: 128 B low nibbles ql, 64 B high pairs qh, 16 int8 scales, f16 d
 //     sixteen sub-blocks of 16: x = (d·sc)·(q − 32), q in [0, 63] (see decodeQ6K for the order)
-import { f16ToF32, f32ToF16 } from './safetensors.js';
+import { f16ToF32, f32ToF16 } from './half.js';
 
 /** The block formats of this file: values per block and bytes per block. */
 export const BLOCK_LAYOUT = {

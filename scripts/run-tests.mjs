@@ -6,12 +6,14 @@
 //           the suite's outcome depend on the machine's load.
 // Node 20's --test does not expand globs, so the files are collected here.
 //
-// Usage: node scripts/run-tests.mjs [--unit | --system] [substring ...]
+// Usage: node scripts/run-tests.mjs [--unit | --system] [--totals FILE] [substring ...]
 //   --unit / --system   run one tier only (default: both, unit first)
+//   --totals FILE       also write the totals and, per file, its tests' names, counts and time as
+//                       JSON (to compare two runs: the same files must run the same tests)
 //   substring           run only the files whose path contains one of them
 // Prints each test (spec reporter), then the totals per tier and the slowest system files; exits
 // non-zero when a test failed or no file matched.
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { availableParallelism, tmpdir } from 'node:os';
 import { basename, join, relative } from 'node:path';
 import { spawnSync } from 'node:child_process';
@@ -35,11 +37,22 @@ function collect(dir) {
 /** test/foo.test.ts for dist/test/foo.test.js: a compiled test whose source is gone is stale build output. */
 const sourceOf = (compiled) => relative('dist', compiled).replace(/\.js$/, '.ts');
 
+const USAGE = 'usage: node scripts/run-tests.mjs [--unit | --system] [--totals FILE] [substring ...]';
 const args = process.argv.slice(2);
+let totalsOut = null;
+const ti = args.indexOf('--totals');
+if (ti >= 0) {
+  totalsOut = args[ti + 1];
+  if (!totalsOut || totalsOut.startsWith('--')) {
+    console.error(`--totals needs a file name (${USAGE})`);
+    process.exit(2);
+  }
+  args.splice(ti, 2);
+}
 const only = args.filter((a) => a === '--unit' || a === '--system').map((a) => a.slice(2));
 const unknown = args.filter((a) => a.startsWith('--') && !['--unit', '--system'].includes(a));
 if (unknown.length) {
-  console.error(`unknown option ${unknown.join(' ')} (usage: node scripts/run-tests.mjs [--unit | --system] [substring ...])`);
+  console.error(`unknown option ${unknown.join(' ')} (${USAGE})`);
   process.exit(2);
 }
 const filter = args.filter((a) => !a.startsWith('--'));
@@ -95,6 +108,10 @@ for (const { tier, files, seconds, report } of results) {
 }
 if (results.length > 1) {
   console.log(`all     ${sum.files} files, ${sum.tests} tests: ${sum.pass} pass, ${sum.fail} fail, ${sum.skipped} skipped, ${sum.cancelled} cancelled; ${sum.seconds.toFixed(1)} s`);
+}
+if (totalsOut) {
+  const out = Object.fromEntries(results.map(({ tier, files, seconds, status, report }) => [tier.name, { fileCount: files, seconds, status, ...report }]));
+  writeFileSync(totalsOut, `${JSON.stringify(out, null, 1)}\n`);
 }
 const system = results.find((r) => r.tier.name === 'system');
 if (system?.report.files) {

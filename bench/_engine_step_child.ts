@@ -18,7 +18,7 @@
 //
 // And per step: the gap from the end of one 8-row decode forward call to the start of the next,
 // plus the time that first call spent in sampling work done inside it (a tree's argmaxRows after
-// the LM head, and since round 10 the argmax the LM-head product takes chunk by chunk, which the
+// the LM head, or the argmax the LM-head product takes chunk by chunk, which the
 // kernel adds up in `argmaxMs` (`llama.kernel`, `llama.gemm` in trees before the kernel's rename) for the main thread; 0 for a tree with neither). Measured within each step, a few hundred per run,
 // its median does not swing with the machine's speed from one second to the next, which the
 // difference of two ~10 ms step times measured seconds apart does (±0.5 ms per step here).

@@ -6,25 +6,19 @@
 // Also: the committed examples are exactly what `kvc up` generates.
 import { test, before, after, describe } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync, readFileSync, readdirSync } from 'node:fs';
-import { join, dirname } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { readFileSync, readdirSync } from 'node:fs';
+import { join } from 'node:path';
 import OpenAI from 'openai';
 import { startKvc, waitHttp, type Proc } from '../../harness/proc.js';
 import { tempDir } from '../../harness/temp_dir.js';
+import { repoRoot } from '../../harness/repo_files.js';
 import { freePortRange, isPortFree } from '../../src/common/ports.js';
 import { makePlan, cacheYaml, connectorJson, type PlanOptions } from '../../src/deploy/plan.js';
 import { freePortOffset } from '../../src/deploy/free_offset.js';
 import { validateCacheConfig, parseConnectorConfig } from '../../src/common/config.js';
 import { parse as parseYaml } from 'yaml';
 
-/** The repository root: the nearest parent of this compiled file holding package.json. */
-function findRoot(): string {
-  let d = dirname(fileURLToPath(import.meta.url));
-  while (!existsSync(join(d, 'package.json')) && dirname(d) !== d) d = dirname(d);
-  return d;
-}
-const repoRoot = findRoot();
+const root = repoRoot();
 
 /** Exit code of a started process, or a failure after `ms` (the process is then killed). */
 async function exitCode(p: Proc, ms: number): Promise<number | null> {
@@ -58,10 +52,10 @@ describe('examples', () => {
   for (const [dir, p, d] of [['1p1d', 1, 1], ['2p2d', 2, 2]] as const) {
     test(`examples/${dir} holds exactly what kvc up generates, and it validates`, () => {
       const plan = makePlan({ prefillers: p, decoders: d, model: 'builtin:tiny', portOffset: 0, controller: true, host: '127.0.0.1' });
-      const files = readdirSync(join(repoRoot, 'examples', dir)).filter((f) => f !== 'README.md').sort();
+      const files = readdirSync(join(root, 'examples', dir)).filter((f) => f !== 'README.md').sort();
       assert.deepEqual(files, plan.engines.flatMap((e) => [`${e.name}.connector.json`, `${e.name}.yaml`]).sort());
       for (const e of plan.engines) {
-        const yaml = readFileSync(join(repoRoot, 'examples', dir, `${e.name}.yaml`), 'utf8');
+        const yaml = readFileSync(join(root, 'examples', dir, `${e.name}.yaml`), 'utf8');
         assert.equal(yaml, cacheYaml(e));
         const { config, warnings } = validateCacheConfig(parseYaml(yaml), e.name);
         assert.deepEqual(warnings, []);
@@ -75,7 +69,7 @@ describe('examples', () => {
         // Every engine, prefiller and decoder, 1P1D and XpYd, keeps a CPU tier by default.
         assert.equal(config.local_cpu, true);
         assert.equal(config.max_local_cpu_size, 5);
-        const conn = parseConnectorConfig(readFileSync(join(repoRoot, 'examples', dir, `${e.name}.connector.json`), 'utf8').trim()).config;
+        const conn = parseConnectorConfig(readFileSync(join(root, 'examples', dir, `${e.name}.connector.json`), 'utf8').trim()).config;
         assert.equal(connectorJson(e), JSON.stringify(e.connector));
         assert.equal(conn.kv_connector_extra_config.discard_partial_chunks, false);
         if (e.role === 'prefiller') {

@@ -36,8 +36,8 @@ export function panelIndex(c: number, k: number): number {
  *         subnormal halves; Inf/NaN weights are refused at upload), then the sign;
  *   q8    per strip, two runs of k-blocks, one per half of 16 columns (two streams from memory);
  *         per half and block of 32 k: 16 f32 column scales (64 bytes), then 16 k-pairs of
- *         [16 columns][2] i8 (512 bytes) — the layout i32x4.dot_i16x8_s takes (before round 11,
- *         one run of 32-column blocks); computed as an int8 dot product
+ *         [16 columns][2] i8 (512 bytes) — the layout i32x4.dot_i16x8_s takes (two streams
+ *         instead of one run of 32-column blocks); computed as an int8 dot product
  *         against quantized activations (q8_dot.ts defines the bits; gemmpq8 below), not widened;
  *   q4    4-bit weights with a scale and an offset per column and block of 32 (x = s·q − o, q in
  *         0..15: Q4_0, Q4_1 and Q4_K as their files hold them), in modules built with relaxed

@@ -163,8 +163,8 @@ function kernel1x32(fmt: WideFmt, fma: boolean, glu: boolean, panels: boolean): 
  *          touching K pages N*4 bytes apart (decode, few rows, reads each weight once per step and
  *          is bound by exactly that stream), and a register tile reads its own panel front to
  *          back: every cache line it pulls in is all its own columns. With [K][STRIP] rows
- *          instead (before round 11), a tile used 32 of each 128-byte row, so half of every line
- *          it pulled from L2 was other tiles' columns; panels measured 7–16 % faster on the
+ *          instead, a tile would use 32 of each 128-byte row, so half of every line
+ *          it pulls from L2 would be other tiles' columns; panels measured 7–16 % faster on the
  *          156M prefill's shapes (docs/engine-model.md, "Panels");
  *   packed, strided (attention's Kᵀ, gatherkv): Wt [P/STRIP][hd][STRIP], k-rows of 128 bytes.
  * The arithmetic, and so every result bit, is the same for every layout.

@@ -24,3 +24,11 @@ export function walkFiles(dir: string, keep: (name: string) => boolean): string[
   }
   return out;
 }
+
+/** The lines of `text` that `re` matches, numbered from 1 and trimmed. */
+export function matchingLines(text: string, re: RegExp): { line: number; text: string }[] {
+  return text
+    .split('\n')
+    .map((t, i) => ({ line: i + 1, text: t.trim() }))
+    .filter((l) => re.test(l.text));
+}

@@ -11,7 +11,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { dirname, join, normalize, relative, sep } from 'node:path';
-import { repoRoot, walkFiles as walk } from '../../harness/repo_files.js';
+import { matchingLines, repoRoot, walkFiles as walk } from '../../harness/repo_files.js';
 
 const root = repoRoot();
 
@@ -83,12 +83,7 @@ export function isGenerated(path: string, dirs: string[]): boolean {
 // "spec §2.4", "DESIGN §9", any "§" section sign, or a design document outside the repository.
 const OUTSIDE = /§|\bDESIGN\b|\bspec\.txt\b/;
 
-export function outsideCitations(text: string): { line: number; text: string }[] {
-  return text
-    .split('\n')
-    .map((t, i) => ({ line: i + 1, text: t.trim() }))
-    .filter((l) => OUTSIDE.test(l.text));
-}
+export const outsideCitations = (text: string) => matchingLines(text, OUTSIDE);
 
 test('the checker finds paths, links and citations (it can fail)', () => {
   const md = 'See `src/common/chunk.ts`, src/nope/missing.ts and [x](../docs/none.md), https://x.org/src/a.ts.\nAs spec §2.4 says.';

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join, relative, sep } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import { repoRoot, walkFiles as walk } from '../../harness/repo_files.js';
+import { matchingLines, repoRoot, walkFiles as walk } from '../../harness/repo_files.js';
 
 const root = repoRoot();
 const docsDir = join(root, 'docs');
@@ -15,12 +15,7 @@ const pages = readdirSync(docsDir).filter((n) => n.endsWith('.md')).sort();
 
 /** Lines that speak of a development round: "round 7", "rounds 13–15", "round-5", "this round", "pre-round". */
 const ROUND = /\brounds?[ -]\d+|\bthis round\b|\bpre-round\b/i;
-export function roundMentions(text: string): { line: number; text: string }[] {
-  return text
-    .split('\n')
-    .map((t, i) => ({ line: i + 1, text: t.trim() }))
-    .filter((l) => ROUND.test(l.text));
-}
+export const roundMentions = (text: string) => matchingLines(text, ROUND);
 
 test('the round checker finds what it must and leaves bench repetitions alone (it can fail)', () => {
   const hits = roundMentions('a\nSince round 7 the forward\nrounds 13–15 agree\nthe round-5 runs\nbefore this round\nthe pre-round tree\nfive alternating rounds of each\nround-robin\nMath.round(2.5)');

@@ -18,6 +18,11 @@ export class LocalCPUBackend implements StorageBackend {
   readonly location = 'LocalCPUBackend' as const;
   private readonly index = new LruIndex<CpuEntry>();
   private readonly pool: BufferPool;
+  /**
+   * Bytes (size classes) of reservations for chunks still arriving (reserve()): not in the index,
+   * so no eviction can take them, and counted against the capacity so no put can either.
+   */
+  private reservedBytes = 0;
 
   constructor(readonly capacityBytes: number) {
     this.pool = new BufferPool(capacityBytes);
@@ -58,13 +63,14 @@ export class LocalCPUBackend implements StorageBackend {
     if (cls > this.capacityBytes) {
       throw new StoreFullError(`chunk ${key} (${chunk.byteLength} bytes) is larger than LocalCPUBackend capacity (${this.capacityBytes} bytes)`);
     }
-    const victims = this.index.victims(cls, this.capacityBytes, opts);
-    if (victims === null && this.index.declines(cls, this.capacityBytes, opts)) {
+    const room = this.capacityBytes - this.reservedBytes;
+    const victims = this.index.victims(cls, room, opts);
+    if (victims === null && this.index.declines(cls, room, opts)) {
       throw new CopyDeclinedError('LocalCPUBackend', key, opts);
     }
     if (victims === null) {
       throw new StoreFullError(
-        `LocalCPUBackend is full: ${this.index.bytes} of ${this.capacityBytes} bytes used and ${this.index.pinnedCount} pinned chunk(s) cannot be evicted to store chunk ${key}`,
+        `LocalCPUBackend is full: ${this.index.bytes} of ${this.capacityBytes} bytes used${this.reservedBytes ? ` (${this.reservedBytes} more reserved for chunks arriving)` : ''} and ${this.index.pinnedCount} pinned chunk(s) cannot be evicted to store chunk ${key}`,
       );
     }
     for (const v of victims) this.pool.release(this.index.delete(v)!.buf);
@@ -75,6 +81,66 @@ export class LocalCPUBackend implements StorageBackend {
     buf.set(chunk, 0);
     this.index.add(key, { buf, length: chunk.byteLength, bytes: cls, pinned: false }, opts);
     return victims;
+  }
+
+  /**
+   * Room for a chunk of `bytes` that is about to arrive over the network (a move or copy into this
+   * tier, src/kvc/peer_receive.ts): unpinned chunks are evicted now as a put would evict them, and
+   * the pooled buffer the chunk will occupy is handed out, so the socket reads its bytes straight
+   * into their final place (no receive buffer, no copy at commit). Until commitReserved() the chunk
+   * is invisible (not indexed, never served) and its room cannot be taken (counted against the
+   * capacity); abortReserved() gives the room back. Throws StoreFullError when the room cannot be
+   * made (every other chunk pinned or reserved).
+   */
+  reserve(bytes: number): { slot: Uint8Array; victims: ChunkKey[] } {
+    const cls = sizeClass(bytes);
+    const room = this.capacityBytes - this.reservedBytes;
+    if (cls > room) {
+      throw new StoreFullError(`LocalCPUBackend has no room for an incoming chunk of ${bytes} bytes: ${this.reservedBytes} of ${this.capacityBytes} bytes are reserved for chunks arriving`);
+    }
+    const victims = this.index.victims(cls, room);
+    if (victims === null) {
+      throw new StoreFullError(
+        `LocalCPUBackend is full: ${this.index.bytes} of ${this.capacityBytes} bytes used, ${this.reservedBytes} reserved for chunks arriving, and ${this.index.pinnedCount} pinned chunk(s) cannot be evicted to receive a chunk of ${bytes} bytes`,
+      );
+    }
+    for (const v of victims) this.pool.release(this.index.delete(v)!.buf);
+    const slot = this.pool.acquire(cls);
+    if (!slot) throw new StoreFullError(`LocalCPUBackend could not allocate ${cls} bytes within its budget`, victims);
+    this.reservedBytes += cls;
+    return { slot, victims };
+  }
+
+  /**
+   * Makes a reserved chunk, now complete and verified by the caller, part of the tier under `key`
+   * (its first `length` bytes). Returns false when the tier already held `key` meanwhile (same key,
+   * same bytes): the reservation is given back and the held chunk stays.
+   */
+  commitReserved(key: ChunkKey, slot: Uint8Array, length: number): boolean {
+    try {
+      checkChunkFor(slot.subarray(0, length), key);
+    } catch (e) {
+      this.abortReserved(slot);
+      throw e;
+    }
+    this.reservedBytes -= slot.byteLength;
+    if (this.index.readmit(key)) {
+      this.pool.release(slot);
+      return false;
+    }
+    this.index.add(key, { buf: slot, length, bytes: slot.byteLength, pinned: false });
+    return true;
+  }
+
+  /** Gives back a reservation that will not be committed (the transfer failed or was refused). */
+  abortReserved(slot: Uint8Array): void {
+    this.reservedBytes -= slot.byteLength;
+    this.pool.release(slot);
+  }
+
+  /** Bytes reserved for chunks still arriving (for tests and metrics). */
+  get reserved(): number {
+    return this.reservedBytes;
   }
 
   async get(key: ChunkKey, dest?: Uint8Array): Promise<Uint8Array | null> {

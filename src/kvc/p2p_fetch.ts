@@ -2,23 +2,23 @@
 // FETCH for consecutive chunk keys and reads the CHUNK frames that come back, in order, until
 // FETCH_END. Every chunk is verified as it arrives like every other hop (header, exact length,
 // layout, key = the key asked for at that position, xxh64 payload checksum hashed while the bytes
-// are copied off the socket); the first bad frame ends the fetch. Never rejects: the result says
-// what arrived (all verified, usable) and why it stopped, so the caller computes the rest.
+// arrive); the first bad frame ends the fetch. Never rejects: the result says what arrived (all
+// verified, usable) and why it stopped, so the caller computes the rest.
+// The socket reads each chunk's bytes straight into the buffer the chunk is returned in (the
+// `onread` option: no 64 KiB buffer per read for the GC to collect, no copy off the socket).
 import net from 'node:net';
-import { chunkBytes, describeLayout, sameLayout, verifyStreamed, type KvLayout } from '../common/chunk.js';
+import { chunkBytes, describeLayout, HEADER_BYTES, sameLayout, verifyStreamed, type KvLayout } from '../common/chunk.js';
 import { CHUNK_KEY_CHARS } from '../common/keys.js';
 import { FrameReader } from '../protocol/frame_reader.js';
 import {
   decodePeerControl,
   MAX_CONTROL_BODY,
-  PEER_FRAMES,
-  PEER_PAYLOAD_AT,
+  PEER_KEYED_FRAMES,
   PEER_PROTOCOL_VERSION,
   PeerFrame,
   peerControlFrame,
   peerFetchEndSchema,
   peerHelloOkSchema,
-  splitChunkBody,
 } from '../protocol/peer_frames.js';
 import { fetchAuth } from './p2p_serve.js';
 import { parseHostPort } from './worker_peer.js';
@@ -51,12 +51,10 @@ export interface PeerFetchOptions {
 
 export function fetchFromPeer(o: PeerFetchOptions): Promise<PeerFetchResult> {
   const { host, port } = parseHostPort(o.peerUrl);
-  const maxChunk = CHUNK_KEY_CHARS + chunkBytes(o.layout, o.chunkSize);
+  const maxChunk = chunkBytes(o.layout, o.chunkSize);
   return new Promise<PeerFetchResult>((resolve) => {
     const chunks: Uint8Array[] = [];
     let settled = false;
-    const sock = net.connect({ host, port });
-    sock.setNoDelay(true);
     const done = (failure: P2pFailure | null, error: string | null) => {
       if (settled) return;
       settled = true;
@@ -67,9 +65,9 @@ export function fetchFromPeer(o: PeerFetchOptions): Promise<PeerFetchResult> {
     };
     const left = Math.max(0, o.deadline - Date.now());
     const timer = setTimeout(() => done('timeout', `no complete answer from ${o.peerUrl} within the P2P time bound (${chunks.length}/${o.keys.length} chunks arrived)`), left);
-    const onFrame = (type: number, body: Uint8Array, digest: bigint | null) => {
+    const onFrame = (type: number, key: string | null, body: Uint8Array, digest: bigint | null) => {
       if (type === PeerFrame.Chunk) {
-        const { key, chunk } = splitChunkBody(body);
+        const chunk = body;
         const want = o.keys[chunks.length];
         if (want === undefined) return done('corrupt', `${o.peerUrl} sent more chunks than asked`);
         if (key !== want) return done('corrupt', `${o.peerUrl} sent chunk ${key} where ${want} was expected`);
@@ -98,29 +96,37 @@ export function fetchFromPeer(o: PeerFetchOptions): Promise<PeerFetchResult> {
       }
       return done('corrupt', `${o.peerUrl} sent an unexpected frame type ${type}`);
     };
-    const reader = new FrameReader(PEER_FRAMES, {
+    const reader = new FrameReader(PEER_KEYED_FRAMES, {
       refuse: (h) => {
-        if (h.type === PeerFrame.Chunk) return h.bodyLen > maxChunk || h.bodyLen < PEER_PAYLOAD_AT ? `CHUNK frame of ${h.bodyLen} bytes (at most ${maxChunk})` : null;
+        if (h.type === PeerFrame.Chunk) return h.bodyLen > maxChunk ? `CHUNK frame of ${h.bodyLen + CHUNK_KEY_CHARS} bytes (at most ${maxChunk + CHUNK_KEY_CHARS})` : null;
         return h.bodyLen > MAX_CONTROL_BODY ? `reply frame (type ${h.type}) of ${h.bodyLen} bytes exceeds ${MAX_CONTROL_BODY}` : null;
       },
       // Each chunk lands in its own buffer: it is kept (promoted into the CPU tier, imported).
-      sink: (_type, _meta, len) => new Uint8Array(len),
-      hashFrom: (type) => (type === PeerFrame.Chunk ? PEER_PAYLOAD_AT : null),
-      onFrame: (type, _meta, body, bodyLen, digest) => onFrame(type, body ?? new Uint8Array(bodyLen), digest),
+      // Not zero-filled: the socket writes every byte of it before it is used.
+      sink: (_type, _key, len) => new Uint8Array(Buffer.allocUnsafeSlow(len).buffer, 0, len),
+      hashFrom: (type) => (type === PeerFrame.Chunk ? HEADER_BYTES : null),
+      onFrame: (type, key, body, bodyLen, digest) => onFrame(type, key, body ?? new Uint8Array(bodyLen), digest),
       onError: (e) => done('corrupt', `bad frame from ${o.peerUrl}: ${e.message}`),
     });
+    const feed = (n: number) => {
+      try {
+        reader.readDone(n);
+      } catch (e) {
+        done('corrupt', `bad frame from ${o.peerUrl}: ${(e as Error).message}`);
+      }
+    };
+    // After the reader: the socket asks it for a buffer as soon as it is created.
+    const sock = net.connect({
+      host,
+      port,
+      onread: { buffer: () => reader.readBuffer(), callback: (n: number) => (feed(n), true) },
+    } as net.NetConnectOpts);
+    sock.setNoDelay(true);
     let connected = false;
     sock.on('connect', () => {
       connected = true;
       sock.write(peerControlFrame(PeerFrame.Fetch, { v: PEER_PROTOCOL_VERSION, from: o.from, keys: [...o.keys], ...fetchAuth(o.from) }));
       o.onStarted?.();
-    });
-    sock.on('data', (d: Buffer) => {
-      try {
-        reader.push(d);
-      } catch (e) {
-        done('corrupt', `bad frame from ${o.peerUrl}: ${(e as Error).message}`);
-      }
     });
     sock.on('error', (e) => done(connected ? 'closed' : 'connect', `${connected ? 'connection to' : 'cannot connect to'} ${o.peerUrl}: ${e.message}`));
     sock.on('close', () => done(connected ? 'closed' : 'connect', `${o.peerUrl} closed the connection after ${chunks.length}/${o.keys.length} chunks`));

@@ -1,9 +1,10 @@
 // The holder side of a P2P pull (docs/p2p.md): a FETCH frame on the peer port
 // (src/kvc/worker_peer.ts hands it here) asks for consecutive chunks of one prompt. They are
 // sent in order as CHUNK frames up to the first one this instance no longer holds, then
-// FETCH_END says how many were sent, and the connection closes. Each chunk is copied out of the
-// store before it is written (so an eviction meanwhile cannot change bytes on the wire) and
-// checked against its key; the requester verifies the checksum as the bytes arrive.
+// FETCH_END says how many were sent, and the connection closes. A chunk of the CPU tier is written
+// from where it lies, pinned until the socket has taken its bytes (so an eviction meanwhile cannot
+// recycle them: chunkForSend, as for a move); one of another tier is read into a copy first. Each
+// is checked against its key; the requester verifies the checksum as the bytes arrive.
 // Authentication: with a deployment secret the FETCH must carry
 // HMAC-SHA256(secret, "p2p-fetch:<from>:<nonce>") (src/common/auth.ts), like every internal channel.
 import type net from 'node:net';
@@ -13,6 +14,8 @@ import { deploymentSecret, tag, verifyTag } from '../common/auth.js';
 import { logger } from '../common/log.js';
 import { PeerFrame, peerChunkHead, peerControlFrame, type PeerFetch } from '../protocol/peer_frames.js';
 import type { KvcStore } from './store.js';
+import { chunkForSend, type OutgoingChunk } from './transfer_holds.js';
+import type { LocationName } from './types.js';
 
 const log = logger('kvc.p2p');
 
@@ -26,21 +29,27 @@ export function fetchAuth(from: string): { nonce: string; auth?: string } {
   return secret === null ? { nonce } : { nonce, auth: tag(secret, CHANNEL, `${from}:${nonce}`) };
 }
 
-/** The chunk for `key` from the fastest local location that has it (a copy), or null. Never the remote tier. */
-async function readLocal(store: KvcStore, key: string): Promise<Uint8Array | null> {
+/** The chunk for `key` from the fastest local location that has it, or null. Never the remote tier. */
+async function readLocal(store: KvcStore, readers: Map<LocationName, (key: string) => Promise<OutgoingChunk | null>>, key: string): Promise<OutgoingChunk | null> {
   for (const loc of store.locations()) {
     if (!store.has(key, loc)) continue;
-    const got = await store.get(key, undefined, loc).catch(() => null);
+    let read = readers.get(loc);
+    if (!read) readers.set(loc, (read = chunkForSend(store, loc)));
+    const got = await read(key).catch(() => null);
     if (got) return got;
   }
   return null;
 }
 
-function write(sock: net.Socket, b: Uint8Array): Promise<void> {
+/** Resolves once `b` is queued (at once, or at the next drain); `written` runs when the socket has taken it or failed. */
+function write(sock: net.Socket, b: Uint8Array, written?: () => void): Promise<void> {
   return new Promise<void>((res, rej) => {
-    if (sock.destroyed) return rej(new Error('connection closed'));
+    if (sock.destroyed) {
+      written?.();
+      return rej(new Error('connection closed'));
+    }
     const onClose = () => rej(new Error('connection closed'));
-    if (sock.write(b)) return res();
+    if (sock.write(b, () => written?.())) return res();
     sock.once('close', onClose);
     sock.once('drain', () => {
       sock.off('close', onClose);
@@ -59,19 +68,29 @@ export async function serveFetch(sock: net.Socket, store: KvcStore, req: PeerFet
     return end(0, 'fetch refused: the deployment secret is missing or wrong');
   }
   let sent = 0;
+  const readers = new Map<LocationName, (key: string) => Promise<OutgoingChunk | null>>();
+  /** Releases of chunks whose bytes may still wait in the socket's queue (all run when the fetch ends). */
+  const pending = new Set<() => void>();
   try {
     for (const key of req.keys) {
       if (sock.destroyed) return;
-      const chunk = await readLocal(store, key);
-      if (!chunk) break; // the run ends here: the requester computes the rest
-      checkChunkFor(chunk, key);
-      await write(sock, peerChunkHead(key, chunk.byteLength));
-      await write(sock, chunk);
+      const got = await readLocal(store, readers, key);
+      if (!got) break; // the run ends here: the requester computes the rest
+      const release = () => {
+        if (pending.delete(release)) got.release?.();
+      };
+      pending.add(release);
+      checkChunkFor(got.bytes, key);
+      await write(sock, peerChunkHead(key, got.bytes.byteLength));
+      await write(sock, got.bytes, release);
       sent++;
     }
   } catch (e) {
     log.warn(`P2P fetch by ${req.from} (${peerName}) stopped after ${sent} chunk(s): ${(e as Error).message}`);
     return end(sent, (e as Error).message);
+  } finally {
+    if (sock.destroyed) for (const r of [...pending]) r();
+    else if (pending.size) sock.once('close', () => { for (const r of [...pending]) r(); });
   }
   // A peer's read is a use: this is the recent copy (the requester admits its own evict-first,
   // peer_copy_admission). Read in prompt order, the head became the oldest of the run: order it

@@ -240,6 +240,43 @@ export class KvcStore extends EventEmitter<StoreEvents> {
   }
 
   /**
+   * Room in the CPU tier for a chunk of `bytes` arriving from another instance, its bytes to be
+   * read straight into the returned slot (LocalCPUBackend.reserve; chunks evicted for it are
+   * announced). Then commitIncoming() or abortIncoming(). Throws StoreFullError (no room, or no
+   * CPU tier).
+   */
+  reserveIncoming(bytes: number): Uint8Array {
+    const cpu = this.cpu();
+    if (!cpu) throw new StoreFullError('LocalCPUBackend is not configured on this instance');
+    const { slot, victims } = cpu.reserve(bytes);
+    if (victims.length) this.evicted(cpu.location, victims);
+    return slot;
+  }
+
+  /**
+   * A reserved chunk, complete and verified by the caller, joins the CPU tier under `key` (its
+   * first `length` bytes) exactly as a put into that location would: an admit the controller sees,
+   * and a copy queued for the remote tier when there is one.
+   */
+  commitIncoming(key: ChunkKey, slot: Uint8Array, length: number): void {
+    const cpu = this.cpu()!;
+    const chunk = slot.subarray(0, length);
+    try {
+      checkChunkFor(chunk, key);
+    } catch (e) {
+      cpu.abortReserved(slot);
+      throw e;
+    }
+    if (this.remote) this.remote.enqueue(key, chunk);
+    if (cpu.commitReserved(key, slot, length)) this.emit('admit', { location: cpu.location, keys: [key] });
+  }
+
+  /** Gives back a reservation from reserveIncoming() that will not be committed. */
+  abortIncoming(slot: Uint8Array): void {
+    this.cpu()?.abortReserved(slot);
+  }
+
+  /**
    * Copies a chunk that came from a peer (P2P, already verified by the caller) into the CPU tier
    * when there is room, exactly like a disk or remote hit (an admit the controller sees; it is
    * not written to the remote tier). Best effort: a full tier keeps what it has (an evict-first

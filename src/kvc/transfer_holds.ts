@@ -93,3 +93,34 @@ export function transferHolds(store: KvcStore): TransferHolds {
   if (!h) registries.set(store, (h = new TransferHolds(store)));
   return h;
 }
+
+/** A chunk to send: its bytes, and what to call once they are on the wire (or the send ended). */
+export interface OutgoingChunk {
+  bytes: Uint8Array;
+  release?: () => void;
+}
+
+/**
+ * Reads a chunk of `location` for sending. From the CPU tier: a zero-copy view, with the chunk
+ * pinned (a transfer hold) until the socket has taken its bytes, since an eviction would otherwise
+ * recycle the buffer under the send. From elsewhere: a copy. Null when the location lacks the key.
+ */
+export function chunkForSend(store: KvcStore, location: LocationName): (key: string) => Promise<OutgoingChunk | null> {
+  const cpu = location === 'LocalCPUBackend' ? store.cpu() : undefined;
+  if (cpu) {
+    const holds = transferHolds(store);
+    return async (key) => {
+      if (!holds.hold(key, location)) return null;
+      const bytes = cpu.peek(key);
+      if (!bytes) {
+        holds.release(key, location);
+        return null;
+      }
+      return { bytes, release: () => holds.release(key, location) };
+    };
+  }
+  return async (key) => {
+    const bytes = await store.get(key, undefined, location);
+    return bytes ? { bytes } : null;
+  };
+}

@@ -10,9 +10,9 @@
 import type { MoveCommand } from '../protocol/worker_api.js';
 import { ERRORS, KvcError, kvcError, timedOut, upstreamFailed } from '../common/errors.js';
 import type { KvcStore } from './store.js';
-import { transferHolds, type TransferHolds } from './transfer_holds.js';
+import { chunkForSend, transferHolds, type TransferHolds } from './transfer_holds.js';
 import { StoreFullError, type LocationName } from './types.js';
-import { sendChunks, type OutgoingChunk } from './worker_peer.js';
+import { sendChunks } from './worker_peer.js';
 
 export type { MoveCommand } from '../protocol/worker_api.js';
 
@@ -70,30 +70,6 @@ export class WorkerOps {
     return this.store.clear(location, { keepPinned: !includePinned });
   }
 
-  /**
-   * Reads a chunk for sending. From the CPU tier: a zero-copy view, with the chunk pinned until
-   * the socket has taken its bytes (an eviction would otherwise recycle the buffer under the
-   * send). From elsewhere: a copy.
-   */
-  private read(location: LocationName): (key: string) => Promise<OutgoingChunk | null> {
-    const cpu = location === 'LocalCPUBackend' ? this.store.cpu() : undefined;
-    if (cpu) {
-      return async (key) => {
-        if (!this.holds.hold(key, location)) return null;
-        const bytes = cpu.peek(key);
-        if (!bytes) {
-          this.holds.release(key, location);
-          return null;
-        }
-        return { bytes, release: () => this.holds.release(key, location) };
-      };
-    }
-    return async (key) => {
-      const bytes = await this.store.get(key, undefined, location);
-      return bytes ? { bytes } : null;
-    };
-  }
-
   async move(cmd: MoveCommand, signal?: AbortSignal): Promise<number> {
     this.movesInFlight++;
     try {
@@ -130,7 +106,7 @@ export class WorkerOps {
         location: cmd.target.location,
         from: `${this.instanceId}/${cmd.location}`,
         deadlineMs: cmd.deadline_ms,
-        read: this.read(cmd.location),
+        read: chunkForSend(this.store, cmd.location),
         signal,
       });
       await this.deleteSource(cmd, deadline, signal);

@@ -17,7 +17,8 @@
 // instance's layout and chunk size, and both are refused from the header, before any buffer is
 // reserved; CHUNK before HELLO is refused; a connection idle for `idleMs` is closed.
 import net from 'node:net';
-import { checkChunkFor, chunkBytes, describeLayout, HEADER_BYTES, sameLayout, verifyStreamed, type KvLayout } from '../common/chunk.js';
+import { checkChunkFor, chunkBytes, HEADER_BYTES, type KvLayout } from '../common/chunk.js';
+import { readDirect } from '../common/direct_read.js';
 import { CHUNK_KEY_CHARS } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import { FrameReader } from '../protocol/frame_reader.js';
@@ -25,8 +26,8 @@ import {
   decodePeerControl,
   MAX_CONTROL_BODY,
   PEER_FRAMES,
+  PEER_KEYED_FRAMES,
   PEER_MAX_BODY,
-  PEER_PAYLOAD_AT,
   PEER_PROTOCOL_VERSION,
   PeerFrame,
   peerAckSchema,
@@ -37,12 +38,12 @@ import {
   peerFetchSchema,
   peerHelloOkSchema,
   peerHelloSchema,
-  splitChunkBody,
 } from '../protocol/peer_frames.js';
 import type { KvcStore } from './store.js';
 import { serveFetch } from './p2p_serve.js';
-import { transferHolds } from './transfer_holds.js';
-import { isLocationName, type LocationName } from './types.js';
+import { IncomingTransfer } from './peer_receive.js';
+import type { OutgoingChunk } from './transfer_holds.js';
+import { isLocationName } from './types.js';
 
 const log = logger('kvc.peer');
 
@@ -50,8 +51,6 @@ export { MAX_CONTROL_BODY } from '../protocol/peer_frames.js';
 const { Hello: HELLO, Chunk: CHUNK, Commit: COMMIT, Fetch: FETCH, HelloOk: HELLO_OK, Ack: ACK, CommitOk: COMMIT_OK } = PeerFrame;
 /** A receiving connection with no traffic for this long is closed. */
 export const DEFAULT_PEER_IDLE_MS = 60_000;
-/** How many missing keys a COMMIT_OK names. */
-const NAMED_MISSING = 8;
 
 // Receive buffers outlive connections: every move opens a new connection, and a fresh 32 MiB
 // buffer costs its page faults again (first touch runs at ~0.5 GB/s here, reuse at memcpy speed).
@@ -116,24 +115,19 @@ function maxChunkBody(store: KvcStore, o: PeerServerOptions): number {
 export async function startPeerServer(store: KvcStore, host: string, port: number, o: PeerServerOptions): Promise<PeerServer> {
   const layout = o.layout;
   const idleMs = o.idleMs ?? DEFAULT_PEER_IDLE_MS;
-  const chunkLimit = maxChunkBody(store, o);
-  const holds = transferHolds(store);
+  const chunkLimit = maxChunkBody(store, o) - CHUNK_KEY_CHARS;
   const sockets = new Set<net.Socket>();
-  const server = net.createServer((sock) => {
-    sockets.add(sock);
-    sock.setNoDelay(true);
-    let location: LocationName | null = null;
+  // pauseOnConnect: nothing is read before readDirect takes the connection over.
+  const server = net.createServer({ pauseOnConnect: true }, (accepted) => {
+    // assigned below, once the reader exists (readDirect asks it for a buffer at once)
+    let sock!: net.Socket;
+    /** The transfer under way on this connection (between HELLO and COMMIT). */
+    let transfer: IncomingTransfer | null = null;
     let storing = false;
     /** A P2P pull (FETCH) is being answered: the connection carries nothing else. */
     let fetching = false;
-    /** Keys stored (and held) for the transfer on this connection, until COMMIT or close. */
-    let held: string[] = [];
-    const releaseHolds = (loc: LocationName | null) => {
-      if (loc) for (const k of held) holds.release(k, loc);
-      held = [];
-    };
-    const peerName = `${sock.remoteAddress}:${sock.remotePort}`;
-    // Frames are handled strictly in order; the socket is paused while one is stored.
+    const peerName = `${accepted.remoteAddress}:${accepted.remotePort}`;
+    // Frames are handled strictly in order; the socket is paused while one is stored on disk.
     /** Names the reason to the peer and closes (a peer that keeps its side open is cut off shortly after). */
     const fail = (msg: string) => {
       log.warn(`peer ${peerName}: ${msg}`);
@@ -141,6 +135,82 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
       sock.end(peerControlFrame(HELLO_OK, { ok: false, error: msg }));
       setTimeout(() => sock.destroy(), 1000).unref();
     };
+    const refuse = (type: number, len: number): string | null => {
+      if (len > PEER_MAX_BODY) return `frame of ${len} bytes exceeds the limit`;
+      if (type === HELLO || type === COMMIT || type === FETCH) {
+        const name = type === HELLO ? 'HELLO' : type === COMMIT ? 'COMMIT' : 'FETCH';
+        return len > MAX_CONTROL_BODY ? `${name} frame of ${len} bytes exceeds ${MAX_CONTROL_BODY}` : null;
+      }
+      if (type === CHUNK) {
+        if (transfer === null) return 'CHUNK before HELLO';
+        return len > chunkLimit ? `CHUNK frame of ${len + CHUNK_KEY_CHARS} bytes exceeds the largest chunk this instance stores (${chunkLimit + CHUNK_KEY_CHARS} bytes)` : null;
+      }
+      return `unknown frame type ${type}`;
+    };
+    const scratch = new Scratch();
+    const stopReading = () => reader.stop(() => scratch.give());
+    const onFrame = (type: number, key: string | null, body: Uint8Array | null, digest: bigint | null): void | Promise<void> => {
+      if (type === FETCH) {
+        // A P2P pull (src/kvc/p2p_serve.ts): the requester sends nothing after it.
+        if (transfer !== null) return fail('FETCH during a transfer');
+        const req = decodePeerControl(peerFetchSchema, 'FETCH', body!);
+        if (!req.ok) return fail(req.error);
+        fetching = true;
+        stopReading();
+        void serveFetch(sock, store, req.msg, peerName);
+        return;
+      }
+      if (type === HELLO) {
+        if (transfer !== null) return fail('second HELLO on one connection');
+        const hello = decodePeerControl(peerHelloSchema, 'HELLO', body!);
+        if (!hello.ok) return fail(hello.error);
+        const loc = hello.msg.location;
+        if (!isLocationName(loc) || !store.locations().includes(loc)) {
+          return fail(`location "${loc}" is not configured on this instance (configured: ${store.locations().join(', ') || 'none'})`);
+        }
+        transfer = new IncomingTransfer(store, loc, layout, scratch);
+        sock.write(peerControlFrame(HELLO_OK, { ok: true }));
+        return;
+      }
+      if (type === COMMIT) {
+        if (transfer === null) return fail('COMMIT before HELLO');
+        const commit = decodePeerControl(peerCommitSchema, 'COMMIT', body!);
+        if (!commit.ok) return fail(commit.error);
+        const answer = transfer.commit(commit.msg.count, peerName);
+        transfer = null; // a transfer ends with its commit
+        sock.write(peerControlFrame(COMMIT_OK, answer));
+        return;
+      }
+      if (type !== CHUNK || transfer === null || key === null) return fail(type === CHUNK ? 'CHUNK before HELLO' : `unknown frame type ${type}`);
+      const ack = (error: string | null) => {
+        if (!sock.destroyed) sock.write(peerControlFrame(ACK, error === null ? { key, ok: true } : { key, ok: false, error }));
+      };
+      const r = transfer.chunk(key, body, digest);
+      if (!(r instanceof Promise)) return ack(r);
+      sock.pause();
+      storing = true;
+      return r.then((error) => {
+        storing = false;
+        ack(error);
+        if (!sock.destroyed) sock.resume();
+      });
+    };
+    /** The reader stopped reading (a refused header): say why, then close. */
+    const onError = (e: Error) => {
+      stopReading();
+      sock.pause();
+      fail(e.message);
+    };
+    const reader = new FrameReader(PEER_KEYED_FRAMES, {
+      refuse: (h) => refuse(h.type, h.bodyLen),
+      sink: (type, key, len) => (type === CHUNK && transfer && key !== null ? transfer.sink(key, len) : scratch.take(len)),
+      hashFrom: (type) => (type === CHUNK ? HEADER_BYTES : null),
+      onFrame: (type, key, body, bodyLen, digest) => onFrame(type, key, type === CHUNK ? body : (body ?? scratch.take(bodyLen)), digest),
+      onError,
+    });
+    sock = readDirect(accepted, reader, onError);
+    sockets.add(sock);
+    sock.setNoDelay(true);
     sock.setTimeout(idleMs);
     sock.on('timeout', () => {
       if (storing) return; // our own store is slow; the ACK written afterwards re-arms the timer
@@ -153,112 +223,14 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
       stopReading(); // nothing more is read from this peer
       fail(`no traffic for ${idleMs} ms; connection closed`);
     });
-    const refuse = (type: number, len: number): string | null => {
-      if (len > PEER_MAX_BODY) return `frame of ${len} bytes exceeds the limit`;
-      if (type === HELLO || type === COMMIT || type === FETCH) {
-        const name = type === HELLO ? 'HELLO' : type === COMMIT ? 'COMMIT' : 'FETCH';
-        return len > MAX_CONTROL_BODY ? `${name} frame of ${len} bytes exceeds ${MAX_CONTROL_BODY}` : null;
-      }
-      if (type === CHUNK) {
-        if (location === null) return 'CHUNK before HELLO';
-        return len > chunkLimit ? `CHUNK frame of ${len} bytes exceeds the largest chunk this instance stores (${chunkLimit} bytes)` : null;
-      }
-      return `unknown frame type ${type}`;
-    };
-    const scratch = new Scratch();
-    const stopReading = () => reader.stop(() => scratch.give());
-    const onFrame = (type: number, body: Uint8Array, payloadSum: bigint | null): void | Promise<void> => {
-      if (type === FETCH) {
-        // A P2P pull (src/kvc/p2p_serve.ts): the requester sends nothing after it.
-        if (location !== null) return fail('FETCH during a transfer');
-        const req = decodePeerControl(peerFetchSchema, 'FETCH', body);
-        if (!req.ok) return fail(req.error);
-        fetching = true;
-        stopReading();
-        void serveFetch(sock, store, req.msg, peerName);
-        return;
-      }
-      if (type === HELLO) {
-        if (location !== null) return fail('second HELLO on one connection');
-        const hello = decodePeerControl(peerHelloSchema, 'HELLO', body);
-        if (!hello.ok) return fail(hello.error);
-        const loc = hello.msg.location;
-        if (!isLocationName(loc) || !store.locations().includes(loc)) {
-          return fail(`location "${loc}" is not configured on this instance (configured: ${store.locations().join(', ') || 'none'})`);
-        }
-        location = loc;
-        sock.write(peerControlFrame(HELLO_OK, { ok: true }));
-        return;
-      }
-      if (type === COMMIT) {
-        if (location === null) return fail('COMMIT before HELLO');
-        const commit = decodePeerControl(peerCommitSchema, 'COMMIT', body);
-        if (!commit.ok) return fail(commit.error);
-        const count = commit.msg.count;
-        // Every chunk of the transfer is still held (pinned) here: check that each is present.
-        const missing = held.filter((k) => !store.has(k, location!));
-        const ok = missing.length === 0 && held.length === count;
-        if (!ok) log.warn(`peer ${peerName}: commit of ${count} chunk(s) into ${location} refused: ${held.length} stored, ${missing.length} missing`);
-        sock.write(peerControlFrame(COMMIT_OK, { ok, stored: held.length, missing: missing.length, first_missing: missing.slice(0, NAMED_MISSING) }));
-        releaseHolds(location);
-        location = null; // a transfer ends with its commit
-        return;
-      }
-      if (type !== CHUNK || location === null) return fail(type === CHUNK ? 'CHUNK before HELLO' : `unknown frame type ${type}`);
-      const { key, chunk } = splitChunkBody(body);
-      const loc = location;
-      sock.pause();
-      storing = true;
-      return (async () => {
-        let error: string | null = null;
-        try {
-          if (payloadSum === null) throw new Error('chunk arrived without its checksum computed');
-          const h = verifyStreamed(chunk, key, payloadSum);
-          if (layout && !sameLayout(h, layout)) throw new Error(`chunk layout ${describeLayout(h)} does not match this instance's ${describeLayout(layout)}`);
-          // put copies the bytes into the store, so the reader may reuse its buffer afterwards.
-          // A full location (everything else pinned, including this transfer's earlier chunks)
-          // throws StoreFullError: the chunk is refused, the earlier ones stay.
-          await store.put(key, chunk, loc);
-          // Hold it until the transfer ends, so the next chunks cannot evict it.
-          if (!holds.hold(key, loc)) throw new Error(`chunk ${key} was evicted from ${loc} right after it was stored`);
-          if (sock.destroyed || location !== loc) holds.release(key, loc); // the transfer is already over
-          else held.push(key);
-        } catch (e) {
-          error = (e as Error).message;
-          log.warn(`refused chunk ${key}: ${error}`);
-        }
-        storing = false;
-        if (!sock.destroyed) {
-          sock.write(peerControlFrame(ACK, error ? { key, ok: false, error } : { key, ok: true }));
-          sock.resume();
-        }
-      })();
-    };
-    /** The reader stopped reading (a refused header): say why, then close. */
-    const onError = (e: Error) => {
-      stopReading();
-      sock.pause();
-      fail(e.message);
-    };
-    const reader = new FrameReader(PEER_FRAMES, {
-      refuse: (h) => refuse(h.type, h.bodyLen),
-      sink: (_type, _meta, len) => scratch.take(len),
-      hashFrom: (type) => (type === CHUNK ? PEER_PAYLOAD_AT : null),
-      onFrame: (type, _meta, body, bodyLen, digest) => onFrame(type, body ?? scratch.take(bodyLen), digest),
-      onError,
-    });
-    sock.on('data', (d: Buffer) => {
-      try {
-        reader.push(d);
-      } catch (e) {
-        onError(e as Error);
-      }
-    });
     sock.on('error', () => {});
     sock.on('close', () => {
       sockets.delete(sock);
       stopReading();
-      releaseHolds(location);
+      // A transfer without its COMMIT leaves nothing behind (reservations back, added chunks removed).
+      transfer?.dropPending();
+      transfer?.abort();
+      transfer = null;
     });
   });
   await new Promise<void>((resolve, reject) => {
@@ -283,12 +255,6 @@ export function parseHostPort(url: string): { host: string; port: number } {
   const i = url.lastIndexOf(':');
   const host = url.slice(0, i).replace(/^\[|\]$/g, '');
   return { host, port: Number(url.slice(i + 1)) };
-}
-
-/** A chunk to send: its bytes, and what to call once they are on the wire (or the send ended). */
-export interface OutgoingChunk {
-  bytes: Uint8Array;
-  release?: () => void;
 }
 
 export interface SendOptions {

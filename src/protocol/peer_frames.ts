@@ -19,7 +19,7 @@ import { decode, encode } from '@msgpack/msgpack';
 import { z } from 'zod';
 import { CHUNK_KEY_CHARS } from '../common/keys.js';
 import { HEADER_BYTES } from '../common/chunk.js';
-import type { FrameHead, FrameLayout } from './frame_reader.js';
+import { ProtocolError, type FrameHead, type FrameLayout } from './frame_reader.js';
 
 export const PEER_PROTOCOL_VERSION = 1;
 
@@ -129,4 +129,22 @@ export const PEER_FRAMES: FrameLayout<null> = {
     return { bodyLen: head.readUInt32LE(0), type: head.readUInt8(4), metaLen: 0 };
   },
   decodeMeta: () => null,
+};
+
+/**
+ * The same framing, read with a CHUNK frame's 16 key digits as its meta: the body a reader's sink
+ * is asked for is then the chunk alone, and the sink knows its key, so the bytes can land where the
+ * chunk will live (a reserved slot of the CPU tier, src/kvc/peer_receive.ts). The wire is unchanged.
+ * A CHUNK frame too short to hold a key and a chunk header is refused from its header.
+ */
+export const PEER_KEYED_FRAMES: FrameLayout<string | null> = {
+  headBytes: PEER_FRAME_HEAD,
+  readHead(head: Buffer): FrameHead {
+    const len = head.readUInt32LE(0);
+    const type = head.readUInt8(4);
+    if (type !== PeerFrame.Chunk) return { bodyLen: len, type, metaLen: 0 };
+    if (len < PEER_PAYLOAD_AT) throw new ProtocolError(`CHUNK frame of ${len} bytes is shorter than a key and a chunk header (${PEER_PAYLOAD_AT} bytes)`);
+    return { bodyLen: len - CHUNK_KEY_CHARS, type, metaLen: CHUNK_KEY_CHARS };
+  },
+  decodeMeta: (bytes) => (bytes.length ? bytes.toString('latin1') : null),
 };

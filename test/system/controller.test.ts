@@ -91,7 +91,9 @@ if (process.env.KVC_CTL_TEST_CHILD === '1') {
     chunkSize: Number(process.env.KVC_CTL_CHUNK),
     layout,
   });
-  inst.store.on('admit', (e) => process.stdout.write(`admitted ${e.keys.length}\n`));
+  // A chunk of a move is admitted only at its COMMIT; the first reservation is its first byte arriving.
+  const reserve = inst.store.reserveIncoming.bind(inst.store);
+  inst.store.reserveIncoming = (bytes) => (process.stdout.write('receiving\n'), reserve(bytes));
   await waitUntil('registration', () => inst.att.state === 'live');
   process.stdout.write(`child ready ${inst.att.workerPort}\n`);
 } else {
@@ -569,9 +571,14 @@ function registerTests(): void {
       const spans = await putPrompt(S.store, range(12 * CHUNK, 500_000), 'LocalCPUBackend', CHUNK, big);
       const keys = spans.map((s) => s.key);
       const req = new AbortController();
-      // The controller's side of the request disappears as soon as the destination stored its first chunk.
-      const onAdmit = () => req.abort();
-      D.store.once('admit', onAdmit);
+      // The controller's side of the request disappears as soon as the destination's first chunk
+      // starts arriving (a chunk of a move joins the destination's index only at its COMMIT).
+      const reserve = D.store.reserveIncoming;
+      D.store.reserveIncoming = (bytes) => {
+        D.store.reserveIncoming = reserve;
+        req.abort();
+        return reserve.call(D.store, bytes);
+      };
       const sent = fetch(`${workerUrl(S)}/move`, {
         method: 'POST',
         headers: { 'content-type': 'application/json' },
@@ -582,6 +589,8 @@ function registerTests(): void {
       await waitUntil('the worker finished with the move', async () => (await movesInFlight(S)) === 0);
       for (const s of spans) assert.ok(S.store.has(s.key, 'LocalCPUBackend'), `cancelled move deleted source chunk ${s.index}`);
       await waitUntil('D unpinned', () => pinnedIn(D, 'LocalCPUBackend') === 0);
+      await waitUntil('D left clean', () => D.store.cpu()!.reserved === 0);
+      for (const s of spans) assert.ok(!D.store.has(s.key, 'LocalCPUBackend'), `the cancelled move left chunk ${s.index} at the destination`);
       assert.equal(pinnedIn(S, 'LocalCPUBackend'), 0);
       await S.store.clear('LocalCPUBackend');
     });
@@ -720,9 +729,9 @@ function registerTests(): void {
       let armed = false;
       child.stdout!.on('data', (d) => {
         out += d;
-        // Kill the destination the moment it reports its first stored chunk of the move: the
-        // remaining chunks cannot have been confirmed yet.
-        if (armed && /admitted/.test(out)) {
+        // Kill the destination the moment its first chunk of the move starts arriving: nothing
+        // can have been committed yet.
+        if (armed && /receiving/.test(out)) {
           armed = false;
           child.kill('SIGKILL');
         }
@@ -737,7 +746,7 @@ function registerTests(): void {
         const r = await postJson(`${url}/move`, { old_position: ['inst-src', 'LocalCPUBackend'], new_position: ['inst-dst', 'LocalCPUBackend'], tokens, copy: false });
         assert.equal(r.status, 200, JSON.stringify(r.json));
         assert.equal(r.json.num_tokens, tokens.length);
-        await waitUntil('destination killed after its first stored chunk', () => child.signalCode === 'SIGKILL', 20_000);
+        await waitUntil('destination killed while its first chunk arrived', () => child.signalCode === 'SIGKILL', 20_000);
         const ev = await waitEvent(r.json.event_id, 30_000);
         assert.equal(ev.status, 'failed');
         assert.match(ev.error, /inst-src|peer|closed|failed/);

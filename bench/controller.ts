@@ -8,121 +8,30 @@
 //      request (its own GC, a CPU wait of either process, or time inside the controller), and,
 //      in the same rounds, against a bare node:http server (bench/_http_floor_server.ts): the
 //      floor any Node HTTP server has on this machine with this client;
-//  (c) move throughput between two cache instances in two child processes for
-//      Llama-3-8B-shaped chunks (32 layers × 8 KV heads × 128 head dim, f16, 256 tokens =
-//      32 MiB), against raw loopback TCP between two processes measured in the same run.
+//  (c) move and copy throughput between two cache instances in two child processes for
+//      Llama-3-8B-shaped chunks of 2, 8 and 32 MiB, against raw loopback TCP and xfer between two
+//      processes measured in the same rounds, and a 256-token move's latency (bench/_move.ts).
 // Prints figures and ends with one JSON line.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import net from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { join } from 'node:path';
-import { Agent, request } from 'undici';
 import { Dealer } from 'zeromq';
-import { DType, encodeChunk, payloadBytes, type KvLayout } from '../src/common/chunk.js';
-import { validateCacheConfig } from '../src/common/config.js';
 import { chunkKeys } from '../src/common/keys.js';
 import { freePortRange } from '../src/common/ports.js';
 import { keyHalves } from '../src/common/keys.js';
 import { startController } from '../src/controller/server.js';
 import { encodeMsg, packKeys, PROTOCOL_VERSION, type KeyOp } from '../src/protocol/monitor.js';
-import { attachController } from '../src/kvc/controller_client.js';
-import { encodeTokenBody, TOKEN_BODY_CONTENT_TYPE } from '../src/protocol/token_body.js';
 import { controllerNodeArgs } from '../src/common/young_gen.js';
 import { resultsDir, writeBarsSvg } from './_plot.js';
-import { KvcStore } from '../src/kvc/store.js';
+import { moveBench, reportMoves } from './_move.js';
 import type { ClientConfig, ClientResult } from './_controller_http_client.js';
 
 const MODEL = 'bench-llama-3-8b';
 const CHUNK = 256;
-const LLAMA3_8B: KvLayout = { dtype: DType.f16, numLayers: 32, numKvHeads: 8, headDim: 128 };
-const MOVE_CHUNKS = 8; // 256 MiB per move
-const self = fileURLToPath(import.meta.url);
 
-const pct = (xs: number[], p: number) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))]!;
-};
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const range = (n: number, from = 0) => Array.from({ length: n }, (_, i) => from + i);
-
-// ---- child processes ---------------------------------------------------------------------------
-async function childInstance(id: string, monitorPort: number, fill: number): Promise<void> {
-  const base = await freePortRange(2);
-  const { config: cfg } = validateCacheConfig({
-    chunk_size: CHUNK,
-    max_local_cpu_size: 1.5,
-    enable_controller: true,
-    kvc_instance_id: id,
-    controller_url: `127.0.0.1:${monitorPort}`,
-    kvc_worker_port: base,
-    distributed_url: `127.0.0.1:${base + 1}`,
-  });
-  const store = await KvcStore.create(cfg);
-  if (fill > 0) {
-    const payload = randomBytes(payloadBytes(LLAMA3_8B, CHUNK));
-    for (const s of chunkKeys(range(fill * CHUNK), { modelId: MODEL, chunkSize: CHUNK, seed: 0n })) {
-      await store.put(s.key, encodeChunk(LLAMA3_8B, CHUNK, s.key, payload), 'LocalCPUBackend');
-    }
-  }
-  const att = await attachController(store, cfg, { modelId: MODEL, chunkSize: CHUNK, seed: 0n, layout: LLAMA3_8B });
-  while (att.state !== 'live') await sleep(20);
-  process.stdout.write('ready\n');
-}
-
-async function childSink(): Promise<void> {
-  const srv = net.createServer((sock) => {
-    let total = 0;
-    let expect = -1;
-    sock.on('data', (d: Buffer) => {
-      if (expect < 0) {
-        expect = Number(d.readBigUInt64LE(0));
-        total += d.length - 8;
-      } else total += d.length;
-      if (total >= expect) sock.end(Buffer.from([1]));
-    });
-  });
-  srv.listen(0, '127.0.0.1', () => process.stdout.write(`port ${(srv.address() as net.AddressInfo).port}\n`));
-}
-
-function spawnChild(args: string[]): { child: ChildProcess; line: (re: RegExp) => Promise<RegExpMatchArray> } {
-  const child = spawn(process.execPath, [self, '--child', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
-  let out = '';
-  child.stdout!.on('data', (d) => (out += d));
-  child.stderr!.on('data', (d) => (out += d));
-  return {
-    child,
-    line: async (re) => {
-      const deadline = Date.now() + 120_000;
-      while (Date.now() < deadline) {
-        const m = out.match(re);
-        if (m) return m;
-        if (child.exitCode !== null) throw new Error(`child exited: ${out}`);
-        await sleep(20);
-      }
-      throw new Error(`child did not print ${re}: ${out}`);
-    },
-  };
-}
-
-// ---- (c) raw TCP -------------------------------------------------------------------------------
-async function rawTcpGbps(port: number, bytes: number): Promise<number> {
-  const buf = Buffer.alloc(32 * 1024 * 1024, 7);
-  const sock = net.connect({ host: '127.0.0.1', port });
-  await new Promise<void>((r) => sock.once('connect', () => r()));
-  const t0 = performance.now();
-  const head = Buffer.alloc(8);
-  head.writeBigUInt64LE(BigInt(bytes));
-  sock.write(head);
-  const done = new Promise<void>((r) => sock.once('data', () => r()));
-  for (let sent = 0; sent < bytes; sent += buf.length) {
-    if (!sock.write(buf.subarray(0, Math.min(buf.length, bytes - sent)))) await new Promise((r) => sock.once('drain', r));
-  }
-  await done;
-  const s = (performance.now() - t0) / 1000;
-  sock.destroy();
-  return (bytes * 8) / s / 1e9;
-}
 
 // ---- (b) HTTP lookup: controller processes -------------------------------------------------------
 // The controller runs as deployed: its own process, started as `kvc up` starts it (node flags
@@ -421,57 +330,9 @@ async function main(): Promise<void> {
   console.log(`    plots: ${cpuPlot}`);
   console.log(`    plot: ${plot}`);
 
-  // ---- (c) move vs raw TCP -----------------------------------------------------------------------
-  // The machine is shared and its load changes by the second, so the two are measured in
-  // alternation, round by round, and the medians of the per-round rates are compared.
-  const chunkBytes = payloadBytes(LLAMA3_8B, CHUNK) + 64;
-  const moveBytes = MOVE_CHUNKS * chunkBytes;
-  const a = spawnChild(['instance', 'mv-A', String(base + 1), String(MOVE_CHUNKS)]);
-  const b = spawnChild(['instance', 'mv-B', String(base + 1), '0']);
-  const sink = spawnChild(['sink']);
-  const moveRates: number[] = [];
-  const tcpRates: number[] = [];
-  try {
-    await Promise.all([a.line(/ready/), b.line(/ready/)]);
-    const sinkPort = Number((await sink.line(/port (\d+)/))[1]);
-    const tokens = range(MOVE_CHUNKS * CHUNK);
-    const move = async (from: string, to: string) => {
-      const t = performance.now();
-      const r = await request(`${ctl.url}/move`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ old_position: [from, 'LocalCPUBackend'], new_position: [to, 'LocalCPUBackend'], tokens, copy: false }),
-      });
-      const j = (await r.body.json()) as { event_id: string; num_tokens: number };
-      if (j.num_tokens !== tokens.length) throw new Error(`move scheduled ${j.num_tokens} tokens: ${JSON.stringify(j)}`);
-      for (;;) {
-        const ev = ctl.ops.events.get(j.event_id)!;
-        if (ev.status === 'finished') break;
-        if (ev.status === 'failed') throw new Error(`move failed: ${ev.error}`);
-        await sleep(1);
-      }
-      return (moveBytes * 8) / ((performance.now() - t) / 1000) / 1e9;
-    };
-    // Warm-up round trip: the destination pools touch their pages once.
-    await move('mv-A', 'mv-B');
-    await move('mv-B', 'mv-A');
-    await rawTcpGbps(sinkPort, moveBytes);
-    const ROUNDS = 4;
-    for (let i = 0; i < ROUNDS; i++) {
-      tcpRates.push(await rawTcpGbps(sinkPort, moveBytes));
-      moveRates.push(await move('mv-A', 'mv-B'));
-      tcpRates.push(await rawTcpGbps(sinkPort, moveBytes));
-      moveRates.push(await move('mv-B', 'mv-A'));
-    }
-  } finally {
-    a.child.kill('SIGKILL');
-    b.child.kill('SIGKILL');
-    sink.child.kill('SIGKILL');
-  }
-  const moveGbps = pct(moveRates, 50);
-  const tcpGbps = pct(tcpRates, 50);
-  console.log(`(c) move: ${moveRates.length} moves of ${MOVE_CHUNKS} × ${(chunkBytes / 2 ** 20).toFixed(0)} MiB chunks between two instance processes (HTTP request to event finished): median ${moveGbps.toFixed(2)} Gbit/s (${(moveGbps / 8).toFixed(2)} GB/s), per move ${moveRates.map((r) => r.toFixed(1)).join(' ')}`);
-  console.log(`(c) raw loopback TCP between two processes, ${(moveBytes / 2 ** 20).toFixed(0)} MiB per round, alternating with the moves: median ${tcpGbps.toFixed(2)} Gbit/s (${(tcpGbps / 8).toFixed(2)} GB/s); move/tcp = ${(moveGbps / tcpGbps).toFixed(2)}`);
+  // ---- (c) move and copy vs raw TCP and xfer (bench/_move.ts) ---------------------------------------
+  const moves = await moveBench(ctl.url, base + 1, ctl.ops);
+  const moveFields = await reportMoves(moves);
   await ctl.close();
   console.log(
     JSON.stringify({
@@ -497,17 +358,10 @@ async function main(): Promise<void> {
       http_lookup_slow_client_waited_cpu: gateFig.slowClientWaited,
       http_lookup_slow_controller_waited_cpu: gateFig.slowControllerWaited,
       http_lookup_slow_other: gateFig.slowOther,
-      move_gbps: +moveGbps.toFixed(3),
-      tcp_gbps: +tcpGbps.toFixed(3),
+      ...moveFields,
     }),
   );
   process.exit(0);
 }
 
-const args = process.argv.slice(2);
-if (args[0] === '--child') {
-  if (args[1] === 'instance') await childInstance(args[2]!, Number(args[3]), Number(args[4]));
-  else await childSink();
-} else {
-  await main();
-}
+await main();

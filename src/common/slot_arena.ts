@@ -1,5 +1,5 @@
 // Chunk slots in WASM memory, hashed in place: the memory of the transfer receiver
-// (src/xfer/receiver.ts). The socket reads a chunk's bytes straight into its slot, and the xxh64
+// (src/xfer/receive_buffer.ts). The socket reads a chunk's bytes straight into its slot, and the xxh64
 // kernel (xxh64_kernel.ts) hashes them there: no staging copy for the read, none for the hash
 // (xxhash-wasm's own create64 would copy every piece into its memory first).
 //

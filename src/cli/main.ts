@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // The `kvc` command. Each subcommand lives in its own file beside this one and is
 // registered here, so `kvc --help` lists everything the stack can run.
+import { KVC_VERSION } from '../common/version.js';
 import { Command } from 'commander';
 import { logEnvErrors } from '../common/log.js';
 import { registerKeys } from './keys.js';
@@ -20,7 +21,7 @@ const program = new Command();
 program
   .name('kvc')
   .description('KV-cache-centric LLM serving: cache instances, controller, xfer transfer, engine, proxy')
-  .version('0.1.0')
+  .version(KVC_VERSION)
   // An unknown or bad flag gets one line (with commander's "did you mean"), not the whole help.
   .showHelpAfterError('(run with --help for the list of options)');
 

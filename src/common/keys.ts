@@ -1,7 +1,12 @@
 // Chunk keys, the one definition shared by engine, cache, controller and xfer.
 //
-//   k_0 = H(uint64le(seed) || utf8(model_id))
+//   k_0 = H(uint64le(seed) || utf8(model_id))                        (no cache salt)
+//   k_0 = H(uint64le(seed) || utf8(model_id) || 0x00 || utf8(salt))  (a request's cache_salt)
 //   k_i = H(uint64le(k_{i-1}) || uint32le(tokens of chunk i))
+//
+// The salt (vLLM's `cache_salt` request field) enters the root, so every key of a salted prompt
+// differs from the unsalted prompt's and from every other salt's: chunks are never shared across
+// salts, whoever asks (engine, controller lookup, P2P, transfer).
 //
 // H is xxh64 (xxhash-wasm). Chaining makes a key identify the whole prefix up to and
 // including its chunk, so "longest cached prefix" is "first missing key".
@@ -20,6 +25,8 @@ export interface KeyParams {
   seed: bigint;
   /** When true, a last chunk shorter than chunkSize gets no key. */
   discardPartialChunks?: boolean;
+  /** The request's cache salt; absent or empty: none. */
+  salt?: string;
 }
 
 export interface ChunkSpan {
@@ -53,16 +60,20 @@ export function seedFromEnv(env: NodeJS.ProcessEnv = process.env): bigint {
 
 const rootCache = new Map<string, bigint>();
 
-/** k_0 for a (seed, model) pair. */
-export function rootKey(seed: bigint, modelId: string): bigint {
-  const id = `${seed}\u0000${modelId}`;
+/** Roots remembered (salts are per request: the map is bounded, oldest dropped first). */
+const ROOT_CACHE_MAX = 4096;
+
+/** k_0 for a (seed, model, salt) triple. */
+export function rootKey(seed: bigint, modelId: string, salt = ''): bigint {
+  const id = `${seed}\u0000${modelId}\u0000${salt}`;
   let k = rootCache.get(id);
   if (k === undefined) {
-    const name = Buffer.from(modelId, 'utf8');
+    const name = Buffer.from(salt === '' ? modelId : `${modelId}\u0000${salt}`, 'utf8');
     const buf = Buffer.allocUnsafe(8 + name.length);
     buf.writeBigUInt64LE(BigInt.asUintN(64, seed), 0);
     name.copy(buf, 8);
     k = h64Raw(buf);
+    if (rootCache.size >= ROOT_CACHE_MAX) rootCache.delete(rootCache.keys().next().value!);
     rootCache.set(id, k);
   }
   return k;
@@ -70,11 +81,11 @@ export function rootKey(seed: bigint, modelId: string): bigint {
 
 // rootKey's cache is keyed by a string built from a BigInt: too slow for every lookup, so the
 // last (seed, model) pair's root is kept as halves (a controller sees one or two models).
-let lastRoot = { seed: -1n, modelId: '', hi: 0, lo: 0 };
-function rootHalves(seed: bigint, modelId: string): { hi: number; lo: number } {
-  if (lastRoot.seed !== seed || lastRoot.modelId !== modelId) {
-    const k = rootKey(seed, modelId);
-    lastRoot = { seed, modelId, hi: Number(k >> 32n), lo: Number(k & 0xffffffffn) };
+let lastRoot = { seed: -1n, modelId: '', salt: '', hi: 0, lo: 0 };
+function rootHalves(seed: bigint, modelId: string, salt: string): { hi: number; lo: number } {
+  if (lastRoot.seed !== seed || lastRoot.modelId !== modelId || lastRoot.salt !== salt) {
+    const k = rootKey(seed, modelId, salt);
+    lastRoot = { seed, modelId, salt, hi: Number(k >> 32n), lo: Number(k & 0xffffffffn) };
   }
   return lastRoot;
 }
@@ -133,7 +144,7 @@ export function keyHalves(tokens: ArrayLike<number>, p: KeyParams, reuse?: KeyHa
   const le = LITTLE_ENDIAN ? null : new DataView(words.buffer);
   if (LITTLE_ENDIAN) words.set(tokens, 2);
   else for (let t = 0; t < n; t++) le!.setUint32(8 + 4 * t, tokens[t]! >>> 0, true);
-  const root = rootHalves(p.seed, p.modelId);
+  const root = rootHalves(p.seed, p.modelId, p.salt ?? '');
   let ph = root.hi;
   let pl = root.lo;
   for (let i = 0; i < count; i++) {

@@ -3,12 +3,12 @@
 // 404; workers that cannot be reached or do not answer in time are 503/504.
 import type { FastifyInstance } from 'fastify';
 import { z } from 'zod';
-import { ERRORS, kvcError } from '../common/errors.js';
+import { ERRORS, badRequest, kvcError } from '../common/errors.js';
 import { createHttpServer, requireObject } from '../common/http.js';
 import { parseBody } from '../common/validate.js';
 import { checkFinishSchema, clearSchema, eventsQuerySchema, healthSchema, lookupSchema, moveSchema, pinSchema, queryInstanceSchema, queryWorkerInfoSchema } from '../protocol/controller_api.js';
 import { TOKEN_BODY_CONTENT_TYPE } from '../protocol/token_body.js';
-import { PREFIX_LOOKUP_PATH, prefixLookupRequestSchema, type PrefixLookupReply } from '../protocol/prefix_lookup.js';
+import { CACHE_SALT_HEADER, PREFIX_LOOKUP_PATH, prefixLookupRequestSchema, type PrefixLookupReply } from '../protocol/prefix_lookup.js';
 import { registerDashboard } from './dashboard.js';
 import { ControllerMetrics } from './metrics.js';
 import type { Operations } from './operations.js';
@@ -39,10 +39,20 @@ function parseWithTokens<S extends z.ZodType<{ tokens: number[] }>>(schema: S, r
  * The token ids of a request-path lookup: a binary body (src/protocol/token_body.ts), read into
  * pooled memory and released by `use` once it returns, or a JSON `{"tokens": [...]}` body.
  */
-function withTokens<S extends z.ZodType<{ tokens: number[] }>, R>(schema: S, body: unknown, use: (tokens: ArrayLike<number>) => R): R {
-  if (!(body instanceof TokenBody)) return use(parseWithTokens(schema, body).tokens);
+function withTokens<S extends z.ZodType<{ tokens: number[]; cache_salt?: string }>, R>(
+  schema: S,
+  req: { body: unknown; headers: Record<string, string | string[] | undefined> },
+  use: (tokens: ArrayLike<number>, salt: string | undefined) => R,
+): R {
+  const body = req.body;
+  if (!(body instanceof TokenBody)) {
+    const b = parseWithTokens(schema, body);
+    return use(b.tokens, b.cache_salt);
+  }
   try {
-    return use(body.tokens);
+    const h = req.headers[CACHE_SALT_HEADER];
+    if (Array.isArray(h) || h === '') throw badRequest(`${CACHE_SALT_HEADER}: expected one non-empty cache salt`);
+    return use(body.tokens, h);
   } finally {
     body.release();
   }
@@ -77,11 +87,11 @@ export async function buildHttpApi(ops: Operations, o: HttpApiOptions = {}): Pro
   // The request path: synchronous handlers (no promise per request), and the binary token body
   // read into pooled memory (docs/controller.md "Lookup path").
   app.post('/lookup', (req, reply) => {
-    void reply.send(withTokens(lookupSchema, req.body, (t) => ops.lookup(t)));
+    void reply.send(withTokens(lookupSchema, req, (t, salt) => ops.lookup(t, salt)));
   });
   // The kv-aware router's one call per request: every instance's cached prefix at once.
   app.post(PREFIX_LOOKUP_PATH, (req, reply) => {
-    const r: PrefixLookupReply = withTokens(prefixLookupRequestSchema, req.body, (t) => ops.prefixByInstance(t));
+    const r: PrefixLookupReply = withTokens(prefixLookupRequestSchema, req, (t, salt) => ops.prefixByInstance(t, salt));
     void reply.send(r);
   });
   app.post('/clear', async (req) => ops.clear(parseBody(clearSchema, body(req.body))));

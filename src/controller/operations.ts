@@ -214,7 +214,7 @@ export class Operations {
   }
 
   /** Index-only lookup: per instance, the location with the longest cached prefix. */
-  lookup(tokens: ArrayLike<number>): LookupReply {
+  lookup(tokens: ArrayLike<number>, salt?: string): LookupReply {
     // The event id only names the answer (LMCache's field); a lookup schedules nothing to poll.
     const out: LookupReply = { event_id: `lookup-${randomUUID()}`, layout_info: {}, num_tokens: 0, layout_detail: {} };
     if (tokens.length === 0) return out;
@@ -227,7 +227,7 @@ export class Operations {
     // instance → location → worker id → matched tokens
     const matched = new Map<string, Map<string, Map<number, number>>>();
     for (const rep of groups.values()) {
-      const k = keyHalves(tokens, { modelId: rep.modelId, chunkSize: rep.chunkSize, seed: this.seed }, this.lookupKeys);
+      const k = keyHalves(tokens, { modelId: rep.modelId, chunkSize: rep.chunkSize, seed: this.seed, salt }, this.lookupKeys);
       this.registry.index.prefixMatches(
         k.hi,
         k.lo,
@@ -267,8 +267,8 @@ export class Operations {
    * The routing lookup (src/protocol/prefix_lookup.ts): per instance, the cached prefix of its
    * best location, from the index alone (no worker is asked, so the answer costs microseconds).
    */
-  prefixByInstance(tokens: ArrayLike<number>): { num_tokens: number; instances: Record<string, number> } {
-    const r = this.lookup(tokens);
+  prefixByInstance(tokens: ArrayLike<number>, salt?: string): { num_tokens: number; instances: Record<string, number> } {
+    const r = this.lookup(tokens, salt);
     const instances: Record<string, number> = {};
     for (const id in r.layout_info) instances[id] = r.layout_info[id]![1];
     return { num_tokens: r.num_tokens, instances };

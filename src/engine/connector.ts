@@ -46,6 +46,8 @@ export interface ConnectorRequest {
   requestId: string;
   prompt: readonly number[];
   kvTransferParams: Record<string, unknown> | undefined;
+  /** The request's cache_salt: part of every chunk key (src/common/keys.ts), so salted chunks are never shared. */
+  cacheSalt?: string;
   /** True once the client went away; loading stops at the next await. */
   cancelled(): boolean;
   /**
@@ -131,8 +133,8 @@ export class KvcConnectorV1 {
     this.importSliceMs = o.importSliceMs ?? IMPORT_SLICE_MS;
   }
 
-  spans(prompt: readonly number[]): ChunkSpan[] {
-    return chunkKeys(prompt, { modelId: this.o.modelId, chunkSize: this.chunkSize, seed: this.o.seed, discardPartialChunks: this.discardPartial });
+  spans(prompt: readonly number[], salt?: string): ChunkSpan[] {
+    return chunkKeys(prompt, { modelId: this.o.modelId, chunkSize: this.chunkSize, seed: this.o.seed, discardPartialChunks: this.discardPartial, salt });
   }
 
   private transferRequest(req: ConnectorRequest, spans: ChunkSpan[]): TransferRequest {
@@ -199,7 +201,7 @@ export class KvcConnectorV1 {
    * already hold room for the prompt). Never throws for a missing or bad chunk: it stops there.
    */
   async load(req: ConnectorRequest, kv: PagedKvCache): Promise<LoadResult> {
-    const spans = this.spans(req.prompt);
+    const spans = this.spans(req.prompt, req.cacheSalt);
     // What this prompt stores or fetches never evicts its own other chunks (PutOptions.keep).
     const ownKeys = new Set(spans.map((s) => s.key));
     // Positions that may be imported: all but the recomputed tail.
@@ -340,7 +342,7 @@ export class KvcConnectorV1 {
    * never rejects.
    */
   save(req: ConnectorRequest, kv: PagedKvCache): Promise<Record<string, unknown> | undefined> {
-    const spans = this.spans(req.prompt);
+    const spans = this.spans(req.prompt, req.cacheSalt);
     const ownKeys = new Set(spans.map((s) => s.key));
     const canStore = this.store.locations().length > 0 || this.store.remote !== null;
     const wantSend = this.role === 'kv_producer' && !!this.transfer?.send && req.kvTransferParams?.disagg_spec !== undefined;

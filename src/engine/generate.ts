@@ -44,6 +44,12 @@ export interface GenerationRequest {
   kvTransferParams: Record<string, unknown> | undefined;
   stream: boolean;
   includeUsage: boolean;
+  /** stream_options.continuous_usage_stats (with include_usage): every chunk carries the usage so far. */
+  continuousUsage: boolean;
+  /** vLLM's cache_salt (chunk keys of this prompt are salted with it). */
+  cacheSalt?: string;
+  /** vLLM's priority: lower is admitted first (default 0). */
+  priority: number;
 }
 
 export interface GenerationContext {
@@ -122,9 +128,18 @@ export async function runGeneration(ctx: GenerationContext, g: GenerationRequest
       : { index: c.index, text: delta, logprobs: lp, finish_reason: finish };
   };
   const sse = (body: unknown) => stream?.(`data: ${JSON.stringify(body)}\n\n`);
+  /** A chunk of choice `c`; with continuous usage stats it carries the usage so far (that choice's tokens, as vLLM counts). */
+  const chunkOf = (c: Choice, choice: unknown) => {
+    const body: Record<string, unknown> = { id, object: chunkObject, created, model: g.modelName, choices: [choice] };
+    if (g.continuousUsage) {
+      const completion = c.seq?.output.length ?? 0;
+      body.usage = { prompt_tokens: g.prompt.length, completion_tokens: completion, total_tokens: g.prompt.length + completion };
+    }
+    return body;
+  };
   /** The event of one token's text (choiceChunk(c, delta, null) when logprobs are off). */
   const tokenEvent = (c: Choice, delta: string) => {
-    if (g.logprobs !== null) return sse({ id, object: chunkObject, created, model: g.modelName, choices: [choiceChunk(c, delta, null)] });
+    if (g.logprobs !== null || g.continuousUsage) return sse(chunkOf(c, choiceChunk(c, delta, null)));
     stream?.(c.eventHead + JSON.stringify(delta) + c.eventTail);
   };
   /** Splits the event of a token's text around the text (see Choice.eventHead). */
@@ -169,6 +184,8 @@ export async function runGeneration(ctx: GenerationContext, g: GenerationRequest
       // One transfer carries the prompt's KV once: the first sequence loads it, the others
       // compute the prompt themselves.
       kvTransferParams: index === 0 ? g.kvTransferParams : undefined,
+      cacheSalt: g.cacheSalt,
+      priority: g.priority,
       events: {
         onToken(token) {
           if (g.stopTokenIds.has(token)) return; // EOS ends the text; it is counted, not shown
@@ -217,9 +234,9 @@ export async function runGeneration(ctx: GenerationContext, g: GenerationRequest
     const out = new SseWriter(reply.raw);
     out.start({ 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-request-id': g.requestId });
     stream = (chunk) => out.write(chunk);
-    if (g.echo) for (const c of choices) sse({ id, object: chunkObject, created, model: g.modelName, choices: [choiceChunk(c, g.echo, null)] });
+    if (g.echo) for (const c of choices) sse(chunkOf(c, choiceChunk(c, g.echo, null)));
     if (g.kind === 'chat') {
-      for (const c of choices) sse({ id, object: chunkObject, created, model: g.modelName, choices: [{ index: c.index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }] });
+      for (const c of choices) sse(chunkOf(c, { index: c.index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }));
     }
   }
 
@@ -261,7 +278,7 @@ export async function runGeneration(ctx: GenerationContext, g: GenerationRequest
       for (const { c, reason } of outcomes) {
         // The text not streamed yet (held back for stop strings, or the decoder's tail).
         const tail = c.text.slice(c.sent);
-        const final: Record<string, unknown> = { id, object: chunkObject, created, model: g.modelName, choices: [choiceChunk(c, tail, finishOf(reason))] };
+        const final = chunkOf(c, choiceChunk(c, tail, finishOf(reason)));
         if (params && c.index === 0) final.kv_transfer_params = params;
         sse(final);
       }

@@ -69,6 +69,10 @@ export interface SequenceInit {
   /** Token ids that end generation (EOS); empty with ignore_eos. */
   stopTokenIds: ReadonlySet<number>;
   kvTransferParams: Record<string, unknown> | undefined;
+  /** vLLM's cache_salt: part of the chunk keys, so this prompt's KV is shared only with the same salt. */
+  cacheSalt?: string;
+  /** vLLM's priority: a lower value is admitted first; equal values keep arrival order. Default 0. */
+  priority?: number;
   events: SequenceEvents;
 }
 
@@ -175,7 +179,12 @@ export class Scheduler {
       throw unavailable(`the engine's queue is full (${this.o.maxQueue} requests waiting); retry later`);
     }
     const seq = new Sequence(this.nextId++, init);
-    this.waiting.push(seq);
+    // Ordered by priority (lower first), then arrival: insert after every waiting sequence of
+    // the same or a lower value. All at 0 (the default) this is the FIFO queue.
+    const p = init.priority ?? 0;
+    let at = this.waiting.length;
+    while (at > 0 && (this.waiting[at - 1]!.init.priority ?? 0) > p) at--;
+    this.waiting.splice(at, 0, seq);
     this.o.metrics.promptTokens.inc(init.prompt.length);
     this.admit();
     this.poke();
@@ -233,11 +242,11 @@ export class Scheduler {
     m.kvUsage.set(this.o.kv.usedBlocks / this.o.kv.totalBlocks);
   }
 
-  /** Moves waiting sequences in FIFO order into the active set while slots and KV allow. */
+  /** Moves waiting sequences in queue order (priority, then arrival) into the active set while slots and KV allow. */
   private admit(): void {
     while (this.waiting.length && this.active.length < this.o.maxNumSeqs) {
       const seq = this.waiting[0]!;
-      if (!this.o.kv.canAllocate(seq.kvNeed)) break; // FIFO: later requests do not overtake
+      if (!this.o.kv.canAllocate(seq.kvNeed)) break; // in order: later requests do not overtake
       this.waiting.shift();
       this.o.kv.allocate(seq.id, seq.kvNeed);
       this.active.push(seq);
@@ -249,7 +258,7 @@ export class Scheduler {
       seq.state = 'loading';
       conn
         .load(
-          { seqId: seq.id, requestId: seq.init.requestId, prompt: seq.prompt, kvTransferParams: seq.init.kvTransferParams, cancelled: () => seq.state === 'finished' },
+          { seqId: seq.id, requestId: seq.init.requestId, prompt: seq.prompt, kvTransferParams: seq.init.kvTransferParams, cacheSalt: seq.init.cacheSalt, cancelled: () => seq.state === 'finished' },
           this.o.kv,
         )
         .then(
@@ -380,7 +389,7 @@ export class Scheduler {
         const conn = this.o.connector;
         if (conn) {
           seq.kvDone = conn.save(
-            { seqId: seq.id, requestId: seq.init.requestId, prompt: seq.prompt, kvTransferParams: seq.init.kvTransferParams, cancelled: () => seq.state === 'finished', loadedTokens: seq.loadedTokens },
+            { seqId: seq.id, requestId: seq.init.requestId, prompt: seq.prompt, kvTransferParams: seq.init.kvTransferParams, cacheSalt: seq.init.cacheSalt, cancelled: () => seq.state === 'finished', loadedTokens: seq.loadedTokens },
             this.o.kv,
           );
         }

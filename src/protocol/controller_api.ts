@@ -42,8 +42,8 @@ export type MoveRequest = z.infer<typeof moveSchema>;
 export const pinSchema = z.strictObject({ tokens: tokenIds, instance_id: str('instance id'), location: str('location name') });
 export type PinRequest = z.infer<typeof pinSchema>;
 
-/** POST /lookup. */
-export const lookupSchema = z.strictObject({ tokens: tokenIds });
+/** POST /lookup. `cache_salt` (kvc's addition): the prompt was served with vLLM's cache_salt. */
+export const lookupSchema = z.strictObject({ tokens: tokenIds, cache_salt: str('cache salt').optional() });
 
 const NO_KEEP_FRACTION =
   'not supported by kvc: a clear removes every unpinned chunk of the location (none is kept by recency); to keep chunks, pin them first (POST /pin) and clear without include_pinned';

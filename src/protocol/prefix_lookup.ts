@@ -11,7 +11,12 @@ export const PREFIX_LOOKUP_PATH = '/prefix_lookup';
 export const prefixLookupRequestSchema = z.strictObject({
   /** The prompt exactly as the engine will see it (chat: the templated token ids). */
   tokens: tokenIds,
+  /** The request's cache_salt (its chunk keys are salted with it, src/common/keys.ts). */
+  cache_salt: z.string('expected a string').min(1, 'expected a non-empty string').optional(),
 });
+
+/** A binary-body lookup's cache_salt travels in this header (the body holds token ids only). */
+export const CACHE_SALT_HEADER = 'x-kvc-cache-salt';
 export type PrefixLookupRequest = z.infer<typeof prefixLookupRequestSchema>;
 
 export const prefixLookupReplySchema = z.object({

@@ -97,6 +97,8 @@ interface Tokenized {
   /** The prompt's token ids as the engine will see them (chat: templated); null when the engine did not list them. */
   tokens: number[] | null;
   count: number;
+  /** The request's cache_salt (vLLM's field): the controller's index is looked up with it. */
+  salt?: string;
 }
 
 /** The statistics line of requests whose decoder prefilled alone (no prefiller was left). */
@@ -253,13 +255,16 @@ export class Flow {
     const form = kind === 'completion' ? promptForm(body.prompt) : null;
     if (form && 'text' in form) tokBody.prompt = form.text;
     if (kind === 'chat') tokBody.messages = body.messages;
+    // The engine tokenizes the prompt with the same special tokens the request asks for.
+    if (body.add_special_tokens !== undefined) tokBody.add_special_tokens = body.add_special_tokens;
+    const salt = typeof body.cache_salt === 'string' && body.cache_salt !== '' ? body.cache_salt : undefined;
     let last: BackendFailure | null = null;
     for (const dec of candidates) {
       try {
         if (form && 'ids' in form) {
           // Already token ids: no call; the context is known from the decoder's health probe.
           if (dec.maxModelLen !== null) checkContext(kind, body, form.ids.length, dec.maxModelLen);
-          return { decoder: dec, tokens: form.ids, count: form.ids.length };
+          return { decoder: dec, tokens: form.ids, count: form.ids.length, salt };
         }
         const reply = await callJson(dec, {
           method: 'POST',
@@ -275,7 +280,7 @@ export class Flow {
         // The token ids route the request (kv-aware); the controller validates them on lookup.
         const ids = (reply as { tokens?: unknown } | null)?.tokens;
         const tokens = Array.isArray(ids) ? (ids as number[]) : null;
-        return { decoder: dec, tokens, count: tokens ? tokens.length : r.success ? r.data.count : 0 };
+        return { decoder: dec, tokens, count: tokens ? tokens.length : r.success ? r.data.count : 0, salt };
       } catch (err) {
         if (!(err instanceof BackendFailure)) throw err;
         last = err;
@@ -300,7 +305,7 @@ export class Flow {
 
   private async lookupAndDecide(prefix: PrefixClient, tokens: number[], tok: Tokenized, t: number): Promise<Route> {
     try {
-      const cached = (await prefix.lookup(tokens)).instances;
+      const cached = (await prefix.lookup(tokens, tok.salt)).instances;
       this.d.routing.lookedUp(true);
       return this.decide(tok, cached, false, t);
     } catch (err) {

@@ -4,7 +4,7 @@
 // that fails or is late counts as "nothing cached anywhere" (the request is served, routed on
 // load alone, and kvc_proxy_prefix_lookups_total{outcome="failed"} says so).
 import { Pool } from 'undici';
-import { prefixLookupReplySchema, PREFIX_LOOKUP_PATH, type PrefixLookupReply } from '../protocol/prefix_lookup.js';
+import { CACHE_SALT_HEADER, prefixLookupReplySchema, PREFIX_LOOKUP_PATH, type PrefixLookupReply } from '../protocol/prefix_lookup.js';
 import { encodeTokenBody, TOKEN_BODY_CONTENT_TYPE } from '../protocol/token_body.js';
 
 export class PrefixLookupError extends Error {
@@ -25,7 +25,7 @@ export class PrefixClient {
   }
 
   /** Every instance's cached prefix of `tokens`; rejects with PrefixLookupError (never hangs past timeoutMs). */
-  async lookup(tokens: readonly number[]): Promise<PrefixLookupReply> {
+  async lookup(tokens: readonly number[], cacheSalt?: string): Promise<PrefixLookupReply> {
     // An empty prompt holds no prefix anywhere (and an empty binary body is refused).
     if (tokens.length === 0) return { num_tokens: 0, instances: {} };
     let res;
@@ -33,7 +33,7 @@ export class PrefixClient {
       res = await this.pool.request({
         method: 'POST',
         path: PREFIX_LOOKUP_PATH,
-        headers: PrefixClient.HEADERS,
+        headers: cacheSalt === undefined ? PrefixClient.HEADERS : { ...PrefixClient.HEADERS, [CACHE_SALT_HEADER]: cacheSalt },
         body: encodeTokenBody(tokens),
         headersTimeout: this.timeoutMs,
         bodyTimeout: this.timeoutMs,

@@ -18,6 +18,7 @@ import { TtftStats } from './stats.js';
 import type { DecoderEndpoint, Topology } from './topology.js';
 import { BackendFailure, PassThrough, call } from './upstream.js';
 import { requireBearer } from '../common/auth.js';
+import { KVC_VERSION } from '../common/version.js';
 
 const log = logger('proxy');
 
@@ -72,6 +73,7 @@ export class ProxyServer {
   readonly instanceIds = new Map<Backend, string>();
   /** Backends whose /health says their cache instance fetches by P2P (kvc_p2p). */
   readonly p2pBackends = new Set<Backend>();
+  private readonly decoderRR: RoundRobin;
 
   constructor(readonly opts: ProxyOptions) {
     this.prefillers = opts.topology.prefillers.map((e, i) => new Backend('prefiller', i, e, 128, opts.apiKey ?? null));
@@ -91,6 +93,7 @@ export class ProxyServer {
     this.prefix = opts.controllerUrl ? new PrefixClient(opts.controllerUrl, opts.lookupTimeoutMs ?? 50) : null;
     const prefillRR = new RoundRobin(this.prefillers);
     const decoderRR = new RoundRobin(this.decoders);
+    this.decoderRR = decoderRR;
     this.router = new Router(routing, prefillRR, decoderRR, this.load, (b) => this.instanceIds.get(b), (b) => this.p2pBackends.has(b));
     const flow = new Flow({
       prefillers: prefillRR,
@@ -110,11 +113,11 @@ export class ProxyServer {
       onBackendSuspect: (b) => this.probe(b, true),
     });
     this.app = createHttpServer({ name: 'proxy' });
-    requireBearer(this.app, { key: opts.apiKey ?? null, applies: (_m, p) => p.startsWith('/v1/'), what: 'API key', name: 'proxy' });
+    requireBearer(this.app, { key: opts.apiKey ?? null, applies: (_m, p) => p.startsWith('/v1/') || p === '/tokenize' || p === '/detokenize', what: 'API key', name: 'proxy' });
     this.app.post('/v1/completions', (req, reply) => flow.handle('completion', req, reply));
     this.app.post('/v1/chat/completions', (req, reply) => flow.handle('chat', req, reply));
     this.app.get('/v1/models', async (_req, reply) => this.models(reply));
-    this.app.get('/health', async (_req, reply) => {
+    const health = async (_req: unknown, reply: import('fastify').FastifyReply) => {
       const anyDecoder = this.decoders.some((d) => d.up);
       const allUp = anyDecoder && this.prefillers.every((p) => p.up) && this.decoders.every((d) => d.up);
       void reply.code(anyDecoder ? 200 : 503).send({
@@ -123,10 +126,41 @@ export class ProxyServer {
         decoders: this.decoders.map((b) => b.status()),
         xfer_notices: this.notices,
       });
-    });
+    };
+    this.app.get('/health', health);
+    // vLLM's liveness aliases (GET and POST /ping) and its version route.
+    this.app.get('/ping', health);
+    this.app.post('/ping', health);
+    this.app.get('/version', async () => ({ version: KVC_VERSION }));
+    // The decoders' tokenizer (every engine of a deployment serves the same model).
+    this.app.post('/tokenize', async (req, reply) => this.toDecoder('/tokenize', req.body, reply));
+    this.app.post('/detokenize', async (req, reply) => this.toDecoder('/detokenize', req.body, reply));
     this.app.get('/metrics', async (_req, reply) => {
       void reply.header('content-type', this.metrics.registry.contentType).send(await this.metrics.registry.metrics());
     });
+  }
+
+  /**
+   * Relays a body to the first decoder that answers (round-robin order), its answer as is: a
+   * 4xx of the engine (a bad field) goes back unchanged; a decoder down or failing is skipped.
+   */
+  private async toDecoder(path: '/tokenize' | '/detokenize', body: unknown, reply: import('fastify').FastifyReply): Promise<void> {
+    let last = 'no decoder configured';
+    for (const b of this.decoderRR.orderOrAny()) {
+      try {
+        const ms = this.opts.timeouts.tokenizeMs;
+        const res = await call(b, { method: 'POST', path, body, headersTimeoutMs: ms, bodyTimeoutMs: ms });
+        void reply.header('content-type', String(res.headers['content-type'] ?? 'application/json')).send(Buffer.from(await res.body.arrayBuffer()));
+        return;
+      } catch (err) {
+        if (err instanceof PassThrough) {
+          void reply.code(err.status).header('content-type', err.contentType).send(err.body);
+          return;
+        }
+        last = `${b.name}: ${(err as Error).message}`;
+      }
+    }
+    throw kvcError(ERRORS.unavailable, `no decoder answered ${path}: ${last}`);
   }
 
   /** The model list of the first backend that answers (decoders first: they serve the output). */

@@ -199,6 +199,8 @@ describe('generation with a client already gone', () => {
         kvTransferParams: undefined,
         stream,
         includeUsage: false,
+        continuousUsage: false,
+        priority: 0,
       };
       try {
         await runGeneration({ scheduler, tokenizer: tok, metrics }, g, {} as FastifyRequest, reply as unknown as FastifyReply);

@@ -49,7 +49,8 @@ describe('sampling fields (in-process engine)', () => {
     assert.equal(err.code, 'unknown_field');
     assert.match(err.message, /did you mean `temperature`/);
     await refused({ whatever: 1 }, 'whatever');
-    await refused({ stream: true, stream_options: { include_usage: true, continuous_usage_stats: true } }, 'stream_options');
+    await refused({ stream: true, stream_options: { include_usage: true, continuous_usage: true } }, 'stream_options.continuous_usage');
+    await refused({ stream: true, stream_options: { continuous_usage_stats: true } }, 'stream_options.continuous_usage_stats');
   });
 
   it('known OpenAI features this engine does not implement are refused with their reason', async () => {

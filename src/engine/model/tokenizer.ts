@@ -402,10 +402,13 @@ export class Tokenizer {
     return this.encodeChatText(this.applyChatTemplate(messages));
   }
 
-  /** A rendered chat prompt (applyChatTemplate) → ids, adding BOS only if the template did not. */
-  encodeChatText(text: string): number[] {
+  /**
+   * A rendered chat prompt (applyChatTemplate) → ids, adding BOS only if the template did not
+   * (and `addSpecial` or, unset, the tokenizer's default asks for it).
+   */
+  encodeChatText(text: string, addSpecial?: boolean): number[] {
     const startsWithBos = this.bosToken !== null && this.bosToken !== '' && text.startsWith(this.bosToken);
-    return this.encode(text, { addBos: !startsWithBos && this.addBosDefault });
+    return this.encode(text, { addBos: !startsWithBos && (addSpecial ?? this.addBosDefault) });
   }
 
   /** A streaming detokenizer for one sequence; `context` = prompt ids give correct leading spaces. */

@@ -12,6 +12,9 @@ import { chatMessages } from './messages.schema.js';
 
 const tokenList = tokenIds.min(1, 'expected at least one token id');
 
+/** A request id a client may choose (body `request_id` or X-Request-Id): safe in logs and headers. */
+export const REQUEST_ID = /^[\w.:-]{1,128}$/;
+
 /** Most alternatives a request may ask logprobs for (vLLM's default max_logprobs). */
 export const MAX_LOGPROBS = 20;
 /** Most choices one request may ask for (`n`). */
@@ -40,13 +43,25 @@ const samplingFields = {
   ignore_eos: z.boolean('expected a boolean').nullish(),
   min_tokens: z.number('expected an integer >= 0').int('expected an integer >= 0').min(0, 'expected an integer >= 0').nullish(),
   stream: z.boolean('expected a boolean').nullish(),
-  stream_options: z.strictObject({ include_usage: z.boolean('expected a boolean').nullish() }, 'expected an object').nullish(),
+  stream_options: z
+    .strictObject({ include_usage: z.boolean('expected a boolean').nullish(), continuous_usage_stats: z.boolean('expected a boolean').nullish() }, 'expected an object')
+    .nullish(),
   n: int(1, MAX_N, `an integer between 1 and ${MAX_N}`).nullish(),
   // vLLM's: logprobs name tokens "token_id:<id>" instead of their text (exact ids for clients).
   return_tokens_as_token_ids: z.boolean('expected a boolean').nullish(),
   kv_transfer_params: kvTransferParamsSchema.nullish(),
   // An end-user identifier (OpenAI uses it for abuse monitoring); it does not change generation.
   user: z.string('expected a string').nullish(),
+  // vLLM's extra fields (docs/coming-from-lmcache-vllm.md):
+  // the prompt's chunk keys are salted with it, so its KV is reused only by requests of the same salt.
+  cache_salt: z.string('expected a string').min(1, 'expected a non-empty string').max(1024, 'expected at most 1024 characters').nullish(),
+  // Admission order in the engine's queue: lower first, ties by arrival.
+  priority: z.number('expected an integer').int('expected an integer').min(-(2 ** 31), 'expected a 32-bit integer').max(2 ** 31 - 1, 'expected a 32-bit integer').nullish(),
+  // The request id (logs, the answer's id and X-Request-Id); an X-Request-Id header wins, as in vLLM.
+  request_id: z.string('expected a string').regex(REQUEST_ID, 'expected 1 to 128 letters, digits or . _ : -').nullish(),
+  // Whether the tokenizer adds its special tokens (BOS) to the prompt: completions default true;
+  // chat default: only what the template writes (plus BOS where the tokenizer asks for it).
+  add_special_tokens: z.boolean('expected a boolean').nullish(),
 };
 
 export const completionRequest = z.object({

@@ -8,15 +8,18 @@ import { runGeneration, type GenerationContext, type GenerationRequest } from '.
 import type { RouteContext } from './context.js';
 import { badRequest } from '../../common/errors.js';
 import type { SamplingParams } from '../sampler.js';
-import { chatRequest, completionRequest, refuseUnknownFields, type ChatRequest, type CompletionRequest } from './completions.schema.js';
+import { REQUEST_ID, chatRequest, completionRequest, refuseUnknownFields, type ChatRequest, type CompletionRequest } from './completions.schema.js';
 import { PromptRules } from './prompt_rules.js';
 import { GEN_LIMIT } from '../../protocol/context_limit.js';
 
 type Body = ChatRequest | CompletionRequest;
-/** An `X-Request-Id` of word characters (up to 128) is used as the request id, else one is generated. */
-function requestIdOf(req: FastifyRequest): string {
+/**
+ * The request id: an `X-Request-Id` of word characters (up to 128), else the body's `request_id`
+ * (vLLM's field; the header wins there too), else a generated one.
+ */
+function requestIdOf(req: FastifyRequest, b: Body): string {
   const h = req.headers['x-request-id'];
-  return typeof h === 'string' && /^[\w.:-]{1,128}$/.test(h) ? h : randomBytes(12).toString('hex');
+  return typeof h === 'string' && REQUEST_ID.test(h) ? h : (b.request_id ?? randomBytes(12).toString('hex'));
 }
 
 const stopStrings = (stop: string | string[] | null | undefined) => (stop === null || stop === undefined ? [] : typeof stop === 'string' ? [stop] : stop).filter((x) => x.length > 0);
@@ -53,6 +56,10 @@ export async function completionRoutes(app: FastifyInstance, ctx: RouteContext):
     if (bestOf > n && b.stream) throw badRequest('field `best_of`: best_of > n cannot be streamed (set stream to false)');
     // include_usage only shapes a stream: given without one it would do nothing.
     if (b.stream_options != null && b.stream !== true) throw badRequest('field `stream_options`: only allowed with `stream: true`');
+    // vLLM applies continuous usage only with include_usage; asked without it, it would do nothing.
+    if (b.stream_options?.continuous_usage_stats && !b.stream_options.include_usage) {
+      throw badRequest('field `stream_options.continuous_usage_stats`: needs `include_usage: true` (usage in every chunk is an addition to the final usage chunk)');
+    }
     const minTokens = b.min_tokens ?? 0;
     if (minTokens > maxTokens) throw badRequest(`field \`min_tokens\`: ${minTokens} is more than max_tokens (${maxTokens})`);
     for (const [i, id] of (b.stop_token_ids ?? []).entries()) {
@@ -75,7 +82,7 @@ export async function completionRoutes(app: FastifyInstance, ctx: RouteContext):
       logprobs: logprobs ?? (bestOf > n ? 0 : null),
     };
     return {
-      requestId: requestIdOf(req),
+      requestId: requestIdOf(req, b),
       modelName,
       maxTokens,
       n,
@@ -89,6 +96,9 @@ export async function completionRoutes(app: FastifyInstance, ctx: RouteContext):
       kvTransferParams: b.kv_transfer_params ?? undefined,
       stream: b.stream ?? false,
       includeUsage: b.stream_options?.include_usage ?? false,
+      continuousUsage: b.stream_options?.continuous_usage_stats ?? false,
+      cacheSalt: b.cache_salt ?? undefined,
+      priority: b.priority ?? 0,
     };
   };
   /** The paged KV must be able to hold every choice at once (they run side by side). */
@@ -110,7 +120,7 @@ export async function completionRoutes(app: FastifyInstance, ctx: RouteContext):
     let prompt: number[];
     if (typeof p === 'string') {
       rules.boundText(p, 'prompt', maxModelLen, GEN_LIMIT);
-      prompt = tok.encode(p);
+      prompt = tok.encode(p, b.add_special_tokens === false ? { addBos: false } : {});
     } else {
       prompt = p as number[];
       rules.checkIds(prompt, 'prompt');
@@ -129,7 +139,7 @@ export async function completionRoutes(app: FastifyInstance, ctx: RouteContext):
     refuseUnknownFields(chatRequest, body);
     const b = parseBody(chatRequest, body);
     rules.checkModel(b.model);
-    const prompt = rules.encodeChat(b.messages, maxModelLen, GEN_LIMIT);
+    const prompt = rules.encodeChat(b.messages, maxModelLen, GEN_LIMIT, b.add_special_tokens ?? undefined);
     const field = b.max_completion_tokens != null ? 'max_completion_tokens' : 'max_tokens';
     const maxTokens = rules.plan(prompt, 'messages', b.max_completion_tokens ?? b.max_tokens, field, maxModelLen - prompt.length);
     if (b.top_logprobs != null && !b.logprobs) throw badRequest('field `top_logprobs`: requires `logprobs: true`');

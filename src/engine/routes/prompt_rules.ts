@@ -40,8 +40,12 @@ export class PromptRules {
     }
   }
 
-  /** Chat messages → prompt ids; refuses a rendered prompt that certainly reaches `limit` tokens. */
-  encodeChat(messages: ChatMessageBody[], limit: number, what: string): number[] {
+  /**
+   * Chat messages → prompt ids; refuses a rendered prompt that certainly reaches `limit` tokens.
+   * `addSpecialTokens` (vLLM's field): true adds BOS when the template did not write it, false
+   * never adds one; unset: BOS only when the template did not write it and the tokenizer adds it.
+   */
+  encodeChat(messages: ChatMessageBody[], limit: number, what: string, addSpecialTokens?: boolean): number[] {
     const tok = this.ctx.model.tokenizer;
     const msgs: ChatMessage[] = messages.map((m) => ({ role: m.role, content: messageText(m), ...(m.name !== undefined ? { name: m.name } : {}) }));
     let text: string;
@@ -52,7 +56,7 @@ export class PromptRules {
       throw e;
     }
     this.boundText(text, 'messages', limit, what);
-    return tok.encodeChatText(text);
+    return tok.encodeChatText(text, addSpecialTokens);
   }
 
   /**

@@ -1,8 +1,9 @@
-// GET /v1/models (the served model, its max_model_len and kvc_model_id: the id its chunk keys use), GET /health and GET /metrics
-// (Prometheus text of this engine's registry). None of them take a body.
+// GET /v1/models (the served model, its max_model_len and kvc_model_id: the id its chunk keys use), GET /health (and vLLM's
+// /ping), GET /version and GET /metrics (Prometheus text of this engine's registry). None of them take a body.
 import type { FastifyInstance } from 'fastify';
 import type { EngineHealth } from '../../protocol/engine_health.js';
 import type { RouteContext } from './context.js';
+import { KVC_VERSION } from '../../common/version.js';
 
 export async function statusRoutes(app: FastifyInstance, ctx: RouteContext): Promise<void> {
   const { modelName, maxModelLen, metrics } = ctx;
@@ -18,6 +19,10 @@ export async function statusRoutes(app: FastifyInstance, ctx: RouteContext): Pro
   // max_model_len to refuse a token-id prompt that cannot fit before any prefill.
   const health: EngineHealth = { status: 'ok', kvc_instance_id: ctx.kvcInstanceId, kvc_p2p: ctx.kvcP2p, max_model_len: maxModelLen };
   app.get('/health', async () => health);
+  // vLLM's liveness aliases (SageMaker's /ping, GET and POST) and its version route.
+  app.get('/ping', async () => health);
+  app.post('/ping', async () => health);
+  app.get('/version', async () => ({ version: KVC_VERSION }));
 
   app.get('/metrics', async (_req, reply) => {
     const body = await metrics.registry.metrics();

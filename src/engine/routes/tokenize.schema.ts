@@ -13,6 +13,7 @@ export const tokenizePromptRequest = z.strictObject({
 export const tokenizeChatRequest = z.strictObject({
   model: z.string('expected a string').optional(),
   messages: chatMessages,
+  add_special_tokens: z.boolean('expected a boolean').optional(),
 });
 
 export const detokenizeRequest = z.strictObject({

@@ -20,7 +20,7 @@ export async function tokenizeRoutes(app: FastifyInstance, ctx: RouteContext): P
     if ('messages' in body) {
       const b = parseBody(tokenizeChatRequest, body);
       rules.checkModel(b.model);
-      tokens = rules.encodeChat(b.messages, maxModelLen + 1, TOK_LIMIT);
+      tokens = rules.encodeChat(b.messages, maxModelLen + 1, TOK_LIMIT, b.add_special_tokens);
     } else {
       const b = parseBody(tokenizePromptRequest, body);
       rules.checkModel(b.model);

@@ -313,7 +313,10 @@ export class KvcConnectorV1 {
     }
     if (loaded > 0) this.store.touchPrefix(spans.filter((s) => s.start < loaded).map((s) => s.key));
     if (!req.cancelled()) {
-      if (canQuery) m.cacheQueryTokens.inc(req.prompt.length);
+      if (canQuery) {
+        m.cacheQueryTokens.inc(req.prompt.length);
+        m.lmcache.retrieveRequests.inc();
+      }
       if (loaded > 0) {
         m.tokensLoaded.inc(loaded);
         if (fromTransfer) m.tokensLoadedBySource.inc({ source: 'transfer' }, fromTransfer);
@@ -326,6 +329,7 @@ export class KvcConnectorV1 {
         m.cacheRetrievedChunks.inc(cacheChunks);
         m.cacheRetrievedBytes.inc(cacheBytes);
         m.cacheRetrieveSeconds.observe(cacheMs / 1000);
+        m.lmcache.timeToRetrieve.observe(cacheMs / 1000);
       }
       if (xferChunks) {
         m.xferReceivedChunks.inc(xferChunks);
@@ -365,6 +369,7 @@ export class KvcConnectorV1 {
       return Promise.resolve(undefined);
     }
     const m = this.o.metrics;
+    if (toStore.length) m.lmcache.storeRequests.inc();
     const storing = (async () => {
       for (const c of toStore) {
         const t0 = performance.now();
@@ -379,6 +384,7 @@ export class KvcConnectorV1 {
           m.chunksSaved.inc();
           m.cacheStoredBytes.inc(c.chunk.byteLength);
           m.cacheStoreSeconds.observe((performance.now() - t0) / 1000);
+          m.lmcache.storedTokens.inc(c.end - c.start);
         } catch (e) {
           // A declined copy or partial chunk: the tier had no room it may take (counted by the store).
           if (e instanceof CopyDeclinedError) log.debug(`request ${req.requestId}: chunk ${c.key} not kept: ${e.message}`);

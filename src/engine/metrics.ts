@@ -9,10 +9,12 @@
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { EngineSample } from '../protocol/instance_stats.js';
 import { HotHistogram, type HistogramSeries } from '../common/hot_histogram.js';
+import { LmcacheMetrics, VllmMetrics } from './compat_metrics.js';
 
 /** Step buckets: fine below 100 ms, where decode steps and their bounds live. */
 const STEP_BUCKETS = [0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5];
-const LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60];
+// Up to 20 minutes: a long prompt on a CPU engine can take minutes, and must land in a bucket.
+const LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300, 600, 1200];
 /** Store/read of one chunk or one request's chunks: from a memory copy to a slow disk. */
 const IO_BUCKETS = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
 
@@ -81,6 +83,10 @@ export class EngineMetrics {
   readonly xferReceivedChunks: Counter;
   readonly xferReceivedBytes: Counter;
   readonly xferReceiveWaitSeconds: Histogram<'outcome'>;
+
+  /** The same figures under vLLM's and LMCache's names (compat_metrics.ts). */
+  readonly vllm: VllmMetrics;
+  readonly lmcache: LmcacheMetrics;
 
   private store: WatchedStore | null = null;
 
@@ -186,6 +192,19 @@ export class EngineMetrics {
     this.xferReceivedChunks = new Counter({ name: 'kvc_xfer_received_chunks_total', help: 'Received chunks imported instead of computed (kv_consumer)', registers });
     this.xferReceivedBytes = new Counter({ name: 'kvc_xfer_received_bytes_total', help: 'Bytes of the received chunks imported (headers included)', registers });
     this.xferReceiveWaitSeconds = new Histogram({ name: 'kvc_xfer_receive_wait_seconds', help: 'Time a request waited for the transfer library\'s answer before prefill, by outcome (received, none, failed)', labelNames: ['outcome'], buckets: LATENCY_BUCKETS, registers });
+    const sources = {
+      promptTokens: this.promptTokens,
+      generatedTokens: this.generatedTokens,
+      running: this.running,
+      waiting: this.waiting,
+      kvUsage: this.kvUsage,
+      cacheQueryTokens: this.cacheQueryTokens,
+      cacheHitTokens: this.cacheHitTokens,
+      tierBytes: (location: string) => this.store?.stats().find((t) => t.location === location)?.usedBytes ?? 0,
+      cacheEvictedChunks: this.cacheEvictedChunks,
+    };
+    this.vllm = new VllmMetrics(this.registry, sources);
+    this.lmcache = new LmcacheMetrics(this.registry, sources);
     if (processMetrics) collectDefaultMetrics({ register: this.registry, prefix: 'kvc_engine_' });
   }
 

@@ -89,6 +89,8 @@ export class Sequence {
   loadedTokens = 0;
   /** Of loadedTokens, how many came from a transfer (the rest from the cache instance). */
   receivedTokens = 0;
+  /** When it left the waiting queue (0 while waiting). */
+  admittedAt = 0;
   firstTokenAt = 0;
   lastTokenAt = 0;
   finishReason: FinishReason | null = null;
@@ -212,7 +214,9 @@ export class Scheduler {
       this.active.splice(i, 1);
       this.o.kv.free(seq.id);
     }
-    if (seq.firstTokenAt) this.o.metrics.e2e.observe((performance.now() - seq.arrival) / 1000);
+    const now = performance.now();
+    if (seq.firstTokenAt) this.o.metrics.e2e.observe((now - seq.arrival) / 1000);
+    this.o.metrics.vllm.finished(reason, { arrival: seq.arrival, admitted: seq.admittedAt, firstToken: seq.firstTokenAt, lastToken: seq.lastTokenAt, now });
     this.updateGauges();
     this.poke();
     try {
@@ -248,6 +252,7 @@ export class Scheduler {
       const seq = this.waiting[0]!;
       if (!this.o.kv.canAllocate(seq.kvNeed)) break; // in order: later requests do not overtake
       this.waiting.shift();
+      seq.admittedAt = performance.now();
       this.o.kv.allocate(seq.id, seq.kvNeed);
       this.active.push(seq);
       const conn = this.o.connector;
@@ -422,8 +427,10 @@ export class Scheduler {
     if (!seq.firstTokenAt) {
       seq.firstTokenAt = now;
       m.ttft.observe((now - seq.arrival) / 1000);
+      m.vllm.ttft.observe((now - seq.arrival) / 1000);
     } else {
       m.itl.observe((now - seq.lastTokenAt) / 1000);
+      m.vllm.itl.observe((now - seq.lastTokenAt) / 1000);
     }
     seq.lastTokenAt = now;
     seq.output.push(token);

@@ -25,7 +25,7 @@ const isProcessMetric = (name: string) => /^kvc_(controller|engine|proxy)_(proce
 function documented(): Map<string, string> {
   const md = readFileSync(join(root, 'docs', 'metrics.md'), 'utf8');
   const out = new Map<string, string>();
-  for (const m of md.matchAll(/^\| `(kvc_[a-z0-9_]+)(?:\{[^}]*\})?` \| (counter|gauge|histogram) \|/gm)) {
+  for (const m of md.matchAll(/^\| `((?:kvc_|vllm:|lmcache:)[a-z0-9_]+)(?:\{[^}]*\})?` \| (counter|gauge|histogram) \|/gm)) {
     assert.ok(!out.has(m[1]!), `${m[1]} is listed twice`);
     out.set(m[1]!, m[2]!);
   }
@@ -72,10 +72,10 @@ test('the Grafana dashboard in examples/grafana queries only metrics that exist'
   const exprs = dash.panels.flatMap((p) => p.targets ?? []).map((t) => t.expr);
   assert.ok(exprs.length >= 30, `expected the dashboard's queries, got ${exprs.length}`);
   const used = new Set<string>();
-  for (const e of exprs) for (const m of e.matchAll(/\bkvc_[a-z0-9_]+/g)) used.add(m[0].replace(/_(bucket|sum|count)$/, ''));
+  for (const e of exprs) for (const m of e.matchAll(/(?<![\w:])(?:kvc_|vllm:|lmcache:)[a-z0-9_]+/g)) used.add(m[0].replace(/_(bucket|sum|count)$/, ''));
   const unknown = [...used].filter((n) => !docs.has(n));
   assert.deepEqual(unknown, [], 'queried but not exported');
-  for (const family of ['kvc_engine_', 'kvc_cache_', 'kvc_xfer_', 'kvc_controller_', 'kvc_proxy_']) {
+  for (const family of ['kvc_engine_', 'kvc_cache_', 'kvc_xfer_', 'kvc_controller_', 'kvc_proxy_', 'vllm:', 'lmcache:']) {
     assert.ok([...used].some((n) => n.startsWith(family)), `the dashboard charts ${family}*`);
   }
 });

@@ -4,10 +4,10 @@
 // model (no real time involved).
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { EngineMetrics } from '../src/engine/metrics.js';
-import { PagedKvCache } from '../src/engine/model/kv_cache.js';
-import { Scheduler, type ForwardSegment } from '../src/engine/scheduler.js';
-import type { Sampler } from '../src/engine/sampler.js';
+import { EngineMetrics } from '../../src/engine/metrics.js';
+import { PagedKvCache } from '../../src/engine/model/kv_cache.js';
+import { Scheduler, type ForwardSegment } from '../../src/engine/scheduler.js';
+import type { Sampler } from '../../src/engine/sampler.js';
 
 const greedy = { sample: () => 1 } as unknown as Sampler;
 

@@ -8,6 +8,7 @@ import type { Command } from 'commander';
 import { existsSync, statSync } from 'node:fs';
 import { chunkKeys, seedFromEnv } from '../common/keys.js';
 import { modelIdOf } from '../engine/model_spec.js';
+import { addSettings } from './flags.js';
 
 /** The model id for `--model`: a built-in model, a directory or a .gguf file maps to its id; anything else is taken as the id. */
 export function keyModelId(model: string): string {
@@ -35,17 +36,12 @@ async function engineModelId(url: string, served: string | undefined): Promise<s
 }
 
 export function registerKeys(program: Command): void {
-  program
+  const cmd = program
     .command('keys')
     .description('print the chunk keys (index, tokens, key) of a list of token ids; the model id used goes to stderr')
-    .option('--model <model>', 'builtin:tiny, a checkpoint directory (as given to kvc engine), or a model id; with --engine: the served name')
-    .option('--engine <url>', 'ask this running engine for its model id (e.g. http://127.0.0.1:8000)')
-    .option('--chunk-size <n>', 'tokens per chunk', '256')
-    .option('--discard-partial-chunks', 'give the last, shorter chunk no key', false)
-    .argument('<tokens...>', 'token ids (non-negative integers)')
-    .action(async (tokens: string[], opts: { model?: string; engine?: string; chunkSize: string; discardPartialChunks: boolean }) => {
-      const chunkSize = Number(opts.chunkSize);
-      if (!Number.isInteger(chunkSize) || chunkSize <= 0) throw new Error(`--chunk-size: expected a positive integer, found "${opts.chunkSize}"`);
+    .argument('<tokens...>', 'token ids (non-negative integers)');
+  addSettings(cmd, 'keys').action(async (tokens: string[], opts: { model?: string; engine?: string; chunkSize: number; discardPartialChunks?: boolean }) => {
+      const chunkSize = opts.chunkSize;
       const ids = tokens.map((t, i) => {
         if (!/^\d+$/.test(t) || Number(t) > 0xffffffff) throw new Error(`token #${i}: expected a non-negative 32-bit integer, found "${t}"`);
         return Number(t);
@@ -53,7 +49,7 @@ export function registerKeys(program: Command): void {
       if (opts.engine === undefined && opts.model === undefined) throw new Error('give --model (builtin:tiny, a checkpoint directory or a model id) or --engine <url>');
       const modelId = opts.engine !== undefined ? await engineModelId(opts.engine, opts.model) : keyModelId(opts.model!);
       process.stderr.write(`kvc keys: model id "${modelId}"${opts.model !== undefined && opts.model !== modelId ? ` (for ${opts.model})` : ''}, chunk size ${chunkSize}\n`);
-      const spans = chunkKeys(ids, { modelId, chunkSize, seed: seedFromEnv(), discardPartialChunks: opts.discardPartialChunks });
+      const spans = chunkKeys(ids, { modelId, chunkSize, seed: seedFromEnv(), discardPartialChunks: opts.discardPartialChunks === true });
       for (const s of spans) process.stdout.write(`${s.index}\t${s.end - s.start}\t${s.key}\n`);
-    });
+  });
 }

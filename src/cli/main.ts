@@ -3,17 +3,17 @@
 // registered here, so `kvc --help` lists everything the stack can run.
 import { KVC_VERSION } from '../common/version.js';
 import { Command } from 'commander';
-import { logEnvErrors } from '../common/log.js';
+import { environment } from '../common/environment.js';
 import { registerKeys } from './keys.js';
 import { registerEngine } from './engine.js';
 import { registerController } from './controller.js';
 import { registerProxy } from './proxy.js';
 import { registerUp } from './up.js';
 
-// A logging variable with a value nobody understands is refused before anything starts.
-const logErrors = logEnvErrors();
-if (logErrors.length) {
-  process.stderr.write(`kvc: ${logErrors.join('; ')}\n`);
+// An environment variable with a value nobody understands is refused before anything starts.
+const envErrors = environment().errors;
+if (envErrors.length) {
+  process.stderr.write(`kvc: ${envErrors.join('; ')}\n`);
   process.exit(1);
 }
 

@@ -13,6 +13,7 @@ import { readFileSync } from 'node:fs';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { ERRORS, kvcError } from './errors.js';
 import { logger } from './log.js';
+import { environmentOf } from './environment.js';
 
 const log = logger('auth');
 
@@ -46,21 +47,26 @@ export function loadDeploymentSecret(file: string | undefined, env: NodeJS.Proce
       throw new Error(`--deployment-secret-file: cannot read ${file}: ${(e as Error).message}`);
     }
     from = `--deployment-secret-file ${file}`;
-  } else if (env.KVC_DEPLOYMENT_SECRET !== undefined) {
-    secret = env.KVC_DEPLOYMENT_SECRET.trim();
-    from = 'KVC_DEPLOYMENT_SECRET';
+  } else {
+    const e = environmentOf(env);
+    const s = e.get('deploymentSecret');
+    if (s !== undefined) {
+      secret = s.trim();
+      from = e.source('deploymentSecret')!;
+    }
   }
   if (secret === null) return null;
   if (secret.length < 16) throw new Error(`${from}: the deployment secret must be at least 16 characters (found ${secret.length})`);
   return secret;
 }
 
-/** The client API key from `--api-key` or KVC_API_KEY; null when neither is set. */
+/** The client API key from `--api-key`, else KVC_API_KEY or vLLM's VLLM_API_KEY; null when none is set. */
 export function loadApiKey(flag: string | undefined, env: NodeJS.ProcessEnv = process.env): string | null {
-  const key = flag ?? env.KVC_API_KEY;
-  if (key === undefined) return null;
-  if (key.trim().length === 0) throw new Error(`${flag !== undefined ? '--api-key' : 'KVC_API_KEY'}: expected a non-empty key`);
-  return key.trim();
+  if (flag !== undefined) {
+    if (flag.trim().length === 0) throw new Error('--api-key: expected a non-empty key');
+    return flag.trim();
+  }
+  return environmentOf(env).get('apiKey') ?? null;
 }
 
 /** The tag a binary-channel message carries: HMAC-SHA256(secret, "<channel>:<subject>"), hex. */

@@ -13,6 +13,8 @@ import { CACHE_KEY_ALIASES, CACHE_KEYS_OFF_ONLY, CONNECTOR_ALIASES, rewriteCache
 import { parseRemoteUrl, RemoteUrlError, type RemoteEndpoint } from './remote_url.js';
 import { fieldPath, valueAt } from './validate.js';
 import { checkAdvertiseHost } from './address.js';
+import { environmentOf } from './environment.js';
+import { DEFAULT_CHUNK_SIZE, SETTINGS } from './flags.js';
 
 function advertiseHostOk(h: string): boolean {
   try {
@@ -40,9 +42,9 @@ const gib = z.number().min(0, 'expected a size in GiB >= 0').refine(Number.isFin
 export const XFER_BACKENDS = ['tcp'] as const;
 
 export const cacheConfigSchema = z.strictObject({
-  chunk_size: z.number().int('expected an integer number of tokens').min(1).max(1 << 20).default(256),
+  chunk_size: z.number().int('expected an integer number of tokens').min(1).max(1 << 20).default(DEFAULT_CHUNK_SIZE),
   local_cpu: z.boolean().default(true),
-  max_local_cpu_size: gib.default(5),
+  max_local_cpu_size: gib.default(SETTINGS.maxLocalCpuSize.default!),
   max_local_disk_size: gib.default(0),
   local_disk: z.string().min(1).nullable().default(null),
   remote_url: z.string().min(1, 'expected a URL like redis://host:6379').nullable().default(null),
@@ -198,10 +200,12 @@ export function loadCacheConfig(path: string, overrides?: Record<string, unknown
 
 /** Reads $KVC_CONFIG_FILE (LMCache's $LMCACHE_CONFIG_FILE is read when it is unset); defaults when neither is set. */
 export function cacheConfigFromEnv(env: NodeJS.ProcessEnv = process.env, overrides?: Record<string, unknown>): Loaded<CacheConfig> {
-  const kvc = env.KVC_CONFIG_FILE;
-  const lm = env.LMCACHE_CONFIG_FILE;
-  if (kvc && lm && kvc !== lm) throw new ConfigError(`KVC_CONFIG_FILE (${kvc}) and LMCACHE_CONFIG_FILE (${lm}) name different files; set one`);
-  const p = kvc || lm;
+  let p: string | undefined;
+  try {
+    p = environmentOf(env).get('configFile');
+  } catch (e) {
+    throw new ConfigError((e as Error).message);
+  }
   if (!p) return validateCacheConfig({ ...overrides }, 'default cache config (KVC_CONFIG_FILE unset)');
   return loadCacheConfig(p, overrides);
 }

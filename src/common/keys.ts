@@ -13,6 +13,7 @@
 // Keys travel as 16-digit lowercase hex strings: a JS number cannot hold 64 bits.
 import xxhash from 'xxhash-wasm';
 import { xxh64InPlace, xxh64Instance } from './xxh64_kernel.js';
+import { environmentOf } from './environment.js';
 
 const { h64Raw } = await xxhash();
 
@@ -50,12 +51,7 @@ export function toHex(k: bigint): ChunkKey {
 
 /** Reads PYTHONHASHSEED as the key seed: a non-negative integer; unset or empty means 0, anything else (e.g. "random") is refused. */
 export function seedFromEnv(env: NodeJS.ProcessEnv = process.env): bigint {
-  const raw = env.PYTHONHASHSEED;
-  if (raw === undefined || raw === '') return 0n;
-  if (!/^\d+$/.test(raw)) {
-    throw new Error(`PYTHONHASHSEED must be a non-negative integer so that chunk keys agree across processes; found "${raw}"`);
-  }
-  return BigInt(raw);
+  return environmentOf(env).get('hashSeed') ?? 0n;
 }
 
 const rootCache = new Map<string, bigint>();

@@ -5,31 +5,38 @@
 // KVC_LOG_FORMAT = text (default) | json. With json every line is one JSON object
 //   {"time", "level", "component", "msg", ...fields}, so a log shipper needs no parsing rules;
 //   the optional `fields` of a call (e.g. a request's id and token counts) become its keys.
-// Both are read once when the process starts; the `kvc` command checks them with logEnvErrors()
+// Both are read once when the process starts (src/common/environment.ts); the `kvc` command checks them with logEnvErrors()
 // before anything else and refuses a value it does not know, naming the variable.
-export type Level = 'debug' | 'info' | 'warn' | 'error';
-export type LogFormat = 'text' | 'json';
+import { environment, environmentOf } from './environment.js';
+import type { LOG_FORMATS, LOG_LEVELS } from './flags.js';
+
+export type Level = (typeof LOG_LEVELS)[number];
+export type LogFormat = (typeof LOG_FORMATS)[number];
 export type LogFields = Record<string, string | number | boolean | null>;
 
 const order: Record<Level, number> = { debug: 10, info: 20, warn: 30, error: 40 };
-const LEVELS = Object.keys(order) as Level[];
-const FORMATS: LogFormat[] = ['text', 'json'];
 
-const envLevel = process.env.KVC_LOG_LEVEL;
-const envFormat = process.env.KVC_LOG_FORMAT;
-const threshold = order[envLevel as Level] ?? order.info;
-const format: LogFormat = FORMATS.includes(envFormat as LogFormat) ? (envFormat as LogFormat) : 'text';
+/** A variable's value, or its default when the value is bad (warnBadEnvOnce says so). */
+function orDefault<T>(read: () => T | undefined, fallback: T): T {
+  try {
+    return read() ?? fallback;
+  } catch {
+    return fallback;
+  }
+}
+const threshold = order[orDefault(() => environment().get('logLevel'), 'info')];
+const format: LogFormat = orDefault(() => environment().get('logFormat'), 'text');
 
 /** The problems with the logging environment variables, as messages naming each variable. */
 export function logEnvErrors(env: NodeJS.ProcessEnv = process.env): string[] {
+  const e = environmentOf(env);
   const errs: string[] = [];
-  const lv = env.KVC_LOG_LEVEL;
-  if (lv !== undefined && lv !== '' && !(LEVELS as string[]).includes(lv)) {
-    errs.push(`KVC_LOG_LEVEL: expected one of ${LEVELS.join(', ')}, got "${lv}"`);
-  }
-  const fmt = env.KVC_LOG_FORMAT;
-  if (fmt !== undefined && fmt !== '' && !(FORMATS as string[]).includes(fmt)) {
-    errs.push(`KVC_LOG_FORMAT: expected one of ${FORMATS.join(', ')}, got "${fmt}"`);
+  for (const name of ['logLevel', 'logFormat'] as const) {
+    try {
+      e.get(name);
+    } catch (x) {
+      errs.push((x as Error).message);
+    }
   }
   return errs;
 }

@@ -12,6 +12,7 @@
 import { join } from 'node:path';
 import { stringify } from 'yaml';
 import { GiB, remoteEndpoint } from '../common/config.js';
+import { DEFAULT_CHUNK_SIZE, passThroughArgs, SETTINGS, type PassThroughValues } from '../common/flags.js';
 import { resolveAdvertiseHost, urlHost } from '../common/address.js';
 import { placeEngines, type Placement } from './placement.js';
 import { assignHosts } from './hosts.js';
@@ -45,21 +46,10 @@ export interface PlanOptions {
   /** --max-local-prefill-tokens / --max-prefill-queue passed to the proxy when given. */
   maxLocalPrefillTokens?: number;
   maxPrefillQueue?: number;
-  /** Passed to every engine as `kvc engine` flags (absent: the engine's default). */
-  engine?: EngineFlags;
+  /** Passed to every engine as `kvc engine` flags (absent: the engine's default); the settings marked passThrough in src/common/flags.ts. */
+  engine?: PassThroughValues;
   /** Cache settings written into every engine's YAML (absent: the reference values). */
   cache?: CacheSettings;
-}
-
-/** `kvc engine` flags `kvc up` passes through to every engine. */
-export interface EngineFlags {
-  servedModelName?: string;
-  maxModelLen?: number;
-  dtype?: string;
-  maxNumSeqs?: number;
-  maxNumBatchedTokens?: number;
-  /** GiB of paged KV per engine. */
-  kvCacheMemory?: number;
 }
 
 /** Cache YAML values `kvc up` writes for every engine. */
@@ -79,7 +69,7 @@ export interface CacheSettings {
  * Every engine, prefiller and decoder, keeps a CPU tier of this many GiB by default, so a
  * prefix computed or received once can be reused there (and found by kv-aware routing).
  */
-export const DEFAULT_LOCAL_CPU_GIB = 5;
+export const DEFAULT_LOCAL_CPU_GIB = SETTINGS.maxLocalCpuSize.default!;
 
 /** Reference ports of a deployment (docs/architecture.md) before --port-offset. */
 export const BASE_PORTS = {
@@ -159,7 +149,7 @@ export function makePlan(o: PlanOptions): Plan {
   if (cache.localDisk && !(cache.maxLocalDiskSize !== undefined && cache.maxLocalDiskSize > 0)) {
     throw new Error('--local-disk: needs --max-local-disk-size <GiB> > 0 (the disk tier\'s capacity per engine)');
   }
-  const chunkSize = cache.chunkSize ?? 256;
+  const chunkSize = cache.chunkSize ?? DEFAULT_CHUNK_SIZE;
   /** The CPU and disk tiers of one engine: the flags when given, else the reference values. */
   const tiers = (name: string, refCpu: number) => {
     const cpu = cache.maxLocalCpuSize ?? refCpu;
@@ -340,14 +330,7 @@ export function connectorJson(e: EngineSpec): string {
  * runs with (eager mode, no prefix caching, no per-request logs).
  */
 export function engineArgs(plan: Plan, e: EngineSpec, connector: string): string[] {
-  const f = plan.opts.engine ?? {};
-  const pass: string[] = [];
-  if (f.servedModelName !== undefined) pass.push('--served-model-name', f.servedModelName);
-  if (f.maxModelLen !== undefined) pass.push('--max-model-len', String(f.maxModelLen));
-  if (f.dtype !== undefined) pass.push('--dtype', f.dtype);
-  if (f.maxNumSeqs !== undefined) pass.push('--max-num-seqs', String(f.maxNumSeqs));
-  if (f.maxNumBatchedTokens !== undefined) pass.push('--max-num-batched-tokens', String(f.maxNumBatchedTokens));
-  if (f.kvCacheMemory !== undefined) pass.push('--kv-cache-memory', String(f.kvCacheMemory));
+  const pass = passThroughArgs(plan.opts.engine ?? {});
   return [
     'engine',
     ...hostArgs(plan, e),

@@ -3,6 +3,7 @@
 // log and ports, and waited on until healthy. A process that stays healthy for a minute has its
 // backoff reset. After `maxRestarts` consecutive failures the supervisor gives up on it.
 import type { Child } from './supervisor.js';
+import { SETTINGS } from '../common/flags.js';
 
 export interface RestartPolicy {
   /** Consecutive failed restarts before giving up on a process. */
@@ -15,7 +16,7 @@ export interface RestartPolicy {
   healthyWithinMs: number;
 }
 
-export const DEFAULT_RESTART: RestartPolicy = { maxRestarts: 10, baseDelayMs: 1_000, maxDelayMs: 30_000, stableMs: 60_000, healthyWithinMs: 300_000 };
+export const DEFAULT_RESTART: RestartPolicy = { maxRestarts: SETTINGS.maxRestarts.default!, baseDelayMs: 1_000, maxDelayMs: 30_000, stableMs: 60_000, healthyWithinMs: 300_000 };
 
 export interface RestartEvents {
   /** A line for the operator (printed to stderr by kvc up). */

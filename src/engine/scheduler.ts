@@ -22,6 +22,7 @@ import type { KvcConnectorV1 } from './connector.js';
 import type { EngineMetrics } from './metrics.js';
 import type { PagedKvCache } from './model/kv_cache.js';
 import type { Sampler } from './sampler.js';
+import { SETTINGS } from '../common/flags.js';
 
 const log = logger('engine.scheduler');
 
@@ -32,7 +33,7 @@ const log = logger('engine.scheduler');
  * (≥ 1 s timeouts) and bounds what a colocated decode row waits behind a prompt chunk, while a
  * 200 ms chunk (≥ 100 tokens of the built-in model on one core) keeps the GEMMs efficient.
  */
-export const STEP_TARGET_MS = 200;
+export const STEP_TARGET_MS = SETTINGS.stepTargetMs.default!;
 /** Fewest prompt tokens a step takes when a prompt is waiting (progress, and GEMMs not too thin). */
 export const MIN_PREFILL_TOKENS = 32;
 /** Weight of the newest step in the running cost per token (exponential average). */

@@ -12,6 +12,7 @@ import type { ModelConfig } from './model/config.js';
 import { loadApiKey } from '../common/auth.js';
 import { checkModelSpec } from './model_spec.js';
 import { STEP_TARGET_MS } from './scheduler.js';
+import { DTYPES_ACCEPTED, parseDtype, SETTINGS } from '../common/flags.js';
 import { checkBindHost, resolveAdvertiseHost } from '../common/address.js';
 
 const log = logger('engine');
@@ -116,7 +117,7 @@ export interface EngineSettings {
   prefixCachingConnector: boolean;
 }
 
-export const DTYPES_ACCEPTED = ['auto', 'float32', 'float'] as const;
+export { DTYPES_ACCEPTED };
 
 /** The limits that depend on the loaded model. */
 export interface ModelLimits {
@@ -139,15 +140,11 @@ function nonEmpty(name: string, v: string | undefined, fallback: string): string
 /** Options → settings; throws an Error naming the option on the first bad one. */
 export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
   const env = opts.env ?? process.env;
-  const modelSpec = nonEmpty('--model', opts.model, 'builtin:tiny');
+  const modelSpec = nonEmpty('--model', opts.model, SETTINGS.model.default!);
   checkModelSpec(modelSpec);
-  const dtype = opts.dtype ?? 'auto';
-  if (!(DTYPES_ACCEPTED as readonly string[]).includes(dtype)) {
-    const half = ['half', 'float16', 'bfloat16', 'fp16', 'bf16'].includes(dtype);
-    throw new Error(`--dtype: expected one of ${DTYPES_ACCEPTED.join(', ')}, found "${dtype}"${half ? ' (this CPU engine computes in float32; bf16/f16 checkpoints are widened on load)' : ''}`);
-  }
+  parseDtype(opts.dtype ?? SETTINGS.dtype.default!);
   const modelName = nonEmpty('--served-model-name', opts.servedModelName, modelSpec);
-  const host = checkBindHost('--host', nonEmpty('--host', opts.host, '127.0.0.1'));
+  const host = checkBindHost('--host', nonEmpty('--host', opts.host, SETTINGS.host.default!));
   const advertiseHost = resolveAdvertiseHost('--advertise-host', opts.advertiseHost, host);
   const port = opts.port ?? 0;
   if (!Number.isInteger(port) || port < 0 || port > 65535) throw new Error(`--port: expected an integer between 0 and 65535, found ${port}`);
@@ -191,8 +188,8 @@ export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
     throw new Error(`transfer: a transfer plugin is used only with kv_role kv_producer or kv_consumer (found ${connectorConfig ? connectorConfig.kv_role : 'no --kv-transfer-config'})`);
   }
 
-  const maxNumSeqs = positiveInt('--max-num-seqs', opts.maxNumSeqs, 16);
-  const maxNumBatchedTokens = positiveInt('--max-num-batched-tokens', opts.maxNumBatchedTokens, 512);
+  const maxNumSeqs = positiveInt('--max-num-seqs', opts.maxNumSeqs, SETTINGS.maxNumSeqs.default!);
+  const maxNumBatchedTokens = positiveInt('--max-num-batched-tokens', opts.maxNumBatchedTokens, SETTINGS.maxNumBatchedTokens.default!);
   if (maxNumBatchedTokens < maxNumSeqs) {
     // Every running sequence's decode row takes one token of a step's budget: with fewer tokens
     // than sequences, decode rows alone would overrun the budget and starve prefills.
@@ -204,7 +201,7 @@ export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
   if (!Number.isInteger(stepTargetMs) || stepTargetMs < 0 || stepTargetMs > 60_000) {
     throw new Error(`--step-target-ms: expected an integer number of milliseconds from 0 (off) to 60000, found ${stepTargetMs}`);
   }
-  const maxQueue = positiveInt('--max-queue-len', opts.maxQueue, 1024);
+  const maxQueue = positiveInt('--max-queue-len', opts.maxQueue, SETTINGS.maxQueueLen.default!);
   if (opts.maxModelLen !== undefined && (!Number.isInteger(opts.maxModelLen) || opts.maxModelLen < 2)) {
     throw new Error(`--max-model-len: expected an integer >= 2, found ${opts.maxModelLen}`);
   }

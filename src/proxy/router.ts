@@ -28,8 +28,11 @@
 import type { Backend, RoundRobin } from './backend.js';
 import type { LoadBook } from './load.js';
 
-export type RoutingMode = 'round-robin' | 'kv-aware';
-export const ROUTING_MODES: readonly RoutingMode[] = ['round-robin', 'kv-aware'];
+import { KV_AWARE_DEFAULTS, ROUTING_MODES } from '../common/flags.js';
+
+export type RoutingMode = (typeof ROUTING_MODES)[number];
+// The modes and kv-aware's defaults are settings of `kvc proxy` (src/common/flags.ts).
+export { KV_AWARE_DEFAULTS, ROUTING_MODES };
 
 /**
  * Weight of one request in flight, in prompt tokens. A request in flight costs its backend
@@ -56,8 +59,6 @@ export const P2P_FETCH_WEIGHT = 0.15;
 export const SHARE_WINDOW = 32;
 export const HOT_SHARE = 1.5;
 
-/** Defaults of the conditional-disaggregation rules under kv-aware routing. */
-export const KV_AWARE_DEFAULTS = { maxLocalPrefillTokens: 256, maxPrefillQueue: 8 } as const;
 
 export interface RoutingOptions {
   mode: RoutingMode;

@@ -2,27 +2,29 @@
 // value is an error naming the flag; the conditional-disaggregation flags take their mode's
 // default when not given (kv-aware: KV_AWARE_DEFAULTS; round-robin: off, so every request is
 // disaggregated as specified), and are honoured in either mode when given.
+import { SETTINGS } from '../common/flags.js';
 import { KV_AWARE_DEFAULTS, ROUTING_MODES, type RoutingMode, type RoutingOptions } from './router.js';
 
+/** The flags as typed (text) or as the command line parsed them (numbers). */
 export interface RoutingFlags {
   routing?: string;
-  maxLocalPrefillTokens?: string;
-  maxPrefillQueue?: string;
+  maxLocalPrefillTokens?: string | number;
+  maxPrefillQueue?: string | number;
   controllerUrl?: string;
 }
 
-function count(flag: string, v: string): number {
-  const s = v.trim();
-  if (!/^\d+$/.test(s) || !Number.isSafeInteger(Number(s))) throw new Error(`${flag}: expected an integer >= 0, found "${v}"`);
-  return Number(s);
+/** A count flag: the table's parser for text, a parsed value as is. */
+function count(name: 'maxLocalPrefillTokens' | 'maxPrefillQueue', v: string | number): number {
+  const s = SETTINGS[name];
+  return typeof v === 'number' ? v : s.parse!(v, s.flags!.split(' ')[0]!);
 }
 
 export function parseRoutingFlags(f: RoutingFlags): { routing: RoutingOptions; controllerUrl: string | null } {
   const mode = (f.routing ?? 'round-robin') as RoutingMode;
   if (!ROUTING_MODES.includes(mode)) throw new Error(`--routing: expected one of ${ROUTING_MODES.join(', ')}, found "${f.routing}"`);
   const kv = mode === 'kv-aware';
-  const maxLocalPrefillTokens = f.maxLocalPrefillTokens !== undefined ? count('--max-local-prefill-tokens', f.maxLocalPrefillTokens) : kv ? KV_AWARE_DEFAULTS.maxLocalPrefillTokens : null;
-  const maxPrefillQueue = f.maxPrefillQueue !== undefined ? count('--max-prefill-queue', f.maxPrefillQueue) : kv ? KV_AWARE_DEFAULTS.maxPrefillQueue : null;
+  const maxLocalPrefillTokens = f.maxLocalPrefillTokens !== undefined ? count('maxLocalPrefillTokens', f.maxLocalPrefillTokens) : kv ? KV_AWARE_DEFAULTS.maxLocalPrefillTokens : null;
+  const maxPrefillQueue = f.maxPrefillQueue !== undefined ? count('maxPrefillQueue', f.maxPrefillQueue) : kv ? KV_AWARE_DEFAULTS.maxPrefillQueue : null;
   let controllerUrl: string | null = null;
   if (f.controllerUrl !== undefined) {
     let u: URL;

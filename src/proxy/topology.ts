@@ -9,6 +9,8 @@
 // A count given with --num-* must agree with the lists; anything else is an error that
 // names the flags, because a silently wrong topology sends KV to the wrong decoder.
 
+import { parseNumber, parsePort as parsePortValue } from '../common/parse_value.js';
+
 export class TopologyError extends Error {
   override name = 'TopologyError';
 }
@@ -30,18 +32,22 @@ export function splitList(value: string, flag: string): string[] {
   return items;
 }
 
+/** One port of a comma list. */
 export function parsePort(s: string, flag: string): number {
-  if (!/^\d+$/.test(s)) throw new TopologyError(`${flag}: "${s}" is not a port number`);
-  const p = Number(s);
-  if (p < 1 || p > 65535) throw new TopologyError(`${flag}: port ${p} is outside 1..65535`);
-  return p;
+  try {
+    return parsePortValue(flag, s);
+  } catch (e) {
+    throw new TopologyError((e as Error).message);
+  }
 }
 
 function parseCount(n: string | number | undefined, flag: string): number | undefined {
   if (n === undefined) return undefined;
-  const v = typeof n === 'number' ? n : Number(n);
-  if (!Number.isInteger(v) || v < 1 || v > 1024) throw new TopologyError(`${flag}: expected an integer 1..1024, found "${n}"`);
-  return v;
+  try {
+    return parseNumber(flag, String(n), { integer: true, min: 1, max: 1024 });
+  } catch (e) {
+    throw new TopologyError((e as Error).message);
+  }
 }
 
 /**

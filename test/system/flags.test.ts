@@ -60,7 +60,7 @@ describe('kvc engine flags', () => {
 
   it('--port defaults to 8000 (help), and the model may be given positionally', async () => {
     const help = kvc(['engine', '--help']).stdout;
-    assert.match(help, /--port <port>\s+HTTP port \(default: "8000"\)/);
+    assert.match(help, /--port <port>\s+HTTP port \(default: 8000\)/);
     assert.match(help, /--enable-prefix-caching/);
     assert.match(help, /--no-enable-prefix-caching/);
     assert.match(kvc(['engine', 'builtin:tiny', '--model', './other']).stderr, /the model is given twice/);

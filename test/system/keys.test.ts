@@ -68,7 +68,7 @@ test('PYTHONHASHSEED parsing: unset is 0, garbage is refused', () => {
 test('kvc keys rejects bad arguments with a clear message', () => {
   assert.throws(
     () => execFileSync(process.execPath, [CLI, 'keys', '--model', 'm', '--chunk-size', '0', '1'], { encoding: 'utf8', stdio: 'pipe' }),
-    (e: any) => /--chunk-size: expected a positive integer/.test(String(e.stderr)),
+    (e: any) => /--chunk-size: expected an integer between 1 and 1048576, found "0"/.test(String(e.stderr)),
   );
   assert.throws(
     () => execFileSync(process.execPath, [CLI, 'keys', '--model', 'm', '1', 'x'], { encoding: 'utf8', stdio: 'pipe' }),

@@ -23,12 +23,12 @@ test('unknown KVC_LOG_LEVEL / KVC_LOG_FORMAT values are named; the kvc command r
   assert.deepEqual(logEnvErrors({ KVC_LOG_LEVEL: 'info', KVC_LOG_FORMAT: 'json' }), []);
   assert.deepEqual(logEnvErrors({}), []);
   assert.deepEqual(logEnvErrors({ KVC_LOG_LEVEL: 'verbose', KVC_LOG_FORMAT: 'xml' }), [
-    'KVC_LOG_LEVEL: expected one of debug, info, warn, error, got "verbose"',
-    'KVC_LOG_FORMAT: expected one of text, json, got "xml"',
+    'KVC_LOG_LEVEL: expected one of debug, info, warn, error, found "verbose"',
+    'KVC_LOG_FORMAT: expected one of text, json, found "xml"',
   ]);
   const r = spawnSync(process.execPath, [CLI, 'keys', '--help'], { env: { ...process.env, KVC_LOG_FORMAT: 'yaml' }, encoding: 'utf8', timeout: 30_000 });
   assert.equal(r.status, 1);
-  assert.match(r.stderr, /^kvc: KVC_LOG_FORMAT: expected one of text, json, got "yaml"$/m);
+  assert.match(r.stderr, /^kvc: KVC_LOG_FORMAT: expected one of text, json, found "yaml"$/m);
 });
 
 test('KVC_LOG_FORMAT=json: a process writes one JSON object per line', () => {

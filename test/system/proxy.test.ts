@@ -12,7 +12,8 @@ import { ProxyServer } from '../../src/proxy/server.js';
 import { Backend, RoundRobin } from '../../src/proxy/backend.js';
 import { prefillBody } from '../../src/proxy/request_rules.js';
 import { FirstContent } from '../../src/proxy/sse.js';
-import { secondsFlag } from '../../src/cli/options.js';
+import { parseSeconds } from '../../src/common/parse_value.js';
+const secondsFlag = (flag: string, v: string) => parseSeconds(flag, v);
 import { parseTopology, pairEndpoints, TopologyError } from '../../src/proxy/topology.js';
 import { CLI } from '../../harness/proc.js';
 import { formatStatsLine, percentile, summarize, TtftStats } from '../../src/proxy/stats.js';
@@ -32,7 +33,7 @@ describe('topology flags', () => {
     assert.throws(() => pairEndpoints('a,b', '1,2,3', undefined, f), /--h lists 2 hosts and --p lists 3 ports/);
     assert.throws(() => pairEndpoints('a', '1,2', 3, f), /--n is 3 but/);
     assert.throws(() => pairEndpoints('a', 'x', undefined, f), TopologyError);
-    assert.throws(() => pairEndpoints('a', '70000', undefined, f), /outside 1..65535/);
+    assert.throws(() => pairEndpoints('a', '70000', undefined, f), /--p: expected an integer between 1 and 65535, found "70000"/);
     assert.throws(() => pairEndpoints('a,a', '1', undefined, f), /listed twice/);
     assert.throws(() => pairEndpoints('a', '1', '0', f), /--n: expected an integer/);
   });

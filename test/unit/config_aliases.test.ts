@@ -93,5 +93,5 @@ test('LMCACHE_CONFIG_FILE is read when KVC_CONFIG_FILE is unset; two different f
   const p = yaml('lm-env.yaml', 'chunk_size: 64\n');
   assert.equal(cacheConfigFromEnv({ LMCACHE_CONFIG_FILE: p }).config.chunk_size, 64);
   assert.equal(cacheConfigFromEnv({ LMCACHE_CONFIG_FILE: p, KVC_CONFIG_FILE: p }).config.chunk_size, 64);
-  assert.throws(() => cacheConfigFromEnv({ LMCACHE_CONFIG_FILE: p, KVC_CONFIG_FILE: '/other.yaml' }), /name different files/);
+  assert.throws(() => cacheConfigFromEnv({ LMCACHE_CONFIG_FILE: p, KVC_CONFIG_FILE: '/other.yaml' }), /KVC_CONFIG_FILE and LMCACHE_CONFIG_FILE are set to different values/);
 });

@@ -3,6 +3,7 @@
 // bit and is batch invariant, like the mul+add kernel; the setting is validated.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { readEnvironment } from '../../src/common/environment.js';
 import { detectFma, fmaf, fmaSupport } from '../../src/engine/model/kernels/fma.js';
 import { JsKernel } from '../../src/engine/model/kernels/js_kernel.js';
 import { WasmKernel } from '../../src/engine/model/kernels/wasm_kernel.js';
@@ -30,7 +31,7 @@ test('fmaf: one rounding, including the double-rounding midpoints f64 alone gets
 
 test('KVC_WASM_FMA: "0" is off, "1" requires it, anything else is a clear error', () => {
   assert.deepEqual(detectFma('0'), { fma: false, reason: 'off (KVC_WASM_FMA=0)' });
-  assert.throws(() => detectFma('yes'), /KVC_WASM_FMA must be "0" \(off\) or "1" \(required\), or unset.*"yes"/);
+  assert.throws(() => readEnvironment({ KVC_WASM_FMA: 'yes' }).get('wasmFma'), /KVC_WASM_FMA must be "0" \(off\) or "1" \(required\), or unset.*"yes"/);
   const auto = detectFma(undefined);
   if (auto.fma) assert.equal(detectFma('1').fma, true);
   else assert.throws(() => detectFma('1'), /KVC_WASM_FMA=1 but fused multiply-add is unavailable/);

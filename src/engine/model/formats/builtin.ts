@@ -13,6 +13,7 @@ import { createRequire } from 'node:module';
 import { homedir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { writeSafetensors, type TensorToWrite } from './safetensors.js';
+import { readEnvironment } from '../../../common/environment.js';
 
 export interface BuiltinSpec {
   name: string;
@@ -50,7 +51,8 @@ export const BUILTIN_MODELS: Record<string, BuiltinSpec> = {
 
 /** `$KVC_CACHE_DIR/models` (default `~/.cache/kvc/models`), read from `env` (default process.env). */
 export function builtinCacheRoot(env: NodeJS.ProcessEnv = process.env): string {
-  return env.KVC_CACHE_DIR ? join(env.KVC_CACHE_DIR, 'models') : join(homedir(), '.cache', 'kvc', 'models');
+  const dir = readEnvironment(env).get('cacheDir');
+  return dir ? join(dir, 'models') : join(homedir(), '.cache', 'kvc', 'models');
 }
 
 export function builtinDirName(spec: BuiltinSpec): string {

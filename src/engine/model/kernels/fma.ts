@@ -11,6 +11,7 @@
 // bits of earlier versions); "1" = required (start fails when the platform lacks it). Any other
 // value is an error.
 import v8 from 'node:v8';
+import { environment } from '../../../common/environment.js';
 
 /**
  * A module exporting f(a, b, c) = lane 0 of f32x4.relaxed_madd(splat a, splat b, splat c)
@@ -33,15 +34,12 @@ let cached: FmaSupport | null = null;
 
 /** Whether this process's kernels use FMA (KVC_WASM_FMA, then a probe); decided once. */
 export function fmaSupport(): FmaSupport {
-  cached ??= detectFma(process.env.KVC_WASM_FMA);
+  cached ??= detectFma(environment().get('wasmFma'));
   return cached;
 }
 
 /** The decision for a KVC_WASM_FMA value (exported for tests; fmaSupport() caches it for the process). */
-export function detectFma(setting: string | undefined): FmaSupport {
-  if (setting !== undefined && setting !== '' && setting !== '0' && setting !== '1') {
-    throw new Error(`KVC_WASM_FMA must be "0" (off) or "1" (required), or unset (use when available); got ${JSON.stringify(setting)}`);
-  }
+export function detectFma(setting: '0' | '1' | undefined): FmaSupport {
   if (setting === '0') return { fma: false, reason: 'off (KVC_WASM_FMA=0)' };
   const probe = probeFused();
   if (setting === '1' && !probe.fma) throw new Error(`KVC_WASM_FMA=1 but fused multiply-add is unavailable: ${probe.reason}`);

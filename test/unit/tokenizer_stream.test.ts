@@ -102,5 +102,12 @@ test('tokenizer: the byte-level shortcut (Llama 3) is taken, and its deltas equa
   assert.equal(l3.appendedText(pieces[0]!, 128009), null, 'a special id adds nothing by itself');
   assert.equal(l3.appendedText(pieces[0]!, -1), null);
   assert.equal(l3.appendedText(pieces[0]!, l3.vocabSize), null);
+  // A piece that starts with U+FEFF keeps it after an emitted window, where the shortcut decodes
+  // it (a decoder that drops it as a byte-order mark fails).
+  const ids = l3.encode('!\uFEFF#', { addBos: false });
+  assert.equal(l3.decode(ids), '!\uFEFF#');
+  assert.equal(l3.appendedText(ids[0]!, ids[1]!), '\uFEFF#');
+  const dec = l3.streamDecoder([]);
+  assert.equal(ids.map((id) => dec.push(id)).join('') + dec.flush(), '!\uFEFF#', 'streamed with its U+FEFF');
   assertDeltasMatch(l3, interesting, 600);
 });

@@ -39,8 +39,11 @@ const BYTE_OF_CHAR: Map<number, number> = (() => {
   return m;
 })();
 
-/** Strict UTF-8: a piece whose bytes are not whole characters on their own has no text of its own. */
-const UTF8 = new TextDecoder('utf-8', { fatal: true });
+/**
+ * Strict UTF-8: a piece whose bytes are not whole characters on their own has no text of its own.
+ * A leading U+FEFF is text like any other (TextDecoder would drop it as a byte-order mark).
+ */
+const UTF8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 
 /** The text a byte-level piece stands for, when its bytes are whole UTF-8 characters; null otherwise. */
 function byteLevelText(piece: string): string | null {

@@ -14,7 +14,7 @@ import { chunkKeys, type ChunkSpan } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import { EventLog, type EventKind, type EventRecord } from './events.js';
 import { keyHalves, type KeyHalves } from '../common/keys.js';
-import type { ClearRequest, EventReply, LookupReply, MoveRequest, PinRequest, WorkerInfo } from '../protocol/controller_api.js';
+import type { ClearReply, ClearRequest, EventReply, LookupReply, MoveRequest, PinRequest, WorkerInfo } from '../protocol/controller_api.js';
 import type { LocationName } from '../protocol/worker_api.js';
 import type { Registry, WorkerRec } from './registry.js';
 import { callWorker, workerName } from './worker_rpc.js';
@@ -89,6 +89,21 @@ export class Operations {
         log.warn(`${ev.event_id} failed: ${msg}`);
       }
     })();
+  }
+
+  /** Runs `work` under `ev` and waits for it: finished, or failed with the error thrown again. */
+  private async runEventNow(ev: EventRecord, work: () => Promise<number>): Promise<void> {
+    this.events.start(ev);
+    try {
+      const done = await work();
+      this.events.finish(ev, done);
+      log.info(`${ev.event_id} finished (${done} chunks)`);
+    } catch (e) {
+      const err = asKvcError(e);
+      this.events.fail(ev, err.message);
+      log.warn(`${ev.event_id} failed: ${err.message}`);
+      throw err;
+    }
   }
 
   private finishedNow(kind: EventKind, request: Record<string, unknown>): EventRecord {
@@ -195,22 +210,31 @@ export class Operations {
   }
 
   /**
-   * Clears a location of an instance; pinned chunks stay unless `include_pinned`. `num_tokens`
-   * (LMCache's field) counts the indexed chunks as whole chunks of `chunk_size` tokens.
+   * Clears a location of an instance; pinned chunks stay unless `include_pinned`. Answers once
+   * the workers have cleared (a clear is local to each worker, bounded by the transfer deadline),
+   * with what was removed and what was kept: `num_chunks` / `num_tokens` (LMCache's field, whole
+   * chunks of `chunk_size` tokens) count the removed chunks, `kept_chunks` the pinned ones that
+   * stayed.
    */
-  clear(req: ClearRequest): { event_id: string; num_tokens: number; num_chunks: number } {
+  async clear(req: ClearRequest): Promise<ClearReply> {
     const workers = this.workersOf(req.instance_id, 'instance_id');
     this.checkLocation(workers, req.location, 'location');
     let chunks = 0;
     for (const w of workers) chunks += this.registry.index.count(w.holders.get(req.location)!);
-    const ev = this.events.create('clear', 0, chunks, { instance_id: req.instance_id, location: req.location });
-    this.runEvent(ev, async () => {
+    const ev = this.events.create('clear', 0, chunks, { instance_id: req.instance_id, location: req.location, include_pinned: req.include_pinned ?? false });
+    let removed = 0;
+    let kept = 0;
+    await this.runEventNow(ev, async () => {
       const results = await Promise.all(
         workers.map((w) => callWorker(w, 'clear', { location: req.location as LocationName, include_pinned: req.include_pinned ?? false }, this.timeouts.transferMs)),
       );
-      return results.reduce((a, r) => a + r.removed, 0);
+      for (const r of results) {
+        removed += r.removed;
+        kept += r.kept;
+      }
+      return removed;
     });
-    return { event_id: ev.event_id, num_tokens: chunks * workers[0]!.chunkSize, num_chunks: chunks };
+    return { event_id: ev.event_id, num_tokens: removed * workers[0]!.chunkSize, num_chunks: removed, kept_chunks: kept };
   }
 
   /** Index-only lookup: per instance, the location with the longest cached prefix. */

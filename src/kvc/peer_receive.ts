@@ -51,6 +51,8 @@ export class IncomingTransfer {
   private added: string[] = [];
   /** CHUNK frames acknowledged as stored. */
   private acked = 0;
+  /** The key of every CHUNK frame, in the order sent (COMMIT's pin bitmap indexes it). */
+  private readonly sent: string[] = [];
   /** The current frame: its reserved slot, or why its body is not kept (null: dropped because held). */
   private slot: Uint8Array | null = null;
   private refusal: string | null = null;
@@ -68,6 +70,7 @@ export class IncomingTransfer {
 
   /** Where the body of CHUNK `key` (`len` bytes) goes, or null to drop it as it arrives. */
   sink(key: string, len: number): Uint8Array | null {
+    this.sent.push(key);
     this.slot = null;
     this.refusal = null;
     if (this.stagedKeys.has(key)) return null; // sent twice in one transfer: the first is staged
@@ -148,10 +151,11 @@ export class IncomingTransfer {
   }
 
   /**
-   * COMMIT {count}: when every chunk of the transfer is here, the staged ones join the tier and the
-   * answer is ok; otherwise nothing is committed and the transfer is undone. Ends the transfer.
+   * COMMIT {count, pinned?}: when every chunk of the transfer is here, the staged ones join the tier
+   * (those `pinned` marks, pinned) and the answer is ok; otherwise nothing is committed and the
+   * transfer is undone. Ends the transfer.
    */
-  commit(count: number, peerName: string): PeerCommitOk {
+  commit(count: number, peerName: string, pinned?: Uint8Array): PeerCommitOk {
     const missing = this.held.filter((k) => !this.store.has(k, this.location));
     const ok = missing.length === 0 && this.acked === count;
     if (!ok) {
@@ -161,6 +165,11 @@ export class IncomingTransfer {
     }
     for (const s of this.staged) this.store.commitIncoming(s.key, s.slot, s.length);
     this.staged = [];
+    // A move carries the source's pins (docs/controller.md "Pins, moves and copies"): pinned here
+    // before the holds are released, so they outlive them.
+    if (pinned) {
+      for (let i = 0; i < this.sent.length; i++) if ((pinned[i >> 3] ?? 0) & (1 << (i & 7))) this.holds.pin(this.sent[i]!, this.location);
+    }
     this.added = [];
     this.release();
     return { ok, stored: this.acked, missing: 0, first_missing: [] };

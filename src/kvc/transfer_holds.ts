@@ -75,6 +75,12 @@ export class TransferHolds {
     this.store.pin(key, loc, { transient: true });
   }
 
+  /** Pinned for its own sake (by the controller or before any transfer), not only held by one. */
+  isPinnedForItself(key: ChunkKey, loc: LocationName): boolean {
+    const h = this.held.get(this.id(key, loc));
+    return h ? h.keepPinned : this.store.isPinned(key, loc);
+  }
+
   isHeld(key: ChunkKey, loc: LocationName): boolean {
     return this.held.has(this.id(key, loc));
   }

@@ -7,6 +7,10 @@
 // The delete phase is the point of no return, and it is guarded: it starts only if the
 // command's deadline has not passed and the controller's request is still there (a controller
 // that gave up has already marked the event failed, so the source must then stay).
+//
+// Pins (docs/controller.md "Pins, moves and copies"): a move carries each chunk's pin to the
+// destination (pinned there once committed, before its source copy is deleted); a copy leaves the
+// source's pins where they are and its new copies unpinned (evictable replicas).
 import type { MoveCommand } from '../protocol/worker_api.js';
 import { ERRORS, KvcError, kvcError, timedOut, upstreamFailed } from '../common/errors.js';
 import type { KvcStore } from './store.js';
@@ -64,10 +68,15 @@ export class WorkerOps {
     return n;
   }
 
-  /** Clears a location; pinned chunks stay unless `includePinned` (the controller's /clear rule). */
-  clear(location: LocationName, includePinned = false): Promise<number> {
+  /**
+   * Clears a location; pinned chunks stay unless `includePinned` (the controller's /clear rule).
+   * Returns what it removed and what stayed (pinned, or held by a transfer in flight).
+   */
+  async clear(location: LocationName, includePinned = false): Promise<{ removed: number; kept: number }> {
     this.store.assertLocation(location);
-    return this.store.clear(location, { keepPinned: !includePinned });
+    const removed = await this.store.clear(location, { keepPinned: !includePinned });
+    const kept = this.store.stats().find((s) => s.location === location)?.chunks ?? 0;
+    return { removed, kept };
   }
 
   async move(cmd: MoveCommand, signal?: AbortSignal): Promise<number> {
@@ -99,6 +108,8 @@ export class WorkerOps {
       if (!this.store.has(k, cmd.location)) throw kvcError(ERRORS.chunk_gone, `chunk ${k} is no longer in ${cmd.location} of instance "${this.instanceId}"`);
     }
     const deadline = this.now() + cmd.deadline_ms;
+    // Which chunks a move must keep pinned at the destination (read before any transfer hold).
+    const pinned = cmd.copy ? [] : cmd.keys.flatMap((k, i) => (this.holds.isPinnedForItself(k, cmd.location) ? [i] : []));
     if (cmd.target.distributed_url) {
       // Resolves only once the peer confirmed (COMMIT_OK) that it holds every chunk.
       await sendChunks(cmd.keys, {
@@ -108,10 +119,11 @@ export class WorkerOps {
         deadlineMs: cmd.deadline_ms,
         read: chunkForSend(this.store, cmd.location),
         signal,
+        pinned,
       });
       await this.deleteSource(cmd, deadline, signal);
     } else {
-      await this.moveLocal(cmd, deadline, signal, () => this.deleteSource(cmd, deadline, signal));
+      await this.moveLocal(cmd, deadline, signal, pinned, () => this.deleteSource(cmd, deadline, signal));
     }
     return cmd.keys.length;
   }
@@ -136,7 +148,7 @@ export class WorkerOps {
    * evict the move's own earlier chunks: the put that finds no room fails instead. `commit` (the
    * delete phase) runs while they are still held.
    */
-  private async moveLocal(cmd: MoveCommand, deadline: number, signal: AbortSignal | undefined, commit: () => Promise<void>): Promise<void> {
+  private async moveLocal(cmd: MoveCommand, deadline: number, signal: AbortSignal | undefined, pinned: readonly number[], commit: () => Promise<void>): Promise<void> {
     const dst = this.store.backend(cmd.target.location).location;
     const held: string[] = [];
     try {
@@ -153,6 +165,9 @@ export class WorkerOps {
       if (missing.length) {
         throw kvcError(ERRORS.chunk_gone, `${dst} of instance "${this.instanceId}" no longer holds ${missing.length} of the ${cmd.keys.length} chunks moved into it (first: ${missing[0]}); source kept intact`);
       }
+      // The pins travel before the source lets go (they outlive the holds released below): a
+      // move that fails while deleting may leave a pinned duplicate, never a chunk without its pin.
+      for (const i of pinned) this.holds.pin(cmd.keys[i]!, dst);
       await commit();
     } finally {
       for (const k of held) this.holds.release(k, dst);

@@ -176,7 +176,7 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
         if (transfer === null) return fail('COMMIT before HELLO');
         const commit = decodePeerControl(peerCommitSchema, 'COMMIT', body!);
         if (!commit.ok) return fail(commit.error);
-        const answer = transfer.commit(commit.msg.count, peerName);
+        const answer = transfer.commit(commit.msg.count, peerName, commit.msg.pinned);
         transfer = null; // a transfer ends with its commit
         sock.write(peerControlFrame(COMMIT_OK, answer));
         return;
@@ -269,6 +269,16 @@ export interface SendOptions {
   read: (key: string) => Promise<OutgoingChunk | null>;
   /** Aborting it fails the send at once (the controller's request went away). */
   signal?: AbortSignal;
+  /** Indices (into `keys`) of the chunks to stay pinned at the receiver once committed. */
+  pinned?: readonly number[];
+}
+
+/** The COMMIT frame's pin bitmap: bit i set when keys[i] stays pinned (null: none). */
+function pinBitmap(count: number, pinned: readonly number[] | undefined): Uint8Array<ArrayBuffer> | null {
+  if (!pinned?.length) return null;
+  const bits = new Uint8Array(Math.ceil(count / 8));
+  for (const i of pinned) bits[i >> 3] |= 1 << (i & 7);
+  return bits;
 }
 
 /**
@@ -326,7 +336,10 @@ export function sendChunks(keys: readonly string[], o: SendOptions): Promise<num
       if (!r.msg.ok) return done(new Error(`peer ${o.distributedUrl} did not store chunk ${r.msg.key}: ${r.msg.error}`));
       acked++;
       // Every chunk stored: ask the peer to confirm it still holds them all.
-      if (acked === keys.length) sock.write(peerControlFrame(COMMIT, { count: keys.length }));
+      if (acked === keys.length) {
+        const pinned = pinBitmap(keys.length, o.pinned);
+        sock.write(peerControlFrame(COMMIT, pinned ? { count: keys.length, pinned } : { count: keys.length }));
+      }
     };
     const reader = new FrameReader(PEER_FRAMES, {
       refuse: (h) => (h.bodyLen > MAX_CONTROL_BODY ? `reply frame (type ${h.type}) of ${h.bodyLen} bytes exceeds ${MAX_CONTROL_BODY}` : null),

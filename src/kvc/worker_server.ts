@@ -43,7 +43,7 @@ export async function startWorkerServer(store: KvcStore, id: WorkerIdentity, hos
   });
   app.post(R.clear.path, async (req): Promise<WorkerReply<'clear'>> => {
     const b = parseBody(R.clear.request, requireObject(req.body));
-    return { removed: await ops.clear(b.location, b.include_pinned ?? false) };
+    return ops.clear(b.location, b.include_pinned ?? false);
   });
   app.post(R.move.path, async (req, reply): Promise<WorkerReply<'move'>> => {
     const b = parseBody(R.move.request, requireObject(req.body));

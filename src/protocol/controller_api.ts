@@ -66,6 +66,18 @@ export const clearSchema = z.strictObject({
 });
 export type ClearRequest = z.infer<typeof clearSchema>;
 
+/**
+ * POST /clear's answer, once the workers have cleared: what was removed (`num_chunks`, and
+ * `num_tokens`: LMCache's field, whole chunks of chunk_size tokens) and the pinned chunks that
+ * stayed (`kept_chunks`).
+ */
+export interface ClearReply {
+  event_id: string;
+  num_tokens: number;
+  num_chunks: number;
+  kept_chunks: number;
+}
+
 /** POST /health. */
 export const healthSchema = z.strictObject({ instance_id: str('instance id') });
 /** POST /check_finish. */

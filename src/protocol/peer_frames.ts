@@ -5,7 +5,9 @@
 // Wire format, both directions: frames of  u32le body_length | u8 type | body.
 //   sender → receiver  HELLO (1)  msgpack {v, location, count, from}
 //                      CHUNK (2)  16 ASCII hex key digits + the chunk buffer (header + payload)
-//                      COMMIT (3) msgpack {count}  after the last ACK
+//                      COMMIT (3) msgpack {count, pinned?}  after the last ACK; `pinned`: a
+//                                 bitmap over the transfer's chunks in sent order, those to stay
+//                                 pinned at the receiver (a move carries the source's pins)
 //   receiver → sender  HELLO_OK (0x81)  msgpack {ok, error?}  (also carries a refusal at any point)
 //                      ACK (0x82)       msgpack {key, ok, error?}  once the chunk is STORED
 //                      COMMIT_OK (0x83) msgpack {ok, stored, missing, first_missing}
@@ -47,7 +49,7 @@ export const MAX_CONTROL_BODY = 64 * 1024;
 
 export const peerHelloSchema = z.object({ v: z.number(), location: z.string(), count: z.number().int().min(0), from: z.string() });
 export type PeerHello = z.infer<typeof peerHelloSchema>;
-export const peerCommitSchema = z.object({ count: z.number().int().min(0) });
+export const peerCommitSchema = z.object({ count: z.number().int().min(0), pinned: z.instanceof(Uint8Array).optional() });
 export type PeerCommit = z.infer<typeof peerCommitSchema>;
 export const peerHelloOkSchema = z.object({ ok: z.boolean(), error: z.string().optional() });
 export type PeerHelloOk = z.infer<typeof peerHelloOkSchema>;

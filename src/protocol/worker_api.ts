@@ -45,7 +45,8 @@ export type MoveCommand = z.infer<typeof moveCommandSchema>;
 
 const count = z.number().int().min(0);
 export const countReplySchema = z.object({ count });
-export const clearReplySchema = z.object({ removed: count });
+/** `kept`: the chunks still in the location afterwards (pinned, or held by a transfer). */
+export const clearReplySchema = z.object({ removed: count, kept: count });
 export const moveReplySchema = z.object({ moved: count });
 
 /** GET /health: who the worker is and how full its locations are. */

@@ -420,6 +420,47 @@ function registerTests(): void {
       assert.equal((await postJson(`${url}/check_finish`, { event_id: none.json.event_id })).json.status, 'finished');
     });
 
+    test('a move carries each chunk\'s pin to its destination (within and across instances); a copy leaves its new copies unpinned', async () => {
+      // Start from empty locations (earlier tests left chunks), so the clear below counts only these.
+      for (const [id, loc] of [['inst-A', 'LocalCPUBackend'], ['inst-A', 'LocalDiskBackend'], ['inst-B', 'LocalCPUBackend']]) {
+        assert.equal((await postJson(`${url}/clear`, { instance_id: id, location: loc, include_pinned: true })).status, 200);
+      }
+      const tokens = range(64, 31_000);
+      const spans = await putPrompt(A.store, tokens, 'LocalCPUBackend');
+      await waitUntil('indexed', async () => (await lookup(tokens)).layout_detail['inst-A']?.matched_tokens === 64);
+      // Pin the first two of the four chunks only: exactly those must stay pinned wherever they go.
+      const p = await postJson(`${url}/pin`, { tokens: tokens.slice(0, 32), instance_id: 'inst-A', location: 'LocalCPUBackend' });
+      assert.equal((await waitEvent(p.json.event_id)).status, 'finished');
+      const pinnedAt = (i: Instance, loc: 'LocalCPUBackend' | 'LocalDiskBackend') => spans.map((s) => i.store.isPinned(s.key, loc));
+      assert.deepEqual(pinnedAt(A, 'LocalCPUBackend'), [true, true, false, false]);
+      // Within the instance: CPU → disk.
+      let r = await postJson(`${url}/move`, { old_position: ['inst-A', 'LocalCPUBackend'], new_position: ['inst-A', 'LocalDiskBackend'], tokens, copy: false });
+      assert.equal((await waitEvent(r.json.event_id)).status, 'finished');
+      assert.deepEqual(pinnedAt(A, 'LocalDiskBackend'), [true, true, false, false], 'pins moved with the chunks to disk');
+      // Across instances: A's disk → B's CPU, peer to peer.
+      r = await postJson(`${url}/move`, { old_position: ['inst-A', 'LocalDiskBackend'], new_position: ['inst-B', 'LocalCPUBackend'], tokens, copy: false });
+      assert.equal((await waitEvent(r.json.event_id)).status, 'finished');
+      for (const s of spans) assert.equal(A.store.has(s.key, 'LocalDiskBackend'), false);
+      assert.deepEqual(pinnedAt(B, 'LocalCPUBackend'), [true, true, false, false], 'pins moved with the chunks to the other instance');
+      // A copy back: the source keeps its pins, the copies are unpinned.
+      r = await postJson(`${url}/move`, { old_position: ['inst-B', 'LocalCPUBackend'], new_position: ['inst-A', 'LocalCPUBackend'], tokens, copy: true });
+      assert.equal((await waitEvent(r.json.event_id)).status, 'finished');
+      assert.deepEqual(pinnedAt(B, 'LocalCPUBackend'), [true, true, false, false]);
+      assert.deepEqual(pinnedAt(A, 'LocalCPUBackend'), [false, false, false, false], 'a copy is an unpinned replica');
+      // /clear over pinned chunks says what it removed and what it kept.
+      await waitUntil('B indexed', async () => (await lookup(tokens)).layout_detail['inst-B']?.matched_tokens === 64);
+      const c = await postJson(`${url}/clear`, { instance_id: 'inst-B', location: 'LocalCPUBackend' });
+      assert.equal(c.status, 200, JSON.stringify(c.json));
+      assert.equal(c.json.num_chunks, 2, 'the two unpinned chunks removed');
+      assert.equal(c.json.num_tokens, 2 * CHUNK);
+      assert.equal(c.json.kept_chunks, 2, 'the two pinned chunks kept');
+      assert.equal((await waitEvent(c.json.event_id)).status, 'finished');
+      assert.deepEqual(spans.map((s) => B.store.has(s.key, 'LocalCPUBackend')), [true, true, false, false]);
+      const all = await postJson(`${url}/clear`, { instance_id: 'inst-B', location: 'LocalCPUBackend', include_pinned: true });
+      assert.deepEqual([all.json.num_chunks, all.json.kept_chunks], [2, 0]);
+      await postJson(`${url}/clear`, { instance_id: 'inst-A', location: 'LocalCPUBackend' });
+    });
+
     test('pin keeps chunks through eviction pressure; unpin makes them evictable; clear empties a location', async () => {
       await B.store.clear('LocalCPUBackend');
       const tokens = range(32, 31337);

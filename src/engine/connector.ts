@@ -28,6 +28,7 @@ import type { P2pClient } from '../kvc/p2p_client.js';
 import type { PagedKvCache } from './model/kv_cache.js';
 import type { EngineMetrics } from './metrics.js';
 import type { KvTransferPlugin, ReceivedKv, SealedChunk, TransferRequest } from '../common/transfer_seam.js';
+import { REUSED_TOKENS } from '../protocol/disagg_spec.js';
 
 const log = logger('engine.connector');
 
@@ -410,7 +411,8 @@ export class KvcConnectorV1 {
         .then(
           (r) => {
             m.xferSendSeconds.observe({ outcome: 'ok' }, (performance.now() - t0) / 1000);
-            return r ?? undefined;
+            // What of it this prefiller reused rather than computed: the decoder reports it as cached.
+            return { ...r, [REUSED_TOKENS]: req.loadedTokens ?? 0 };
           },
           (e: unknown) => {
             m.xferSendSeconds.observe({ outcome: 'failed' }, (performance.now() - t0) / 1000);

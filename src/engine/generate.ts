@@ -11,6 +11,7 @@ import type { Tokenizer } from './model/tokenizer.js';
 import type { SamplingParams } from './sampler.js';
 import { Sampler } from './sampler.js';
 import type { FinishReason, Scheduler, Sequence } from './scheduler.js';
+import { promptSources } from './request_log.js';
 import { SseWriter } from './sse_writer.js';
 import { StopMatcher } from './stop.js';
 
@@ -62,7 +63,11 @@ interface Usage {
   prompt_tokens: number;
   completion_tokens: number;
   total_tokens: number;
-  prompt_tokens_details: { cached_tokens: number };
+  /**
+   * cached_tokens: KV reused from an earlier request (OpenAI's meaning: a cache read);
+   * kv_transfer_tokens: KV this request's prefiller sent (docs/api.md "Usage").
+   */
+  prompt_tokens_details: { cached_tokens: number; kv_transfer_tokens: number };
 }
 
 /** The state of one generated sequence (one choice, or a best_of candidate). */
@@ -87,6 +92,11 @@ interface Choice {
   eventHead: string;
   eventTail: string;
   finished: Promise<{ reason: FinishReason; error?: Error }>;
+}
+
+function promptDetails(seq: Sequence): Usage['prompt_tokens_details'] {
+  const { cached, received } = promptSources(seq);
+  return { cached_tokens: cached, kv_transfer_tokens: received };
 }
 
 async function kvParams(seq: Sequence, requestId: string): Promise<Record<string, unknown> | undefined> {
@@ -260,7 +270,7 @@ export async function runGeneration(ctx: GenerationContext, g: GenerationRequest
     prompt_tokens: g.prompt.length,
     completion_tokens: completionTokens,
     total_tokens: g.prompt.length + completionTokens,
-    prompt_tokens_details: { cached_tokens: choices[0]!.seq.loadedTokens },
+    prompt_tokens_details: promptDetails(choices[0]!.seq),
   };
   const outcome = failed === undefined ? 'ok' : failed.reason === 'abort' ? 'cancelled' : 'error';
   ctx.metrics.requests.inc({ endpoint: g.endpoint, outcome });

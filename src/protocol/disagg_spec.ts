@@ -20,6 +20,19 @@ export const disaggSpecSchema = z.object(
 );
 export type DisaggSpec = z.infer<typeof disaggSpecSchema>;
 
+/**
+ * The key a prefiller adds to the kv_transfer_params it answers with: how many of the prompt's
+ * tokens it loaded from its cache (KV reused from an earlier request) rather than computed. The
+ * decoder counts those of the transferred tokens as cached (usage.prompt_tokens_details).
+ */
+export const REUSED_TOKENS = 'reused_tokens';
+
+/** The prefiller's reused-token count in kv_transfer_params (0 when absent or not a count). */
+export function reusedTokens(params: Record<string, unknown> | undefined): number {
+  const v = params?.[REUSED_TOKENS];
+  return typeof v === 'number' && Number.isInteger(v) && v > 0 ? v : 0;
+}
+
 /** kv_transfer_params: an object; `disagg_spec` is the one key the transfer reads, others pass through. */
 export const kvTransferParamsSchema = z.record(z.string(), z.unknown(), 'expected an object');
 export type KvTransferParams = Record<string, unknown> & { disagg_spec?: DisaggSpec };

@@ -74,13 +74,14 @@ describe('kv_producer / kv_consumer plugin seam (in process)', () => {
       const disaggSpec = { req_id: `r${n}`, receiver_host: '127.0.0.1', receiver_init_port: 2, receiver_alloc_port: 3 };
       const pre = await postJson(`${producer.url}/v1/completions`, { prompt, max_tokens: 1, temperature: 0, kv_transfer_params: { disagg_spec: disaggSpec } });
       assert.equal(pre.status, 200);
-      assert.deepEqual(pre.json.kv_transfer_params, { sent_chunks: Math.ceil(n / 16) });
+      assert.deepEqual(pre.json.kv_transfer_params, { sent_chunks: Math.ceil(n / 16), reused_tokens: 0 }, 'the plugin\'s params, and what of the prompt the prefiller reused (nothing)');
       assert.deepEqual(sent.at(-1)!.kvTransferParams, { disagg_spec: disaggSpec });
       for (const s of sent.at(-1)!.spans) verifyChunk(wire.get(s.key)!, s.key);
       const dec = await postJson(`${consumer.url}/v1/completions`, { prompt, max_tokens: 10, temperature: 0, ignore_eos: true, kv_transfer_params: { disagg_spec: disaggSpec } });
       assert.equal(dec.status, 200);
       assert.equal(dec.json.choices[0].text, truth.json.choices[0].text, `prompt of ${n} tokens`);
-      assert.equal(dec.json.usage.prompt_tokens_details.cached_tokens, n - 1, 'all but skip_last_n_tokens loaded');
+      // This request's own transfer is not a cache read: it is counted apart.
+      assert.deepEqual(dec.json.usage.prompt_tokens_details, { cached_tokens: 0, kv_transfer_tokens: n - 1 }, 'all but skip_last_n_tokens received');
     }
     assert.equal(releases, 3, 'each reservation released exactly once');
     const m = await (await fetch(`${consumer.url}/metrics`)).text();

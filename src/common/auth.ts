@@ -102,6 +102,8 @@ export interface GuardOptions {
   what: string;
   /** Log name of the server. */
   name: string;
+  /** Where the caller finds the key, appended to the 401's message (e.g. the secret's file). */
+  where?: () => string;
 }
 
 /**
@@ -124,8 +126,11 @@ export function requireBearer(app: FastifyInstance, o: GuardOptions): void {
       if (lastWarned.size > 10_000) lastWarned.clear();
       log.warn(`${o.name}: refused ${req.method} ${path.slice(0, 100)} from ${who}: ${got === null ? 'no' : 'a wrong'} ${o.what}`);
     }
+    const where = o.where ? ` (${o.where()})` : '';
     throw unauthorized(
-      got === null ? `this server requires ${o.what === 'API key' ? 'an' : 'the'} ${o.what}: send "Authorization: Bearer <key>"` : `the ${o.what} presented is not valid`,
+      got === null
+        ? `this server requires ${o.what === 'API key' ? 'an' : 'the'} ${o.what}: send "Authorization: Bearer <${o.what === 'API key' ? 'key' : 'secret'}>"${where}`
+        : `the ${o.what} presented is not valid${where}`,
       o.what !== 'API key',
     );
   });
@@ -147,10 +152,19 @@ export function warnIfOpen(secret: string | null, host: string, what: string): v
 // --deployment-secret-file), otherwise read from KVC_DEPLOYMENT_SECRET on first use. Every
 // component of the process (controller, cache instance, xfer, proxy) authenticates with it.
 let processSecret: string | null | undefined;
+/** The file it was read from (absolute), or null: $KVC_DEPLOYMENT_SECRET. */
+let processSecretFile: string | null = null;
 
-/** Sets this process's deployment secret (the CLI, or a test; null: none). */
-export function setDeploymentSecret(secret: string | null): void {
+/** Sets this process's deployment secret (the CLI, or a test; null: none) and the file it came from. */
+export function setDeploymentSecret(secret: string | null, file: string | null = null): void {
   processSecret = secret;
+  processSecretFile = file;
+}
+
+/** Where an operator finds this process's deployment secret, for a 401's message. */
+export function deploymentSecretWhere(): string {
+  if (processSecretFile) return `this deployment's secret is the first line of ${processSecretFile}`;
+  return `this process was given it in $KVC_DEPLOYMENT_SECRET; \`kvc up\` writes it to deployment.secret in its --log-dir`;
 }
 
 /** This process's deployment secret, or null when it runs without one. */

@@ -12,7 +12,7 @@ import { CACHE_SALT_HEADER, PREFIX_LOOKUP_PATH, prefixLookupRequestSchema, type 
 import { registerDashboard } from './dashboard.js';
 import { ControllerMetrics } from './metrics.js';
 import type { Operations } from './operations.js';
-import { deploymentSecret, requireBearer } from '../common/auth.js';
+import { deploymentSecret, deploymentSecretWhere, requireBearer } from '../common/auth.js';
 import { DEFAULT_BODY_LIMIT } from '../common/limits.js';
 import { installTokenBodyParser, TokenBody } from './token_body_parser.js';
 
@@ -74,7 +74,7 @@ export async function buildHttpApi(ops: Operations, o: HttpApiOptions = {}): Pro
   app.removeContentTypeParser('text/plain');
   // Mutations need the deployment secret; reads stay open (docs/security.md).
   const MUTATIONS = new Set(['/move', '/pin', '/unpin', '/clear']);
-  requireBearer(app, { key: deploymentSecret(), applies: (m, p) => m === 'POST' && MUTATIONS.has(p), what: 'deployment secret', name: 'controller' });
+  requireBearer(app, { key: deploymentSecret(), applies: (m, p) => m === 'POST' && MUTATIONS.has(p), what: 'deployment secret', name: 'controller', where: deploymentSecretWhere });
   const metrics = new ControllerMetrics(ops, o.processMetrics ?? false);
   ops.events.onComplete = (ev) => metrics.operationCompleted(ev);
   metrics.instrument(app);

@@ -169,7 +169,8 @@ function printLocalPlan(o: UpOptions): number {
 /** Starts the whole deployment on this machine and watches it until a signal. */
 async function runLocal(o: UpOptions): Promise<number> {
   const logDir = resolve(o.logDir);
-  const plan = makePlan(o);
+  // Every process reads the secret from its file, so a 401 can say where an operator finds it.
+  const plan = makePlan({ ...o, secretFile: join(logDir, 'deployment.secret') });
   const taken = await takenPorts(plan);
   if (taken.length) {
     err(`kvc up: ports already in use, nothing started:\n  ${taken.join('\n  ')}\nfree them or pick another --port-offset`);

@@ -148,9 +148,15 @@ describe('kvc up 1P1D (built-in model)', () => {
     assert.equal(got.choices[0]!.text, want.choices[0]!.text);
     assert.equal(got.usage?.prompt_tokens, want.usage?.prompt_tokens);
     assert.equal(got.usage?.completion_tokens, 12);
-    // The decoder loaded the prefiller's KV instead of computing it (all but skip_last_n_tokens).
-    const cached = (got.usage as { prompt_tokens_details?: { cached_tokens?: number } }).prompt_tokens_details?.cached_tokens ?? 0;
-    assert.ok(cached > 0, `decoder loaded transferred KV (cached_tokens ${cached})`);
+    // The decoder loaded the prefiller's KV instead of computing it (all but skip_last_n_tokens):
+    // reported as the transfer, not as a cache read (nothing was reused from an earlier request).
+    type Details = { prompt_tokens_details: { cached_tokens: number; kv_transfer_tokens: number } };
+    const first = (got.usage as unknown as Details).prompt_tokens_details;
+    assert.equal(first.cached_tokens, 0, `a new prompt reuses nothing: ${JSON.stringify(first)}`);
+    assert.ok(first.kv_transfer_tokens > 0, `decoder loaded transferred KV: ${JSON.stringify(first)}`);
+    // The same prompt again is a cache read (the decoder's CPU tier, or the prefiller's).
+    const again = (await client.completions.create(req)).usage as unknown as Details;
+    assert.ok(again.prompt_tokens_details.cached_tokens > 0, `the repeat reuses the prompt's KV: ${JSON.stringify(again.prompt_tokens_details)}`);
     let streamed = '';
     let events = 0;
     for await (const ev of await client.completions.create({ ...req, stream: true })) {

@@ -47,7 +47,9 @@ export class PromptRules {
    */
   encodeChat(messages: ChatMessageBody[], limit: number, what: string, addSpecialTokens?: boolean): number[] {
     const tok = this.ctx.model.tokenizer;
-    const msgs: ChatMessage[] = messages.map((m) => ({ role: m.role, content: messageText(m), ...(m.name !== undefined ? { name: m.name } : {}) }));
+    // OpenAI's `developer` role (its clients send it for system prompts on newer models) is the
+    // system role for every model that has no separate one: chat templates know only `system`.
+    const msgs: ChatMessage[] = messages.map((m) => ({ role: m.role === 'developer' ? 'system' : m.role, content: messageText(m), ...(m.name !== undefined ? { name: m.name } : {}) }));
     let text: string;
     try {
       text = tok.applyChatTemplate(msgs);

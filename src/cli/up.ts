@@ -7,6 +7,7 @@ import { dirname, join, resolve } from 'node:path';
 import { parsePlacement } from '../deploy/placement.js';
 import { runUp } from '../deploy/up.js';
 import { DEFAULT_RESTART } from '../deploy/restart.js';
+import { defaultLogDir, LogDirInUse } from '../deploy/log_dir.js';
 import { PASS_THROUGH, type PassThroughValues } from '../common/flags.js';
 import { addSettings } from './flags.js';
 
@@ -31,7 +32,7 @@ interface UpFlags {
   controller: boolean;
   p2p: boolean;
   replicaHints: boolean;
-  logDir: string;
+  logDir?: string;
   startupTimeout: number;
   apiKey?: string;
   placement: string;
@@ -64,6 +65,8 @@ export function registerUp(program: Command): void {
         const engine: PassThroughValues = {};
         const values = o as unknown as Record<string, unknown>;
         for (const name of PASS_THROUGH) if (values[name] !== undefined) engine[name] = values[name];
+        // Derived from the offset, so a deployment beside another gets its own (src/deploy/log_dir.ts).
+        const logDir = o.logDir ?? defaultLogDir(o.portOffset);
         code = await runUp({
           prefillers: o.prefillers,
           decoders: o.decoders,
@@ -80,7 +83,8 @@ export function registerUp(program: Command): void {
           advertiseHost: o.advertiseHost,
           hostList,
           bindAddresses: o.bindAddresses === true,
-          logDirAsGiven: o.logDir,
+          logDirAsGiven: logDir,
+          logDirGiven: o.logDir !== undefined,
           // With --hosts the default is shared: this machine's CPUs say nothing about the others.
           placement: multi && !given('placement') ? { kind: 'shared' } : parsePlacement(o.placement),
           engine,
@@ -93,7 +97,7 @@ export function registerUp(program: Command): void {
             remoteUrl: o.remoteUrl,
           },
           restart: { ...DEFAULT_RESTART, maxRestarts: o.maxRestarts },
-          logDir: o.logDir,
+          logDir,
           startupTimeoutMs: o.startupTimeout,
           configOnly: o.configOnly === true,
           cli: CLI,
@@ -101,7 +105,8 @@ export function registerUp(program: Command): void {
         });
       } catch (e) {
         process.stderr.write(`kvc up: ${(e as Error).message}\n`);
-        code = 2;
+        // 3: the deployment's resources are taken (like ports already in use); 2: bad flags.
+        code = e instanceof LogDirInUse ? 3 : 2;
       }
       process.exit(code);
     });

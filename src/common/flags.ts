@@ -321,7 +321,13 @@ export const SETTINGS = {
     help: 'the controller does not tell engines which chunks another engine holds too (on by default: duplicates are evicted first; docs/storage.md)',
     commands: ['up'],
   }),
-  logDir: setting<string>({ flags: '--log-dir <dir>', help: 'where per-process logs, generated configs and deployment.json go', default: 'kvc-logs', parse: text, commands: ['up'] }),
+  logDir: setting<string>({
+    flags: '--log-dir <dir>',
+    help: 'where per-process logs, generated configs, deployment.json and deployment.secret go; refused while a running deployment holds it',
+    defaultText: 'kvc-logs; kvc-logs-N with --port-offset N',
+    parse: text,
+    commands: ['up'],
+  }),
   startupTimeout: setting<number>({ flags: '--startup-timeout <s>', help: 'seconds allowed for all processes to become healthy', default: 300_000, ...seconds, commands: ['up'] }),
   placement: setting<string>({
     flags: '--placement <how>',

@@ -20,6 +20,7 @@ import {
 } from './plan.js';
 import type { RestartPolicy } from './restart.js';
 import { LocalDeployment } from './local.js';
+import { checkLogDir, holdLogDir } from './log_dir.js';
 import { generateSecret, loadDeploymentSecret } from '../common/auth.js';
 import { controllerNodeOptions } from '../common/young_gen.js';
 
@@ -35,6 +36,8 @@ export interface UpOptions extends PlanOptions {
   apiKey?: string | null;
   /** The --log-dir as the user gave it: the printed commands of a multi-host plan name files by it. */
   logDirAsGiven?: string;
+  /** True when --log-dir was given (else logDir is the default of the port offset, log_dir.ts). */
+  logDirGiven?: boolean;
 }
 
 const out = (s: string) => process.stdout.write(s + '\n');
@@ -123,6 +126,8 @@ export async function runUp(o: UpOptions): Promise<number> {
   if (o.hostList && !o.configOnly) {
     throw new Error('--hosts: kvc up starts processes on this machine only; with --hosts add --config-only and run the printed commands on each host');
   }
+  // Configs written into a running deployment's directory would replace its own.
+  checkLogDir(resolve(o.logDir), o.logDirGiven ?? true);
   if (o.hostList) return printHostsPlan(o);
   if (o.configOnly) return printLocalPlan(o);
   return runLocal(o);
@@ -176,6 +181,15 @@ async function runLocal(o: UpOptions): Promise<number> {
     err(`kvc up: ports already in use, nothing started:\n  ${taken.join('\n  ')}\nfree them or pick another --port-offset`);
     return 3;
   }
+  const held = holdLogDir(logDir, o.logDirGiven ?? true);
+  try {
+    return await startLocal(o, plan, logDir);
+  } finally {
+    held.release();
+  }
+}
+
+async function startLocal(o: UpOptions, plan: Plan, logDir: string): Promise<number> {
   const files = writeConfigs(plan, logDir);
   // One deployment secret for all the processes, written for the operator's own calls (e.g. the
   // controller's /pin) and given to every child in its environment.
@@ -194,7 +208,7 @@ async function runLocal(o: UpOptions): Promise<number> {
     ...(o.restart ? { restart: o.restart } : {}),
     cli: o.cli,
     // The statistics lines of intervals that saw requests.
-    echo: (l) => /TTFT .*: [1-9]\d* requests/.test(l) || /^KV hit rate: .* of [1-9]\d* prompt tokens/.test(l),
+    echo: (l) => /^\S+ (TTFT .*: [1-9]\d* requests|KV hit rate: .* of [1-9]\d* prompt tokens)/.test(l),
     out,
     err,
   }).run();

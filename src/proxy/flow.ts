@@ -418,8 +418,9 @@ export class Flow {
         }
         throw failed(err);
       }
-      // A non-streamed answer comes whole: its first token reaches the client with the rest.
-      firstToken();
+      // A non-streamed answer comes whole: when its first token was made is not seen here, so it
+      // stays out of the TTFT histogram and statistics (docs/metrics.md); its prefill is over.
+      prefilled();
       void reply.code(res.status).header('content-type', res.contentType).send(res.body);
       return res.status;
     }

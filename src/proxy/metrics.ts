@@ -19,7 +19,7 @@ export class ProxyMetrics {
   });
   readonly ttft = new HotHistogram({
     name: 'kvc_proxy_ttft_seconds',
-    help: 'End-to-end time to first token as the client received it',
+    help: 'End-to-end time to first token as the client received it, of streamed requests (a non-streamed answer arrives whole)',
     labelNames: ['endpoint'] as const,
     buckets: latencyBuckets,
     registers: [this.registry],

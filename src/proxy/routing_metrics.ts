@@ -57,11 +57,12 @@ export class RoutingMetrics {
   }
 
   /** The statistics line's hit rate, for the interval since the last call (null: nothing looked up). */
-  flushHitRate(intervalS: number): string | null {
+  flushHitRate(intervalS: number, now: Date = new Date()): string | null {
     const { cached, total } = this.window;
     this.window = { cached: 0, total: 0 };
-    if (this.totals.total === 0) return null;
+    // An interval without a routed prompt prints nothing: an idle proxy is quiet.
+    if (total === 0) return null;
     const pct = (c: number, t: number) => (t ? `${((100 * c) / t).toFixed(1)}%` : '-');
-    return `KV hit rate: ${pct(cached, total)} of ${total} prompt tokens in last ${intervalS}s cached (total ${pct(this.totals.cached, this.totals.total)} of ${this.totals.total})`;
+    return `${now.toISOString()} KV hit rate: ${pct(cached, total)} of ${total} prompt tokens in last ${intervalS}s cached (total ${pct(this.totals.cached, this.totals.total)} of ${this.totals.total})`;
   }
 }

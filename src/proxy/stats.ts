@@ -77,7 +77,9 @@ export class TtftStats {
 
 /** Which time a node's line measures: the prefiller's own answer, or the decoder's first token. */
 export function ttftBasis(node: string): string {
-  return node === 'decoder-only' ? "decoder's time to first token, no prefiller" : "prefill node's time, KV transfer included; end-to-end TTFT is in /metrics";
+  if (node === 'decoder-only') return "decoder's time to first token; no prefiller was available, the decoder prefilled";
+  if (node === 'decoder-local') return "decoder's time to first token; routed to prefill on the decoder, no KV transfer";
+  return "prefill node's time, KV transfer included; end-to-end TTFT is in /metrics";
 }
 
 export function formatStatsLine(node: string, s: Summary, total: number, intervalS: number): string {

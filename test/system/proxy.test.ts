@@ -174,7 +174,8 @@ describe('TTFT statistics', () => {
     st.record('prefiller-1', 4);
     assert.deepEqual(st.flush(5, now), [`2026-01-02T03:04:05.678Z TTFT prefiller-1: 1 requests in last 5s (total 2), avg 4.0 ms, median 4.0 ms, p99 4.0 ms ${basis}`]);
     assert.equal(formatStatsLine('x', summarize([1]), 1, 5), `TTFT x: 1 requests in last 5s (total 1), avg 1.0 ms, median 1.0 ms, p99 1.0 ms ${basis}`);
-    assert.match(formatStatsLine('decoder-only', summarize([1]), 1, 5), /\(decoder's time to first token, no prefiller\)$/);
+    assert.match(formatStatsLine('decoder-only', summarize([1]), 1, 5), /\(decoder's time to first token; no prefiller was available, the decoder prefilled\)$/);
+    assert.match(formatStatsLine('decoder-local', summarize([1]), 1, 5), /\(decoder's time to first token; routed to prefill on the decoder, no KV transfer\)$/);
   });
 });
 
@@ -501,9 +502,11 @@ describe('proxy against stub engines', () => {
     const s = await post('/v1/completions', { prompt: 'alone streamed', max_tokens: 2, stream: true });
     const j = await post('/v1/completions', { prompt: 'alone whole', max_tokens: 2 });
     assert.deepEqual([s.status, j.status], [200, 200]);
-    const lineRe = /^\d{4}-\d\d-\d\dT[\d:.]+Z TTFT decoder-only: (\d+) requests in last [\d.]+s \(total \d+\), avg ([\d.]+) ms, median ([\d.]+) ms, p99 ([\d.]+) ms \(decoder's time to first token, no prefiller\)$/;
+    const lineRe = /^\d{4}-\d\d-\d\dT[\d:.]+Z TTFT decoder-only: (\d+) requests in last [\d.]+s \(total \d+\), avg ([\d.]+) ms, median ([\d.]+) ms, p99 ([\d.]+) ms \(decoder's time to first token; no prefiller was available, the decoder prefilled\)$/;
     const seen = () => statsLines.map((l) => l.match(lineRe)).filter((m): m is RegExpMatchArray => !!m && m[1] !== '0');
-    await waitUntil(() => seen().reduce((a, m) => a + Number(m[1]), 0) >= 2, 3_000, 'decoder-only statistics lines');
+    // Only the streamed one: a non-streamed answer arrives whole, its first token is not seen here.
+    await waitUntil(() => seen().reduce((a, m) => a + Number(m[1]), 0) >= 1, 3_000, 'decoder-only statistics lines');
+    assert.equal(seen().reduce((a, m) => a + Number(m[1]), 0), 1, 'the non-streamed request is not in the TTFT statistics');
     for (const m of seen()) {
       // Each decoder took >= 300 ms to its first token; a made-up 0 would pull these down.
       for (const v of [m[2], m[3], m[4]]) assert.ok(Number(v) >= 290, `decoder-only TTFT ${v} ms in: ${m[0]}`);

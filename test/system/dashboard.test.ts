@@ -2,7 +2,9 @@
 // against a real `kvc controller` and a real `kvc engine` (built-in model, cache attached to the
 // controller). The page must load with no console error, show the registered instance, update
 // after requests (chunks, engine figures, a hit-rate and a TTFT point), run a pin through its form
-// (with the typed API key sent as `Authorization: Bearer`) and show the refusal of bad input.
+// (with the typed deployment secret sent as `Authorization: Bearer`) and show the refusal of bad
+// input; the move/copy fields show only for move and copy; one request stays readable in the
+// charts for their 30 s window (several points, not one isolated spike).
 // Skipped, saying which package to install, when /usr/bin/chromium is absent.
 //
 // Every wait is for a state the page must reach, bounded; nothing asserts on speed.
@@ -98,6 +100,8 @@ describe('controller dashboard in headless Chromium', () => {
     // Bytes come with the heartbeat after the store changed.
     await page.waitForFunction(() => /KiB|MiB/.test(document.querySelector('#tile-bytes')?.textContent ?? ''), undefined, { timeout: WAIT_MS });
     await page.waitForFunction(() => Number(document.querySelector('#engines tr[data-instance="engine-A"] td.prompt-tokens')?.textContent?.replace(/,/g, '')) > 0, undefined, { timeout: WAIT_MS });
+    // Sparse traffic stays readable: one request is a point at every heartbeat of its 30 s window.
+    await page.waitForFunction(() => Number((document.querySelector('#chart-ttft') as HTMLElement).dataset.points) >= 3, undefined, { timeout: WAIT_MS });
     // The same prompt again is a prefix-cache hit: a hit-rate point above 0 and a TTFT point.
     await complete(prompt);
     await page.waitForFunction(() => Number(document.querySelector('#engines tr[data-instance="engine-A"] td.cached-tokens')?.textContent?.replace(/,/g, '')) > 0, undefined, { timeout: WAIT_MS });
@@ -111,8 +115,17 @@ describe('controller dashboard in headless Chromium', () => {
 
   test('pin through the form: sent with the typed key, event shown finished; bad token ids refused in the page', { skip: SKIP }, async () => {
     const tokens = (await postJson(`${engineUrl}/tokenize`, { model: 'builtin:tiny', prompt: Array.from({ length: 40 }, (_, i) => `word${i}`).join(' ') })).json.tokens as number[];
-    await page.fill('#api-key', 'dashboard-test-key');
-    await page.dispatchEvent('#api-key', 'change');
+    assert.match(await page.getAttribute('#secret', 'placeholder') ?? '', /kvc-logs\/deployment\.secret/);
+    assert.match(await page.textContent('header label.key') ?? '', /deployment secret/);
+    await page.fill('#secret', 'dashboard-test-key');
+    await page.dispatchEvent('#secret', 'change');
+    // The destination fields are for move and copy only; the token ids not for clear.
+    const visible = async () => page.evaluate(() => [...document.querySelectorAll('#action-form label')].filter((l) => (l as HTMLElement).offsetParent !== null).map((l) => l.firstChild!.textContent!.trim()));
+    for (const op of ['pin', 'unpin', 'clear', 'move', 'copy']) {
+      await page.selectOption('#act-op', op);
+      const want = ['operation', 'instance', 'location', ...(op === 'move' || op === 'copy' ? ['to instance', 'to location'] : []), ...(op === 'clear' ? [] : ['token ids'])];
+      assert.deepEqual(await visible(), want, `fields shown for ${op}`);
+    }
     await page.selectOption('#act-op', 'pin');
     await page.selectOption('#act-instance', 'engine-A');
     await page.selectOption('#act-location', 'LocalCPUBackend');

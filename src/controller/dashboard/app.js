@@ -5,7 +5,7 @@
 /* global uPlot */
 
 const POLL_MS = 2000;
-const KEY_STORE = 'kvc-api-key';
+const KEY_STORE = 'kvc-deployment-secret';
 
 // ---- credentials -----------------------------------------------------------------------------
 // The one place requests get their credentials: with a key typed into the header field (kept for
@@ -153,15 +153,26 @@ function renderEvents(state) {
 }
 
 // ---- charts ----------------------------------------------------------------------------------
-// Each engine sample holds cumulative counters; a point is the change between two consecutive
-// samples: hit rate = cached prompt tokens / prompt tokens looked up, TTFT = Δsum / Δcount. Intervals
-// without requests have no point (a gap, not a misleading zero); a counter that went down means
-// the engine restarted, and that interval is skipped too.
+// Each engine sample holds cumulative counters; a point at a sample is the change over the last
+// WINDOW_MS before it: hit rate = cached prompt tokens / prompt tokens looked up, TTFT = Δsum /
+// Δcount. A window keeps sparse traffic readable (a request stays in the series for 30 s instead
+// of one isolated heartbeat-long spike); a window without requests has no point (a gap, not a
+// misleading zero). A counter that went down means the engine restarted: a window never reaches
+// back past that.
+const WINDOW_MS = 30_000;
+
+function restarted(a, b) {
+  return b.query_tokens < a.query_tokens || b.ttft_count < a.ttft_count;
+}
+
 function seriesOf(samples, value) {
   const pts = [];
   for (let i = 1; i < samples.length; i++) {
-    const a = samples[i - 1], b = samples[i];
-    pts.push([b.t / 1000, value(a, b)]);
+    const b = samples[i];
+    let j = i - 1;
+    if (restarted(samples[j], b)) continue;
+    while (j > 0 && samples[j - 1].t >= b.t - WINDOW_MS && !restarted(samples[j - 1], samples[j])) j--;
+    pts.push([b.t / 1000, value(samples[j], b)]);
   }
   return pts;
 }
@@ -304,7 +315,9 @@ async function runAction(ev) {
     const j = await r.json().catch(() => ({}));
     if (r.ok) {
       result.className = 'result ok';
-      result.textContent = `${op}: event ${j.event_id} (${j.num_tokens ?? j.num_chunks ?? 0} ${j.num_tokens !== undefined ? 'tokens' : 'chunks'})`;
+      result.textContent = op === 'clear'
+        ? `clear: event ${j.event_id} (${j.num_chunks} chunks removed, ${j.kept_chunks} pinned chunks kept)`
+        : `${op}: event ${j.event_id} (${j.num_tokens} tokens)`;
     } else {
       result.className = 'result err';
       result.textContent = `${op} refused (HTTP ${r.status}): ${j.error?.message ?? r.statusText}`;
@@ -345,7 +358,7 @@ async function poll() {
 function start() {
   charts.hit = new Chart($('chart-hit'), '%', hitRate);
   charts.ttft = new Chart($('chart-ttft'), 'ms', ttftMs);
-  const key = $('api-key');
+  const key = $('secret');
   key.value = sessionStorage.getItem(KEY_STORE) ?? '';
   key.addEventListener('change', () => (key.value ? sessionStorage.setItem(KEY_STORE, key.value) : sessionStorage.removeItem(KEY_STORE)));
   $('action-form').addEventListener('submit', runAction);

@@ -4,6 +4,7 @@
 // holds is refused, whether given with --log-dir or by default.
 import { readFileSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
+import { pidAlive } from '../common/pid.js';
 
 /** The default --log-dir: kvc-logs, or kvc-logs-<offset> beside another deployment. */
 export function defaultLogDir(portOffset: number): string {
@@ -13,15 +14,6 @@ export function defaultLogDir(portOffset: number): string {
 /** The file that says which `kvc up` process holds a log directory (its pid). */
 export const HOLDER_FILE = 'kvc-up.pid';
 
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (e) {
-    return (e as NodeJS.ErrnoException).code === 'EPERM';
-  }
-}
-
 /** The pid of the running `kvc up` that holds `dir`, or null (none, or a stale file). */
 export function logDirHolder(dir: string): number | null {
   let pid: number;
@@ -30,7 +22,7 @@ export function logDirHolder(dir: string): number | null {
   } catch {
     return null;
   }
-  if (!Number.isInteger(pid) || pid <= 0 || pid === process.pid || !alive(pid)) return null;
+  if (!Number.isInteger(pid) || pid <= 0 || pid === process.pid || !pidAlive(pid)) return null;
   // A pid reused by another program since a kvc up died without cleaning up is not a holder.
   try {
     if (!readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('\0up')) return null;

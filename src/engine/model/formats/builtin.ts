@@ -12,6 +12,7 @@ import { copyFile, mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/p
 import { createRequire } from 'node:module';
 import { homedir } from 'node:os';
 import { dirname, join } from 'node:path';
+import { pidAlive } from '../../../common/pid.js';
 import { writeSafetensors, type TensorToWrite } from './safetensors.js';
 import { readEnvironment } from '../../../common/environment.js';
 
@@ -192,16 +193,6 @@ export async function writeBuiltinModel(spec: BuiltinSpec, dir: string): Promise
 
 /** A temp directory older than this whose process is gone is a leftover of a killed generation. */
 export const STALE_TMP_MS = 10 * 60 * 1000;
-
-/** True if a process with this pid exists (EPERM: it exists but belongs to someone else). */
-function pidAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (e) {
-    return (e as NodeJS.ErrnoException).code === 'EPERM';
-  }
-}
 
 /** Newest mtime of a directory and its direct entries (files being written touch only themselves). */
 async function newestMtime(dir: string): Promise<number> {

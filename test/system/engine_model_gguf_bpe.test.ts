@@ -24,6 +24,7 @@ import { Tokenizer } from '../../src/engine/model/tokenizer.js';
 import { freePortRange } from '../../src/common/ports.js';
 import { postJson, startKvc, waitHttp } from '../../harness/proc.js';
 import { tempDir } from '../../harness/temp_dir.js';
+import { propertyParams } from '../../harness/property.js';
 
 const SPEC: BuiltinSpec = {
   name: 'gguf-bpe-test',
@@ -95,7 +96,7 @@ test('gguf "gpt2" vocabulary: Llama 3\'s tokenizer rebuilt from the metadata enc
     fc.property(fc.string({ unit: 'binary', maxLength: 40 }), (text) => {
       assert.deepEqual(tok.encode(text), ref.encode(text));
     }),
-    { numRuns: 300 },
+    propertyParams({ numRuns: 300 }),
   );
   const messages = [
     { role: 'system', content: 'Be brief.' },

@@ -17,6 +17,7 @@ import { xxh64InPlace } from '../../src/common/xxh64_kernel.js';
 import { FrameParser, FrameType, writeFrame } from '../../src/protocol/xfer_frames.js';
 import { readDirect } from '../../src/common/direct_read.js';
 import { MAX_DIRECT_READ } from '../../src/protocol/frame_reader.js';
+import { propertyParams } from '../../harness/property.js';
 
 const { h64Raw } = await xxhash();
 
@@ -49,7 +50,7 @@ test('in-place xxh64 over arena slots equals xxhash-wasm for random inputs, odd 
         }
       },
     ),
-    { numRuns: 300 },
+    propertyParams({ numRuns: 300 }),
   );
 });
 

@@ -21,6 +21,7 @@ import { f32ToBf16 } from '../../src/engine/model/formats/half.js';
 import { tempDir } from '../../harness/temp_dir.js';
 import fc from 'fast-check';
 import { encodeChunk, verifyChunk, chunkPayload, payloadBytes, DType } from '../../src/common/chunk.js';
+import { propertyParams } from '../../harness/property.js';
 
 let model: LlamaModel;
 const MiB = 1024 * 1024;
@@ -179,7 +180,7 @@ test('argmax: the WASM SIMD kernel answers like the scalar loop (lowest index on
         const x = Float32Array.from([...head, ...Array.from({ length: pad }, () => -4)]);
         assert.equal(wa.argmax(x), argmaxJs(x));
       }),
-      { numRuns: 2000 },
+      propertyParams({ numRuns: 2000 }),
     );
   } finally {
     wa.close();

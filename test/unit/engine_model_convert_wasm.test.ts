@@ -12,6 +12,7 @@ import { BLOCK_LAYOUT, decodeBlocks, encodeBlocks, type RequantizedType } from '
 import { quantizeQ8_0 } from '../../src/engine/model/formats/gguf_format.js';
 import { packedBytes, packEncoded, q4_0AsQ8_0 } from '../../src/engine/model/kernels/weight_pack.js';
 import { seededRandom } from '../../harness/numeric.js';
+import { propertyParams } from '../../harness/property.js';
 
 const TYPES = Object.keys(BLOCK_LAYOUT) as RequantizedType[];
 
@@ -95,7 +96,7 @@ test('WASM Q8_0 quantization: property over arbitrary f32 blocks', async () => {
       c.quantizeQ8_0(x, got);
       assert.equal(firstDiff(got, q8Js(x)), -1);
     }),
-    { numRuns: 300 },
+    propertyParams({ numRuns: 300 }),
   );
 });
 

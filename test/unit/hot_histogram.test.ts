@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import fc from 'fast-check';
 import { Histogram, Registry } from 'prom-client';
 import { HotHistogram } from '../../src/common/hot_histogram.js';
+import { propertyParams } from '../../harness/property.js';
 
 // SameValueZero: -0 and 0 are one bucket bound (strictly ascending is required), so they must
 // not both be drawn.
@@ -39,7 +40,7 @@ test('HotHistogram: the same exposition as prom-client Histogram, unlabelled and
       assert.equal(await b.metrics(), await a.metrics());
       assert.deepEqual(JSON.parse(JSON.stringify(await b.getMetricsAsJSON())), JSON.parse(JSON.stringify(await a.getMetricsAsJSON())));
     }),
-    { numRuns: 300 },
+    propertyParams({ numRuns: 300 }),
   );
 });
 

@@ -9,6 +9,7 @@ import assert from 'node:assert/strict';
 import fc from 'fast-check';
 import { ensureBuiltinModel, tokenizerPackageDir } from '../../src/engine/model/formats/builtin.js';
 import { Tokenizer } from '../../src/engine/model/tokenizer.js';
+import { propertyParams } from '../../harness/property.js';
 
 let tok: Tokenizer;
 /** Llama 3's byte-level tokenizer. */
@@ -54,7 +55,7 @@ function assertDeltasMatch(t: Tokenizer, interesting: number[], numRuns: number)
       got.push(dec.flush());
       assert.deepEqual(got, referenceDeltas(context, gen, t));
     }),
-    { numRuns },
+    propertyParams({ numRuns }),
   );
 }
 

@@ -9,7 +9,8 @@ import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 import { describeValue } from './errors.js';
 import { didYouMean } from './did_you_mean.js';
-import { CACHE_KEY_ALIASES, CACHE_KEYS_OFF_ONLY, CONNECTOR_ALIASES, rewriteCacheDoc } from './config_aliases.js';
+import { CACHE_KEY_ALIASES, CONNECTOR_ALIASES, LMCACHE_NAMES, rewriteCacheDoc } from './config_aliases.js';
+import { cacheKeysFromEnv, mergeEnvKeys } from './config_env.js';
 import { parseRemoteUrl, RemoteUrlError, type RemoteEndpoint } from './remote_url.js';
 import { fieldPath, valueAt } from './validate.js';
 import { checkAdvertiseHost } from './address.js';
@@ -115,7 +116,7 @@ export interface Loaded<T> {
 }
 
 /** Every name the cache YAML accepts: kvc's keys, LMCache's aliases and LMCache's off-only keys. */
-const CACHE_NAMES = [...Object.keys(cacheConfigSchema.shape), ...Object.keys(CACHE_KEY_ALIASES), ...Object.keys(CACHE_KEYS_OFF_ONLY)];
+const CACHE_NAMES = [...Object.keys(cacheConfigSchema.shape), ...LMCACHE_NAMES];
 
 function validateObject<S extends z.ZodObject>(schema: S, raw: unknown, source: string, rewrite?: (d: Record<string, unknown>) => { doc: Record<string, unknown>; notes: string[] }, names: string[] = Object.keys(schema.shape)): Loaded<z.infer<S>> {
   if (raw === null || raw === undefined) raw = {};
@@ -179,35 +180,64 @@ export function remoteEndpoint(c: Pick<CacheConfig, 'remote_url'>, source = 'cac
   }
 }
 
-/** Reads and validates the YAML file at `path`. */
-/** `overrides` (command-line switches such as --enable-p2p) are applied over the file's keys before validation. */
-export function loadCacheConfig(path: string, overrides?: Record<string, unknown>): Loaded<CacheConfig> {
+/** The parsed YAML document at `path` (not yet validated). */
+function readCacheYaml(path: string): unknown {
   let text: string;
   try {
     text = readFileSync(path, 'utf8');
   } catch (e) {
     throw new ConfigError(`${path}: cannot read cache configuration (${(e as Error).message})`);
   }
-  let raw: unknown;
   try {
-    raw = parseYaml(text);
+    return parseYaml(text);
   } catch (e) {
     throw new ConfigError(`${path}: not valid YAML (${(e as Error).message.split('\n')[0]})`);
   }
-  if (overrides && (raw === null || raw === undefined || (typeof raw === 'object' && !Array.isArray(raw)))) raw = { ...(raw as object | null), ...overrides };
+}
+
+const isMapping = (raw: unknown): raw is Record<string, unknown> | null | undefined => raw === null || raw === undefined || (typeof raw === 'object' && !Array.isArray(raw));
+
+/** Reads and validates the YAML file at `path`. */
+/** `overrides` (command-line switches such as --enable-p2p) are applied over the file's keys before validation. */
+export function loadCacheConfig(path: string, overrides?: Record<string, unknown>): Loaded<CacheConfig> {
+  let raw = readCacheYaml(path);
+  if (overrides && isMapping(raw)) raw = { ...raw, ...overrides };
   return validateCacheConfig(raw, path);
 }
 
-/** Reads $KVC_CONFIG_FILE (LMCache's $LMCACHE_CONFIG_FILE is read when it is unset); defaults when neither is set. */
+/** The kvc key an LMCache or kvc name sets. */
+function canonicalKey(name: string): string {
+  if (name === 'p2p_host' || name === 'p2p_init_ports') return 'distributed_url';
+  return CACHE_KEY_ALIASES[name] ?? name;
+}
+
+/**
+ * The cache configuration of an engine: the YAML at $KVC_CONFIG_FILE ($LMCACHE_CONFIG_FILE is read
+ * when it is unset; the defaults when neither is set), plus the keys set as LMCACHE_<KEY> /
+ * KVC_<KEY> variables (src/common/config_env.ts: a key both set must agree), then `overrides`.
+ */
 export function cacheConfigFromEnv(env: NodeJS.ProcessEnv = process.env, overrides?: Record<string, unknown>): Loaded<CacheConfig> {
   let p: string | undefined;
+  let fromEnv;
   try {
     p = environmentOf(env).get('configFile');
+    fromEnv = cacheKeysFromEnv(env, cacheConfigSchema.shape);
   } catch (e) {
     throw new ConfigError((e as Error).message);
   }
-  if (!p) return validateCacheConfig({ ...overrides }, 'default cache config (KVC_CONFIG_FILE unset)');
-  return loadCacheConfig(p, overrides);
+  const source = p ?? 'default cache config (KVC_CONFIG_FILE unset)';
+  let raw = p === undefined ? {} : readCacheYaml(p);
+  let envNotes: string[] = [];
+  if (isMapping(raw)) {
+    try {
+      ({ doc: raw, notes: envNotes } = mergeEnvKeys(raw ?? {}, fromEnv, p ?? 'the defaults', canonicalKey));
+    } catch (e) {
+      throw new ConfigError(`${source}: ${(e as Error).message}`);
+    }
+    if (overrides) raw = { ...(raw as object), ...overrides };
+  }
+  const loaded = validateCacheConfig(raw, source);
+  return { ...loaded, notes: [...envNotes, ...loaded.notes] };
 }
 
 export const GiB = 1024 ** 3;

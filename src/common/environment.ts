@@ -73,3 +73,21 @@ export function environment(): Environment {
 export function environmentOf(env: NodeJS.ProcessEnv | undefined): Environment {
   return env === undefined || env === process.env ? environment() : readEnvironment(env);
 }
+
+/** Prefixes of the variables that set cache keys (LMCache's, and kvc's own). */
+export const CACHE_KEY_PREFIXES = ['LMCACHE_', 'KVC_'] as const;
+
+/**
+ * The LMCACHE_* and KVC_* variables that are not settings of the table (those name cache keys,
+ * src/common/config_env.ts): [variable, prefix, the rest in lower case]. Only read here.
+ */
+export function prefixedVariables(env: NodeJS.ProcessEnv): { variable: string; prefix: string; name: string; value: string }[] {
+  const declared = new Set((Object.values(SETTINGS) as Setting<unknown>[]).flatMap((s) => s.env ?? []));
+  const out: { variable: string; prefix: string; name: string; value: string }[] = [];
+  for (const [variable, value] of Object.entries(env)) {
+    if (value === undefined || declared.has(variable)) continue;
+    const prefix = CACHE_KEY_PREFIXES.find((p) => variable.startsWith(p));
+    if (prefix) out.push({ variable, prefix, name: variable.slice(prefix.length).toLowerCase(), value });
+  }
+  return out;
+}

@@ -62,7 +62,7 @@ test('every alias maps to a kvc key', () => {
 
 test('lmcache_worker_ports with one port is the worker port; more is refused', () => {
   assert.equal(validateCacheConfig({ lmcache_worker_ports: [8100] }).config.kvc_worker_port, 8100);
-  assert.throws(() => validateCacheConfig({ lmcache_worker_ports: [8100, 8101] }), /lmcache_worker_ports": a kvc instance has one worker/);
+  assert.throws(() => validateCacheConfig({ lmcache_worker_ports: [8100, 8101] }), /lmcache_worker_ports": LMCache lists one value per tensor-parallel rank; a kvc instance has one worker/);
 });
 
 test('an LMCache feature switched on is refused with the reason; off is accepted', () => {

@@ -9,21 +9,29 @@
 //   8  u32  num_layers           40 u64 payload checksum (xxh64)
 //   12 u32  num_kv_heads         48 u64 payload length in bytes
 //   16 u32  head_dim             56 u64 reserved (0)
-//   20 u32  reserved (0)
-// Payload: [2 (K,V)][num_layers][num_tokens][num_kv_heads * head_dim] elements of dtype.
+//   20 u16  codec (Codec)        22 u16 reserved (0)
+// dtype is the KV's element type as the engine holds it (the chunk key depends on it, keys.ts);
+// codec says how the payload encodes those elements:
+//   naive (0): [2 (K,V)][num_layers][num_tokens][num_kv_heads * head_dim] elements of dtype;
+//   int8  (1): the same elements quantised to int8 with one f32 scale per (K/V, layer, token, KV
+//              head) — scales [2][num_layers][num_tokens][num_kv_heads] f32 first, then the values
+//              [2][num_layers][num_tokens][num_kv_heads * head_dim] i8 (src/common/chunk_codec.ts).
+// Decoding an int8 chunk gives a naive chunk of the same dtype, key and shape.
 import { checksum64 } from './keys.js';
+import { DType, DTYPE_BYTES, DTYPE_NAMES } from './dtype.js';
 
 export const CHUNK_MAGIC = 0x3143564b; // 'KVC1' read as u32le
 export const CHUNK_VERSION = 1;
 export const HEADER_BYTES = 64;
 
-export enum DType {
-  f32 = 0,
-  f16 = 1,
-  bf16 = 2,
+export { DType, DTYPE_BYTES, DTYPE_NAMES } from './dtype.js';
+
+/** How a chunk's payload encodes its elements (header offset 20; 0 was the reserved value, so every older chunk is naive). */
+export enum Codec {
+  naive = 0,
+  int8 = 1,
 }
-export const DTYPE_BYTES: Record<DType, number> = { [DType.f32]: 4, [DType.f16]: 2, [DType.bf16]: 2 };
-export const DTYPE_NAMES: Record<DType, string> = { [DType.f32]: 'f32', [DType.f16]: 'f16', [DType.bf16]: 'bf16' };
+export const CODEC_NAMES: Record<Codec, string> = { [Codec.naive]: 'naive', [Codec.int8]: 'int8' };
 
 /** The shape a model's KV has; two processes exchanging chunks must agree on it. */
 export interface KvLayout {
@@ -34,6 +42,7 @@ export interface KvLayout {
 }
 
 export interface ChunkHeader extends KvLayout {
+  codec: Codec;
   numTokens: number;
   key: string;
   checksum: bigint;
@@ -46,6 +55,13 @@ export class ChunkFormatError extends Error {
 
 export function payloadBytes(l: KvLayout, numTokens: number): number {
   return 2 * l.numLayers * numTokens * l.numKvHeads * l.headDim * DTYPE_BYTES[l.dtype];
+}
+
+/** Payload bytes of `numTokens` positions encoded with `codec`. */
+export function encodedPayloadBytes(l: KvLayout, numTokens: number, codec: Codec): number {
+  if (codec === Codec.naive) return payloadBytes(l, numTokens);
+  const rows = 2 * l.numLayers * numTokens * l.numKvHeads;
+  return rows * 4 + rows * l.headDim; // int8: f32 scale per row, one byte per element
 }
 
 export function chunkBytes(l: KvLayout, numTokens: number): number {
@@ -64,8 +80,8 @@ export function describeLayout(l: KvLayout): string {
  * Writes the header into `buf[0..64)` for a payload already present at `buf[64..)`, computing the checksum.
  * The caller fills the payload in place (e.g. the engine copying its paged KV), then seals: no extra copy.
  */
-export function sealChunk(buf: Uint8Array, layout: KvLayout, numTokens: number, key: string): Uint8Array {
-  const plen = payloadBytes(layout, numTokens);
+export function sealChunk(buf: Uint8Array, layout: KvLayout, numTokens: number, key: string, codec: Codec = Codec.naive): Uint8Array {
+  const plen = encodedPayloadBytes(layout, numTokens, codec);
   if (buf.byteLength < HEADER_BYTES + plen) throw new ChunkFormatError(`buffer of ${buf.byteLength} bytes is too small for a chunk of ${HEADER_BYTES + plen}`);
   const view = buf.subarray(0, HEADER_BYTES + plen);
   const dv = new DataView(view.buffer, view.byteOffset, HEADER_BYTES);
@@ -75,7 +91,8 @@ export function sealChunk(buf: Uint8Array, layout: KvLayout, numTokens: number, 
   dv.setUint32(8, layout.numLayers, true);
   dv.setUint32(12, layout.numKvHeads, true);
   dv.setUint32(16, layout.headDim, true);
-  dv.setUint32(20, 0, true);
+  dv.setUint16(20, codec, true);
+  dv.setUint16(22, 0, true);
   dv.setUint32(24, numTokens, true);
   dv.setUint32(28, 0, true);
   dv.setBigUint64(32, BigInt('0x' + key), true);
@@ -86,10 +103,10 @@ export function sealChunk(buf: Uint8Array, layout: KvLayout, numTokens: number, 
 }
 
 /** Allocates a chunk buffer, copies `payload` in and seals it. */
-export function encodeChunk(layout: KvLayout, numTokens: number, key: string, payload: Uint8Array): Uint8Array {
+export function encodeChunk(layout: KvLayout, numTokens: number, key: string, payload: Uint8Array, codec: Codec = Codec.naive): Uint8Array {
   const buf = new Uint8Array(HEADER_BYTES + payload.byteLength);
   buf.set(payload, HEADER_BYTES);
-  return sealChunk(buf, layout, numTokens, key);
+  return sealChunk(buf, layout, numTokens, key, codec);
 }
 
 /** Parses and sanity-checks the header (no checksum work). Throws ChunkFormatError. */
@@ -101,8 +118,11 @@ export function readHeader(buf: Uint8Array): ChunkHeader {
   if (version !== CHUNK_VERSION) throw new ChunkFormatError(`unsupported chunk format version ${version} (this build reads ${CHUNK_VERSION})`);
   const dtype = dv.getUint16(6, true) as DType;
   if (!(dtype in DTYPE_BYTES)) throw new ChunkFormatError(`unknown dtype code ${dtype}`);
+  const codec = dv.getUint16(20, true) as Codec;
+  if (!(codec in CODEC_NAMES)) throw new ChunkFormatError(`unknown codec code ${codec} (this build reads ${Object.values(CODEC_NAMES).join(', ')})`);
   const h: ChunkHeader = {
     dtype,
+    codec,
     numLayers: dv.getUint32(8, true),
     numKvHeads: dv.getUint32(12, true),
     headDim: dv.getUint32(16, true),
@@ -111,8 +131,9 @@ export function readHeader(buf: Uint8Array): ChunkHeader {
     checksum: dv.getBigUint64(40, true),
     payloadBytes: Number(dv.getBigUint64(48, true)),
   };
-  if (h.payloadBytes !== payloadBytes(h, h.numTokens)) {
-    throw new ChunkFormatError(`chunk header is inconsistent: payload ${h.payloadBytes} bytes, shape implies ${payloadBytes(h, h.numTokens)}`);
+  const implied = encodedPayloadBytes(h, h.numTokens, codec);
+  if (h.payloadBytes !== implied) {
+    throw new ChunkFormatError(`chunk header is inconsistent: payload ${h.payloadBytes} bytes, shape implies ${implied}`);
   }
   return h;
 }

@@ -8,10 +8,17 @@
 // differs from the unsalted prompt's and from every other salt's: chunks are never shared across
 // salts, whoever asks (engine, controller lookup, P2P, transfer).
 //
+// The KV dtype (the element type the engine holds KV in) enters the root too, so chunks of one
+// prompt in different dtypes never share a key:
+//   f32:        the root above (unchanged, so every f32 key already stored stays valid);
+//   f16, bf16:  H(uint64le(root above) || 0xff || uint8(dtype code) || "kv_dtype") — 18 bytes,
+//               a length no chunk step (8 + 4·tokens bytes) has, so no chain can produce it.
+//
 // H is xxh64 (xxhash-wasm). Chaining makes a key identify the whole prefix up to and
 // including its chunk, so "longest cached prefix" is "first missing key".
 // Keys travel as 16-digit lowercase hex strings: a JS number cannot hold 64 bits.
 import xxhash from 'xxhash-wasm';
+import { DType } from './dtype.js';
 import { xxh64InPlace, xxh64Instance } from './xxh64_kernel.js';
 import { environmentOf } from './environment.js';
 
@@ -28,6 +35,8 @@ export interface KeyParams {
   discardPartialChunks?: boolean;
   /** The request's cache salt; absent or empty: none. */
   salt?: string;
+  /** The KV element type the chunks hold (dtype.ts DType); unset means f32. */
+  kvDtype?: DType;
 }
 
 export interface ChunkSpan {
@@ -59,9 +68,9 @@ const rootCache = new Map<string, bigint>();
 /** Roots remembered (salts are per request: the map is bounded, oldest dropped first). */
 const ROOT_CACHE_MAX = 4096;
 
-/** k_0 for a (seed, model, salt) triple. */
-export function rootKey(seed: bigint, modelId: string, salt = ''): bigint {
-  const id = `${seed}\u0000${modelId}\u0000${salt}`;
+/** k_0 for a (seed, model, salt, KV dtype). */
+export function rootKey(seed: bigint, modelId: string, salt = '', kvDtype: DType = DType.f32): bigint {
+  const id = `${seed}\u0000${kvDtype}\u0000${modelId}\u0000${salt}`;
   let k = rootCache.get(id);
   if (k === undefined) {
     const name = Buffer.from(salt === '' ? modelId : `${modelId}\u0000${salt}`, 'utf8');
@@ -69,6 +78,14 @@ export function rootKey(seed: bigint, modelId: string, salt = ''): bigint {
     buf.writeBigUInt64LE(BigInt.asUintN(64, seed), 0);
     name.copy(buf, 8);
     k = h64Raw(buf);
+    if (kvDtype !== DType.f32) {
+      const d = Buffer.allocUnsafe(18);
+      d.writeBigUInt64LE(k, 0);
+      d[8] = 0xff;
+      d[9] = kvDtype;
+      d.write('kv_dtype', 10, 'ascii');
+      k = h64Raw(d);
+    }
     if (rootCache.size >= ROOT_CACHE_MAX) rootCache.delete(rootCache.keys().next().value!);
     rootCache.set(id, k);
   }
@@ -77,11 +94,11 @@ export function rootKey(seed: bigint, modelId: string, salt = ''): bigint {
 
 // rootKey's cache is keyed by a string built from a BigInt: too slow for every lookup, so the
 // last (seed, model) pair's root is kept as halves (a controller sees one or two models).
-let lastRoot = { seed: -1n, modelId: '', salt: '', hi: 0, lo: 0 };
-function rootHalves(seed: bigint, modelId: string, salt: string): { hi: number; lo: number } {
-  if (lastRoot.seed !== seed || lastRoot.modelId !== modelId || lastRoot.salt !== salt) {
-    const k = rootKey(seed, modelId, salt);
-    lastRoot = { seed, modelId, salt, hi: Number(k >> 32n), lo: Number(k & 0xffffffffn) };
+let lastRoot = { seed: -1n, modelId: '', salt: '', kvDtype: DType.f32, hi: 0, lo: 0 };
+function rootHalves(seed: bigint, modelId: string, salt: string, kvDtype: DType): { hi: number; lo: number } {
+  if (lastRoot.seed !== seed || lastRoot.modelId !== modelId || lastRoot.salt !== salt || lastRoot.kvDtype !== kvDtype) {
+    const k = rootKey(seed, modelId, salt, kvDtype);
+    lastRoot = { seed, modelId, salt, kvDtype, hi: Number(k >> 32n), lo: Number(k & 0xffffffffn) };
   }
   return lastRoot;
 }
@@ -140,7 +157,7 @@ export function keyHalves(tokens: ArrayLike<number>, p: KeyParams, reuse?: KeyHa
   const le = LITTLE_ENDIAN ? null : new DataView(words.buffer);
   if (LITTLE_ENDIAN) words.set(tokens, 2);
   else for (let t = 0; t < n; t++) le!.setUint32(8 + 4 * t, tokens[t]! >>> 0, true);
-  const root = rootHalves(p.seed, p.modelId, p.salt ?? '');
+  const root = rootHalves(p.seed, p.modelId, p.salt ?? '', p.kvDtype ?? DType.f32);
   let ph = root.hi;
   let pl = root.lo;
   for (let i = 0; i < count; i++) {

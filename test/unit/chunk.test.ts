@@ -17,7 +17,7 @@ test('encode → verify round-trips header fields and payload', () => {
   const c = encodeChunk(layout, 3, key, p);
   assert.equal(c.byteLength, chunkBytes(layout, 3));
   const h = verifyChunk(c, key);
-  assert.deepEqual({ ...h, checksum: 0n }, { ...layout, numTokens: 3, key, checksum: 0n, payloadBytes: p.byteLength });
+  assert.deepEqual({ ...h, checksum: 0n }, { ...layout, codec: 0, numTokens: 3, key, checksum: 0n, payloadBytes: p.byteLength });
   assert.deepEqual(chunkPayload(c), p);
 });
 

@@ -1,0 +1,130 @@
+// Chunk codecs (docs/storage.md "Chunk codecs"): how a tier holds a chunk's payload. A codec
+// changes the payload and the header's codec field, never the key, dtype or shape, so a lookup
+// finds an encoded chunk exactly like a naive one and any reader decodes it back to the dtype the
+// engine holds. Every encoded chunk is sealed with the xxh64 of its encoded payload, so every hop
+// and disk read verifies it like any other chunk.
+//
+//   naive  the elements as the engine holds them (dtype f32, f16 or bf16);
+//   int8   symmetric 8-bit quantisation with one f32 scale per (K/V, layer, token, KV head):
+//          scale = max|x| / 127 over the head's head_dim elements, q = round(x / scale) in
+//          [-127, 127], decoded as q · scale (then rounded to the chunk's dtype). Payload:
+//          scales [2][L][T][H] f32 little-endian, then values [2][L][T][H·head_dim] i8.
+//          Bytes per element 1 + 4 / head_dim: 0.27 × f32 at head_dim 64, 0.53 × f16.
+import { ChunkFormatError, Codec, CODEC_NAMES, DType, HEADER_BYTES, encodedPayloadBytes, readHeader, sealChunk, type ChunkHeader } from './chunk.js';
+import { bf16Table32, f16Table32, f32ToBf16Bits, f32ToF16Bits } from './half.js';
+
+/** Codec names as the cache YAML and the controller's /compress take them. */
+export const CODECS = ['naive', 'int8'] as const;
+export type CodecName = (typeof CODECS)[number];
+
+export function codecByName(name: CodecName): Codec {
+  return name === 'int8' ? Codec.int8 : Codec.naive;
+}
+
+export function codecName(c: Codec): CodecName {
+  return CODEC_NAMES[c] as CodecName;
+}
+
+const LITTLE_ENDIAN = new Uint8Array(new Uint32Array([1]).buffer)[0] === 1;
+if (!LITTLE_ENDIAN) throw new Error('chunk codecs assume a little-endian host (every supported platform is)');
+
+/** The naive payload's elements widened to f32 (a copy). */
+function elementsAsF32(h: ChunkHeader, payload: Uint8Array): Float32Array {
+  const n = payload.byteLength / (h.dtype === DType.f32 ? 4 : 2);
+  if (h.dtype === DType.f32) {
+    const out = new Float32Array(n);
+    new Uint8Array(out.buffer).set(payload);
+    return out;
+  }
+  const bits = new Uint16Array(n);
+  new Uint8Array(bits.buffer).set(payload);
+  const table = h.dtype === DType.f16 ? f16Table32() : bf16Table32();
+  const out = new Float32Array(n);
+  for (let i = 0; i < n; i++) out[i] = table[bits[i]!]!;
+  return out;
+}
+
+/** Writes f32 values into `dest` as the naive payload of dtype `dtype`. */
+function writeElements(dtype: DType, values: Float32Array, dest: Uint8Array): void {
+  if (dtype === DType.f32) {
+    dest.set(new Uint8Array(values.buffer, values.byteOffset, values.byteLength));
+    return;
+  }
+  const bits = new Uint16Array(values.length);
+  if (dtype === DType.f16) for (let i = 0; i < values.length; i++) bits[i] = f32ToF16Bits(values[i]!);
+  else for (let i = 0; i < values.length; i++) bits[i] = f32ToBf16Bits(values[i]!);
+  dest.set(new Uint8Array(bits.buffer));
+}
+
+function encodeInt8(h: ChunkHeader, payload: Uint8Array, dest: Uint8Array): void {
+  const x = elementsAsF32(h, payload);
+  const hd = h.headDim;
+  const rows = x.length / hd;
+  const scales = new Float32Array(rows);
+  const q = new Int8Array(dest.buffer, dest.byteOffset + rows * 4, rows * hd);
+  for (let r = 0; r < rows; r++) {
+    const o = r * hd;
+    let m = 0;
+    for (let e = 0; e < hd; e++) {
+      const a = Math.abs(x[o + e]!);
+      if (!(a <= 3.4028234663852886e38)) throw new ChunkFormatError(`int8 codec: chunk ${h.key} holds a non-finite value (row ${r}); kept as it is`);
+      if (a > m) m = a;
+    }
+    const scale = Math.fround(m / 127);
+    scales[r] = scale;
+    if (scale === 0) {
+      q.fill(0, o, o + hd);
+      continue;
+    }
+    for (let e = 0; e < hd; e++) {
+      const v = Math.round(x[o + e]! / scale);
+      q[o + e] = v > 127 ? 127 : v < -127 ? -127 : v;
+    }
+  }
+  dest.set(new Uint8Array(scales.buffer), 0);
+}
+
+function decodeInt8(h: ChunkHeader, payload: Uint8Array): Float32Array {
+  const hd = h.headDim;
+  const rows = 2 * h.numLayers * h.numTokens * h.numKvHeads;
+  const scales = new Float32Array(rows);
+  new Uint8Array(scales.buffer).set(payload.subarray(0, rows * 4));
+  const q = new Int8Array(payload.buffer, payload.byteOffset + rows * 4, rows * hd);
+  const out = new Float32Array(rows * hd);
+  for (let r = 0; r < rows; r++) {
+    const s = scales[r]!;
+    const o = r * hd;
+    for (let e = 0; e < hd; e++) out[o + e] = q[o + e]! * s;
+  }
+  return out;
+}
+
+/**
+ * The chunk re-encoded with `codec` (a new buffer, sealed with a fresh checksum), or `chunk` itself
+ * when it already is. The input is read as it is (callers verify chunks at the hops that need it).
+ * Throws ChunkFormatError when the chunk cannot be encoded (a non-finite value for int8).
+ */
+export function recodeChunk(chunk: Uint8Array, codec: Codec): Uint8Array {
+  const h = readHeader(chunk);
+  if (h.codec === codec) return chunk;
+  if (h.codec !== Codec.naive) chunk = decodeChunk(chunk, h);
+  if (codec === Codec.naive) return chunk;
+  const naive = readHeader(chunk);
+  const out = new Uint8Array(HEADER_BYTES + encodedPayloadBytes(naive, naive.numTokens, codec));
+  encodeInt8(naive, chunk.subarray(HEADER_BYTES), out.subarray(HEADER_BYTES));
+  return sealChunk(out, naive, naive.numTokens, naive.key, codec);
+}
+
+/** The naive chunk (the engine's dtype) a chunk encodes; `chunk` itself when it is naive. */
+export function decodeChunk(chunk: Uint8Array, h: ChunkHeader = readHeader(chunk)): Uint8Array {
+  if (h.codec === Codec.naive) return chunk;
+  const values = decodeInt8(h, chunk.subarray(HEADER_BYTES, HEADER_BYTES + h.payloadBytes));
+  const out = new Uint8Array(HEADER_BYTES + encodedPayloadBytes(h, h.numTokens, Codec.naive));
+  writeElements(h.dtype, values, out.subarray(HEADER_BYTES));
+  return sealChunk(out, h, h.numTokens, h.key, Codec.naive);
+}
+
+/** The codec a chunk is held in. */
+export function codecOf(chunk: Uint8Array): Codec {
+  return readHeader(chunk).codec;
+}

@@ -1,0 +1,127 @@
+// KV dtypes and chunk codecs: 16-bit conversions against exhaustive references, the int8 codec's
+// round trip (checksummed, error bound, layout), and chunk keys that depend on the KV dtype.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { Codec, DType, HEADER_BYTES, encodeChunk, encodedPayloadBytes, payloadBytes, readHeader, verifyChunk, ChunkFormatError } from '../src/common/chunk.js';
+import { decodeChunk, recodeChunk } from '../src/common/chunk_codec.js';
+import { bf16BitsToF32, f16BitsToF32, f32ToBf16Bits, f32ToF16Bits, f16Table32 } from '../src/common/half.js';
+import { chunkKeys } from '../src/common/keys.js';
+
+test('f16: every 16-bit pattern survives f16 → f32 → f16 (NaNs stay NaN)', () => {
+  for (let h = 0; h < 65536; h++) {
+    const x = f16BitsToF32(h);
+    const back = f32ToF16Bits(x);
+    if (Number.isNaN(x)) assert.ok(Number.isNaN(f16BitsToF32(back)), `NaN ${h}`);
+    else assert.equal(back, h, `pattern ${h.toString(16)}`);
+  }
+  assert.equal(f16BitsToF32(0x3c00), 1);
+  assert.equal(f16BitsToF32(0x0001), 2 ** -24);
+  assert.equal(f16BitsToF32(0x7bff), 65504);
+});
+
+test('f16 and bf16 narrowing round to the nearest value, ties to even', () => {
+  const table = f16Table32();
+  // Every f32 halfway between two adjacent positive f16 values (and just off it) rounds the right way.
+  for (let h = 0; h < 0x7bff; h += 7) {
+    const lo = table[h]!;
+    const hi = table[h + 1]!;
+    const mid = (lo + hi) / 2; // exact in f64, and in f32 (one more mantissa bit)
+    assert.equal(f32ToF16Bits(mid), h % 2 === 0 ? h : h + 1, `tie between ${h} and ${h + 1}`);
+    assert.equal(f32ToF16Bits(Math.fround(mid + (hi - lo) / 8)), h + 1);
+    assert.equal(f32ToF16Bits(Math.fround(mid - (hi - lo) / 8)), h);
+  }
+  assert.equal(f32ToF16Bits(65520), 0x7c00); // rounds up to Inf
+  assert.equal(f32ToF16Bits(65519), 0x7bff);
+  assert.equal(f32ToF16Bits(-0), 0x8000);
+  assert.equal(f32ToF16Bits(2 ** -25), 0); // exactly half the smallest subnormal: tie to even (0)
+  assert.equal(f32ToF16Bits(Math.fround(2 ** -25 * 1.5)), 1);
+  assert.equal(f32ToBf16Bits(1 + 2 ** -8), 0x3f80); // tie → even
+  assert.equal(f32ToBf16Bits(1 + 3 * 2 ** -8), 0x3f82);
+  assert.equal(bf16BitsToF32(f32ToBf16Bits(-2.5)), -2.5);
+  assert.ok(Number.isNaN(bf16BitsToF32(f32ToBf16Bits(NaN))));
+});
+
+function naiveChunk(dtype: DType, tokens = 5, seed = 1): Uint8Array {
+  const layout = { dtype, numLayers: 2, numKvHeads: 3, headDim: 8 };
+  const n = payloadBytes(layout, tokens) / (dtype === DType.f32 ? 4 : 2);
+  const vals = new Float32Array(n);
+  for (let i = 0; i < n; i++) vals[i] = Math.sin(i * 0.37 + seed) * (1 + (i % 8)) * (i % 29 === 0 ? 0 : 1);
+  let bytes: Uint8Array;
+  if (dtype === DType.f32) bytes = new Uint8Array(vals.buffer);
+  else {
+    const u = new Uint16Array(n);
+    for (let i = 0; i < n; i++) u[i] = dtype === DType.f16 ? f32ToF16Bits(vals[i]!) : f32ToBf16Bits(vals[i]!);
+    bytes = new Uint8Array(u.buffer);
+  }
+  return encodeChunk(layout, tokens, '00000000deadbeef', bytes);
+}
+
+function values(c: Uint8Array): Float32Array {
+  const h = readHeader(c);
+  const p = c.subarray(HEADER_BYTES);
+  if (h.dtype === DType.f32) return new Float32Array(p.slice().buffer);
+  const u = new Uint16Array(p.slice().buffer);
+  return Float32Array.from(u, (b) => (h.dtype === DType.f16 ? f16BitsToF32(b) : bf16BitsToF32(b)));
+}
+
+for (const dtype of [DType.f32, DType.f16, DType.bf16]) {
+  test(`int8 codec (${DType[dtype]}): sealed and checksummed, decodes within half a step per head`, () => {
+    const c = naiveChunk(dtype);
+    const h = readHeader(c);
+    const enc = recodeChunk(c, Codec.int8);
+    const eh = verifyChunk(enc, h.key);
+    assert.equal(eh.codec, Codec.int8);
+    assert.deepEqual([eh.dtype, eh.numLayers, eh.numKvHeads, eh.headDim, eh.numTokens], [h.dtype, h.numLayers, h.numKvHeads, h.headDim, h.numTokens]);
+    assert.equal(enc.byteLength, HEADER_BYTES + encodedPayloadBytes(h, h.numTokens, Codec.int8));
+    assert.equal(encodedPayloadBytes(h, h.numTokens, Codec.int8), (2 * 2 * 5 * 3) * (4 + 8));
+    const dec = decodeChunk(enc);
+    const dh = verifyChunk(dec, h.key);
+    assert.equal(dh.codec, Codec.naive);
+    assert.equal(dec.byteLength, c.byteLength);
+    const a = values(c);
+    const b = values(dec);
+    for (let r = 0; r < a.length / 8; r++) {
+      let m = 0;
+      for (let e = 0; e < 8; e++) m = Math.max(m, Math.abs(a[r * 8 + e]!));
+      const step = m / 127;
+      const rounding = dtype === DType.f32 ? 0 : m * (dtype === DType.f16 ? 2 ** -11 : 2 ** -8);
+      for (let e = 0; e < 8; e++) assert.ok(Math.abs(a[r * 8 + e]! - b[r * 8 + e]!) <= step / 2 + rounding + 1e-7, `row ${r} element ${e}`);
+    }
+    // Encoding is idempotent on an encoded chunk; naive → naive is the same buffer.
+    assert.equal(recodeChunk(enc, Codec.int8), enc);
+    assert.equal(recodeChunk(c, Codec.naive), c);
+    // A flipped bit in the encoded payload is caught like in any chunk.
+    const bad = enc.slice();
+    bad[HEADER_BYTES + 3]! ^= 1;
+    assert.throws(() => verifyChunk(bad), /checksum mismatch/);
+  });
+}
+
+test('int8 codec refuses a chunk with a non-finite value', () => {
+  const layout = { dtype: DType.f32, numLayers: 1, numKvHeads: 1, headDim: 4 };
+  const c = encodeChunk(layout, 1, '0000000000000001', new Uint8Array(new Float32Array([1, 2, Infinity, 3, 0, 0, 0, 0]).buffer));
+  assert.throws(() => recodeChunk(c, Codec.int8), ChunkFormatError);
+});
+
+test('an unknown codec code is refused by name', () => {
+  const c = naiveChunk(DType.f32).slice();
+  new DataView(c.buffer).setUint16(20, 9, true);
+  assert.throws(() => readHeader(c), /unknown codec code 9/);
+});
+
+test('chunk keys depend on the KV dtype; f32 keys are the ones without a dtype', () => {
+  const tokens = Array.from({ length: 20 }, (_, i) => i * 3);
+  const p = { modelId: 'm', chunkSize: 4, seed: 0n };
+  const plain = chunkKeys(tokens, p).map((s) => s.key);
+  const f32 = chunkKeys(tokens, { ...p, kvDtype: DType.f32 }).map((s) => s.key);
+  const f16 = chunkKeys(tokens, { ...p, kvDtype: DType.f16 }).map((s) => s.key);
+  const bf16 = chunkKeys(tokens, { ...p, kvDtype: DType.bf16 }).map((s) => s.key);
+  assert.deepEqual(f32, plain);
+  for (let i = 0; i < plain.length; i++) assert.equal(new Set([plain[i], f16[i], bf16[i]]).size, 3);
+  // Interleaving calls with different dtypes (the one-root cache) gives the same answers.
+  assert.deepEqual(chunkKeys(tokens, { ...p, kvDtype: DType.f16 }).map((s) => s.key), f16);
+  // With a cache salt too: four distinct roots.
+  const salted = chunkKeys(tokens, { ...p, salt: 's' }).map((s) => s.key);
+  const saltedF16 = chunkKeys(tokens, { ...p, salt: 's', kvDtype: DType.f16 }).map((s) => s.key);
+  assert.equal(new Set([plain[0], f16[0], salted[0], saltedF16[0]]).size, 4);
+});

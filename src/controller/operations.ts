@@ -12,6 +12,7 @@ import { randomUUID } from 'node:crypto';
 import { ERRORS, KvcError, asKvcError, kvcError } from '../common/errors.js';
 import { chunkKeys, type ChunkSpan } from '../common/keys.js';
 import { logger } from '../common/log.js';
+import { DTYPE_NAMES } from '../common/dtype.js';
 import { EventLog, type EventKind, type EventRecord } from './events.js';
 import { keyHalves, type KeyHalves } from '../common/keys.js';
 import type { ClearReply, ClearRequest, EventReply, LookupReply, MoveRequest, PinRequest, WorkerInfo } from '../protocol/controller_api.js';
@@ -59,7 +60,7 @@ export class Operations {
   }
 
   spans(w: WorkerRec, tokens: readonly number[]): ChunkSpan[] {
-    return chunkKeys(tokens, { modelId: w.modelId, chunkSize: w.chunkSize, seed: this.seed });
+    return chunkKeys(tokens, { modelId: w.modelId, chunkSize: w.chunkSize, seed: this.seed, kvDtype: w.kvDtype });
   }
 
   /** Tokens covered by the first `n` chunks. */
@@ -126,8 +127,8 @@ export class Operations {
     const pairs = srcWorkers.map((s) => {
       const d = dstWorkers.find((x) => x.workerId === s.workerId);
       if (!d) throw kvcError(ERRORS.worker_mismatch, `new_position[0]: instance "${dstId}" has no worker ${s.workerId} to receive the shard of instance "${srcId}"`);
-      if (d.modelId !== s.modelId || d.chunkSize !== s.chunkSize) {
-        throw kvcError(ERRORS.incompatible_instances, `new_position[0]: instance "${dstId}" serves model "${d.modelId}" with chunk size ${d.chunkSize}, instance "${srcId}" model "${s.modelId}" with chunk size ${s.chunkSize}; their chunks are not interchangeable`);
+      if (d.modelId !== s.modelId || d.chunkSize !== s.chunkSize || d.kvDtype !== s.kvDtype) {
+        throw kvcError(ERRORS.incompatible_instances, `new_position[0]: instance "${dstId}" serves model "${d.modelId}" with chunk size ${d.chunkSize} and KV ${DTYPE_NAMES[d.kvDtype]}, instance "${srcId}" model "${s.modelId}" with chunk size ${s.chunkSize} and KV ${DTYPE_NAMES[s.kvDtype]}; their chunks are not interchangeable`);
       }
       if (cross && !d.distributedUrl) throw kvcError(ERRORS.no_distributed_url, `new_position[0]: instance "${dstId}" has no distributed_url; it cannot receive chunks from another instance`);
       return { s, d };
@@ -245,20 +246,20 @@ export class Operations {
     // Keys depend on (model, chunk size): compute them once per distinct pair among live workers.
     const groups = new Map<string, WorkerRec>();
     for (const w of this.registry.workers()) {
-      const g = `${w.chunkSize}\u0000${w.modelId}`;
+      const g = `${w.chunkSize}\u0000${w.kvDtype}\u0000${w.modelId}`;
       if (!groups.has(g)) groups.set(g, w);
     }
     // instance → location → worker id → matched tokens
     const matched = new Map<string, Map<string, Map<number, number>>>();
     for (const rep of groups.values()) {
-      const k = keyHalves(tokens, { modelId: rep.modelId, chunkSize: rep.chunkSize, seed: this.seed, salt }, this.lookupKeys);
+      const k = keyHalves(tokens, { modelId: rep.modelId, chunkSize: rep.chunkSize, seed: this.seed, salt, kvDtype: rep.kvDtype }, this.lookupKeys);
       this.registry.index.prefixMatches(
         k.hi,
         k.lo,
         k.count,
         (h, n) => {
           const ref = this.registry.holder(h);
-          if (!ref || ref.worker.chunkSize !== rep.chunkSize || ref.worker.modelId !== rep.modelId) return;
+          if (!ref || ref.worker.chunkSize !== rep.chunkSize || ref.worker.modelId !== rep.modelId || ref.worker.kvDtype !== rep.kvDtype) return;
           let byLoc = matched.get(ref.worker.instanceId);
           if (!byLoc) matched.set(ref.worker.instanceId, (byLoc = new Map()));
           let byWorker = byLoc.get(ref.location);
@@ -367,6 +368,7 @@ export class Operations {
         distributed_url: w.distributedUrl,
         model_id: w.modelId,
         chunk_size: w.chunkSize,
+        kv_dtype: DTYPE_NAMES[w.kvDtype],
         // chunks: from the index (exact, live); bytes / capacity: from the worker's latest
         // heartbeat (null until one carried them).
         locations: Object.fromEntries([...w.holders].map(([loc, h]) => [loc, {

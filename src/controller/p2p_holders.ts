@@ -79,5 +79,5 @@ function runsFrom(registry: Registry, asker: WorkerRec, hi: Uint32Array, lo: Uin
 
 /** Another instance's worker whose chunks the asker can use (same rank, model and chunk size). */
 function servesAs(w: WorkerRec, asker: WorkerRec): boolean {
-  return w.instanceId !== asker.instanceId && w.workerId === asker.workerId && w.modelId === asker.modelId && w.chunkSize === asker.chunkSize;
+  return w.instanceId !== asker.instanceId && w.workerId === asker.workerId && w.modelId === asker.modelId && w.chunkSize === asker.chunkSize && w.kvDtype === asker.kvDtype;
 }

@@ -9,6 +9,7 @@ import { ChunkIndex } from './chunk_index.js';
 import { describeIssues, isKeyOp, keyOpSchema, MONITOR_PROTOCOL_VERSION, registerMsgSchema, syncMsgSchema, type ControllerMsg } from '../protocol/monitor.js';
 import { instanceStatsSchema, type EngineSample, type LocationUsage } from '../protocol/instance_stats.js';
 import { deploymentSecret, verifyTag } from '../common/auth.js';
+import { dtypeByName, DTYPE_NAMES, type DType } from '../common/dtype.js';
 
 
 const log = logger('controller.registry');
@@ -24,6 +25,8 @@ export interface WorkerRec {
   chunkSize: number;
   modelId: string;
   seed: string;
+  /** The KV element type its chunks hold (DType); chunk keys depend on it. */
+  kvDtype: DType;
   locations: string[];
   pid: number;
   registeredAt: number;
@@ -194,6 +197,15 @@ export class Registry {
     if (m.seed !== String(this.opts.seed)) {
       log.warn(`${m.instance_id}/${m.worker_id} runs with PYTHONHASHSEED=${m.seed} but the controller has ${this.opts.seed}: lookups will not find its chunks; set the same seed everywhere`);
     }
+    // One KV dtype per model in a deployment: instances of one model share chunks only when they
+    // hold the same dtype (it is part of every key), so a second dtype would only split the cache.
+    const kvDtype = dtypeByName(m.kv_dtype)!;
+    for (const other of this.workers()) {
+      if (other.modelId === m.model_id && other.kvDtype !== kvDtype && !(other.instanceId === m.instance_id && other.workerId === m.worker_id)) {
+        log.warn(`refused registration of ${m.instance_id}/${m.worker_id}: KV dtype ${m.kv_dtype}, but ${other.instanceId} serves ${m.model_id} with ${DTYPE_NAMES[other.kvDtype]}`);
+        return { t: 'error', message: `registration refused: this instance holds KV as ${m.kv_dtype}, but instance "${other.instanceId}" of model "${m.model_id}" holds ${DTYPE_NAMES[other.kvDtype]}; chunk keys include the KV dtype, so the two would never share a chunk — run every engine of a model with the same --kv-cache-dtype` };
+      }
+    }
     let byWorker = this.instances.get(m.instance_id);
     const holder = byWorker?.get(m.worker_id);
     // The same (instance_id, worker_id) from another address while the registered one is still
@@ -224,6 +236,7 @@ export class Registry {
       chunkSize: m.chunk_size,
       modelId: m.model_id,
       seed: m.seed,
+      kvDtype,
       locations: m.locations,
       pid: m.pid,
       registeredAt: now,
@@ -237,7 +250,7 @@ export class Registry {
     this.byRouting.set(routingId, w);
     this.stats.registrations++;
     log.info(
-      `registered ${m.instance_id}/${m.worker_id} (model ${m.model_id}, chunk ${m.chunk_size}, worker ${m.ip}:${m.worker_port}, ` +
+      `registered ${m.instance_id}/${m.worker_id} (model ${m.model_id}, chunk ${m.chunk_size}, KV ${m.kv_dtype}, worker ${m.ip}:${m.worker_port}, ` +
         `peer ${m.distributed_url ?? 'none'}, locations ${m.locations.join(',') || 'none'})${previous ? ', replacing its previous session' : ''}`,
     );
     return { t: 'welcome', heartbeat_interval_ms: this.heartbeatIntervalMs };

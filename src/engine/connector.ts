@@ -18,7 +18,8 @@
 // Every loaded chunk is verified (checksum, key, layout, token count) before it is used: a
 // bad chunk ends the loaded prefix and the rest is computed, never served wrong.
 import { setImmediate as yieldToLoop } from 'node:timers/promises';
-import { HEADER_BYTES, chunkBytes, describeLayout, payloadBytes, sameLayout, sealChunk, verifyChunk, type KvLayout } from '../common/chunk.js';
+import { decodeChunk } from '../common/chunk_codec.js';
+import { Codec, HEADER_BYTES, chunkBytes, describeLayout, payloadBytes, sameLayout, sealChunk, verifyChunk, type KvLayout } from '../common/chunk.js';
 import type { CacheConfig, ConnectorConfig } from '../common/config.js';
 import { chunkKeys, type ChunkSpan } from '../common/keys.js';
 import { logger } from '../common/log.js';
@@ -135,7 +136,7 @@ export class KvcConnectorV1 {
   }
 
   spans(prompt: readonly number[], salt?: string): ChunkSpan[] {
-    return chunkKeys(prompt, { modelId: this.o.modelId, chunkSize: this.chunkSize, seed: this.o.seed, discardPartialChunks: this.discardPartial, salt });
+    return chunkKeys(prompt, { modelId: this.o.modelId, chunkSize: this.chunkSize, seed: this.o.seed, discardPartialChunks: this.discardPartial, salt, kvDtype: this.o.layout.dtype });
   }
 
   private transferRequest(req: ConnectorRequest, spans: ChunkSpan[]): TransferRequest {
@@ -154,7 +155,8 @@ export class KvcConnectorV1 {
         log.warn(`chunk ${span.key} from ${from} holds ${h.numTokens} tokens, expected ${span.end - span.start}; computing instead`);
         return null;
       }
-      return buf.subarray(HEADER_BYTES);
+      // A tier may hold the chunk encoded (chunk_codec.ts): the paged KV takes the engine's dtype.
+      return h.codec === Codec.naive ? buf.subarray(HEADER_BYTES) : decodeChunk(buf, h).subarray(HEADER_BYTES);
     } catch (e) {
       log.warn(`chunk ${span.key} from ${from} rejected: ${(e as Error).message}; computing instead`);
       if (from === 'cache') this.dropCorrupt(span.key);

@@ -16,6 +16,7 @@ import { randomBytes } from 'node:crypto';
 import type { FastifyInstance } from 'fastify';
 import { Dealer } from 'zeromq';
 import type { KvLayout } from '../common/chunk.js';
+import { DType, DTYPE_NAMES } from '../common/dtype.js';
 import type { CacheConfig } from '../common/config.js';
 import { logger } from '../common/log.js';
 import { SendQueue } from '../common/send_queue.js';
@@ -157,6 +158,7 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
       chunk_size: o.chunkSize,
       model_id: o.modelId,
       seed: String(o.seed),
+      kv_dtype: DTYPE_NAMES[o.layout?.dtype ?? DType.f32] as 'f32' | 'f16' | 'bf16',
       locations: store.locations(),
       pid: process.pid,
       ...(deploymentSecret() === null ? {} : { auth: tag(deploymentSecret()!, 'monitor', session) }),

@@ -52,10 +52,12 @@ export const registerMsgSchema = z.object({
   model_id: z.string().min(1),
   /** PYTHONHASHSEED of the instance, as a decimal string; a mismatch is logged loudly. */
   seed: z.string(),
+  /** The element type of the engine's KV (DTYPE_NAMES): part of every chunk key. Absent from older instances, which hold f32. */
+  kv_dtype: z.enum(['f32', 'f16', 'bf16'], 'expected f32, f16 or bf16').default('f32'),
   locations: z.array(z.string().min(1)),
   pid: z.number().int(),
 });
-export type RegisterMsg = z.infer<typeof registerMsgSchema>;
+export type RegisterMsg = z.input<typeof registerMsgSchema>;
 
 export const syncMsgSchema = z.object({
   t: z.literal('sync'),

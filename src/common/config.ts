@@ -8,6 +8,7 @@ import { readFileSync } from 'node:fs';
 import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 import { describeValue } from './errors.js';
+import { CODECS, type CodecName } from './chunk_codec.js';
 import { didYouMean } from './did_you_mean.js';
 import { CACHE_KEY_ALIASES, CONNECTOR_ALIASES, LMCACHE_NAMES, rewriteCacheDoc } from './config_aliases.js';
 import { cacheKeysFromEnv, mergeEnvKeys } from './config_env.js';
@@ -42,13 +43,23 @@ const gib = z.number().min(0, 'expected a size in GiB >= 0').refine(Number.isFin
 
 export const XFER_BACKENDS = ['tcp'] as const;
 
+// A tier's chunk codec (src/common/chunk_codec.ts): chunks are encoded on admission to the tier.
+const serde = z
+  .enum(CODECS, `expected ${CODECS.join(' or ')} (LMCache's cachegen and kivi are GPU codecs kvc does not implement; int8 is kvc's 8-bit codec)`)
+  .nullable()
+  .default('naive')
+  .transform((v): CodecName => v ?? 'naive');
+
 export const cacheConfigSchema = z.strictObject({
   chunk_size: z.number().int('expected an integer number of tokens').min(1).max(1 << 20).default(DEFAULT_CHUNK_SIZE),
   local_cpu: z.boolean().default(true),
   max_local_cpu_size: gib.default(SETTINGS.maxLocalCpuSize.default!),
+  local_cpu_serde: serde,
   max_local_disk_size: gib.default(0),
   local_disk: z.string().min(1).nullable().default(null),
+  local_disk_serde: serde,
   remote_url: z.string().min(1, 'expected a URL like redis://host:6379').nullable().default(null),
+  remote_serde: serde,
   // Null = unset: the defaults (REMOTE_DEFAULTS) apply with remote_url; set without it they are refused.
   remote_timeout_ms: z.number().int('expected an integer number of milliseconds').min(1).max(600_000).nullable().default(null),
   remote_write_queue_size: gib.refine((g) => g > 0, 'expected a size in GiB > 0').nullable().default(null),
@@ -91,6 +102,9 @@ function crossCheck(c: CacheConfig): [string, string] | null {
   if (c.enable_p2p && !c.enable_controller) return ['enable_p2p', 'needs the controller (enable_controller: true and controller_url): it says which instance holds the chunks this one lacks'];
   if (c.p2p_timeout_ms !== null && !c.enable_p2p) return ['p2p_timeout_ms', 'only meaningful with enable_p2p: true; set enable_p2p or remove this key'];
   if (c.max_local_disk_size > 0 && !c.local_disk) return ['local_disk', 'required (a directory) when max_local_disk_size > 0'];
+  if (c.local_cpu_serde !== 'naive' && !(c.local_cpu && c.max_local_cpu_size > 0)) return ['local_cpu_serde', 'only meaningful with the CPU tier (local_cpu: true and max_local_cpu_size > 0)'];
+  if (c.local_disk_serde !== 'naive' && !(c.max_local_disk_size > 0 && c.local_disk)) return ['local_disk_serde', 'only meaningful with the disk tier (local_disk and max_local_disk_size > 0)'];
+  if (c.remote_serde !== 'naive' && c.remote_url === null) return ['remote_serde', 'only meaningful with remote_url; set remote_url or remove this key'];
   if (c.enable_xfer) {
     if (!c.xfer_role) return ['xfer_role', 'required ("sender" or "receiver") when enable_xfer is true'];
     if (c.xfer_role === 'sender') {

@@ -71,7 +71,6 @@ export const CACHE_KEYS_OFF_ONLY: Readonly<Record<string, { off: readonly unknow
   enable_async_loading: { off: [false], reason: 'asynchronous loading is not implemented' },
   save_unfull_chunk: { off: [true], reason: 'the last partial chunk is saved unless the connector\'s discard_partial_chunks is true; set that instead' },
   cache_policy: { off: ['LRU', 'lru'], reason: 'eviction is LRU' },
-  remote_serde: { off: ['naive', null], reason: 'chunks are stored as raw bytes (the "naive" serializer); no compressing serializer exists' },
   error_handling: { off: [false], reason: 'a failing tier is never skipped silently' },
   extra_config: { off: [null], reason: 'no extra configuration keys exist' },
   numa_mode: { off: [null], reason: 'NUMA placement is not implemented' },

@@ -143,6 +143,36 @@ export class LocalCPUBackend implements StorageBackend {
     return this.reservedBytes;
   }
 
+  async replace(key: ChunkKey, chunk: Uint8Array): Promise<ChunkKey[] | null> {
+    return this.replaceSync(key, chunk);
+  }
+
+  /** StorageBackend.replace, synchronously (so atomic with respect to every other operation). */
+  replaceSync(key: ChunkKey, chunk: Uint8Array): ChunkKey[] | null {
+    checkChunkFor(chunk, key);
+    const e = this.index.get(key);
+    if (!e) return null;
+    const cls = sizeClass(chunk.byteLength);
+    let victims: ChunkKey[] = [];
+    if (cls > e.bytes) {
+      const v = this.index.victims(cls - e.bytes, this.capacityBytes, { keep: new Set([key]) });
+      if (v === null) throw new StoreFullError(`LocalCPUBackend is full: no room to grow chunk ${key} from ${e.length} to ${chunk.byteLength} bytes without evicting pinned chunks`);
+      for (const x of v) this.pool.release(this.index.delete(x)!.buf);
+      victims = v;
+    }
+    if (cls !== e.bytes) {
+      this.pool.release(e.buf);
+      const buf = this.pool.acquire(cls);
+      // Unreachable by construction: the old buffer and the victims free at least `cls` bytes.
+      if (!buf) throw new StoreFullError(`LocalCPUBackend could not allocate ${cls} bytes within its budget`, victims);
+      e.buf = buf;
+      this.index.resize(key, cls);
+    }
+    e.buf.set(chunk, 0);
+    e.length = chunk.byteLength;
+    return victims;
+  }
+
   async get(key: ChunkKey, dest?: Uint8Array): Promise<Uint8Array | null> {
     return this.getSync(key, dest);
   }

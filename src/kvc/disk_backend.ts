@@ -248,11 +248,44 @@ export class LocalDiskBackend implements StorageBackend {
     });
   }
 
+  /**
+   * StorageBackend.replace: the new encoding is written to a temporary file, fsynced and renamed
+   * over the chunk's file (atomic: a reader or a restart sees one encoding or the other, each
+   * checksummed); the index then takes its size.
+   */
+  replace(key: ChunkKey, chunk: Uint8Array): Promise<ChunkKey[] | null> {
+    return this.serialize(async () => {
+      checkChunkFor(chunk, key);
+      const e = this.index.get(key);
+      if (!e) return null;
+      const grow = chunk.byteLength - e.bytes;
+      const keep = { keep: new Set([key]) };
+      if (grow > 0 && this.index.victims(grow, this.capacityBytes, keep) === null) throw this.fullError(key);
+      const tmp = join(this.dir, `${key}.kvc.tmp-${process.pid}-${this.tmpSeq++}`);
+      try {
+        await this.writeDurably(tmp, chunk);
+        await fsp.rename(tmp, this.file(key));
+        await this.syncDir();
+      } catch (err) {
+        await fsp.rm(tmp, { force: true }).catch(() => undefined);
+        throw err;
+      }
+      // The file is the new encoding now; the index follows (a chunk removed meanwhile stays removed).
+      if (!this.index.get(key)) {
+        await this.rmLogged(this.file(key));
+        return null;
+      }
+      const victims = grow > 0 ? (this.index.victims(grow, this.capacityBytes, keep) ?? []) : [];
+      for (const v of victims) this.index.delete(v);
+      this.index.resize(key, chunk.byteLength);
+      for (const v of victims) await this.unlinkFiles(v);
+      return victims;
+    });
+  }
+
   async get(key: ChunkKey, dest?: Uint8Array): Promise<Uint8Array | null> {
     const e = this.index.touch(key);
     if (!e) return null;
-    const out = dest ?? new Uint8Array(Buffer.allocUnsafeSlow(e.bytes).buffer, 0, e.bytes);
-    if (out.byteLength < e.bytes) throw new RangeError(`destination of ${out.byteLength} bytes is too small for chunk ${key} (${e.bytes} bytes)`);
     let fh: fsp.FileHandle;
     try {
       fh = await fsp.open(this.file(key), 'r');
@@ -260,9 +293,14 @@ export class LocalDiskBackend implements StorageBackend {
       return null; // removed or evicted meanwhile
     }
     try {
+      // The open file is one whole encoding (replace renames a new file over it): its own size
+      // counts, not the index's, which a replace in flight may not have updated yet.
+      const bytes = (await fh.stat()).size;
+      const out = dest ?? new Uint8Array(Buffer.allocUnsafeSlow(bytes).buffer, 0, bytes);
+      if (out.byteLength < bytes) throw new RangeError(`destination of ${out.byteLength} bytes is too small for chunk ${key} (${bytes} bytes)`);
       let off = 0;
-      while (off < e.bytes) {
-        const { bytesRead } = await fh.read(out, off, e.bytes - off, off);
+      while (off < bytes) {
+        const { bytesRead } = await fh.read(out, off, bytes - off, off);
         if (bytesRead === 0) break;
         off += bytesRead;
       }
@@ -270,6 +308,7 @@ export class LocalDiskBackend implements StorageBackend {
       verifyChunk(view, key);
       return view;
     } catch (err) {
+      if (err instanceof RangeError) throw err;
       const reason = `corrupt chunk file ${key}.kvc: ${(err as Error).message}`;
       log.warn(`${reason}; dropped`);
       // Drop exactly the entry that was read (not one evicted and re-stored meanwhile), and report it once.

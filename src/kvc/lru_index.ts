@@ -191,6 +191,14 @@ export class LruIndex<E extends Entry> {
     if (e.pinned) this._pinned++;
   }
 
+  /** Changes the bytes an indexed chunk takes (it was re-encoded in place), keeping its place and pin. */
+  resize(key: ChunkKey, bytes: number): void {
+    const e = this.get(key);
+    if (!e) return;
+    this._bytes += bytes - e.bytes;
+    e.bytes = bytes;
+  }
+
   delete(key: ChunkKey): E | undefined {
     const e = this.get(key);
     if (!e) return undefined;

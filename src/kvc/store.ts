@@ -15,7 +15,8 @@ import { EventEmitter } from 'node:events';
 import type { CacheConfig } from '../common/config.js';
 import { REMOTE_DEFAULTS, gibToBytes, remoteEndpoint } from '../common/config.js';
 import { ERRORS, kvcError } from '../common/errors.js';
-import { checkChunkFor } from '../common/chunk.js';
+import { checkChunkFor, Codec } from '../common/chunk.js';
+import { codecByName, recodeChunk } from '../common/chunk_codec.js';
 import { halvesToHex, keyHalves, type ChunkKey, type KeyParams } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import { LocalCPUBackend } from './cpu_backend.js';
@@ -43,7 +44,7 @@ export interface PutResult {
 
 /** Keys of the cache configuration the store reads (the remote ones may be absent: no remote tier). */
 export type StoreConfig = Pick<CacheConfig, 'local_cpu' | 'max_local_cpu_size' | 'max_local_disk_size' | 'local_disk'> &
-  Partial<Pick<CacheConfig, 'remote_url' | 'remote_timeout_ms' | 'remote_write_queue_size'>>;
+  Partial<Pick<CacheConfig, 'remote_url' | 'remote_timeout_ms' | 'remote_write_queue_size' | 'local_cpu_serde' | 'local_disk_serde' | 'remote_serde'>>;
 
 export interface StoreOptions {
   /** The model id of the engine: remote keys are `kvc:<model_id>:<chunk key>`. Required with remote_url. */
@@ -69,6 +70,12 @@ export class KvcStore extends EventEmitter<StoreEvents> {
   readonly declined: Partial<Record<LocationName, number>> = {};
   /** The shared remote tier (remote_url), or null. */
   remote: RemoteTier | null = null;
+  /** The codec each location holds its chunks in (local_cpu_serde, local_disk_serde). */
+  private readonly codecs = new Map<LocationName, Codec>();
+  /** The remote tier's codec (remote_serde). */
+  private remoteCodec: Codec = Codec.naive;
+  /** Chunks a tier could not encode with its codec (kept as they came), since the store opened. */
+  encodeFailures = 0;
 
   private constructor() {
     super();
@@ -85,11 +92,13 @@ export class KvcStore extends EventEmitter<StoreEvents> {
     const s = new KvcStore();
     if (cfg.local_cpu && cfg.max_local_cpu_size > 0) {
       s.backends.set('LocalCPUBackend', new LocalCPUBackend(gibToBytes(cfg.max_local_cpu_size)));
+      s.codecs.set('LocalCPUBackend', codecByName(cfg.local_cpu_serde ?? 'naive'));
     }
     if (cfg.max_local_disk_size > 0 && cfg.local_disk) {
       const disk = await LocalDiskBackend.open(cfg.local_disk, gibToBytes(cfg.max_local_disk_size));
       disk.onDrop = (keys) => s.emit('evict', { location: 'LocalDiskBackend', keys });
       s.backends.set('LocalDiskBackend', disk);
+      s.codecs.set('LocalDiskBackend', codecByName(cfg.local_disk_serde ?? 'naive'));
     }
     if (endpoint) {
       s.remote = new RemoteTier({
@@ -99,8 +108,51 @@ export class KvcStore extends EventEmitter<StoreEvents> {
         queueBytes: gibToBytes(cfg.remote_write_queue_size ?? REMOTE_DEFAULTS.remote_write_queue_size),
       });
       await s.remote.start();
+      s.remoteCodec = codecByName(cfg.remote_serde ?? 'naive');
     }
     return s;
+  }
+
+  /** The codec `loc` encodes admitted chunks with. */
+  codecOf(loc: LocationName): Codec {
+    return this.codecs.get(loc) ?? Codec.naive;
+  }
+
+  /**
+   * `chunk` as a tier with `codec` holds it: re-encoded when its codec differs (chunk_codec.ts);
+   * `memo` keeps one encoding per codec for a write-through. A chunk the codec cannot encode (a
+   * non-finite value) is kept as it came, counted in encodeFailures.
+   */
+  private encodedFor(codec: Codec, chunk: Uint8Array, memo?: Map<Codec, Uint8Array>): Uint8Array {
+    const have = memo?.get(codec);
+    if (have) return have;
+    let out = chunk;
+    try {
+      out = recodeChunk(chunk, codec);
+    } catch (e) {
+      this.encodeFailures++;
+      log.debug(`chunk kept in its own encoding: ${(e as Error).message}`);
+    }
+    memo?.set(codec, out);
+    return out;
+  }
+
+  /**
+   * Re-encodes the chunk held at `loc` under `key` with `codec`, in place (keeps its pin and its
+   * place in the eviction order; see StorageBackend.replace). Returns false when `loc` does not
+   * hold it. Throws when the chunk cannot be read or encoded, or (a larger encoding) finds no room:
+   * the old encoding then stays.
+   */
+  async recode(key: ChunkKey, loc: LocationName, codec: Codec): Promise<boolean> {
+    const b = this.backend(loc);
+    const held = await b.get(key);
+    if (!held) return false;
+    const out = recodeChunk(held, codec);
+    if (out === held) return true;
+    const evicted = await b.replace(key, out);
+    if (evicted === null) return false;
+    if (evicted.length) this.evicted(loc, evicted);
+    return true;
   }
 
   /** Configured locations, fastest first. */
@@ -205,17 +257,18 @@ export class KvcStore extends EventEmitter<StoreEvents> {
     checkChunkFor(chunk, key);
     const targets = loc ? [this.backend(loc)] : [...this.backends.values()];
     const result: PutResult = { stored: [], failed: [], durable: false };
+    const memo = new Map<Codec, Uint8Array>();
     if (targets.length === 0) {
       // An instance with only a remote tier (e.g. a decoder without local memory) still shares.
       if (!this.remote) throw new StoreFullError('no storage location is configured on this instance');
-      result.remote = this.remote.enqueue(key, chunk);
+      result.remote = this.remote.enqueue(key, this.encodedFor(this.remoteCodec, chunk, memo));
       return result;
     }
     let firstError: unknown;
     for (const b of targets) {
       const had = b.has(key);
       try {
-        const evicted = await b.put(key, chunk, opts);
+        const evicted = await b.put(key, this.encodedFor(this.codecOf(b.location), chunk, memo), opts);
         if (evicted.length) this.evicted(b.location, evicted);
         if (!had) this.emit('admit', { location: b.location, keys: [key] });
         result.stored.push(b.location);
@@ -230,7 +283,7 @@ export class KvcStore extends EventEmitter<StoreEvents> {
     }
     if (!result.stored.length) throw firstError;
     // Never awaited: the write happens in the background and a full queue drops (and counts) it.
-    if (this.remote) result.remote = this.remote.enqueue(key, chunk);
+    if (this.remote) result.remote = this.remote.enqueue(key, this.encodedFor(this.remoteCodec, chunk, memo));
     for (const f of result.failed) {
       // A disk refusal means the chunk is not durable: worth an operator's attention.
       if (f.location === 'LocalDiskBackend') log.warn(`chunk ${key} not written to LocalDiskBackend (kept only in memory): ${f.error}`);
@@ -292,7 +345,7 @@ export class KvcStore extends EventEmitter<StoreEvents> {
     const cpu = this.cpu();
     if (!cpu || cpu.has(key)) return;
     try {
-      const evicted = cpu.putSync(key, chunk, opts);
+      const evicted = cpu.putSync(key, this.encodedFor(this.codecOf(cpu.location), chunk), opts);
       if (evicted.length) this.evicted(cpu.location, evicted);
       this.emit('admit', { location: cpu.location, keys: [key] });
     } catch (e) {

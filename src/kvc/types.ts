@@ -94,6 +94,13 @@ export interface StorageBackend {
    * throws has evicted nothing, except the keys listed in `StoreFullError.evicted`.
    */
   put(key: ChunkKey, chunk: Uint8Array, opts?: PutOptions): Promise<ChunkKey[]>;
+  /**
+   * Replaces a held chunk by another encoding of it (same key; chunk_codec.ts), in place: it keeps
+   * its pin and its place in the eviction order. A larger encoding evicts other unpinned chunks
+   * to make room (returned); StoreFullError when it cannot, and the old encoding stays. Resolves
+   * null when the key is not held.
+   */
+  replace(key: ChunkKey, chunk: Uint8Array): Promise<ChunkKey[] | null>;
   /** Copies the chunk into `dest` (or a new buffer) and returns that view, or null if absent/corrupt. */
   get(key: ChunkKey, dest?: Uint8Array): Promise<Uint8Array | null>;
   /**

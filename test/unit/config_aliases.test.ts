@@ -68,7 +68,7 @@ test('lmcache_worker_ports with one port is the worker port; more is refused', (
 test('an LMCache feature switched on is refused with the reason; off is accepted', () => {
   assert.throws(() => validateCacheConfig({ enable_blending: true }), /key "enable_blending": only false is accepted \(CacheBlend is not implemented\); found true/);
   assert.throws(() => validateCacheConfig({ save_decode_cache: true }), /save_decode_cache/);
-  assert.throws(() => validateCacheConfig({ remote_serde: 'cachegen' }), /remote_serde/);
+  assert.throws(() => validateCacheConfig({ remote_serde: 'cachegen', remote_url: 'redis://127.0.0.1:6379' }), /remote_serde.*cachegen and kivi are GPU codecs/);
   assert.throws(() => validateCacheConfig({ cache_policy: 'LFU' }), /cache_policy.*eviction is LRU/);
   assert.equal(validateCacheConfig({ cache_policy: 'LRU', use_layerwise: false, enable_p2p: false }).config.chunk_size, 256);
 });

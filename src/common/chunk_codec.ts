@@ -11,7 +11,7 @@
 //          scales [2][L][T][H] f32 little-endian, then values [2][L][T][H·head_dim] i8.
 //          Bytes per element 1 + 4 / head_dim: 0.27 × f32 at head_dim 64, 0.53 × f16.
 import { ChunkFormatError, Codec, CODEC_NAMES, DType, HEADER_BYTES, encodedPayloadBytes, readHeader, sealChunk, type ChunkHeader } from './chunk.js';
-import { bf16Table32, f16Table32, f32ToBf16Bits, f32ToF16Bits } from './half.js';
+import { bf16Table, f16Table, f32ToBf16, f32ToF16 } from './half.js';
 
 /** Codec names as the cache YAML and the controller's /compress take them. */
 export const CODECS = ['naive', 'int8'] as const;
@@ -38,7 +38,7 @@ function elementsAsF32(h: ChunkHeader, payload: Uint8Array): Float32Array {
   }
   const bits = new Uint16Array(n);
   new Uint8Array(bits.buffer).set(payload);
-  const table = h.dtype === DType.f16 ? f16Table32() : bf16Table32();
+  const table = h.dtype === DType.f16 ? f16Table() : bf16Table();
   const out = new Float32Array(n);
   for (let i = 0; i < n; i++) out[i] = table[bits[i]!]!;
   return out;
@@ -51,8 +51,8 @@ function writeElements(dtype: DType, values: Float32Array, dest: Uint8Array): vo
     return;
   }
   const bits = new Uint16Array(values.length);
-  if (dtype === DType.f16) for (let i = 0; i < values.length; i++) bits[i] = f32ToF16Bits(values[i]!);
-  else for (let i = 0; i < values.length; i++) bits[i] = f32ToBf16Bits(values[i]!);
+  if (dtype === DType.f16) for (let i = 0; i < values.length; i++) bits[i] = f32ToF16(values[i]!);
+  else for (let i = 0; i < values.length; i++) bits[i] = f32ToBf16(values[i]!);
   dest.set(new Uint8Array(bits.buffer));
 }
 

@@ -1,97 +1,87 @@
-// 16-bit floats in JavaScript (Node 20 has no Float16Array): IEEE binary16 ("f16", vLLM's
-// float16) and bfloat16 ("bf16"), converted to and from f32 with round-to-nearest-even, NaN kept a
-// NaN and infinities kept infinite. Used for the engine's 16-bit KV cache, the chunk payloads
-// holding it and the chunk codecs (src/common/chunk_codec.ts).
+// Half-precision floats: f16 and bf16 bits to and from f32, exactly (round to nearest even).
+// Every reader of 16-bit values converts here: 16-bit weights (safetensors, GGUF blocks, the
+// kernels' packers), the 16-bit KV cache and the chunks holding it (chunk_codec.ts).
 
-const f32 = new Float32Array(1);
-const u32 = new Uint32Array(f32.buffer);
+const f32buf = new Float32Array(1);
+const u32buf = new Uint32Array(f32buf.buffer);
 
-/** f32 value → f16 bits (round to nearest, ties to even; overflow → ±Inf; NaN → a quiet NaN). */
-export function f32ToF16Bits(x: number): number {
-  f32[0] = x;
-  const b = u32[0]!;
-  const sign = (b >>> 16) & 0x8000;
-  const exp = (b >>> 23) & 0xff;
-  let mant = b & 0x7fffff;
-  if (exp === 0xff) return sign | 0x7c00 | (mant ? 0x200 : 0); // Inf or NaN
-  // Unbiased exponent e = exp - 127; f16 normal range is e in [-14, 15].
+/** The f32 value of f16 bits (a table lookup: load paths call this once per block or value). */
+export function f16ToF32(h: number): number {
+  return (f16Lut ?? f16Table())[h & 0xffff]!;
+}
+
+function f16Value(h: number): number {
+  const s = h & 0x8000 ? -1 : 1;
+  const e = (h >> 10) & 0x1f;
+  const m = h & 0x3ff;
+  if (e === 0) return s * m * 2 ** -24;
+  if (e === 31) return m ? NaN : s * Infinity;
+  return s * (1 + m / 1024) * 2 ** (e - 15);
+}
+
+/** Round-to-nearest-even f32 → f16 bits. */
+export function f32ToF16(v: number): number {
+  f32buf[0] = v;
+  const x = u32buf[0]!;
+  const sign = (x >>> 16) & 0x8000;
+  const exp = (x >>> 23) & 0xff;
+  let mant = x & 0x7fffff;
+  if (exp === 0xff) return sign | 0x7c00 | (mant ? 0x200 : 0);
   let e = exp - 127 + 15;
-  if (e >= 0x1f) return sign | 0x7c00; // overflow → Inf
+  if (e >= 31) return sign | 0x7c00;
   if (e <= 0) {
-    // Subnormal f16 (or zero): shift the implicit-1 mantissa right, rounding to nearest even.
-    if (e < -10) return sign; // below half the smallest subnormal: ±0
+    if (e < -10) return sign;
     mant |= 0x800000;
-    const shift = 14 - e; // 14..24
+    const shift = 14 - e;
+    let hm = mant >>> shift;
+    const rem = mant & ((1 << shift) - 1);
     const half = 1 << (shift - 1);
-    const rest = mant & ((1 << shift) - 1);
-    let m = mant >>> shift;
-    if (rest > half || (rest === half && (m & 1))) m++;
-    return sign | m; // m may carry into the exponent field: 0x400 is the smallest normal, as it should be
+    if (rem > half || (rem === half && hm & 1)) hm++;
+    return sign | hm;
   }
-  const rest = mant & 0x1fff;
-  let h = (e << 10) | (mant >>> 13);
-  if (rest > 0x1000 || (rest === 0x1000 && (h & 1))) h++; // a carry into the exponent is the right rounding (up to Inf)
-  return sign | h;
-}
-
-/** f16 bits → f32 value (exact). */
-export function f16BitsToF32(h: number): number {
-  const sign = (h & 0x8000) << 16;
-  const exp = (h >>> 10) & 0x1f;
-  const mant = h & 0x3ff;
-  if (exp === 0) {
-    if (mant === 0) {
-      u32[0] = sign;
-      return f32[0]!;
+  let hm = mant >>> 13;
+  const rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem === 0x1000 && hm & 1)) {
+    hm++;
+    if (hm === 0x400) {
+      hm = 0;
+      e++;
+      if (e >= 31) return sign | 0x7c00;
     }
-    // Subnormal: mant · 2^-24, exactly representable in f32.
-    const v = mant * 5.960464477539063e-8;
-    return sign ? -v : v;
   }
-  if (exp === 0x1f) u32[0] = sign | 0x7f800000 | (mant << 13);
-  else u32[0] = sign | ((exp + 112) << 23) | (mant << 13);
-  return f32[0]!;
+  return sign | (e << 10) | hm;
 }
 
-/** f32 value → bf16 bits (round to nearest, ties to even; NaN stays a quiet NaN). */
-export function f32ToBf16Bits(x: number): number {
-  f32[0] = x;
-  const b = u32[0]!;
-  if ((b & 0x7f800000) === 0x7f800000 && (b & 0x7fffff)) return ((b >>> 16) | 0x40) & 0xffff;
-  return ((b + 0x7fff + ((b >>> 16) & 1)) >>> 16) & 0xffff;
+/** Round-to-nearest-even f32 → bf16 bits. */
+export function f32ToBf16(v: number): number {
+  f32buf[0] = v;
+  const x = u32buf[0]!;
+  if ((x & 0x7f800000) === 0x7f800000 && x & 0x7fffff) return (x >>> 16) | 0x40;
+  return ((x + 0x7fff + ((x >>> 16) & 1)) >>> 16) & 0xffff;
 }
 
-/** bf16 bits → f32 value (exact). */
-export function bf16BitsToF32(h: number): number {
-  u32[0] = (h & 0xffff) << 16;
-  return f32[0]!;
-}
-
-// Decode tables: 65,536 f32 each (256 KiB), built on first use. A table lookup is several times
-// faster than the bit arithmetic, and every chunk decode and KV export goes through it.
-let f16Table: Float32Array | null = null;
-let bf16Table: Float32Array | null = null;
-
-/** f16 bits → f32, as a table indexed by the 16 bits. */
-export function f16Table32(): Float32Array {
-  if (!f16Table) {
-    f16Table = new Float32Array(65536);
-    for (let h = 0; h < 65536; h++) f16Table[h] = f16BitsToF32(h);
+let f16Lut: Float32Array | null = null;
+/** The f32 value of every f16 bit pattern, built on first use (256 KiB). */
+export function f16Table(): Float32Array {
+  if (!f16Lut) {
+    f16Lut = new Float32Array(65536);
+    for (let i = 0; i < 65536; i++) f16Lut[i] = f16Value(i);
   }
-  return f16Table;
+  return f16Lut;
 }
 
-/** bf16 bits → f32, as a table indexed by the 16 bits. */
-export function bf16Table32(): Float32Array {
-  if (!bf16Table) {
-    bf16Table = new Float32Array(65536);
-    for (let h = 0; h < 65536; h++) bf16Table[h] = bf16BitsToF32(h);
+/** The f32 value of bf16 bits (exact: bf16 is the high half of an f32). */
+export function bf16ToF32(h: number): number {
+  u32buf[0] = (h & 0xffff) << 16;
+  return f32buf[0]!;
+}
+
+let bf16Lut: Float32Array | null = null;
+/** The f32 value of every bf16 bit pattern, built on first use (256 KiB). */
+export function bf16Table(): Float32Array {
+  if (!bf16Lut) {
+    bf16Lut = new Float32Array(65536);
+    for (let i = 0; i < 65536; i++) bf16Lut[i] = bf16ToF32(i);
   }
-  return bf16Table;
-}
-
-/** Narrows `src` into 16-bit `dest` (f16 or bf16 bits), element by element. */
-export function narrowInto(src: ArrayLike<number>, dest: Uint16Array, bf16: boolean, srcOff = 0, destOff = 0, n = src.length - srcOff): void {
-  if (bf16) for (let i = 0; i < n; i++) dest[destOff + i] = f32ToBf16Bits(src[srcOff + i]!);
-  else for (let i = 0; i < n; i++) dest[destOff + i] = f32ToF16Bits(src[srcOff + i]!);
+  return bf16Lut;
 }

@@ -4,7 +4,7 @@
 import { randomUUID } from 'node:crypto';
 
 export type EventStatus = 'pending' | 'running' | 'finished' | 'failed';
-export type EventKind = 'move' | 'copy' | 'pin' | 'unpin' | 'clear';
+export type EventKind = 'move' | 'copy' | 'pin' | 'unpin' | 'clear' | 'compress' | 'decompress';
 
 export interface EventRecord {
   event_id: string;

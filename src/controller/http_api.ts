@@ -6,7 +6,7 @@ import { z } from 'zod';
 import { ERRORS, badRequest, kvcError } from '../common/errors.js';
 import { createHttpServer, requireObject } from '../common/http.js';
 import { parseBody } from '../common/validate.js';
-import { checkFinishSchema, clearSchema, eventsQuerySchema, healthSchema, lookupSchema, moveSchema, pinSchema, queryInstanceSchema, queryWorkerInfoSchema } from '../protocol/controller_api.js';
+import { checkFinishSchema, clearSchema, compressSchema, decompressSchema, eventsQuerySchema, healthSchema, lookupSchema, moveSchema, pinSchema, queryInstanceSchema, queryWorkerInfoSchema } from '../protocol/controller_api.js';
 import { TOKEN_BODY_CONTENT_TYPE } from '../protocol/token_body.js';
 import { CACHE_SALT_HEADER, PREFIX_LOOKUP_PATH, prefixLookupRequestSchema, type PrefixLookupReply } from '../protocol/prefix_lookup.js';
 import { registerDashboard } from './dashboard.js';
@@ -73,7 +73,7 @@ export async function buildHttpApi(ops: Operations, o: HttpApiOptions = {}): Pro
   // the controller takes JSON (and binary token ids), so any other type is a 400 naming both.
   app.removeContentTypeParser('text/plain');
   // Mutations need the deployment secret; reads stay open (docs/security.md).
-  const MUTATIONS = new Set(['/move', '/pin', '/unpin', '/clear']);
+  const MUTATIONS = new Set(['/move', '/pin', '/unpin', '/clear', '/compress', '/decompress']);
   requireBearer(app, { key: deploymentSecret(), applies: (m, p) => m === 'POST' && MUTATIONS.has(p), what: 'deployment secret', name: 'controller', where: deploymentSecretWhere });
   const metrics = new ControllerMetrics(ops, o.processMetrics ?? false);
   ops.events.onComplete = (ev) => metrics.operationCompleted(ev);
@@ -82,6 +82,8 @@ export async function buildHttpApi(ops: Operations, o: HttpApiOptions = {}): Pro
   const body = (b: unknown) => requireObject(b);
 
   app.post('/move', async (req) => ops.move(parseWithTokens(moveSchema, req.body)));
+  app.post('/compress', async (req) => ops.recode(parseWithTokens(compressSchema, req.body), 'compress'));
+  app.post('/decompress', async (req) => ops.recode(parseWithTokens(decompressSchema, req.body), 'decompress'));
   app.post('/pin', async (req) => ops.pin(parseWithTokens(pinSchema, req.body)));
   app.post('/unpin', async (req) => ops.unpin(parseWithTokens(pinSchema, req.body)));
   // The request path: synchronous handlers (no promise per request), and the binary token body

@@ -15,7 +15,7 @@ import { logger } from '../common/log.js';
 import { DTYPE_NAMES } from '../common/dtype.js';
 import { EventLog, type EventKind, type EventRecord } from './events.js';
 import { keyHalves, type KeyHalves } from '../common/keys.js';
-import type { ClearReply, ClearRequest, EventReply, LookupReply, MoveRequest, PinRequest, WorkerInfo } from '../protocol/controller_api.js';
+import type { ClearReply, ClearRequest, CompressRequest, DecompressRequest, EventReply, LookupReply, MoveRequest, PinRequest, WorkerInfo } from '../protocol/controller_api.js';
 import type { LocationName } from '../protocol/worker_api.js';
 import type { Registry, WorkerRec } from './registry.js';
 import { callWorker, workerName } from './worker_rpc.js';
@@ -184,10 +184,37 @@ export class Operations {
     return this.setPinned(req, 'unpin');
   }
 
-  private async setPinned(req: PinRequest, kind: 'pin' | 'unpin'): Promise<EventReply> {
+  private setPinned(req: PinRequest, kind: 'pin' | 'unpin'): Promise<EventReply> {
+    const request = { instance_id: req.instance_id, location: req.location, tokens: req.tokens.length };
+    return this.onHeldPrefix(req, kind, request, (w, keys) => callWorker(w, kind, { keys, location: req.location as LocationName }, this.timeouts.commandMs));
+  }
+
+  /**
+   * /compress and /decompress: re-encodes the held prefix of `tokens` at the location in place
+   * (worker /recode), under an event like /move. Lookups keep finding the chunks: the key does
+   * not depend on the codec.
+   */
+  recode(req: CompressRequest | DecompressRequest, kind: 'compress' | 'decompress'): Promise<EventReply> {
+    const codec = kind === 'compress' ? req.method! : 'naive';
+    const request = { instance_id: req.instance_id, location: req.location, method: req.method ?? null, tokens: req.tokens.length };
+    return this.onHeldPrefix(req, kind, request, (w, keys) =>
+      callWorker(w, 'recode', { keys, location: req.location as LocationName, codec, deadline_ms: this.timeouts.transferMs }, this.timeouts.transferMs + 5000),
+    );
+  }
+
+  /**
+   * The shape of /pin, /unpin, /compress, /decompress: the prefix of `tokens` every worker of the
+   * instance holds at the location (asked before the event is scheduled), then `each` on every
+   * worker with those keys under one event; the event's count is the smallest worker count.
+   */
+  private async onHeldPrefix(
+    req: { instance_id: string; location: string; tokens: number[] },
+    kind: EventKind,
+    request: Record<string, unknown>,
+    each: (w: WorkerRec, keys: string[]) => Promise<{ count: number }>,
+  ): Promise<EventReply> {
     const workers = this.workersOf(req.instance_id, 'instance_id');
     this.checkLocation(workers, req.location, 'location');
-    const request = { instance_id: req.instance_id, location: req.location, tokens: req.tokens.length };
     if (req.tokens.length === 0) {
       const ev = this.finishedNow(kind, request);
       return { event_id: ev.event_id, num_tokens: 0 };
@@ -202,9 +229,7 @@ export class Operations {
       return { event_id: ev.event_id, num_tokens: 0 };
     }
     this.runEvent(ev, async () => {
-      const results = await Promise.all(
-        workers.map((w) => callWorker(w, kind, { keys: keys.slice(0, n), location: req.location as LocationName }, this.timeouts.commandMs)),
-      );
+      const results = await Promise.all(workers.map((w) => each(w, keys.slice(0, n))));
       return Math.min(...results.map((r) => r.count));
     });
     return { event_id: ev.event_id, num_tokens: numTokens };

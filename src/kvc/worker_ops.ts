@@ -11,7 +11,8 @@
 // Pins (docs/controller.md "Pins, moves and copies"): a move carries each chunk's pin to the
 // destination (pinned there once committed, before its source copy is deleted); a copy leaves the
 // source's pins where they are and its new copies unpinned (evictable replicas).
-import type { MoveCommand } from '../protocol/worker_api.js';
+import type { MoveCommand, RecodeCommand } from '../protocol/worker_api.js';
+import { codecByName } from '../common/chunk_codec.js';
 import { ERRORS, KvcError, kvcError, timedOut, upstreamFailed } from '../common/errors.js';
 import type { KvcStore } from './store.js';
 import { chunkForSend, transferHolds, type TransferHolds } from './transfer_holds.js';
@@ -64,6 +65,28 @@ export class WorkerOps {
       if (!this.store.has(k, location)) continue;
       op(k);
       n++;
+    }
+    return n;
+  }
+
+  /**
+   * Re-encodes each held key of the location with the command's codec, in place (KvcStore.recode),
+   * one chunk at a time; returns how many are held in that codec afterwards. A chunk that cannot be
+   * re-encoded (no room to grow it, a non-finite value) stops the command with an error naming it
+   * and the count done: every chunk, re-encoded or not, stays a valid chunk under its key.
+   */
+  async recode(cmd: RecodeCommand): Promise<number> {
+    this.store.assertLocation(cmd.location);
+    const codec = codecByName(cmd.codec);
+    const deadline = this.now() + cmd.deadline_ms;
+    let n = 0;
+    for (const k of cmd.keys) {
+      if (this.now() > deadline) throw timedOut(`recode to ${cmd.codec} on instance "${this.instanceId}" ${cmd.location} did not complete within ${cmd.deadline_ms} ms (${n} of ${cmd.keys.length} chunks done)`);
+      try {
+        if (await this.store.recode(k, cmd.location, codec)) n++;
+      } catch (e) {
+        throw upstreamFailed(`recode to ${cmd.codec} on instance "${this.instanceId}" ${cmd.location} stopped at chunk ${k} (${n} of ${cmd.keys.length} done): ${(e as Error).message}`);
+      }
     }
     return n;
   }

@@ -45,6 +45,10 @@ export async function startWorkerServer(store: KvcStore, id: WorkerIdentity, hos
     const b = parseBody(R.clear.request, requireObject(req.body));
     return ops.clear(b.location, b.include_pinned ?? false);
   });
+  app.post(R.recode.path, async (req): Promise<WorkerReply<'recode'>> => {
+    const b = parseBody(R.recode.request, requireObject(req.body));
+    return { count: await ops.recode(b) };
+  });
   app.post(R.move.path, async (req, reply): Promise<WorkerReply<'move'>> => {
     const b = parseBody(R.move.request, requireObject(req.body));
     // The controller gives up on a move by dropping its request (its deadline): the move is then

@@ -42,6 +42,32 @@ export type MoveRequest = z.infer<typeof moveSchema>;
 export const pinSchema = z.strictObject({ tokens: tokenIds, instance_id: str('instance id'), location: str('location name') });
 export type PinRequest = z.infer<typeof pinSchema>;
 
+/**
+ * POST /compress: re-encodes the held prefix of `tokens` at `location` of `instance_id` with the
+ * codec `method` (src/common/chunk_codec.ts), in place. LMCache's names; kvc's methods are its
+ * codecs other than naive.
+ */
+export const compressSchema = z.strictObject({
+  instance_id: str('instance id'),
+  location: str('location name'),
+  method: z.enum(['int8'], "expected \"int8\" (kvc's 8-bit codec; LMCache's cachegen and kivi are GPU codecs kvc does not implement)"),
+  tokens: tokenIds,
+});
+export type CompressRequest = z.infer<typeof compressSchema>;
+
+/**
+ * POST /decompress: the held prefix of `tokens` at `location` back to naive (the engine's dtype),
+ * in place. `method`, when given, names the codec being undone (kvc decodes whatever codec a chunk
+ * is in, so it only has to be one kvc knows).
+ */
+export const decompressSchema = z.strictObject({
+  instance_id: str('instance id'),
+  location: str('location name'),
+  method: z.enum(['int8'], "expected \"int8\" (the codec to undo; kvc's only compressing codec)").optional(),
+  tokens: tokenIds,
+});
+export type DecompressRequest = z.infer<typeof decompressSchema>;
+
 /** POST /lookup. `cache_salt` (kvc's addition): the prompt was served with vLLM's cache_salt. */
 export const lookupSchema = z.strictObject({ tokens: tokenIds, cache_salt: str('cache salt').optional() });
 

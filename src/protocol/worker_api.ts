@@ -5,6 +5,7 @@
 // controller checks every reply it gets.
 import { z } from 'zod';
 import { CHUNK_KEY_PATTERN } from '../common/keys.js';
+import { CODECS } from '../common/chunk_codec.js';
 
 /** The storage locations of a cache instance (tiers), by the names the YAML and the API use. */
 export const LOCATIONS = ['LocalCPUBackend', 'LocalDiskBackend'] as const;
@@ -43,6 +44,15 @@ export const moveCommandSchema = z.strictObject({
 });
 export type MoveCommand = z.infer<typeof moveCommandSchema>;
 
+/** POST /recode: re-encode the held `keys` of `location` with `codec` in place (controller /compress, /decompress). */
+export const recodeCommandSchema = z.object({
+  keys: chunkKeysSchema,
+  location: locationSchema,
+  codec: z.enum(CODECS, `expected one of ${CODECS.join(', ')}`),
+  deadline_ms: z.number().int().min(1).max(24 * 3600 * 1000),
+});
+export type RecodeCommand = z.infer<typeof recodeCommandSchema>;
+
 const count = z.number().int().min(0);
 export const countReplySchema = z.object({ count });
 /** `kept`: the chunks still in the location afterwards (pinned, or held by a transfer). */
@@ -71,6 +81,7 @@ export const WORKER_ROUTES = {
   unpin: { method: 'POST', path: '/unpin', request: keysAtSchema, reply: countReplySchema },
   clear: { method: 'POST', path: '/clear', request: clearRequestSchema, reply: clearReplySchema },
   move: { method: 'POST', path: '/move', request: moveCommandSchema, reply: moveReplySchema },
+  recode: { method: 'POST', path: '/recode', request: recodeCommandSchema, reply: countReplySchema },
 } as const;
 
 export type WorkerRoute = keyof typeof WORKER_ROUTES;

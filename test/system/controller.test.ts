@@ -330,6 +330,23 @@ function registerTests(): void {
         d.close();
       }
     });
+    test('an instance holding another KV dtype than the live instances of its model is refused', async () => {
+      const d = new Dealer({ routingId: 'test-dtype', linger: 0 });
+      d.connect(`tcp://127.0.0.1:${monitor}`);
+      try {
+        await d.send(encodeMsg({ t: 'register', v: PROTOCOL_VERSION, instance_id: 'inst-f16', worker_id: 0, session: 'f16', ip: '127.0.0.1', worker_port: 1, distributed_url: null, chunk_size: CHUNK, model_id: MODEL, seed: '0', kv_dtype: 'f16', locations: ['LocalCPUBackend'], pid: 1 }));
+        const [reply] = await d.receive();
+        const { decode } = await import('@msgpack/msgpack');
+        const m = decode(reply!) as { t: string; message: string };
+        assert.equal(m.t, 'error');
+        assert.match(m.message, /holds KV as f16, but instance "inst-[A-Z]" of model "ctl-test-model" holds f32/);
+        const r = await (await fetch(`${url}/instances`)).json();
+        assert.equal(r.instances.some((i: { instance_id: string }) => i.instance_id === 'inst-f16'), false);
+        assert.ok(r.instances.every((i: { workers: { kv_dtype: string }[] }) => i.workers.every((w) => w.kv_dtype === 'f32')));
+      } finally {
+        d.close();
+      }
+    });
     test('malformed monitor messages are dropped without harm', async () => {
       const d = new Dealer({ routingId: 'garbage', linger: 0 });
       d.connect(`tcp://127.0.0.1:${monitor}`);
@@ -758,7 +775,8 @@ function registerTests(): void {
   describe('failures', () => {
     test('destination killed mid-move: source intact, event failed', async () => {
       // 32 chunks of 4 MiB: long enough a transfer to interrupt after the first stored chunk.
-      const layout: KvLayout = { dtype: DType.f16, numLayers: 4, numKvHeads: 8, headDim: 128 };
+      // f32 like the other instances of MODEL on this controller: one KV dtype per model.
+      const layout: KvLayout = { dtype: DType.f32, numLayers: 4, numKvHeads: 4, headDim: 128 };
       const chunkSize = 256;
       const src = await startInstance('inst-src', monitor, { cpuGiB: 0.25, chunkSize, layout });
       instances.push(src);

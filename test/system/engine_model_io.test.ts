@@ -10,7 +10,7 @@ import { join, dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseModelConfig, loadModelConfig, ModelConfigError } from '../../src/engine/model/config.js';
 import { SafetensorsCollection, writeSafetensors } from '../../src/engine/model/formats/safetensors.js';
-import { f32ToBf16, f32ToF16, f16ToF32 } from '../../src/engine/model/formats/half.js';
+import { f32ToBf16, f32ToF16, f16ToF32 } from '../../src/common/half.js';
 import { Tokenizer, maxCharsPerToken } from '../../src/engine/model/tokenizer.js';
 import { ensureBuiltinModel, BUILTIN_MODELS, builtinDirName, cleanStaleBuiltinTemps, STALE_TMP_MS } from '../../src/engine/model/formats/builtin.js';
 import { tempDir } from '../../harness/temp_dir.js';

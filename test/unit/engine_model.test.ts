@@ -17,7 +17,7 @@ import { PagedKvCache, KvCacheFullError, BLOCK_TOKENS } from '../../src/engine/m
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { SafetensorsCollection, writeSafetensors, type TensorToWrite } from '../../src/engine/model/formats/safetensors.js';
-import { f32ToBf16 } from '../../src/engine/model/formats/half.js';
+import { f32ToBf16 } from '../../src/common/half.js';
 import { tempDir } from '../../harness/temp_dir.js';
 import fc from 'fast-check';
 import { encodeChunk, verifyChunk, chunkPayload, payloadBytes, DType } from '../../src/common/chunk.js';

@@ -14,7 +14,7 @@ import { loadGguf } from '../../src/engine/model/formats/gguf_model.js';
 import { GgufError, GgufFile } from '../../src/engine/model/formats/gguf_read.js';
 import { convertToGguf } from '../../src/engine/model/formats/gguf_write.js';
 import { LlamaModel } from '../../src/engine/model/model.js';
-import { f16ToF32, f32ToF16 } from '../../src/engine/model/formats/half.js';
+import { f16ToF32, f32ToF16 } from '../../src/common/half.js';
 import { writeSafetensors } from '../../src/engine/model/formats/safetensors.js';
 import { Tokenizer } from '../../src/engine/model/tokenizer.js';
 import { loadEngineModel } from '../../src/engine/runtime.js';

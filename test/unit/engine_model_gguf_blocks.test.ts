@@ -18,7 +18,7 @@ import { dequantize, type GgmlTypeName } from '../../src/engine/model/formats/gg
 import { GgufFile } from '../../src/engine/model/formats/gguf_read.js';
 import { convertToGguf, encodeTensor } from '../../src/engine/model/formats/gguf_write.js';
 import { LlamaModel } from '../../src/engine/model/model.js';
-import { f32ToF16 } from '../../src/engine/model/formats/half.js';
+import { f32ToF16 } from '../../src/common/half.js';
 import { writeSafetensors } from '../../src/engine/model/formats/safetensors.js';
 import { q4_0AsQ8_0 } from '../../src/engine/model/kernels/weight_pack.js';
 import { relativeRms } from '../../harness/numeric.js';

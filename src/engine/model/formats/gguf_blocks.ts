@@ -24,7 +24,7 @@
 //     sub-block s is bit s of qh[l]
 //   Q6_K 210 B / 256: 128 B low nibbles ql, 64 B high pairs qh, 16 int8 scales, f16 d
 //     sixteen sub-blocks of 16: x = (d·sc)·(q − 32), q in [0, 63] (see decodeQ6K for the order)
-import { f16ToF32, f32ToF16 } from './half.js';
+import { f16ToF32, f32ToF16 } from '../../../common/half.js';
 
 /** The block formats of this file: values per block and bytes per block. */
 export const BLOCK_LAYOUT = {

@@ -6,7 +6,7 @@
 //   padding to `general.alignment` (default 32), then the data section.
 // A 2-D weight of Hugging Face shape [out][in] is stored with dims [in, out] and the same bytes.
 import { BLOCK_LAYOUT, decodeBlocks, type RequantizedType } from './gguf_blocks.js';
-import { f16ToF32, f32ToF16 } from './half.js';
+import { f16ToF32, f32ToF16 } from '../../../common/half.js';
 
 export const GGUF_MAGIC = 0x46554747; // "GGUF" read as u32 LE
 export const GGUF_VERSION = 3;

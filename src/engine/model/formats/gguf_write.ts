@@ -24,7 +24,7 @@ import {
   type GgmlTypeName,
 } from './gguf_format.js';
 import { encodeBlocks } from './gguf_blocks.js';
-import { f32ToBf16, f32ToF16 } from './half.js';
+import { f32ToBf16, f32ToF16 } from '../../../common/half.js';
 import { SafetensorsCollection } from './safetensors.js';
 import { PRE_TOKENIZERS } from './gguf_tokenizer.js';
 

@@ -6,7 +6,7 @@ import { existsSync } from 'node:fs';
 import { open, readFile, readdir, writeFile, rename } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
 import { basename, join } from 'node:path';
-import { f16Table, f32ToBf16, f32ToF16 } from './half.js';
+import { f16Table, f32ToBf16, f32ToF16 } from '../../../common/half.js';
 
 export type StDType = 'F32' | 'F16' | 'BF16';
 const DTYPE_SIZE: Record<StDType, number> = { F32: 4, F16: 2, BF16: 2 };

@@ -25,7 +25,7 @@
 //     isum = Σ_{k in b} qx_k · q[n][k]
 //     acc  = f32(acc + f32(f32(f32(isum) · f32(s[n][b] · dx[r][b])) − f32(xsum[r][b] · f32(o[n][b] · dx[r][b])))).
 import { checkEncoded, q4_0AsQ8_0, q4Block, type EncodedWeight, type Q4Type } from './weight_pack.js';
-import { f16ToF32 } from '../formats/half.js';
+import { f16ToF32 } from '../../../common/half.js';
 
 /** int8 weights [n][k] and their per-block scales [n][k/32] (the JS kernel's Q8 weight). */
 export interface Q8Weight {

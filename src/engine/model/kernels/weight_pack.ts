@@ -11,7 +11,7 @@ import type { WasmConverter } from './convert_wasm.js';
 import { dequantize, quantizeQ8_0, TYPE_LAYOUT, type HeldType } from '../formats/gguf_format.js';
 import { minOf, scaleOf } from '../formats/gguf_blocks.js';
 import { padTo, PANEL, panelIndex, Q4_BLOCK_BYTES, Q4_HALF_BLOCK_BYTES, Q4_HALF_QUAD_BYTES, Q8_BLOCK_BYTES, Q8_HALF_BLOCK_BYTES, Q8_HALF_COLS, Q8_HALF_PAIR_BYTES, STRIP, type WFmt } from './layout.js';
-import { f16ToF32 } from '../formats/half.js';
+import { f16ToF32 } from '../../../common/half.js';
 
 /** A [n][k] weight in its stored encoding (row-major, rows of k values; blocks run along k). */
 export interface EncodedWeight {

@@ -2,43 +2,43 @@
 // round trip (checksummed, error bound, layout), and chunk keys that depend on the KV dtype.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { Codec, DType, HEADER_BYTES, encodeChunk, encodedPayloadBytes, payloadBytes, readHeader, verifyChunk, ChunkFormatError } from '../src/common/chunk.js';
-import { decodeChunk, recodeChunk } from '../src/common/chunk_codec.js';
-import { bf16BitsToF32, f16BitsToF32, f32ToBf16Bits, f32ToF16Bits, f16Table32 } from '../src/common/half.js';
-import { chunkKeys } from '../src/common/keys.js';
+import { Codec, DType, HEADER_BYTES, encodeChunk, encodedPayloadBytes, payloadBytes, readHeader, verifyChunk, ChunkFormatError } from '../../src/common/chunk.js';
+import { decodeChunk, recodeChunk } from '../../src/common/chunk_codec.js';
+import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16, f16Table } from '../../src/common/half.js';
+import { chunkKeys } from '../../src/common/keys.js';
 
 test('f16: every 16-bit pattern survives f16 → f32 → f16 (NaNs stay NaN)', () => {
   for (let h = 0; h < 65536; h++) {
-    const x = f16BitsToF32(h);
-    const back = f32ToF16Bits(x);
-    if (Number.isNaN(x)) assert.ok(Number.isNaN(f16BitsToF32(back)), `NaN ${h}`);
+    const x = f16ToF32(h);
+    const back = f32ToF16(x);
+    if (Number.isNaN(x)) assert.ok(Number.isNaN(f16ToF32(back)), `NaN ${h}`);
     else assert.equal(back, h, `pattern ${h.toString(16)}`);
   }
-  assert.equal(f16BitsToF32(0x3c00), 1);
-  assert.equal(f16BitsToF32(0x0001), 2 ** -24);
-  assert.equal(f16BitsToF32(0x7bff), 65504);
+  assert.equal(f16ToF32(0x3c00), 1);
+  assert.equal(f16ToF32(0x0001), 2 ** -24);
+  assert.equal(f16ToF32(0x7bff), 65504);
 });
 
 test('f16 and bf16 narrowing round to the nearest value, ties to even', () => {
-  const table = f16Table32();
+  const table = f16Table();
   // Every f32 halfway between two adjacent positive f16 values (and just off it) rounds the right way.
   for (let h = 0; h < 0x7bff; h += 7) {
     const lo = table[h]!;
     const hi = table[h + 1]!;
     const mid = (lo + hi) / 2; // exact in f64, and in f32 (one more mantissa bit)
-    assert.equal(f32ToF16Bits(mid), h % 2 === 0 ? h : h + 1, `tie between ${h} and ${h + 1}`);
-    assert.equal(f32ToF16Bits(Math.fround(mid + (hi - lo) / 8)), h + 1);
-    assert.equal(f32ToF16Bits(Math.fround(mid - (hi - lo) / 8)), h);
+    assert.equal(f32ToF16(mid), h % 2 === 0 ? h : h + 1, `tie between ${h} and ${h + 1}`);
+    assert.equal(f32ToF16(Math.fround(mid + (hi - lo) / 8)), h + 1);
+    assert.equal(f32ToF16(Math.fround(mid - (hi - lo) / 8)), h);
   }
-  assert.equal(f32ToF16Bits(65520), 0x7c00); // rounds up to Inf
-  assert.equal(f32ToF16Bits(65519), 0x7bff);
-  assert.equal(f32ToF16Bits(-0), 0x8000);
-  assert.equal(f32ToF16Bits(2 ** -25), 0); // exactly half the smallest subnormal: tie to even (0)
-  assert.equal(f32ToF16Bits(Math.fround(2 ** -25 * 1.5)), 1);
-  assert.equal(f32ToBf16Bits(1 + 2 ** -8), 0x3f80); // tie → even
-  assert.equal(f32ToBf16Bits(1 + 3 * 2 ** -8), 0x3f82);
-  assert.equal(bf16BitsToF32(f32ToBf16Bits(-2.5)), -2.5);
-  assert.ok(Number.isNaN(bf16BitsToF32(f32ToBf16Bits(NaN))));
+  assert.equal(f32ToF16(65520), 0x7c00); // rounds up to Inf
+  assert.equal(f32ToF16(65519), 0x7bff);
+  assert.equal(f32ToF16(-0), 0x8000);
+  assert.equal(f32ToF16(2 ** -25), 0); // exactly half the smallest subnormal: tie to even (0)
+  assert.equal(f32ToF16(Math.fround(2 ** -25 * 1.5)), 1);
+  assert.equal(f32ToBf16(1 + 2 ** -8), 0x3f80); // tie → even
+  assert.equal(f32ToBf16(1 + 3 * 2 ** -8), 0x3f82);
+  assert.equal(bf16ToF32(f32ToBf16(-2.5)), -2.5);
+  assert.ok(Number.isNaN(bf16ToF32(f32ToBf16(NaN))));
 });
 
 function naiveChunk(dtype: DType, tokens = 5, seed = 1): Uint8Array {
@@ -50,7 +50,7 @@ function naiveChunk(dtype: DType, tokens = 5, seed = 1): Uint8Array {
   if (dtype === DType.f32) bytes = new Uint8Array(vals.buffer);
   else {
     const u = new Uint16Array(n);
-    for (let i = 0; i < n; i++) u[i] = dtype === DType.f16 ? f32ToF16Bits(vals[i]!) : f32ToBf16Bits(vals[i]!);
+    for (let i = 0; i < n; i++) u[i] = dtype === DType.f16 ? f32ToF16(vals[i]!) : f32ToBf16(vals[i]!);
     bytes = new Uint8Array(u.buffer);
   }
   return encodeChunk(layout, tokens, '00000000deadbeef', bytes);
@@ -61,7 +61,7 @@ function values(c: Uint8Array): Float32Array {
   const p = c.subarray(HEADER_BYTES);
   if (h.dtype === DType.f32) return new Float32Array(p.slice().buffer);
   const u = new Uint16Array(p.slice().buffer);
-  return Float32Array.from(u, (b) => (h.dtype === DType.f16 ? f16BitsToF32(b) : bf16BitsToF32(b)));
+  return Float32Array.from(u, (b) => (h.dtype === DType.f16 ? f16ToF32(b) : bf16ToF32(b)));
 }
 
 for (const dtype of [DType.f32, DType.f16, DType.bf16]) {

@@ -4,6 +4,9 @@
 // instances and workers with heartbeat age and per-location chunks/bytes, recent events, and the
 // engines' hit-rate / TTFT samples reported over the monitor protocol.
 //
+// `POST /dashboard/tokenize` turns a typed prompt into token ids through the engine of the chosen
+// instance (its address comes with the instance's registration).
+//
 // The page's actions (pin, unpin, move, copy, clear) call the controller's ordinary HTTP API, so
 // they are guarded exactly as that API is; the page sends `Authorization: Bearer <key>` when the
 // operator typed a key into it (see app.js `authHeaders`).
@@ -13,7 +16,15 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import fastifyStatic from '@fastify/static';
 import type { FastifyInstance } from 'fastify';
+import { ERRORS, kvcError } from '../common/errors.js';
+import { requireObject } from '../common/http.js';
+import { parseBody } from '../common/validate.js';
+import { dashboardTokenizeSchema } from '../protocol/controller_api.js';
+import { tokenizeReplySchema } from '../protocol/tokenize.js';
 import type { Operations } from './operations.js';
+
+/** How long the dashboard's prompt tokenization waits for the engine. */
+const TOKENIZE_TIMEOUT_MS = 10_000;
 
 /** Events the state snapshot carries (newest first). */
 export const DASHBOARD_EVENTS = 50;
@@ -47,6 +58,25 @@ export async function registerDashboard(app: FastifyInstance, ops: Operations): 
   app.get('/', async (_req, reply) => reply.type('text/html; charset=utf-8').sendFile('index.html', root));
   // The folder itself is not a page: send its visitors to the page.
   for (const path of ['/dashboard', '/dashboard/']) app.get(path, async (_req, reply) => reply.redirect('/'));
+  app.post('/dashboard/tokenize', async (req) => {
+    const b = parseBody(dashboardTokenizeSchema, requireObject(req.body));
+    const url = ops.workersOf(b.instance_id, 'instance_id').find((w) => w.engineUrl)?.engineUrl;
+    if (!url) throw kvcError(ERRORS.conflict, `instance_id: instance "${b.instance_id}" registered no engine address (an engine started with --port 0, or not an engine); give token ids instead`);
+    let res: Response;
+    try {
+      res = await fetch(`${url}/tokenize`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: b.prompt }), signal: AbortSignal.timeout(TOKENIZE_TIMEOUT_MS) });
+    } catch (e) {
+      throw kvcError(ERRORS.upstream_failed, `the engine of instance "${b.instance_id}" at ${url} did not answer /tokenize: ${(e as Error).message}`);
+    }
+    const j = (await res.json().catch(() => null)) as { error?: { message?: string } } | null;
+    if (!res.ok) {
+      // (An engine started with --api-key refuses the controller, which holds no client key.)
+      throw kvcError(ERRORS.upstream_failed, `the engine of instance "${b.instance_id}" refused /tokenize (HTTP ${res.status}): ${j?.error?.message ?? 'no message'}; give token ids instead`);
+    }
+    const r = tokenizeReplySchema.safeParse(j);
+    if (!r.success) throw kvcError(ERRORS.upstream_failed, `the engine of instance "${b.instance_id}" answered /tokenize with something else than {tokens, count}`);
+    return { tokens: r.data.tokens, count: r.data.count };
+  });
   app.get('/dashboard/state', async () => ({
     time: new Date().toISOString(),
     instances: ops.describeInstances(),

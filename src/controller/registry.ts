@@ -22,6 +22,8 @@ export interface WorkerRec {
   ip: string;
   workerPort: number;
   distributedUrl: string | null;
+  /** The engine's HTTP address, when its registration gave one. */
+  engineUrl: string | null;
   chunkSize: number;
   modelId: string;
   seed: string;
@@ -233,6 +235,7 @@ export class Registry {
       ip: m.ip,
       workerPort: m.worker_port,
       distributedUrl: m.distributed_url,
+      engineUrl: m.engine_url ?? null,
       chunkSize: m.chunk_size,
       modelId: m.model_id,
       seed: m.seed,

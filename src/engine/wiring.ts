@@ -4,6 +4,7 @@
 // that drives them. EngineWiring.start() acquires them in that order and records how to release
 // each one; close() releases them in the reverse order, and a start-up that fails half way
 // releases what it had acquired (ports, worker threads, buffers) before the error is reported.
+import { urlHost } from '../common/address.js';
 import { describeLayout, sameLayout } from '../common/chunk.js';
 import { seedFromEnv } from '../common/keys.js';
 import { logger } from '../common/log.js';
@@ -133,7 +134,9 @@ export class EngineWiring {
           // and peer ports, so the controller can look up, move, copy, pin and clear our chunks.
           // Each heartbeat also carries the engine's counters, for the controller's dashboard.
           const attached = await attachController(opened, cacheConfig, { modelId: model.modelId, chunkSize: cacheConfig.chunk_size, seed, layout: model.layout, engineSample: () => metrics.sample(),
-            engineAddress: { bindHost: s.host, advertiseHost: s.advertiseHost, advertiseExplicit: s.advertiseExplicit } });
+            engineAddress: { bindHost: s.host, advertiseHost: s.advertiseHost, advertiseExplicit: s.advertiseExplicit },
+            // (An ephemeral --port 0 is not known yet: the dashboard then takes token ids only.)
+            ...(s.port > 0 ? { engineUrl: `http://${urlHost(s.advertiseHost)}:${s.port}` } : {}) });
           controller = attached;
           releases.push({ what: 'detaching from the controller', release: () => attached.close(), mustSucceed: false });
           log.info(`cache instance ${cacheConfig.kvc_instance_id} attached to controller ${cacheConfig.controller_url} (worker port ${attached.workerPort}, registered at ${attached.advertiseHost})`);

@@ -56,6 +56,8 @@ export interface AttachOptions {
    * address (src/common/address.ts). Default: loopback (an in-process instance).
    */
   engineAddress?: { bindHost: string; advertiseHost: string; advertiseExplicit: boolean };
+  /** The engine's HTTP address, registered for the dashboard's prompt tokenization. */
+  engineUrl?: string;
 }
 
 export interface ControllerAttachment {
@@ -161,6 +163,7 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
       kv_dtype: DTYPE_NAMES[o.layout?.dtype ?? DType.f32] as 'f32' | 'f16' | 'bf16',
       locations: store.locations(),
       pid: process.pid,
+      ...(o.engineUrl ? { engine_url: o.engineUrl } : {}),
       ...(deploymentSecret() === null ? {} : { auth: tag(deploymentSecret()!, 'monitor', session) }),
     }).finally(() => (registerInFlight = false));
   };

@@ -150,3 +150,9 @@ export interface WorkerInfo {
   registration_time: number;
   last_heartbeat_time: number;
 }
+
+/**
+ * POST /dashboard/tokenize: the dashboard's prompt → token ids, by the engine of `instance_id`
+ * (its /tokenize), so an action can take a typed prompt. Answers that engine's {tokens, count}.
+ */
+export const dashboardTokenizeSchema = z.strictObject({ instance_id: str('instance id'), prompt: z.string('expected a string').min(1, 'expected a non-empty prompt') });

@@ -56,6 +56,11 @@ export const registerMsgSchema = z.object({
   kv_dtype: z.enum(['f32', 'f16', 'bf16'], 'expected f32, f16 or bf16').default('f32'),
   locations: z.array(z.string().min(1)),
   pid: z.number().int(),
+  /**
+   * The engine's HTTP address (http://host:port) when the instance is an engine's: the
+   * controller's dashboard has it tokenize a typed prompt (POST /tokenize). Absent: unknown.
+   */
+  engine_url: z.string().url().optional(),
 });
 export type RegisterMsg = z.input<typeof registerMsgSchema>;
 

@@ -123,7 +123,7 @@ describe('controller dashboard in headless Chromium', () => {
     const visible = async () => page.evaluate(() => [...document.querySelectorAll('#action-form label')].filter((l) => (l as HTMLElement).offsetParent !== null).map((l) => l.firstChild!.textContent!.trim()));
     for (const op of ['pin', 'unpin', 'clear', 'move', 'copy']) {
       await page.selectOption('#act-op', op);
-      const want = ['operation', 'instance', 'location', ...(op === 'move' || op === 'copy' ? ['to instance', 'to location'] : []), ...(op === 'clear' ? [] : ['token ids'])];
+      const want = ['operation', 'instance', 'location', ...(op === 'move' || op === 'copy' ? ['to instance', 'to location'] : []), ...(op === 'clear' ? [] : ['prompt or token ids'])];
       assert.deepEqual(await visible(), want, `fields shown for ${op}`);
     }
     await page.selectOption('#act-op', 'pin');
@@ -136,9 +136,24 @@ describe('controller dashboard in headless Chromium', () => {
     await page.waitForSelector(`#events tr[data-event="${eventId}"] .badge.finished`, { timeout: WAIT_MS });
     assert.ok(authSeen.some((a) => a === 'POST /pin Bearer dashboard-test-key'), `Authorization sent with the action: ${authSeen.join('; ')}`);
 
-    await page.fill('#act-tokens', '1, 2, x');
+    // A typed prompt is tokenized by the instance's engine (POST /dashboard/tokenize).
+    await page.fill('#act-tokens', Array.from({ length: 40 }, (_, i) => `word${i}`).join(' '));
     await page.click('#action-form button[type=submit]');
-    await page.waitForFunction(() => /token ids: "x" is not a non-negative integer/.test(document.querySelector('#act-result')?.textContent ?? ''), undefined, { timeout: WAIT_MS });
+    await page.waitForFunction((n) => new RegExp(`^pin: event pin-\\S+ \\([1-9]\\d* tokens held of the prompt's ${n}\\)`).test(document.querySelector('#act-result')?.textContent ?? ''), tokens.length, { timeout: WAIT_MS });
+    const promptEvent = (await page.textContent('#act-result'))!.match(/event (\S+)/)![1]!;
+    await page.waitForSelector(`#events tr[data-event="${promptEvent}"] .badge.finished`, { timeout: WAIT_MS });
+
+    // The tokenize route itself: the engine's tokens; bad input named.
+    const direct = await postJson(`${ctlUrl}/dashboard/tokenize`, { instance_id: 'engine-A', prompt: Array.from({ length: 40 }, (_, i) => `word${i}`).join(' ') });
+    assert.deepEqual(direct.json.tokens, tokens);
+    assert.equal((await postJson(`${ctlUrl}/dashboard/tokenize`, { instance_id: 'ghost', prompt: 'x' })).json.error.code, 'unknown_instance');
+    assert.match((await postJson(`${ctlUrl}/dashboard/tokenize`, { instance_id: 'engine-A', prompt: '' })).json.error.message, /field `prompt`: expected a non-empty prompt/);
+    await page.fill('#act-tokens', '');
+    await page.click('#action-form button[type=submit]');
+    await page.waitForFunction(() => /enter a prompt or token ids/.test(document.querySelector('#act-result')?.textContent ?? ''), undefined, { timeout: WAIT_MS });
+    await page.fill('#act-tokens', '1, 2, 99999999999');
+    await page.click('#action-form button[type=submit]');
+    await page.waitForFunction(() => /token ids: "99999999999" is not a non-negative integer/.test(document.querySelector('#act-result')?.textContent ?? ''), undefined, { timeout: WAIT_MS });
     assert.deepEqual(consoleErrors, []);
     // A refusal by the controller is shown with its message (Chromium logs the 400 itself: the
     // only console error allowed, and only for that request).

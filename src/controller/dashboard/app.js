@@ -272,12 +272,32 @@ function refreshActionChoices() {
   document.querySelector('label.tokens').hidden = op === 'clear';
 }
 
-/** Token ids typed as "1, 2 3" or as a JSON array; null (with the reason shown) when malformed. */
+/** Text of digits, commas, spaces and brackets only is token ids ("1, 2 3" or a JSON array). */
+const looksLikeIds = (text) => /^[\d\s,[\]]+$/.test(text) && /\d/.test(text);
+
+/** Token ids typed as "1, 2 3" or as a JSON array; { bad } naming the first that is not one. */
 function parseTokens(text) {
   const parts = text.replace(/[[\]]/g, ' ').split(/[\s,]+/).filter(Boolean);
   const out = parts.map(Number);
   const bad = parts.find((p, i) => !Number.isInteger(out[i]) || out[i] < 0 || out[i] > 0xffffffff);
   return bad === undefined ? out : { bad };
+}
+
+/** The field's tokens: ids as typed, or a prompt tokenized by the instance's engine; { error } otherwise. */
+async function tokensOf(text, instance) {
+  if (!text.trim()) return { error: 'enter a prompt or token ids' };
+  if (looksLikeIds(text)) {
+    const ids = parseTokens(text);
+    return Array.isArray(ids) ? { tokens: ids } : { error: `token ids: "${ids.bad}" is not a non-negative integer` };
+  }
+  let r;
+  try {
+    r = await fetch('/dashboard/tokenize', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ instance_id: instance, prompt: text }) });
+  } catch (e) {
+    return { error: `prompt not tokenized: ${e.message}` };
+  }
+  const j = await r.json().catch(() => ({}));
+  return r.ok ? { tokens: j.tokens, prompt: true } : { error: `prompt not tokenized (HTTP ${r.status}): ${j.error?.message ?? r.statusText}` };
 }
 
 async function runAction(ev) {
@@ -292,16 +312,18 @@ async function runAction(ev) {
     return;
   }
   let path, body;
+  let got = null;
   if (op === 'clear') {
     path = '/clear';
     body = { instance_id: instance, location };
   } else {
-    const tokens = parseTokens($('act-tokens').value);
-    if (!Array.isArray(tokens)) {
+    got = await tokensOf($('act-tokens').value, instance);
+    if (got.error) {
       result.className = 'result err';
-      result.textContent = `token ids: "${tokens.bad}" is not a non-negative integer`;
+      result.textContent = got.error;
       return;
     }
+    const tokens = got.tokens;
     if (op === 'pin' || op === 'unpin') {
       path = `/${op}`;
       body = { tokens, instance_id: instance, location };
@@ -317,7 +339,7 @@ async function runAction(ev) {
       result.className = 'result ok';
       result.textContent = op === 'clear'
         ? `clear: event ${j.event_id} (${j.num_chunks} chunks removed, ${j.kept_chunks} pinned chunks kept)`
-        : `${op}: event ${j.event_id} (${j.num_tokens} tokens)`;
+        : `${op}: event ${j.event_id} (${j.num_tokens} tokens held${got?.prompt ? ` of the prompt's ${body.tokens.length}` : ''})`;
     } else {
       result.className = 'result err';
       result.textContent = `${op} refused (HTTP ${r.status}): ${j.error?.message ?? r.statusText}`;

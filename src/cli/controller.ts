@@ -1,6 +1,5 @@
 // `kvc controller`: the cache controller (HTTP API on --port, monitor port for instances).
 import type { Command } from 'commander';
-import { startController } from '../controller/server.js';
 import { addSettings } from './flags.js';
 import { hostFlags } from './options.js';
 import { applySecret } from './security.js';
@@ -16,6 +15,7 @@ export function registerController(program: Command): void {
       applySecret(opts, host, 'the controller');
       const { port, monitorPort } = opts;
       if (port === monitorPort) throw new Error('--port and --monitor-port must differ');
+      const { startController } = await import('../controller/server.js');
       const ctl = await startController({
         host,
         advertiseHost,

@@ -5,7 +5,6 @@ import { gibToBytes } from '../common/config.js';
 import { logger } from '../common/log.js';
 import { validateCpuList } from '../common/cpu_set.js';
 import { applyCpuSet } from '../engine/placement.js';
-import { startEngine } from '../engine/server.js';
 import { addSettings } from './flags.js';
 import { hostFlags } from './options.js';
 import { apiKeyFrom, applySecret } from './security.js';
@@ -54,6 +53,7 @@ export function registerEngine(program: Command): void {
         const n = applyCpuSet(validateCpuList('--cpus', f.cpus));
         log.info(`running on CPUs ${f.cpus.trim()} (${n} available to this process)`);
       }
+      const { startEngine } = await import('../engine/server.js');
       const engine = await startEngine({
         host,
         advertiseHost,

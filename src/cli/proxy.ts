@@ -1,7 +1,7 @@
 // `kvc proxy`: the disaggregated-prefill proxy (src/proxy). See docs/proxy.md.
 import type { Command } from 'commander';
 import { logger } from '../common/log.js';
-import { ProxyServer } from '../proxy/server.js';
+import type { ProxyServer } from '../proxy/server.js';
 import { parseRoutingFlags } from '../proxy/routing_flags.js';
 import { parseTopology } from '../proxy/topology.js';
 import { addSettings } from './flags.js';
@@ -65,6 +65,7 @@ export function registerProxy(program: Command): void {
           decoderAllocPort: o.decoderAllocPort,
         });
         const { routing, controllerUrl } = parseRoutingFlags(o);
+        const { ProxyServer } = await import('../proxy/server.js');
         server = new ProxyServer({
           routing,
           controllerUrl,

@@ -5,7 +5,6 @@ import { parseHostList } from '../deploy/hosts.js';
 import { fileURLToPath } from 'node:url';
 import { dirname, join, resolve } from 'node:path';
 import { parsePlacement } from '../deploy/placement.js';
-import { runUp } from '../deploy/up.js';
 import { DEFAULT_RESTART } from '../deploy/restart.js';
 import { defaultLogDir, LogDirInUse } from '../deploy/log_dir.js';
 import { PASS_THROUGH, type PassThroughValues } from '../common/flags.js';
@@ -67,6 +66,7 @@ export function registerUp(program: Command): void {
         for (const name of PASS_THROUGH) if (values[name] !== undefined) engine[name] = values[name];
         // Derived from the offset, so a deployment beside another gets its own (src/deploy/log_dir.ts).
         const logDir = o.logDir ?? defaultLogDir(o.portOffset);
+        const { runUp } = await import('../deploy/up.js');
         code = await runUp({
           prefillers: o.prefillers,
           decoders: o.decoders,

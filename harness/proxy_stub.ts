@@ -114,7 +114,18 @@ export async function startStubEngine(name: string, port = 0, host = '127.0.0.1'
     const raw = reply.raw;
     raw.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
     const chunkObject = chat ? 'chat.completion.chunk' : 'text_completion';
-    const send = (o: unknown) => raw.write(`data: ${JSON.stringify(o)}\n\n`);
+    // Events written without a delay are gathered and written 256 at a time: on Node 24 a response
+    // that queues ~10^6 writes in one turn fails its socket's writev with EINVAL (measured; Node 20
+    // sends it), and a long stub stream is 300,000 events.
+    let batch: string[] = [];
+    const flush = () => {
+      if (batch.length) raw.write(batch.join(''));
+      batch = [];
+    };
+    const send = (o: unknown) => {
+      batch.push(`data: ${JSON.stringify(o)}\n\n`);
+      if (stub.streamDelayMs || batch.length >= 256) flush();
+    };
     // Like the engine (and OpenAI), a chat stream opens with a role-only chunk.
     if (chat) send({ id, object: chunkObject, created, model: 'stub', choices: [{ index: 0, delta: { role: 'assistant', content: '' }, finish_reason: null }] });
     for (let i = 0; i < words.length; i++) {
@@ -127,10 +138,12 @@ export async function startStubEngine(name: string, port = 0, host = '127.0.0.1'
         : { index: 0, text: words[i], finish_reason: i === words.length - 1 ? 'length' : null, logprobs: null };
       send({ id, object: chunkObject, created, model: 'stub', choices: [choice] });
       if (stub.mode === 'cut') {
+        flush();
         setTimeout(() => raw.destroy(), 20);
         return;
       }
     }
+    flush();
     raw.end(`data: ${JSON.stringify({ id, object: chunkObject, created, model: 'stub', choices: [], usage })}\n\ndata: [DONE]\n\n`);
   };
   app.post('/v1/completions', complete(false));

@@ -103,13 +103,42 @@ function headlessService(name: string, component: string, ports: { name: string;
   };
 }
 
-/** The Secret (key `secret`) holding the deployment secret; created by the operator, never generated into the repository. */
+/**
+ * The Secret (key `secret`) holding the deployment secret: kustomize generates it (base/'s
+ * secretGenerator) from the file base/deployment.secret, which the operator writes once and which
+ * is never committed (.gitignore); kustomize adds a content hash to its name and rewrites every
+ * reference, so a new secret rolls every pod.
+ */
 export const DEPLOYMENT_SECRET_NAME = 'kvc-deployment-secret';
+/** The file base/'s secretGenerator reads (relative to base/). */
+export const DEPLOYMENT_SECRET_FILE = 'deployment.secret';
 
-const podSecurity = { runAsNonRoot: true, runAsUser: KVC_UID, runAsGroup: KVC_UID, fsGroup: KVC_UID };
+// The container runtime's default seccomp profile: what a restricted Pod Security Standard asks.
+const podSecurity = { runAsNonRoot: true, runAsUser: KVC_UID, runAsGroup: KVC_UID, fsGroup: KVC_UID, seccompProfile: { type: 'RuntimeDefault' } };
+
+/** CPU and memory of one container (requests = what the scheduler reserves, limits = the cap). */
+interface Resources {
+  requests: { cpu: string; memory: string };
+  limits: { cpu: string; memory: string };
+}
+
+// The controller's index and the proxy are light; an engine computes the model on its CPUs and
+// holds its paged KV, its weights and its CPU tier (sized from its cache YAML) in memory.
+const CONTROLLER_RESOURCES: Resources = { requests: { cpu: '250m', memory: '256Mi' }, limits: { cpu: '2', memory: '1Gi' } };
+const PROXY_RESOURCES: Resources = { requests: { cpu: '500m', memory: '256Mi' }, limits: { cpu: '2', memory: '1Gi' } };
+/** An engine: 2 CPUs reserved (4 at most), 1.5 GiB for the process beside its CPU tier. */
+function engineResources(cpuTierGiB: number): Resources {
+  const mib = 1536 + Math.ceil(cpuTierGiB * 1024);
+  return { requests: { cpu: '2', memory: `${mib}Mi` }, limits: { cpu: '4', memory: `${mib + 1024}Mi` } };
+}
+
+/** The pod annotations Prometheus' kubernetes_sd relabelling reads (every kvc process serves /metrics on its HTTP port). */
+function scrapeAnnotations(port: number): Record<string, string> {
+  return { 'prometheus.io/scrape': 'true', 'prometheus.io/port': String(port), 'prometheus.io/path': '/metrics' };
+}
 const containerSecurity = { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: ['ALL'] } };
 
-function kvcContainer(name: string, args: string[], ports: { name: string; port: number }[], health: string, env: Record<string, string>, mountConfig: boolean) {
+function kvcContainer(name: string, args: string[], ports: { name: string; port: number }[], health: string, env: Record<string, string>, mountConfig: boolean, resources: Resources) {
   return {
     name,
     image: K8S_IMAGE,
@@ -122,8 +151,12 @@ function kvcContainer(name: string, args: string[], ports: { name: string; port:
       { name: 'KVC_DEPLOYMENT_SECRET', valueFrom: { secretKeyRef: { name: DEPLOYMENT_SECRET_NAME, key: 'secret' } } },
     ],
     ports: ports.map((p) => ({ name: p.name, containerPort: p.port })),
+    resources,
+    // Up to 10 minutes to start (an engine loads and converts its checkpoint first); liveness and
+    // readiness count only once it answered.
+    startupProbe: { httpGet: { path: health, port: ports[0]!.name }, periodSeconds: 5, failureThreshold: 120 },
     readinessProbe: { httpGet: { path: health, port: ports[0]!.name }, periodSeconds: 5, failureThreshold: 3 },
-    livenessProbe: { httpGet: { path: health, port: ports[0]!.name }, initialDelaySeconds: 60, periodSeconds: 10, failureThreshold: 6 },
+    livenessProbe: { httpGet: { path: health, port: ports[0]!.name }, periodSeconds: 10, failureThreshold: 6 },
     securityContext: containerSecurity,
     volumeMounts: [
       { name: 'cache', mountPath: CACHE_DIR },
@@ -133,7 +166,7 @@ function kvcContainer(name: string, args: string[], ports: { name: string; port:
   };
 }
 
-function statefulSet(name: string, component: string, container: unknown, withConfig: boolean) {
+function statefulSet(name: string, component: string, container: unknown, withConfig: boolean, metricsPort: number) {
   return {
     apiVersion: 'apps/v1',
     kind: 'StatefulSet',
@@ -144,7 +177,7 @@ function statefulSet(name: string, component: string, container: unknown, withCo
       podManagementPolicy: 'Parallel',
       selector: { matchLabels: { 'kvc/process': name } },
       template: {
-        metadata: { labels: labels(component, name) },
+        metadata: { labels: labels(component, name), annotations: scrapeAnnotations(metricsPort) },
         spec: {
           securityContext: podSecurity,
           containers: [container],
@@ -174,8 +207,8 @@ function engineDocs(plan: Plan, e: EngineSpec): unknown[] {
         ]
       : []),
   ];
-  const container = kvcContainer('engine', args, ports, '/health', { KVC_CONFIG_FILE: `${CONFIG_DIR}/${e.name}.yaml` }, true);
-  return [headlessService(e.name, e.role, ports), statefulSet(e.name, e.role, container, true)];
+  const container = kvcContainer('engine', args, ports, '/health', { KVC_CONFIG_FILE: `${CONFIG_DIR}/${e.name}.yaml` }, true, engineResources(Number(c.max_local_cpu_size ?? 0)));
+  return [headlessService(e.name, e.role, ports), statefulSet(e.name, e.role, container, true, e.port)];
 }
 
 function controllerDocs(plan: Plan): unknown[] {
@@ -189,7 +222,10 @@ function controllerDocs(plan: Plan): unknown[] {
   // entrypoint is `kvc`, a node script, so the flag goes in NODE_OPTIONS.
   const nodeOptions = controllerNodeOptions(undefined);
   const env: Record<string, string> = nodeOptions ? { NODE_OPTIONS: nodeOptions } : {};
-  return [headlessService('controller', 'controller', ports), statefulSet('controller', 'controller', kvcContainer('controller', args, ports, '/healthz', env, false), false)];
+  return [
+    headlessService('controller', 'controller', ports),
+    statefulSet('controller', 'controller', kvcContainer('controller', args, ports, '/healthz', env, false, CONTROLLER_RESOURCES), false, c.port),
+  ];
 }
 
 function proxyDocs(plan: Plan): unknown[] {
@@ -198,7 +234,7 @@ function proxyDocs(plan: Plan): unknown[] {
     { name: 'http', port: plan.proxy.port },
     { name: 'notify', port: Number(flagValue(args, '--proxy-port')) },
   ];
-  const container = kvcContainer('proxy', args, ports, '/health', {}, false);
+  const container = kvcContainer('proxy', args, ports, '/health', {}, false, PROXY_RESOURCES);
   const deployment = {
     apiVersion: 'apps/v1',
     kind: 'Deployment',
@@ -209,7 +245,7 @@ function proxyDocs(plan: Plan): unknown[] {
       strategy: { type: 'Recreate' },
       selector: { matchLabels: { 'kvc/process': 'proxy' } },
       template: {
-        metadata: { labels: labels('proxy', 'proxy') },
+        metadata: { labels: labels('proxy', 'proxy'), annotations: scrapeAnnotations(plan.proxy.port) },
         spec: { securityContext: podSecurity, containers: [container], volumes: [{ name: 'cache', emptyDir: {} }, { name: 'tmp', emptyDir: {} }] },
       },
     },
@@ -244,7 +280,7 @@ function redisDocs(): unknown[] {
           metadata: { labels: labels('remote-tier', 'redis') },
           spec: {
             // uid 999 is the redis user of the official image.
-            securityContext: { runAsNonRoot: true, runAsUser: 999, runAsGroup: 999 },
+            securityContext: { runAsNonRoot: true, runAsUser: 999, runAsGroup: 999, seccompProfile: { type: 'RuntimeDefault' } },
             containers: [
               {
                 name: 'redis',
@@ -253,7 +289,7 @@ function redisDocs(): unknown[] {
                 ports: [{ name: 'redis', containerPort: 6379 }],
                 readinessProbe: { tcpSocket: { port: 'redis' }, periodSeconds: 5 },
                 // maxmemory bounds the data; the limit leaves room for the server's own overhead.
-                resources: { requests: { memory: '1200Mi' }, limits: { memory: '1536Mi' } },
+                resources: { requests: { cpu: '100m', memory: '1200Mi' }, limits: { cpu: '1', memory: '1536Mi' } },
                 securityContext: containerSecurity,
                 volumeMounts: [{ name: 'data', mountPath: '/data' }],
               },
@@ -264,6 +300,21 @@ function redisDocs(): unknown[] {
       },
     },
   ];
+}
+
+/**
+ * One PodDisruptionBudget per engine role: a voluntary disruption (a node drain) takes down at
+ * most one prefiller and one decoder at a time; the others keep serving. The controller, proxy
+ * and Redis are single pods a budget could only block a drain for (their restart is what their
+ * recovery is built for: docs/deploy.md), so they have none.
+ */
+function disruptionBudgets(): unknown[] {
+  return ['prefiller', 'decoder'].map((role) => ({
+    apiVersion: 'policy/v1',
+    kind: 'PodDisruptionBudget',
+    metadata: { name: `${role}s`, labels: { 'app.kubernetes.io/name': 'kvc', 'app.kubernetes.io/component': role } },
+    spec: { maxUnavailable: 1, selector: { matchLabels: { 'app.kubernetes.io/name': 'kvc', 'app.kubernetes.io/component': role } } },
+  }));
 }
 
 /** Every file under k8s/, by path relative to it. */
@@ -277,6 +328,7 @@ export function k8sManifests(model = 'builtin:tiny'): Map<string, string> {
         apiVersion: 'kustomize.config.k8s.io/v1beta1',
         kind: 'Kustomization',
         resources: ['redis.yaml', 'controller.yaml'],
+        secretGenerator: [{ name: DEPLOYMENT_SECRET_NAME, files: [`secret=${DEPLOYMENT_SECRET_FILE}`] }],
       }),
   );
   files.set('base/redis.yaml', yamlDocs(redisDocs()));
@@ -290,15 +342,15 @@ export function k8sManifests(model = 'builtin:tiny'): Map<string, string> {
         stringify({
           apiVersion: 'kustomize.config.k8s.io/v1beta1',
           kind: 'Kustomization',
-          // `bases` (not a directory under `resources`): Debian's kubectl 1.20 (kustomize v2) reads
-          // only this form, and current kustomize still accepts it.
-          bases: ['../../base'],
-          resources: ['engines.yaml', 'proxy.yaml'],
+          // The base as a directory under `resources` (kustomize ≥ v4, kubectl ≥ 1.21); the older
+          // `bases` field is deprecated.
+          resources: ['../../base', 'engines.yaml', 'proxy.yaml', 'disruption.yaml'],
           configMapGenerator: [{ name: 'kvc-cache-config', files: plan.engines.map((e) => `${e.name}.yaml`) }],
         }),
     );
     files.set(`${dir}/engines.yaml`, yamlDocs(plan.engines.flatMap((e) => engineDocs(plan, e))));
     files.set(`${dir}/proxy.yaml`, yamlDocs(proxyDocs(plan)));
+    files.set(`${dir}/disruption.yaml`, yamlDocs(disruptionBudgets()));
     for (const e of plan.engines) {
       files.set(`${dir}/${e.name}.yaml`, `# ${e.name}: cache instance configuration. ` + HEADER.slice(2) + stringify(clusterCacheConfig(e)));
     }

@@ -3,14 +3,13 @@
 //
 // Wire format: src/protocol/peer_frames.ts; frames are read by the shared FrameReader
 // (src/protocol/frame_reader.ts).
-// The receiver verifies every chunk (header, length, key, checksum — the checksum hashed while the
-// bytes arrive, by the FrameReader's hashing hook) and its layout against the instance's own before storing it, and
-// reads one chunk at a time (the socket is paused while a chunk is being stored), which is the
-// backpressure. Every chunk stored for a transfer is pinned (a TransferHolds hold) until the
-// transfer ends, so the later chunks of a move bigger than the free room cannot evict the earlier
-// ones: such a chunk is refused (no room) instead. COMMIT asks the receiver to confirm that it still
-// holds every chunk of the transfer; the holds are released after the answer (or when the
-// connection closes). The sender knows a move is safe to complete only when COMMIT_OK says so.
+// The sender writes every chunk back to back (it never waits between chunks) and, after the last
+// ACK, one COMMIT. The receiver's connections are read with the socket's `onread` option
+// (src/common/direct_read.ts) through the shared FrameReader, a CHUNK's key digits as its meta
+// (PEER_KEYED_FRAMES), so each chunk's bytes land straight where the chunk will live: room reserved
+// in the CPU tier, hashed as they arrive, verified, staged and committed at COMMIT, or undone when
+// the connection ends first (src/kvc/peer_receive.ts, which also has the disk path). The sender
+// knows a move is safe to complete only when COMMIT_OK says so.
 //
 // Limits (a peer port is reachable by anything on the network): a control frame (HELLO, COMMIT,
 // every reply) is at most 64 KiB, a CHUNK frame at most the key plus the largest chunk of this

@@ -69,6 +69,8 @@ async function childInstance(id: string, monitorPort: number, fill: number, chun
   }
   const att = await attachController(store, cfg, { modelId: MODEL, chunkSize: chunkTokens, seed: 0n, layout: LLAMA3_8B });
   while (att.state !== 'live') await sleep(20);
+  // Signed off (bye) when the bench is done with it, so the controller does not reap it later.
+  process.once('SIGTERM', () => void att.close().finally(() => process.exit(0)));
   process.stdout.write('ready\n');
 }
 
@@ -185,8 +187,10 @@ export async function moveBench(ctlUrl: string, monitorPort: number, ops: Operat
         latencyMs = ms;
       }
     } finally {
-      a.child.kill('SIGKILL');
-      b.child.kill('SIGKILL');
+      for (const c of [a.child, b.child]) {
+        c.kill('SIGTERM');
+        setTimeout(() => c.kill('SIGKILL'), 5000).unref();
+      }
     }
     sizes.push(f);
   }

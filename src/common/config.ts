@@ -50,6 +50,8 @@ const serde = z
   .default('naive')
   .transform((v): CodecName => v ?? 'naive');
 
+/** Default of xfer_deadline_floor_ms (also what a receiver started without a config uses). */
+export const XFER_DEADLINE_FLOOR_DEFAULT_MS = 5000;
 export const cacheConfigSchema = z.strictObject({
   chunk_size: z.number().int('expected an integer number of tokens').min(1).max(1 << 20).default(DEFAULT_CHUNK_SIZE),
   local_cpu: z.boolean().default(true),
@@ -83,6 +85,9 @@ export const cacheConfigSchema = z.strictObject({
   xfer_peer_alloc_port: port.nullable().default(null),
   xfer_buffer_size: z.number().int('expected an integer number of bytes').min(1 << 20, 'expected at least 1 MiB').default(1 << 30),
   xfer_buffer_device: z.string().min(1).default('cpu'),
+  // The transfer contract's floor (docs/xfer.md "Every transfer ends"): a reservation that is not
+  // complete within floor + bytes / XFER_DEADLINE_MIN_RATE is abandoned and its room released.
+  xfer_deadline_floor_ms: z.number().int('expected an integer number of milliseconds').min(100, 'expected at least 100 ms').max(600_000, 'expected at most 600000 ms').default(XFER_DEADLINE_FLOOR_DEFAULT_MS),
   xfer_backends: z.array(z.string()).default(['tcp']),
 });
 

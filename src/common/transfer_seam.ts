@@ -38,7 +38,18 @@ export interface ReceivedKv {
   release(): void;
 }
 
+/** A receiving plugin's accounting (kv_consumer), exported as kvc_xfer_* metrics by the engine. */
+export interface TransferStats {
+  /** Reservations held (in flight, or ended and not yet taken by their request). */
+  reservations: number;
+  reservedBytes: number;
+  /** Transfers by how they ended (done, failed, abandoned), and those not ended yet. */
+  transfers: { done: number; failed: number; abandoned: number; inFlight: number };
+}
+
 export interface KvTransferPlugin {
+  /** kv_consumer: the receiver's accounting, read at each metrics scrape. */
+  stats?(): TransferStats;
   /**
    * kv_consumer: chunks received for this request, looked up before its prefill.
    * Resolve null when nothing was received (the engine then computes the prompt itself).

@@ -17,6 +17,7 @@ import { P2pMetrics } from '../kvc/p2p_metrics.js';
 import { P2P_DEFAULTS } from '../common/config.js';
 import { KvcConnectorV1 } from './connector.js';
 import { EngineMetrics } from './metrics.js';
+import { registerTransferMetrics } from './transfer_metrics.js';
 import { PagedKvCache } from './model/kv_cache.js';
 import { loadEngineModel, type EngineModel } from './runtime.js';
 import { finishedRequest, logRequest } from './request_log.js';
@@ -126,6 +127,7 @@ export class EngineWiring {
             const heldLocally = connectorConfig.kv_role === 'kv_consumer' && opened.locations().length > 0 ? (key: string) => opened.has(key) : undefined;
             const plugin = await s.transfer({ role: connectorConfig.kv_role, cacheConfig, connectorConfig, layout: model.layout, modelId: model.modelId, chunkSize: cacheConfig.chunk_size, seed, ...(heldLocally ? { heldLocally } : {}) });
             transfer = plugin;
+            if (plugin.stats) registerTransferMetrics(metrics.registry, () => plugin.stats!());
             releases.push({ what: 'closing xfer', release: () => plugin.close(), mustSucceed: false });
           }
         }

@@ -12,7 +12,11 @@ import type { KvTransferPlugin, ReceivedKv, SealedChunk, TransferFactory, Transf
 import { parseDisaggSpec, transferReqId } from '../protocol/disagg_spec.js';
 import { createXfer, XferError } from './index.js';
 
-/** How long a consumer waits for a chunk that is still arriving (the proxy normally calls after the ack). */
+/**
+ * How long a consumer waits for a chunk still arriving under another request's reservation (the
+ * proxy normally calls after the ack); a request's own transfer is waited for until it ends, by its
+ * deadline at the latest (xfer_deadline_floor_ms, docs/xfer.md).
+ */
 const TAKE_WAIT_MS = 5000;
 
 export const createKvTransfer: TransferFactory = async (ctx) => {
@@ -45,12 +49,19 @@ export const createKvTransfer: TransferFactory = async (ctx) => {
 
   const receiver = x.receiver;
   const plugin: KvTransferPlugin = {
+    stats() {
+      const s = receiver.stats();
+      return { reservations: s.reservations, reservedBytes: s.reservedBytes, transfers: s.transfers };
+    },
     async received(req: TransferRequest): Promise<ReceivedKv | null> {
       const reqId = transferReqId(req.kvTransferParams);
+      // The request's own transfer, still in flight, is waited for until it ends (by its deadline
+      // at the latest, when what did not arrive is discarded): then the engine computes the rest.
+      const own = reqId !== undefined ? receiver.msUntilEnded(reqId) : null;
       const taken = await receiver.take(
         req.spans.map((s) => s.key),
         reqId,
-        TAKE_WAIT_MS,
+        Math.max(TAKE_WAIT_MS, own === null ? 0 : own + 1),
       );
       if (taken.keys.length === 0) {
         taken.release(); // frees this request's reservation too: nothing usable arrived

@@ -52,6 +52,7 @@ export async function createXfer(
       initPort: cfg.xfer_peer_init_port!,
       allocPort: cfg.xfer_peer_alloc_port!,
       bufferBytes: cfg.xfer_buffer_size,
+      deadlineFloorMs: cfg.xfer_deadline_floor_ms,
       layout: model.layout,
       chunkSize: model.chunkSize,
       modelId: model.modelId,

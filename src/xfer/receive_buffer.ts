@@ -26,6 +26,14 @@ export interface ReceiveBufferOptions {
   ttlMs: number;
   /** Upper bound on how long an ALLOC may wait for space, whatever the sender asks. */
   maxAllocWaitMs: number;
+  /** The transfer contract's floor: a reservation ends within floorMs + its bytes / XFER_DEADLINE_MIN_RATE. */
+  deadlineFloorMs: number;
+  /**
+   * The sender `session` was writing a chunk when its transfer's deadline passed: its connection
+   * is stalled (frames on it are in order, so nothing after the chunk can arrive either) and must
+   * be cut; closing it ends in closeSession(), which discards the half-written chunk.
+   */
+  cutSession?: (session: string, why: string) => void;
   /** See ReceiverOptions.maxReservedPerSender. */
   maxReservedPerSender?: number;
   /** See ReceiverOptions.heldLocally. */
@@ -60,8 +68,23 @@ export interface Entry {
   waiters: (() => void)[];
 }
 
+/**
+ * Slowest transfer rate the deadline allows for (bytes per second): a transfer of B bytes must end
+ * within xfer_deadline_floor_ms + B / this. 16 MiB/s is far below any link kvc runs on (the
+ * loopback moves GB/s), so only a stalled or dead sender reaches it.
+ */
+export const XFER_DEADLINE_MIN_RATE = 16 * 1024 * 1024;
+
+/** How a transfer (one reservation) ended: every reservation reaches exactly one of these. */
+export type TransferOutcome = 'done' | 'failed' | 'abandoned';
+export const TRANSFER_OUTCOMES: readonly TransferOutcome[] = ['done', 'failed', 'abandoned'];
+
 interface Reservation {
   reqId: string;
+  /** When it must have ended (ms, this.now's clock); the timer abandons it then. */
+  deadline: number;
+  timer: NodeJS.Timeout | null;
+  outcome: TransferOutcome | null;
   keys: string[];
   /** the entries this reservation holds a reference on (not looked up by key: a failed key may be re-reserved) */
   entries: Entry[];
@@ -95,6 +118,8 @@ export interface ReceiverStats {
   allocRefused: number;
   reservationsExpired: number;
   sessions: number;
+  /** Transfers (reservations) by how they ended; `inFlight` have not ended yet. */
+  transfers: Record<TransferOutcome | 'inFlight', number>;
 }
 
 /** What take() hands the consumer: leading ready chunks; views stay valid until release(). */
@@ -127,6 +152,7 @@ export class ReceiveBuffer {
   private readonly allocQueue: AllocWaiter[] = [];
   private reserved = 0;
   private readonly counters = { chunksReceived: 0, bytesReceived: 0, chunksRejected: 0, allocRefused: 0, reservationsExpired: 0 };
+  private readonly outcomes: Record<TransferOutcome, number> = { done: 0, failed: 0, abandoned: 0 };
   /** ALLOC / DATA frames seen; the sweep gives idle pool memory back when this did not move. */
   private activity = 0;
   private activityAtSweep = 0;
@@ -234,6 +260,16 @@ export class ReceiveBuffer {
     };
   }
 
+  /**
+   * Milliseconds until request `reqId`'s transfer must have ended (its deadline; at that point
+   * the chunks not here are discarded and their waiters wake), or null when it has no transfer in
+   * flight. A consumer that waits this long waits exactly until the transfer ends.
+   */
+  msUntilEnded(reqId: string): number | null {
+    const r = this.reservations.get(reqId);
+    return r && r.outcome === null ? Math.max(0, r.deadline - this.now()) : null;
+  }
+
   /** Frees a request's reservation (e.g. the consumer decided not to use it). */
   release(reqId: string): boolean {
     const r = this.reservations.get(reqId);
@@ -255,11 +291,13 @@ export class ReceiveBuffer {
       readyEntries: ready,
       ...this.counters,
       sessions: this.sessions.size,
+      transfers: { ...this.outcomes, inFlight: [...this.reservations.values()].filter((r) => r.outcome === null).length },
     };
   }
 
   /** Answers every queued ALLOC with a refusal (the receiver is closing). */
   close(): void {
+    for (const r of this.reservations.values()) if (r.timer) clearTimeout(r.timer);
     for (const w of this.allocQueue.splice(0)) {
       clearTimeout(w.timer);
       w.reply({ ok: false, error: 'receiver is shutting down' });
@@ -291,7 +329,7 @@ export class ReceiveBuffer {
     // Its queued ALLOCs go first: the space freed below must not be granted to a closed session.
     this.dropQueued((w) => w.meta.session === session, `sender session ${session} closed`);
     if (cut && cut.writer === session) this.failEntry(cut, 'connection closed in the middle of the chunk');
-    this.abandon(session, null, `sender session ${session} closed before sending them`);
+    this.abandon(session, null, `sender session ${session} closed before sending them`, 'failed');
   }
 
   // ---- reservations ----------------------------------------------------------------------
@@ -343,7 +381,7 @@ export class ReceiveBuffer {
 
   /** CANCEL on the init port from `session` for `reqId`: its never-sent chunks are discarded. */
   discardUnsent(session: string, reqId: string): number {
-    return this.abandon(session, reqId, `sender cancelled request ${reqId}`);
+    return this.abandon(session, reqId, `sender cancelled request ${reqId}`, 'abandoned');
   }
 
   /**
@@ -443,6 +481,10 @@ export class ReceiveBuffer {
     this.counters.bytesReceived += c.bodyLen;
     for (const w of e.waiters.splice(0)) w();
     const res = this.reservations.get(meta.req_id);
+    // Every transfer waiting for this chunk whose chunks are now all here is done.
+    for (const r of this.reservations.values()) {
+      if (r.outcome === null && r.entries.includes(e) && r.entries.every((x) => x.state === 'ready' && this.entries.get(x.key) === x)) this.settle(r, 'done');
+    }
     if (res && res.entries.every((x) => x.state === 'ready' && this.entries.get(x.key) === x)) this.opts.onComplete?.(res.reqId, res.keys);
     return { ok: true };
   }
@@ -464,12 +506,48 @@ export class ReceiveBuffer {
   }
 
   private dropReservation(r: Reservation): void {
+    // Released or expired before it ended: whatever had not arrived will not be used.
+    this.settle(r, 'abandoned');
     this.reservations.delete(r.reqId);
     for (const e of r.entries) this.unref(e);
   }
 
+  /** Records how transfer `r` ended (once; later calls keep the first outcome). */
+  private settle(r: Reservation, outcome: TransferOutcome): void {
+    if (r.outcome !== null) return;
+    r.outcome = outcome;
+    this.outcomes[outcome]++;
+    if (r.timer) clearTimeout(r.timer);
+    r.timer = null;
+  }
+
+  /** Settles as `outcome` every reservation still in flight that holds entry `e`. */
+  private settleHolders(e: Entry, outcome: TransferOutcome): void {
+    for (const r of this.reservations.values()) if (r.outcome === null && r.entries.includes(e)) this.settle(r, outcome);
+  }
+
+  /**
+   * The deadline of transfer `r` passed before it ended: a chunk its sender is writing means a
+   * stalled connection (cut; closeSession discards the chunk), chunks not started are discarded.
+   * Either way the waiting consumer wakes with what arrived, and the request's room is freed when
+   * it is taken (or by the TTL sweep).
+   */
+  private expire(r: Reservation): void {
+    r.timer = null;
+    if (r.outcome !== null || this.reservations.get(r.reqId) !== r) return;
+    const mine = (e: Entry) => e.owner === r.session && e.ownerReq === r.reqId && this.entries.get(e.key) === e;
+    const arrived = r.entries.filter((e) => e.state === 'ready').length;
+    const why = `transfer of request ${r.reqId} not complete by its deadline (${arrived}/${r.entries.length} chunks arrived)`;
+    log.warn(`${why}: abandoned; the decoder computes the rest`);
+    this.settle(r, 'abandoned');
+    const writing = r.entries.some((e) => mine(e) && e.state === 'pending' && e.writer === r.session);
+    this.abandon(r.session, r.reqId, why, 'abandoned');
+    if (writing) this.opts.cutSession?.(r.session, why);
+  }
+
   /** A chunk that failed (corrupt, cut, refused) leaves the index at once: never served. */
-  private failEntry(e: Entry, why: string, logIt = true): void {
+  private failEntry(e: Entry, why: string, logIt = true, outcome: TransferOutcome = 'failed'): void {
+    this.settleHolders(e, outcome);
     if (this.entries.get(e.key) !== e) {
       // already out of the index (its reservation went away): just give the memory back
       if (e.buf) this.pool.release(e.buf);
@@ -492,12 +570,12 @@ export class ReceiveBuffer {
    * Discards the chunks `session` reserved (for `reqId`, or for every request) and has not
    * started to send: nobody else will send them, so waiters must not wait for them.
    */
-  private abandon(session: string, reqId: string | null, why: string): number {
+  private abandon(session: string, reqId: string | null, why: string, outcome: TransferOutcome): number {
     const gone: Entry[] = [];
     for (const e of this.entries.values()) {
       if (e.state === 'pending' && e.writer === null && e.owner === session && (reqId === null || e.ownerReq === reqId)) gone.push(e);
     }
-    for (const e of gone) this.failEntry(e, why, false);
+    for (const e of gone) this.failEntry(e, why, false, outcome);
     if (gone.length) log.warn(`${gone.length} chunk(s) discarded before arrival: ${why}`);
     return gone.length;
   }
@@ -570,7 +648,24 @@ export class ReceiveBuffer {
       e.refs++;
       held.push(e);
     }
-    this.reservations.set(meta.req_id, { reqId: meta.req_id, keys, entries: held, createdAt: this.now(), session: meta.session, claimed: false });
+    const bytes = held.reduce((a, e) => a + (e.owner === meta.session && e.ownerReq === meta.req_id ? e.bytes : 0), 0);
+    const r: Reservation = {
+      reqId: meta.req_id,
+      keys,
+      entries: held,
+      createdAt: this.now(),
+      session: meta.session,
+      claimed: false,
+      deadline: this.now() + this.opts.deadlineFloorMs + Math.ceil((bytes * 1000) / XFER_DEADLINE_MIN_RATE),
+      timer: null,
+      outcome: null,
+    };
+    this.reservations.set(meta.req_id, r);
+    if (held.every((e) => e.state === 'ready')) this.settle(r, 'done'); // nothing to send
+    else {
+      r.timer = setTimeout(() => this.expire(r), r.deadline - this.now());
+      r.timer.unref();
+    }
     return { ok: true, have };
   }
 

@@ -7,12 +7,14 @@
 // here and verified. Reservations never taken expire after ttlMs.
 import { randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
+import { XFER_DEADLINE_FLOOR_DEFAULT_MS } from '../common/config.js';
 import { chunkBytes, describeLayout, type KvLayout } from '../common/chunk.js';
 import { logger } from '../common/log.js';
 import { ReceiveBuffer, type ReceiverStats, type Taken } from './receive_buffer.js';
 import { ReceiverListeners } from './receiver_listeners.js';
 
-export type { ReceiverStats, Taken } from './receive_buffer.js';
+export type { ReceiverStats, Taken, TransferOutcome } from './receive_buffer.js';
+export { TRANSFER_OUTCOMES, XFER_DEADLINE_MIN_RATE } from './receive_buffer.js';
 
 const log = logger('xfer-recv');
 
@@ -28,6 +30,11 @@ export interface ReceiverOptions {
   receiverId?: string;
   /** Reservations not taken within this time are freed (default 120 s). */
   ttlMs?: number;
+  /**
+   * xfer_deadline_floor_ms: a transfer not complete within this + its bytes / XFER_DEADLINE_MIN_RATE
+   * after its reservation was granted is abandoned (default 5 s).
+   */
+  deadlineFloorMs?: number;
   /** Upper bound on how long an ALLOC may wait for space, whatever the sender asks (default 30 s). */
   maxAllocWaitMs?: number;
   /** A sender whose HELLO does not arrive within this time is dropped (default 10 s). */
@@ -63,6 +70,8 @@ export class XferReceiver extends EventEmitter {
       maxChunkBytes: chunkBytes(opts.layout, opts.chunkSize),
       ttlMs: this.ttlMs,
       maxAllocWaitMs: opts.maxAllocWaitMs ?? 30_000,
+      deadlineFloorMs: opts.deadlineFloorMs ?? XFER_DEADLINE_FLOOR_DEFAULT_MS,
+      cutSession: (session, why) => this.ports?.cut(session, why),
       ...(opts.maxReservedPerSender !== undefined ? { maxReservedPerSender: opts.maxReservedPerSender } : {}),
       ...(opts.heldLocally ? { heldLocally: opts.heldLocally } : {}),
       onComplete: (reqId, keys) => this.emit('complete', reqId, keys),
@@ -110,6 +119,11 @@ export class XferReceiver extends EventEmitter {
    */
   take(keys: readonly string[], reqId?: string, waitMs = 0): Promise<Taken> {
     return this.buffer.take(keys, reqId, waitMs);
+  }
+
+  /** Milliseconds until request `reqId`'s transfer must have ended, or null (none in flight). */
+  msUntilEnded(reqId: string): number | null {
+    return this.buffer.msUntilEnded(reqId);
   }
 
   /** Frees a request's reservation (e.g. the consumer decided not to use it). */

@@ -82,6 +82,14 @@ export class ReceiverListeners {
     await Promise.all([closeServer(this.initServer), closeServer(this.allocServer)]);
   }
 
+  /** Cuts the connection of sender `session` (its transfer stalled past its deadline). */
+  cut(session: string, why: string): void {
+    const sock = this.sessionSockets.get(session);
+    if (!sock) return;
+    log.warn(`sender session ${session}: connection cut: ${why}`);
+    sock.destroy();
+  }
+
   private track(sock: net.Socket): void {
     this.sockets.add(sock);
     sock.setNoDelay(true);

@@ -14,6 +14,7 @@ import { EngineMetrics } from '../../src/engine/metrics.js';
 import { ProxyMetrics } from '../../src/proxy/metrics.js';
 import { parseRemoteUrl } from '../../src/common/remote_url.js';
 import { registerRemoteMetrics } from '../../src/kvc/remote_metrics.js';
+import { registerTransferMetrics } from '../../src/engine/transfer_metrics.js';
 import { RemoteTier } from '../../src/kvc/remote_tier.js';
 import { P2pMetrics } from '../../src/kvc/p2p_metrics.js';
 import { RoutingMetrics } from '../../src/proxy/routing_metrics.js';
@@ -40,6 +41,7 @@ test('docs/metrics.md lists every exported metric with its type, and only those'
   registerRemoteMetrics(engine.registry, remote);
   // An engine with enable_p2p also exports the P2P counters.
   new P2pMetrics(engine.registry);
+  registerTransferMetrics(engine.registry, () => ({ reservations: 0, reservedBytes: 0, transfers: { done: 0, failed: 0, abandoned: 0, inFlight: 0 } }));
   const proxy = new ProxyMetrics();
   new RoutingMetrics(proxy.registry); // the proxy server registers its routing counters in the same registry
   const exported = new Map<string, string>();

@@ -24,7 +24,7 @@ function chunk(k: string, tokens = CHUNK_TOKENS): Uint8Array {
 }
 
 function makeBuffer(o: Partial<ReceiveBufferOptions> = {}): ReceiveBuffer {
-  return new ReceiveBuffer({ bufferBytes: 4 * COST, maxChunkBytes: FULL, ttlMs: 1000, maxAllocWaitMs: 60_000, ...o });
+  return new ReceiveBuffer({ bufferBytes: 4 * COST, maxChunkBytes: FULL, ttlMs: 1000, maxAllocWaitMs: 60_000, deadlineFloorMs: 60_000, ...o });
 }
 
 /** ALLOC and its reply; `settled` tells whether the reply has come yet (queued ALLOCs answer later). */
@@ -247,4 +247,53 @@ test('receive buffer: reservations nobody takes expire after ttlMs; claimed ones
   assert.deepEqual([b.stats().reservations, b.stats().reservationsExpired, b.stats().reservedBytes], [1, 1, COST]);
   t.release();
   assert.deepEqual([b.stats().reservations, b.stats().reservedBytes], [0, 0]);
+});
+
+test('receive buffer: every transfer ends done, failed or abandoned, and its room is released', async () => {
+  const cuts: string[] = [];
+  const b = makeBuffer({ deadlineFloorMs: 50, cutSession: (s) => cuts.push(s) });
+  const s = b.openSession();
+  const ended = () => b.stats().transfers;
+  // done: every chunk arrived
+  assert.equal((await alloc(b, s, 'done', [[key(1), FULL]]).reply).ok, true);
+  assert.deepEqual(ended(), { done: 0, failed: 0, abandoned: 0, inFlight: 1 });
+  assert.equal(deliver(b, s, 'done', chunk(key(1))).ok, true);
+  assert.deepEqual(ended(), { done: 1, failed: 0, abandoned: 0, inFlight: 0 });
+  (await b.take([key(1)], 'done')).release();
+  // failed: a corrupt chunk
+  await alloc(b, s, 'bad', [[key(2), FULL]]).reply;
+  assert.equal(deliver(b, s, 'bad', chunk(key(2)), true).ok, false);
+  assert.equal(ended().failed, 1);
+  b.release('bad');
+  // abandoned: one of two chunks arrives, the other never starts; the deadline ends it, and the
+  // consumer waiting until then wakes with the one that arrived
+  await alloc(b, s, 'half', [[key(3), FULL], [key(4), FULL]]).reply;
+  deliver(b, s, 'half', chunk(key(3)));
+  const left = b.msUntilEnded('half');
+  assert.ok(left !== null && left <= 50 + Math.ceil((2 * FULL * 1000) / (16 * 1024 * 1024)));
+  const t = await b.take([key(3), key(4)], 'half', 60_000);
+  assert.deepEqual(t.keys, [key(3)]);
+  assert.equal(ended().abandoned, 1);
+  assert.equal(b.msUntilEnded('half'), null);
+  t.release();
+  // abandoned mid-chunk: the stalled connection is cut, which discards the half-written chunk
+  await alloc(b, s, 'stall', [[key(5), FULL]]).reply;
+  const writing = b.chunkTarget(s, { req_id: 'stall', key: key(5) }, FULL);
+  assert.ok(writing);
+  const waiting = b.take([key(5)], 'stall', 60_000);
+  while (cuts.length === 0) await new Promise((r) => setTimeout(r, 10));
+  assert.deepEqual(cuts, [s]);
+  b.closeSession(s, writing); // what the listener does when the cut connection closes
+  const none = await waiting;
+  assert.deepEqual(none.keys, []);
+  none.release();
+  // killed sender: its session closes before the chunk arrives
+  const s2 = b.openSession();
+  await alloc(b, s2, 'killed', [[key(6), FULL]]).reply;
+  b.closeSession(s2, null);
+  assert.deepEqual(ended(), { done: 1, failed: 2, abandoned: 2, inFlight: 0 });
+  b.release('killed');
+  assert.equal(b.stats().reservedBytes, 0);
+  assert.equal(b.stats().reservations, 0);
+  b.close();
 });

@@ -1,0 +1,23 @@
+// Prometheus view of the transfer plugin's receive accounting (kv_consumer): how every transfer
+// ended and what is still reserved, read from the plugin at scrape time (the transfer contract,
+// docs/xfer.md: every transfer ends done, failed or abandoned, and its room is released).
+import { Counter, Gauge, type Registry } from 'prom-client';
+import type { TransferStats } from '../common/transfer_seam.js';
+
+export function registerTransferMetrics(registry: Registry, stats: () => TransferStats): void {
+  const registers = [registry];
+  new Counter({
+    name: 'kvc_xfer_transfers_total',
+    help: 'Transfers received (one per request reservation), by how they ended (done, failed, abandoned)',
+    labelNames: ['outcome'],
+    registers,
+    collect() {
+      const t = stats().transfers;
+      this.reset();
+      for (const o of ['done', 'failed', 'abandoned'] as const) this.inc({ outcome: o }, t[o]);
+    },
+  });
+  new Gauge({ name: 'kvc_xfer_transfers_in_flight', help: 'Transfers whose reservation was granted and that have not ended yet', registers, collect() { this.set(stats().transfers.inFlight); } });
+  new Gauge({ name: 'kvc_xfer_reservations', help: 'Reservations the receiver holds (in flight, or ended and not yet taken by their request)', registers, collect() { this.set(stats().reservations); } });
+  new Gauge({ name: 'kvc_xfer_reserved_bytes', help: 'Receive buffer bytes reserved (size-class accounted)', registers, collect() { this.set(stats().reservedBytes); } });
+}

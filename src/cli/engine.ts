@@ -19,6 +19,7 @@ interface EngineFlags {
   port: number;
   model: string;
   dtype: string;
+  kvCacheDtype: string;
   enablePrefixCaching?: boolean;
   enableP2p?: boolean;
   servedModelName?: string;
@@ -60,6 +61,7 @@ export function registerEngine(program: Command): void {
         port: f.port,
         model,
         dtype: f.dtype,
+        kvCacheDtype: f.kvCacheDtype,
         enablePrefixCaching: f.enablePrefixCaching,
         enableP2p: f.enableP2p,
         servedModelName: f.servedModelName,

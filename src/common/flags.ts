@@ -63,6 +63,20 @@ export function parseDtype(raw: string, name = '--dtype'): (typeof DTYPES_ACCEPT
   const why = HALF_DTYPES.includes(raw) ? ' (this CPU engine computes in float32; bf16/f16 checkpoints are widened on load)' : '';
   return parseChoice(name, raw, DTYPES_ACCEPTED, why);
 }
+/** --kv-cache-dtype: vLLM's flag name and values; what the engine's paged KV and its chunks hold. */
+export const KV_CACHE_DTYPES = ['auto', 'float32', 'float16', 'bfloat16'] as const;
+const KV_CACHE_DTYPES_REFUSED: Record<string, string> = {
+  fp8: 'fp8 KV is not implemented in this engine; for 8-bit storage use the int8 chunk codec of the tiers (local_cpu_serde, local_disk_serde, remote_serde)',
+  fp8_e4m3: 'fp8 KV is not implemented in this engine; for 8-bit storage use the int8 chunk codec of the tiers (local_cpu_serde, local_disk_serde, remote_serde)',
+  fp8_e5m2: 'fp8 KV is not implemented in this engine; for 8-bit storage use the int8 chunk codec of the tiers (local_cpu_serde, local_disk_serde, remote_serde)',
+  int8: 'an int8 paged KV cache is not implemented in this engine; the int8 chunk codec keeps stored chunks in 8 bits (local_cpu_serde, local_disk_serde, remote_serde)',
+};
+/** --kv-cache-dtype: the KV element type (auto = float16, llama.cpp's default); 8-bit types are refused with the reason. */
+export function parseKvCacheDtype(raw: string, name = '--kv-cache-dtype'): (typeof KV_CACHE_DTYPES)[number] {
+  const why = KV_CACHE_DTYPES_REFUSED[raw];
+  if (why) throw new Error(`${name}: "${raw}" is not supported: ${why}; expected one of ${KV_CACHE_DTYPES.join(', ')}`);
+  return parseChoice(name, raw, KV_CACHE_DTYPES);
+}
 export const ROUTING_MODES = ['round-robin', 'kv-aware'] as const;
 /** What `--routing kv-aware` uses for the conditional-disaggregation flags not given. */
 export const KV_AWARE_DEFAULTS = { maxLocalPrefillTokens: 256, maxPrefillQueue: 8 } as const;
@@ -121,6 +135,14 @@ export const SETTINGS = {
     help: `compute type: ${DTYPES_ACCEPTED.join(', ')} (this CPU engine computes in float32; bf16/f16 weights are widened on load)`,
     default: 'auto',
     parse: parseDtype,
+    commands: ['engine'],
+    passThrough: true,
+  }),
+  kvCacheDtype: setting<string>({
+    flags: '--kv-cache-dtype <dtype>',
+    help: `element type of the paged KV cache and of every chunk it stores, moves and sends: ${KV_CACHE_DTYPES.join(', ')} (auto = float16, llama.cpp's default; 16-bit KV is widened to f32 inside attention's gather); the default stays float32, bit-identical to earlier releases; chunk keys include it, so every engine of a model needs the same`,
+    default: 'float32',
+    parse: parseKvCacheDtype,
     commands: ['engine'],
     passThrough: true,
   }),

@@ -12,7 +12,8 @@ import type { ModelConfig } from './model/config.js';
 import { loadApiKey } from '../common/auth.js';
 import { checkModelSpec } from './model_spec.js';
 import { STEP_TARGET_MS } from './scheduler.js';
-import { DTYPES_ACCEPTED, parseDtype, SETTINGS } from '../common/flags.js';
+import { DTYPES_ACCEPTED, parseDtype, parseKvCacheDtype, SETTINGS } from '../common/flags.js';
+import { DType } from '../common/dtype.js';
 import { checkBindHost, resolveAdvertiseHost } from '../common/address.js';
 
 const log = logger('engine');
@@ -60,6 +61,11 @@ export interface EngineOptions {
    */
   dtype?: string;
   /**
+   * --kv-cache-dtype: the element type of the paged KV cache and of every chunk (auto = float16).
+   * Default float32.
+   */
+  kvCacheDtype?: string;
+  /**
    * --enable-prefix-caching: KV of earlier prompts is reused. The engine keeps no KV of finished
    * requests itself; reuse comes from a cache instance. Without kvTransferConfig this attaches a
    * kv_both connector with the cache YAML of $KVC_CONFIG_FILE (or the defaults: a CPU tier).
@@ -104,6 +110,8 @@ export interface EngineSettings {
   stepTargetMs: number;
   maxQueue: number;
   kvCacheBytes: number | undefined;
+  /** The KV element type (--kv-cache-dtype resolved: auto = f16). */
+  kvDtype: DType;
   /** Null: no connector (and no cache instance). */
   connectorConfig: ConnectorConfig | null;
   /** Set exactly when connectorConfig is. */
@@ -143,6 +151,8 @@ export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
   const modelSpec = nonEmpty('--model', opts.model, SETTINGS.model.default!);
   checkModelSpec(modelSpec);
   parseDtype(opts.dtype ?? SETTINGS.dtype.default!);
+  const kvName = parseKvCacheDtype(opts.kvCacheDtype ?? SETTINGS.kvCacheDtype.default!);
+  const kvDtype = kvName === 'float32' ? DType.f32 : kvName === 'bfloat16' ? DType.bf16 : DType.f16;
   const modelName = nonEmpty('--served-model-name', opts.servedModelName, modelSpec);
   const host = checkBindHost('--host', nonEmpty('--host', opts.host, SETTINGS.host.default!));
   const advertiseHost = resolveAdvertiseHost('--advertise-host', opts.advertiseHost, host);
@@ -224,6 +234,7 @@ export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
     stepTargetMs,
     maxQueue,
     kvCacheBytes: opts.kvCacheBytes,
+    kvDtype,
     connectorConfig,
     cacheConfig,
     transfer: opts.transfer ?? createKvTransfer,

@@ -100,9 +100,12 @@ export class EngineWiring {
         `model ${s.modelSpec} loaded in ${Math.round(performance.now() - t0)} ms (${cfg.numLayers} layers, dim ${cfg.dim}, ${cfg.numHeads} heads / ${cfg.numKvHeads} KV heads, vocab ${cfg.vocabSize})`,
       );
 
-      const { maxModelLen, kvCacheBytes } = resolveModelLimits(s, cfg, model.layout);
-      const kv = new PagedKvCache({ numLayers: cfg.numLayers, numKvHeads: cfg.numKvHeads, headDim: cfg.headDim }, kvCacheBytes);
-      if (!sameLayout(kv.layout, model.layout)) throw new Error(`paged KV layout ${describeLayout(kv.layout)} differs from the model's ${describeLayout(model.layout)}`);
+      // The KV layout every chunk of this engine has: the model's shape in the --kv-cache-dtype.
+      const layout = { ...model.layout, dtype: s.kvDtype };
+      const { maxModelLen, kvCacheBytes } = resolveModelLimits(s, cfg, layout);
+      const kv = new PagedKvCache({ numLayers: cfg.numLayers, numKvHeads: cfg.numKvHeads, headDim: cfg.headDim, dtype: s.kvDtype }, kvCacheBytes);
+      if (!sameLayout(kv.layout, layout)) throw new Error(`paged KV layout ${describeLayout(kv.layout)} differs from the model's ${describeLayout(layout)}`);
+      log.info(`paged KV: ${describeLayout(layout)}, ${kv.totalBlocks} blocks of ${kv.blockBytes} bytes (${kv.capacityTokens} tokens)`);
       if (kv.capacityTokens < maxModelLen) log.warn(`KV budget holds ${kv.capacityTokens} tokens, less than max_model_len ${maxModelLen}: longer requests are refused`);
 
       const metrics = new EngineMetrics({ model: s.modelName }, s.processMetrics);
@@ -125,7 +128,7 @@ export class EngineWiring {
           } else {
             // A decoder that already holds a prefix in its cache receives only the chunks it lacks.
             const heldLocally = connectorConfig.kv_role === 'kv_consumer' && opened.locations().length > 0 ? (key: string) => opened.has(key) : undefined;
-            const plugin = await s.transfer({ role: connectorConfig.kv_role, cacheConfig, connectorConfig, layout: model.layout, modelId: model.modelId, chunkSize: cacheConfig.chunk_size, seed, ...(heldLocally ? { heldLocally } : {}) });
+            const plugin = await s.transfer({ role: connectorConfig.kv_role, cacheConfig, connectorConfig, layout, modelId: model.modelId, chunkSize: cacheConfig.chunk_size, seed, ...(heldLocally ? { heldLocally } : {}) });
             transfer = plugin;
             if (plugin.stats) registerTransferMetrics(metrics.registry, () => plugin.stats!());
             releases.push({ what: 'closing xfer', release: () => plugin.close(), mustSucceed: false });
@@ -135,7 +138,7 @@ export class EngineWiring {
           // Registers this cache instance with the controller (monitor port) and serves its worker
           // and peer ports, so the controller can look up, move, copy, pin and clear our chunks.
           // Each heartbeat also carries the engine's counters, for the controller's dashboard.
-          const attached = await attachController(opened, cacheConfig, { modelId: model.modelId, chunkSize: cacheConfig.chunk_size, seed, layout: model.layout, engineSample: () => metrics.sample(),
+          const attached = await attachController(opened, cacheConfig, { modelId: model.modelId, chunkSize: cacheConfig.chunk_size, seed, layout, engineSample: () => metrics.sample(),
             engineAddress: { bindHost: s.host, advertiseHost: s.advertiseHost, advertiseExplicit: s.advertiseExplicit },
             // (An ephemeral --port 0 is not known yet: the dashboard then takes token ids only.)
             ...(s.port > 0 ? { engineUrl: `http://${urlHost(s.advertiseHost)}:${s.port}` } : {}) });
@@ -151,7 +154,7 @@ export class EngineWiring {
           p2p = new P2pClient({
             store: opened,
             instanceId: cacheConfig.kvc_instance_id,
-            layout: model.layout,
+            layout,
             chunkSize: cacheConfig.chunk_size,
             timeoutMs: cacheConfig.p2p_timeout_ms ?? P2P_DEFAULTS.p2p_timeout_ms,
             askHolders: (keys, ms) => ctl.askHolders(keys, ms),
@@ -159,7 +162,7 @@ export class EngineWiring {
           });
           log.info(`P2P on: chunks this instance lacks are fetched from the instances the controller names (time bound ${cacheConfig.p2p_timeout_ms ?? P2P_DEFAULTS.p2p_timeout_ms} ms)`);
         }
-        connector = new KvcConnectorV1({ config: connectorConfig, cacheConfig, store: opened, modelId: model.modelId, layout: model.layout, seed, metrics, transfer, p2p });
+        connector = new KvcConnectorV1({ config: connectorConfig, cacheConfig, store: opened, modelId: model.modelId, layout, seed, metrics, transfer, p2p });
         log.info(
           `connector KvcConnectorV1 role=${connectorConfig.kv_role} chunk_size=${cacheConfig.chunk_size} locations=${opened.locations().join(',') || 'none'}${opened.remote ? ` remote=${opened.remote.endpoint.display}` : ''}${p2p ? ' p2p=on' : ''}` +
             ` discard_partial_chunks=${connector.discardPartial} seed=${seed}${transfer ? ' xfer=on' : ''}`,

@@ -1,10 +1,14 @@
-// Paged KV cache: f32 K/V in fixed blocks of BLOCK_TOKENS positions, handed out from one pool
-// sized by a byte budget. A sequence owns a block table; positions map to (block, slot).
+// Paged KV cache: K/V in fixed blocks of BLOCK_TOKENS positions, handed out from one pool
+// sized by a byte budget, held in the KV dtype (--kv-cache-dtype): f32 values, or f16 / bf16 bit
+// patterns (a Uint16Array, rounded to nearest even when the model writes them; attention widens
+// them back to f32 inside the kernel's gather, kernels/wat/gather.ts). A sequence owns a block table; positions map to (block, slot).
 // Block layout: [numLayers][2 (K,V)][BLOCK_TOKENS][numKvHeads*headDim], so one layer's keys of a
 // block are contiguous for attention. exportRange/importRange translate to and from the chunk
-// payload layout of src/common/chunk.ts, [2][numLayers][numTokens][numKvHeads*headDim] (f32),
-// copying the exact bytes: imported KV is bitwise what was computed.
-import { DType, type KvLayout } from '../../common/chunk.js';
+// payload layout of src/common/chunk.ts, [2][numLayers][numTokens][numKvHeads*headDim] (the
+// dtype's elements), copying the exact bytes: imported KV is bitwise what was held.
+import { DType, DTYPE_BYTES, type KvLayout } from '../../common/chunk.js';
+import { f32ToBf16, f32ToF16 } from '../../common/half.js';
+import type { KvElements } from './kernels/attention_js.js';
 
 export const BLOCK_TOKENS = 16;
 /** log2(BLOCK_TOKENS): position j is in block j >> BLOCK_SHIFT (the attention kernels rely on it). */
@@ -28,27 +32,31 @@ interface SeqState {
 export class PagedKvCache {
   readonly layout: KvLayout;
   readonly kvDim: number;
-  /** f32 elements in one block. */
+  /** Elements in one block. */
   readonly blockFloats: number;
   readonly blockBytes: number;
   readonly totalBlocks: number;
-  /** The whole pool; model.ts reads and writes it through blockTable(). */
-  readonly pool: Float32Array;
+  /** Bytes of one element (4 for f32, 2 for f16 and bf16). */
+  readonly elemBytes: number;
+  /** The whole pool; model.ts writes it through writeRows() and the kernel stages it. */
+  readonly pool: KvElements;
   private readonly poolBytes: Uint8Array;
   private readonly freeList: number[];
   private readonly seqs = new Map<string | number, SeqState>();
 
-  constructor(shape: { numLayers: number; numKvHeads: number; headDim: number }, budgetBytes: number) {
-    this.layout = { dtype: DType.f32, numLayers: shape.numLayers, numKvHeads: shape.numKvHeads, headDim: shape.headDim };
+  constructor(shape: { numLayers: number; numKvHeads: number; headDim: number; dtype?: DType }, budgetBytes: number) {
+    const dtype = shape.dtype ?? DType.f32;
+    this.layout = { dtype, numLayers: shape.numLayers, numKvHeads: shape.numKvHeads, headDim: shape.headDim };
     this.kvDim = shape.numKvHeads * shape.headDim;
+    this.elemBytes = DTYPE_BYTES[dtype];
     this.blockFloats = shape.numLayers * 2 * BLOCK_TOKENS * this.kvDim;
-    this.blockBytes = this.blockFloats * 4;
+    this.blockBytes = this.blockFloats * this.elemBytes;
     if (!Number.isFinite(budgetBytes) || budgetBytes < this.blockBytes) {
       throw new KvCacheError(`KV cache budget of ${budgetBytes} bytes is smaller than one block (${this.blockBytes} bytes)`);
     }
     this.totalBlocks = Math.floor(budgetBytes / this.blockBytes);
     // Zero-filled pages are only touched when used, so a generous budget costs no RSS up front.
-    this.pool = new Float32Array(this.totalBlocks * this.blockFloats);
+    this.pool = dtype === DType.f32 ? new Float32Array(this.totalBlocks * this.blockFloats) : new Uint16Array(this.totalBlocks * this.blockFloats);
     this.poolBytes = new Uint8Array(this.pool.buffer);
     // Pop from the end → blocks are handed out in ascending order.
     this.freeList = Array.from({ length: this.totalBlocks }, (_, i) => this.totalBlocks - 1 - i);
@@ -127,7 +135,7 @@ export class PagedKvCache {
     s.length = length;
   }
 
-  /** Float offset in `pool` of K (kv=0) or V (kv=1) of `layer` at `pos`. */
+  /** Element offset in `pool` of K (kv=0) or V (kv=1) of `layer` at `pos`. */
   offset(blocks: readonly number[], layer: number, kv: 0 | 1, pos: number): number {
     const b = blocks[pos >> 4];
     if (b === undefined) throw new KvCacheError(`position ${pos} is beyond the allocated blocks`);
@@ -136,12 +144,26 @@ export class PagedKvCache {
 
   /** Chunk payload bytes for `numTokens` positions. */
   payloadBytes(numTokens: number): number {
-    return 2 * this.layout.numLayers * numTokens * this.kvDim * 4;
+    return 2 * this.layout.numLayers * numTokens * this.kvDim * this.elemBytes;
+  }
+
+  /**
+   * Writes f32 rows src[from..to) at element offset `at` of the pool (offset()), rounding to the
+   * KV dtype (nearest even) for a 16-bit cache.
+   */
+  writeRows(src: Float32Array, from: number, to: number, at: number): void {
+    const pool = this.pool;
+    if (pool instanceof Float32Array) {
+      pool.set(src.subarray(from, to), at);
+      return;
+    }
+    if (this.layout.dtype === DType.f16) for (let i = from; i < to; i++) pool[at++] = f32ToF16(src[i]!);
+    else for (let i = from; i < to; i++) pool[at++] = f32ToBf16(src[i]!);
   }
 
   /**
    * Copies positions [start, end) of `seqId` into `dest` in chunk payload layout
-   * [2][numLayers][end-start][kvDim] f32 LE. `dest` may be any byte view (no alignment needed).
+   * [2][numLayers][end-start][kvDim] elements of the dtype, LE. `dest` may be any byte view (no alignment needed).
    */
   exportRange(seqId: string | number, start: number, end: number, dest: Uint8Array): void {
     const s = this.seqs.get(seqId);
@@ -151,13 +173,14 @@ export class PagedKvCache {
     }
     const n = end - start;
     if (dest.byteLength < this.payloadBytes(n)) throw new KvCacheError(`exportRange: destination holds ${dest.byteLength} bytes, ${this.payloadBytes(n)} needed`);
-    const rowBytes = this.kvDim * 4;
+    const eb = this.elemBytes;
+    const rowBytes = this.kvDim * eb;
     const L = this.layout.numLayers;
     for (let kv = 0; kv < 2; kv++) {
       for (let l = 0; l < L; l++) {
         let d = (kv * L + l) * n * rowBytes;
         for (let p = start; p < end; p++, d += rowBytes) {
-          const o = this.offset(s.blocks, l, kv as 0 | 1, p) * 4;
+          const o = this.offset(s.blocks, l, kv as 0 | 1, p) * eb;
           dest.set(this.poolBytes.subarray(o, o + rowBytes), d);
         }
       }
@@ -179,13 +202,14 @@ export class PagedKvCache {
     }
     this.allocate(seqId, start + numTokens);
     const s = this.seqs.get(seqId)!;
-    const rowBytes = this.kvDim * 4;
+    const eb = this.elemBytes;
+    const rowBytes = this.kvDim * eb;
     const L = this.layout.numLayers;
     for (let kv = 0; kv < 2; kv++) {
       for (let l = 0; l < L; l++) {
         let src = ((kv * L + l) * numTokens) * rowBytes;
         for (let p = start; p < start + numTokens; p++, src += rowBytes) {
-          this.poolBytes.set(payload.subarray(src, src + rowBytes), this.offset(s.blocks, l, kv as 0 | 1, p) * 4);
+          this.poolBytes.set(payload.subarray(src, src + rowBytes), this.offset(s.blocks, l, kv as 0 | 1, p) * eb);
         }
       }
     }

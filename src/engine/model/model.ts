@@ -398,7 +398,6 @@ export class LlamaModel {
     const vRows = this.buf(B_V_ROWS, R * kvDim);
     this.kernel.copyRows(qkv, qDim, qkvDim, kRows, 0, kvDim, R, kvDim);
     this.kernel.copyRows(qkv, qDim + kvDim, qkvDim, vRows, 0, kvDim, R, kvDim);
-    const pool = kv.pool;
     let r = 0;
     for (const [si, s] of segments.entries()) {
       const blocks = tables[si]!;
@@ -406,8 +405,8 @@ export class LlamaModel {
         const runEnd = Math.min(end, ((p >> BLOCK_SHIFT) + 1) << BLOCK_SHIFT); // the end of p's block
         const a = r * kvDim;
         const b = a + (runEnd - p) * kvDim;
-        pool.set(kRows.subarray(a, b), kv.offset(blocks, l, 0, p));
-        pool.set(vRows.subarray(a, b), kv.offset(blocks, l, 1, p));
+        kv.writeRows(kRows, a, b, kv.offset(blocks, l, 0, p));
+        kv.writeRows(vRows, a, b, kv.offset(blocks, l, 1, p));
         r += runEnd - p;
         p = runEnd;
       }
@@ -445,7 +444,7 @@ export class LlamaModel {
       // This layer's K/V slabs of the sequence's blocks, copied to the kernel in bulk once;
       // each KV head's operands are then gathered inside the kernel (this runs every decode step).
       const layerBase = l * 2 * BLOCK_TOKENS * kvDim; // K of this layer within a block; V follows
-      this.kernel.stageKv(kv.pool, tables[si]!, Math.ceil(P / BLOCK_TOKENS), kv.blockFloats, layerBase, kvDim);
+      this.kernel.stageKv(kv.pool, tables[si]!, Math.ceil(P / BLOCK_TOKENS), kv.blockFloats, layerBase, kvDim, kv.layout.dtype);
       // Query rows in blocks to bound the score matrix; all KV heads of a block in one kernel
       // call, q and out laid out [head][row][headDim] (the kernel picks one WASM call for small
       // problems such as a decode step, or per-head calls shared with its worker thread).

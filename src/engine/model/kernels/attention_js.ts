@@ -4,8 +4,18 @@
 import { EXP_CONSTS } from './wat/exp.js';
 import { BLOCK_SHIFT, BLOCK_TOKENS } from '../kv_cache.js';
 
-/** JS twin of the WASM gatherkv: kt [hd][Pb] transposed keys, v [Pb][hd] values, zero padding. */
-export function gatherStagedJs(src: Float32Array, kvDim: number, off: number, hd: number, P: number, Pb: number, kt: Float32Array, v: Float32Array): void {
+/** The KV pool's element array: f32 values, or 16-bit patterns (f16 or bf16, PagedKvCache.dtype). */
+export type KvElements = Float32Array | Uint16Array;
+
+/**
+ * JS twin of the WASM gatherkv: kt [hd][Pb] transposed keys, v [Pb][hd] values, zero padding.
+ * 16-bit staged KV is widened through `widen` (the f16 or bf16 table, src/common/half.ts).
+ */
+export function gatherStagedJs(src: KvElements, kvDim: number, off: number, hd: number, P: number, Pb: number, kt: Float32Array, v: Float32Array, widen: Float32Array | null = null): void {
+  if (widen) {
+    gatherWidenedJs(src as Uint16Array, kvDim, off, hd, P, Pb, kt, v, widen);
+    return;
+  }
   kt.fill(0, 0, hd * Pb);
   v.fill(0, 0, Pb * hd);
   const slab = BLOCK_TOKENS * kvDim;
@@ -19,8 +29,22 @@ export function gatherStagedJs(src: Float32Array, kvDim: number, off: number, hd
   }
 }
 
-/** Copies one layer's K/V slabs of `nBlocks` cache blocks to dest[destOff..] (see Kernel.stageKv). */
-export function stageInto(dest: Float32Array, destOff: number, pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void {
+function gatherWidenedJs(src: Uint16Array, kvDim: number, off: number, hd: number, P: number, Pb: number, kt: Float32Array, v: Float32Array, widen: Float32Array): void {
+  kt.fill(0, 0, hd * Pb);
+  v.fill(0, 0, Pb * hd);
+  const slab = BLOCK_TOKENS * kvDim;
+  for (let j = 0; j < P; j++) {
+    const kp = (j >> BLOCK_SHIFT) * 2 * slab + (j & (BLOCK_TOKENS - 1)) * kvDim + off;
+    const vp = kp + slab;
+    for (let e = 0; e < hd; e++) {
+      kt[e * Pb + j] = widen[src[kp + e]!]!;
+      v[j * hd + e] = widen[src[vp + e]!]!;
+    }
+  }
+}
+
+/** Copies one layer's K/V slabs of `nBlocks` cache blocks to dest[destOff..] (see Kernel.stageKv); dest and pool of one element type. */
+export function stageInto<T extends KvElements>(dest: T, destOff: number, pool: T, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void {
   const slabs = 2 * BLOCK_TOKENS * kvDim;
   for (let b = 0; b < nBlocks; b++) {
     const at = blocks[b]! * blockFloats + layerOffset;

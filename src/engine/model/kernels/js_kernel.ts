@@ -1,7 +1,9 @@
 // The plain-JS kernel: the exact summation order of the WASM kernel (kernel.ts; Q8 weights:
 // q8_dot.ts), used as the bitwise reference in tests and as the fallback where WASM SIMD is
 // unavailable.
-import { gatherStagedJs, softmaxRowsJs, stageInto, swigluJs } from './attention_js.js';
+import { gatherStagedJs, softmaxRowsJs, stageInto, swigluJs, type KvElements } from './attention_js.js';
+import { DType } from '../../../common/dtype.js';
+import { bf16Table, f16Table } from '../../../common/half.js';
 import { fmaf, fmaSupport } from './fma.js';
 import { kernelEnv } from './env.js';
 import { padTo, STRIP } from './layout.js';
@@ -124,20 +126,30 @@ export class JsKernel implements Kernel {
   }
 
   private staged = new Float32Array(0);
+  private staged16 = new Uint16Array(0);
   private stagedKvDim = 0;
+  /** Null for f32 KV; the f16 or bf16 → f32 table for 16-bit KV. */
+  private widen: Float32Array | null = null;
 
-  stageKv(pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void {
+  stageKv(pool: KvElements, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number, dtype: DType = DType.f32): void {
     const n = nBlocks * 2 * BLOCK_TOKENS * kvDim;
-    if (this.staged.length < n) this.staged = new Float32Array(n);
     this.stagedKvDim = kvDim;
-    stageInto(this.staged, 0, pool, blocks, nBlocks, blockFloats, layerOffset, kvDim);
+    if (dtype === DType.f32) {
+      if (this.staged.length < n) this.staged = new Float32Array(n);
+      this.widen = null;
+      stageInto(this.staged, 0, pool as Float32Array, blocks, nBlocks, blockFloats, layerOffset, kvDim);
+    } else {
+      if (this.staged16.length < n) this.staged16 = new Uint16Array(n);
+      this.widen = dtype === DType.f16 ? f16Table() : bf16Table();
+      stageInto(this.staged16, 0, pool as Uint16Array, blocks, nBlocks, blockFloats, layerOffset, kvDim);
+    }
   }
 
   attendStaged(q: Float32Array, M: number, hd: number, off: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
     const Pb = padTo(keys, STRIP);
     const kt = new Float32Array(hd * Pb);
     const v = new Float32Array(Pb * hd);
-    gatherStagedJs(this.staged, this.stagedKvDim, off, hd, keys, Pb, kt, v);
+    gatherStagedJs(this.widen ? this.staged16 : this.staged, this.stagedKvDim, off, hd, keys, Pb, kt, v, this.widen);
     this.attend(q, M, hd, kt, Pb, v, lens, scale, out);
   }
 

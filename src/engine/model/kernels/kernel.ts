@@ -14,6 +14,8 @@
 // (JS evaluates in f64; rounding the product and the sum to f32 each step gives exactly the f32
 // results, since f64 has more than 2*24+2 bits; fma.ts fmaf gives the fused result exactly.)
 // One process uses one setting (fmaSupport(): KVC_WASM_FMA, then the platform) for every kernel.
+import type { KvElements } from './attention_js.js';
+import type { DType } from '../../../common/dtype.js';
 import { PANEL, panelIndex, STRIP, type WFmt } from './layout.js';
 import type { Q4Weight, Q8Weight } from './q8_dot.js';
 import type { EncodedWeight } from './weight_pack.js';
@@ -94,10 +96,12 @@ export interface Kernel {
   attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void;
   /**
    * Stages one layer of a sequence's paged KV for attendStaged: for each of `nBlocks` cache
-   * blocks, the 2*BLOCK_TOKENS*kvDim floats (K slab, then V slab) at
-   * pool[blocks[b] * blockFloats + layerOffset]. Copied in bulk, once per sequence and layer.
+   * blocks, the 2*BLOCK_TOKENS*kvDim elements (K slab, then V slab) at
+   * pool[blocks[b] * blockFloats + layerOffset]. Copied in bulk, once per sequence and layer, in
+   * the pool's own dtype (`dtype`: f32, or f16/bf16 bit patterns in a Uint16Array): a 16-bit
+   * cache is widened to f32 by the gather inside the kernel, so its staging moves half the bytes.
    */
-  stageKv(pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void;
+  stageKv(pool: KvElements, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number, dtype?: DType): void;
   /**
    * attend() over the staged KV of one KV head (columns [off, off+hd) of each position), using
    * its first `keys` positions (zero-padded to a multiple of STRIP). Same result bits as

@@ -2,7 +2,8 @@
 // products, attention and SwiGLU split with one worker thread (worker_host.ts), everything else on
 // the calling thread. Several instances form a pool for larger checkpoints (wasm_kernel_pool.ts).
 import { availableParallelism } from 'node:os';
-import { stageInto } from './attention_js.js';
+import { stageInto, type KvElements } from './attention_js.js';
+import { DType, DTYPE_BYTES } from '../../../common/dtype.js';
 import { fmaSupport } from './fma.js';
 import { kernelModule, opsModule, type KernelExports, type OpsExports } from './wasm_modules.js';
 import { WorkerHost } from './worker_host.js';
@@ -379,21 +380,25 @@ export class WasmKernel implements Kernel {
   private stagePtr = 0;
   private stageBytes = 0;
   private stageKvDim = 0;
+  /** The staged KV's dtype code for gatherkv/attendheads (0 f32, 1 f16, 2 bf16 = DType). */
+  private stageDtype: number = DType.f32;
 
-  stageKv(pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void {
-    const bytes = nBlocks * 2 * BLOCK_TOKENS * kvDim * 4;
+  stageKv(pool: KvElements, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number, dtype: DType = DType.f32): void {
+    const bytes = nBlocks * 2 * BLOCK_TOKENS * kvDim * DTYPE_BYTES[dtype];
     if (bytes > this.stageBytes) {
       const size = Math.max(bytes, this.stageBytes * 2);
       this.stagePtr = this.alloc(size);
       this.stageBytes = size;
     }
     this.stageKvDim = kvDim;
-    stageInto(this.f32, this.stagePtr / 4, pool, blocks, nBlocks, blockFloats, layerOffset, kvDim);
+    this.stageDtype = dtype;
+    if (dtype === DType.f32) stageInto(this.f32, this.stagePtr / 4, pool as Float32Array, blocks, nBlocks, blockFloats, layerOffset, kvDim);
+    else stageInto(new Uint16Array(this.f32.buffer), this.stagePtr / 2, pool as Uint16Array, blocks, nBlocks, blockFloats, layerOffset, kvDim);
   }
 
   attendStaged(q: Float32Array, M: number, hd: number, off: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
     const P = padTo(keys, STRIP);
-    this.attendCore(q, M, hd, P, lens, scale, out, (KT, V, hdPad) => this.exp.gatherkv(this.stagePtr, keys, P, this.stageKvDim, off, hd, KT, V, hdPad));
+    this.attendCore(q, M, hd, P, lens, scale, out, (KT, V, hdPad) => this.exp.gatherkv(this.stagePtr, keys, P, this.stageKvDim, off, hd, KT, V, hdPad, this.stageDtype));
   }
 
   /**
@@ -413,7 +418,7 @@ export class WasmKernel implements Kernel {
       return;
     }
     const s = this.attnScratch(q, heads, M, hd, P, lens, out);
-    this.exp.attendheads(this.stagePtr, s.Q, s.KT, s.S, s.V, s.O, s.L, M, hd, s.hdPad, this.stageKvDim, heads, keys, P, scale);
+    this.exp.attendheads(this.stagePtr, s.Q, s.KT, s.S, s.V, s.O, s.L, M, hd, s.hdPad, this.stageKvDim, heads, keys, P, scale, this.stageDtype);
     if (s.O !== s.outAt) this.readRows(s.O, heads * M, hd, s.hdPad, out);
   }
 

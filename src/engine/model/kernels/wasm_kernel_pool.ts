@@ -1,5 +1,7 @@
 // Several WASM kernel instances as one kernel, for checkpoints whose weights exceed one 4 GiB
 // address space.
+import type { KvElements } from './attention_js.js';
+import type { DType } from '../../../common/dtype.js';
 import type { Kernel, UploadOptions, Weight } from './kernel.js';
 import type { WasmKernel } from './wasm_kernel.js';
 import { heldFormat, type EncodedWeight } from './weight_pack.js';
@@ -58,8 +60,8 @@ export class WasmKernelPool implements Kernel {
     this.parts[0]!.attend(q, M, hd, kt, P, v, lens, scale, out);
   }
 
-  stageKv(pool: Float32Array, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void {
-    this.parts[0]!.stageKv(pool, blocks, nBlocks, blockFloats, layerOffset, kvDim);
+  stageKv(pool: KvElements, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number, dtype?: DType): void {
+    this.parts[0]!.stageKv(pool, blocks, nBlocks, blockFloats, layerOffset, kvDim, dtype);
   }
 
   attendStaged(q: Float32Array, M: number, hd: number, off: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {

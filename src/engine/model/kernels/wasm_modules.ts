@@ -26,7 +26,8 @@ export interface KernelExports {
   /** quantq8's values as int8 [M][K], then scales, then block sums (gemmpq4's activations). */
   quantq8i8(X: number, M: number, K: number, Q: number): void;
   softmax(S: number, rows: number, stride: number, L: number, scale: number): void;
-  gatherkv(src: number, P: number, Pb: number, kvDim: number, off: number, hd: number, kt: number, v: number, hdPad: number): void;
+  /** dt: the staged KV's dtype (0 f32, 1 f16, 2 bf16), widened to f32 as it is gathered. */
+  gatherkv(src: number, P: number, Pb: number, kvDim: number, off: number, hd: number, kt: number, v: number, hdPad: number, dt: number): void;
   argmax(p: number, n: number): number;
   swiglu(GU: number, O: number, rows: number, hidden: number): void;
   /** swiglu of rows [r0, r1) in the gemm entry points' argument shape (shared with the worker). */
@@ -34,7 +35,7 @@ export interface KernelExports {
   argmaxrows(X: number, OUT: number, n: number, u3: number, u4: number, u5: number, u6: number, u7: number, r0: number, r1: number): void;
   /** The candidates of one chunk [n0, n1) of an LM-head product's rows (wat/argmax.ts argmaxColsFunc). */
   argmaxcols(C: number, nPad: number, N: number, M: number, SLOT: number, u5: number, u6: number, u7: number, n0: number, n1: number): void;
-  attendheads(stage: number, Q: number, KT: number, S: number, V: number, O: number, L: number, M: number, hd: number, hdPad: number, kvDim: number, heads: number, keys: number, P: number, scale: number): void;
+  attendheads(stage: number, Q: number, KT: number, S: number, V: number, O: number, L: number, M: number, hd: number, hdPad: number, kvDim: number, heads: number, keys: number, P: number, scale: number, dt: number): void;
   /** One head's attention for query rows [r0, r1); prm holds Q, KT, S, V, O, L, M, hd, P, hdPad, scale bits. */
   attendrows(prm: number, u1: number, u2: number, u3: number, u4: number, u5: number, u6: number, u7: number, r0: number, r1: number): void;
 }

@@ -3,7 +3,7 @@
 import { ATT_GROUP, STRIP } from '../layout.js';
 
 /**
- * attendheads(stage, Q, KT, S, V, O, L, M, hd, hdPad, kvDim, heads, keys, P, scale): for each KV head
+ * attendheads(stage, Q, KT, S, V, O, L, M, hd, hdPad, kvDim, heads, keys, P, scale, dt): for each KV head
  * g of the staged KV, gatherkv into KT/V, then attgroups over all M rows, with Q_g = Q + g*M*hd
  * floats and O_g = O + g*M*hdPad floats. Exactly the calls the per-head path makes (same
  * functions, same arguments), in one call from JS: decode attention is small enough that the
@@ -13,14 +13,14 @@ export function attendHeadsFunc(): string {
   return `
   (func (export "attendheads") (param $stage i32) (param $Q i32) (param $KT i32) (param $S i32) (param $V i32) (param $O i32)
       (param $L i32) (param $M i32) (param $hd i32) (param $hdPad i32) (param $kvDim i32) (param $heads i32) (param $keys i32)
-      (param $P i32) (param $scale f32)
+      (param $P i32) (param $scale f32) (param $dt i32)
     (local $g i32) (local $q i32) (local $o i32)
     (local.set $q (local.get $Q))
     (local.set $o (local.get $O))
     (block $done (loop $each
       (br_if $done (i32.ge_u (local.get $g) (local.get $heads)))
       (call $gatherkv (local.get $stage) (local.get $keys) (local.get $P) (local.get $kvDim)
-        (i32.mul (local.get $g) (local.get $hd)) (local.get $hd) (local.get $KT) (local.get $V) (local.get $hdPad))
+        (i32.mul (local.get $g) (local.get $hd)) (local.get $hd) (local.get $KT) (local.get $V) (local.get $hdPad) (local.get $dt))
       (call $attgroups (local.get $q) (local.get $KT) (local.get $S) (local.get $V) (local.get $o) (local.get $L)
         (local.get $M) (local.get $hd) (local.get $P) (local.get $hdPad) (local.get $scale) (i32.const 0) (local.get $M))
       (local.set $q (i32.add (local.get $q) (i32.shl (i32.mul (local.get $M) (local.get $hd)) (i32.const 2))))

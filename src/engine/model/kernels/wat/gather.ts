@@ -2,23 +2,63 @@
 // attention's operands (attention_js.ts gatherStagedJs is the JavaScript twin).
 import { BLOCK_SHIFT, BLOCK_TOKENS } from '../../kv_cache.js';
 
+/** One KV element at address `p` as f32, by KV dtype (0 f32, 1 f16, 2 bf16): the widening happens here, in the gather. */
+function loadAs(dt: 0 | 1 | 2, p: string): string {
+  if (dt === 0) return `(f32.load ${p})`;
+  if (dt === 2) return `(f32.reinterpret_i32 (i32.shl (i32.load16_u ${p}) (i32.const 16)))`;
+  // f16: magnitude bits << 13 read as f32, times 2^112, is exact for normals and subnormals;
+  // exponent 31 (Inf/NaN) maps to f32's 255; the sign is put back last.
+  return `(call $f16tof32 (i32.load16_u ${p}))`;
+}
+
+/** f16 bits → f32 (exact), for gatherkv's 16-bit KV. */
+export function f16Func(): string {
+  return `
+  (func $f16tof32 (param $h i32) (result f32)
+    (local $m i32)
+    (local.set $m (i32.shl (i32.and (local.get $h) (i32.const 0x7fff)) (i32.const 13)))
+    (f32.reinterpret_i32 (i32.or
+      (i32.shl (i32.and (local.get $h) (i32.const 0x8000)) (i32.const 16))
+      (select
+        (i32.or (local.get $m) (i32.const 0x7f800000))
+        (i32.reinterpret_f32 (f32.mul (f32.reinterpret_i32 (local.get $m)) (f32.const 0x1p112)))
+        (i32.eq (i32.and (local.get $h) (i32.const 0x7c00)) (i32.const 0x7c00)))))
+  )`;
+}
+
 /**
- * gatherkv(src, P, Pb, kvDim, off, hd, kt, v, hdPad): one KV head's keys and values out of staged
+ * gatherkv(src, P, Pb, kvDim, off, hd, kt, v, hdPad, dt): one KV head's keys and values out of staged
  * paged-cache slabs into attention's operands. src holds, per cache block, the layer's K slab
- * then its V slab, each [16 positions][kvDim] f32 (the cache's own block layout, copied in bulk).
+ * then its V slab, each [16 positions][kvDim] elements of the KV dtype dt (0 f32, 1 f16, 2 bf16;
+ * the cache's own block layout, copied in bulk), widened to f32 here as they are gathered.
  * For j < P: kt[e][j] = K[j][off + e] (transposed and strip-packed like the model's weights,
  * [Pb/32][hd][32]: a strip of 32 keys is one contiguous hd·128-byte block, where the dense
  * [hd][Pb] layout put its rows Pb·4 bytes apart — 2 KB at 512 keys, a power of two that mapped
  * every row of a strip onto the same few L1 sets) and v[j][e] = V[j][off + e] ([Pb][hdPad]);
  * positions P..Pb-1 and columns hd..hdPad-1 are zero. Plain copies: no arithmetic.
  */
+/** The copy of one row of hd elements (K transposed into kt, V into v), widening dtype dt. */
+function rowLoop(dt: 0 | 1 | 2): string {
+  const step = dt === 0 ? 4 : 2;
+  return `
+          (block $edone${dt} (loop $eloop${dt}
+            (br_if $edone${dt} (i32.ge_u (local.get $e) (local.get $hd)))
+            (f32.store (i32.add (local.get $ktcol) (i32.shl (local.get $e) (i32.const 7))) ${loadAs(dt, '(local.get $kp)')})
+            (f32.store (i32.add (local.get $vrow) (i32.shl (local.get $e) (i32.const 2))) ${loadAs(dt, '(local.get $vp)')})
+            (local.set $kp (i32.add (local.get $kp) (i32.const ${step})))
+            (local.set $vp (i32.add (local.get $vp) (i32.const ${step})))
+            (local.set $e (i32.add (local.get $e) (i32.const 1)))
+            (br $eloop${dt})))`;
+}
+
 export function gatherFunc(): string {
   return `
   (func $gatherkv (export "gatherkv") (param $src i32) (param $P i32) (param $Pb i32) (param $kvDim i32) (param $off i32)
-      (param $hd i32) (param $kt i32) (param $v i32) (param $hdPad i32)
+      (param $hd i32) (param $kt i32) (param $v i32) (param $hdPad i32) (param $dt i32)
     (local $j i32) (local $e i32) (local $kp i32) (local $vp i32) (local $vrow i32) (local $ktcol i32)
-    (local $slab i32)
-    (local.set $slab (i32.shl (i32.mul (local.get $kvDim) (i32.const ${BLOCK_TOKENS})) (i32.const 2)))
+    (local $slab i32) (local $es i32)
+    (local.set $es (select (i32.const 2) (i32.const 1) (i32.eqz (local.get $dt))))
+    (local.set $slab (i32.shl (i32.mul (local.get $kvDim) (i32.const ${BLOCK_TOKENS})) (local.get $es)))
     (local.set $j (i32.const 0))
     (block $jdone (loop $jloop
       (br_if $jdone (i32.ge_u (local.get $j) (local.get $Pb)))
@@ -31,16 +71,13 @@ export function gatherFunc(): string {
           ;; block j / BLOCK_TOKENS holds 2 slabs; slot j % BLOCK_TOKENS is a row of kvDim floats
           (local.set $kp (i32.add (local.get $src)
             (i32.add (i32.mul (i32.shr_u (local.get $j) (i32.const ${BLOCK_SHIFT})) (i32.shl (local.get $slab) (i32.const 1)))
-              (i32.shl (i32.add (i32.mul (i32.and (local.get $j) (i32.const ${BLOCK_TOKENS - 1})) (local.get $kvDim)) (local.get $off)) (i32.const 2)))))
+              (i32.shl (i32.add (i32.mul (i32.and (local.get $j) (i32.const ${BLOCK_TOKENS - 1})) (local.get $kvDim)) (local.get $off)) (local.get $es)))))
           (local.set $vp (i32.add (local.get $kp) (local.get $slab)))
-          (block $edone (loop $eloop
-            (br_if $edone (i32.ge_u (local.get $e) (local.get $hd)))
-            (f32.store (i32.add (local.get $ktcol) (i32.shl (local.get $e) (i32.const 7))) (f32.load (local.get $kp)))
-            (f32.store (i32.add (local.get $vrow) (i32.shl (local.get $e) (i32.const 2))) (f32.load (local.get $vp)))
-            (local.set $kp (i32.add (local.get $kp) (i32.const 4)))
-            (local.set $vp (i32.add (local.get $vp) (i32.const 4)))
-            (local.set $e (i32.add (local.get $e) (i32.const 1)))
-            (br $eloop))))
+          (if (i32.eqz (local.get $dt))
+            (then ${rowLoop(0)})
+            (else (if (i32.eq (local.get $dt) (i32.const 1))
+              (then ${rowLoop(1)})
+              (else ${rowLoop(2)})))))
         (else
           (block $zdone (loop $zloop
             (br_if $zdone (i32.ge_u (local.get $e) (local.get $hd)))

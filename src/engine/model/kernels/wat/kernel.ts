@@ -2,7 +2,7 @@
 // thread call, assembled from the generators of each operation.
 import { argmaxColsFunc, argmaxFunc, argmaxRowsFunc } from './argmax.js';
 import { attendHeadsFunc, attendRowsFunc, attGroupsFunc } from './attention.js';
-import { gatherFunc } from './gather.js';
+import { f16Func, gatherFunc } from './gather.js';
 import { gemmFunc } from './gemm.js';
 import { q4GemmFunc, q8GemmFunc, quantQ8Func } from './quantized.js';
 import { softmaxFunc } from './softmax.js';
@@ -35,6 +35,7 @@ ${q4 ? quantQ8Func(true) : ''}
 ${softmaxFunc()}
 ${swigluFunc()}
 ${swigluRowsFunc()}
+${f16Func()}
 ${gatherFunc()}
 ${argmaxFunc()}
 ${argmaxFunc('argmaxany', false)}

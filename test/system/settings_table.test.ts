@@ -48,7 +48,7 @@ test('the engine settings take their defaults from the table', () => {
 });
 
 test('kvc up passes every pass-through setting to its engines as a flag kvc engine parses back to the same value', () => {
-  const values = { servedModelName: 'm', maxModelLen: 512, dtype: 'float32', maxNumSeqs: 4, maxNumBatchedTokens: 128, stepTargetMs: 0, maxQueueLen: 7, kvCacheMemory: 0.25 };
+  const values = { servedModelName: 'm', maxModelLen: 512, dtype: 'float32', kvCacheDtype: 'float16', maxNumSeqs: 4, maxNumBatchedTokens: 128, stepTargetMs: 0, maxQueueLen: 7, kvCacheMemory: 0.25 };
   assert.deepEqual(Object.keys(values).sort(), [...PASS_THROUGH].sort(), 'the test covers every pass-through setting');
   const plan = makePlan({ prefillers: 1, decoders: 1, model: 'builtin:tiny', portOffset: 0, controller: true, host: '127.0.0.1', engine: values, machineCpus: [0, 1] });
   const args = engineArgs(plan, plan.engines[0]!, '{}');

@@ -33,12 +33,14 @@ interface EngineFlags {
   cpus?: string;
   disableLogRequests?: boolean;
   disableLogStats?: boolean;
+  chatTemplate?: string;
 }
 
 export function registerEngine(program: Command): void {
   const cmd = program
     .command('engine')
-    .description('serve a Llama-architecture model on the CPU with an OpenAI-compatible API')
+    .alias('serve')
+    .description('serve a Llama-architecture model on the CPU with an OpenAI-compatible API (also `kvc serve MODEL`, as `vllm serve`)')
     .argument('[model]', 'the model, as in `vllm serve <model>` (same as --model)');
   addSettings(cmd, 'engine').action(async (positional: string | undefined, f: EngineFlags, c: Command) => {
       const modelGiven = c.getOptionValueSource('model') === 'cli';
@@ -76,6 +78,7 @@ export function registerEngine(program: Command): void {
         apiKey,
         logRequests: !f.disableLogRequests,
         logStats: !f.disableLogStats,
+        chatTemplate: f.chatTemplate,
       });
       log.info(`serving "${engine.modelName}" (model id ${engine.modelId}, max_model_len ${engine.maxModelLen})`);
       // `engine listening on <URL>` is the line scripts wait for: the URL is the advertised one.

@@ -9,6 +9,7 @@ import { registerEngine } from './engine.js';
 import { registerController } from './controller.js';
 import { registerProxy } from './proxy.js';
 import { registerUp } from './up.js';
+import { unsupportedVllmFlag } from './vllm_flags.js';
 
 // An environment variable with a value nobody understands is refused before anything starts.
 const envErrors = environment().errors;
@@ -30,6 +31,16 @@ registerEngine(program);
 registerController(program);
 registerProxy(program);
 registerUp(program);
+
+// vLLM's flags kvc does not implement are refused by name before commander sees them.
+const [sub, ...subArgs] = process.argv.slice(2);
+if (sub === 'engine' || sub === 'serve') {
+  const refused = unsupportedVllmFlag(subArgs);
+  if (refused) {
+    process.stderr.write(`kvc ${sub}: ${refused}\n`);
+    process.exit(2);
+  }
+}
 
 program.parseAsync(process.argv).catch((err: unknown) => {
   process.stderr.write(`kvc: ${err instanceof Error ? err.message : String(err)}\n`);

@@ -4,7 +4,8 @@
 // Everything else is derived from this table: the commander options (src/cli/flags.ts), the
 // engine's defaults (src/engine/settings.ts), `kvc up`'s pass-through (src/deploy/plan.ts), the
 // defaults in the help text and the tables of docs/configuration.md (checked by a test).
-import { parseBoolean, parseChoice, parseNumber, parsePort, parseSeconds, parseText } from './parse_value.js';
+import { existsSync, readFileSync, statSync } from 'node:fs';
+import { parseChoice, parseNumber, parsePort, parseSeconds, parseText } from './parse_value.js';
 
 export type CommandName = 'engine' | 'controller' | 'proxy' | 'up' | 'keys';
 
@@ -57,6 +58,13 @@ const oneOf =
 
 export const DEFAULT_CHUNK_SIZE = 256;
 export const DTYPES_ACCEPTED = ['auto', 'float32', 'float'] as const;
+/** --chat-template: a readable file's text, or the value itself when it is a template (vLLM's rule). */
+export function parseChatTemplate(raw: string, name = '--chat-template'): string {
+  if (existsSync(raw) && statSync(raw).isFile()) return readFileSync(raw, 'utf8');
+  if (/[{}\n]/.test(raw)) return raw;
+  throw new Error(`${name}: "${raw}" is neither a readable file nor a template (a template contains {{ or {%)`);
+}
+
 const HALF_DTYPES = ['half', 'float16', 'bfloat16', 'fp16', 'bf16'];
 /** --dtype: a type this CPU engine computes in; a half-precision one is refused with the reason. */
 export function parseDtype(raw: string, name = '--dtype'): (typeof DTYPES_ACCEPTED)[number] {
@@ -185,17 +193,30 @@ export const SETTINGS = {
   }),
   enablePrefixCaching: setting<boolean>({
     flags: '--enable-prefix-caching',
-    help: 'reuse the KV of earlier prompts through a cache instance: without --kv-transfer-config, attaches a kv_both connector with the cache of $KVC_CONFIG_FILE (default: a CPU tier)',
+    help: "reuse the KV of earlier prompts through a cache instance: without --kv-transfer-config, attaches a kv_both connector with the cache of $KVC_CONFIG_FILE (without one: a CPU tier of max_local_cpu_size GiB, taken on demand); on by default, as vLLM's prefix caching",
+    default: true,
     commands: ['engine'],
   }),
   noEnablePrefixCaching: setting<boolean>({
     flags: '--no-enable-prefix-caching',
-    help: 'no cache instance unless --kv-transfer-config gives one (the default; the engine itself keeps no KV of finished requests)',
+    help: 'no cache instance unless --kv-transfer-config gives one (the engine itself keeps no KV of finished requests)',
+    commands: ['engine'],
+  }),
+  chatTemplate: setting<string>({
+    flags: '--chat-template <template>',
+    help: "the chat template, as a file or inline (a text with {{ or {%), used instead of the checkpoint's (tokenizer_config.json's chat_template, or chat_template.jinja beside it)",
+    defaultText: "the checkpoint's; none: chat requests get a 400 saying how to give one",
+    parse: parseChatTemplate,
     commands: ['engine'],
   }),
   enableP2p: setting<boolean>({
     flags: '--enable-p2p',
     help: 'on a local cache miss, fetch the following chunks from the instance the controller says holds them (sets enable_p2p of $KVC_CONFIG_FILE; needs enable_controller)',
+    commands: ['engine'],
+  }),
+  enableChunkedPrefill: setting<boolean>({
+    flags: '--enable-chunked-prefill',
+    help: 'accepted for compatibility: prefill is always chunked (--max-num-batched-tokens tokens a step, bounded by --step-target-ms)',
     commands: ['engine'],
   }),
   enforceEager: setting<boolean>({ flags: '--enforce-eager', help: 'accepted for compatibility: the CPU engine always runs eagerly (it has no graph mode)', commands: ['engine'] }),

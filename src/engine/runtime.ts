@@ -6,7 +6,7 @@ import type { PagedKvCache } from './model/kv_cache.js';
 import { resolveModelDir } from './model/formats/builtin.js';
 import { loadGguf } from './model/formats/gguf_model.js';
 import { LlamaModel } from './model/model.js';
-import { Tokenizer } from './model/tokenizer.js';
+import { LLAMA2_CHAT_TEMPLATE, Tokenizer } from './model/tokenizer.js';
 import type { ForwardSegment, Forwarder } from './scheduler.js';
 
 export interface EngineModel extends Forwarder {
@@ -19,8 +19,12 @@ export interface EngineModel extends Forwarder {
   llama: LlamaModel;
 }
 
-/** `env` supplies KVC_CACHE_DIR for built-in models (default process.env). */
-export async function loadEngineModel(spec: string, env: NodeJS.ProcessEnv = process.env): Promise<EngineModel> {
+/**
+ * `env` supplies KVC_CACHE_DIR for built-in models (default process.env); `chatTemplate`
+ * (--chat-template) replaces the checkpoint's chat template. The built-in model's template is
+ * Llama-2's (its vocabulary is); a checkpoint without one gets none (chat requests are refused).
+ */
+export async function loadEngineModel(spec: string, env: NodeJS.ProcessEnv = process.env, chatTemplate: string | null = null): Promise<EngineModel> {
   let llama: LlamaModel;
   let tokenizer: Tokenizer;
   if (/\.gguf$/i.test(spec)) ({ model: llama, tokenizer } = await loadGguf(spec));
@@ -28,6 +32,8 @@ export async function loadEngineModel(spec: string, env: NodeJS.ProcessEnv = pro
     const dir = await resolveModelDir(spec, env);
     [llama, tokenizer] = await Promise.all([LlamaModel.load(dir), Tokenizer.load(dir)]);
   }
+  if (chatTemplate !== null) tokenizer.useChatTemplate(chatTemplate, '--chat-template');
+  else if (spec.startsWith('builtin:') && tokenizer.chatTemplateSource === null) tokenizer.useChatTemplate(LLAMA2_CHAT_TEMPLATE, "the built-in model's chat template");
   // Greedy argmax of the last forward's rows, computed inside it (both kernel threads, while the
   // helper is awake); argmax() answers from it for those very rows, and computes anything else.
   let rows: Float32Array[] = [];

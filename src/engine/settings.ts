@@ -83,6 +83,8 @@ export interface EngineOptions {
   logRequests?: boolean;
   /** The periodic statistics line (default true; `--disable-log-stats` turns it off). */
   logStats?: boolean;
+  /** The chat template's text (--chat-template), used instead of the checkpoint's. */
+  chatTemplate?: string;
   /** Clients must send `Authorization: Bearer <key>` on /v1/*, /tokenize, /detokenize (default: $KVC_API_KEY; null: open). */
   apiKey?: string | null;
   env?: NodeJS.ProcessEnv;
@@ -123,6 +125,8 @@ export interface EngineSettings {
   logStats: boolean;
   /** True when --enable-prefix-caching attached the kv_both connector itself. */
   prefixCachingConnector: boolean;
+  /** --chat-template's text, or null: the checkpoint's template (or none). */
+  chatTemplate: string | null;
 }
 
 export { DTYPES_ACCEPTED };
@@ -241,6 +245,7 @@ export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
     processMetrics: opts.processMetrics ?? false,
     logRequests: opts.logRequests ?? true,
     logStats: opts.logStats ?? true,
+    chatTemplate: opts.chatTemplate ?? null,
     prefixCachingConnector,
   };
 }

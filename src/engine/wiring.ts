@@ -92,7 +92,7 @@ export class EngineWiring {
     const releases = new ReleaseStack();
     try {
       const t0 = performance.now();
-      const model = await loadEngineModel(s.modelSpec, s.env);
+      const model = await loadEngineModel(s.modelSpec, s.env, s.chatTemplate);
       // The kernel's worker thread; forward() still works single-threaded after this.
       releases.push({ what: "stopping the model's kernel worker", release: () => model.llama.close(), mustSucceed: false });
       const cfg = model.config;

@@ -11,7 +11,7 @@ import { fileURLToPath } from 'node:url';
 import { parseModelConfig, loadModelConfig, ModelConfigError } from '../../src/engine/model/config.js';
 import { SafetensorsCollection, writeSafetensors } from '../../src/engine/model/formats/safetensors.js';
 import { f32ToBf16, f32ToF16, f16ToF32 } from '../../src/common/half.js';
-import { Tokenizer, maxCharsPerToken } from '../../src/engine/model/tokenizer.js';
+import { Tokenizer, maxCharsPerToken, LLAMA2_CHAT_TEMPLATE } from '../../src/engine/model/tokenizer.js';
 import { ensureBuiltinModel, BUILTIN_MODELS, builtinDirName, cleanStaleBuiltinTemps, STALE_TMP_MS } from '../../src/engine/model/formats/builtin.js';
 import { tempDir } from '../../harness/temp_dir.js';
 
@@ -139,7 +139,11 @@ test('tokenizer: encode/decode, streaming decode of multi-byte characters, chat 
       }
     }
   }
-  // Chat template (the Llama-2 default: the package's tokenizer_config.json has none).
+  // Chat template: the package's tokenizer_config.json has none, so the tokenizer has none (a chat
+  // request would be a 400); the engine gives the built-in model Llama-2's (runtime.ts).
+  assert.equal(tok.chatTemplateSource, null);
+  assert.throws(() => tok.applyChatTemplate([{ role: 'user', content: 'Hi' }]), /this model has no chat template/);
+  tok.useChatTemplate(LLAMA2_CHAT_TEMPLATE, "the built-in model's chat template");
   const chat = tok.applyChatTemplate([
     { role: 'system', content: 'Be brief.' },
     { role: 'user', content: 'Hi' },

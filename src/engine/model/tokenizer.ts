@@ -2,6 +2,7 @@
 // from tokenizer_config.json rendered by @huggingface/jinja, plus an incremental decoder so that
 // streamed deltas never split a multi-byte character (byte-fallback tokens) or lose the leading
 // space that SentencePiece-style decoders strip from the first token of a string.
+import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
@@ -83,8 +84,8 @@ export interface ChatMessage {
   name?: string;
 }
 
-/** Llama-2 chat format, used when tokenizer_config.json carries no chat_template. */
-export const DEFAULT_CHAT_TEMPLATE =
+/** Llama-2's chat format: the built-in model's (its vocabulary is Llama-2's); never a fallback for a checkpoint without one. */
+export const LLAMA2_CHAT_TEMPLATE =
   "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = messages[0]['content'] %}" +
   '{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}' +
   '{% for message in loop_messages %}' +
@@ -194,7 +195,7 @@ export class Tokenizer {
   private readonly windows = new Map<number, string>();
   /** See maxCharsPerToken (null: no bound from the character count). */
   readonly maxCharsPerToken: number | null;
-  private readonly template: Template;
+  private template: Template | null = null;
   private readonly specialIds: Set<number>;
   /** Ids of added tokens (special or not): their text is their content, not a vocabulary spelling. */
   private readonly addedIds: Set<number>;
@@ -202,7 +203,7 @@ export class Tokenizer {
   private constructor(
     private readonly hf: HfTokenizer,
     config: Record<string, unknown>,
-    readonly chatTemplateSource: string,
+    chatTemplateSource: string | null,
     maxChars: number | null = null,
     /** The decoder is SentencePiece's chain (isSentencePieceDecoder): appendedText() may answer. */
     appends = false,
@@ -221,11 +222,20 @@ export class Tokenizer {
     const added = [...hf.get_added_tokens_decoder()];
     this.specialIds = new Set(added.filter(([, t]) => t.special).map(([id]) => id));
     this.addedIds = new Set(added.map(([id]) => id));
+    if (chatTemplateSource !== null) this.useChatTemplate(chatTemplateSource, 'chat_template');
+  }
+
+  /** The chat template's source, or null: the model has none (chat requests are refused, naming how to give one). */
+  chatTemplateSource: string | null = null;
+
+  /** Uses `source` as the chat template (`--chat-template`, chat_template.jinja); `origin` names it in a parse error. */
+  useChatTemplate(source: string, origin: string): void {
     try {
-      this.template = new Template(chatTemplateSource);
+      this.template = new Template(source);
     } catch (e) {
-      throw new TokenizerError(`chat_template does not parse: ${(e as Error).message}`);
+      throw new TokenizerError(`${origin} does not parse: ${(e as Error).message}`);
     }
+    this.chatTemplateSource = source;
   }
 
   /** Loads `<dir>/tokenizer.json` and `<dir>/tokenizer_config.json` (the latter optional). */
@@ -237,7 +247,12 @@ export class Tokenizer {
     } catch (e) {
       if (!/cannot read/.test((e as Error).message)) throw e;
     }
-    return Tokenizer.fromJson(tj, cfg, join(dir, 'tokenizer.json'));
+    const tok = Tokenizer.fromJson(tj, cfg, join(dir, 'tokenizer.json'));
+    // transformers saves a checkpoint's template as chat_template.jinja beside the tokenizer; it
+    // is the checkpoint's template when present (as in transformers and vLLM).
+    const jinja = join(dir, 'chat_template.jinja');
+    if (existsSync(jinja)) tok.useChatTemplate(await readFile(jinja, 'utf8'), jinja);
+    return tok;
   }
 
   /**
@@ -260,7 +275,7 @@ export class Tokenizer {
     let tpl = cfg.chat_template;
     if (Array.isArray(tpl)) tpl = (tpl as { name?: string; template?: string }[]).find((t) => t.name === 'default')?.template;
     const byteLevel = (tj.decoder as Json | null | undefined)?.type === 'ByteLevel';
-    return new Tokenizer(hf, cfg, typeof tpl === 'string' ? tpl : DEFAULT_CHAT_TEMPLATE, maxCharsPerToken(tj), appends, byteLevel);
+    return new Tokenizer(hf, cfg, typeof tpl === 'string' ? tpl : null, maxCharsPerToken(tj), appends, byteLevel);
   }
 
   /**
@@ -388,6 +403,11 @@ export class Tokenizer {
 
   /** Renders the chat template (with the generation prompt) into the prompt text. */
   applyChatTemplate(messages: ChatMessage[], opts: { addGenerationPrompt?: boolean } = {}): string {
+    if (this.template === null) {
+      throw new ChatTemplateError(
+        'messages: this model has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja in its directory); start the engine with --chat-template <file or template>, or send the prompt to /v1/completions',
+      );
+    }
     try {
       return this.template.render({
         messages,

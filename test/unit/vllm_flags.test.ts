@@ -11,7 +11,7 @@ import { tempDir } from '../../harness/temp_dir.js';
 
 test('unsupported vLLM flags are named, with the reason when there is one', () => {
   assert.equal(unsupportedVllmFlag(['m', '--tensor-parallel-size', '2']), 'not supported by kvc (CPU engine): --tensor-parallel-size (one process computes the whole model)');
-  assert.equal(unsupportedVllmFlag(['--kv-cache-dtype=fp8']), 'not supported by kvc (CPU engine): --kv-cache-dtype (the KV cache is float32)');
+  assert.equal(unsupportedVllmFlag(['--kv-cache-dtype', 'float16']), null, 'implemented');
   assert.match(unsupportedVllmFlag(['-tp', '2'])!, /: -tp \(one process/);
   assert.match(unsupportedVllmFlag(['--revision', 'main'])!, /: --revision \(models are local/);
   assert.match(unsupportedVllmFlag(['--seed', '1'])!, /: --seed/);

@@ -23,6 +23,7 @@ import { LocalDeployment } from './local.js';
 import { checkLogDir, holdLogDir } from './log_dir.js';
 import { generateSecret, loadDeploymentSecret } from '../common/auth.js';
 import { controllerNodeOptions } from '../common/young_gen.js';
+import { SETTINGS } from '../common/flags.js';
 
 export interface UpOptions extends PlanOptions {
   /** How processes that die are restarted (default DEFAULT_RESTART). */
@@ -195,6 +196,9 @@ async function startLocal(o: UpOptions, plan: Plan, logDir: string): Promise<num
   // controller's /pin) and given to every child in its environment.
   const secret = writeSecret(logDir);
   const env: NodeJS.ProcessEnv = { ...process.env, PYTHONHASHSEED: '0', KVC_DEPLOYMENT_SECRET: secret };
+  // The deployment's key (--api-key, or the variable it came from) is the children's only one: a
+  // VLLM_API_KEY left beside a different --api-key would make them refuse to start.
+  for (const v of SETTINGS.apiKey.env!) delete env[v];
   if (o.apiKey) env.KVC_API_KEY = o.apiKey;
   const yaml = new Map(files.engines.map((e) => [e.name, e.yaml]));
   return new LocalDeployment({

@@ -86,7 +86,7 @@ export const cacheConfigSchema = z.strictObject({
   xfer_buffer_size: z.number().int('expected an integer number of bytes').min(1 << 20, 'expected at least 1 MiB').default(1 << 30),
   xfer_buffer_device: z.string().min(1).default('cpu'),
   // The transfer contract's floor (docs/xfer.md "Every transfer ends"): a reservation that is not
-  // complete within floor + bytes / XFER_DEADLINE_MIN_RATE is abandoned and its room released.
+  // complete within transferDeadlineMs(floor, bytes) (src/common/transfer_seam.ts) is abandoned and its room released.
   xfer_deadline_floor_ms: z.number().int('expected an integer number of milliseconds').min(100, 'expected at least 100 ms').max(600_000, 'expected at most 600000 ms').default(XFER_DEADLINE_FLOOR_DEFAULT_MS),
   xfer_backends: z.array(z.string()).default(['tcp']),
 });

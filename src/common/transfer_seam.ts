@@ -11,6 +11,18 @@ import type { ChunkSpan } from './keys.js';
 
 export type KvRole = ConnectorConfig['kv_role'];
 
+/**
+ * Slowest rate a transfer's deadline allows for (bytes per second): a transfer of B bytes (xfer
+ * prefill→decode, or a P2P fetch) must end within its configured floor + B / this. 16 MiB/s is far
+ * below any link kvc runs on, so only a stalled or dead peer reaches it (docs/xfer.md).
+ */
+export const TRANSFER_MIN_RATE = 16 * 1024 * 1024;
+
+/** The deadline (ms from its start) of a transfer of `bytes` with floor `floorMs`. */
+export function transferDeadlineMs(floorMs: number, bytes: number): number {
+  return floorMs + Math.ceil((bytes * 1000) / TRANSFER_MIN_RATE);
+}
+
 /** What the plugin learns about one request. */
 export interface TransferRequest {
   /** The engine's request id (also the OpenAI response id suffix). */

@@ -9,9 +9,12 @@
 //      stepping over keys this instance holds itself;
 //   3. what arrived is promoted into the local CPU tier (the controller sees the admit) and
 //      returned, so the connector imports it exactly like a local hit.
-// One time bound covers all of it (p2p_timeout_ms): whatever has arrived by then is used and the
+// One time bound covers all of it: p2p_timeout_ms for the holder query, extended once the holders
+// are known by the bytes they named at the transfer contract's slowest rate
+// (transferDeadlineMs, src/common/transfer_seam.ts); whatever has arrived by then is used and the
 // rest is computed. Nothing here throws: any failure means "compute the rest".
-import type { KvLayout } from '../common/chunk.js';
+import { chunkBytes, type KvLayout } from '../common/chunk.js';
+import { transferDeadlineMs } from '../common/transfer_seam.js';
 import { logger } from '../common/log.js';
 import type { P2pHolder } from '../protocol/p2p_holders.js';
 import { fetchFromPeer, type P2pFailure } from './p2p_fetch.js';
@@ -52,7 +55,8 @@ export class P2pClient {
     if (keys.length === 0) return out;
     const m = this.o.metrics;
     const t0 = performance.now();
-    const deadline = Date.now() + this.o.timeoutMs;
+    const start = Date.now();
+    let deadline = start + this.o.timeoutMs;
     m.inFlight.inc();
     let outcome: P2pOutcome = 'failed';
     try {
@@ -68,6 +72,8 @@ export class P2pClient {
         return out;
       }
       const named = coverage(holders, keys.length);
+      // Bounded by size too: p2p_timeout_ms is the floor of a fetch of `named` full chunks.
+      deadline = start + transferDeadlineMs(this.o.timeoutMs, named * chunkBytes(this.o.layout, this.o.chunkSize));
       let next = 0;
       let bytes = 0;
       for (const h of holders) {

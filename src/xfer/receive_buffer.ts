@@ -13,6 +13,7 @@ import { HEADER_BYTES, verifyStreamed } from '../common/chunk.js';
 import { logger } from '../common/log.js';
 import { SlotArenaPool } from '../common/slot_arena.js';
 import type { StreamHash } from '../common/stream_hash.js';
+import { transferDeadlineMs } from '../common/transfer_seam.js';
 import { allocMetaSchema, describeMeta, type AllocMeta, type DataMeta } from '../protocol/xfer_frames.js';
 
 const log = logger('xfer-recv');
@@ -26,7 +27,7 @@ export interface ReceiveBufferOptions {
   ttlMs: number;
   /** Upper bound on how long an ALLOC may wait for space, whatever the sender asks. */
   maxAllocWaitMs: number;
-  /** The transfer contract's floor: a reservation ends within floorMs + its bytes / XFER_DEADLINE_MIN_RATE. */
+  /** The transfer contract's floor: a reservation ends within transferDeadlineMs(floor, its bytes). */
   deadlineFloorMs: number;
   /**
    * The sender `session` was writing a chunk when its transfer's deadline passed: its connection
@@ -67,13 +68,6 @@ export interface Entry {
   ownerReq: string;
   waiters: (() => void)[];
 }
-
-/**
- * Slowest transfer rate the deadline allows for (bytes per second): a transfer of B bytes must end
- * within xfer_deadline_floor_ms + B / this. 16 MiB/s is far below any link kvc runs on (the
- * loopback moves GB/s), so only a stalled or dead sender reaches it.
- */
-export const XFER_DEADLINE_MIN_RATE = 16 * 1024 * 1024;
 
 /** How a transfer (one reservation) ended: every reservation reaches exactly one of these. */
 export type TransferOutcome = 'done' | 'failed' | 'abandoned';
@@ -656,7 +650,7 @@ export class ReceiveBuffer {
       createdAt: this.now(),
       session: meta.session,
       claimed: false,
-      deadline: this.now() + this.opts.deadlineFloorMs + Math.ceil((bytes * 1000) / XFER_DEADLINE_MIN_RATE),
+      deadline: this.now() + transferDeadlineMs(this.opts.deadlineFloorMs, bytes),
       timer: null,
       outcome: null,
     };

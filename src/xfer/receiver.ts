@@ -14,7 +14,7 @@ import { ReceiveBuffer, type ReceiverStats, type Taken } from './receive_buffer.
 import { ReceiverListeners } from './receiver_listeners.js';
 
 export type { ReceiverStats, Taken, TransferOutcome } from './receive_buffer.js';
-export { TRANSFER_OUTCOMES, XFER_DEADLINE_MIN_RATE } from './receive_buffer.js';
+export { TRANSFER_OUTCOMES } from './receive_buffer.js';
 
 const log = logger('xfer-recv');
 
@@ -31,7 +31,7 @@ export interface ReceiverOptions {
   /** Reservations not taken within this time are freed (default 120 s). */
   ttlMs?: number;
   /**
-   * xfer_deadline_floor_ms: a transfer not complete within this + its bytes / XFER_DEADLINE_MIN_RATE
+   * xfer_deadline_floor_ms: a transfer not complete within this + its bytes / TRANSFER_MIN_RATE
    * after its reservation was granted is abandoned (default 5 s).
    */
   deadlineFloorMs?: number;

@@ -20,14 +20,14 @@ export interface BarRow {
   value: number;
 }
 
-/** Grouped bars, one panel per `panel` with its own y scale; writes an SVG file and returns its path. */
+/** Grouped bars, one panel per `panel` with its own bars and y scale; writes an SVG file and returns its path. */
 export async function writeBarsSvg(path: string, title: string, rows: BarRow[], yTitle: string): Promise<string> {
   const spec: TopLevelSpec = {
     $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
     title,
     data: { values: rows },
     facet: { column: { field: 'panel', type: 'nominal', title: null } },
-    resolve: { scale: { y: 'independent' } },
+    resolve: { scale: { x: 'independent', y: 'independent' } },
     spec: {
       width: 180,
       height: 200,

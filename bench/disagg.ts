@@ -20,7 +20,8 @@
 // Plots (Vega-Lite rendered to SVG): ITL over time per configuration, SLO attainment vs rate.
 // Output folder: bench-results/disagg/ (or --out DIR); `--replot DIR/results.json` redraws the plots
 // of an earlier run without running anything; --keep-logs keeps the deployments' logs;
-// `--probe CONFIG@RATE[xSECONDS]` runs one goodput probe window only (see probeOnly). Last line:
+// `--probe CONFIG@RATE[xSECONDS]` runs one goodput probe window only (see probeOnly); `--burst [N@T]`
+// runs the burst workload instead (bench/_disagg_burst.ts). Last line:
 // {"bench":"disagg","idle_itl_p99_ms":…,"coloc_itl_p99_ms":…,"disagg_itl_p99_ms":…,
 //  "coloc_goodput_rps":…,"disagg_goodput_rps":…,"long_ttft_p50_ms":…}
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -32,6 +33,7 @@ import * as vega from 'vega';
 import * as vl from 'vega-lite';
 import { isPortFree } from '../src/common/ports.js';
 import { resultsDir } from './_plot.js';
+import { burstBench, parseBurst, type BurstParts } from './_disagg_burst.js';
 import { seededRandom } from '../harness/numeric.js';
 
 const CLI = join(dirname(fileURLToPath(import.meta.url)), '..', 'src', 'cli', 'main.js');
@@ -719,6 +721,30 @@ async function main(): Promise<void> {
     return;
   }
   const logRoot = mkdtempSync(join(tmpdir(), 'kvc-bench-disagg-'));
+  const burstAt = process.argv.indexOf('--burst');
+  if (burstAt > 0) {
+    try {
+      const parts: BurstParts = {
+        up,
+        warm,
+        settle,
+        shortPlan: (seconds, seed) => schedule(seconds, seed, { kind: 'none' }),
+        longPrompts: (n, seed) => {
+          const r = rng(seed * 7919 + 17);
+          return Array.from({ length: n }, () => ids(LONG_MIN + Math.floor(r() * (LONG_MAX - LONG_MIN + 1)), r));
+        },
+        longTokens: LONG_TOKENS,
+        window,
+        pct,
+        scrape,
+      };
+      await burstBench(parts, parseBurst(process.argv[burstAt + 1]), outDir, logRoot);
+    } finally {
+      if (process.argv.includes('--keep-logs')) console.log(`logs kept in ${logRoot}`);
+      else rmSync(logRoot, { recursive: true, force: true });
+    }
+    return;
+  }
   const probeAt = process.argv.indexOf('--probe');
   if (probeAt > 0) {
     try {

@@ -8,8 +8,10 @@
 //                      (with sampling done inside them), and HTTP step − the same forward in a
 //                      plain loop (bench/_http_step.ts); with `--baseline DIR` (a built older checkout) the
 //                      same figure for that tree, alternated in the same run, and the ratio
-// Options: `--baseline DIR`; `--only http-step` runs just the step-cost part.
+// Options: `--baseline DIR`; `--only http-step` runs just the step-cost part, `--only kv-dtype` just
+// decode at 2,048 and 4,096 tokens with f32, f16 and bf16 KV (bench/_kv_dtype.ts).
 // Last line: one JSON object with every figure (targets: docs/engine.md).
+import { kvDtypeDecode } from './_kv_dtype.js';
 import { validateCacheConfig } from '../src/common/config.js';
 import { measureGemm } from '../src/engine/model/kernels/gemm_bench.js';
 import { startEngine, type Engine } from '../src/engine/server.js';
@@ -52,9 +54,10 @@ async function ttft(e: Engine, p: number[]): Promise<number> {
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
-function parseArgs(argv: string[]): { baseline: string | null; onlyStep: boolean } {
+function parseArgs(argv: string[]): { baseline: string | null; onlyStep: boolean; onlyKv: boolean } {
   let baseline: string | null = null;
   let onlyStep = false;
+  let onlyKv = false;
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
     if (a === '--baseline') {
@@ -64,13 +67,14 @@ function parseArgs(argv: string[]): { baseline: string | null; onlyStep: boolean
       if (!existsSync(join(baseline, 'dist/src/engine/server.js'))) throw new Error(`--baseline ${d}: no dist/src/engine/server.js there (build that tree first)`);
     } else if (a === '--only') {
       const v = argv[++i];
-      if (v !== 'http-step') throw new Error(`--only: expected "http-step", found ${JSON.stringify(v ?? '')}`);
-      onlyStep = true;
+      if (v === 'kv-dtype') onlyKv = true;
+      else if (v === 'http-step') onlyStep = true;
+      else throw new Error(`--only: expected "http-step" or "kv-dtype", found ${JSON.stringify(v ?? '')}`);
     } else {
-      throw new Error(`unknown argument ${JSON.stringify(a)} (expected --baseline DIR, --only http-step)`);
+      throw new Error(`unknown argument ${JSON.stringify(a)} (expected --baseline DIR, --only http-step|kv-dtype)`);
     }
   }
-  return { baseline, onlyStep };
+  return { baseline, onlyStep, onlyKv };
 }
 
 const ms2 = (x: number) => Number(x.toFixed(2));
@@ -122,6 +126,10 @@ async function stepCost(baseline: string | null): Promise<Record<string, number 
 
 async function main(): Promise<void> {
   const args = parseArgs(process.argv.slice(2));
+  if (args.onlyKv) {
+    console.log(JSON.stringify({ bench: 'engine', ...(await kvDtypeDecode()) }));
+    return;
+  }
   if (args.onlyStep) {
     console.log(JSON.stringify({ bench: 'engine', ...(await stepCost(args.baseline)) }));
     return;
@@ -189,7 +197,7 @@ async function main(): Promise<void> {
   } finally {
     await e.close();
   }
-  console.log(JSON.stringify({ ...out, ...(await stepCost(args.baseline)) }));
+  console.log(JSON.stringify({ ...out, ...(await stepCost(args.baseline)), ...(await kvDtypeDecode([2048])) }));
 }
 
 main().catch((err: unknown) => {

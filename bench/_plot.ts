@@ -51,6 +51,11 @@ export async function writeBarsSvg(path: string, title: string, rows: BarRow[], 
       ],
     },
   };
+  return writeSpecSvg(path, spec);
+}
+
+/** Renders a vega-lite spec to an SVG file (its folder created); returns the path. */
+export async function writeSpecSvg(path: string, spec: TopLevelSpec): Promise<string> {
   const view = new vega.View(vega.parse(compile(spec).spec), { renderer: 'none' });
   const svg = await view.toSVG();
   view.finalize();

@@ -36,6 +36,9 @@ import { compile, type TopLevelSpec } from 'vega-lite';
 import { freePortOffset } from '../src/deploy/free_offset.js';
 import { PrefixClient } from '../src/proxy/prefix_client.js';
 import { resultsDir } from './_plot.js';
+import { byLabel, pct, scrape, sum } from './_scrape.js';
+import { clearTiers } from '../harness/deployment.js';
+import { mulberry32 } from '../harness/trace_model.js';
 
 const CLI = join(dirname(fileURLToPath(import.meta.url)), '..', 'src', 'cli', 'main.js');
 const TENANTS = 8;
@@ -98,17 +101,8 @@ function arg(name: string, def: number): number {
   return v;
 }
 
-/** Deterministic PRNG (mulberry32): the same sequence in every run and every mode. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** Deterministic PRNG: the same sequence in every run and every mode. */
+const rng = mulberry32;
 
 interface Req {
   at: number;
@@ -217,22 +211,6 @@ async function ttftOf(proxy: string, prompt: number[]): Promise<number> {
   return first;
 }
 
-async function scrape(url: string): Promise<string> {
-  return (await fetch(`${url}/metrics`, { signal: AbortSignal.timeout(10_000) })).text();
-}
-
-function sum(text: string, name: string, filter: (labels: string) => boolean = () => true): number {
-  let s = 0;
-  for (const l of text.split('\n')) {
-    if (!l.startsWith(name)) continue;
-    const rest = l.slice(name.length);
-    if (rest[0] !== ' ' && rest[0] !== '{') continue;
-    const labels = rest[0] === '{' ? rest.slice(1, rest.indexOf('}')) : '';
-    if (filter(labels)) s += Number(l.split(' ').pop());
-  }
-  return s;
-}
-
 /** What one engine did, from its own counters (the breakdown of where prompt tokens came from). */
 interface EngineCounters {
   /** Prompt tokens it computed. */
@@ -263,18 +241,6 @@ interface Counters {
   /** Proxy: prefills by where (remote, local_short_uncached, ...) and routing decisions by reason. */
   where: Map<string, number>;
   reasons: Map<string, number>;
-}
-
-const labelValue = (labels: string, name: string): string | null => new RegExp(`${name}="([^"]*)"`).exec(labels)?.[1] ?? null;
-
-function byLabel(text: string, metric: string, label: string): Map<string, number> {
-  const out = new Map<string, number>();
-  for (const l of text.split('\n')) {
-    if (!l.startsWith(`${metric}{`)) continue;
-    const v = labelValue(l.slice(metric.length + 1, l.indexOf('}')), label);
-    if (v !== null) out.set(v, (out.get(v) ?? 0) + Number(l.split(' ').pop()));
-  }
-  return out;
 }
 
 async function counters(d: Deployment): Promise<Counters> {
@@ -323,10 +289,6 @@ function breakdown(before: Counters, after: Counters, requests: number): void {
     [...a].map(([k, v]) => [k, d(v, b.get(k) ?? 0)] as const).filter(([, v]) => v > 0).map(([k, v]) => `${k} ${v}`).join(', ');
   console.log(`  per engine (tokens): ${parts.join('; ')}`);
   console.log(`  proxy (${requests} requests): prefills ${delta(after.where, before.where)}; decisions ${delta(after.reasons, before.reasons)}`);
-}
-
-function pct(sorted: number[], q: number): number {
-  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((q / 100) * sorted.length) - 1))]!;
 }
 
 interface RunResult {
@@ -390,37 +352,7 @@ async function warmPaths(d: Deployment): Promise<void> {
   await Promise.all([0, 1].map(async () => {
     while (next < prompts.length) await ttftOf(d.proxy, prompts[next++]!);
   }));
-  if (!KEEP_WARMUP_CHUNKS) await clearTiers(d);
-}
-
-/** Empties every instance's CPU tier through the controller (POST /clear), and waits until the index is empty. */
-async function clearTiers(d: Deployment): Promise<void> {
-  const post = async (path: string, body: unknown) => {
-    const r = await fetch(`${d.controller}${path}`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', authorization: `Bearer ${d.secret}` },
-      body: JSON.stringify(body),
-      signal: AbortSignal.timeout(30_000),
-    });
-    if (!r.ok) throw new Error(`${path}: HTTP ${r.status} ${await r.text()}`);
-    return (await r.json()) as { event_id: string; status?: string; error?: string | null };
-  };
-  const events = await Promise.all(d.engines.map((e) => post('/clear', { instance_id: e.name, location: 'LocalCPUBackend', include_pinned: true })));
-  const deadline = Date.now() + 60_000;
-  for (const { event_id } of events) {
-    for (;;) {
-      const ev = await post('/check_finish', { event_id });
-      if (ev.status === 'finished') break;
-      if (ev.status === 'failed' || Date.now() > deadline) throw new Error(`clearing the warm-up's chunks: ${event_id} ${ev.status} ${ev.error ?? ''}`);
-      await new Promise((r) => setTimeout(r, 100));
-    }
-  }
-  for (;;) {
-    const h = (await (await fetch(`${d.controller}/healthz`, { signal: AbortSignal.timeout(10_000) })).json()) as { index_keys: number };
-    if (h.index_keys === 0) return;
-    if (Date.now() > deadline) throw new Error(`the controller still indexes ${h.index_keys} keys after clearing every tier`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
+  if (!KEEP_WARMUP_CHUNKS) await clearTiers(d.controller, d.secret, d.engines.map((e) => e.name));
 }
 
 async function run(name: string, routing: string, w: ReturnType<typeof workload>, p2p = true): Promise<RunResult> {

@@ -26,6 +26,8 @@ export interface EnginePorts {
 export interface Deployment {
   up: Proc;
   logDir: string;
+  /** The deployment secret `kvc up` wrote (the controller's mutating endpoints need it). */
+  secret: string;
   offset: number;
   proxy: string;
   /** The proxy's xfer notify port (ZeroMQ PULL). */
@@ -82,11 +84,12 @@ export async function startDeployment(o: DeployOptions): Promise<Deployment> {
   const pids = readPids();
   const engines: EnginePorts[] = [];
   for (const [name, pid] of pids) {
-    const m = /^(prefiller|decoder)-(\d+)$/.exec(name);
+    // engine-N: a colocated engine (--prefillers 0), on the decoders' ports.
+    const m = /^(prefiller|decoder|engine)-(\d+)$/.exec(name);
     if (!m) continue;
     const i = Number(m[2]);
     const y = parseYaml(readFileSync(join(logDir, `${name}.yaml`), 'utf8')) as Record<string, unknown>;
-    const role = m[1] as 'prefiller' | 'decoder';
+    const role = m[1] === 'prefiller' ? 'prefiller' : 'decoder';
     engines.push({
       name,
       role,
@@ -94,13 +97,14 @@ export async function startDeployment(o: DeployOptions): Promise<Deployment> {
       http: `http://127.0.0.1:${(role === 'prefiller' ? 7100 : 7200) + i + offset}`,
       worker: Number(y.kvc_worker_port),
       peer: Number(String(y.distributed_url).split(':').pop()),
-      xferInit: role === 'decoder' ? Number(y.xfer_peer_init_port) : null,
-      xferAlloc: role === 'decoder' ? Number(y.xfer_peer_alloc_port) : null,
+      xferInit: y.xfer_peer_init_port === undefined ? null : Number(y.xfer_peer_init_port),
+      xferAlloc: y.xfer_peer_alloc_port === undefined ? null : Number(y.xfer_peer_alloc_port),
     });
   }
   const d: Deployment = {
     up,
     logDir,
+    secret: readFileSync(join(logDir, 'deployment.secret'), 'utf8').trim(),
     offset,
     proxy: `http://127.0.0.1:${9100 + offset}`,
     notifyPort: 7500 + offset,
@@ -127,6 +131,39 @@ export async function startDeployment(o: DeployOptions): Promise<Deployment> {
     },
   };
   return d;
+}
+
+/**
+ * Empties the CPU tier of every named instance through the controller (POST /clear with the
+ * deployment secret, pinned chunks included), waits for each event, then until the index is empty.
+ */
+export async function clearTiers(controller: string, secret: string, instances: readonly string[]): Promise<void> {
+  const post = async (path: string, body: unknown) => {
+    const r = await fetch(`${controller}${path}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${secret}` },
+      body: JSON.stringify(body),
+      signal: AbortSignal.timeout(30_000),
+    });
+    if (!r.ok) throw new Error(`${path}: HTTP ${r.status} ${await r.text()}`);
+    return (await r.json()) as { event_id: string; status?: string; error?: string | null };
+  };
+  const events = await Promise.all(instances.map((name) => post('/clear', { instance_id: name, location: 'LocalCPUBackend', include_pinned: true })));
+  const deadline = Date.now() + 60_000;
+  for (const { event_id } of events) {
+    for (;;) {
+      const ev = await post('/check_finish', { event_id });
+      if (ev.status === 'finished') break;
+      if (ev.status === 'failed' || Date.now() > deadline) throw new Error(`clearing the tiers: ${event_id} ${ev.status} ${ev.error ?? ''}`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+  for (;;) {
+    const h = (await (await fetch(`${controller}/healthz`, { signal: AbortSignal.timeout(10_000) })).json()) as { index_keys: number };
+    if (h.index_keys === 0) return;
+    if (Date.now() > deadline) throw new Error(`the controller still indexes ${h.index_keys} keys after clearing every tier`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
 }
 
 /** True while a process with this pid exists. */

@@ -119,6 +119,13 @@ export async function buildHttpApi(ops: Operations, o: HttpApiOptions = {}): Pro
     return ev;
   });
   app.get('/instances', async () => ({ instances: ops.describeInstances() }));
+  // The key settings every instance must share, and the registrations refused for differing
+  // (docs/controller.md "Registration"); the proxy compares its engines with it at start.
+  app.get('/deployment', async () => ({
+    ...ops.registry.deploymentSettings(),
+    groups: ops.registry.groups(),
+    refused: [...ops.registry.refused].map(([instance, r]) => ({ instance, message: r.message, at: r.at / 1000 })),
+  }));
   app.get('/events', async (req) => {
     const { limit } = parseBody(eventsQuerySchema, requireObject(req.query ?? {}));
     return { events: ops.events.recent(limit), counts: ops.events.counts };

@@ -46,6 +46,22 @@ export class ControllerMetrics {
     counter('kvc_controller_evicted_keys_total', 'Chunk evictions and removals reported by instances', () => r.stats.evicted);
     counter('kvc_controller_synced_keys_total', 'Keys received in full syncs', () => r.stats.synced);
     counter('kvc_controller_registrations_total', 'Worker registrations (including re-registrations)', () => r.stats.registrations);
+    counter('kvc_controller_refused_registrations_total', "Registrations refused because the instance's model id, chunk size, hash seed or KV dtype differs from the deployment's", () => r.stats.refusedSettings);
+    {
+      const seen: Record<string, number> = {};
+      new Counter({
+        name: 'kvc_controller_miss_reasons_total',
+        help: 'Computed chunks the controller named a reason for (the ledger, docs/ledger.md), by reason (cold, evicted, not_fetched, stale_index)',
+        labelNames: ['reason'],
+        registers,
+        collect() {
+          for (const [reason, v] of Object.entries(r.stats.missReasons)) {
+            this.labels(reason).inc(Math.max(0, v - (seen[reason] ?? 0)));
+            seen[reason] = v;
+          }
+        },
+      });
+    }
     counter('kvc_controller_reaped_workers_total', 'Workers reaped for missing heartbeats', () => r.stats.reaped);
     counter('kvc_controller_bad_messages_total', 'Malformed monitor messages dropped', () => r.stats.badMessages);
     counter('kvc_controller_replica_hints_held_elsewhere_total', 'Replica hints sent: an instance admitted a chunk another instance holds (it evicts that copy first)', () => r.stats.replicaHeldElsewhere);

@@ -7,6 +7,7 @@ import { SendQueue } from '../common/send_queue.js';
 import { decodeMsg, encodeMsg } from '../protocol/monitor.js';
 import type { Registry } from './registry.js';
 import { answerP2pLookup } from './p2p_holders.js';
+import { answerMissLookup } from './miss_reasons.js';
 import type { ReplicaHintMsg } from '../protocol/replica_hint.js';
 import { DEFAULT_ZMQ_MAX_MESSAGE_BYTES } from '../common/limits.js';
 
@@ -45,7 +46,10 @@ export class MonitorServer {
         let reply;
         try {
           // A P2P holder query is answered from the index (p2p_holders.ts); the rest feed it.
-          reply = msg.t === 'p2p_lookup' ? answerP2pLookup(this.registry, id.toString(), msg) : this.registry.handle(id.toString(), msg);
+          reply =
+            msg.t === 'p2p_lookup' ? answerP2pLookup(this.registry, id.toString(), msg)
+            : msg.t === 'miss_lookup' ? answerMissLookup(this.registry, id.toString(), msg)
+            : this.registry.handle(id.toString(), msg);
         } catch (e) {
           // A bug here must not stop the monitor: log and keep serving other instances.
           log.error(`monitor message ${String(msg.t)} from ${id.toString()} failed: ${(e as Error).stack}`);

@@ -10,6 +10,8 @@ import { describeIssues, isKeyOp, keyOpSchema, MONITOR_PROTOCOL_VERSION, registe
 import { instanceStatsSchema, type EngineSample, type LocationUsage } from '../protocol/instance_stats.js';
 import { deploymentSecret, verifyTag } from '../common/auth.js';
 import { dtypeByName, DTYPE_NAMES, type DType } from '../common/dtype.js';
+import { StoredHistory } from '../common/stored_history.js';
+import { STORED_HISTORY_KEYS } from '../protocol/ledger.js';
 
 
 const log = logger('controller.registry');
@@ -62,6 +64,8 @@ export interface RegistryOptions {
 
 export class Registry {
   readonly index = new ChunkIndex();
+  /** Keys any instance admitted, bounded (the ledger's "stored before", docs/ledger.md). */
+  readonly history = new StoredHistory(STORED_HISTORY_KEYS);
   readonly instances = new Map<string, Map<number, WorkerRec>>();
   private readonly byRouting = new Map<string, WorkerRec>();
   private readonly holderRefs = new Map<number, HolderRef>();
@@ -71,6 +75,10 @@ export class Registry {
     admitted: 0, evicted: 0, synced: 0, reaped: 0, registrations: 0, badMessages: 0, p2pLookups: 0,
     /** Replica hints queued (src/controller/replica_hints.ts): duplicates, last copies, dropped. */
     replicaHeldElsewhere: 0, replicaLastCopy: 0, replicaHintsDropped: 0,
+    /** Registrations refused because a key setting differs from the deployment's (keySettingsDiffer). */
+    refusedSettings: 0,
+    /** Ledger answers by reason (src/controller/miss_reasons.ts). */
+    missReasons: { cold: 0, evicted: 0, not_fetched: 0, stale_index: 0 } as Record<string, number>,
   };
   /**
    * The replica hints (src/controller/replica_hints.ts), told while ops are applied: of each key
@@ -82,7 +90,43 @@ export class Registry {
   /** instance_id → its engine's recent samples, oldest first (bounded by ENGINE_SAMPLES_KEPT). */
   private readonly samples = new Map<string, TimedEngineSample[]>();
 
+  /** "instance/worker" → why its last registration was refused (until it registers). */
+  readonly refused = new Map<string, { message: string; at: number }>();
+
   constructor(private readonly opts: RegistryOptions) {}
+
+  /**
+   * The key settings of a model group: the controller's hash seed, and the chunk size and KV dtype
+   * of the longest-registered instance of `model` (of any model when null; nulls before any
+   * registers). Instances of one model must share them: chunk keys hash the seed, the model id,
+   * the KV dtype and chunk-size runs of tokens (docs/controller.md "Registration"). Instances of
+   * another model form their own group.
+   */
+  deploymentSettings(model: string | null = null, exclude?: { instanceId: string; workerId: number }): { seed: string; model_id: string | null; chunk_size: number | null; kv_dtype: string | null; set_by: string | null } {
+    let ref: WorkerRec | null = null;
+    for (const w of this.byRouting.values()) {
+      if (exclude && w.instanceId === exclude.instanceId && w.workerId === exclude.workerId) continue;
+      if (model !== null && w.modelId !== model) continue;
+      if (!ref || w.registeredAt < ref.registeredAt) ref = w;
+    }
+    return { seed: String(this.opts.seed), model_id: ref?.modelId ?? model, chunk_size: ref?.chunkSize ?? null, kv_dtype: ref ? DTYPE_NAMES[ref.kvDtype] : null, set_by: ref ? `${ref.instanceId}/${ref.workerId}` : null };
+  }
+
+  /** The settings of every model group (one per model id registered), oldest group first. */
+  groups(): ReturnType<Registry['deploymentSettings']>[] {
+    const models = [...this.byRouting.values()].sort((x, y) => x.registeredAt - y.registeredAt).map((w) => w.modelId);
+    return [...new Set(models)].map((mid) => this.deploymentSettings(mid));
+  }
+
+  /** Why a registering instance's chunk keys could never match its model group's, or null. */
+  private keySettingsDiffer(m: { instance_id: string; worker_id: number; seed: string; model_id: string; chunk_size: number }): string | null {
+    const d = this.deploymentSettings(m.model_id, { instanceId: m.instance_id, workerId: m.worker_id });
+    const by = d.set_by ? ` (set by ${d.set_by}, the first instance of model "${m.model_id}" registered)` : '';
+    const tail = 'its chunk keys could never match the other instances\'; start it with the deployment\'s setting';
+    if (m.seed !== d.seed) return `hash seed (PYTHONHASHSEED) ${m.seed} differs from the deployment's ${d.seed} (the controller's PYTHONHASHSEED): ${tail}`;
+    if (d.chunk_size !== null && m.chunk_size !== d.chunk_size) return `chunk size (chunk_size) ${m.chunk_size} differs from the deployment's ${d.chunk_size}${by}: ${tail}`;
+    return null;
+  }
 
   get heartbeatTimeoutMs(): number {
     return this.opts.heartbeatTimeoutMs;
@@ -136,6 +180,7 @@ export class Registry {
         const hints = this.replicas;
         const loc = r.data.location;
         this.index.addPacked(r.data.keys, this.holderOf(w, loc), hints ? (hi, lo) => hints.admittedShared(w, loc, hi, lo) : undefined);
+        this.history.addPacked(r.data.keys);
         this.stats.synced += r.data.keys.byteLength / 8;
         if (r.data.last) log.debug(`${w.instanceId}/${w.workerId}: sync of ${r.data.location} complete`);
         return null;
@@ -158,6 +203,7 @@ export class Registry {
           const r = this.replicas;
           if (kind === 1) {
             this.index.addPacked(keys, h, r ? (hi, lo) => r.admittedShared(w, loc, hi, lo) : undefined);
+            this.history.addPacked(keys);
             this.stats.admitted += keys.byteLength / 8;
           } else {
             this.index.removePacked(keys, h, r ? (hi, lo, first) => r.evictedLeft(hi, lo, first) : undefined);
@@ -196,8 +242,12 @@ export class Registry {
       return { t: 'error', message: 'registration refused: the deployment secret is missing or wrong' };
     }
     if (m.v !== MONITOR_PROTOCOL_VERSION) return { t: 'error', message: `monitor protocol version ${m.v} is not supported (controller speaks ${MONITOR_PROTOCOL_VERSION})` };
-    if (m.seed !== String(this.opts.seed)) {
-      log.warn(`${m.instance_id}/${m.worker_id} runs with PYTHONHASHSEED=${m.seed} but the controller has ${this.opts.seed}: lookups will not find its chunks; set the same seed everywhere`);
+    const differs = this.keySettingsDiffer(m);
+    if (differs) {
+      this.stats.refusedSettings++;
+      this.refused.set(`${m.instance_id}/${m.worker_id}`, { message: differs, at: now });
+      log.error(`refused registration of ${m.instance_id}/${m.worker_id} (from ${m.ip}:${m.worker_port}): ${differs}`);
+      return { t: 'error', message: `registration refused: ${differs}` };
     }
     // One KV dtype per model in a deployment: instances of one model share chunks only when they
     // hold the same dtype (it is part of every key), so a second dtype would only split the cache.
@@ -205,9 +255,12 @@ export class Registry {
     for (const other of this.workers()) {
       if (other.modelId === m.model_id && other.kvDtype !== kvDtype && !(other.instanceId === m.instance_id && other.workerId === m.worker_id)) {
         log.warn(`refused registration of ${m.instance_id}/${m.worker_id}: KV dtype ${m.kv_dtype}, but ${other.instanceId} serves ${m.model_id} with ${DTYPE_NAMES[other.kvDtype]}`);
+        this.stats.refusedSettings++;
+        this.refused.set(`${m.instance_id}/${m.worker_id}`, { message: `KV dtype ${m.kv_dtype} differs from instance "${other.instanceId}"'s ${DTYPE_NAMES[other.kvDtype]}`, at: now });
         return { t: 'error', message: `registration refused: this instance holds KV as ${m.kv_dtype}, but instance "${other.instanceId}" of model "${m.model_id}" holds ${DTYPE_NAMES[other.kvDtype]}; chunk keys include the KV dtype, so the two would never share a chunk — run every engine of a model with the same --kv-cache-dtype` };
       }
     }
+    this.refused.delete(`${m.instance_id}/${m.worker_id}`);
     let byWorker = this.instances.get(m.instance_id);
     const holder = byWorker?.get(m.worker_id);
     // The same (instance_id, worker_id) from another address while the registered one is still

@@ -19,12 +19,15 @@
 // bad chunk ends the loaded prefix and the rest is computed, never served wrong.
 import { setImmediate as yieldToLoop } from 'node:timers/promises';
 import { decodeChunk } from '../common/chunk_codec.js';
+import { DTYPE_NAMES } from '../common/dtype.js';
 import { Codec, HEADER_BYTES, chunkBytes, describeLayout, payloadBytes, sameLayout, sealChunk, verifyChunk, type KvLayout } from '../common/chunk.js';
 import type { CacheConfig, ConnectorConfig } from '../common/config.js';
 import { chunkKeys, type ChunkSpan } from '../common/keys.js';
 import { logger } from '../common/log.js';
 import type { KvcStore } from '../kvc/store.js';
-import { CopyDeclinedError } from '../kvc/types.js';
+import { CopyDeclinedError, type KeyEvent } from '../kvc/types.js';
+import type { KeySettings } from '../protocol/engine_health.js';
+import { LedgerKeeper, type AskReasons, type PendingLedger } from './ledger.js';
 import type { P2pClient } from '../kvc/p2p_client.js';
 import type { PagedKvCache } from './model/kv_cache.js';
 import type { EngineMetrics } from './metrics.js';
@@ -66,6 +69,8 @@ export interface LoadResult {
   /** Of those, the tokens that came from a transfer (the rest from the cache instance). */
   receivedTokens: number;
   source: 'cache' | 'transfer' | 'none';
+  /** The hit-rate ledger of this load (null when the request was cancelled). */
+  ledger: PendingLedger | null;
 }
 
 export interface ConnectorOptions {
@@ -79,6 +84,8 @@ export interface ConnectorOptions {
   transfer: KvTransferPlugin | null;
   /** enable_p2p: fetches what the local (and remote) tiers lack from other instances (docs/p2p.md). */
   p2p?: P2pClient | null;
+  /** The controller's reasons for computed chunks (the ledger); null without a controller. */
+  missReasons?: AskReasons | null;
   /** Bound on the transfer lookup and on reading one chunk (default LOAD_TIMEOUT_MS). */
   loadTimeoutMs?: number;
   /** CPU time of one import slice before yielding to decode steps (default IMPORT_SLICE_MS). */
@@ -119,6 +126,7 @@ export class KvcConnectorV1 {
   readonly transfer: KvTransferPlugin | null;
   private readonly loadTimeoutMs: number;
   private readonly importSliceMs: number;
+  private readonly ledger: LedgerKeeper;
 
   constructor(private readonly o: ConnectorOptions) {
     this.role = o.config.kv_role;
@@ -133,6 +141,14 @@ export class KvcConnectorV1 {
     this.transfer = o.transfer;
     this.loadTimeoutMs = o.loadTimeoutMs ?? LOAD_TIMEOUT_MS;
     this.importSliceMs = o.importSliceMs ?? IMPORT_SLICE_MS;
+    this.ledger = new LedgerKeeper(this.chunkSize, o.missReasons ?? null, (r, n) => o.metrics.computedChunks.inc({ reason: r }, n));
+    // Without a controller, the engine's own stores are its "stored before".
+    if (!o.missReasons) o.store.on('admit', (e: KeyEvent) => this.ledger.stored(e.keys));
+  }
+
+  /** The settings its chunk keys and chunks depend on (the controller and the proxy compare them). */
+  keySettings(): KeySettings {
+    return { model_id: this.o.modelId, chunk_size: this.chunkSize, seed: String(this.o.seed), kv_dtype: DTYPE_NAMES[this.o.layout.dtype] };
   }
 
   spans(prompt: readonly number[], salt?: string): ChunkSpan[] {
@@ -143,16 +159,21 @@ export class KvcConnectorV1 {
     return { requestId: req.requestId, promptTokens: req.prompt, spans, kvTransferParams: req.kvTransferParams };
   }
 
-  /** Checks a chunk against what the request expects; returns its payload or null (logged). */
-  private accept(buf: Uint8Array, span: ChunkSpan, from: string): Uint8Array | null {
+  /**
+   * Checks a chunk against what the request expects; returns its payload or null (logged), and
+   * says in `why` whether it was stored with another layout (mismatch) or damaged (corrupt).
+   */
+  private accept(buf: Uint8Array, span: ChunkSpan, from: string, why?: { v?: 'mismatch' | 'corrupt' }): Uint8Array | null {
     try {
       const h = verifyChunk(buf, span.key);
       if (!sameLayout(h, this.o.layout)) {
         log.warn(`chunk ${span.key} from ${from} has layout ${describeLayout(h)}, this engine uses ${describeLayout(this.o.layout)}; computing instead`);
+        if (why) why.v = 'mismatch';
         return null;
       }
       if (h.numTokens !== span.end - span.start) {
         log.warn(`chunk ${span.key} from ${from} holds ${h.numTokens} tokens, expected ${span.end - span.start}; computing instead`);
+        if (why) why.v = 'mismatch';
         return null;
       }
       // A tier may hold the chunk encoded (chunk_codec.ts): the paged KV takes the engine's dtype.
@@ -160,6 +181,7 @@ export class KvcConnectorV1 {
     } catch (e) {
       log.warn(`chunk ${span.key} from ${from} rejected: ${(e as Error).message}; computing instead`);
       if (from === 'cache') this.dropCorrupt(span.key);
+      if (why) why.v = 'corrupt';
       return null;
     }
   }
@@ -237,6 +259,8 @@ export class KvcConnectorV1 {
     let sliceStart = performance.now();
     // What came from where, counted into the metrics only for chunks actually imported.
     let cacheChunks = 0, cacheBytes = 0, cacheMs = 0, xferChunks = 0, xferBytes = 0;
+    /** The span whose chunk was found but refused, if the load stopped there (the ledger). */
+    let rejected: { index: number; why: 'mismatch' | 'corrupt' | 'stale' } | null = null;
     const canQuery = this.store.locations().length > 0 || this.store.remote !== null || !!this.o.p2p;
     const p2p = this.o.p2p ?? null;
     try {
@@ -288,8 +312,12 @@ export class KvcConnectorV1 {
             }
           }
           buf ??= fetched?.get(span.key) ?? null;
+          // Its own index said held, and the read found nothing: a stale index (the ledger).
+          if (!buf && !peeked && this.store.has(span.key)) rejected = { index: i, why: 'stale' };
           if (buf) {
-            payload = this.accept(buf, span, 'cache');
+            const why: { v?: 'mismatch' | 'corrupt' } = {};
+            payload = this.accept(buf, span, 'cache', why);
+            if (!payload && why.v) rejected = { index: i, why: why.v };
             source = 'cache';
             bytes = buf.byteLength;
             cacheMs += performance.now() - t0;
@@ -339,7 +367,8 @@ export class KvcConnectorV1 {
         m.xferReceivedBytes.inc(xferBytes);
       }
     }
-    return { tokens: loaded, receivedTokens: fromTransfer, source: loaded === 0 ? 'none' : fromTransfer > 0 ? 'transfer' : 'cache' };
+    const ledger = req.cancelled() ? null : this.ledger.settle(spans, req.prompt.length, loaded, fromTransfer, rejected, (k) => this.store.has(k));
+    return { tokens: loaded, receivedTokens: fromTransfer, source: loaded === 0 ? 'none' : fromTransfer > 0 ? 'transfer' : 'cache', ledger };
   }
 
   /**

@@ -14,6 +14,7 @@ import type { FinishReason, Scheduler, Sequence } from './scheduler.js';
 import { promptSources } from './request_log.js';
 import { SseWriter } from './sse_writer.js';
 import { StopMatcher } from './stop.js';
+import { forwardedLedger, predictedOf, type KvcLedger, type MissReason } from '../protocol/ledger.js';
 
 const log = logger('engine.http');
 
@@ -57,6 +58,10 @@ export interface GenerationContext {
   scheduler: Scheduler;
   tokenizer: Tokenizer;
   metrics: EngineMetrics;
+  /** This engine's cache instance (the ledger's `instance`), null without one. */
+  kvcInstanceId?: string | null;
+  /** kv_producer: the ledger goes back in kv_transfer_params (the proxy forwards it to the decoder). */
+  producer?: boolean;
 }
 
 interface Usage {
@@ -68,6 +73,24 @@ interface Usage {
    * kv_transfer_tokens: KV this request's prefiller sent (docs/api.md "Usage").
    */
   prompt_tokens_details: { cached_tokens: number; kv_transfer_tokens: number };
+  /** The hit-rate ledger (docs/ledger.md); absent on an engine without a cache connector. */
+  kvc?: KvcLedger;
+}
+
+/**
+ * usage.kvc of a request: this engine's ledger, plus the prefiller's when the prompt was computed
+ * there (forwarded in kv_transfer_params.kvc_ledger): tokens and chunk counts add up, so the sum
+ * over responses equals the engines' own counters. The reasons are awaited (bounded by the
+ * engine's MISS_LOOKUP_TIMEOUT_MS, usually answered long before the first token).
+ */
+async function ledgerOf(seq: Sequence, params: Record<string, unknown> | undefined, instance: string | null): Promise<KvcLedger | undefined> {
+  const own = seq.ledger;
+  if (!own) return undefined;
+  const chunks = { ...(await own.chunks) };
+  const fwd = forwardedLedger(params);
+  if (!fwd) return { predicted_cached_tokens: predictedOf(params), reused_tokens: own.reused, computed_tokens: own.computed, computed_chunks: chunks, instance };
+  for (const [k, v] of Object.entries(fwd.computed_chunks)) chunks[k as MissReason] = (chunks[k as MissReason] ?? 0) + v;
+  return { predicted_cached_tokens: fwd.predicted_cached_tokens, reused_tokens: fwd.reused_tokens + own.reused, computed_tokens: fwd.computed_tokens + own.computed, computed_chunks: chunks, instance: fwd.instance };
 }
 
 /** The state of one generated sequence (one choice, or a best_of candidate). */
@@ -272,6 +295,11 @@ export async function runGeneration(ctx: GenerationContext, g: GenerationRequest
     total_tokens: g.prompt.length + completionTokens,
     prompt_tokens_details: promptDetails(choices[0]!.seq),
   };
+  const kvc = await ledgerOf(choices[0]!.seq, g.kvTransferParams, ctx.kvcInstanceId ?? null);
+  if (kvc) {
+    usage.kvc = kvc;
+    if (ctx.producer && g.kvTransferParams) params = { ...(params ?? {}), kvc_ledger: kvc };
+  }
   const outcome = failed === undefined ? 'ok' : failed.reason === 'abort' ? 'cancelled' : 'error';
   ctx.metrics.requests.inc({ endpoint: g.endpoint, outcome });
   req.outcomeCounted = true; // request_outcome.ts: the onResponse hook must not count it again

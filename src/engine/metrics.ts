@@ -7,6 +7,7 @@
 // engine's transfer seam). Durations are histograms in seconds, sizes are bytes, and what
 // only grows is a counter.
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import type { MissReason, ReasonCounts } from '../protocol/ledger.js';
 import type { EngineSample } from '../protocol/instance_stats.js';
 import { HotHistogram, type HistogramSeries } from '../common/hot_histogram.js';
 import { LmcacheMetrics, VllmMetrics } from './compat_metrics.js';
@@ -69,6 +70,8 @@ export class EngineMetrics {
   // cache instance
   readonly cacheQueryTokens: Counter;
   readonly cacheHitTokens: Counter;
+  /** The hit-rate ledger (docs/ledger.md): computed prompt chunks by reason. */
+  readonly computedChunks: Counter<'reason'>;
   readonly cacheRetrievedChunks: Counter;
   readonly cacheRetrievedBytes: Counter;
   readonly cacheRetrieveSeconds: Histogram;
@@ -137,6 +140,7 @@ export class EngineMetrics {
     this.stepTokens = byPhase(stepTokens);
 
     this.cacheQueryTokens = new Counter({ name: 'kvc_cache_query_tokens_total', help: 'Prompt tokens looked up in the cache instance', registers });
+    this.computedChunks = new Counter({ name: 'kvc_engine_computed_chunks_total', help: 'Prompt chunks this engine computed, by why they were not reused (cold, evicted, not_fetched, stale_index, mismatch, partial, unexplained; docs/ledger.md)', labelNames: ['reason'], registers });
     this.cacheHitTokens = new Counter({ name: 'kvc_cache_hit_tokens_total', help: 'Prompt tokens whose KV was loaded from the cache instance', registers });
     this.cacheRetrievedChunks = new Counter({ name: 'kvc_cache_retrieved_chunks_total', help: 'Chunks read from the cache instance and used', registers });
     this.cacheRetrievedBytes = new Counter({ name: 'kvc_cache_retrieved_bytes_total', help: 'Bytes of the chunks read from the cache instance (headers included)', registers });
@@ -234,6 +238,17 @@ export class EngineMetrics {
       requests_running: await total(this.running),
       requests_waiting: await total(this.waiting),
       kv_usage_ratio: await total(this.kvUsage),
+      computed_chunks: await this.computedByReason(),
     };
+  }
+
+  /** kvc_engine_computed_chunks_total by reason (the ledger's counters; reasons with none left out). */
+  async computedByReason(): Promise<ReasonCounts> {
+    const out: ReasonCounts = {};
+    for (const v of (await this.computedChunks.get()).values) {
+      const r = v.labels.reason as MissReason;
+      if (v.value > 0) out[r] = (out[r] ?? 0) + v.value;
+    }
+    return out;
   }
 }

@@ -18,6 +18,7 @@ import { setImmediate as yieldToLoop } from 'node:timers/promises';
 import { unavailable } from '../common/errors.js';
 import { logger } from '../common/log.js';
 import { threadCpuMicros } from '../common/thread_cpu.js';
+import type { PendingLedger } from './ledger.js';
 import type { KvcConnectorV1 } from './connector.js';
 import type { EngineMetrics } from './metrics.js';
 import type { PagedKvCache } from './model/kv_cache.js';
@@ -92,6 +93,8 @@ export class Sequence {
   receivedTokens = 0;
   /** When it left the waiting queue (0 while waiting). */
   admittedAt = 0;
+  /** The hit-rate ledger of its load (docs/ledger.md); null without a connector or when the load failed. */
+  ledger: PendingLedger | null = null;
   firstTokenAt = 0;
   lastTokenAt = 0;
   finishReason: FinishReason | null = null;
@@ -271,10 +274,10 @@ export class Scheduler {
           (r) => r,
           (e: unknown) => {
             log.warn(`request ${seq.init.requestId}: KV load failed: ${(e as Error).message}`);
-            return { tokens: 0, receivedTokens: 0 };
+            return { tokens: 0, receivedTokens: 0, ledger: null };
           },
         )
-        .then(({ tokens, receivedTokens }) => {
+        .then(({ tokens, receivedTokens, ledger }) => {
           if (seq.state === 'finished') {
             // Cancelled while loading: release now that nothing writes the blocks any more.
             const i = this.active.indexOf(seq);
@@ -285,6 +288,7 @@ export class Scheduler {
             seq.computed = tokens;
             seq.loadedTokens = tokens;
             seq.receivedTokens = receivedTokens;
+            seq.ledger = ledger;
             seq.state = 'running';
           }
           this.poke();

@@ -58,7 +58,10 @@ function buildApp(s: EngineSettings, w: EngineWiring): FastifyInstance {
   countRequestOutcomes(app, w.metrics);
   const ctx: RouteContext = { modelName: s.modelName, maxModelLen: w.maxModelLen, model: w.model, kv: w.kv, scheduler: w.scheduler, metrics: w.metrics,
     kvcInstanceId: w.controller && s.cacheConfig ? s.cacheConfig.kvc_instance_id : null,
-    kvcP2p: !!(w.controller && w.connector && s.cacheConfig?.enable_p2p) };
+    kvcP2p: !!(w.controller && w.connector && s.cacheConfig?.enable_p2p),
+    kvProducer: w.connector?.role === 'kv_producer',
+    hasConnector: !!w.connector,
+    keySettings: w.connector?.keySettings() ?? null };
   void app.register(completionRoutes, ctx);
   void app.register(tokenizeRoutes, ctx);
   void app.register(statusRoutes, ctx);

@@ -162,7 +162,9 @@ export class EngineWiring {
           });
           log.info(`P2P on: chunks this instance lacks are fetched from the instances the controller names (time bound ${cacheConfig.p2p_timeout_ms ?? P2P_DEFAULTS.p2p_timeout_ms} ms)`);
         }
-        connector = new KvcConnectorV1({ config: connectorConfig, cacheConfig, store: opened, modelId: model.modelId, layout, seed, metrics, transfer, p2p });
+        const ctl = controller;
+        const missReasons = ctl ? (keys: readonly string[], ms: number) => ctl.askMissReasons(keys, ms) : null;
+        connector = new KvcConnectorV1({ config: connectorConfig, cacheConfig, store: opened, modelId: model.modelId, layout, seed, metrics, transfer, p2p, missReasons });
         log.info(
           `connector KvcConnectorV1 role=${connectorConfig.kv_role} chunk_size=${cacheConfig.chunk_size} locations=${opened.locations().join(',') || 'none'}${opened.remote ? ` remote=${opened.remote.endpoint.display}` : ''}${p2p ? ' p2p=on' : ''}` +
             ` discard_partial_chunks=${connector.discardPartial} seed=${seed}${transfer ? ' xfer=on' : ''}`,

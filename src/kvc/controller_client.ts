@@ -30,6 +30,7 @@ import { startWorkerServer } from './worker_server.js';
 import { DEFAULT_ZMQ_MAX_MESSAGE_BYTES } from '../common/limits.js';
 import { deploymentSecret, tag } from '../common/auth.js';
 import { instanceAddresses, urlHost } from '../common/address.js';
+import { MISS_CODES, missReasonsMsgSchema, type MissLookupMsg, type MissReason } from '../protocol/ledger.js';
 import { p2pHoldersMsgSchema, P2P_LOOKUP_MAX_KEYS, type P2pHolder, type P2pLookupMsg } from '../protocol/p2p_holders.js';
 
 const log = logger('kvc.controller_client');
@@ -75,6 +76,11 @@ export interface ControllerAttachment {
    * `timeoutMs` without an answer.
    */
   askHolders(keys: readonly string[], timeoutMs: number): Promise<P2pHolder[]>;
+  /**
+   * The ledger's question (src/protocol/ledger.ts): why each of these just-computed chunks was not
+   * reused, one reason per key. Rejects when the connection is not live or after `timeoutMs`.
+   */
+  askMissReasons(keys: readonly string[], timeoutMs: number): Promise<MissReason[]>;
 }
 
 export async function attachController(store: KvcStore, cfg: CacheConfig, o: AttachOptions): Promise<ControllerAttachment> {
@@ -113,6 +119,7 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
   let opsKeys = 0;
   let flushTimer: NodeJS.Timeout | null = null;
   let registerInFlight = false;
+  let lastError = '';
   const flushMs = o.flushMs ?? 20;
   const maxBatch = o.maxBatchKeys ?? 16_384;
 
@@ -120,11 +127,15 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
   const queries = new Map<number, { resolve: (h: P2pHolder[]) => void; reject: (e: Error) => void; timer: NodeJS.Timeout }>();
   let nextQuery = 1;
   /** A lost registration answers no query: fail them now rather than at their time bound. */
+  /** Ledger queries (miss_lookup) awaiting their answer, by id (ids shared with `queries`). */
+  const missQueries = new Map<number, { resolve: (r: Uint8Array) => void; reject: (e: Error) => void; timer: NodeJS.Timeout }>();
   const failQueries = (why: string) => {
-    for (const [id, q] of queries) {
-      clearTimeout(q.timer);
-      q.reject(new Error(why));
-      queries.delete(id);
+    for (const map of [queries, missQueries] as Map<number, { reject: (e: Error) => void; timer: NodeJS.Timeout }>[]) {
+      for (const [id, q] of map) {
+        clearTimeout(q.timer);
+        q.reject(new Error(why));
+        map.delete(id);
+      }
     }
   };
   const toRegistering = (why: string) => {
@@ -139,7 +150,7 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
     (f) => sock.send(f),
     (e) => toRegistering(`send failed: ${(e as Error).message}`),
   );
-  const send = (m: InstanceMsg | P2pLookupMsg) => out.send(encodeMsg(m));
+  const send = (m: InstanceMsg | P2pLookupMsg | MissLookupMsg) => out.send(encodeMsg(m));
 
   // One register per heartbeat interval at most: several `reregister` replies arriving together
   // (heartbeat, ops...) must not each start a registration and a full sync.
@@ -248,6 +259,7 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
           if (isClosed()) continue;
           const was = state;
           state = 'live';
+          lastError = '';
           // Replica marks are the controller's advice from before; it may have restarted (or
           // reaped us) and lost what they rest on. Forget them: the sync that follows makes the
           // controller mark again what others hold.
@@ -267,6 +279,14 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
           clearTimeout(q.timer);
           if (r.success) q.resolve(r.data.holders);
           else q.reject(new Error(`malformed p2p_holders answer: ${r.error.issues[0]?.message ?? 'invalid'}`));
+        } else if (m.t === 'miss_reasons') {
+          const r = missReasonsMsgSchema.safeParse(m);
+          const q = typeof m.id === 'number' ? missQueries.get(m.id) : undefined;
+          if (!q) continue; // answered after its time bound
+          missQueries.delete(m.id as number);
+          clearTimeout(q.timer);
+          if (r.success) q.resolve(r.data.reasons);
+          else q.reject(new Error(`malformed miss_reasons answer: ${r.error.issues[0]?.message ?? 'invalid'}`));
         } else if (m.t === 'replicas') {
           const r = replicaHintMsgSchema.safeParse(m);
           if (r.success) store.markReplicas(r.data.location, unpackKeys(r.data.keys), r.data.held_elsewhere);
@@ -281,7 +301,10 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
           }
           register();
         } else if (m.t === 'error') {
-          log.error(`controller refused a message: ${String(m.message)}`);
+          // Said once per distinct message: a refused registration is retried every interval.
+          const msg = String(m.message);
+          if (msg !== lastError) log.error(`controller refused a message: ${msg}`);
+          lastError = msg;
         }
       }
     } catch (e) {
@@ -313,6 +336,32 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
           if (!queries.delete(id)) return;
           clearTimeout(timer);
           reject(new Error(`holder query not sent: ${(e as Error).message}`));
+        });
+      });
+    },
+    askMissReasons(keys, timeoutMs) {
+      if (state !== 'live') return Promise.reject(new Error(`the controller connection is ${state}`));
+      if (keys.length === 0) return Promise.resolve([]);
+      // This instance's admits and evicts so far go first: the answer must see them.
+      flush();
+      const id = nextQuery++;
+      return new Promise<MissReason[]>((resolve, reject) => {
+        const timer = setTimeout(() => {
+          missQueries.delete(id);
+          reject(new Error(`no answer from the controller within ${timeoutMs} ms`));
+        }, timeoutMs);
+        missQueries.set(id, {
+          resolve: (codes) => {
+            if (codes.length !== keys.length) return reject(new Error(`miss_reasons answered ${codes.length} reasons for ${keys.length} keys`));
+            resolve([...codes].map((c) => MISS_CODES[c] ?? 'unexplained'));
+          },
+          reject,
+          timer,
+        });
+        send({ t: 'miss_lookup', id, keys: packKeys(keys) }).catch((e: unknown) => {
+          if (!missQueries.delete(id)) return;
+          clearTimeout(timer);
+          reject(new Error(`miss query not sent: ${(e as Error).message}`));
         });
       });
     },

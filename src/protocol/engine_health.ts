@@ -6,6 +6,16 @@
 // `kvc_p2p` says whether the instance fetches what it lacks from its peers; `max_model_len` is the
 // model's context length.
 import { z } from 'zod';
+import { computedChunksSchema } from './instance_stats.js';
+
+export const keySettingsSchema = z.object({
+  model_id: z.string(),
+  chunk_size: z.number().int().min(1),
+  /** PYTHONHASHSEED, decimal. */
+  seed: z.string(),
+  kv_dtype: z.string(),
+});
+export type KeySettings = z.infer<typeof keySettingsSchema>;
 
 export const engineHealthSchema = z.object({
   status: z.literal('ok'),
@@ -21,5 +31,17 @@ export const engineHealthSchema = z.object({
    * prefill (a text prompt's length comes with its /tokenize answer). Absent: not checked there.
    */
   max_model_len: z.number().int().min(1).optional(),
+  /**
+   * The engine's hit-rate ledger so far: prompt chunks it computed, by reason (docs/ledger.md).
+   * The proxy adds the differences between probes into kvc_proxy_computed_chunks_total and its
+   * statistics line. Absent on an engine without a cache connector.
+   */
+  kvc_computed_chunks: computedChunksSchema.optional(),
+  /**
+   * What the engine's chunk keys and chunks depend on. The controller refuses an instance whose
+   * settings differ from the deployment's; the proxy compares each engine's with the controller's
+   * GET /deployment and routes no cache affinity to one that differs (docs/controller.md "Registration").
+   */
+  kvc_key_settings: keySettingsSchema.optional(),
 });
 export type EngineHealth = z.infer<typeof engineHealthSchema>;

@@ -6,8 +6,11 @@
 // Engine figures are cumulative since the engine started (counters), so a reader takes
 // differences between samples; a decrease means the engine restarted.
 import { z } from 'zod';
+import { MISS_REASONS } from './ledger.js';
 
 const count = (what: string) => z.number(`expected a number (${what})`).nonnegative(`expected a non-negative number (${what})`);
+/** Counts by ledger reason (src/protocol/ledger.ts); reasons with none may be left out. */
+export const computedChunksSchema = z.partialRecord(z.enum(MISS_REASONS), count('computed chunks'));
 
 export const locationUsageSchema = z.object({
   /** Bytes of the chunks stored (headers included). */
@@ -37,6 +40,8 @@ export const engineSampleSchema = z.object({
   requests_running: count('requests_running'),
   requests_waiting: count('requests_waiting'),
   kv_usage_ratio: count('kv_usage_ratio'),
+  /** Prompt chunks computed, by why they were not reused (kvc_engine_computed_chunks_total; docs/ledger.md). */
+  computed_chunks: computedChunksSchema.optional(),
 });
 export type EngineSample = z.infer<typeof engineSampleSchema>;
 

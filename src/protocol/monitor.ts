@@ -15,9 +15,10 @@
 //             not know the sender (it restarted, or reaped the worker)
 //   bye       clean shutdown: the controller drops the worker at once
 //   p2p_lookup which other instances hold the chunks that follow (src/protocol/p2p_holders.ts)
+//   miss_lookup why the chunks it just computed were not reused (src/protocol/ledger.ts)
 // Controller → instance:
 //   welcome {heartbeat_interval_ms}, hb_ack, reregister, error {message},
-//   p2p_holders (the answer to p2p_lookup),
+//   p2p_holders (the answer to p2p_lookup), miss_reasons (the answer to miss_lookup),
 //   replicas    which of its chunks other instances hold too (src/protocol/replica_hint.ts)
 //
 // A (re)registration is always followed by a full sync, so a restarted controller rebuilds
@@ -27,6 +28,7 @@ import { z } from 'zod';
 import { instanceStatsSchema } from './instance_stats.js';
 import type { P2pHoldersMsg, P2pLookupMsg } from './p2p_holders.js';
 import type { ReplicaHintMsg } from './replica_hint.js';
+import type { MissLookupMsg, MissReasonsMsg } from './ledger.js';
 
 export const MONITOR_PROTOCOL_VERSION = 1;
 /** Alias kept for readers of the monitor code: the version a `register` carries in `v`. */
@@ -50,7 +52,7 @@ export const registerMsgSchema = z.object({
   distributed_url: z.string().nullable(),
   chunk_size: z.number().int().min(1),
   model_id: z.string().min(1),
-  /** PYTHONHASHSEED of the instance, as a decimal string; a mismatch is logged loudly. */
+  /** PYTHONHASHSEED of the instance, as a decimal string; one that differs from the controller's is refused. */
   seed: z.string(),
   /** The element type of the engine's KV (DTYPE_NAMES): part of every chunk key. Absent from older instances, which hold f32. */
   kv_dtype: z.enum(['f32', 'f16', 'bf16'], 'expected f32, f16 or bf16').default('f32'),
@@ -112,7 +114,7 @@ export function describeIssues(e: z.ZodError): string {
   return e.issues.map((i) => `${i.path.length ? i.path.join('.') : '(message)'}: ${i.message}`).join('; ');
 }
 
-export function encodeMsg(m: InstanceMsg | ControllerMsg | P2pLookupMsg | P2pHoldersMsg | ReplicaHintMsg): Buffer {
+export function encodeMsg(m: InstanceMsg | ControllerMsg | P2pLookupMsg | P2pHoldersMsg | ReplicaHintMsg | MissLookupMsg | MissReasonsMsg): Buffer {
   const u = encode(m);
   return Buffer.from(u.buffer, u.byteOffset, u.byteLength);
 }

@@ -106,6 +106,11 @@ export const DECODER_ONLY = 'decoder-only';
 /** The statistics line of requests the router sent straight to their decoder (conditional disaggregation). */
 export const DECODER_LOCAL = 'decoder-local';
 
+/** kv_transfer_params carrying the router's prediction for the ledger (src/protocol/ledger.ts), or none without a lookup. */
+function predicted(tokens: number | null): Record<string, unknown> | null {
+  return tokens === null ? null : { kvc_predicted_cached_tokens: tokens };
+}
+
 /** The disagg_spec naming a decoder's xfer receiver for one request. */
 function specFor(reqId: string, ep: DecoderEndpoint): DisaggSpec {
   return { req_id: reqId, receiver_host: ep.host, receiver_init_port: ep.initPort, receiver_alloc_port: ep.allocPort };
@@ -174,6 +179,8 @@ export class Flow {
         pre = noPrefill(false);
       }
       if (!pre.prefiller && !pre.local) this.noPrefiller(decoder);
+      // The ledger (docs/ledger.md): what the router expected the decoder to hold when it prefills.
+      if (!pre.prefiller && route.cached !== null) body.kv_transfer_params = predicted(this.d.router.cachedOn(decoder, route.cached));
       if (pre.prefiller) {
         this.d.stats.record(pre.prefiller.name, pre.ms);
         this.prefillHist(pre.prefiller.name).observe(pre.ms / 1000);
@@ -341,7 +348,7 @@ export class Flow {
       const pbody = prefillBody(body);
       for (const p of order) {
         const reqId = `kvc-${randomUUID()}`;
-        pbody.kv_transfer_params = kvTransferParams(specFor(reqId, ep));
+        pbody.kv_transfer_params = kvTransferParams(specFor(reqId, ep), predicted(route.cached === null ? null : this.d.router.cachedOn(p, route.cached)));
         const t = performance.now();
         const live = this.d.metrics.live.prefills;
         live.set(p.name, (live.get(p.name) ?? 0) + 1);

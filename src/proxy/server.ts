@@ -12,6 +12,8 @@ import { PrefixClient } from './prefix_client.js';
 import { Router, type RoutingOptions } from './router.js';
 import { RoutingMetrics } from './routing_metrics.js';
 import { engineHealthSchema } from '../protocol/engine_health.js';
+import { LedgerMetrics } from './ledger_metrics.js';
+import { KeySettingsCheck } from './key_settings.js';
 import { ProxyMetrics } from './metrics.js';
 import { NotifyReceiver, type XferNotice } from './notify.js';
 import { TtftStats } from './stats.js';
@@ -66,6 +68,10 @@ export class ProxyServer {
   /** Recent notices by req_id, for the log line of a failed transfer. */
   readonly notices = { ok: 0, failed: 0 };
   readonly routing: RoutingMetrics;
+  /** The engines' ledger counters, summed from their /health (docs/ledger.md). */
+  readonly ledger: LedgerMetrics;
+  /** Engines' key settings against the controller's (src/proxy/key_settings.ts); null without a controller. */
+  private readonly keyCheck: KeySettingsCheck | null;
   readonly load = new LoadBook();
   readonly router: Router;
   private readonly prefix: PrefixClient | null;
@@ -90,6 +96,8 @@ export class ProxyServer {
       throw new Error('--routing kv-aware needs --controller-url (the controller whose index says where prefixes are cached)');
     }
     this.routing = new RoutingMetrics(this.metrics.registry);
+    this.ledger = new LedgerMetrics(this.metrics.registry);
+    this.keyCheck = opts.controllerUrl ? new KeySettingsCheck(opts.controllerUrl, this.metrics.registry) : null;
     this.prefix = opts.controllerUrl ? new PrefixClient(opts.controllerUrl, opts.lookupTimeoutMs ?? 50) : null;
     const prefillRR = new RoundRobin(this.prefillers);
     const decoderRR = new RoundRobin(this.decoders);
@@ -217,12 +225,14 @@ export class ProxyServer {
       .then(async (res) => {
         // The engine names its cache instance here; routing needs it to read the index.
         const h = engineHealthSchema.safeParse(await res.body.json().catch(() => null));
-        const id = h.success ? h.data.kvc_instance_id : undefined;
+        // An engine whose key settings differ from the deployment's is routed as holding nothing.
+        const id = h.success && (!this.keyCheck || this.keyCheck.accepts(b.name, h.data.kvc_key_settings)) ? h.data.kvc_instance_id : undefined;
         if (id && this.instanceIds.get(b) !== id) {
           this.instanceIds.set(b, id);
           log.info(`${b.name} serves cache instance "${id}"`);
         } else if (!id && this.instanceIds.has(b)) this.instanceIds.delete(b);
         b.maxModelLen = h.success ? (h.data.max_model_len ?? null) : null;
+        if (h.success && h.data.kvc_computed_chunks) this.ledger.observe(b.name, h.data.kvc_computed_chunks);
         if (h.success && h.data.kvc_p2p === true && id) this.p2pBackends.add(b);
         else this.p2pBackends.delete(b);
         if (b.markUp()) {
@@ -269,10 +279,14 @@ export class ProxyServer {
         const lines = this.stats.flush(intervalS);
         const hit = this.routing.flushHitRate(intervalS);
         if (hit) lines.push(hit);
+        const misses = this.ledger.flushLine(intervalS);
+        if (misses) lines.push(misses);
         lines.forEach(sink);
       }, this.opts.statsIntervalMs),
     );
-    // Learn every backend's cache instance now rather than one health interval later.
+    // Learn every backend's cache instance now rather than one health interval later, and the
+    // deployment's key settings to compare them with.
+    await this.keyCheck?.refresh();
     this.probeAll();
     this.timers.push(setInterval(() => this.probeAll(), this.opts.healthIntervalMs));
     for (const t of this.timers) t.unref();

@@ -18,6 +18,8 @@ import { registerTransferMetrics } from '../../src/engine/transfer_metrics.js';
 import { RemoteTier } from '../../src/kvc/remote_tier.js';
 import { P2pMetrics } from '../../src/kvc/p2p_metrics.js';
 import { RoutingMetrics } from '../../src/proxy/routing_metrics.js';
+import { LedgerMetrics } from '../../src/proxy/ledger_metrics.js';
+import { KeySettingsCheck } from '../../src/proxy/key_settings.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 const isProcessMetric = (name: string) => /^kvc_(controller|engine|proxy)_(process_|nodejs_)/.test(name);
@@ -44,6 +46,8 @@ test('docs/metrics.md lists every exported metric with its type, and only those'
   registerTransferMetrics(engine.registry, () => ({ reservations: 0, reservedBytes: 0, transfers: { done: 0, failed: 0, abandoned: 0, inFlight: 0 } }));
   const proxy = new ProxyMetrics();
   new RoutingMetrics(proxy.registry); // the proxy server registers its routing counters in the same registry
+  new LedgerMetrics(proxy.registry); // and the ledger's sums
+  new KeySettingsCheck('http://127.0.0.1:1', proxy.registry); // and, with a controller, the key-settings gauge
   const exported = new Map<string, string>();
   for (const reg of [controller.registry, engine.registry, proxy.registry]) {
     for (const m of await reg.getMetricsAsJSON()) if (!isProcessMetric(m.name)) exported.set(m.name, String(m.type));

@@ -102,6 +102,12 @@ function renderInstances(state) {
   $('instances-empty').hidden = state.instances.length > 0;
 }
 
+/** The ledger's counts by reason ("cold 12 · evicted 3"), largest first; – when none. */
+function fmtReasons(counts) {
+  const parts = Object.entries(counts ?? {}).filter(([, v]) => v > 0).sort((a, b) => b[1] - a[1]);
+  return parts.length ? parts.map(([k, v]) => `${k} ${fmtInt(v)}`).join(' · ') : '–';
+}
+
 function renderEngines(state) {
   const body = $('engines').tBodies[0];
   body.replaceChildren();
@@ -123,6 +129,7 @@ function renderEngines(state) {
       el('td', fmtInt(s.generation_tokens), 'num'),
       el('td', s.query_tokens > 0 ? fmtPct(s.cached_tokens / s.query_tokens) : '–', 'num'),
       el('td', s.ttft_count > 0 ? fmtMs((1000 * s.ttft_sum_seconds) / s.ttft_count) : '–', 'num'),
+      el('td', fmtReasons(s.computed_chunks), 'computed-chunks'),
     );
     body.append(tr);
   }

@@ -28,7 +28,7 @@ export async function completionRoutes(app: FastifyInstance, ctx: RouteContext):
   const rules = new PromptRules(ctx);
   const { modelName, maxModelLen } = ctx;
   const tok = ctx.model.tokenizer;
-  const gen: GenerationContext = { scheduler: ctx.scheduler, tokenizer: tok, metrics: ctx.metrics };
+  const gen: GenerationContext = { scheduler: ctx.scheduler, tokenizer: tok, metrics: ctx.metrics, kvcInstanceId: ctx.kvcInstanceId, producer: ctx.kvProducer };
   // EOS of the model config and of the tokenizer end generation unless `ignore_eos`.
   const eosIds = new Set<number>(ctx.model.config.eosTokenIds);
   if (tok.eosTokenId !== null) eosIds.add(tok.eosTokenId);

@@ -17,11 +17,13 @@ export async function statusRoutes(app: FastifyInstance, ctx: RouteContext): Pro
   // The proxy reads kvc_instance_id here to map this address to the controller's name for it,
   // kvc_p2p to know that a prefix held elsewhere costs this engine a fetch, not a recompute, and
   // max_model_len to refuse a token-id prompt that cannot fit before any prefill.
-  const health: EngineHealth = { status: 'ok', kvc_instance_id: ctx.kvcInstanceId, kvc_p2p: ctx.kvcP2p, max_model_len: maxModelLen };
-  app.get('/health', async () => health);
+  const health: EngineHealth = { status: 'ok', kvc_instance_id: ctx.kvcInstanceId, kvc_p2p: ctx.kvcP2p, max_model_len: maxModelLen, ...(ctx.keySettings ? { kvc_key_settings: ctx.keySettings } : {}) };
+  // With a cache connector, the ledger's counters too (the proxy's view of every engine's misses).
+  const answer = async () => (ctx.hasConnector ? { ...health, kvc_computed_chunks: await metrics.computedByReason() } : health);
+  app.get('/health', answer);
   // vLLM's liveness aliases (SageMaker's /ping, GET and POST) and its version route.
-  app.get('/ping', async () => health);
-  app.post('/ping', async () => health);
+  app.get('/ping', answer);
+  app.post('/ping', answer);
   app.get('/version', async () => ({ version: KVC_VERSION }));
 
   app.get('/metrics', async (_req, reply) => {

@@ -1,0 +1,390 @@
+// `npm run bench -- trace [--trace FILE] [options]`: replays a request trace in Mooncake's format
+// (harness/trace_model.ts) against a `kvc up` deployment of the built-in model, once with
+// round-robin and once with kv-aware routing, on the same requests, and measures both against two
+// references simulated on those requests: one pooled LRU cache of the deployment's total tier size
+// (the bound a cluster of caches can reach) and an infinite cache (the trace's own ceiling).
+//
+// Options (every one validated; a bad value stops the bench naming the flag):
+//   --trace FILE               default ../shared/traces/synthetic_trace.jsonl (relative to the repo)
+//   --prefillers N --decoders N   default 2 and 2
+//   --routing MODES            comma list of round-robin,kv-aware (default both, in that order)
+//   --window START:COUNT       requests START.. of the (sampled) trace; default 0:200
+//   --sample-conversations F   keep a fraction F of the conversations, whole, chosen across the
+//                              whole trace before the window (conversation: see conversations() in
+//                              harness/trace_model.ts); default 0.05 (an hour-long trace of thousands)
+//   --rate R                   the window's own arrival pattern scaled to R requests a second (default 2)
+//   --block-tokens B           tokens per 512-token trace block = the deployment's chunk size (default 64)
+//   --tier-fraction F          the engines' CPU tiers together hold F of the window's distinct
+//                              blocks (default 0.2), split evenly
+//   --max-output-tokens N      max_tokens = min(output_length, N) (default 16)
+//   --seed S                   token ids of each hash id and conversation sampling (default 1)
+//   --kv-up-args "<flags>"     more `kvc up` flags for the kv-aware deployment (A/B of a rule)
+// Prompts are token ids: hash id h becomes B ids drawn from a generator seeded by h, a partial last
+// block proportionally fewer; prompts longer than the model's context (4,096 − max tokens) keep
+// their leading blocks that fit (the references see the same truncated prompts; the number of
+// dropped blocks is printed).
+//
+// Each deployment serves 16 warm-up requests of its own prompts first (every process compiles its
+// hot paths), whose chunks are then cleared from every tier. Then the window is sent at its
+// times, streamed; TTFT is the client's time to the first streamed token. "computed ÷ sent" is
+// the sum of the engines' kvc_engine_prompt_tokens_computed_total over the run ÷ the prompt tokens
+// sent. Prefill shares come from the proxy's kvc_proxy_prefills_total{instance}; P2P and xfer bytes
+// from the engines' kvc_p2p_bytes_total and kvc_xfer_sent_bytes_total. Each response's usage.kvc
+// (docs/ledger.md) gives what that request computed, and why: the plot of computed ÷ sent over time
+// and unexplained_miss_share come from it.
+// Writes bench-results/trace/trace.svg; the last line is one JSON object (see main()).
+import { existsSync, readFileSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { performance } from 'node:perf_hooks';
+import { Agent, fetch as undiciFetch } from 'undici';
+import { BUILTIN_MODELS } from '../src/engine/model/formats/builtin.js';
+import { HEADER_BYTES } from '../src/common/chunk.js';
+import { sizeClass } from '../src/common/buffer_pool.js';
+import { clearTiers, startDeployment, type Deployment } from '../harness/deployment.js';
+import { byLabel, pct, scrape, sum } from './_scrape.js';
+import { resultsDir } from './_plot.js';
+import { writeTraceSvg, type SeriesPoint } from './_trace_plot.js';
+import {
+  applyWindow, distinctChunks, mapRequests, parseTrace, parseWindow, promptIds, promptTokens, sampleConversations, sendTimes, simulate,
+  type ReplayRequest,
+} from '../harness/trace_model.js';
+
+const REPO = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const DEFAULT_TRACE = resolve(REPO, '..', 'shared', 'traces', 'synthetic_trace.jsonl');
+const MODEL = BUILTIN_MODELS.tiny!;
+const MODES = ['round-robin', 'kv-aware'] as const;
+type Mode = (typeof MODES)[number];
+const WARMUP = 16;
+/** A replayed request's own bound (the proxy's timeouts end it sooner when an engine hangs). */
+const REQUEST_TIMEOUT_MS = 600_000;
+/** The client: no undici header/body timeouts of its own (a prefill queue under a burst may take minutes), no connection cap. */
+const CLIENT = new Agent({ headersTimeout: REQUEST_TIMEOUT_MS, bodyTimeout: REQUEST_TIMEOUT_MS, connections: null });
+
+interface Options {
+  trace: string;
+  prefillers: number;
+  decoders: number;
+  routing: Mode[];
+  window: { start: number; count: number };
+  sample: number;
+  rate: number;
+  blockTokens: number;
+  tierFraction: number;
+  maxOutputTokens: number;
+  seed: number;
+  kvUpArgs: string[];
+}
+
+const FLAGS = ['--trace', '--prefillers', '--decoders', '--routing', '--window', '--sample-conversations', '--rate', '--block-tokens', '--tier-fraction', '--max-output-tokens', '--seed', '--kv-up-args'];
+
+function options(argv: string[]): Options {
+  const given = new Map<string, string>();
+  for (let i = 0; i < argv.length; i++) {
+    const f = argv[i]!;
+    if (!FLAGS.includes(f)) throw new Error(`${f}: unknown option (expected one of ${FLAGS.join(', ')})`);
+    const v = argv[++i];
+    if (v === undefined) throw new Error(`${f}: expected a value`);
+    if (given.has(f)) throw new Error(`${f}: given twice`);
+    given.set(f, v);
+  }
+  const num = (f: string, def: number, ok: (n: number) => boolean, what: string): number => {
+    const v = given.get(f);
+    if (v === undefined) return def;
+    const n = Number(v);
+    if (v.trim() === '' || !Number.isFinite(n) || !ok(n)) throw new Error(`${f}: expected ${what}, found "${v}"`);
+    return n;
+  };
+  const int = (n: number) => Number.isInteger(n);
+  const trace = given.get('--trace') ?? DEFAULT_TRACE;
+  if (!existsSync(trace)) throw new Error(`--trace: ${trace} does not exist${given.has('--trace') ? '' : ' (the default; pass --trace FILE)'}`);
+  const routing = (given.get('--routing') ?? MODES.join(',')).split(',').map((m) => m.trim());
+  for (const m of routing) if (!(MODES as readonly string[]).includes(m)) throw new Error(`--routing: expected a comma list of ${MODES.join(', ')}, found "${m}"`);
+  if (new Set(routing).size !== routing.length) throw new Error('--routing: a mode is listed twice');
+  const kvUp = given.get('--kv-up-args');
+  if (kvUp !== undefined && kvUp.trim() === '') throw new Error('--kv-up-args: expected the flags in one argument, e.g. --kv-up-args "--max-local-prefill-tokens 0"');
+  return {
+    trace,
+    prefillers: num('--prefillers', 2, (n) => int(n) && n >= 0 && n <= 8, 'an integer 0..8'),
+    decoders: num('--decoders', 2, (n) => int(n) && n >= 1 && n <= 8, 'an integer 1..8'),
+    routing: routing as Mode[],
+    window: parseWindow(given.get('--window') ?? '0:200'),
+    sample: num('--sample-conversations', 0.05, (n) => n > 0 && n <= 1, 'a fraction in (0, 1]'),
+    rate: num('--rate', 2, (n) => n > 0, 'requests a second > 0'),
+    blockTokens: num('--block-tokens', 64, (n) => int(n) && n >= 1 && n <= 512, 'an integer 1..512'),
+    tierFraction: num('--tier-fraction', 0.2, (n) => n > 0 && n <= 10, 'a fraction > 0 (1: the tiers hold every distinct block)'),
+    maxOutputTokens: num('--max-output-tokens', 16, (n) => int(n) && n >= 1 && n <= 1024, 'an integer 1..1024'),
+    seed: num('--seed', 1, (n) => int(n) && n >= 0, 'an integer >= 0'),
+    kvUpArgs: kvUp === undefined ? [] : kvUp.trim().split(/\s+/),
+  };
+}
+
+/** Bytes one full chunk takes in a CPU tier (payload + header, rounded up to the pool's size class). */
+function chunkTierBytes(tokens: number): number {
+  return sizeClass(2 * MODEL.numLayers * tokens * MODEL.numKvHeads * MODEL.headDim * 4 + HEADER_BYTES);
+}
+
+/** What the ledger (usage.kvc, docs/ledger.md) says about one request. */
+export interface KvcUsage {
+  predicted_cached_tokens: number;
+  reused_tokens: number;
+  computed_tokens: number;
+  computed_chunks: Record<string, number>;
+}
+
+interface Sent {
+  ttft: number;
+  /** Time from the start of the run at which the first token arrived. */
+  doneAt: number;
+  kvc: KvcUsage | null;
+}
+
+/** One streamed request through the proxy; the TTFT and the ledger of its final usage chunk. */
+async function send(proxy: string, prompt: number[], maxTokens: number, t0: number): Promise<Sent> {
+  const start = performance.now();
+  const res = await undiciFetch(`${proxy}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'builtin:tiny', prompt, max_tokens: maxTokens, temperature: 0, stream: true, stream_options: { include_usage: true } }),
+    signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
+    dispatcher: CLIENT,
+  });
+  if (!res.ok || !res.body) throw new Error(`request failed: HTTP ${res.status} ${await res.text()}`);
+  let first = 0;
+  let doneAt = 0;
+  let body = '';
+  const dec = new TextDecoder();
+  for await (const piece of res.body as unknown as AsyncIterable<Uint8Array>) {
+    body += dec.decode(piece, { stream: true });
+    if (!first && /data: \{/.test(body)) {
+      first = performance.now() - start;
+      doneAt = performance.now() - t0;
+    }
+  }
+  if (!first) throw new Error(`stream ended without a token: ${body.slice(0, 300)}`);
+  let kvc: KvcUsage | null = null;
+  for (const line of body.split('\n')) {
+    if (!line.startsWith('data: {')) continue;
+    const o = JSON.parse(line.slice(6)) as { usage?: { kvc?: KvcUsage } | null };
+    if (o.usage?.kvc) kvc = o.usage.kvc;
+  }
+  return { ttft: first, doneAt, kvc };
+}
+
+interface EngineTotals {
+  computed: number;
+  p2pBytes: number;
+  xferBytes: number;
+}
+
+async function totals(d: Deployment): Promise<{ engines: Map<string, EngineTotals>; prefills: Map<string, number> }> {
+  const engines = new Map<string, EngineTotals>();
+  for (const e of d.engines) {
+    const m = await scrape(e.http);
+    engines.set(e.name, { computed: sum(m, 'kvc_engine_prompt_tokens_computed_total'), p2pBytes: sum(m, 'kvc_p2p_bytes_total'), xferBytes: sum(m, 'kvc_xfer_sent_bytes_total') });
+  }
+  const pm = await scrape(d.proxy);
+  const byInstance = byLabel(pm, 'kvc_proxy_prefills_total', 'instance');
+  const prefills = new Map<string, number>();
+  for (const e of d.engines) prefills.set(e.name, [...byInstance].filter(([k]) => k.startsWith(`${e.name}(`) || k === e.name).reduce((a, [, v]) => a + v, 0));
+  return { engines, prefills };
+}
+
+interface ModeResult {
+  mode: Mode;
+  computedRatio: number;
+  p50: number;
+  p90: number;
+  p99: number;
+  shares: Map<string, number>;
+  maxShare: number;
+  p2pBytes: number;
+  xferBytes: number;
+  /** Computed chunks by reason (the ledger, summed over the responses), and those without one. */
+  reasons: Map<string, number>;
+  computedChunks: number;
+  unexplained: number;
+  predicted: number;
+  reused: number;
+  /** Cumulative computed ÷ sent of the requests whose first token had arrived, over time. */
+  series: SeriesPoint[];
+}
+
+async function warm(d: Deployment, seed: number): Promise<void> {
+  // Prompts of their own (hash ids past any trace's): short, one chunk, and a few chunks twice.
+  const prompts: number[][] = [];
+  for (let i = 0; i < WARMUP; i++) {
+    const blocks = [1, 3, 8][i % 3]!;
+    const base = 1e9 + Math.floor(i / 2) * 16;
+    const r: ReplayRequest = { index: i, at: 0, chunks: Array.from({ length: blocks }, (_, b) => String(base + b)), chunkTokens: Array.from({ length: blocks }, () => 64), maxTokens: 4, droppedBlocks: 0 };
+    prompts.push(promptIds(r, seed));
+  }
+  let next = 0;
+  const t0 = performance.now();
+  await Promise.all([0, 1].map(async () => {
+    while (next < prompts.length) await send(d.proxy, prompts[next++]!, 4, t0);
+  }));
+  await clearTiers(d.controller, d.secret, d.engines.map((e) => e.name));
+}
+
+async function runMode(o: Options, mode: Mode, reqs: ReplayRequest[], tierGib: number): Promise<ModeResult> {
+  const args = ['--routing', mode, '--chunk-size', String(o.blockTokens), '--max-local-cpu-size', tierGib.toFixed(9), ...(mode === 'kv-aware' ? o.kvUpArgs : [])];
+  const d = await startDeployment({ prefillers: o.prefillers, decoders: o.decoders, args, env: { KVC_LOG_LEVEL: 'warn' }, startupTimeoutMs: 240_000 });
+  try {
+    await warm(d, o.seed);
+    const before = await totals(d);
+    const prompts = reqs.map((r) => promptIds(r, o.seed));
+    const t0 = performance.now();
+    const sent = await Promise.all(reqs.map(async (r, i) => {
+      const wait = r.at - (performance.now() - t0);
+      if (wait > 0) await new Promise((res) => setTimeout(res, wait));
+      return send(d.proxy, prompts[i]!, r.maxTokens, t0);
+    }));
+    // Counters reach /metrics at once, but a decoder's last stores may still be under way: a
+    // short pause so that the after-scrape sees every prefill the requests caused.
+    await new Promise((res) => setTimeout(res, 500));
+    const after = await totals(d);
+    const tokensSent = reqs.reduce((a, r) => a + promptTokens(r), 0);
+    let computed = 0;
+    let p2pBytes = 0;
+    let xferBytes = 0;
+    for (const [name, a] of after.engines) {
+      const b = before.engines.get(name)!;
+      computed += a.computed - b.computed;
+      p2pBytes += a.p2pBytes - b.p2pBytes;
+      xferBytes += a.xferBytes - b.xferBytes;
+    }
+    const shares = new Map<string, number>();
+    for (const e of d.engines) shares.set(e.name, (after.prefills.get(e.name)! - before.prefills.get(e.name)!) / reqs.length);
+    const ttfts = sent.map((s) => s.ttft).sort((a, b) => a - b);
+    const reasons = new Map<string, number>();
+    let computedChunks = 0;
+    let predicted = 0;
+    let reused = 0;
+    let missingLedger = 0;
+    for (const s of sent) {
+      if (!s.kvc) {
+        missingLedger++;
+        continue;
+      }
+      predicted += s.kvc.predicted_cached_tokens;
+      reused += s.kvc.reused_tokens;
+      for (const [k, v] of Object.entries(s.kvc.computed_chunks)) {
+        reasons.set(k, (reasons.get(k) ?? 0) + v);
+        computedChunks += v;
+      }
+    }
+    if (missingLedger) console.log(`  ${missingLedger} of ${sent.length} responses carried no usage.kvc`);
+    // Over time: requests in the order their first token arrived; computed from the ledger when
+    // every response has one, else each request's share of the engines' total by prompt size.
+    const order = sent.map((s, i) => ({ s, r: reqs[i]! })).sort((a, b) => a.s.doneAt - b.s.doneAt);
+    const series: SeriesPoint[] = [];
+    let cs = 0;
+    let cc = 0;
+    const fallback = computed / tokensSent;
+    for (const { s, r } of order) {
+      cs += promptTokens(r);
+      cc += s.kvc && !missingLedger ? s.kvc.computed_tokens : fallback * promptTokens(r);
+      series.push({ series: mode, t: s.doneAt / 1000, ratio: cc / cs });
+    }
+    const unexplained = reasons.get('unexplained') ?? 0;
+    const res: ModeResult = {
+      mode,
+      computedRatio: computed / tokensSent,
+      p50: pct(ttfts, 50),
+      p90: pct(ttfts, 90),
+      p99: pct(ttfts, 99),
+      shares,
+      maxShare: Math.max(...shares.values()),
+      p2pBytes,
+      xferBytes,
+      reasons,
+      computedChunks,
+      unexplained,
+      predicted,
+      reused,
+      series,
+    };
+    const mib = (b: number) => (b / 2 ** 20).toFixed(1);
+    console.log(
+      `${mode.padEnd(12)} computed/sent ${res.computedRatio.toFixed(3)}  TTFT p50 ${res.p50.toFixed(0)} p90 ${res.p90.toFixed(0)} p99 ${res.p99.toFixed(0)} ms  ` +
+        `prefills ${[...shares].map(([k, v]) => `${k} ${(100 * v).toFixed(0)}%`).join(', ')}  P2P ${mib(p2pBytes)} MiB  xfer ${mib(xferBytes)} MiB`,
+    );
+    console.log(
+      `${''.padEnd(12)} ledger: predicted cached ${predicted} tokens, reused ${reused}; computed chunks ${computedChunks}: ` +
+        `${[...reasons].sort((a, b) => b[1] - a[1]).map(([k, v]) => `${k} ${v}`).join(', ') || 'none'}`,
+    );
+    return res;
+  } finally {
+    await d.stop();
+  }
+}
+
+async function main(): Promise<void> {
+  const o = options(process.argv.slice(2));
+  const all = parseTrace(readFileSync(o.trace, 'utf8'), o.trace);
+  const sampled = sampleConversations(all, o.sample, o.seed);
+  const window = applyWindow(sampled, o.window);
+  const maxPrompt = MODEL.maxPositionEmbeddings - o.maxOutputTokens;
+  const reqs = mapRequests(window, sendTimes(window, o.rate), { blockTokens: o.blockTokens, maxPromptTokens: maxPrompt, maxOutputTokens: o.maxOutputTokens });
+  const engines = o.prefillers + o.decoders;
+  const distinct = distinctChunks(reqs);
+  const perEngine = Math.max(1, Math.ceil((o.tierFraction * distinct) / engines));
+  const pooled = perEngine * engines;
+  // Half a chunk more than the whole chunks, so that rounding GiB never loses one.
+  const tierGib = (perEngine * chunkTierBytes(o.blockTokens) + chunkTierBytes(o.blockTokens) / 2) / 2 ** 30;
+  const sentTokens = reqs.reduce((a, r) => a + promptTokens(r), 0);
+  const dropped = reqs.reduce((a, r) => a + r.droppedBlocks, 0);
+  const bound = simulate(reqs, pooled);
+  const ceiling = simulate(reqs, Infinity);
+  const span = reqs[reqs.length - 1]!.at / 1000;
+  console.log(
+    `trace bench: ${o.trace}: ${all.length} requests${o.sample < 1 ? `, ${sampled.length} in the ${o.sample} of conversations sampled` : ''}; window ${o.window.start}:${o.window.count} = ${reqs.length} requests over ${span.toFixed(0)} s (${o.rate}/s), ` +
+      `${sentTokens} prompt tokens (${o.blockTokens} a block${dropped ? `; ${dropped} blocks past the ${maxPrompt}-token context dropped` : ''}), ${distinct} distinct chunks; ` +
+      `${o.prefillers}P${o.decoders}D, CPU tier ${perEngine} chunks (${(tierGib * 1024).toFixed(1)} MiB) per engine = ${pooled} in all (${((100 * pooled) / distinct).toFixed(0)}% of distinct)`,
+  );
+  console.log(`references on the same requests: pooled LRU of ${pooled} chunks computed/sent ${(bound.computed / bound.sent).toFixed(3)}; infinite cache ${(ceiling.computed / ceiling.sent).toFixed(3)}`);
+  const results: ModeResult[] = [];
+  for (const mode of o.routing) results.push(await runMode(o, mode, reqs, tierGib));
+  const ratio = (s: { computed: number; sent: number }) => s.computed / s.sent;
+  // Reuse relative to the bound: (1 − computed/sent) ÷ (1 − bound's computed/sent).
+  const reuse = (c: number) => (1 - c) / (1 - ratio(bound));
+  for (const r of results) console.log(`${r.mode}: reuse ${reuse(r.computedRatio).toFixed(3)} x the pooled bound's`);
+  const rr = results.find((r) => r.mode === 'round-robin');
+  const kv = results.find((r) => r.mode === 'kv-aware');
+  if (rr && kv) console.log(`kv-aware TTFT p90 ÷ round-robin's: ${(kv.p90 / rr.p90).toFixed(2)}`);
+  // The plot: both modes' cumulative ratio, and the references at the send times of the requests.
+  const points: SeriesPoint[] = results.flatMap((r) => r.series);
+  for (const [name, sim] of [['pooled LRU bound', bound], ['infinite ceiling', ceiling]] as const) {
+    let cs = 0;
+    let cc = 0;
+    reqs.forEach((r, i) => {
+      cs += promptTokens(r);
+      cc += sim.perRequest[i]!;
+      points.push({ series: name, t: r.at / 1000, ratio: cc / cs });
+    });
+  }
+  const svg = await writeTraceSvg(join(resultsDir('trace'), 'trace.svg'), `Trace replay: ${reqs.length} requests, ${o.prefillers}P${o.decoders}D, tiers ${(o.tierFraction * 100).toFixed(0)}% of distinct blocks`, points);
+  console.log(`plot: ${svg}`);
+  const r3 = (v: number | undefined) => (v === undefined ? null : Math.round(v * 1000) / 1000);
+  const chunks = results.reduce((a, r) => a + r.computedChunks, 0);
+  const unexplained = results.reduce((a, r) => a + r.unexplained, 0);
+  console.log(JSON.stringify({
+    bench: 'trace',
+    requests: reqs.length,
+    pooled_bound: r3(ratio(bound)),
+    infinite_ceiling: r3(ratio(ceiling)),
+    rr_computed: r3(rr?.computedRatio),
+    kv_computed: r3(kv?.computedRatio),
+    rr_p90_ms: rr ? Math.round(rr.p90) : null,
+    kv_p90_ms: kv ? Math.round(kv.p90) : null,
+    kv_max_share: r3(kv?.maxShare),
+    unexplained_miss_share: chunks ? r3(unexplained / chunks) : null,
+  }));
+}
+
+main().catch((e: unknown) => {
+  const cause = (e as Error).cause as Error | undefined;
+  console.error(`trace bench: ${(e as Error).message}${cause ? ` (${cause.message})` : ''}`);
+  process.exit(1);
+});

@@ -36,7 +36,7 @@ function makeChunk(key: string, numTokens: number, layout = LAYOUT): Uint8Array 
 }
 
 async function putPrompt(store: KvcStore, tokens: number[], loc?: 'LocalCPUBackend' | 'LocalDiskBackend', chunkSize = CHUNK, layout = LAYOUT) {
-  const spans = chunkKeys(tokens, { modelId: MODEL, chunkSize, seed: 0n });
+  const spans = chunkKeys(tokens, { modelId: modelFor(chunkSize), chunkSize, seed: 0n });
   for (const s of spans) await store.put(s.key, makeChunk(s.key, s.end - s.start, layout), loc);
   return spans;
 }
@@ -66,11 +66,20 @@ interface Instance {
   close(): Promise<void>;
 }
 
+/**
+ * The model id of an instance of this chunk size: the controller refuses an instance whose chunk
+ * size differs from its model's other instances (docs/controller.md "Registration"), so instances
+ * of another chunk size are another model here.
+ */
+function modelFor(chunkSize: number): string {
+  return chunkSize === CHUNK ? MODEL : `${MODEL}-c${chunkSize}`;
+}
+
 async function startInstance(id: string, monitorPort: number, opts: { cpuGiB?: number; disk?: boolean; diskGiB?: number; chunkSize?: number; layout?: KvLayout } = {}): Promise<Instance> {
   const diskDir = opts.disk ? tempDir('kvc-ctl-disk-') : null;
   const cfg = await controllerInstanceConfig(id, monitorPort, { chunkSize: opts.chunkSize ?? CHUNK, cpuGiB: opts.cpuGiB, diskDir, diskGiB: opts.diskGiB });
   const store = await KvcStore.create(cfg);
-  const att = await attachController(store, cfg, { modelId: MODEL, chunkSize: opts.chunkSize ?? CHUNK, seed: 0n, layout: opts.layout ?? LAYOUT });
+  const att = await attachController(store, cfg, { modelId: modelFor(opts.chunkSize ?? CHUNK), chunkSize: opts.chunkSize ?? CHUNK, seed: 0n, layout: opts.layout ?? LAYOUT });
   return {
     id,
     store,

@@ -1,7 +1,7 @@
 // End to end: a real `kvc controller` and two real `kvc engine` processes
 // (role kv_both, built-in model) with cache instances attached to the controller. A prompt
 // served by A shows up in /lookup on A; /move to B → only B, and B serves the prompt as a
-// cache hit with the same greedy output; /pin on B survives filling B's CPU tier past
+// cache hit with the same greedy output (the engines hold float16 KV: 16-bit chunks move); /pin on B survives filling B's CPU tier past
 // capacity; after /unpin the chunks can be evicted again.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -69,7 +69,7 @@ before(async () => {
     );
     const port = base + 4 + 3 * i;
     engineUrl[who] = `http://127.0.0.1:${port}`;
-    engines.push(startKvc(['engine', '--port', String(port), '--kv-transfer-config', CONNECTOR], { KVC_CONFIG_FILE: yaml }));
+    engines.push(startKvc(['engine', '--port', String(port), '--kv-transfer-config', CONNECTOR, '--kv-cache-dtype', 'float16'], { KVC_CONFIG_FILE: yaml }));
   }
   await Promise.all(Object.values(engineUrl).map((u) => waitHttp(`${u}/health`, 120_000)));
   await waitUntil('both engines registered', async () => {

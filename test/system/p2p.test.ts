@@ -7,6 +7,9 @@
 //     chunks before it are used, the rest is computed, the output is unchanged;
 //   - the holder SIGKILLed while B's fetch is waiting on it: B's request succeeds, output identical;
 //   - the controller killed: B's fetch fails at once (no holder query) and B computes.
+// The engines hold their KV in float16 (--kv-cache-dtype): P2P moves 16-bit chunks, keyed with the
+// dtype (engines elsewhere keep the float32 default); the hostile holder
+// registers with the same dtype.
 // The hostile holder is a test peer registered with the controller like an instance (it serves
 // A's real chunk bytes, damaged); nothing stands in for a kvc component.
 import { after, before, test } from 'node:test';
@@ -18,6 +21,7 @@ import { randomBytes } from 'node:crypto';
 import { Dealer } from 'zeromq';
 import { freePortRange } from '../../src/common/ports.js';
 import { chunkKeys } from '../../src/common/keys.js';
+import { DType } from '../../src/common/dtype.js';
 import { setDeploymentSecret, tag } from '../../src/common/auth.js';
 import { decodeMsg, encodeMsg, MONITOR_PROTOCOL_VERSION, packKeys } from '../../src/protocol/monitor.js';
 import { decodePeerControl, PEER_FRAMES, PeerFrame, peerChunkHead, peerControlFrame, peerFetchEndSchema, peerFetchSchema } from '../../src/protocol/peer_frames.js';
@@ -99,7 +103,7 @@ before(async () => {
     );
     const port = base + 4 + 3 * i;
     engineUrl[who] = `http://127.0.0.1:${port}`;
-    engines[who] = startKvc(['engine', '--port', String(port), '--kv-transfer-config', CONNECTOR, '--enable-p2p'], { ...env, KVC_CONFIG_FILE: yaml });
+    engines[who] = startKvc(['engine', '--port', String(port), '--kv-transfer-config', CONNECTOR, '--enable-p2p', '--kv-cache-dtype', 'float16'], { ...env, KVC_CONFIG_FILE: yaml });
   }
   await Promise.all(Object.values(engineUrl).map((u) => waitHttp(`${u}/health`, 120_000)));
   modelId = (await (await fetch(`${engineUrl.B}/v1/models`)).json()).data[0].kvc_model_id;
@@ -160,7 +164,7 @@ async function hostileHolder(keys: string[], serve: (sock: net.Socket, asked: st
   dealer.connect(`tcp://127.0.0.1:${monitorPort}`);
   await dealer.send(encodeMsg({
     t: 'register', v: MONITOR_PROTOCOL_VERSION, instance_id: 'engine-hostile', worker_id: 0, session, ip: '127.0.0.1', worker_port: 1,
-    distributed_url: `127.0.0.1:${port}`, chunk_size: CHUNK, model_id: modelId, seed: '0', locations: ['LocalCPUBackend'], pid: process.pid,
+    distributed_url: `127.0.0.1:${port}`, chunk_size: CHUNK, model_id: modelId, seed: '0', kv_dtype: 'f16', locations: ['LocalCPUBackend'], pid: process.pid,
     auth: tag(SECRET, 'monitor', session),
   }));
   const [welcome] = await dealer.receive();
@@ -211,7 +215,7 @@ test('the peer port serves a FETCH only with the deployment secret', async () =>
   const p = prompt('auth', 20);
   const t = await tokenize(p);
   await complete('A', p);
-  const keys = chunkKeys(t, { modelId, chunkSize: CHUNK, seed: 0n }).map((s) => s.key);
+  const keys = chunkKeys(t, { modelId, chunkSize: CHUNK, seed: 0n, kvDtype: DType.f16 }).map((s) => s.key);
   await waitUntil('indexed on A', async () => (await matched(t, 'engine-A')) === t.length);
   for (const bad of ['none', 'wrong'] as const) {
     const r = await rawFetch(peerUrl.A, keys, bad);
@@ -235,8 +239,8 @@ test('a corrupt or short reply from the holder falls back to computing: verified
   const t2 = await tokenize(p2);
   const out1 = await complete('A', p1);
   const out2 = await complete('A', p2);
-  const keys1 = chunkKeys(t1, { modelId, chunkSize: CHUNK, seed: 0n }).map((s) => s.key);
-  const keys2 = chunkKeys(t2, { modelId, chunkSize: CHUNK, seed: 0n }).map((s) => s.key);
+  const keys1 = chunkKeys(t1, { modelId, chunkSize: CHUNK, seed: 0n, kvDtype: DType.f16 }).map((s) => s.key);
+  const keys2 = chunkKeys(t2, { modelId, chunkSize: CHUNK, seed: 0n, kvDtype: DType.f16 }).map((s) => s.key);
   await waitUntil('both prompts indexed on A', async () => (await matched(t1, 'engine-A')) === t1.length && (await matched(t2, 'engine-A')) === t2.length);
   // A's real chunk bytes, then A forgets everything: the hostile holder is the only one.
   const real = new Map([...(await rawFetch(peerUrl.A, keys1, 'right')).chunks, ...(await rawFetch(peerUrl.A, keys2, 'right')).chunks]);

@@ -1,6 +1,7 @@
 // `kvc up` in 1P1D on the built-in model, with real processes on a test port offset:
 // the openai client through the proxy (completions and chat, streamed and not) gives the same
-// greedy output as a single engine; the decoder really loaded the prefiller's KV; statistics
+// greedy output as a single engine (float16 KV on every engine: 16-bit chunks cross xfer); the
+// decoder really loaded the prefiller's KV; statistics
 // lines, health, metrics; ports already taken are refused before anything starts; a process
 // that fails to start is named with its log and the rest is stopped; SIGTERM stops everything.
 // Also: the committed examples are exactly what `kvc up` generates.
@@ -108,9 +109,11 @@ describe('kvc up 1P1D (built-in model)', () => {
   before(async () => {
     offset = await freePortOffset(base);
     logDir = tempDir('kvc-up-');
-    up = startKvc(['up', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150']);
+    // float16 KV everywhere (kvc up passes --kv-cache-dtype to its engines): the prefiller's
+    // 16-bit chunks cross xfer, and the decoder's output equals a float16 engine's.
+    up = startKvc(['up', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150', '--kv-cache-dtype', 'float16']);
     const refPort = await freePortRange(1, 40000, 50000);
-    ref = startKvc(['engine', '--port', String(refPort)]);
+    ref = startKvc(['engine', '--port', String(refPort), '--kv-cache-dtype', 'float16']);
     refUrl = `http://127.0.0.1:${refPort}`;
     await up.waitFor(/kvc up: ready/, 170_000);
     await waitHttp(`${refUrl}/health`, 120_000);

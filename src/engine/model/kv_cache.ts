@@ -8,7 +8,7 @@
 // dtype's elements), copying the exact bytes: imported KV is bitwise what was held.
 import { DType, DTYPE_BYTES, type KvLayout } from '../../common/chunk.js';
 import { f32ToBf16, f32ToF16 } from '../../common/half.js';
-import type { KvElements } from './kernels/attention_js.js';
+import type { KvElements } from './kernels/layout.js';
 
 export const BLOCK_TOKENS = 16;
 /** log2(BLOCK_TOKENS): position j is in block j >> BLOCK_SHIFT (the attention kernels rely on it). */

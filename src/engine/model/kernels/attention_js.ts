@@ -3,9 +3,7 @@
 // values, and the softmax with its deterministic f32 exp.
 import { EXP_CONSTS } from './wat/exp.js';
 import { BLOCK_SHIFT, BLOCK_TOKENS } from '../kv_cache.js';
-
-/** The KV pool's element array: f32 values, or 16-bit patterns (f16 or bf16, PagedKvCache.dtype). */
-export type KvElements = Float32Array | Uint16Array;
+import type { KvElements } from './layout.js';
 
 /**
  * JS twin of the WASM gatherkv: kt [hd][Pb] transposed keys, v [Pb][hd] values, zero padding.

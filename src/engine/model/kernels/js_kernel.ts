@@ -1,7 +1,8 @@
 // The plain-JS kernel: the exact summation order of the WASM kernel (kernel.ts; Q8 weights:
 // q8_dot.ts), used as the bitwise reference in tests and as the fallback where WASM SIMD is
 // unavailable.
-import { gatherStagedJs, softmaxRowsJs, stageInto, swigluJs, type KvElements } from './attention_js.js';
+import { gatherStagedJs, softmaxRowsJs, stageInto, swigluJs } from './attention_js.js';
+import type { KvElements } from './layout.js';
 import { DType } from '../../../common/dtype.js';
 import { bf16Table, f16Table } from '../../../common/half.js';
 import { fmaf, fmaSupport } from './fma.js';

@@ -14,7 +14,7 @@
 // (JS evaluates in f64; rounding the product and the sum to f32 each step gives exactly the f32
 // results, since f64 has more than 2*24+2 bits; fma.ts fmaf gives the fused result exactly.)
 // One process uses one setting (fmaSupport(): KVC_WASM_FMA, then the platform) for every kernel.
-import type { KvElements } from './attention_js.js';
+import type { KvElements } from './layout.js';
 import type { DType } from '../../../common/dtype.js';
 import { PANEL, panelIndex, STRIP, type WFmt } from './layout.js';
 import type { Q4Weight, Q8Weight } from './q8_dot.js';

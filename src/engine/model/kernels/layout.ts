@@ -70,3 +70,6 @@ export const Q4_BLOCK_BYTES = 2 * Q4_HALF_BLOCK_BYTES;
  * before them, where 16-row groups are within 4 %).
  */
 export const ATT_GROUP = 16;
+
+/** The KV pool's element array: f32 values, or 16-bit patterns (f16 or bf16, PagedKvCache.dtype), widened by the kernels. */
+export type KvElements = Float32Array | Uint16Array;

@@ -2,7 +2,8 @@
 // products, attention and SwiGLU split with one worker thread (worker_host.ts), everything else on
 // the calling thread. Several instances form a pool for larger checkpoints (wasm_kernel_pool.ts).
 import { availableParallelism } from 'node:os';
-import { stageInto, type KvElements } from './attention_js.js';
+import { stageInto } from './attention_js.js';
+import type { KvElements } from './layout.js';
 import { DType, DTYPE_BYTES } from '../../../common/dtype.js';
 import { fmaSupport } from './fma.js';
 import { kernelModule, opsModule, type KernelExports, type OpsExports } from './wasm_modules.js';

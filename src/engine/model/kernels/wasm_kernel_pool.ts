@@ -1,6 +1,6 @@
 // Several WASM kernel instances as one kernel, for checkpoints whose weights exceed one 4 GiB
 // address space.
-import type { KvElements } from './attention_js.js';
+import type { KvElements } from './layout.js';
 import type { DType } from '../../../common/dtype.js';
 import type { Kernel, UploadOptions, Weight } from './kernel.js';
 import type { WasmKernel } from './wasm_kernel.js';

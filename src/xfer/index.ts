@@ -70,6 +70,7 @@ export async function createXfer(
     proxyHost: cfg.xfer_proxy_host,
     proxyPort: cfg.xfer_proxy_port,
     bufferBytes: cfg.xfer_buffer_size,
+    deadlineFloorMs: cfg.xfer_deadline_floor_ms,
     ...(opts.allocWaitMs ? { allocWaitMs: opts.allocWaitMs } : {}),
   });
   return { role: 'sender', sender };

@@ -14,6 +14,8 @@
 import net from 'node:net';
 import { randomBytes } from 'node:crypto';
 import { chunkBytes, type KvLayout } from '../common/chunk.js';
+import { XFER_DEADLINE_FLOOR_DEFAULT_MS } from '../common/config.js';
+import { transferDeadlineMs } from '../common/transfer_seam.js';
 import { logger } from '../common/log.js';
 import {
   allocReplyMetaSchema,
@@ -65,8 +67,12 @@ export interface SenderOptions {
    * late grant does not sit in the receiver's buffer until its TTL.
    */
   allocReplyGraceMs?: number;
-  /** Deadline for all ACKs of one request once its last byte is written. */
-  ackTimeoutMs?: number;
+  /**
+   * xfer_deadline_floor_ms: a request's chunks must be written and acked within this + their
+   * bytes / TRANSFER_MIN_RATE of the reservation's grant (the deadline the receiver enforces too;
+   * default XFER_DEADLINE_FLOOR_DEFAULT_MS).
+   */
+  deadlineFloorMs?: number;
 }
 
 export interface SendResult {
@@ -246,6 +252,12 @@ class PeerLink {
   }
 }
 
+/**
+ * How long past the deadline an ACK may still arrive: the receiver's clock for the deadline started
+ * at the grant, before the sender's, so it settles first; this covers the trip of its answer.
+ */
+const ACK_GRACE_MS = 1000;
+
 export class XferSender {
   readonly senderId: string;
   private readonly links = new Map<string, Promise<PeerLink>>();
@@ -255,7 +267,7 @@ export class XferSender {
   private readonly connectTimeoutMs: number;
   private readonly allocWaitMs: number;
   private readonly allocReplyGraceMs: number;
-  private readonly ackTimeoutMs: number;
+  private readonly deadlineFloorMs: number;
   private readonly hello: HelloMeta;
 
   constructor(readonly opts: SenderOptions) {
@@ -263,7 +275,7 @@ export class XferSender {
     this.connectTimeoutMs = opts.connectTimeoutMs ?? 5000;
     this.allocWaitMs = opts.allocWaitMs ?? 10_000;
     this.allocReplyGraceMs = opts.allocReplyGraceMs ?? 10_000;
-    this.ackTimeoutMs = opts.ackTimeoutMs ?? 30_000;
+    this.deadlineFloorMs = opts.deadlineFloorMs ?? XFER_DEADLINE_FLOOR_DEFAULT_MS;
     this.notifier = opts.proxyHost && opts.proxyPort ? new ProxyNotifier(opts.proxyHost, opts.proxyPort) : null;
     const l = opts.layout;
     this.hello = {
@@ -376,7 +388,10 @@ export class XferSender {
     if (!reply.ok) throw new XferError(`receiver ${link.name} refused the reservation: ${reply.error ?? 'no reason given'}`);
     const have = new Set(reply.have ?? []);
     const acks: Promise<AckMeta>[] = [];
-    const deadline = Date.now() + this.ackTimeoutMs;
+    // The transfer contract (docs/xfer.md "Every transfer ends"): the receiver abandons the
+    // reservation at this deadline, counted from its grant; the sender stops waiting then too.
+    const toSend = sizes.reduce((a, b, i) => a + (have.has(chunks[i]!.key) ? 0 : b), 0);
+    const deadline = Date.now() + transferDeadlineMs(this.deadlineFloorMs, toSend);
     try {
       await this.stream(link, spec, chunks, sizes, have, acks, deadline, res);
     } catch (e) {
@@ -417,7 +432,7 @@ export class XferSender {
         const id = `${spec.req_id}\u0000${c.key}`;
         const size = data.byteLength;
         const ack = link
-          .request<AckMeta>(Math.max(1, deadline - Date.now()) + this.ackTimeoutMs, `ack of chunk ${c.key}`, (p) => link.acks.set(id, p))
+          .request<AckMeta>(Math.max(1, deadline - Date.now()) + ACK_GRACE_MS, `ack of chunk ${c.key}`, (p) => link.acks.set(id, p))
           .finally(() => {
             link.acks.delete(id);
             this.releaseInflight(size);

@@ -6,7 +6,8 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { Redis } from 'ioredis';
-import { DType, encodeChunk, payloadBytes } from '../../src/common/chunk.js';
+import { Codec, DType, encodeChunk, payloadBytes, readHeader, verifyChunk } from '../../src/common/chunk.js';
+import { freePortRange } from '../../src/common/ports.js';
 import { ConfigError, validateCacheConfig } from '../../src/common/config.js';
 import { parseRemoteUrl } from '../../src/common/remote_url.js';
 import { KvcStore } from '../../src/kvc/store.js';
@@ -14,7 +15,7 @@ import type { KeyEvent } from '../../src/kvc/types.js';
 import { REDIS_SKIP, findRedisServer, startRedisServer, type RedisServer } from '../../harness/redis_server.js';
 import { writeFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
-import { startKvc } from '../../harness/proc.js';
+import { postJson, startKvc, waitHttp, waitUntil } from '../../harness/proc.js';
 import { tempDir } from '../../harness/temp_dir.js';
 
 const layout = { dtype: DType.f32, numLayers: 2, numKvHeads: 2, headDim: 64 };
@@ -119,6 +120,49 @@ describe('remote tier on a real redis-server', { skip: redisBin ? false : REDIS_
     for (const s of stores) await s.close().catch(() => undefined);
     raw?.disconnect();
     await srv?.stop();
+  });
+
+  it('float16 engines with remote_serde int8: int8 chunks of f16 KV in Redis, and a second engine serves the prompt from them', async () => {
+    const dir = tempDir('kvc-remote-f16-');
+    const yaml = join(dir, 'cache.yaml');
+    writeFileSync(yaml, `chunk_size: 16\nlocal_cpu: true\nmax_local_cpu_size: 0.01\nremote_url: "${srv.url}"\nremote_serde: int8\n`);
+    const ports = await freePortRange(2);
+    const engine = (port: number) =>
+      startKvc(['engine', '--port', String(port), '--kv-cache-dtype', 'float16', '--kv-transfer-config', '{"kv_connector":"KvcConnectorV1","kv_role":"kv_both"}'], { KVC_CONFIG_FILE: yaml });
+    const complete = async (port: number, prompt: string) => {
+      const r = await postJson(`http://127.0.0.1:${port}/v1/completions`, { model: 'builtin:tiny', prompt, max_tokens: 4, temperature: 0 }, 120_000);
+      assert.equal(r.status, 200, JSON.stringify(r.json));
+      return r.json.choices[0].text as string;
+    };
+    const loaded = async (port: number) => Number((await (await fetch(`http://127.0.0.1:${port}/metrics`)).text()).match(/^kvc_engine_tokens_loaded_total(?:\{[^}]*\})? (\d+)/m)?.[1] ?? 'NaN');
+    const prompt = 'Redis keeps int8 chunks of float16 KV. ' + Array.from({ length: 30 }, (_, i) => `w${i}`).join(' ');
+    const a = engine(ports);
+    let b: ReturnType<typeof engine> | null = null;
+    try {
+      await waitHttp(`http://127.0.0.1:${ports}/health`, 120_000);
+      await complete(ports, prompt);
+      const keys = await waitUntil('chunks written to Redis', async () => {
+        const k = await raw.keys('kvc:*');
+        return k.length >= 2 ? k : undefined;
+      }, 20_000, 100);
+      for (const k of keys) {
+        const v = (await raw.getBuffer(k))!;
+        const h = verifyChunk(new Uint8Array(v.buffer, v.byteOffset, v.byteLength));
+        assert.deepEqual([h.dtype, h.codec], [DType.f16, Codec.int8], `${k}: f16 KV held as int8`);
+      }
+      await a.kill();
+      b = engine(ports + 1);
+      await waitHttp(`http://127.0.0.1:${ports + 1}/health`, 120_000);
+      const before = await loaded(ports + 1);
+      await complete(ports + 1, prompt);
+      assert.ok((await loaded(ports + 1)) - before >= 16, 'B served the prompt from the int8 chunks in Redis');
+      assert.equal(readHeader(new Uint8Array((await raw.getBuffer(keys[0]!))!)).headDim, 32);
+    } finally {
+      await a.kill();
+      await b?.kill();
+      await raw.flushdb();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('writes every stored chunk in the background under kvc:<model_id>:<key>, byte for byte', async () => {

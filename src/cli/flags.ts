@@ -6,6 +6,11 @@ import { Option, type Command } from 'commander';
 import { environment } from '../common/environment.js';
 import { defaultShown, helpFor, longFlag, settingsOf, type CommandName, type Setting, type SettingName } from '../common/flags.js';
 
+/** A flag given a value its parser refuses: `kvc` exits 2 (a usage error), as for its other refusals of what was typed. */
+export class UsageError extends Error {
+  override name = 'UsageError';
+}
+
 /** The commander option of one setting as `command` shows it. */
 export function optionOf(s: Setting<unknown>, command: CommandName): Option {
   const upPass = command === 'up' && s.passThrough === true;
@@ -15,7 +20,13 @@ export function optionOf(s: Setting<unknown>, command: CommandName): Option {
   if (s.parse) {
     const parse = s.parse;
     const flag = longFlag(s)!;
-    o.argParser((raw: string) => parse(raw, flag));
+    o.argParser((raw: string) => {
+      try {
+        return parse(raw, flag);
+      } catch (e) {
+        throw new UsageError((e as Error).message);
+      }
+    });
   }
   const shown = defaultShown(s);
   // `kvc up` passes an engine flag only when given, so the engine's own default applies.

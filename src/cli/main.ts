@@ -10,6 +10,7 @@ import { registerController } from './controller.js';
 import { registerProxy } from './proxy.js';
 import { registerUp } from './up.js';
 import { unsupportedVllmFlag } from './vllm_flags.js';
+import { UsageError } from './flags.js';
 
 // An environment variable with a value nobody understands is refused before anything starts.
 const envErrors = environment().errors;
@@ -44,5 +45,5 @@ if (sub === 'engine' || sub === 'serve') {
 
 program.parseAsync(process.argv).catch((err: unknown) => {
   process.stderr.write(`kvc: ${err instanceof Error ? err.message : String(err)}\n`);
-  process.exit(1);
+  process.exit(err instanceof UsageError ? 2 : 1);
 });

@@ -383,7 +383,7 @@ describe('replica marks across a controller restart', () => {
 test('kvc controller --replica-hints takes on or off, naming the flag otherwise', async () => {
   const http = await freePortRange(2);
   const p = startKvc(['controller', '--port', String(http), '--monitor-port', String(http + 1), '--replica-hints', 'maybe']);
-  await p.waitFor(/--replica-hints: expected on or off, got "maybe"/, 30_000);
+  await p.waitFor(/--replica-hints: expected one of on, off, found "maybe"/, 30_000);
   const code = await p.kill('SIGTERM');
   assert.notEqual(code, 0);
 });

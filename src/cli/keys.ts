@@ -9,6 +9,8 @@ import { existsSync, statSync } from 'node:fs';
 import { chunkKeys, seedFromEnv } from '../common/keys.js';
 import { modelIdOf } from '../engine/model_spec.js';
 import { addSettings } from './flags.js';
+import { DType, DTYPE_NAMES, dtypeByName } from '../common/dtype.js';
+import { parseKvCacheDtype } from '../common/flags.js';
 
 /** The model id for `--model`: a built-in model, a directory or a .gguf file maps to its id; anything else is taken as the id. */
 export function keyModelId(model: string): string {
@@ -18,9 +20,9 @@ export function keyModelId(model: string): string {
 }
 
 /** Asks a running engine which model id its keys use (its /v1/models lists it as kvc_model_id). */
-async function engineModelId(url: string, served: string | undefined): Promise<string> {
+async function engineModelId(url: string, served: string | undefined): Promise<{ modelId: string; kvDtype: DType }> {
   const base = url.replace(/\/+$/, '');
-  let body: { data?: { id: string; kvc_model_id?: string }[] };
+  let body: { data?: { id: string; kvc_model_id?: string; kvc_kv_dtype?: string }[] };
   try {
     const r = await fetch(`${base}/v1/models`, { signal: AbortSignal.timeout(10_000) });
     if (!r.ok) throw new Error(`HTTP ${r.status}`);
@@ -32,7 +34,13 @@ async function engineModelId(url: string, served: string | undefined): Promise<s
   const card = served === undefined ? cards[0] : cards.find((c) => c.id === served);
   if (!card) throw new Error(`--engine ${url}: serves ${cards.map((c) => `"${c.id}"`).join(', ') || 'no model'}${served === undefined ? '' : `, not "${served}"`}`);
   if (!card.kvc_model_id) throw new Error(`--engine ${url}: its /v1/models does not give kvc_model_id (not a kvc engine?)`);
-  return card.kvc_model_id;
+  return { modelId: card.kvc_model_id, kvDtype: dtypeByName(card.kvc_kv_dtype ?? 'f32') ?? DType.f32 };
+}
+
+/** --kv-cache-dtype's value as the DType chunk keys use (auto = f16, as in the engine). */
+function kvDtypeOf(name: string): DType {
+  const v = parseKvCacheDtype(name);
+  return v === 'float32' ? DType.f32 : v === 'bfloat16' ? DType.bf16 : DType.f16;
 }
 
 export function registerKeys(program: Command): void {
@@ -40,16 +48,23 @@ export function registerKeys(program: Command): void {
     .command('keys')
     .description('print the chunk keys (index, tokens, key) of a list of token ids; the model id used goes to stderr')
     .argument('<tokens...>', 'token ids (non-negative integers)');
-  addSettings(cmd, 'keys').action(async (tokens: string[], opts: { model?: string; engine?: string; chunkSize: number; discardPartialChunks?: boolean }) => {
+  addSettings(cmd, 'keys').action(async (tokens: string[], opts: { model?: string; engine?: string; chunkSize: number; discardPartialChunks?: boolean; kvCacheDtype: string }, c: Command) => {
       const chunkSize = opts.chunkSize;
       const ids = tokens.map((t, i) => {
         if (!/^\d+$/.test(t) || Number(t) > 0xffffffff) throw new Error(`token #${i}: expected a non-negative 32-bit integer, found "${t}"`);
         return Number(t);
       });
       if (opts.engine === undefined && opts.model === undefined) throw new Error('give --model (builtin:tiny, a checkpoint directory or a model id) or --engine <url>');
-      const modelId = opts.engine !== undefined ? await engineModelId(opts.engine, opts.model) : keyModelId(opts.model!);
-      process.stderr.write(`kvc keys: model id "${modelId}"${opts.model !== undefined && opts.model !== modelId ? ` (for ${opts.model})` : ''}, chunk size ${chunkSize}\n`);
-      const spans = chunkKeys(ids, { modelId, chunkSize, seed: seedFromEnv(), discardPartialChunks: opts.discardPartialChunks === true });
+      const given = kvDtypeOf(opts.kvCacheDtype);
+      const asked = opts.engine !== undefined ? await engineModelId(opts.engine, opts.model) : null;
+      const modelId = asked ? asked.modelId : keyModelId(opts.model!);
+      // An engine says its own KV dtype; a --kv-cache-dtype given as well must agree with it.
+      if (asked && c.getOptionValueSource('kvCacheDtype') === 'cli' && asked.kvDtype !== given) {
+        throw new Error(`--kv-cache-dtype ${opts.kvCacheDtype}: the engine at ${opts.engine} holds ${DTYPE_NAMES[asked.kvDtype]} KV; omit the flag or give its dtype`);
+      }
+      const kvDtype = asked ? asked.kvDtype : given;
+      process.stderr.write(`kvc keys: model id "${modelId}"${opts.model !== undefined && opts.model !== modelId ? ` (for ${opts.model})` : ''}, chunk size ${chunkSize}, KV ${DTYPE_NAMES[kvDtype]}\n`);
+      const spans = chunkKeys(ids, { modelId, chunkSize, seed: seedFromEnv(), discardPartialChunks: opts.discardPartialChunks === true, kvDtype });
       for (const s of spans) process.stdout.write(`${s.index}\t${s.end - s.start}\t${s.key}\n`);
   });
 }

@@ -151,7 +151,7 @@ export const SETTINGS = {
     help: `element type of the paged KV cache and of every chunk it stores, moves and sends: ${KV_CACHE_DTYPES.join(', ')} (auto = float16, llama.cpp's default; 16-bit KV is widened to f32 inside attention's gather); the default stays float32, bit-identical to earlier releases; chunk keys include it, so every engine of a model needs the same`,
     default: 'float32',
     parse: parseKvCacheDtype,
-    commands: ['engine'],
+    commands: ['engine', 'keys'],
     passThrough: true,
   }),
   maxNumSeqs: setting<number>({ flags: '--max-num-seqs <n>', help: 'sequences computed concurrently', default: 16, parse: int(1), commands: ['engine'], passThrough: true }),

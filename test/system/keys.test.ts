@@ -5,6 +5,7 @@ import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { chunkKeys, seedFromEnv } from '../../src/common/keys.js';
 import { CLI } from '../../harness/proc.js';
+import { DType } from '../../src/common/dtype.js';
 
 const tokens = Array.from({ length: 10 }, (_, i) => 1000 + i * 7);
 
@@ -113,4 +114,14 @@ test('the fast key derivation equals the naive formula for many shapes, seeds an
       }
     }
   }
+});
+
+test('kvc keys --kv-cache-dtype gives the keys of chunks held in that dtype; 8-bit types are refused', () => {
+  const f16 = cliKeys('0', ['--model', 'builtin:tiny', '--chunk-size', '4', '--kv-cache-dtype', 'float16']).trim().split('\n').map((l) => l.split('\t')[2]);
+  assert.deepEqual(f16, chunkKeys(tokens, { modelId: 'builtin-tiny-v2', chunkSize: 4, seed: 0n, kvDtype: DType.f16 }).map((s) => s.key));
+  const auto = cliKeys('0', ['--model', 'builtin:tiny', '--chunk-size', '4', '--kv-cache-dtype', 'auto']).trim().split('\n').map((l) => l.split('\t')[2]);
+  assert.deepEqual(auto, f16, 'auto is float16');
+  const f32 = cliKeys('0', ['--model', 'builtin:tiny', '--chunk-size', '4']).trim().split('\n').map((l) => l.split('\t')[2]);
+  for (const k of f16) assert.ok(!f32.includes(k));
+  assert.throws(() => cliKeys('0', ['--model', 'builtin:tiny', '--chunk-size', '4', '--kv-cache-dtype', 'fp8_e4m3']), /fp8 KV is not implemented/);
 });

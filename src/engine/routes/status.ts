@@ -1,5 +1,6 @@
-// GET /v1/models (the served model, its max_model_len and kvc_model_id: the id its chunk keys use), GET /health (and vLLM's
+// GET /v1/models (the served model, its max_model_len, kvc_model_id and kvc_kv_dtype: the id and KV dtype its chunk keys use), GET /health (and vLLM's
 // /ping), GET /version and GET /metrics (Prometheus text of this engine's registry). None of them take a body.
+import { DTYPE_NAMES } from '../../common/dtype.js';
 import type { FastifyInstance } from 'fastify';
 import type { EngineHealth } from '../../protocol/engine_health.js';
 import type { RouteContext } from './context.js';
@@ -11,7 +12,7 @@ export async function statusRoutes(app: FastifyInstance, ctx: RouteContext): Pro
 
   app.get('/v1/models', async () => ({
     object: 'list',
-    data: [{ id: modelName, object: 'model', created: createdAt, owned_by: 'kvc', root: ctx.model.dir, parent: null, max_model_len: maxModelLen, kvc_model_id: ctx.model.modelId }],
+    data: [{ id: modelName, object: 'model', created: createdAt, owned_by: 'kvc', root: ctx.model.dir, parent: null, max_model_len: maxModelLen, kvc_model_id: ctx.model.modelId, kvc_kv_dtype: DTYPE_NAMES[ctx.kv.layout.dtype] }],
   }));
 
   // The proxy reads kvc_instance_id here to map this address to the controller's name for it,

@@ -63,7 +63,7 @@ async function childInstance(id: string, monitorPort: number, fill: number, chun
   const store = await KvcStore.create(cfg);
   if (fill > 0) {
     const payload = randomBytes(payloadBytes(LLAMA3_8B, chunkTokens));
-    for (const s of chunkKeys(range(fill * chunkTokens), { modelId: MODEL, chunkSize: chunkTokens, seed: 0n })) {
+    for (const s of chunkKeys(range(fill * chunkTokens), { modelId: MODEL, chunkSize: chunkTokens, seed: 0n, kvDtype: LLAMA3_8B.dtype })) {
       await store.put(s.key, encodeChunk(LLAMA3_8B, chunkTokens, s.key, payload), 'LocalCPUBackend');
     }
   }

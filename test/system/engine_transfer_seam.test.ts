@@ -15,6 +15,9 @@ import { startEngine, type Engine } from '../../src/engine/server.js';
 import type { KvTransferPlugin, ReceivedKv, SealedChunk, TransferRequest } from '../../src/common/transfer_seam.js';
 import { postJson } from '../../harness/proc.js';
 
+/** The ledger's reasons for a prompt of `n` distinct tokens computed from scratch, 16-token chunks. */
+const computedChunks = (n: number): Record<string, number> => ({ ...(n >= 16 ? { cold: Math.floor(n / 16) } : {}), ...(n % 16 ? { partial: 1 } : {}) });
+
 const MODEL = 'builtin:tiny';
 const ids = (n: number, salt = 0) => Array.from({ length: n }, (_, i) => 2000 + ((i * 53 + salt * 7) % 15000));
 
@@ -74,7 +77,18 @@ describe('kv_producer / kv_consumer plugin seam (in process)', () => {
       const disaggSpec = { req_id: `r${n}`, receiver_host: '127.0.0.1', receiver_init_port: 2, receiver_alloc_port: 3 };
       const pre = await postJson(`${producer.url}/v1/completions`, { prompt, max_tokens: 1, temperature: 0, kv_transfer_params: { disagg_spec: disaggSpec } });
       assert.equal(pre.status, 200);
-      assert.deepEqual(pre.json.kv_transfer_params, { sent_chunks: Math.ceil(n / 16), reused_tokens: 0 }, 'the plugin\'s params, and what of the prompt the prefiller reused (nothing)');
+      // The plugin's params, what of the prompt the prefiller reused (nothing), and its hit-rate
+      // ledger (docs/ledger.md): all n tokens computed, each full chunk cold (never stored before,
+      // distinct prompts), the unfinished last one partial.
+      assert.deepEqual(
+        pre.json.kv_transfer_params,
+        {
+          sent_chunks: Math.ceil(n / 16),
+          reused_tokens: 0,
+          kvc_ledger: { predicted_cached_tokens: null, reused_tokens: 0, computed_tokens: n, computed_chunks: computedChunks(n), instance: null },
+        },
+        'the plugin\'s params, what the prefiller reused (nothing) and its ledger',
+      );
       assert.deepEqual(sent.at(-1)!.kvTransferParams, { disagg_spec: disaggSpec });
       for (const s of sent.at(-1)!.spans) verifyChunk(wire.get(s.key)!, s.key);
       const dec = await postJson(`${consumer.url}/v1/completions`, { prompt, max_tokens: 10, temperature: 0, ignore_eos: true, kv_transfer_params: { disagg_spec: disaggSpec } });
@@ -99,7 +113,7 @@ describe('kv_consumer transfer lookup past its timeout', () => {
       received: () => new Promise<ReceivedKv>((r) => (resolveLookup = r)),
       async close() {},
     };
-    const store = { cpu: () => null, has: () => false, locations: () => [] } as unknown as KvcStore;
+    const store = { cpu: () => null, has: () => false, locations: () => [], on: () => undefined } as unknown as KvcStore;
     const c = new KvcConnectorV1({
       config: parseConnectorConfig(JSON.stringify({ kv_connector: 'KvcConnectorV1', kv_role: 'kv_consumer', kv_connector_extra_config: { skip_last_n_tokens: 1 } })).config,
       cacheConfig: validateCacheConfig({ chunk_size: 16 }).config,
@@ -111,8 +125,9 @@ describe('kv_consumer transfer lookup past its timeout', () => {
       transfer: plugin,
       loadTimeoutMs: 50,
     });
-    const res = await c.load({ seqId: 1, requestId: 'late-1', prompt: ids(40), kvTransferParams: undefined, cancelled: () => false }, null as unknown as PagedKvCache);
+    const { ledger, ...res } = await c.load({ seqId: 1, requestId: 'late-1', prompt: ids(40), kvTransferParams: undefined, cancelled: () => false }, null as unknown as PagedKvCache);
     assert.deepEqual(res, { tokens: 0, receivedTokens: 0, source: 'none' }, 'the prompt is computed');
+    assert.deepEqual({ computed: ledger?.computed, reused: ledger?.reused, chunks: await ledger?.chunks }, { computed: 40, reused: 0, chunks: computedChunks(40) }, 'the ledger says so');
     assert.equal(releases, 0);
     // the plugin answers only now, long after the connector gave up: it must get its release
     resolveLookup({ get: () => null, release: () => void releases++ });

@@ -187,8 +187,8 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
     // Token-id prompts: a 1,024-token prefix (4 full chunks; a new one per attempt) and 24-token questions.
     let prefix: number[] = [];
     const prompt = (k: number) => [...prefix, ...Array.from({ length: 24 }, (_, i) => 200 + ((k * 331 + i * 17) % 20000))];
-    const ask = async (url: string, ids: number[]) => {
-      const r = await postJson(`${url}/v1/completions`, { model: 'builtin:tiny', prompt: ids, max_tokens: 8, temperature: 0 }, 120_000);
+    const ask = async (url: string, ids: number[], maxTokens = 8) => {
+      const r = await postJson(`${url}/v1/completions`, { model: 'builtin:tiny', prompt: ids, max_tokens: maxTokens, temperature: 0, ignore_eos: true }, 120_000);
       assert.equal(r.status, 200, JSON.stringify(r.json));
       return r.json.choices[0].text as string;
     };
@@ -217,8 +217,22 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
       const other = holder === 'decoder-0' ? 'decoder-1' : 'decoder-0';
       const before = await metrics();
       const [computed0, p2p0] = [await engineSum('kvc_engine_prompt_tokens_computed_total'), await engineSum('kvc_p2p_chunks_total')];
-      // Six requests 30 ms apart: the holder takes the first; with one request in flight there, the
-      // other decoder (a P2P fetch of the prefix: 24 + 0.15 x 1024 tokens of work) costs less.
+      // The holder made busy, explicitly: two long requests with the prefix (routed to it, the idle
+      // holder), in flight there before the burst. With two in flight its cost is 24 + 2 x 128
+      // (REQUEST_WEIGHT) tokens of work, the other decoder's a P2P fetch of the prefix, 24 + 0.15 x
+      // 1024: the burst goes there. (Relying on the burst's own requests overlapping made the
+      // outcome depend on how fast the machine finished each one.)
+      const busy = [ask(proxy, prompt(100), 400), ask(proxy, prompt(101), 400)];
+      const holderUrl = decoderUrl(Number(holder.split('-')[1]));
+      const deadline = Date.now() + 30_000;
+      for (;;) {
+        const text = await (await fetch(`${holderUrl}/metrics`, { signal: AbortSignal.timeout(5_000) })).text();
+        const running = Number(/^kvc_engine_num_requests_running(?:\{[^}]*\})? (\S+)$/m.exec(text)?.[1] ?? 0);
+        if (running >= 2) break;
+        if (Date.now() > deadline) assert.fail(`the two long requests are not running on the holder ${holder} (running: ${running})`);
+        await sleep(20);
+      }
+      // Then six requests 30 ms apart.
       const n = 6;
       const texts = await Promise.all(
         Array.from({ length: n }, async (_, k) => {
@@ -227,6 +241,8 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
         }),
       );
       for (let k = 0; k < n; k++) assert.equal(texts[k], await ask(refUrl, prompt(k + 1)), `request ${k + 1}: greedy output equals the plain engine`);
+      const busyTexts = await Promise.all(busy);
+      for (const [k, t] of busyTexts.entries()) assert.equal(t, await ask(refUrl, prompt(100 + k), 400), `long request ${k + 1}: greedy output equals the plain engine`);
       const after = await metrics();
       const computedOn = (id: string) => {
         const i = Number(id.split('-')[1]);
@@ -247,8 +263,9 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
       r = await attempt(tag);
     }
     const n = 6;
-    assert.ok(r.fromHolder >= 1, `the holder ${r.holder} took part of the burst`);
-    assert.ok(n - r.fromHolder >= 1, `the burst spread beyond the holder ${r.holder} (it computed ${r.fromHolder} of ${n}; ${r.other} ${r.fromOther})`);
+    // The holder computed its two long requests' questions, and maybe part of the burst.
+    assert.ok(r.fromHolder >= 2, `the holder ${r.holder} took the long requests`);
+    assert.ok(n + 2 - r.fromHolder >= 1, `the burst spread beyond the holder ${r.holder} (it computed ${r.fromHolder} of ${n + 2}; ${r.other} ${r.fromOther})`);
     assert.ok(r.fetched >= 4, `the prefix reached another instance by P2P (${r.fetched} chunks; P2P failures: ${r.failures.join(', ') || 'none'})`);
     assert.ok(r.computed < (n * 1024) / 2, `the prefix was fetched, not recomputed for every request (${r.computed} prompt tokens computed for ${n} requests)`);
     assert.ok(r.spreadReasons >= 1, 'the spread decisions are counted by reason');

@@ -67,6 +67,16 @@ test('every computed chunk gets its reason: cold, not_fetched, stale_index, evic
   const disk = tempDir('kvc-ledger-disk-');
   // 12 chunks of 16 tokens (32,832 bytes each) per engine.
   const d = await startDeployment({ prefillers: 0, decoders: 2, args: ['--no-p2p', '--chunk-size', String(CHUNK), '--max-local-cpu-size', '0', '--local-disk', disk, '--max-local-disk-size', String((12.5 * 32_832) / 2 ** 30)] });
+  /** Waits until the proxy's sums (of the engines' /health counters) are above zero for every reason of `which`. */
+  const proxySees = async (which: string[]): Promise<void> => {
+    const deadline = Date.now() + 30_000;
+    for (;;) {
+      const seen = await Promise.all(which.map((x) => counter(d.proxy, 'kvc_proxy_computed_chunks_total', x)));
+      if (seen.every((v) => v > 0)) return;
+      if (Date.now() > deadline) throw new Error(`the proxy's ledger counters (${which.join(', ')}): ${seen.join(', ')}`);
+      await new Promise((res) => setTimeout(res, 200));
+    }
+  };
   try {
     const [a, b] = d.engines;
     assert.ok(a && b, 'two engines');
@@ -114,6 +124,10 @@ test('every computed chunk gets its reason: cold, not_fetched, stale_index, evic
     const buf = new Uint8Array(chunkBytes(f16, CHUNK));
     mkdirSync(join(disk, b.name), { recursive: true });
     writeFileSync(join(disk, b.name, `${q0!.key}.kvc`), sealChunk(buf, f16, CHUNK, q0!.key));
+    // The proxy samples each engine's counters from its /health; what b counted since the last
+    // sample dies with b. Wait until the proxy has seen b's counts, so that what is checked after
+    // the restart is the proxy keeping them, not the timing of its last sample.
+    await proxySees(reasons);
     process.kill(b.pid, 'SIGKILL');
     await waitRestarted(d, b.name, b.pid);
     assert.ok(readdirSync(join(disk, b.name)).includes(`${q0!.key}.kvc`), 'the f16 chunk survived the restart');
@@ -121,13 +135,7 @@ test('every computed chunk gets its reason: cold, not_fetched, stale_index, evic
 
     // The proxy sums the engines' counters from their /health (b's restart included).
     assert.equal(await counter(b.http, 'kvc_engine_computed_chunks_total', 'mismatch'), 1);
-    const deadline = Date.now() + 30_000;
-    for (;;) {
-      const seen = await Promise.all([...reasons, 'mismatch'].map((x) => counter(d.proxy, 'kvc_proxy_computed_chunks_total', x)));
-      if (seen.every((v) => v > 0)) break;
-      if (Date.now() > deadline) throw new Error(`the proxy's ledger counters: ${seen.join(', ')}`);
-      await new Promise((res) => setTimeout(res, 200));
-    }
+    await proxySees([...reasons, 'mismatch']);
     assert.equal(await counter(d.proxy, 'kvc_proxy_computed_chunks_total', 'unexplained'), 0);
   } finally {
     await d.stop();

@@ -43,13 +43,13 @@ export class LedgerMetrics {
   }
 
   /** The statistics line for the interval since the last call; null when no chunk was computed in it. */
-  flushLine(intervalS: number): string | null {
+  flushLine(intervalS: number, now: Date = new Date()): string | null {
     const w = this.window;
     this.window = LedgerMetrics.zero();
     const n = MISS_REASONS.reduce((a, r) => a + w[r], 0);
     if (n === 0) return null;
     const all = MISS_REASONS.reduce((a, r) => a + this.totals[r], 0);
     const parts = MISS_REASONS.filter((r) => w[r] > 0).map((r) => `${r} ${w[r]}`).join(', ');
-    return `KV misses: ${n} prompt chunks computed in last ${intervalS}s: ${parts}; unexplained ${((100 * w.unexplained) / n).toFixed(1)}% (total ${all}, unexplained ${((100 * this.totals.unexplained) / all).toFixed(1)}%)`;
+    return `${now.toISOString()} KV misses: ${n} prompt chunks computed in last ${intervalS}s: ${parts}; unexplained ${((100 * w.unexplained) / n).toFixed(1)}% (total ${all}, unexplained ${((100 * this.totals.unexplained) / all).toFixed(1)}%)`;
   }
 }

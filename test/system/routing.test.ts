@@ -217,21 +217,27 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
       const other = holder === 'decoder-0' ? 'decoder-1' : 'decoder-0';
       const before = await metrics();
       const [computed0, p2p0] = [await engineSum('kvc_engine_prompt_tokens_computed_total'), await engineSum('kvc_p2p_chunks_total')];
-      // The holder made busy, explicitly: two long requests with the prefix (routed to it, the idle
-      // holder), in flight there before the burst. With two in flight its cost is 24 + 2 x 128
-      // (REQUEST_WEIGHT) tokens of work, the other decoder's a P2P fetch of the prefix, 24 + 0.15 x
-      // 1024: the burst goes there. (Relying on the burst's own requests overlapping made the
-      // outcome depend on how fast the machine finished each one.)
-      const busy = [ask(proxy, prompt(100), 400), ask(proxy, prompt(101), 400)];
-      const holderUrl = decoderUrl(Number(holder.split('-')[1]));
-      const deadline = Date.now() + 30_000;
-      for (;;) {
-        const text = await (await fetch(`${holderUrl}/metrics`, { signal: AbortSignal.timeout(5_000) })).text();
-        const running = Number(/^kvc_engine_num_requests_running(?:\{[^}]*\})? (\S+)$/m.exec(text)?.[1] ?? 0);
-        if (running >= 2) break;
-        if (Date.now() > deadline) assert.fail(`the two long requests are not running on the holder ${holder} (running: ${running})`);
-        await sleep(20);
-      }
+      // The holder made busy, explicitly: a long request with the prefix (routed to the idle
+      // holder) running there, then a second one. With k requests in flight the holder costs
+      // 24 + k x 128 (REQUEST_WEIGHT) tokens of work plus what it still has queued, the other decoder
+      // a P2P fetch of the prefix, 24 + 0.15 x 1024: the second long request or the burst goes
+      // there. (Relying on the burst's own requests overlapping made the outcome depend on how fast
+      // the machine finished each one.)
+      const running = async (id: string) => {
+        const text = await (await fetch(`${decoderUrl(Number(id.split('-')[1]))}/metrics`, { signal: AbortSignal.timeout(5_000) })).text();
+        return Number(/^kvc_engine_num_requests_running(?:\{[^}]*\})? (\S+)$/m.exec(text)?.[1] ?? 0);
+      };
+      const runningUntil = async (ok: () => Promise<boolean>, what: string) => {
+        const deadline = Date.now() + 30_000;
+        while (!(await ok())) {
+          if (Date.now() > deadline) assert.fail(`${what} (running: ${holder} ${await running(holder)}, ${other} ${await running(other)})`);
+          await sleep(20);
+        }
+      };
+      const busy = [ask(proxy, prompt(100), 400)];
+      await runningUntil(async () => (await running(holder)) >= 1, `the first long request runs on the holder ${holder}`);
+      busy.push(ask(proxy, prompt(101), 400));
+      await runningUntil(async () => (await running(holder)) + (await running(other)) >= 2, 'the second long request runs');
       // Then six requests 30 ms apart.
       const n = 6;
       const texts = await Promise.all(
@@ -263,8 +269,8 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
       r = await attempt(tag);
     }
     const n = 6;
-    // The holder computed its two long requests' questions, and maybe part of the burst.
-    assert.ok(r.fromHolder >= 2, `the holder ${r.holder} took the long requests`);
+    // The holder computed the first long request's question, and maybe more.
+    assert.ok(r.fromHolder >= 1, `the holder ${r.holder} took the first long request`);
     assert.ok(n + 2 - r.fromHolder >= 1, `the burst spread beyond the holder ${r.holder} (it computed ${r.fromHolder} of ${n + 2}; ${r.other} ${r.fromOther})`);
     assert.ok(r.fetched >= 4, `the prefix reached another instance by P2P (${r.fetched} chunks; P2P failures: ${r.failures.join(', ') || 'none'})`);
     assert.ok(r.computed < (n * 1024) / 2, `the prefix was fetched, not recomputed for every request (${r.computed} prompt tokens computed for ${n} requests)`);

@@ -176,6 +176,26 @@ export class Router {
     return n > 1 && (this.recentCount.get(b) ?? 0) >= (HOT_SHARE * SHARE_WINDOW) / n;
   }
 
+  /** How many of the last SHARE_WINDOW kv-aware decisions each instance computed (only those with any). */
+  recentShares(): Map<Backend, number> {
+    return new Map([...this.recentCount].filter(([, n]) => n > 0));
+  }
+
+  /**
+   * Forgets the routing memory: the share window (every instance back under its share) and the
+   * rotation of equal costs (the scan starts at the first instance of each role again). What is in
+   * flight (the load book) is real work and stays. Returns how many decisions were forgotten.
+   */
+  forget(): number {
+    let n = 0;
+    for (const c of this.recentCount.values()) n += c;
+    this.recent.fill(undefined);
+    this.recentAt = 0;
+    this.recentCount.clear();
+    this.rot = { prefiller: 0, decoder: 0 };
+    return n;
+  }
+
   private remember(b: Backend): void {
     const old = this.recent[this.recentAt];
     if (old) this.recentCount.set(old, this.recentCount.get(old)! - 1);

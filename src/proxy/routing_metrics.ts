@@ -2,10 +2,10 @@
 // hit-rate figure the 5-second statistics line prints. "Cached" and "computed" prompt tokens
 // are what the controller's index said when the request was routed: the cached prefix on the
 // instance chosen to compute the prompt, and the rest.
-import { Counter, type Registry } from 'prom-client';
+import { Counter, Gauge, type Registry } from 'prom-client';
 import { HotHistogram } from '../common/hot_histogram.js';
 import { memoLabels } from './metrics.js';
-import type { PrefillWhere, RouteReason } from './router.js';
+import { SHARE_WINDOW, type PrefillWhere, type RouteReason } from './router.js';
 
 export class RoutingMetrics {
   readonly decisions: Counter<'reason'>;
@@ -13,6 +13,9 @@ export class RoutingMetrics {
   readonly prefills: Counter<'where' | 'instance'>;
   readonly lookups: Counter<'outcome'>;
   readonly decisionSeconds: HotHistogram;
+  readonly recentDecisions: Gauge<'instance'>;
+  /** Instance name → how many of the router's last SHARE_WINDOW kv-aware decisions it computed. */
+  private recent: () => Iterable<[string, number]> = () => [];
   private readonly decision: (reason: string) => { inc(): void };
   private readonly tokens: (instance: string, kind: string) => { inc(n: number): void };
   private readonly prefill: (where: string, instance: string) => { inc(): void };
@@ -33,10 +36,26 @@ export class RoutingMetrics {
       buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25],
       registers,
     });
+    const recent = () => this.recent();
+    this.recentDecisions = new Gauge({
+      name: 'kvc_proxy_routing_recent_decisions',
+      help: `Of the router's last ${SHARE_WINDOW} kv-aware decisions (the share window), how many each instance computed; POST /routing/reset empties it`,
+      labelNames: ['instance'],
+      registers,
+      collect() {
+        this.reset();
+        for (const [instance, n] of recent()) this.labels(instance).set(n);
+      },
+    });
     this.decision = memoLabels(this.decisions);
     this.tokens = memoLabels(this.promptTokens);
     this.prefill = memoLabels(this.prefills);
     this.lookup = memoLabels(this.lookups);
+  }
+
+  /** Where the share-window gauge reads its figures (the router's, by instance name). */
+  watchRecent(fn: () => Iterable<[string, number]>): void {
+    this.recent = fn;
   }
 
   lookedUp(ok: boolean): void {

@@ -3,7 +3,7 @@
 import { performance } from 'node:perf_hooks';
 import type { FastifyInstance } from 'fastify';
 import { createHttpServer } from '../common/http.js';
-import { ERRORS, kvcError } from '../common/errors.js';
+import { ERRORS, badRequest, kvcError } from '../common/errors.js';
 import { formatLine, logFormat, logger } from '../common/log.js';
 import { Backend, RoundRobin } from './backend.js';
 import { Flow, type Timeouts } from './flow.js';
@@ -19,7 +19,7 @@ import { NotifyReceiver, type XferNotice } from './notify.js';
 import { TtftStats } from './stats.js';
 import type { DecoderEndpoint, Topology } from './topology.js';
 import { BackendFailure, PassThrough, call } from './upstream.js';
-import { requireBearer } from '../common/auth.js';
+import { deploymentSecret, deploymentSecretWhere, requireBearer } from '../common/auth.js';
 import { KVC_VERSION } from '../common/version.js';
 
 const log = logger('proxy');
@@ -103,6 +103,7 @@ export class ProxyServer {
     const decoderRR = new RoundRobin(this.decoders);
     this.decoderRR = decoderRR;
     this.router = new Router(routing, prefillRR, decoderRR, this.load, (b) => this.instanceIds.get(b), (b) => this.p2pBackends.has(b));
+    this.routing.watchRecent(() => [...this.router.recentShares()].map(([b, n]) => [b.name, n]));
     const flow = new Flow({
       prefillers: prefillRR,
       decoders: decoderRR,
@@ -122,6 +123,10 @@ export class ProxyServer {
     });
     this.app = createHttpServer({ name: 'proxy' });
     requireBearer(this.app, { key: opts.apiKey ?? null, applies: (_m, p) => p.startsWith('/v1/') || p === '/tokenize' || p === '/detokenize', what: 'API key', name: 'proxy' });
+    // The one administrative call: it changes how later requests are routed, so it needs the
+    // deployment secret (as the controller's mutations do; open without one).
+    requireBearer(this.app, { key: deploymentSecret(), applies: (m, p) => m === 'POST' && p === '/routing/reset', what: 'deployment secret', name: 'proxy', where: deploymentSecretWhere });
+    this.app.post('/routing/reset', async (req) => this.resetRouting(req.body, req.socket.remoteAddress ?? '?'));
     this.app.post('/v1/completions', (req, reply) => flow.handle('completion', req, reply));
     this.app.post('/v1/chat/completions', (req, reply) => flow.handle('chat', req, reply));
     this.app.get('/v1/models', async (_req, reply) => this.models(reply));
@@ -146,6 +151,22 @@ export class ProxyServer {
     this.app.get('/metrics', async (_req, reply) => {
       void reply.header('content-type', this.metrics.registry.contentType).send(await this.metrics.registry.metrics());
     });
+  }
+
+  /**
+   * POST /routing/reset: forgets the router's memory (the share window and the rotation of equal
+   * costs, docs/routing.md), e.g. after clearing every cache or between benchmark phases, so that
+   * what earlier traffic did no longer steers the next requests. It takes no fields.
+   */
+  private resetRouting(body: unknown, from: string): { forgotten_decisions: number } {
+    if (body !== undefined && body !== null) {
+      if (typeof body !== 'object' || Array.isArray(body)) throw badRequest('POST /routing/reset: expected an empty JSON object or no body');
+      const fields = Object.keys(body);
+      if (fields.length) throw badRequest(`POST /routing/reset: takes no fields, found ${fields.map((f) => JSON.stringify(f.slice(0, 64))).join(', ')}`, 'unknown_field');
+    }
+    const n = this.router.forget();
+    log.info(`routing memory reset by ${from}: ${n} recent decisions forgotten`);
+    return { forgotten_decisions: n };
   }
 
   /**

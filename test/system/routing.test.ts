@@ -17,7 +17,7 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { CLI, postJson, startKvc, waitHttp, type Proc } from '../../harness/proc.js';
+import { CLI, postJson, startKvc, waitHttp, waitUntil, type Proc } from '../../harness/proc.js';
 import { tempDir } from '../../harness/temp_dir.js';
 import { freePortRange } from '../../src/common/ports.js';
 import { chunkKeys } from '../../src/common/keys.js';
@@ -121,11 +121,25 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
   let logDir = '';
   const secretHeader = () => ({ authorization: `Bearer ${readFileSync(join(logDir, 'deployment.secret'), 'utf8').trim()}` });
   const INSTANCES = ['prefiller-0', 'prefiller-1', 'decoder-0', 'decoder-1'];
+  /** The proxy's share window from its /metrics: instance → decisions of the last 32 it computed. */
+  async function recentDecisions(): Promise<Record<string, number>> {
+    const out: Record<string, number> = {};
+    for (const m of (await metrics()).matchAll(/^kvc_proxy_routing_recent_decisions\{instance="([^"]+)"\} (\S+)$/gm)) out[m[1]!] = Number(m[2]);
+    return out;
+  }
   /**
-   * Empties every instance's CPU tier and waits until the index is empty: the explicit starting
-   * state of a subtest whose expectations depend on what the ~10-chunk tiers hold (otherwise on
-   * what earlier subtests left there and on the order of their evictions).
+   * The explicit starting state of a subtest whose expectations depend on what the ~10-chunk tiers
+   * hold or on the proxy's routing memory (otherwise on what earlier subtests left there, the order
+   * of their evictions, and which instance took most of their requests): every instance's CPU tier
+   * emptied, the index empty, and the proxy's routing memory (share window, rotation) forgotten.
    */
+  async function startingState(): Promise<void> {
+    await clearAll();
+    const r = await postJson(`${proxy}/routing/reset`, {}, 10_000, secretHeader());
+    assert.equal(r.status, 200, JSON.stringify(r.json));
+    assert.deepEqual(await recentDecisions(), {}, 'the share window after POST /routing/reset');
+  }
+  /** Empties every instance's CPU tier and waits until the index is empty. */
   async function clearAll(): Promise<void> {
     for (const id of INSTANCES) {
       const c = await postJson(`${ctl}/clear`, { instance_id: id, location: 'LocalCPUBackend' }, 60_000, secretHeader());
@@ -159,6 +173,7 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
   });
 
   test('a prefix stored by one engine is found by the controller and routes the next request to its holder; output identical', async () => {
+    await startingState();
     const A = prefixText('alpha');
     const p1 = `${A} Question one: what is the river?`;
     const p2 = `${A} Question two: where does it flow?`;
@@ -183,7 +198,7 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
   });
 
   test('a popular prefix spreads to the other decoder once its holder is busy, fetched by P2P instead of recomputed; output identical', async () => {
-    await clearAll();
+    await startingState();
     // Token-id prompts: a 1,024-token prefix (4 full chunks; a new one per attempt) and 24-token questions.
     let prefix: number[] = [];
     const prompt = (k: number) => [...prefix, ...Array.from({ length: 24 }, (_, i) => 200 + ((k * 331 + i * 17) % 20000))];
@@ -278,7 +293,7 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
   });
 
   test('chat requests are routed on the templated tokens the engine sees', async () => {
-    await clearAll();
+    await startingState();
     const system = prefixText('sys');
     const m1 = [{ role: 'system', content: system }, { role: 'user', content: 'Hello, who are you?' }];
     const m2 = [{ role: 'system', content: system }, { role: 'user', content: 'Tell me about the river.' }];
@@ -296,7 +311,7 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
   });
 
   test('after a move the index and the route follow the chunks; after /clear nothing is routed on them', async () => {
-    await clearAll();
+    await startingState();
     const B = prefixText('beta');
     const p1 = `${B} First question about the beta river?`;
     await complete(proxy, p1);
@@ -333,6 +348,7 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
   });
 
   test('after evictions the index still agrees with what each decoder holds, and routing follows it', async () => {
+    await startingState();
     // Ten ~700-token prompts (3 chunks each) through the proxy overflow the ~10-chunk tiers.
     const prompts = Array.from({ length: 10 }, (_, i) => `${prefixText(`evict${i}x`)} Question ${i}?`);
     for (const p of prompts) await complete(proxy, p);
@@ -358,6 +374,28 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
     assert.ok(evicted > 0, 'the small tiers evicted something');
     const last = prompts[prompts.length - 1]!;
     assert.equal((await complete(proxy, last)).text, (await complete(refUrl, last)).text, 'greedy output identical after evictions');
+  });
+
+  test('POST /routing/reset forgets the share window (deployment secret required, no fields); /metrics shows the window', async () => {
+    await startingState();
+    const p = `${prefixText('gamma')} A question about the reset?`;
+    await complete(proxy, p);
+    const window = await recentDecisions();
+    assert.equal(Object.values(window).reduce((a, n) => a + n, 0), 1, `one kv-aware decision in the window: ${JSON.stringify(window)}`);
+    const none = await postJson(`${proxy}/routing/reset`, {}, 10_000);
+    assert.equal(none.status, 401, JSON.stringify(none.json));
+    assert.match(none.json.error.message, /deployment secret/);
+    const field = await postJson(`${proxy}/routing/reset`, { instance: 'decoder-0' }, 10_000, secretHeader());
+    assert.equal(field.status, 400, JSON.stringify(field.json));
+    assert.match(field.json.error.message, /takes no fields, found "instance"/);
+    assert.deepEqual(await recentDecisions(), window, 'a refused reset changes nothing');
+    const ok = await postJson(`${proxy}/routing/reset`, {}, 10_000, secretHeader());
+    assert.equal(ok.status, 200, JSON.stringify(ok.json));
+    assert.deepEqual(ok.json, { forgotten_decisions: 1 });
+    assert.deepEqual(await recentDecisions(), {});
+    // The proxy's log reaches its file through kvc up's pipe, a moment later.
+    const line = /routing memory reset by 127\.0\.0\.1: 1 recent decisions forgotten/;
+    await waitUntil('the reset in proxy.log', async () => line.test(readFileSync(join(logDir, 'proxy.log'), 'utf8')), 10_000, 100);
   });
 
   test('bad routing flags are refused naming the flag', () => {

@@ -98,6 +98,31 @@ test('the share rule: an idle holder of a hot prefix is passed over once it comp
   assert.ok((reasons.get('share_cap') ?? 0) > 0, 'the passed-over decisions are counted as share_cap');
 });
 
+test('forget() empties the share window and the rotation: a hot holder takes its prefix again, ties start at the first instance', () => {
+  const { r } = router(true);
+  const cached = { 'decoder-0': 1024 };
+  const ask = () => r.route({ promptTokens: 1088, tokenizer: D[0]!, cached, lookupFailed: false });
+  let route = ask();
+  for (let i = 0; i < SHARE_WINDOW && route.reason !== 'share_cap'; i++) route = ask();
+  assert.equal(route.reason, 'share_cap', 'the holder became hot');
+  assert.ok(r.hot(D[0]!));
+  const shares = r.recentShares();
+  const total = [...shares.values()].reduce((a, n) => a + n, 0);
+  assert.ok((shares.get(D[0]!) ?? 0) >= Math.ceil((HOT_SHARE * SHARE_WINDOW) / 4), 'the window counts the holder');
+  assert.equal(r.forget(), total, 'forget() says how many decisions it forgot');
+  assert.equal(r.recentShares().size, 0);
+  assert.ok(!r.hot(D[0]!));
+  route = ask();
+  assert.equal(route.decoder, D[0], 'the holder takes its prefix again');
+  assert.equal(route.reason, 'prefix_hit');
+  // Ties (nothing cached anywhere) start at the first instance of each role again.
+  r.forget();
+  const tie = r.route({ promptTokens: 1088, tokenizer: D[1]!, cached: {}, lookupFailed: false });
+  assert.equal(tie.decoder, D[0]);
+  assert.equal(tie.prefillers[0], P[0]);
+  assert.equal(r.forget(), 1, 'only the decision since the last forget() was remembered');
+});
+
 test('the share rule does not apply to round-robin, and one healthy instance is never passed over', () => {
   const rr = router(true, { mode: 'round-robin', maxLocalPrefillTokens: null, maxPrefillQueue: null }).r;
   for (let i = 0; i < 2 * SHARE_WINDOW; i++) {

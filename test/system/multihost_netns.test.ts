@@ -99,7 +99,7 @@ describe('1P1D across network namespaces', { skip: skip ?? false }, () => {
 
   before(async () => {
     const t0 = Date.now();
-    hosts = createHosts(['ctl', 'pre', 'dec', 'redis']);
+    hosts = await createHosts(['ctl', 'pre', 'dec', 'redis']);
     A = hosts.addr;
     dir = tempDir('kvc-netns-');
     timings.push(`namespaces up in ${Date.now() - t0} ms`);

@@ -63,3 +63,34 @@ export async function writeSpecSvg(path: string, spec: TopLevelSpec): Promise<st
   writeFileSync(path, svg);
   return path;
 }
+
+export interface LineRow {
+  /** Panel (one row of the figure, its own y scale). */
+  panel: string;
+  /** Line within the panel. */
+  series: string;
+  x: number;
+  value: number;
+}
+
+/** Lines over a shared x axis, one panel per `panel` stacked vertically; writes an SVG file and returns its path. */
+export async function writeLinesSvg(path: string, title: string, rows: LineRow[], xTitle: string): Promise<string> {
+  const spec: TopLevelSpec = {
+    $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
+    title,
+    data: { values: rows },
+    facet: { row: { field: 'panel', type: 'nominal', title: null, header: { labelAngle: 0, labelAlign: 'left' } } },
+    resolve: { scale: { y: 'independent' } },
+    spec: {
+      width: 560,
+      height: 110,
+      mark: { type: 'line', point: true },
+      encoding: {
+        x: { field: 'x', type: 'quantitative', title: xTitle },
+        y: { field: 'value', type: 'quantitative', title: null },
+        color: { field: 'series', type: 'nominal', title: null },
+      },
+    },
+  };
+  return writeSpecSvg(path, spec);
+}

@@ -1,18 +1,29 @@
-// `npm run soak -- --minutes N`: a 2P2D deployment (`kvc up`, built-in model) under steady mixed
-// load through the proxy for N minutes, with faults injected on a schedule (one per minute, in
-// turn: kill -9 + restart of a prefiller, SIGSTOP of a decoder for 5 s, kill -9 + restart of a
-// decoder, kill -9 + restart of the controller). Every minute it prints the requests, errors by
-// status, TTFT p50/p99 and every process's RSS. Its last line is one JSON object: whether each
-// process's RSS stayed flat (the second half's peak within 25 % + 64 MiB of the first half's) and
-// whether anything was lost (a request never answered, or engines left with requests in flight).
-// An engine's RSS is judged net of its CPU tier (RSS − kvc_cache_bytes{location="LocalCPUBackend"}
-// from its /metrics, sampled with the RSS): the tier filling up to its size (5 GiB by default under
-// `kvc up`) is the cache doing its job, not a leak; what is left is the process's own memory.
-// Options: --minutes N (default 1), --concurrency C (default 16), --no-faults.
+// `npm run soak -- --minutes N`: a 2P2D deployment (built-in model, a small CPU tier, the Redis tier
+// when redis-server is installed) under steady mixed load through the proxy for N minutes, with one
+// fault a minute, in turn: process faults (kill -9 + restart of a prefiller, of a decoder, of the
+// controller; SIGSTOP of a decoder for 5 s) and, when this machine can run network namespaces
+// (root, iproute2, python3, /dev/net/tun), network faults on the hosts' links between them (50 ms
+// delay, 3 % loss, a 4 Mbit/s cap, partitions of a prefiller's host and of the Redis host healed
+// after seconds; bench/_soak_targets.ts). Without namespaces it runs on loopback and its first line
+// and its verdict say why there are no network faults.
+//
+// Every minute it prints the requests, errors by status, TTFT p50/p99 and every process's RSS and
+// cache bytes. Memory is judged net of the cache's own bytes: an engine's RSS minus its CPU tier's
+// bytes (kvc_cache_bytes{location="LocalCPUBackend"}, sampled with the RSS), since the tier filling
+// up to its size is the cache doing its job; the controller and the proxy count whole. The verdict
+// compares the deployment's total after the warm-up (the first --warmup-minutes, default 5) with
+// its peak during the warm-up: flat when it grew by at most 10 %. Nothing lost: every request
+// answered (none hit its bound unanswered), no engine left with requests in flight, no transfer
+// reservation left on a decoder. Writes bench-results/soak/soak.svg (RSS, cache bytes, memory net
+// of cache, TTFT p99, errors per minute) and ends with one JSON line.
+// Options: --minutes N (default 1), --concurrency C (default 16), --tier-gib G (the CPU tier per
+// engine, default 0.0625 = 64 MiB, full within minutes), --long-prompt-tokens L (every fifth request's new prompt, default 600),
+// --warmup-minutes W (default 5, at most half the run), --no-faults, --no-netns.
 import { join } from 'node:path';
-import type { ChildProcess } from 'node:child_process';
-import { alive, rssBytes, startDeployment, type Deployment } from '../harness/deployment.js';
-import { eventually, processImage, respawn, signal, startLoad, type LoadResult } from '../harness/faults.js';
+import { rssBytes } from '../harness/deployment.js';
+import { eventually, startLoad, type LoadResult } from '../harness/faults.js';
+import { resultsDir, writeLinesSvg, type LineRow } from './_plot.js';
+import { soakTarget, type Fault } from './_soak_targets.js';
 
 function arg(name: string, def: number): number {
   const i = process.argv.indexOf(name);
@@ -24,73 +35,62 @@ function arg(name: string, def: number): number {
   }
   return v;
 }
+const KNOWN = new Set(['--minutes', '--concurrency', '--tier-gib', '--long-prompt-tokens', '--warmup-minutes', '--no-faults', '--no-netns']);
+for (const a of process.argv.slice(2)) {
+  if (a.startsWith('--') && !KNOWN.has(a)) {
+    process.stderr.write(`soak: unknown option ${a} (known: ${[...KNOWN].join(', ')})\n`);
+    process.exit(2);
+  }
+}
 
-const minutes = arg('--minutes', 1);
+const minutes = Math.round(arg('--minutes', 1));
 const concurrency = Math.round(arg('--concurrency', 16));
+const tierGib = arg('--tier-gib', 0.0625);
+const longPromptTokens = Math.round(arg('--long-prompt-tokens', 600));
+const warmup = Math.min(Math.round(arg('--warmup-minutes', 5)), Math.floor(minutes / 2));
 const faults = !process.argv.includes('--no-faults');
 const MINUTE_MS = Number(process.env.KVC_SOAK_MINUTE_MS ?? 60_000);
+const GROWTH_LIMIT = 0.1;
+const MiB = 1048576;
 
 function pct(sorted: number[], p: number): number {
   if (!sorted.length) return NaN;
   return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
 }
 
-async function engineGauge(url: string, name: string): Promise<number> {
-  const text = await (await fetch(`${url}/metrics`, { signal: AbortSignal.timeout(5_000) })).text();
-  const m = new RegExp(`^${name}(?:\\{[^}]*\\})? (\\d+(?:\\.\\d+)?)$`, 'm').exec(text);
-  return m ? Number(m[1]) : NaN;
-}
-
-/** Bytes an engine's in-memory (CPU) tier holds now; 0 when its metrics cannot be read (a killed or stopped engine). */
-async function cpuTierBytes(url: string): Promise<number> {
-  try {
-    const text = await (await fetch(`${url}/metrics`, { signal: AbortSignal.timeout(5_000) })).text();
-    const m = /^kvc_cache_bytes\{[^}]*location="LocalCPUBackend"[^}]*\} (\d+(?:\.\d+)?(?:e\+?\d+)?)$/m.exec(text);
-    return m ? Number(m[1]) : 0;
-  } catch {
-    return 0;
-  }
+function gauge(text: string, name: string, label = ''): number {
+  let sum = 0;
+  for (const l of text.split('\n')) if ((l.startsWith(`${name}{`) || l.startsWith(`${name} `)) && l.includes(label)) sum += Number(l.slice(l.lastIndexOf(' ') + 1));
+  return sum;
 }
 
 async function main(): Promise<void> {
-  // No automatic restarts by kvc up: the schedule restarts what it kills itself.
-  const dep: Deployment = await startDeployment({ prefillers: 2, decoders: 2, args: ['--max-restarts', '0'] });
-  const restarted: ChildProcess[] = [];
-  const restart = async (name: string, pauseMs = 0) => {
-    const pid = dep.pids.get(name)!;
-    const image = processImage(pid);
-    signal(pid, 'SIGKILL');
-    await eventually(() => !alive(pid), 10_000, 20);
-    if (pauseMs) await new Promise((r) => setTimeout(r, pauseMs));
-    const child = respawn(image, join(dep.logDir, `${name}.restarted.log`));
-    restarted.push(child);
-    dep.pids.set(name, child.pid!);
-  };
-  const schedule: { what: string; run: () => Promise<void> }[] = [
-    { what: 'kill -9 + restart prefiller-1', run: () => restart('prefiller-1') },
-    {
-      what: 'SIGSTOP decoder-1 for 5 s',
-      run: async () => {
-        const pid = dep.pids.get('decoder-1')!;
-        signal(pid, 'SIGSTOP');
-        await new Promise((r) => setTimeout(r, 5_000));
-        signal(pid, 'SIGCONT');
-      },
-    },
-    { what: 'kill -9 + restart decoder-0', run: () => restart('decoder-0') },
-    { what: 'kill -9 + restart controller', run: () => restart('controller', 500) },
-  ];
-
-  console.log(`soak: ${minutes} min, 2P2D, ${concurrency} concurrent requests, faults ${faults ? 'on' : 'off'}; logs in ${dep.logDir}`);
-  const load = startLoad(dep.proxy, concurrency, { timeoutMs: 120_000, maxTokens: 8 });
-  const rss = new Map<string, number[]>();
-  const perMinute: unknown[] = [];
+  const target = await soakTarget(
+    { upArgs: ['--max-local-cpu-size', String(tierGib), '--chunk-size', '64'], networkFaultMs: Math.min(20_000, MINUTE_MS / 3), partitionMs: Math.min(5_000, MINUTE_MS / 6) },
+    !process.argv.includes('--no-netns'),
+  );
+  const network = typeof target.networkFaults === 'string' ? [] : target.networkFaults;
+  const noNetwork = typeof target.networkFaults === 'string' ? target.networkFaults : null;
+  // Alternate process and network faults, so each kind comes round every few minutes.
+  const schedule: Fault[] = [];
+  for (let i = 0; i < Math.max(target.processFaults.length, network.length); i++) {
+    if (target.processFaults[i]) schedule.push(target.processFaults[i]!);
+    if (network[i]) schedule.push(network[i]!);
+  }
+  console.log(
+    `soak: ${minutes} min (warm-up ${warmup}), 2P2D, ${concurrency} concurrent requests (every fifth a new ${longPromptTokens}-token prompt), CPU tier ${tierGib} GiB per engine, ` +
+      `faults ${faults ? `on (${schedule.length} in turn, one a minute)` : 'off'}; ${target.where}${noNetwork ? `; ${noNetwork}` : ''}; logs in ${target.logDir}`,
+  );
+  const load = startLoad(target.proxy, concurrency, { timeoutMs: 120_000, maxTokens: 8, send: target.send, longPromptTokens });
+  /** Per minute: process → bytes net of its cache. */
+  const net: Record<string, number>[] = [];
+  const perMinute: { minute: number; fault: string | null; requests: number; errors: number; by_status: Record<string, number>; ttft_p50_ms: number; ttft_p99_ms: number; rss_mib: Record<string, number>; cache_mib: Record<string, number> }[] = [];
   let seen = 0;
   try {
     for (let m = 0; m < minutes; m++) {
       const t0 = Date.now();
       const fault = faults ? schedule[m % schedule.length]! : null;
-      // The fault lands mid-minute, so its effect shows in this minute's line.
+      // The fault lands a third into the minute, so its effect shows in this minute's line.
       const faultRun = fault ? new Promise((r) => setTimeout(r, MINUTE_MS / 3)).then(fault.run) : Promise.resolve();
       await new Promise((r) => setTimeout(r, Math.max(0, MINUTE_MS - (Date.now() - t0))));
       await faultRun;
@@ -100,61 +100,95 @@ async function main(): Promise<void> {
       for (const r of batch) byStatus[r.status] = (byStatus[r.status] ?? 0) + 1;
       const ttft = batch.filter((r) => r.status === 200).map((r) => r.ttftMs).sort((a, b) => a - b);
       const rssNow: Record<string, number> = {};
-      const tierNow: Record<string, number> = {};
-      for (const [name, pid] of dep.pids) {
-        const engine = dep.engines.find((e) => e.name === name);
-        const tier = engine ? await cpuTierBytes(engine.http) : 0;
+      const cacheNow: Record<string, number> = {};
+      const netNow: Record<string, number> = {};
+      for (const [name, pid] of target.pids()) {
+        const engine = target.engines.find((e) => e.name === name);
+        const cache = engine ? gauge(await target.metrics(engine.http), 'kvc_cache_bytes', 'location="LocalCPUBackend"') : 0;
         const b = rssBytes(pid);
-        rssNow[name] = Math.round(b / 1048576);
-        if (engine) tierNow[name] = Math.round(tier / 1048576);
-        if (!rss.has(name)) rss.set(name, []);
-        // Judged net of the CPU tier (see the file comment).
-        rss.get(name)!.push(Math.max(0, b - tier));
+        rssNow[name] = Math.round(b / MiB);
+        if (engine) cacheNow[name] = Math.round(cache / MiB);
+        netNow[name] = Math.max(0, b - cache);
       }
-      const line = { minute: m + 1, fault: fault?.what ?? null, requests: batch.length, by_status: byStatus, ttft_p50_ms: Math.round(pct(ttft, 50)), ttft_p99_ms: Math.round(pct(ttft, 99)), rss_mib: rssNow, cpu_tier_mib: tierNow };
+      net.push(netNow);
+      const line = { minute: m + 1, fault: fault?.what ?? null, requests: batch.length, errors: batch.filter((r) => r.status !== 200).length, by_status: byStatus, ttft_p50_ms: Math.round(pct(ttft, 50)), ttft_p99_ms: Math.round(pct(ttft, 99)), rss_mib: rssNow, cache_mib: cacheNow };
       perMinute.push(line);
       console.log(
         `minute ${m + 1}: ${batch.length} requests, status ${Object.entries(byStatus).map(([s, n]) => `${s}×${n}`).join(' ')}, TTFT p50 ${line.ttft_p50_ms} ms p99 ${line.ttft_p99_ms} ms; ` +
-          `RSS MiB ${Object.entries(rssNow).map(([k, v]) => `${k} ${v}${k in tierNow ? ` (CPU tier ${tierNow[k]})` : ''}`).join(', ')}${fault ? `; fault: ${fault.what}` : ''}`,
+          `RSS MiB ${Object.entries(rssNow).map(([k, v]) => `${k} ${v}${k in cacheNow ? ` (cache ${cacheNow[k]})` : ''}`).join(', ')}${fault ? `; fault: ${fault.what}` : ''}`,
       );
     }
   } finally {
     await load.stop();
   }
-  // Nothing lost: every request answered, and no engine left holding requests.
+  // Nothing lost: every request answered, no engine left holding requests, no reservation left.
   const unanswered = load.results.filter((r) => r.status === 0).length;
   const errors: Record<string, number> = {};
   for (const r of load.results) if (r.status !== 200) errors[r.status] = (errors[r.status] ?? 0) + 1;
   let leftInFlight = 0;
-  for (const e of dep.engines) {
-    await eventually(async () => (await engineGauge(e.http, 'kvc_engine_num_requests_running')) === 0, 30_000);
-    leftInFlight += (await engineGauge(e.http, 'kvc_engine_num_requests_running').catch(() => NaN)) || 0;
-    leftInFlight += (await engineGauge(e.http, 'kvc_engine_num_requests_waiting').catch(() => NaN)) || 0;
+  let leakedReservations = 0;
+  const transfers: Record<string, number> = { done: 0, failed: 0, abandoned: 0 };
+  for (const e of target.engines) {
+    await eventually(async () => {
+      const t = await target.metrics(e.http);
+      return t !== '' && gauge(t, 'kvc_engine_num_requests_running') + gauge(t, 'kvc_engine_num_requests_waiting') + gauge(t, 'kvc_xfer_reservations') === 0;
+    }, 30_000);
+    const t = await target.metrics(e.http);
+    if (t === '') {
+      leftInFlight += 1; // an engine that cannot answer at the end is counted as holding work
+      continue;
+    }
+    leftInFlight += gauge(t, 'kvc_engine_num_requests_running') + gauge(t, 'kvc_engine_num_requests_waiting');
+    leakedReservations += gauge(t, 'kvc_xfer_reservations');
+    for (const o of Object.keys(transfers)) transfers[o]! += gauge(t, 'kvc_xfer_transfers_total', `outcome="${o}"`);
   }
-  const flat: Record<string, boolean> = {};
-  for (const [name, xs] of rss) {
-    const half = Math.max(1, Math.floor(xs.length / 2));
-    const first = Math.max(...xs.slice(0, half));
-    const second = xs.length > 1 ? Math.max(...xs.slice(half)) : first;
-    flat[name] = second <= first * 1.25 + 64 * 1048576;
+  await target.stop();
+
+  // Memory net of cache: the deployment's total per minute; the warm-up's peak against the peak after it.
+  const total = net.map((m) => Object.values(m).reduce((s, v) => s + v, 0));
+  const base = warmup > 0 ? Math.max(...total.slice(0, warmup)) : total[0] ?? 0;
+  const later = total.length > warmup ? Math.max(...total.slice(warmup)) : base;
+  const growth = base > 0 ? later / base - 1 : 0;
+  const byProcess: Record<string, number> = {};
+  for (const name of Object.keys(net[0] ?? {})) {
+    const xs = net.map((m) => m[name] ?? 0);
+    const b = warmup > 0 ? Math.max(...xs.slice(0, warmup)) : xs[0]!;
+    const l = xs.length > warmup ? Math.max(...xs.slice(warmup)) : b;
+    byProcess[name] = Math.round((b > 0 ? l / b - 1 : 0) * 1000) / 10;
   }
-  for (const c of restarted) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
-  await dep.stop();
-  const rssFlat = Object.values(flat).every(Boolean);
+
+  const rows: LineRow[] = [];
+  for (const p of perMinute) {
+    const x = p.minute;
+    rows.push({ panel: 'RSS (MiB)', series: 'all processes', x, value: Object.values(p.rss_mib).reduce((s, v) => s + v, 0) });
+    rows.push({ panel: 'cache bytes (MiB, CPU tiers)', series: 'all engines', x, value: Object.values(p.cache_mib).reduce((s, v) => s + v, 0) });
+    rows.push({ panel: 'RSS net of cache (MiB)', series: 'all processes', x, value: Math.round(total[x - 1]! / MiB) });
+    rows.push({ panel: 'TTFT p99 (ms)', series: 'proxy clients', x, value: Number.isFinite(p.ttft_p99_ms) ? p.ttft_p99_ms : 0 });
+    rows.push({ panel: 'errors per minute', series: 'non-200 answers', x, value: p.errors });
+  }
+  const svg = await writeLinesSvg(join(resultsDir('soak'), 'soak.svg'), `soak: ${minutes} min, 2P2D, ${concurrency} concurrent, faults ${faults ? 'on' : 'off'}${noNetwork ? ' (no network faults)' : ''}`, rows, 'minute');
+  console.log(`plot: ${svg}`);
   console.log(
     JSON.stringify({
       bench: 'soak',
       minutes,
+      warmup_minutes: warmup,
       concurrency,
+      tier_gib: tierGib,
       faults,
+      network_faults: faults && !noNetwork,
+      ...(noNetwork ? { network_faults_reason: noNetwork } : {}),
       requests: load.results.length,
       errors_by_status: errors,
       unanswered,
       left_in_flight: leftInFlight,
-      // Engines: RSS net of their CPU tier's bytes; other processes: RSS.
-      rss_flat: rssFlat,
-      rss_flat_by_process: flat,
-      nothing_lost: unanswered === 0 && leftInFlight === 0,
+      leaked_reservations: leakedReservations,
+      transfers_by_outcome: transfers,
+      memory_net_of_cache_mib: { warmup_peak: Math.round(base / MiB), after_peak: Math.round(later / MiB) },
+      memory_growth_pct: Math.round(growth * 1000) / 10,
+      memory_growth_pct_by_process: byProcess,
+      memory_flat: growth <= GROWTH_LIMIT,
+      nothing_lost: unanswered === 0 && leftInFlight === 0 && leakedReservations === 0,
     }),
   );
 }

@@ -56,16 +56,41 @@ export interface LoadResult {
   startedAt: number;
 }
 
+/** One load request: POSTs `body` to `path` under the proxy; answers its status, its whole text and the time to its first byte. */
+export type LoadSend = (path: string, body: unknown, timeoutMs: number) => Promise<{ status: number; text: string; ttftMs: number }>;
+
+/** LoadSend over this process's own network (fetch). */
+export function fetchSend(proxy: string): LoadSend {
+  return async (path, body, timeoutMs) => {
+    const t0 = performance.now();
+    let ttft = 0;
+    const r = await fetch(`${proxy}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: AbortSignal.timeout(timeoutMs) });
+    let text = '';
+    const dec = new TextDecoder();
+    for await (const piece of (r.body ?? []) as AsyncIterable<Uint8Array>) {
+      if (!ttft) ttft = performance.now() - t0;
+      text += dec.decode(piece, { stream: true });
+    }
+    return { status: r.status, text, ttftMs: ttft || performance.now() - t0 };
+  };
+}
+
 /**
  * Keeps `concurrency` requests in flight through the proxy until stop() (mixed: streamed and not,
  * completions and chat, text and token-id prompts). Every request is bounded by `timeoutMs`.
+ * `send` carries them (default: fetch from this process; the soak sends from inside a namespace).
+ * With `longPromptTokens`, every fifth request's token-id prompt is that long and new (the caches
+ * fill and evict, the prefill→decode transfers carry several chunks).
  */
-export function startLoad(proxy: string, concurrency: number, o: { timeoutMs?: number; maxTokens?: number } = {}) {
+export function startLoad(proxy: string, concurrency: number, o: { timeoutMs?: number; maxTokens?: number; send?: LoadSend; longPromptTokens?: number } = {}) {
   const results: LoadResult[] = [];
   /** Numbers of the requests in flight. */
   const pending = new Set<number>();
   let running = true;
   let n = 0;
+  const send = o.send ?? fetchSend(proxy);
+  const idsPrompt = (k: number) =>
+    o.longPromptTokens ? Array.from({ length: o.longPromptTokens }, (_, i) => 100 + ((i * 7919 + k * 104729) % 31000)) : [1, 450, 3186, 29871, (k % 500) + 100];
   const one = async (): Promise<void> => {
     const k = n++;
     pending.add(k);
@@ -74,30 +99,16 @@ export function startLoad(proxy: string, concurrency: number, o: { timeoutMs?: n
     const ids = k % 5 === 4;
     const body: Record<string, unknown> = chat
       ? { model: 'builtin:tiny', messages: [{ role: 'user', content: `load request ${k}: say something about caches` }] }
-      : { model: 'builtin:tiny', prompt: ids ? [1, 450, 3186, 29871, (k % 500) + 100] : `load request ${k}: the KV cache` };
+      : { model: 'builtin:tiny', prompt: ids ? idsPrompt(k) : `load request ${k}: the KV cache` };
     Object.assign(body, { max_tokens: o.maxTokens ?? 4, temperature: 0, stream });
     const t0 = performance.now();
     const startedAt = Date.now();
-    let ttft = 0;
     try {
-      const r = await fetch(`${proxy}/v1/${chat ? 'chat/completions' : 'completions'}`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify(body),
-        signal: AbortSignal.timeout(o.timeoutMs ?? 60_000),
-      });
-      let text = '';
-      if (stream && r.body) {
-        const dec = new TextDecoder();
-        for await (const piece of r.body as unknown as AsyncIterable<Uint8Array>) {
-          if (!ttft) ttft = performance.now() - t0;
-          text += dec.decode(piece, { stream: true });
-        }
-      } else text = await r.text();
-      if (!ttft) ttft = performance.now() - t0;
+      const r = await send(`/v1/${chat ? 'chat/completions' : 'completions'}`, body, o.timeoutMs ?? 60_000);
       // A stream that broke after its headers carries an error event: count it as the error it is.
-      const broken = r.status === 200 && stream && /"error"\s*:/.test(text);
-      results.push({ status: broken ? 599 : r.status, ttftMs: ttft, stream, startedAt, error: r.status >= 400 || broken ? text.slice(0, 300) : undefined });
+      const broken = r.status === 200 && stream && /"error"\s*:/.test(r.text);
+      // status 0: no answer (the request's bound passed, or the connection failed).
+      results.push({ status: broken ? 599 : r.status, ttftMs: r.ttftMs, stream, startedAt, error: r.status === 0 || r.status >= 400 || broken ? r.text.slice(0, 300) : undefined });
     } catch (e) {
       results.push({ status: 0, ttftMs: performance.now() - t0, stream, startedAt, error: (e as Error).message });
     } finally {

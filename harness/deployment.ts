@@ -54,7 +54,8 @@ export interface DeployOptions {
 /**
  * Starts `kvc up` on a free port offset (below the kernel's ephemeral range: freePortOffset). A
  * port found free can still be taken before the engine binds it, by another process binding it
- * too: then `kvc up` exits naming EADDRINUSE, and another offset is tried, at most three times in all.
+ * too: then `kvc up` exits naming EADDRINUSE (or, taken before its own check, "ports already in
+ * use"), and another offset is tried, at most three times in all.
  */
 async function upOnFreeOffset(o: DeployOptions, timeout: number): Promise<{ up: Proc; offset: number; logDir: string }> {
   for (let attempt = 1; ; attempt++) {
@@ -69,7 +70,8 @@ async function upOnFreeOffset(o: DeployOptions, timeout: number): Promise<{ up: 
       return { up, offset, logDir };
     } catch (e) {
       await up.kill('SIGTERM');
-      if (attempt >= 3 || !/EADDRINUSE/.test((e as Error).message)) throw e;
+      // Taken at bind (EADDRINUSE) or already at the start check ("ports already in use").
+      if (attempt >= 3 || !/EADDRINUSE|ports already in use/.test((e as Error).message)) throw e;
     }
   }
 }

@@ -6,7 +6,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parse as parseYaml } from 'yaml';
 import { freePortOffset } from '../src/deploy/free_offset.js';
-import { startKvc, type Proc } from './proc.js';
+import { onFreePorts, startKvc, type Proc } from './proc.js';
 import { tempDir } from './temp_dir.js';
 
 export interface EnginePorts {
@@ -58,8 +58,8 @@ export interface DeployOptions {
  * use"), and another offset is tried, at most three times in all.
  */
 async function upOnFreeOffset(o: DeployOptions, timeout: number): Promise<{ up: Proc; offset: number; logDir: string }> {
-  for (let attempt = 1; ; attempt++) {
-    const offset = await freePortOffset({ prefillers: o.prefillers, decoders: o.decoders, model: 'builtin:tiny', controller: true, host: '127.0.0.1' });
+  const pick = () => freePortOffset({ prefillers: o.prefillers, decoders: o.decoders, model: 'builtin:tiny', controller: true, host: '127.0.0.1' });
+  return onFreePorts(pick, async (offset) => {
     const logDir = tempDir('kvc-deploy-');
     const up = startKvc(
       ['up', '--prefillers', String(o.prefillers), '--decoders', String(o.decoders), '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', String(Math.ceil(timeout / 1000)), ...(o.args ?? [])],
@@ -70,10 +70,9 @@ async function upOnFreeOffset(o: DeployOptions, timeout: number): Promise<{ up: 
       return { up, offset, logDir };
     } catch (e) {
       await up.kill('SIGTERM');
-      // Taken at bind (EADDRINUSE) or already at the start check ("ports already in use").
-      if (attempt >= 3 || !/EADDRINUSE|ports already in use/.test((e as Error).message)) throw e;
+      throw e; // onFreePorts tries another offset when a port was taken (EADDRINUSE, "ports already in use")
     }
-  }
+  });
 }
 
 export async function startDeployment(o: DeployOptions): Promise<Deployment> {

@@ -88,6 +88,38 @@ export async function waitHttp(url: string, timeoutMs = 60_000): Promise<void> {
 }
 
 /**
+ * Waits until `p` itself says it listens on `port` (`listening on http://host:port`, printed by
+ * `kvc engine` and `kvc proxy` once bound). Polling the URL instead can be answered by another
+ * process that bound the port first (another run on the machine picked it too); then `p` exits
+ * with EADDRINUSE, and this rejects at once with its output.
+ */
+export function waitListening(p: Proc, port: number, timeoutMs = 120_000): Promise<RegExpMatchArray> {
+  return p.waitFor(new RegExp(`listening on http://\\S+:${port}\\b`), timeoutMs);
+}
+
+/** The error says a port was taken (EADDRINUSE, or `kvc up`'s refusal of ports already in use). */
+export function portTaken(e: unknown): boolean {
+  return /EADDRINUSE|already in use/i.test(e instanceof Error ? e.message : String(e));
+}
+
+/**
+ * Starts something on ports from `pick`, and again on new ones when a port was taken between the
+ * check and the bind (another run on the machine picked it too: portTaken), at most `attempts`
+ * times in all. Any other failure is thrown at once. `start` stops what it started before throwing.
+ */
+export async function onFreePorts<T>(pick: () => Promise<number>, start: (base: number) => Promise<T>, attempts = 3): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    const base = await pick();
+    try {
+      return await start(base);
+    } catch (e) {
+      if (attempt >= attempts || !portTaken(e)) throw e;
+      console.log(`# a port from ${base} was taken before it was bound (attempt ${attempt} of ${attempts}); again on other ports`);
+    }
+  }
+}
+
+/**
  * Polls `fn` until it returns a truthy value (a throw counts as not yet), or throws naming `what`
  * after `timeoutMs`.
  */

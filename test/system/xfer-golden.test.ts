@@ -15,7 +15,7 @@ import { Pull } from 'zeromq';
 import { stringify } from 'yaml';
 import { freePortRange } from '../../src/common/ports.js';
 import { decodeNotice } from '../../src/xfer/notify.js';
-import { startKvc, waitHttp, postJson, type Proc } from '../../harness/proc.js';
+import { onFreePorts, startKvc, waitListening, postJson, type Proc } from '../../harness/proc.js';
 import { tempDir } from '../../harness/temp_dir.js';
 
 const CHUNK = 16;
@@ -31,8 +31,14 @@ function connector(role: string, extra: Record<string, unknown> = {}): string {
   return JSON.stringify({ kv_connector: 'KvcConnectorV1', kv_role: role, kv_connector_extra_config: { discard_partial_chunks: false, ...extra } });
 }
 
-before(async () => {
-  base = await freePortRange(10);
+/**
+ * Starts the four engines and this test's notify PULL on `b`..`b`+9 and waits until each engine
+ * itself says it listens (a port found free can be bound by another run on the machine first; its
+ * server would answer our URL: once it was another suite's `kvc up` decoder, and this file then
+ * talked to it until that deployment stopped). On failure stops what it started.
+ */
+async function startOn(b: number): Promise<void> {
+  base = b;
   const dir = tempDir('kvc-xfer-golden-');
   const yaml = (name: string, o: Record<string, unknown>) => {
     const p = join(dir, name);
@@ -75,14 +81,25 @@ before(async () => {
     xfer_peer_alloc_port: base + 9,
     xfer_buffer_size: 1073741824,
   });
-  pull = new Pull({ linger: 0, receiveTimeout: 10_000 });
-  await pull.bind(`tcp://127.0.0.1:${base + 5}`);
   const common = ['engine', '--model', 'builtin:tiny', '--max-num-seqs', '4', '--enforce-eager', '--no-enable-prefix-caching', '--disable-log-requests'];
-  procs.push(startKvc([...common, '--port', String(base), '--kv-transfer-config', connector('kv_both')], { KVC_CONFIG_FILE: both }));
-  procs.push(startKvc([...common, '--port', String(base + 1), '--kv-transfer-config', connector('kv_producer', { kvc_rpc_port: 'producer1' })], { KVC_CONFIG_FILE: prefiller }));
-  procs.push(startKvc([...common, '--port', String(base + 2), '--kv-transfer-config', connector('kv_consumer', { kvc_rpc_port: 'consumer1', skip_last_n_tokens: 1 })], { KVC_CONFIG_FILE: decoder }));
-  procs.push(startKvc([...common, '--port', String(base + 7), '--kv-transfer-config', connector('kv_consumer', { kvc_rpc_port: 'consumer2', skip_last_n_tokens: SKIP2 })], { KVC_CONFIG_FILE: decoder2 }));
-  await Promise.all([0, 1, 2, 7].map((i) => waitHttp(`${url(i)}/health`, 120_000)));
+  try {
+    pull = new Pull({ linger: 0, receiveTimeout: 10_000 });
+    await pull.bind(`tcp://127.0.0.1:${base + 5}`);
+    procs.push(startKvc([...common, '--port', String(base), '--kv-transfer-config', connector('kv_both')], { KVC_CONFIG_FILE: both }));
+    procs.push(startKvc([...common, '--port', String(base + 1), '--kv-transfer-config', connector('kv_producer', { kvc_rpc_port: 'producer1' })], { KVC_CONFIG_FILE: prefiller }));
+    procs.push(startKvc([...common, '--port', String(base + 2), '--kv-transfer-config', connector('kv_consumer', { kvc_rpc_port: 'consumer1', skip_last_n_tokens: 1 })], { KVC_CONFIG_FILE: decoder }));
+    procs.push(startKvc([...common, '--port', String(base + 7), '--kv-transfer-config', connector('kv_consumer', { kvc_rpc_port: 'consumer2', skip_last_n_tokens: SKIP2 })], { KVC_CONFIG_FILE: decoder2 }));
+    await Promise.all([0, 1, 2, 7].map((i, k) => waitListening(procs[k]!, base + i)));
+  } catch (e) {
+    await Promise.all(procs.splice(0).map((p) => p.kill()));
+    pull?.close();
+    pull = null;
+    throw e;
+  }
+}
+
+before(async () => {
+  await onFreePorts(() => freePortRange(10), startOn);
 });
 
 after(async () => {
@@ -195,7 +212,7 @@ test('through the real proxy (1P1D): same greedy output as kv_both, KV loaded fr
     '--proxy-port', String(base + 5),
   ]);
   procs.push(proxy);
-  await waitHttp(`${url(6)}/health`, 30_000);
+  await waitListening(proxy, base + 6, 30_000);
   const req = { model: 'builtin:tiny', prompt: 'the quick brown fox jumps over the lazy dog and keeps running far away', max_tokens: 8, temperature: 0, ignore_eos: true };
   const single = await postJson(`${url(0)}/v1/completions`, req);
   assert.equal(single.status, 200, JSON.stringify(single.json));

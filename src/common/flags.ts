@@ -406,7 +406,7 @@ export const SETTINGS = {
     env: ['PYTHONHASHSEED'],
     commands: [],
   }),
-  cacheDir: setting<string>({ help: 'where the built-in model is generated (under <dir>/models)', defaultText: '~/.cache/kvc', env: ['KVC_CACHE_DIR'], commands: [] }),
+  cacheDir: setting<string>({ help: 'where the built-in model is generated (under <dir>/models) and compiled kernels are kept (<dir>/wasm)', defaultText: '~/.cache/kvc', env: ['KVC_CACHE_DIR'], commands: [] }),
   logLevel: setting<(typeof LOG_LEVELS)[number]>({
     help: 'log lines at this level and above (the proxy\'s TTFT statistics lines always go to stdout)',
     default: 'info',

@@ -209,6 +209,8 @@ export class LlamaModel {
     } else {
       lmHead = await mat(['lm_head.weight'], [vocabSize], dim);
     }
+    // The kernel's worker thread started while the weights were read (createKernel): wait for it here.
+    await kernel.ready();
     return new LlamaModel(path, modelId, cfg, kernel, embed, layers, finalNorm, lmHead);
   }
 

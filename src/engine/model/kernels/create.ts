@@ -12,7 +12,8 @@ import { WasmKernelPool } from './wasm_kernel_pool.js';
  * The kernel for a model: WASM SIMD (one instance, or a pool of them when the weights exceed
  * one 4 GiB address space), else JS. All give bitwise identical results (all use the process's
  * fma setting, fma.ts), so the choice never changes outputs. `weightCapBytes` (tests) lowers the per-instance weight budget; `threads` (1 or 2)
- * overrides the WASM kernel's default (KVC_GEMM_THREADS, else 2 on a multi-core machine).
+ * overrides the WASM kernel's default (KVC_GEMM_THREADS, else 2 on a multi-core machine). The
+ * WASM kernel's worker thread is still starting when this returns: `ready()` says when it runs.
  */
 export async function createKernel(opts: { shapes?: [number, number][]; prefer?: 'wasm' | 'js'; weightCapBytes?: number; threads?: 1 | 2; q4?: boolean } = {}): Promise<Kernel> {
   // Decided first and outside the fallback below: a bad or unsatisfiable KVC_WASM_FMA or
@@ -38,9 +39,9 @@ export async function createKernel(opts: { shapes?: [number, number][]; prefer?:
   }
   try {
     const threads = opts.threads ?? env.threads;
-    if (parts === 1) return await WasmKernel.create({ q4, ...(opts.weightCapBytes !== undefined ? { weightCapBytes: cap } : {}), ...(threads ? { threads } : {}) });
+    if (parts === 1) return await WasmKernel.create({ q4, threadsLater: true, ...(opts.weightCapBytes !== undefined ? { weightCapBytes: cap } : {}), ...(threads ? { threads } : {}) });
     const list: WasmKernel[] = [];
-    for (let i = 0; i < parts; i++) list.push(await WasmKernel.create({ q4, weightCapBytes: cap, ...(i > 0 ? { threads: 1 } : threads ? { threads } : {}) }));
+    for (let i = 0; i < parts; i++) list.push(await WasmKernel.create({ q4, weightCapBytes: cap, threadsLater: true, ...(i > 0 ? { threads: 1 } : threads ? { threads } : {}) }));
     return new WasmKernelPool(list);
   } catch {
     return new JsKernel({ q4 });

@@ -36,6 +36,7 @@ export async function measureGemm(m = 256, n = 768, k = 256, iters = 5): Promise
   const w = randomArray(n * k, 2);
   const out = new Float32Array(m * n);
   const gemm = await createKernel();
+  await gemm.ready(); // timed with both threads
   const wt = gemm.upload(w, n, k);
   gemm.matmul(wt, a, m, out); // warm-up (JIT / tier-up)
   let t = process.hrtime.bigint();

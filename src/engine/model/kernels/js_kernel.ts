@@ -28,6 +28,9 @@ export class JsKernel implements Kernel {
     this.q4 = opts.q4 ?? kernelEnv(process.env).q4;
   }
 
+  ready(): Promise<void> {
+    return Promise.resolve();
+  }
   close(): void {}
   park(): void {}
 

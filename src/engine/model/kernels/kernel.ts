@@ -79,6 +79,12 @@ export interface Kernel {
    * fused pass (gu untouched); any other weight goes through `gu`.
    */
   matmulSwiglu(w: Weight, a: Float32Array, m: number, gu: Float32Array, out: Float32Array): void;
+  /**
+   * Resolves when the helper threads are running, or were given up on (the kernel then computes
+   * on the calling thread alone, with the same bits). Products work before it resolves, on the
+   * calling thread: the model loads its weights while the threads start.
+   */
+  ready(): Promise<void>;
   /** Releases threads (the kernel still works afterwards, single-threaded). */
   close(): void;
   /**

@@ -60,6 +60,8 @@ export class WasmKernel implements Kernel {
   private f32: Float32Array;
   /** The second thread, when there is one (worker_host.ts). */
   private readonly helper = new WorkerHost();
+  /** The worker thread's start (create); resolved when it runs or was given up on. */
+  private started: Promise<void> = Promise.resolve();
   private weightBytes = 0;
   private weightCap = WASM_WEIGHT_CAP;
   private argmaxOutPtr = 0;
@@ -162,8 +164,10 @@ export class WasmKernel implements Kernel {
    * `weightCapBytes`: weights this instance accepts (default: what wasm32 leaves after scratch).
    * `fma`: fused multiply-add in the GEMMs (default: fmaSupport(), i.e. KVC_WASM_FMA and the
    * platform); true where it is unavailable is an error.
+   * `threadsLater`: return before the worker thread runs (it starts in the background, ready()
+   * says when; the model uploads its weights meanwhile), instead of after.
    */
-  static async create(opts: { threads?: number; weightCapBytes?: number; fma?: boolean; q4?: boolean } = {}): Promise<WasmKernel> {
+  static async create(opts: { threads?: number; weightCapBytes?: number; fma?: boolean; q4?: boolean; threadsLater?: boolean } = {}): Promise<WasmKernel> {
     const fma = opts.fma ?? fmaSupport().fma;
     const q4 = opts.q4 ?? kernelEnv(process.env).q4;
     const mod = await kernelModule(fma, q4);
@@ -172,10 +176,16 @@ export class WasmKernel implements Kernel {
     const ops = await WebAssembly.instantiate(await opsModule(), { env: { mem } });
     const g = new WasmKernel(mem, inst.exports as unknown as KernelExports, ops.exports as unknown as OpsExports, fma, q4);
     if (opts.weightCapBytes !== undefined) g.weightCap = Math.min(opts.weightCapBytes, WASM_WEIGHT_CAP);
-    g.converter = await wasmConverter();
     const threads = opts.threads ?? kernelEnv(process.env).threads ?? Math.min(2, availableParallelism());
-    if (threads >= 2) await g.helper.start(mod, mem);
+    // The worker boots (a Node.js thread: ~0.1–0.4 s) while the converter compiles and the caller goes on.
+    g.started = threads >= 2 ? g.helper.start(mod, mem) : Promise.resolve();
+    g.converter = await wasmConverter();
+    if (!opts.threadsLater) await g.started;
     return g;
+  }
+
+  ready(): Promise<void> {
+    return this.started;
   }
 
   get threads(): number {

@@ -109,6 +109,10 @@ export class WasmKernelPool implements Kernel {
     this.parts[0]!.copyRows(src, so, ss, dst, d0, ds, rows, n);
   }
 
+  ready(): Promise<void> {
+    return Promise.all(this.parts.map((p) => p.ready())).then(() => undefined);
+  }
+
   park(): void {
     for (const p of this.parts) p.park();
   }

@@ -38,6 +38,10 @@ export class WorkerHost {
       void w.terminate();
       return; // single-threaded: same results, just slower
     }
+    if (Atomics.load(this.ctl, CTL.STOP) === 1) {
+      void w.terminate(); // stopped while it was starting
+      return;
+    }
     w.on('error', () => this.stop());
     w.on('exit', () => {
       if (this.worker === w) this.worker = null;

@@ -281,7 +281,7 @@ test('exact accounting across processes: 1000 requests with a small buffer, dead
   const { p: recv, spec } = await startReceiver({ bufferBytes: 40 * 8192, ttlMs: TTL });
   const senders = await Promise.all([0, 1, 2].map((i) => startPeer({ role: 'sender', layout, chunkSize: CHUNK, modelId: MODEL, bufferBytes: 1 << 20, senderId: `acct-${i}`, allocWaitMs: 30 })));
   const N = 1000;
-  const outcome = { ok: 0, full: 0, rejected: 0, exportFailed: 0, duplicate: 0 };
+  const outcome = { ok: 0, full: 0, rejected: 0, exportFailed: 0, duplicate: 0, expired: 0 };
   const takes = { checked: 0, late: 0 };
   const run = async (i: number) => {
     const s = senders[i % senders.length]!;
@@ -299,6 +299,10 @@ test('exact accounting across processes: 1000 requests with a small buffer, dead
       else if (/receiver rejected chunk .*checksum mismatch/.test(r.error)) outcome.rejected++;
       else if (/synthetic export failure/.test(r.error)) outcome.exportFailed++;
       else if (/already has a reservation/.test(r.error)) outcome.duplicate++;
+      // The 300 ms TTL can run out while a loaded machine is still sending: the receiver has
+      // dropped the reservation and refuses its chunks. Counted, and checked below against the
+      // receiver's own expiries, so a refusal with no expiry behind it still fails.
+      else if (/no reservation expects chunk|reservation expired while receiving/.test(r.error)) outcome.expired++;
       else assert.fail(`unexpected failure of p${i}: ${r.error}`);
     }
     if (i % 7 === 3) return; // never consumed: must expire
@@ -323,6 +327,7 @@ test('exact accounting across processes: 1000 requests with a small buffer, dead
   assert.ok(outcome.rejected > 0 && st.chunksRejected > 0, JSON.stringify(outcome));
   assert.ok(outcome.exportFailed > 0 && outcome.ok > N / 4, JSON.stringify(outcome));
   assert.ok(st.reservationsExpired > 0);
+  assert.ok(outcome.expired <= st.reservationsExpired + st.transfers.abandoned, `${outcome.expired} sends refused as expired, but the receiver expired ${st.reservationsExpired} and abandoned ${st.transfers.abandoned}`);
   assert.ok(takes.checked > 0, `no take ended within the TTL: ${JSON.stringify(takes)}`);
   assert.ok(st.poolBytes <= 40 * 8192 + 4 * 8192, 'memory stays within the buffer bound');
 });

@@ -22,6 +22,13 @@ process.on('exit', () => {
   for (const c of live) if (c.exitCode === null) c.kill('SIGKILL');
 });
 
+/**
+ * The live `kvc engine|serve|proxy|controller --port N` children, by N: waitHttp on a URL with that
+ * port waits for that child itself (see waitListening), not for whichever process answers there.
+ */
+const byPort = new Map<number, Proc>();
+const SERVERS = new Set(['engine', 'serve', 'proxy', 'controller']);
+
 export function startKvc(args: string[], env: NodeJS.ProcessEnv = {}): Proc {
   const child = spawn(process.execPath, [CLI, ...args], {
     env: { ...process.env, PYTHONHASHSEED: '0', ...env },
@@ -37,8 +44,19 @@ export function startKvc(args: string[], env: NodeJS.ProcessEnv = {}): Proc {
   };
   child.stdout!.on('data', onData);
   child.stderr!.on('data', onData);
-  const exited = new Promise<number | null>((r) => child.once('exit', (code) => { live.delete(child); for (const w of waiters) w(); r(code); }));
-  return {
+  const portArg = args.indexOf('--port');
+  // (A proxy logs its listening line at info: not waited for when the log level hides it.)
+  const quiet = args[0] === 'proxy' && /^(warn|error)$/.test({ ...process.env, ...env }.KVC_LOG_LEVEL ?? '');
+  const port = SERVERS.has(args[0] ?? '') && portArg >= 0 && !quiet ? Number(args[portArg + 1]) : NaN;
+  const exited = new Promise<number | null>((r) =>
+    child.once('exit', (code) => {
+      live.delete(child);
+      if (byPort.get(port) === proc) byPort.delete(port);
+      for (const w of waiters) w();
+      r(code);
+    }),
+  );
+  const proc: Proc = {
     child,
     output: () => out,
     waitFor(re, timeoutMs = 60_000) {
@@ -68,11 +86,22 @@ export function startKvc(args: string[], env: NodeJS.ProcessEnv = {}): Proc {
       return child.exitCode;
     },
   };
+  if (Number.isInteger(port)) byPort.set(port, proc);
+  return proc;
 }
 
-/** Polls `url` until it answers 2xx, or throws after `timeoutMs`. */
+/**
+ * Polls `url` until it answers 2xx, or throws after `timeoutMs`. When the URL's port is that of a
+ * live `kvc engine|serve|proxy|controller` child of this process, first waits for that child's own
+ * line saying it listens there (waitListening): it fails at once with the child's output when the
+ * child exits (a port taken meanwhile: EADDRINUSE), and another process that answers on the port
+ * cannot pass for it.
+ */
 export async function waitHttp(url: string, timeoutMs = 60_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
+  const port = Number(new URL(url).port);
+  const own = byPort.get(port);
+  if (own) await waitListening(own, port, timeoutMs);
   let last = '';
   while (Date.now() < deadline) {
     try {
@@ -88,13 +117,14 @@ export async function waitHttp(url: string, timeoutMs = 60_000): Promise<void> {
 }
 
 /**
- * Waits until `p` itself says it listens on `port` (`listening on http://host:port`, printed by
- * `kvc engine` and `kvc proxy` once bound). Polling the URL instead can be answered by another
+ * Waits until `p` itself says it listens on `port` (the line `kvc engine`, `kvc proxy` and
+ * `kvc controller` print once bound). Polling the URL instead can be answered by another
  * process that bound the port first (another run on the machine picked it too); then `p` exits
  * with EADDRINUSE, and this rejects at once with its output.
  */
 export function waitListening(p: Proc, port: number, timeoutMs = 120_000): Promise<RegExpMatchArray> {
-  return p.waitFor(new RegExp(`listening on http://\\S+:${port}\\b`), timeoutMs);
+  // `kvc engine` / `kvc proxy`: "listening on http://host:port"; `kvc controller`: "ready: http http://host:port".
+  return p.waitFor(new RegExp(`(?:listening on|ready: http) http://\\S+:${port}\\b`), timeoutMs);
 }
 
 /** The error says a port was taken (EADDRINUSE, or `kvc up`'s refusal of ports already in use). */

@@ -8,8 +8,8 @@
 //   fork('dist/harness/stalled_sender.js', [JSON.stringify({host, initPort, allocPort, modelId,
 //        chunkSize, layout, reqId, chunks: [[key, bytes], ...]})])
 import net from 'node:net';
-import { randomBytes } from 'node:crypto';
-import { deploymentSecret, tag } from '../src/common/auth.js';
+import { deploymentSecret } from '../src/common/auth.js';
+import { seal } from '../src/common/replay.js';
 import type { KvLayout } from '../src/common/chunk.js';
 import { FrameParser, FrameType, PROTOCOL_VERSION, writeFrame, type HelloMeta } from '../src/protocol/xfer_frames.js';
 
@@ -57,7 +57,7 @@ async function main(): Promise<void> {
   const a = JSON.parse(process.argv[2]!) as Args;
   const init = await connect(a.host, a.initPort);
   const alloc = await connect(a.host, a.allocPort);
-  const hello: HelloMeta = {
+  const hello: HelloMeta = seal(deploymentSecret(), 'xfer-hello', {
     version: PROTOCOL_VERSION,
     sender_id: 'stalled-sender',
     model_id: a.modelId,
@@ -66,12 +66,7 @@ async function main(): Promise<void> {
     num_layers: a.layout.numLayers,
     num_kv_heads: a.layout.numKvHeads,
     head_dim: a.layout.headDim,
-  };
-  const secret = deploymentSecret();
-  if (secret !== null) {
-    hello.nonce = randomBytes(12).toString('hex');
-    hello.auth = tag(secret, 'xfer-hello', `${hello.sender_id}:${hello.nonce}`);
-  }
+  });
   const helloReply = nextFrame(init, FrameType.HelloReply);
   writeFrame(init, FrameType.Hello, hello);
   const h = await helloReply;

@@ -10,7 +10,7 @@ export function registerController(program: Command): void {
   const cmd = program
     .command('controller')
     .description('run the KV cache controller: instance registry, global chunk index, move/copy/pin/lookup/clear');
-  addSettings(cmd, 'controller').action(async (opts: { host: string; advertiseHost?: string; port: number; monitorPort: number; heartbeatTimeout: number; commandTimeout: number; transferTimeout: number; replicaHints: boolean; deploymentSecretFile?: string }) => {
+  addSettings(cmd, 'controller').action(async (opts: { host: string; advertiseHost?: string; port: number; monitorPort: number; heartbeatTimeout: number; commandTimeout: number; transferTimeout: number; replicaHints: boolean; deploymentSecretFile?: string; replayWindow: number }) => {
       const { host, advertiseHost } = hostFlags(opts);
       applySecret(opts, host, 'the controller');
       const { port, monitorPort } = opts;

@@ -13,6 +13,7 @@ const log = logger('engine');
 
 interface EngineFlags {
   deploymentSecretFile?: string;
+  replayWindow: number;
   apiKey?: string;
   host: string;
   advertiseHost?: string;

@@ -35,6 +35,7 @@ interface ProxyFlags {
   statsInterval: number;
   apiKey?: string;
   deploymentSecretFile?: string;
+  replayWindow: number;
   routing: 'round-robin' | 'kv-aware';
   controllerUrl?: string;
   maxLocalPrefillTokens?: number;

@@ -34,6 +34,7 @@ interface UpFlags {
   logDir?: string;
   startupTimeout: number;
   apiKey?: string;
+  replayWindow: number;
   placement: string;
   routing: 'round-robin' | 'kv-aware';
   maxLocalPrefillTokens?: number;
@@ -102,6 +103,7 @@ export function registerUp(program: Command): void {
           configOnly: o.configOnly === true,
           cli: CLI,
           apiKey: o.apiKey ?? null,
+          replayWindowMs: o.replayWindow,
         });
       } catch (e) {
         process.stderr.write(`kvc up: ${(e as Error).message}\n`);

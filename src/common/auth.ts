@@ -2,16 +2,19 @@
 //   - the client API key (`--api-key` / KVC_API_KEY): clients present `Authorization: Bearer <key>`
 //     on the OpenAI endpoints of the proxy and the engines, as with `vllm serve --api-key`;
 //   - the deployment secret (KVC_DEPLOYMENT_SECRET or `--deployment-secret-file`), shared by the
-//     processes of one deployment: internal HTTP calls present `Authorization: Bearer <secret>`,
-//     and messages on the binary channels carry `auth` = HMAC-SHA256(secret, "<channel>:<subject>"),
-//     where the subject names what the message is about (a session, a request id), so a captured
-//     tag is only good for that one thing.
+//     processes of one deployment. Internal HTTP calls are signed (x-kvc-timestamp, x-kvc-nonce,
+//     x-kvc-signature over the method, path and body), and messages on the binary channels are
+//     sealed (ts, nonce and an HMAC tag over the whole message), so the secret never travels
+//     and a captured message can be neither altered nor replayed (src/common/replay.ts). The
+//     controller's mutations also take `Authorization: Bearer <secret>` from operators, the
+//     dashboard and LMCache-style scripts: that path has no replay protection.
 // Every comparison is constant-time. Without a secret, the internal channels are open (today's
 // behaviour) and each process warns when it is not bound to loopback.
-import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
+import { randomBytes, timingSafeEqual } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { ERRORS, kvcError } from './errors.js';
+import { NonceMemory, SIGNATURE_HEADERS, countRefusal, requestSignature, sameHex } from './replay.js';
 import { logger } from './log.js';
 import { environmentOf } from './environment.js';
 
@@ -69,28 +72,12 @@ export function loadApiKey(flag: string | undefined, env: NodeJS.ProcessEnv = pr
   return environmentOf(env).get('apiKey') ?? null;
 }
 
-/** The tag a binary-channel message carries: HMAC-SHA256(secret, "<channel>:<subject>"), hex. */
-export function tag(secret: string, channel: string, subject: string): string {
-  return createHmac('sha256', secret).update(`${channel}:${subject}`).digest('hex');
-}
-
-/** True when `got` is the tag of (channel, subject); always true without a secret. */
-export function verifyTag(secret: string | null, channel: string, subject: string, got: unknown): boolean {
-  if (secret === null) return true;
-  return typeof got === 'string' && safeEqual(got, tag(secret, channel, subject));
-}
-
 /** The bearer token of a request's Authorization header, or null. */
 export function bearer(req: FastifyRequest): string | null {
   const h = req.headers.authorization;
   if (typeof h !== 'string') return null;
   const m = /^Bearer\s+(.+)$/i.exec(h.trim());
   return m ? m[1]!.trim() : null;
-}
-
-/** Headers that authenticate an internal HTTP call (none without a secret). */
-export function internalHeaders(secret: string | null): Record<string, string> {
-  return secret === null ? {} : { authorization: `Bearer ${secret}` };
 }
 
 export interface GuardOptions {
@@ -133,6 +120,69 @@ export function requireBearer(app: FastifyInstance, o: GuardOptions): void {
         : `the ${o.what} presented is not valid${where}`,
       o.what !== 'API key',
     );
+  });
+}
+
+export interface SecretGuardOptions {
+  /** Which requests need the deployment secret (by method and path without the query string). */
+  applies: (method: string, path: string) => boolean;
+  /** Log name of the server, and the channel its refusals are counted under (kvc_auth_refused_total). */
+  name: string;
+  channel: string;
+  /** Also take `Authorization: Bearer <secret>` (no replay protection); false: signed calls only. */
+  bearer: boolean;
+  /** Where the caller finds the secret, appended to the 401's message. */
+  where?: () => string;
+}
+
+/**
+ * Requires the deployment secret on the requests `applies` selects: a signed call (its headers
+ * are checked once the body is parsed, since the signature covers it: tag, then timestamp, then
+ * nonce), or, with `bearer`, the secret itself. Refusals are 401 (429 when the nonce memory is
+ * full) in the OpenAI shape with the reason as the code, counted, and logged per caller address
+ * (rate-limited).
+ */
+export function requireSecret(app: FastifyInstance, o: SecretGuardOptions): void {
+  const secret = deploymentSecret();
+  if (secret === null) return;
+  const memory = new NonceMemory(o.channel);
+  const signed = new WeakSet<FastifyRequest>();
+  const lastWarned = new Map<string, number>();
+  const refuse = (req: FastifyRequest, reason: 'invalid_deployment_secret' | 'stale_timestamp' | 'replayed_nonce' | 'nonce_memory_full', message: string, counted = false) => {
+    if (!counted) countRefusal(o.channel, reason);
+    const who = req.socket.remoteAddress ?? '?';
+    const now = Date.now();
+    if ((lastWarned.get(who) ?? 0) < now - 10_000) {
+      lastWarned.set(who, now);
+      if (lastWarned.size > 10_000) lastWarned.clear();
+      log.warn(`${o.name}: refused ${req.method} ${req.url.split('?', 1)[0]!.slice(0, 100)} from ${who}: ${reason}: ${message}`);
+    }
+    return kvcError(ERRORS[reason], `${message}${o.where ? ` (${o.where()})` : ''}`);
+  };
+  app.addHook('onRequest', async (req) => {
+    if (!o.applies(req.method, req.url.split('?', 1)[0]!)) return;
+    if (typeof req.headers[SIGNATURE_HEADERS.signature] === 'string') {
+      signed.add(req);
+      return;
+    }
+    const got = o.bearer ? bearer(req) : null;
+    if (got !== null && safeEqual(got, secret)) return;
+    const how = o.bearer ? 'a signed call (x-kvc-timestamp, x-kvc-nonce, x-kvc-signature) or "Authorization: Bearer <secret>"' : 'a signed call (x-kvc-timestamp, x-kvc-nonce, x-kvc-signature)';
+    throw refuse(req, 'invalid_deployment_secret', got === null && bearer(req) === null ? `this server requires the deployment secret: send ${how}` : `the deployment secret presented is not valid; send ${how}`);
+  });
+  app.addHook('preValidation', async (req) => {
+    if (!signed.has(req)) return;
+    const h = (name: string) => {
+      const v = req.headers[name];
+      return typeof v === 'string' ? v : '';
+    };
+    const ts = h(SIGNATURE_HEADERS.ts);
+    const nonce = h(SIGNATURE_HEADERS.nonce);
+    if (!sameHex(h(SIGNATURE_HEADERS.signature), requestSignature(secret, req.method, req.url, ts, nonce, req.body))) {
+      throw refuse(req, 'invalid_deployment_secret', 'the signature (x-kvc-signature) does not match this request and the deployment secret');
+    }
+    const r = memory.admit(/^\d{1,16}$/.test(ts) ? Number(ts) : undefined, nonce);
+    if (r) throw refuse(req, r.reason, r.message, true);
   });
 }
 

@@ -71,6 +71,10 @@ export const ERRORS = catalog({
   invalid_api_key: { status: 401, type: 'invalid_request_error' },
   /** No or a wrong deployment secret on an internal channel. */
   invalid_deployment_secret: { status: 401, type: 'invalid_request_error' },
+  /** An authenticated internal message whose timestamp is outside the replay window (--replay-window). */
+  stale_timestamp: { status: 401, type: 'invalid_request_error' },
+  /** An authenticated internal message whose nonce was already received within the replay window. */
+  replayed_nonce: { status: 401, type: 'invalid_request_error' },
 
   // 404: the thing named does not exist.
   /** Generic 404. */
@@ -107,6 +111,8 @@ export const ERRORS = catalog({
   body_too_large: { status: 413, type: 'payload_too_large' },
   /** Too many open connections from one client address. */
   too_many_connections: { status: 429, type: 'invalid_request_error' },
+  /** The receiver already remembers its maximum of nonces within the replay window; retry later. */
+  nonce_memory_full: { status: 429, type: 'invalid_request_error' },
   /** The request headers (or URL) exceed the size limit. */
   headers_too_large: { status: 431, type: 'invalid_request_error' },
 

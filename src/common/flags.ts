@@ -117,6 +117,15 @@ export const SETTINGS = {
     env: ['KVC_DEPLOYMENT_SECRET'],
     commands: [],
   }),
+  replayWindow: setting<number>({
+    flags: '--replay-window <seconds>',
+    help: 'an internal message authenticated by the deployment secret is refused when its timestamp is further than this from the receiver\'s clock, and when its nonce was already seen within it (replay protection; also the clock skew tolerated between hosts)',
+    helpIn: { up: '; given to every process it starts' },
+    default: 30_000,
+    ...seconds,
+    env: ['KVC_REPLAY_WINDOW'],
+    commands: ['engine', 'controller', 'proxy', 'up'],
+  }),
   apiKey: setting<string>({
     flags: '--api-key <key>',
     help: 'clients must send "Authorization: Bearer <key>" (none: open)',

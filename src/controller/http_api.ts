@@ -12,7 +12,7 @@ import { CACHE_SALT_HEADER, PREFIX_LOOKUP_PATH, prefixLookupRequestSchema, type 
 import { registerDashboard } from './dashboard.js';
 import { ControllerMetrics } from './metrics.js';
 import type { Operations } from './operations.js';
-import { deploymentSecret, deploymentSecretWhere, requireBearer } from '../common/auth.js';
+import { deploymentSecretWhere, requireSecret } from '../common/auth.js';
 import { DEFAULT_BODY_LIMIT } from '../common/limits.js';
 import { installTokenBodyParser, TokenBody } from './token_body_parser.js';
 
@@ -72,9 +72,10 @@ export async function buildHttpApi(ops: Operations, o: HttpApiOptions = {}): Pro
   // fastify's default text/plain parser would hand a string to handlers that expect an object;
   // the controller takes JSON (and binary token ids), so any other type is a 400 naming both.
   app.removeContentTypeParser('text/plain');
-  // Mutations need the deployment secret; reads stay open (docs/security.md).
+  // Mutations need the deployment secret, signed or as a bearer (operators, the dashboard,
+  // LMCache-style scripts); reads stay open (docs/security.md).
   const MUTATIONS = new Set(['/move', '/pin', '/unpin', '/clear', '/compress', '/decompress']);
-  requireBearer(app, { key: deploymentSecret(), applies: (m, p) => m === 'POST' && MUTATIONS.has(p), what: 'deployment secret', name: 'controller', where: deploymentSecretWhere });
+  requireSecret(app, { applies: (m, p) => m === 'POST' && MUTATIONS.has(p), name: 'controller', channel: 'controller-http', bearer: true, where: deploymentSecretWhere });
   const metrics = new ControllerMetrics(ops, o.processMetrics ?? false);
   ops.events.onComplete = (ev) => metrics.operationCompleted(ev);
   metrics.instrument(app);

@@ -7,6 +7,7 @@
 // difference, which keeps them monotonic.
 import type { FastifyInstance } from 'fastify';
 import { Counter, Gauge, Histogram, Registry as PromRegistry, collectDefaultMetrics } from 'prom-client';
+import { registerRefusalCounter } from '../common/replay.js';
 import type { EventKind, EventRecord } from './events.js';
 import type { Operations } from './operations.js';
 
@@ -23,6 +24,7 @@ export class ControllerMetrics {
 
   constructor(ops: Operations, processMetrics = false) {
     const registers = [this.registry];
+    registerRefusalCounter(this.registry);
     const r = ops.registry;
     const gauge = (name: string, help: string, read: () => number) =>
       new Gauge({ name, help, registers, collect() { this.set(read()); } });

@@ -8,7 +8,8 @@ import { logger } from '../common/log.js';
 import { ChunkIndex } from './chunk_index.js';
 import { describeIssues, isKeyOp, keyOpSchema, MONITOR_PROTOCOL_VERSION, registerMsgSchema, syncMsgSchema, type ControllerMsg } from '../protocol/monitor.js';
 import { instanceStatsSchema, type EngineSample, type LocationUsage } from '../protocol/instance_stats.js';
-import { deploymentSecret, verifyTag } from '../common/auth.js';
+import { deploymentSecret } from '../common/auth.js';
+import { NonceMemory, unseal } from '../common/replay.js';
 import { dtypeByName, DTYPE_NAMES, type DType } from '../common/dtype.js';
 import { StoredHistory } from '../common/stored_history.js';
 import { STORED_HISTORY_KEYS } from '../protocol/ledger.js';
@@ -70,6 +71,8 @@ export class Registry {
   private readonly byRouting = new Map<string, WorkerRec>();
   private readonly holderRefs = new Map<number, HolderRef>();
   private nextHolder = 1;
+  /** Nonces of the registrations accepted within the replay window (a captured one is refused). */
+  private readonly registerNonces = new NonceMemory('monitor');
   /** Counters for /metrics. */
   readonly stats = {
     admitted: 0, evicted: 0, synced: 0, reaped: 0, registrations: 0, badMessages: 0, p2pLookups: 0,
@@ -236,10 +239,12 @@ export class Registry {
     if (!r.success) return this.bad(routingId, 'register', describeIssues(r.error));
     const m = r.data;
     const secret = this.opts.secret === undefined ? deploymentSecret() : this.opts.secret;
-    if (!verifyTag(secret, 'monitor', m.session, m.auth)) {
+    // The seal covers the raw message (before the schema's defaults), as the instance sent it.
+    const refused = unseal(secret, this.registerNonces, msg);
+    if (refused) {
       this.stats.badMessages++;
-      log.warn(`refused registration of ${m.instance_id}/${m.worker_id} (from ${m.ip}:${m.worker_port}): ${m.auth === undefined ? 'no' : 'a wrong'} deployment secret`);
-      return { t: 'error', message: 'registration refused: the deployment secret is missing or wrong' };
+      log.warn(`refused registration of ${m.instance_id}/${m.worker_id} (from ${m.ip}:${m.worker_port}): ${refused.reason}: ${refused.message}`);
+      return { t: 'error', message: `registration refused (${refused.reason}): ${refused.message}` };
     }
     if (m.v !== MONITOR_PROTOCOL_VERSION) return { t: 'error', message: `monitor protocol version ${m.v} is not supported (controller speaks ${MONITOR_PROTOCOL_VERSION})` };
     const differs = this.keySettingsDiffer(m);

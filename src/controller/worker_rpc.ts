@@ -7,7 +7,8 @@ import { catalogEntry, KvcError, kvcError, timedOut, unavailable, upstreamFailed
 import { describeIssues } from '../protocol/monitor.js';
 import { WORKER_ROUTES, type WorkerReply, type WorkerRequest, type WorkerRoute } from '../protocol/worker_api.js';
 import type { WorkerRec } from './registry.js';
-import { deploymentSecret, internalHeaders } from '../common/auth.js';
+import { deploymentSecret } from '../common/auth.js';
+import { signedHeaders } from '../common/replay.js';
 
 // undici's own header/body timeouts (300 s by default) are switched off: every call carries
 // its deadline as an AbortSignal, so a long transfer is bounded by --transfer-timeout only.
@@ -36,7 +37,7 @@ async function send(w: WorkerRec, method: 'GET' | 'POST', path: string, body: un
   try {
     res = await request(url, {
       method,
-      headers: { ...internalHeaders(deploymentSecret()), ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
+      headers: { ...signedHeaders(deploymentSecret(), method, path, body), ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
       body: body === undefined ? undefined : JSON.stringify(body),
       signal,
       dispatcher: agent,

@@ -6,6 +6,7 @@
 // evictions) and `kvc_xfer_*` (KV sent to / received from other engines, measured at the
 // engine's transfer seam). Durations are histograms in seconds, sizes are bytes, and what
 // only grows is a counter.
+import { registerRefusalCounter } from '../common/replay.js';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { MissReason, ReasonCounts } from '../protocol/ledger.js';
 import type { EngineSample } from '../protocol/instance_stats.js';
@@ -96,6 +97,7 @@ export class EngineMetrics {
   constructor(labels: { model: string }, processMetrics = false) {
     this.registry.setDefaultLabels({ model_name: labels.model });
     const registers = [this.registry];
+    registerRefusalCounter(this.registry);
     this.requests = new Counter({ name: 'kvc_engine_requests_total', help: 'Requests answered, by endpoint and outcome (ok, error, cancelled, rejected)', labelNames: ['endpoint', 'outcome'], registers });
     this.promptTokens = new Counter({ name: 'kvc_engine_prompt_tokens_total', help: 'Prompt tokens of admitted requests', registers });
     this.generatedTokens = new Counter({ name: 'kvc_engine_generation_tokens_total', help: 'Tokens generated', registers });

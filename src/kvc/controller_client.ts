@@ -28,7 +28,8 @@ import type { KeyEvent } from './types.js';
 import { parseHostPort, startPeerServer, type PeerServer } from './worker_peer.js';
 import { startWorkerServer } from './worker_server.js';
 import { DEFAULT_ZMQ_MAX_MESSAGE_BYTES } from '../common/limits.js';
-import { deploymentSecret, tag } from '../common/auth.js';
+import { deploymentSecret } from '../common/auth.js';
+import { seal } from '../common/replay.js';
 import { instanceAddresses, urlHost } from '../common/address.js';
 import { MISS_CODES, missReasonsMsgSchema, type MissLookupMsg, type MissReason } from '../protocol/ledger.js';
 import { p2pHoldersMsgSchema, P2P_LOOKUP_MAX_KEYS, type P2pHolder, type P2pLookupMsg } from '../protocol/p2p_holders.js';
@@ -159,7 +160,7 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
     if (state !== 'registering' || registerInFlight || Date.now() - lastRegisterAt < intervalMs) return;
     registerInFlight = true;
     lastRegisterAt = Date.now();
-    void send({
+    void send(seal(deploymentSecret(), 'monitor', {
       t: 'register',
       v: MONITOR_PROTOCOL_VERSION,
       instance_id: cfg.kvc_instance_id,
@@ -175,8 +176,7 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
       locations: store.locations(),
       pid: process.pid,
       ...(o.engineUrl ? { engine_url: o.engineUrl } : {}),
-      ...(deploymentSecret() === null ? {} : { auth: tag(deploymentSecret()!, 'monitor', session) }),
-    }).finally(() => (registerInFlight = false));
+    })).finally(() => (registerInFlight = false));
   };
 
   /** The snapshot is taken synchronously, so every later store event comes after it on the socket. */

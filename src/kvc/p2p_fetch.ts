@@ -14,13 +14,12 @@ import {
   decodePeerControl,
   MAX_CONTROL_BODY,
   PEER_KEYED_FRAMES,
-  PEER_PROTOCOL_VERSION,
   PeerFrame,
   peerControlFrame,
   peerFetchEndSchema,
   peerHelloOkSchema,
 } from '../protocol/peer_frames.js';
-import { fetchAuth } from './p2p_serve.js';
+import { fetchFrame } from './p2p_serve.js';
 import { parseHostPort } from './worker_peer.js';
 
 /** Why a fetch ended before every asked chunk arrived (a label of kvc_p2p_failures_total). */
@@ -125,7 +124,7 @@ export function fetchFromPeer(o: PeerFetchOptions): Promise<PeerFetchResult> {
     let connected = false;
     sock.on('connect', () => {
       connected = true;
-      sock.write(peerControlFrame(PeerFrame.Fetch, { v: PEER_PROTOCOL_VERSION, from: o.from, keys: [...o.keys], ...fetchAuth(o.from) }));
+      sock.write(peerControlFrame(PeerFrame.Fetch, fetchFrame(o.from, o.keys)));
       o.onStarted?.();
     });
     sock.on('error', (e) => done(connected ? 'closed' : 'connect', `${connected ? 'connection to' : 'cannot connect to'} ${o.peerUrl}: ${e.message}`));

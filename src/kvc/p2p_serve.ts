@@ -5,14 +5,15 @@
 // from where it lies, pinned until the socket has taken its bytes (so an eviction meanwhile cannot
 // recycle them: chunkForSend, as for a move); one of another tier is read into a copy first. Each
 // is checked against its key; the requester verifies the checksum as the bytes arrive.
-// Authentication: with a deployment secret the FETCH must carry
-// HMAC-SHA256(secret, "p2p-fetch:<from>:<nonce>") (src/common/auth.ts), like every internal channel.
+// Authentication: with a deployment secret the FETCH is sealed (timestamp, nonce and an HMAC tag
+// over the whole frame, src/common/replay.ts), like every internal channel, so a captured FETCH
+// can neither ask for other keys nor be replayed.
 import type net from 'node:net';
-import { randomBytes } from 'node:crypto';
 import { checkChunkFor } from '../common/chunk.js';
-import { deploymentSecret, tag, verifyTag } from '../common/auth.js';
+import { deploymentSecret } from '../common/auth.js';
+import { NonceMemory, sealTag, stamp, unseal } from '../common/replay.js';
 import { logger } from '../common/log.js';
-import { PeerFrame, peerChunkHead, peerControlFrame, type PeerFetch } from '../protocol/peer_frames.js';
+import { PEER_PROTOCOL_VERSION, PeerFrame, peerChunkHead, peerControlFrame, type PeerFetch } from '../protocol/peer_frames.js';
 import type { KvcStore } from './store.js';
 import { chunkForSend, type OutgoingChunk } from './transfer_holds.js';
 import type { LocationName } from './types.js';
@@ -22,12 +23,15 @@ const log = logger('kvc.p2p');
 /** The channel name of the FETCH tag. */
 const CHANNEL = 'p2p-fetch';
 
-/** Fields of a FETCH that authenticate it (none without a secret). */
-export function fetchAuth(from: string): { nonce: string; auth?: string } {
-  const nonce = randomBytes(12).toString('hex');
+/** The FETCH of `keys`: stamped always, and sealed with a deployment secret. */
+export function fetchFrame(from: string, keys: readonly string[]): PeerFetch {
+  const msg: PeerFetch = { v: PEER_PROTOCOL_VERSION, from, keys: [...keys], ...stamp() };
   const secret = deploymentSecret();
-  return secret === null ? { nonce } : { nonce, auth: tag(secret, CHANNEL, `${from}:${nonce}`) };
+  return secret === null ? msg : { ...msg, auth: sealTag(secret, CHANNEL, msg) };
 }
+
+/** Nonces of the FETCHes this process served within the replay window. */
+const fetchNonces = new NonceMemory(CHANNEL);
 
 /** The chunk for `key` from the fastest local location that has it, or null. Never the remote tier. */
 async function readLocal(store: KvcStore, readers: Map<LocationName, (key: string) => Promise<OutgoingChunk | null>>, key: string): Promise<OutgoingChunk | null> {
@@ -63,9 +67,10 @@ export async function serveFetch(sock: net.Socket, store: KvcStore, req: PeerFet
   const end = (sent: number, error?: string) => {
     if (!sock.destroyed) sock.end(peerControlFrame(PeerFrame.FetchEnd, error === undefined ? { ok: true, sent } : { ok: false, sent, error }));
   };
-  if (!verifyTag(deploymentSecret(), CHANNEL, `${req.from}:${req.nonce}`, req.auth)) {
-    log.warn(`refused a P2P fetch from ${peerName} (${req.from}): ${req.auth === undefined ? 'no' : 'a wrong'} deployment secret`);
-    return end(0, 'fetch refused: the deployment secret is missing or wrong');
+  const refused = unseal(deploymentSecret(), fetchNonces, req);
+  if (refused) {
+    log.warn(`refused a P2P fetch from ${peerName} (${req.from}): ${refused.reason}: ${refused.message}`);
+    return end(0, `fetch refused (${refused.reason}): ${refused.message}`);
   }
   let sent = 0;
   const readers = new Map<LocationName, (key: string) => Promise<OutgoingChunk | null>>();

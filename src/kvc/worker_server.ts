@@ -7,7 +7,7 @@ import { parseBody } from '../common/validate.js';
 import type { KvcStore } from './store.js';
 import { WORKER_ROUTES as R, type WorkerReply } from '../protocol/worker_api.js';
 import { WorkerOps } from './worker_ops.js';
-import { deploymentSecret, requireBearer } from '../common/auth.js';
+import { requireSecret } from '../common/auth.js';
 
 export interface WorkerIdentity {
   instanceId: string;
@@ -18,8 +18,8 @@ export interface WorkerIdentity {
 
 export async function startWorkerServer(store: KvcStore, id: WorkerIdentity, host: string, port: number): Promise<FastifyInstance> {
   const app = createHttpServer({ name: 'kvc.worker' });
-  // Commands come from the controller only: they need the deployment secret (GET /health stays open).
-  requireBearer(app, { key: deploymentSecret(), applies: (m) => m !== 'GET', what: 'deployment secret', name: 'kvc.worker' });
+  // Commands come from the controller only: signed with the deployment secret (GET /health stays open).
+  requireSecret(app, { applies: (m) => m !== 'GET', name: 'kvc.worker', channel: 'worker-http', bearer: false });
   const ops = new WorkerOps(store, id.instanceId);
   app.get(R.health.path, async (): Promise<WorkerReply<'health'>> => ({
     instance_id: id.instanceId,

@@ -41,7 +41,9 @@ export const packedKeysSchema = z
 
 export const registerMsgSchema = z.object({
   t: z.literal('register'),
-  /** HMAC-SHA256(deployment secret, "monitor:<session>") when the deployment has a secret (docs/security.md). */
+  /** With a deployment secret: the sender's clock (ms), a nonce and the seal's tag over the whole message (src/common/replay.ts, channel "monitor"; docs/security.md). */
+  ts: z.number().optional(),
+  nonce: z.string().optional(),
   auth: z.string().optional(),
   v: z.number(),
   instance_id: z.string().min(1).max(200),

@@ -12,7 +12,7 @@
 //                      ACK (0x82)       msgpack {key, ok, error?}  once the chunk is STORED
 //                      COMMIT_OK (0x83) msgpack {ok, stored, missing, first_missing}
 // P2P pull (an engine that missed a prefix fetches it from a holder; docs/p2p.md), same port:
-//   requester → holder FETCH (4)        msgpack {v, from, nonce, auth?, keys}  (the only frame it sends)
+//   requester → holder FETCH (4)        msgpack {v, from, ts, nonce, auth?, keys}  (the only frame it sends)
 //   holder → requester CHUNK (2)        one per key, in order, up to the first key it lacks
 //                      FETCH_END (0x84) msgpack {ok, sent, error?}  then the holder closes
 // Control bodies are small msgpack maps described once below (zod); CHUNK bodies are binary and
@@ -59,13 +59,15 @@ export const peerCommitOkSchema = z.object({ ok: z.boolean(), stored: z.number()
 export type PeerCommitOk = z.infer<typeof peerCommitOkSchema>;
 
 /**
- * FETCH: the chunks `keys` (consecutive chunk keys of one prompt), in order. `auth` is
- * HMAC-SHA256(deployment secret, "p2p-fetch:<from>:<nonce>") when the deployment has a secret.
+ * FETCH: the chunks `keys` (consecutive chunk keys of one prompt), in order. `ts` (the sender's
+ * clock, ms) and `nonce` make it unique; `auth` is the seal's tag over the whole frame when the
+ * deployment has a secret (src/common/replay.ts, channel "p2p-fetch").
  */
 export const peerFetchSchema = z.object({
   v: z.number(),
   from: z.string().min(1).max(200),
-  nonce: z.string().min(8).max(64),
+  ts: z.number(),
+  nonce: z.string().min(16).max(64),
   auth: z.string().optional(),
   keys: z.array(z.string().regex(/^[0-9a-f]{16}$/, 'expected a 16-digit lowercase hex chunk key')).min(1).max(P2P_MAX_FETCH_KEYS),
 });

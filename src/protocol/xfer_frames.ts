@@ -59,7 +59,8 @@ export const helloMetaSchema = z.object({
   num_layers: z.number(),
   num_kv_heads: z.number(),
   head_dim: z.number(),
-  /** With a deployment secret: a random nonce and HMAC-SHA256(secret, "xfer-hello:<sender_id>:<nonce>"). */
+  /** With a deployment secret: the sender's clock (ms), a random nonce and the seal's tag (src/common/replay.ts, channel "xfer-hello"). */
+  ts: z.number().optional(),
   nonce: z.string().optional(),
   auth: z.string().optional(),
 });

@@ -13,7 +13,9 @@ export const xferNoticeSchema = z.object({
   num_tokens: z.number(),
   ok: z.boolean(),
   error: z.string().optional(),
-  /** With a deployment secret: HMAC-SHA256(secret, "notice:<req_id>") (docs/security.md). */
+  /** With a deployment secret: the sender's clock (ms), a nonce and the seal's tag over the whole notice (src/common/replay.ts, channel "notice"; docs/security.md). */
+  ts: z.number().optional(),
+  nonce: z.string().optional(),
   auth: z.string().optional(),
 });
 export type XferNotice = z.infer<typeof xferNoticeSchema>;

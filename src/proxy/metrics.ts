@@ -4,6 +4,7 @@
 // prefill time is the prefiller's answer.
 import { Counter, Gauge, Registry, collectDefaultMetrics } from 'prom-client';
 import { HotHistogram } from '../common/hot_histogram.js';
+import { registerRefusalCounter } from '../common/replay.js';
 
 // The three latency histograms are observed on every request: HotHistograms
 // (common/hot_histogram.ts), exported in prom-client's format through this registry.
@@ -107,6 +108,7 @@ export class ProxyMetrics {
 
   constructor() {
     collectDefaultMetrics({ register: this.registry, prefix: 'kvc_proxy_' });
+    registerRefusalCounter(this.registry);
   }
 }
 

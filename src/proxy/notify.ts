@@ -8,7 +8,8 @@ import { Pull } from 'zeromq';
 import { logger } from '../common/log.js';
 import { decodeNotice, type XferNotice } from '../protocol/xfer_notice.js';
 import { DEFAULT_ZMQ_MAX_MESSAGE_BYTES } from '../common/limits.js';
-import { deploymentSecret, verifyTag } from '../common/auth.js';
+import { deploymentSecret } from '../common/auth.js';
+import { NonceMemory, unseal } from '../common/replay.js';
 
 export type { XferNotice } from '../protocol/xfer_notice.js';
 
@@ -20,6 +21,8 @@ export class NotifyReceiver {
   private closed = false;
   /** Messages dropped (undecodable, or not signed with the deployment secret). */
   droppedCount = 0;
+  /** Nonces of the notices taken within the replay window (a replayed notice is dropped). */
+  private readonly nonces = new NonceMemory('notice');
   private lastDropLog = 0;
 
   /** Counts a dropped message; logs at most one line per 10 s so a flood does not flood the log. */
@@ -57,8 +60,9 @@ export class NotifyReceiver {
           this.dropped(`undecodable message (${(e as Error).message})`);
           continue;
         }
-        if (!verifyTag(deploymentSecret(), 'notice', notice.req_id, notice.auth)) {
-          this.dropped(`notice for ${notice.req_id.slice(0, 64)} without a valid deployment secret tag`);
+        const refused = unseal(deploymentSecret(), this.nonces, notice);
+        if (refused) {
+          this.dropped(`notice for ${notice.req_id.slice(0, 64)}: ${refused.reason}: ${refused.message}`);
           continue;
         }
         try {

@@ -5,7 +5,8 @@
 import { Push } from 'zeromq';
 import { logger } from '../common/log.js';
 import { encodeNotice, type XferNotice } from '../protocol/xfer_notice.js';
-import { deploymentSecret, tag } from '../common/auth.js';
+import { deploymentSecret } from '../common/auth.js';
+import { seal } from '../common/replay.js';
 
 export { decodeNotice, encodeNotice, type XferNotice } from '../protocol/xfer_notice.js';
 
@@ -29,7 +30,7 @@ export class ProxyNotifier {
   push(n: XferNotice): Promise<boolean> {
     // zeromq sockets allow one send at a time: serialise.
     const secret = deploymentSecret();
-    const signed = secret === null ? n : { ...n, auth: tag(secret, 'notice', n.req_id) };
+    const signed = seal(secret, 'notice', n);
     const p = this.queue.then(() => this.sock.send(encodeNotice(signed)));
     this.queue = p.catch(() => undefined);
     return p.then(

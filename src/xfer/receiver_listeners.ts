@@ -13,7 +13,8 @@
 // and the slot lives in the WASM memory of the xxh64 kernel, which hashes each read where it
 // landed. No per-read buffer, no staging copy, no copy into the hasher.
 import net from 'node:net';
-import { deploymentSecret, verifyTag } from '../common/auth.js';
+import { deploymentSecret } from '../common/auth.js';
+import { NonceMemory, unseal } from '../common/replay.js';
 import { describeLayout, HEADER_BYTES, type KvLayout } from '../common/chunk.js';
 import { readDirect } from '../common/direct_read.js';
 import { logger } from '../common/log.js';
@@ -56,6 +57,8 @@ export class ReceiverListeners {
   private readonly sockets = new Set<net.Socket>();
   /** The init connection of each live session (its alloc connection closes with it). */
   private readonly sessionSockets = new Map<string, net.Socket>();
+  /** Nonces of the HELLOs accepted within the replay window (a captured HELLO is refused). */
+  private readonly helloNonces = new NonceMemory('xfer-hello');
 
   private constructor(
     private readonly opts: ListenerOptions,
@@ -164,7 +167,7 @@ export class ReceiverListeners {
           if (session) throw new ProtocolError('second HELLO on one connection');
           clearTimeout(helloTimer);
           const shape = helloMetaSchema.safeParse(meta);
-          const bad = shape.success ? checkHello(shape.data, this.opts) : `malformed HELLO: ${describeMeta(shape.error)}`;
+          const bad = shape.success ? checkHello(shape.data, this.opts, this.helloNonces) : `malformed HELLO: ${describeMeta(shape.error)}`;
           if (bad) {
             log.warn(`refused: ${bad}`);
             writeFrame(sock, FrameType.HelloReply, { ok: false, error: bad });
@@ -208,11 +211,10 @@ export class ReceiverListeners {
   }
 }
 
-/** Why a sender's HELLO is refused (wrong secret, protocol version, model, chunk size or KV layout), or null. */
-export function checkHello(m: HelloMeta, ours: { modelId: string; chunkSize: number; layout: KvLayout }): string | null {
-  if (!verifyTag(deploymentSecret(), 'xfer-hello', `${m.sender_id}:${m.nonce ?? ''}`, m.auth)) {
-    return `sender ${m.sender_id} refused: ${m.auth === undefined ? 'no' : 'a wrong'} deployment secret`;
-  }
+/** Why a sender's HELLO is refused (wrong secret, replayed or stale, protocol version, model, chunk size or KV layout), or null. */
+export function checkHello(m: HelloMeta, ours: { modelId: string; chunkSize: number; layout: KvLayout }, nonces: NonceMemory): string | null {
+  const refused = unseal(deploymentSecret(), nonces, m);
+  if (refused) return `sender ${m.sender_id} refused (${refused.reason}): ${refused.message}`;
   if (m.version !== PROTOCOL_VERSION) return `incompatible sender: protocol version ${m.version}, receiver speaks ${PROTOCOL_VERSION}`;
   const l = ours.layout;
   const theirs: KvLayout = { dtype: m.dtype, numLayers: m.num_layers, numKvHeads: m.num_kv_heads, headDim: m.head_dim };

@@ -35,7 +35,8 @@ import {
 } from '../protocol/xfer_frames.js';
 import { ProxyNotifier, type XferNotice } from './notify.js';
 import { parseDisaggSpec, type DisaggSpec } from '../protocol/disagg_spec.js';
-import { deploymentSecret, tag } from '../common/auth.js';
+import { deploymentSecret } from '../common/auth.js';
+import { seal } from '../common/replay.js';
 
 export type { DisaggSpec } from '../protocol/disagg_spec.js';
 
@@ -288,20 +289,18 @@ export class XferSender {
       num_kv_heads: l.numKvHeads,
       head_dim: l.headDim,
     };
-    // With a deployment secret the handshake proves it knows the secret (docs/security.md).
-    const secret = deploymentSecret();
-    if (secret !== null) {
-      const nonce = randomBytes(12).toString('hex');
-      this.hello.nonce = nonce;
-      this.hello.auth = tag(secret, 'xfer-hello', `${this.senderId}:${nonce}`);
-    }
+  }
+
+  /** The HELLO of one connection: with a deployment secret, sealed afresh (docs/security.md, replay). */
+  private sealedHello(): HelloMeta {
+    return seal(deploymentSecret(), 'xfer-hello', this.hello);
   }
 
   private link(spec: DisaggSpec): Promise<PeerLink> {
     const name = `${spec.receiver_host}:${spec.receiver_init_port}/${spec.receiver_alloc_port}`;
     let p = this.links.get(name);
     if (!p) {
-      p = PeerLink.open(spec, this.hello, this.connectTimeoutMs, () => {
+      p = PeerLink.open(spec, this.sealedHello(), this.connectTimeoutMs, () => {
         if (this.links.get(name) === p) this.links.delete(name);
       });
       this.links.set(name, p);

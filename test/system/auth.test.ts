@@ -6,7 +6,8 @@ import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import { Push } from 'zeromq';
-import { setDeploymentSecret, tag } from '../../src/common/auth.js';
+import { setDeploymentSecret } from '../../src/common/auth.js';
+import { seal, signedHeaders } from '../../src/common/replay.js';
 import { DType, type KvLayout } from '../../src/common/chunk.js';
 import { freePortRange } from '../../src/common/ports.js';
 import { startController } from '../../src/controller/server.js';
@@ -88,15 +89,18 @@ test('deployment secret: controller mutations, monitor registration, xfer handsh
     assert.equal(r.json.error.code, 'invalid_deployment_secret');
   }
   assert.equal((await post(`${ctl.url}/pin`, pin, { authorization: `Bearer ${SECRET}` })).status, 404, 'past the guard: the instance is unknown');
+  assert.equal((await post(`${ctl.url}/pin`, pin, signedHeaders(SECRET, 'POST', '/pin', pin))).status, 404, 'a signed call passes the guard too');
+  const wrongSig = await post(`${ctl.url}/pin`, pin, signedHeaders('another-secret-0123456789', 'POST', '/pin', pin));
+  assert.deepEqual([wrongSig.status, wrongSig.json.error.code], [401, 'invalid_deployment_secret'], 'signed with another secret');
   assert.equal((await post(`${ctl.url}/lookup`, { tokens: [1, 2] })).status, 200, 'lookups stay open');
 
   // Monitor registration.
   const reg = new Registry({ heartbeatTimeoutMs: 10_000, seed: 0n });
   const msg = { t: 'register', v: MONITOR_PROTOCOL_VERSION, instance_id: 'fake', worker_id: 0, session: 's1', ip: '127.0.0.1', worker_port: 1, distributed_url: null, chunk_size: 256, model_id: 'm', seed: '0', locations: [], pid: 1 };
   assert.equal(reg.handle('s1', msg)?.t, 'error', 'no tag: refused');
-  assert.equal(reg.handle('s1', { ...msg, auth: tag('another-secret-0123456789', 'monitor', 's1') })?.t, 'error', 'wrong secret: refused');
+  assert.equal(reg.handle('s1', seal('another-secret-0123456789', 'monitor', msg))?.t, 'error', 'wrong secret: refused');
   assert.equal(reg.instances.size, 0);
-  assert.equal(reg.handle('s1', { ...msg, auth: tag(SECRET, 'monitor', 's1') })?.t, 'welcome');
+  assert.equal(reg.handle('s1', seal(SECRET, 'monitor', msg))?.t, 'welcome');
 
   // xfer handshake.
   const layout: KvLayout = { dtype: DType.f32, numLayers: 2, numKvHeads: 2, headDim: 8 };
@@ -116,7 +120,8 @@ test('deployment secret: controller mutations, monitor registration, xfer handsh
   const refused = await hello({});
   assert.equal(refused.ok, false);
   assert.match(refused.error, /deployment secret/);
-  assert.equal((await hello({ nonce: 'n1', auth: tag(SECRET, 'xfer-hello', 'x:n1') })).ok, true);
+  const base = { version: PROTOCOL_VERSION, sender_id: 'x', model_id: 'm', chunk_size: 16, dtype: layout.dtype, num_layers: 2, num_kv_heads: 2, head_dim: 8 };
+  assert.equal((await hello(seal(SECRET, 'xfer-hello', base))).ok, true);
 
   // Transfer notices.
   const np = await freePortRange(1);
@@ -129,7 +134,7 @@ test('deployment secret: controller mutations, monitor registration, xfer handsh
   closers.push(() => push.close());
   const notice = { req_id: 'r1', prefiller: 'p', num_chunks: 1, num_tokens: 16, ok: true };
   await push.send(encodeNotice(notice));
-  await push.send(encodeNotice({ ...notice, req_id: 'r2', auth: tag(SECRET, 'notice', 'r2') }));
+  await push.send(encodeNotice(seal(SECRET, 'notice', { ...notice, req_id: 'r2' })));
   const end = Date.now() + 5_000;
   while (got.length < 1 && Date.now() < end) await new Promise((r) => setTimeout(r, 20));
   await new Promise((r) => setTimeout(r, 100));

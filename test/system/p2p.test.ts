@@ -22,9 +22,10 @@ import { Dealer } from 'zeromq';
 import { freePortRange } from '../../src/common/ports.js';
 import { chunkKeys } from '../../src/common/keys.js';
 import { DType } from '../../src/common/dtype.js';
-import { setDeploymentSecret, tag } from '../../src/common/auth.js';
+import { setDeploymentSecret } from '../../src/common/auth.js';
+import { seal, sealTag, stamp } from '../../src/common/replay.js';
 import { decodeMsg, encodeMsg, MONITOR_PROTOCOL_VERSION, packKeys } from '../../src/protocol/monitor.js';
-import { decodePeerControl, PEER_FRAMES, PeerFrame, peerChunkHead, peerControlFrame, peerFetchEndSchema, peerFetchSchema } from '../../src/protocol/peer_frames.js';
+import { decodePeerControl, PEER_FRAMES, PeerFrame, peerChunkHead, peerControlFrame, peerFetchEndSchema, peerFetchSchema, type PeerFetch } from '../../src/protocol/peer_frames.js';
 import { FrameReader } from '../../src/protocol/frame_reader.js';
 import { postJson, startKvc, waitHttp, waitUntil as waitFor, type Proc } from '../../harness/proc.js';
 import { tempDir } from '../../harness/temp_dir.js';
@@ -162,11 +163,10 @@ async function hostileHolder(keys: string[], serve: (sock: net.Socket, asked: st
   const session = randomBytes(8).toString('hex');
   const dealer = new Dealer({ routingId: session, linger: 0 });
   dealer.connect(`tcp://127.0.0.1:${monitorPort}`);
-  await dealer.send(encodeMsg({
+  await dealer.send(encodeMsg(seal(SECRET, 'monitor', {
     t: 'register', v: MONITOR_PROTOCOL_VERSION, instance_id: 'engine-hostile', worker_id: 0, session, ip: '127.0.0.1', worker_port: 1,
     distributed_url: `127.0.0.1:${port}`, chunk_size: CHUNK, model_id: modelId, seed: '0', kv_dtype: 'f16', locations: ['LocalCPUBackend'], pid: process.pid,
-    auth: tag(SECRET, 'monitor', session),
-  }));
+  })));
   const [welcome] = await dealer.receive();
   assert.equal(decodeMsg(welcome!)?.t, 'welcome');
   await dealer.send(encodeMsg({ t: 'sync', location: 'LocalCPUBackend', keys: packKeys(keys), reset: true, last: true }));
@@ -181,11 +181,15 @@ async function hostileHolder(keys: string[], serve: (sock: net.Socket, asked: st
   };
 }
 
+/** A FETCH frame as an instance sends it: sealed with the right or a wrong secret, or not at all; `ts` to backdate it. */
+function fetchMsg(keys: string[], auth: 'right' | 'wrong' | 'none', ts = Date.now()): PeerFetch {
+  const msg: PeerFetch = { v: 1, from: 'test', keys, ...stamp(ts) };
+  return auth === 'none' ? msg : { ...msg, auth: sealTag(auth === 'right' ? SECRET : SECRET + 'x', 'p2p-fetch', msg) };
+}
+
 /** A raw FETCH (the test's own frame handling): the chunk bytes that come back and the FETCH_END. */
-async function rawFetch(peer: string, keys: string[], auth: 'right' | 'wrong' | 'none'): Promise<{ chunks: Map<string, Uint8Array>; end: { ok: boolean; sent: number; error?: string } }> {
+async function rawFetch(peer: string, keys: string[], auth: 'right' | 'wrong' | 'none', frame: PeerFetch = fetchMsg(keys, auth)): Promise<{ chunks: Map<string, Uint8Array>; end: { ok: boolean; sent: number; error?: string } }> {
   const [host, port] = [peer.slice(0, peer.lastIndexOf(':')), Number(peer.slice(peer.lastIndexOf(':') + 1))];
-  const nonce = randomBytes(12).toString('hex');
-  const sig = auth === 'none' ? {} : { auth: tag(auth === 'right' ? SECRET : SECRET + 'x', 'p2p-fetch', `test:${nonce}`) };
   return new Promise((resolve, reject) => {
     const chunks = new Map<string, Uint8Array>();
     const sock = net.connect({ host, port });
@@ -205,7 +209,7 @@ async function rawFetch(peer: string, keys: string[], auth: 'right' | 'wrong' | 
         }
       },
     });
-    sock.on('connect', () => sock.write(peerControlFrame(PeerFrame.Fetch, { v: 1, from: 'test', nonce, keys, ...sig })));
+    sock.on('connect', () => sock.write(peerControlFrame(PeerFrame.Fetch, frame)));
     sock.on('data', (d) => reader.push(d));
     sock.on('error', reject);
   });
@@ -223,10 +227,23 @@ test('the peer port serves a FETCH only with the deployment secret', async () =>
     assert.match(r.end.error ?? '', /deployment secret/);
     assert.equal(r.chunks.size, 0);
   }
-  const ok = await rawFetch(peerUrl.A, keys, 'right');
+  const frame = fetchMsg(keys, 'right');
+  const ok = await rawFetch(peerUrl.A, keys, 'right', frame);
   assert.equal(ok.end.ok, true);
   assert.equal(ok.end.sent, keys.length);
   assert.deepEqual([...ok.chunks.keys()], keys);
+  // The same frame again (a captured FETCH replayed) is refused by its nonce; one whose
+  // timestamp is older than the replay window, by its timestamp; one with other keys under a
+  // captured tag, by the tag.
+  const replayed = await rawFetch(peerUrl.A, keys, 'right', frame);
+  assert.deepEqual([replayed.end.ok, replayed.chunks.size], [false, 0]);
+  assert.match(replayed.end.error ?? '', /replayed_nonce/);
+  const old = await rawFetch(peerUrl.A, keys, 'right', fetchMsg(keys, 'right', Date.now() - 120_000));
+  assert.deepEqual([old.end.ok, old.chunks.size], [false, 0]);
+  assert.match(old.end.error ?? '', /stale_timestamp/);
+  const altered = await rawFetch(peerUrl.A, keys, 'right', { ...fetchMsg(keys, 'right'), keys: keys.slice(1) });
+  assert.deepEqual([altered.end.ok, altered.chunks.size], [false, 0]);
+  assert.match(altered.end.error ?? '', /invalid_deployment_secret/);
   // A key A does not hold ends the run there.
   const part = await rawFetch(peerUrl.A, [keys[0]!, '0123456789abcdef', keys[1]!], 'right');
   assert.deepEqual([part.end.ok, part.end.sent], [true, 1]);

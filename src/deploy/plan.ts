@@ -37,6 +37,8 @@ export interface PlanOptions {
   bindAddresses?: boolean;
   /** Passed to every process as --deployment-secret-file (the printed commands of a multi-host plan). */
   secretFile?: string;
+  /** --replay-window in ms, passed to every process with the secret (absent: each process's default). */
+  replayWindowMs?: number;
   /** How engines get CPUs (src/deploy/placement.ts); default `split`. */
   placement?: Placement;
   /** The machine's CPUs (default: the online CPUs); tests pass their own. */
@@ -351,8 +353,13 @@ function hostArgs(plan: Plan, a: Addresses): string[] {
   return ['--host', a.bindHost, ...(plan.multiHost || a.advertiseHost !== a.bindHost ? ['--advertise-host', a.advertiseHost] : [])];
 }
 
+/** The deployment secret's file and the replay window that goes with it (docs/security.md). */
 function secretArgs(plan: Plan): string[] {
-  return plan.opts.secretFile !== undefined ? ['--deployment-secret-file', plan.opts.secretFile] : [];
+  const w = plan.opts.replayWindowMs;
+  return [
+    ...(plan.opts.secretFile !== undefined ? ['--deployment-secret-file', plan.opts.secretFile] : []),
+    ...(w !== undefined && w !== SETTINGS.replayWindow.default ? ['--replay-window', SETTINGS.replayWindow.show!(w)] : []),
+  ];
 }
 
 export function controllerArgs(plan: Plan): string[] {

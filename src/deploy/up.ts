@@ -35,8 +35,6 @@ export interface UpOptions extends PlanOptions {
   cli: string;
   /** The client API key every process checks (and the proxy sends to the engines); null: open. */
   apiKey?: string | null;
-  /** --replay-window in ms, given to every process (KVC_REPLAY_WINDOW). */
-  replayWindowMs?: number;
   /** The --log-dir as the user gave it: the printed commands of a multi-host plan name files by it. */
   logDirAsGiven?: string;
   /** True when --log-dir was given (else logDir is the default of the port offset, log_dir.ts). */
@@ -202,7 +200,6 @@ async function startLocal(o: UpOptions, plan: Plan, logDir: string): Promise<num
   // VLLM_API_KEY left beside a different --api-key would make them refuse to start.
   for (const v of SETTINGS.apiKey.env!) delete env[v];
   if (o.apiKey) env.KVC_API_KEY = o.apiKey;
-  if (o.replayWindowMs !== undefined) env.KVC_REPLAY_WINDOW = SETTINGS.replayWindow.show!(o.replayWindowMs);
   const yaml = new Map(files.engines.map((e) => [e.name, e.yaml]));
   return new LocalDeployment({
     plan,

@@ -133,6 +133,7 @@ describe('replay protection of the internal channels (1P1D, deployment secret)',
   });
 
   test('transfer notices: a replayed or stale notice is dropped and counted by the proxy', async () => {
+    // The socket stays open until the proxy counted them: a PUSH closed with linger 0 drops what it still queues.
     const push = new Push({ linger: 0 });
     push.connect(`tcp://127.0.0.1:${dep.notifyPort}`);
     try {
@@ -140,11 +141,11 @@ describe('replay protection of the internal channels (1P1D, deployment secret)',
       await push.send(encodeNotice(notice));
       await push.send(encodeNotice(notice));
       await push.send(encodeNotice(seal(dep.secret, 'notice', { req_id: 'replay-probe-old', prefiller: 'prefiller-0', num_chunks: 1, num_tokens: 4, ok: true }, Date.now() - FAR_MS)));
+      const m = `${dep.proxy}/metrics`;
+      assert.ok(await eventually(async () => (await refused(m, 'notice', 'replayed_nonce')) === 1 && (await refused(m, 'notice', 'stale_timestamp')) === 1, 60_000), 'one replayed and one stale notice counted');
     } finally {
       push.close();
     }
-    const m = `${dep.proxy}/metrics`;
-    assert.ok(await eventually(async () => (await refused(m, 'notice', 'replayed_nonce')) === 1 && (await refused(m, 'notice', 'stale_timestamp')) === 1, 30_000), 'one replayed and one stale notice counted');
   });
 
   test('xfer handshake: a captured HELLO replayed is refused by its nonce', async () => {

@@ -16,7 +16,7 @@ import { Counter, type Registry } from 'prom-client';
 import stringify from 'safe-stable-stringify';
 import { environment } from './environment.js';
 
-/** Nonces one channel of one process remembers at most (about 150 bytes each). */
+/** Nonces one channel of one process remembers at most (85 bytes each, measured: 8.5 MB when full). */
 export const NONCE_CAPACITY = 100_000;
 
 /** Why an authenticated channel refused a message: the error catalog code a client sees. */

@@ -19,7 +19,7 @@ import { NotifyReceiver, type XferNotice } from './notify.js';
 import { TtftStats } from './stats.js';
 import type { DecoderEndpoint, Topology } from './topology.js';
 import { BackendFailure, PassThrough, call } from './upstream.js';
-import { deploymentSecret, deploymentSecretWhere, requireBearer } from '../common/auth.js';
+import { deploymentSecretWhere, requireBearer, requireSecret } from '../common/auth.js';
 import { KVC_VERSION } from '../common/version.js';
 
 const log = logger('proxy');
@@ -125,7 +125,7 @@ export class ProxyServer {
     requireBearer(this.app, { key: opts.apiKey ?? null, applies: (_m, p) => p.startsWith('/v1/') || p === '/tokenize' || p === '/detokenize', what: 'API key', name: 'proxy' });
     // The one administrative call: it changes how later requests are routed, so it needs the
     // deployment secret (as the controller's mutations do; open without one).
-    requireBearer(this.app, { key: deploymentSecret(), applies: (m, p) => m === 'POST' && p === '/routing/reset', what: 'deployment secret', name: 'proxy', where: deploymentSecretWhere });
+    requireSecret(this.app, { applies: (m, p) => m === 'POST' && p === '/routing/reset', name: 'proxy', channel: 'proxy-http', bearer: true, where: deploymentSecretWhere });
     this.app.post('/routing/reset', async (req) => this.resetRouting(req.body, req.socket.remoteAddress ?? '?'));
     this.app.post('/v1/completions', (req, reply) => flow.handle('completion', req, reply));
     this.app.post('/v1/chat/completions', (req, reply) => flow.handle('chat', req, reply));

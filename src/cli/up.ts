@@ -39,6 +39,7 @@ interface UpFlags {
   routing: 'round-robin' | 'kv-aware';
   maxLocalPrefillTokens?: number;
   maxPrefillQueue?: number;
+  statsInterval: number;
   configOnly?: boolean;
 }
 
@@ -80,6 +81,7 @@ export function registerUp(program: Command): void {
           routing: given('routing') ? o.routing : undefined,
           maxLocalPrefillTokens: o.maxLocalPrefillTokens,
           maxPrefillQueue: o.maxPrefillQueue,
+          statsIntervalMs: given('statsInterval') ? o.statsInterval : undefined,
           host,
           advertiseHost: o.advertiseHost,
           hostList,

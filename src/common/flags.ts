@@ -297,7 +297,14 @@ export const SETTINGS = {
     ...seconds,
     commands: ['proxy'],
   }),
-  statsInterval: setting<number>({ flags: '--stats-interval <s>', help: 'seconds between TTFT statistics lines', default: 5_000, ...seconds, commands: ['proxy'] }),
+  statsInterval: setting<number>({
+    flags: '--stats-interval <s>',
+    help: 'seconds between TTFT statistics lines',
+    helpIn: { up: " of the proxy; passed to it" },
+    default: 5_000,
+    ...seconds,
+    commands: ['proxy', 'up'],
+  }),
   routing: setting<(typeof ROUTING_MODES)[number]>({
     flags: '--routing <mode>',
     help: `${ROUTING_MODES.join(' or ')}: kv-aware sends a request where its prefix is cached, weighed against load, from the controller's index (docs/routing.md)`,

@@ -48,6 +48,8 @@ export interface PlanOptions {
   /** --max-local-prefill-tokens / --max-prefill-queue passed to the proxy when given. */
   maxLocalPrefillTokens?: number;
   maxPrefillQueue?: number;
+  /** The proxy's --stats-interval (ms) when given. */
+  statsIntervalMs?: number;
   /** Passed to every engine as `kvc engine` flags (absent: the engine's default); the settings marked passThrough in src/common/flags.ts. */
   engine?: PassThroughValues;
   /** Cache settings written into every engine's YAML (absent: the reference values). */
@@ -411,6 +413,7 @@ export function proxyArgs(plan: Plan): string[] {
     ...(plan.opts.routing ? ['--routing', plan.opts.routing] : []),
     ...(plan.opts.maxLocalPrefillTokens !== undefined ? ['--max-local-prefill-tokens', String(plan.opts.maxLocalPrefillTokens)] : []),
     ...(plan.opts.maxPrefillQueue !== undefined ? ['--max-prefill-queue', String(plan.opts.maxPrefillQueue)] : []),
+    ...(plan.opts.statsIntervalMs !== undefined ? ['--stats-interval', String(plan.opts.statsIntervalMs / 1000)] : []),
   ];
 }
 

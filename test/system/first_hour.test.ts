@@ -48,13 +48,15 @@ describe('the first hour on a kvc up deployment', () => {
   let prefiller = '';
   let decoder = '';
   const MAX_LEN = 1024;
+  /** The proxy's statistics interval (s): short, so that two idle intervals pass quickly. */
+  const STATS_S = 1;
 
   before(async () => {
     offset = await freePortOffset({ prefillers: 1, decoders: 1, model: 'builtin:tiny', controller: true, host: '127.0.0.1' });
     // The user's working directory holds kvc-logs/, as `npm start` makes it.
     cwd = tempDir('kvc-first-hour-');
     logDir = join(cwd, 'kvc-logs');
-    up = startKvc(['up', '--port-offset', String(offset), '--log-dir', logDir, '--max-model-len', String(MAX_LEN), '--startup-timeout', '200']);
+    up = startKvc(['up', '--port-offset', String(offset), '--log-dir', logDir, '--max-model-len', String(MAX_LEN), '--stats-interval', String(STATS_S), '--startup-timeout', '200']);
     await up.waitFor(/kvc up: ready/, 220_000);
     const dep = JSON.parse(readFileSync(join(logDir, 'deployment.json'), 'utf8')) as { proxy: string; controller: string; processes: { name: string; url: string }[] };
     proxy = dep.proxy;
@@ -151,10 +153,12 @@ describe('the first hour on a kvc up deployment', () => {
     const log = () => readFileSync(join(logDir, 'proxy.log'), 'utf8').split('\n').filter(Boolean);
     // (`# <time> <command>`: the line kvc up writes before each start of the process.)
     for (const l of log()) assert.match(l, /^(# )?\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z /, `untimestamped line: ${l}`);
-    // After the earlier requests' interval is printed, two idle intervals (5 s each) add no line.
-    await new Promise((r) => setTimeout(r, 6_000));
+    assert.match(log()[0]!, new RegExp(`^# \\S+ kvc proxy .* --stats-interval ${STATS_S}( |$)`), 'kvc up passed --stats-interval to the proxy');
+    // After the earlier requests' interval is printed (two intervals on: at least one ended since
+    // the last request), two more idle intervals add no line.
+    await new Promise((r) => setTimeout(r, 2.5 * STATS_S * 1000));
     const n = log().length;
-    await new Promise((r) => setTimeout(r, 11_000));
+    await new Promise((r) => setTimeout(r, 2.5 * STATS_S * 1000));
     assert.deepEqual(log().slice(n), [], 'nothing printed while idle');
     assert.ok(log().some((l) => / KV hit rate: .* of [1-9]\d* prompt tokens/.test(l)), 'the hit-rate line of a busy interval, timestamped');
   });

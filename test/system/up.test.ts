@@ -110,8 +110,9 @@ describe('kvc up 1P1D (built-in model)', () => {
     offset = await freePortOffset(base);
     logDir = tempDir('kvc-up-');
     // float16 KV everywhere (kvc up passes --kv-cache-dtype to its engines): the prefiller's
-    // 16-bit chunks cross xfer, and the decoder's output equals a float16 engine's.
-    up = startKvc(['up', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150', '--kv-cache-dtype', 'float16']);
+    // 16-bit chunks cross xfer, and the decoder's output equals a float16 engine's. The proxy's
+    // statistics lines every second (--stats-interval, passed to it), not every 5 s.
+    up = startKvc(['up', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150', '--kv-cache-dtype', 'float16', '--stats-interval', '1']);
     const refPort = await freePortRange(1, 40000, 50000);
     ref = startKvc(['engine', '--port', String(refPort), '--kv-cache-dtype', 'float16']);
     refUrl = `http://127.0.0.1:${refPort}`;
@@ -182,7 +183,7 @@ describe('kvc up 1P1D (built-in model)', () => {
   });
 
   test('statistics lines reach kvc up output; health and metrics', async () => {
-    await up.waitFor(/TTFT prefiller-0\(127\.0\.0\.1:\d+\): [1-9]\d* requests in last 5s \(total \d+\), avg [\d.]+ ms, median [\d.]+ ms, p99 [\d.]+ ms/, 12_000);
+    await up.waitFor(/TTFT prefiller-0\(127\.0\.0\.1:\d+\): [1-9]\d* requests in last 1s \(total \d+\), avg [\d.]+ ms, median [\d.]+ ms, p99 [\d.]+ ms/, 12_000);
     const h = (await (await fetch(`${proxyUrl}/health`)).json()) as { status: string };
     assert.equal(h.status, 'ok');
     const m = await (await fetch(`${proxyUrl}/metrics`)).text();
@@ -228,7 +229,7 @@ describe('kvc up 1P1D (built-in model)', () => {
     const m = await (await fetch(`${proxyUrl}/metrics`)).text();
     assert.match(m, /kvc_proxy_decoder_only_total [1-9]/);
     // Their statistics line carries the decoder's real time to first token, not 0 ms.
-    const line = await up.waitFor(/TTFT decoder-only: [1-9]\d* requests in last 5s \(total \d+\), avg ([\d.]+) ms, median ([\d.]+) ms, p99 ([\d.]+) ms/, 12_000);
+    const line = await up.waitFor(/TTFT decoder-only: [1-9]\d* requests in last 1s \(total \d+\), avg ([\d.]+) ms, median ([\d.]+) ms, p99 ([\d.]+) ms/, 12_000);
     assert.ok(Number(line[2]) > 0, `decoder-only median TTFT > 0: ${line[0]}`);
     await up.waitFor(/prefiller-0 \(pid \d+\) killed by SIGKILL; see its log/, 5_000);
   });

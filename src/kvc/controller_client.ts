@@ -27,6 +27,7 @@ import type { KvcStore } from './store.js';
 import type { KeyEvent } from './types.js';
 import { parseHostPort, startPeerServer, type PeerServer } from './worker_peer.js';
 import { startWorkerServer } from './worker_server.js';
+import { ControllerQuestions } from './controller_questions.js';
 import { DEFAULT_ZMQ_MAX_MESSAGE_BYTES } from '../common/limits.js';
 import { deploymentSecret } from '../common/auth.js';
 import { seal } from '../common/replay.js';
@@ -124,21 +125,9 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
   const flushMs = o.flushMs ?? 20;
   const maxBatch = o.maxBatchKeys ?? 16_384;
 
-  /** Holder queries awaiting their answer, by id. */
-  const queries = new Map<number, { resolve: (h: P2pHolder[]) => void; reject: (e: Error) => void; timer: NodeJS.Timeout }>();
-  let nextQuery = 1;
-  /** A lost registration answers no query: fail them now rather than at their time bound. */
-  /** Ledger queries (miss_lookup) awaiting their answer, by id (ids shared with `queries`). */
-  const missQueries = new Map<number, { resolve: (r: Uint8Array) => void; reject: (e: Error) => void; timer: NodeJS.Timeout }>();
-  const failQueries = (why: string) => {
-    for (const map of [queries, missQueries] as Map<number, { reject: (e: Error) => void; timer: NodeJS.Timeout }>[]) {
-      for (const [id, q] of map) {
-        clearTimeout(q.timer);
-        q.reject(new Error(why));
-        map.delete(id);
-      }
-    }
-  };
+  /** Holder and miss-reason queries awaiting their answer; a lost registration answers none: failQueries ends them at once. */
+  const questions = new ControllerQuestions();
+  const failQueries = (why: string) => questions.failAll(why);
   const toRegistering = (why: string) => {
     if (state !== 'live') return;
     log.warn(`controller connection lost (${why}); re-registering`);
@@ -272,21 +261,9 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
         } else if (m.t === 'hb_ack') {
           lastAck = Date.now();
         } else if (m.t === 'p2p_holders') {
-          const r = p2pHoldersMsgSchema.safeParse(m);
-          const q = typeof m.id === 'number' ? queries.get(m.id) : undefined;
-          if (!q) continue; // answered after its time bound
-          queries.delete(m.id as number);
-          clearTimeout(q.timer);
-          if (r.success) q.resolve(r.data.holders);
-          else q.reject(new Error(`malformed p2p_holders answer: ${r.error.issues[0]?.message ?? 'invalid'}`));
+          questions.answer('p2p_holders', m, (x) => p2pHoldersMsgSchema.safeParse(x));
         } else if (m.t === 'miss_reasons') {
-          const r = missReasonsMsgSchema.safeParse(m);
-          const q = typeof m.id === 'number' ? missQueries.get(m.id) : undefined;
-          if (!q) continue; // answered after its time bound
-          missQueries.delete(m.id as number);
-          clearTimeout(q.timer);
-          if (r.success) q.resolve(r.data.reasons);
-          else q.reject(new Error(`malformed miss_reasons answer: ${r.error.issues[0]?.message ?? 'invalid'}`));
+          questions.answer('miss_reasons', m, (x) => missReasonsMsgSchema.safeParse(x));
         } else if (m.t === 'replicas') {
           const r = replicaHintMsgSchema.safeParse(m);
           if (r.success) store.markReplicas(r.data.location, unpackKeys(r.data.keys), r.data.held_elsewhere);
@@ -325,45 +302,29 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
     askHolders(keys, timeoutMs) {
       if (state !== 'live') return Promise.reject(new Error(`the controller connection is ${state}`));
       if (keys.length === 0) return Promise.resolve([]);
-      const id = nextQuery++;
-      return new Promise<P2pHolder[]>((resolve, reject) => {
-        const timer = setTimeout(() => {
-          queries.delete(id);
-          reject(new Error(`no answer from the controller within ${timeoutMs} ms`));
-        }, timeoutMs);
-        queries.set(id, { resolve, reject, timer });
-        send({ t: 'p2p_lookup', id, keys: packKeys(keys.slice(0, P2P_LOOKUP_MAX_KEYS)) }).catch((e: unknown) => {
-          if (!queries.delete(id)) return;
-          clearTimeout(timer);
-          reject(new Error(`holder query not sent: ${(e as Error).message}`));
-        });
-      });
+      return questions.ask(
+        'holder query',
+        'p2p_holders',
+        timeoutMs,
+        (id) => send({ t: 'p2p_lookup', id, keys: packKeys(keys.slice(0, P2P_LOOKUP_MAX_KEYS)) }),
+        (a: { holders: P2pHolder[] }) => a.holders,
+      );
     },
     askMissReasons(keys, timeoutMs) {
       if (state !== 'live') return Promise.reject(new Error(`the controller connection is ${state}`));
       if (keys.length === 0) return Promise.resolve([]);
       // This instance's admits and evicts so far go first: the answer must see them.
       flush();
-      const id = nextQuery++;
-      return new Promise<MissReason[]>((resolve, reject) => {
-        const timer = setTimeout(() => {
-          missQueries.delete(id);
-          reject(new Error(`no answer from the controller within ${timeoutMs} ms`));
-        }, timeoutMs);
-        missQueries.set(id, {
-          resolve: (codes) => {
-            if (codes.length !== keys.length) return reject(new Error(`miss_reasons answered ${codes.length} reasons for ${keys.length} keys`));
-            resolve([...codes].map((c) => MISS_CODES[c] ?? 'unexplained'));
-          },
-          reject,
-          timer,
-        });
-        send({ t: 'miss_lookup', id, keys: packKeys(keys) }).catch((e: unknown) => {
-          if (!missQueries.delete(id)) return;
-          clearTimeout(timer);
-          reject(new Error(`miss query not sent: ${(e as Error).message}`));
-        });
-      });
+      return questions.ask(
+        'miss query',
+        'miss_reasons',
+        timeoutMs,
+        (id) => send({ t: 'miss_lookup', id, keys: packKeys(keys) }),
+        ({ reasons }: { reasons: Uint8Array }): MissReason[] => {
+          if (reasons.length !== keys.length) throw new Error(`miss_reasons answered ${reasons.length} reasons for ${keys.length} keys`);
+          return [...reasons].map((c) => MISS_CODES[c] ?? 'unexplained');
+        },
+      );
     },
     async close() {
       if (state === 'closed') return;

@@ -199,6 +199,18 @@ export function makePlan(o: PlanOptions): Plan {
     distributed_url: `${urlHost(at(id).bindHost)}:${distributed}`,
   });
   const remote = cache.remoteUrl !== undefined ? { remote_url: cache.remoteUrl } : {};
+  /**
+   * The cache settings every engine has, whatever its role: the chunk size, a CPU tier (default
+   * DEFAULT_LOCAL_CPU_GIB: what it computed or received is reused by the next request with the
+   * same prefix routed here), the remote tier and its controller attachment. `slot` numbers its
+   * worker and peer ports (prefillers 0.., decoders and colocated engines MAX_PER_ROLE..).
+   */
+  const engineCache = (name: string, slot: number) => ({
+    chunk_size: chunkSize,
+    ...tiers(name, DEFAULT_LOCAL_CPU_GIB),
+    ...remote,
+    ...ctl(off(BASE_PORTS.worker + slot), off(BASE_PORTS.distributed + slot), name),
+  });
   const engines: EngineSpec[] = [];
   for (let i = 0; i < o.prefillers; i++) {
     const name = `prefiller-${i}`;
@@ -209,12 +221,7 @@ export function makePlan(o: PlanOptions): Plan {
       index: i,
       port: off(BASE_PORTS.prefiller + i),
       cacheConfig: {
-        chunk_size: chunkSize,
-        // Every engine keeps a CPU tier (default DEFAULT_LOCAL_CPU_GIB): what it computed is
-        // reused by the next request with the same prefix that is routed here.
-        ...tiers(name, DEFAULT_LOCAL_CPU_GIB),
-        ...remote,
-        ...ctl(off(BASE_PORTS.worker + i), off(BASE_PORTS.distributed + i), name),
+        ...engineCache(name, i),
         enable_xfer: true,
         enable_xpyd: true,
         xfer_role: 'sender',
@@ -234,14 +241,7 @@ export function makePlan(o: PlanOptions): Plan {
   }
   for (let j = 0; j < o.decoders; j++) {
     if (colocated) {
-      const cacheConfig = {
-        chunk_size: chunkSize,
-        // Like every engine of a deployment, a CPU tier (--max-local-cpu-size overrides).
-        ...tiers(`engine-${j}`, DEFAULT_LOCAL_CPU_GIB),
-        ...remote,
-        ...ctl(off(BASE_PORTS.worker + MAX_PER_ROLE + j), off(BASE_PORTS.distributed + MAX_PER_ROLE + j), `engine-${j}`),
-      };
-      engines.push(colocatedEngine(j, off(BASE_PORTS.decoder + j), cacheConfig, cpus.decode, at(`engine-${j}`)));
+      engines.push(colocatedEngine(j, off(BASE_PORTS.decoder + j), engineCache(`engine-${j}`, MAX_PER_ROLE + j), cpus.decode, at(`engine-${j}`)));
       continue;
     }
     const name = `decoder-${j}`;
@@ -252,11 +252,8 @@ export function makePlan(o: PlanOptions): Plan {
       index: j,
       port: off(BASE_PORTS.decoder + j),
       cacheConfig: {
-        chunk_size: chunkSize,
         // A decoder stores what it received or computed, so a prefix it holds needs no transfer.
-        ...tiers(name, DEFAULT_LOCAL_CPU_GIB),
-        ...remote,
-        ...ctl(off(BASE_PORTS.worker + MAX_PER_ROLE + j), off(BASE_PORTS.distributed + MAX_PER_ROLE + j), name),
+        ...engineCache(name, MAX_PER_ROLE + j),
         enable_xfer: true,
         enable_xpyd: true,
         xfer_role: 'receiver',

@@ -32,7 +32,7 @@
 // much traffic), oldest first. Without that, a tier that rarely computes (a decoder) kept the
 // chunks it held as the deployment's last copy of an earlier workload for good: only a chunk it
 // computes may displace them, and the copies of the current workload turned over in whatever
-// room was left (docs/routing.md, "Tiers already full").
+// room was left (docs/routing.md, "Benchmark figures", "Tiers already full").
 import type { ChunkKey } from '../common/keys.js';
 import type { BackendStats, LocationName, PutOptions } from './types.js';
 import { NewestFirst } from './newest_first.js';

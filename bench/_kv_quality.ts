@@ -1,0 +1,214 @@
+// How far a KV representation moves the model's output from f32 KV (docs/engine.md "KV cache
+// dtype", "KV quality"): the measurement shared by `npm run bench -- kv_quality` (kvc's engine KV
+// dtypes and tier codecs) and the peer benchmark's `kv` part (llama.cpp's own KV types).
+//
+// The reference is kvc with f32 KV: on each prompt it generates CONTINUATION tokens greedily and
+// keeps every next-token distribution on the way. A candidate is then fed the same prompt and the
+// reference's tokens (teacher forcing, one decode step a token, so its KV is written and read in
+// its own representation exactly as in serving), and each of its next-token distributions is
+// compared with the reference's at the same position:
+//   top-1   the candidate's argmax is the reference's (greedy) token;
+//   KL      KL(P_ref ‖ P_cand) in nats, from log-softmax in f64;
+//   greedy  tokens the candidate would generate on its own before its first difference from the
+//           reference. Exact, not an estimate: the engine's forward is deterministic and batch
+//           invariant (src/engine/model/model.ts), so a greedy run of the candidate produces the
+//           reference's tokens up to the first position whose teacher-forced argmax differs.
+import { Codec, DType, chunkPayload, encodeChunk, encodedPayloadBytes, type KvLayout } from '../src/common/chunk.js';
+import { decodeChunk, recodeChunk } from '../src/common/chunk_codec.js';
+import { DTYPE_NAMES } from '../src/common/dtype.js';
+import type { LlamaModel } from '../src/engine/model/model.js';
+import { PagedKvCache } from '../src/engine/model/kv_cache.js';
+
+/** Generated tokens per prompt (the issue's 200-token continuations). */
+export const CONTINUATION = 200;
+
+/** `count` prompts of varied lengths (48 to 300 tokens, so chunk boundaries fall differently), BOS first. */
+export function qualityPrompts(count: number, salt: number): number[][] {
+  return Array.from({ length: count }, (_, k) => {
+    const n = 48 + ((k * 89 + salt) % 253);
+    return [1, ...Array.from({ length: n - 1 }, (_, i) => 1000 + ((i * 7919 + (k + salt) * 104729) % 30000))];
+  });
+}
+
+/** The reference on one prompt: its greedy continuation and the distribution before each token (as logits). */
+export interface Reference {
+  prompt: number[];
+  tokens: number[];
+  logits: Float32Array[];
+}
+
+export function argmaxOf(x: ArrayLike<number>): number {
+  let a = 0;
+  for (let i = 1; i < x.length; i++) if (x[i]! > x[a]!) a = i;
+  return a;
+}
+
+/**
+ * How decided the reference's greedy choices are: the gap between its largest and second-largest
+ * logit at each position (a random-weight model's are nearly flat, so a tiny change of the KV
+ * flips the argmax where the gap is tiny). Median gap, and the share of positions under 0.05.
+ */
+export function referenceMargins(refs: Reference[]): { medianGap: number; under005: number } {
+  const gaps: number[] = [];
+  for (const r of refs) {
+    for (const lg of r.logits) {
+      let a = -Infinity;
+      let b = -Infinity;
+      for (let i = 0; i < lg.length; i++) {
+        const v = lg[i]!;
+        if (v > a) (b = a), (a = v);
+        else if (v > b) b = v;
+      }
+      gaps.push(a - b);
+    }
+  }
+  gaps.sort((x, y) => x - y);
+  return { medianGap: gaps[Math.floor(gaps.length / 2)]!, under005: gaps.filter((g) => g < 0.05).length / gaps.length };
+}
+
+/** log Σ exp(x), in f64. */
+function logSumExp(x: ArrayLike<number>): number {
+  let m = -Infinity;
+  for (let i = 0; i < x.length; i++) if (x[i]! > m) m = x[i]!;
+  let s = 0;
+  for (let i = 0; i < x.length; i++) s += Math.exp(x[i]! - m);
+  return m + Math.log(s);
+}
+
+/** KL(P ‖ Q) in nats for P and Q given as logits (or log-probabilities) over the same vocabulary. */
+export function klDivergence(p: ArrayLike<number>, q: ArrayLike<number>): number {
+  const lp = logSumExp(p);
+  const lq = logSumExp(q);
+  let kl = 0;
+  for (let i = 0; i < p.length; i++) {
+    const a = p[i]! - lp;
+    const pa = Math.exp(a);
+    if (pa > 0) kl += pa * (a - (q[i]! - lq));
+  }
+  return Math.max(0, kl);
+}
+
+/** The agreement of one candidate with the reference, accumulated position by position. */
+export class Tally {
+  positions = 0;
+  top1 = 0;
+  klSum = 0;
+  klMax = 0;
+  prompts = 0;
+  identical = 0;
+  private prefixSum = 0;
+  /** Per prompt under way (a batch interleaves its prompts' steps): reference tokens matched before its first difference so far. */
+  private readonly prefix = new Map<Reference, number>();
+
+  /** The candidate's distribution before reference token `step` of a prompt (steps in order from 0). */
+  add(ref: Reference, step: number, cand: ArrayLike<number>): void {
+    if (step === 0) this.prefix.set(ref, 0);
+    const same = argmaxOf(cand) === ref.tokens[step];
+    const kl = klDivergence(ref.logits[step]!, cand);
+    this.positions++;
+    if (same) this.top1++;
+    this.klSum += kl;
+    if (kl > this.klMax) this.klMax = kl;
+    const before = this.prefix.get(ref)!;
+    if (before === step) this.prefix.set(ref, same ? step + 1 : step);
+    if (step === ref.tokens.length - 1) {
+      const n = this.prefix.get(ref)!;
+      this.prompts++;
+      this.prefixSum += n;
+      if (n === ref.tokens.length) this.identical++;
+      this.prefix.delete(ref);
+    }
+  }
+
+  summary(): QualityFigures {
+    return {
+      top1: this.top1 / this.positions,
+      meanKl: this.klSum / this.positions,
+      maxKl: this.klMax,
+      greedyIdentical: this.identical,
+      prompts: this.prompts,
+      greedyMeanPrefix: this.prefixSum / this.prompts,
+    };
+  }
+}
+
+export interface QualityFigures {
+  /** Share of positions whose argmax is the reference's token. */
+  top1: number;
+  /** Mean and largest KL(P_ref ‖ P_cand) over the positions, nats. */
+  meanKl: number;
+  maxKl: number;
+  /** Prompts whose whole greedy continuation is the reference's, of `prompts`. */
+  greedyIdentical: number;
+  prompts: number;
+  /** Mean tokens generated before the first difference (CONTINUATION when identical). */
+  greedyMeanPrefix: number;
+}
+
+/** A kvc KV representation: the engine's KV dtype, and the tier codec the prompt's KV came back through. */
+export interface KvcConfig {
+  dtype: DType;
+  codec: Codec;
+}
+
+export const configName = (c: KvcConfig, codecName: (c: Codec) => string) => (c.codec === Codec.naive ? DTYPE_NAMES[c.dtype] : `${DTYPE_NAMES[c.dtype]}+${codecName(c.codec)}`);
+
+/** Bytes a token's KV takes in this representation (all layers, K and V). */
+export function bytesPerToken(layout: KvLayout, c: KvcConfig): number {
+  return encodedPayloadBytes({ ...layout, dtype: c.dtype }, 1, c.codec);
+}
+
+const CHUNK_KEY = '0123456789abcdef';
+
+/**
+ * Runs kvc on a group of prompts in one batch (KV in `c.dtype`), feeding the reference tokens
+ * when `refs` is given, else its own greedy tokens; calls `row(i, step, logits)` with the
+ * distribution before token `step` of prompt i (logits valid during the call only). With a codec,
+ * the prompt's KV (all but its last token) is computed, encoded into a chunk with the codec,
+ * decoded and imported into a fresh cache, as a cache hit from a tier holding that codec gives it
+ * to the engine; the last prompt token is then recomputed (as the engine does on a full hit).
+ * Returns the tokens fed after each prompt.
+ */
+export function runKvc(m: LlamaModel, c: KvcConfig, prompts: number[][], refs: Reference[] | null, row: (i: number, step: number, logits: Float32Array) => void): number[][] {
+  const layout: KvLayout = { ...m.layout, dtype: c.dtype };
+  const tokensTotal = prompts.reduce((s, p) => s + p.length + CONTINUATION, 0);
+  const budget = encodedPayloadBytes(layout, tokensTotal + 16 * 2 * prompts.length, Codec.naive) + (8 << 20);
+  const kv = new PagedKvCache(layout, budget);
+  const ids = prompts.map((_, i) => `q${i}`);
+  let segs;
+  if (c.codec === Codec.naive) {
+    segs = prompts.map((p, i) => ({ seqId: ids[i]!, tokens: p, startPos: 0, wantLogits: true }));
+  } else {
+    const scratch = new PagedKvCache(layout, budget);
+    m.forward(prompts.map((p, i) => ({ seqId: ids[i]!, tokens: p.slice(0, -1), startPos: 0, wantLogits: false })), scratch);
+    for (const [i, p] of prompts.entries()) {
+      const n = p.length - 1;
+      const payload = new Uint8Array(encodedPayloadBytes(layout, n, Codec.naive));
+      scratch.exportRange(ids[i]!, 0, n, payload);
+      const back = decodeChunk(recodeChunk(encodeChunk(layout, n, CHUNK_KEY, payload), c.codec));
+      kv.importRange(ids[i]!, 0, chunkPayload(back).slice(), n);
+    }
+    segs = prompts.map((p, i) => ({ seqId: ids[i]!, tokens: p.slice(-1), startPos: p.length - 1, wantLogits: true }));
+  }
+  const fed: number[][] = prompts.map(() => []);
+  for (let step = 0; step < CONTINUATION; step++) {
+    const out = m.forward(segs, kv, { transientLogits: true });
+    const next: number[] = [];
+    for (let i = 0; i < prompts.length; i++) {
+      row(i, step, out[i]!);
+      const t = refs ? refs[i]!.tokens[step]! : argmaxOf(out[i]!);
+      fed[i]!.push(t);
+      next.push(t);
+    }
+    if (step === CONTINUATION - 1) break;
+    segs = segs.map((s, i) => ({ seqId: s.seqId, tokens: [next[i]!], startPos: s.startPos + s.tokens.length, wantLogits: true }));
+  }
+  return fed;
+}
+
+/** The f32-KV reference on a group of prompts. */
+export function kvcReference(m: LlamaModel, prompts: number[][]): Reference[] {
+  const logits: Float32Array[][] = prompts.map(() => []);
+  const tokens = runKvc(m, { dtype: DType.f32, codec: Codec.naive }, prompts, null, (i, _s, lg) => logits[i]!.push(lg.slice()));
+  return prompts.map((p, i) => ({ prompt: p, tokens: tokens[i]!, logits: logits[i]! }));
+}

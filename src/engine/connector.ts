@@ -33,18 +33,12 @@ import type { PagedKvCache } from './model/kv_cache.js';
 import type { EngineMetrics } from './metrics.js';
 import type { KvTransferPlugin, ReceivedKv, SealedChunk, TransferRequest } from '../common/transfer_seam.js';
 import { REUSED_TOKENS } from '../protocol/disagg_spec.js';
+import { IMPORT_SLICE_MS } from './import_pacer.js';
 
 const log = logger('engine.connector');
 
 /** Bound on reading one chunk from the store (a disk tier that hangs must not hang a request). */
 const LOAD_TIMEOUT_MS = 30_000;
-/**
- * Longest stretch of import work (verify + copy into the paged KV) run without yielding: a long
- * prefix received for one request is imported in slices of about this much CPU time, the event
- * loop (and so the scheduler's decode steps for running sequences) running between slices. The
- * work done between two decode steps is then bounded by this plus one chunk, whatever the length.
- */
-const IMPORT_SLICE_MS = 2;
 
 export interface ConnectorRequest {
   seqId: number;
@@ -61,6 +55,14 @@ export interface ConnectorRequest {
    * stored as copies, never as chunks this instance computed.
    */
   loadedTokens?: number;
+  /**
+   * For load(): resolves when the next chunk may be imported (the scheduler's ImportPacer: one
+   * slice of import work between two steps for the whole engine). Without it, load() yields to
+   * the event loop after each IMPORT_SLICE_MS of its own work.
+   */
+  pace?: () => Promise<void>;
+  /** For load(): called once when the import ended, however it ended (hands on the rest of the slice). */
+  paceDone?: () => void;
 }
 
 export interface LoadResult {
@@ -270,9 +272,13 @@ export class KvcConnectorV1 {
       for (let i = 0; i < spans.length; i++) {
         const span = spans[i]!;
         if (span.start >= maxLoad || req.cancelled()) break;
-        if (performance.now() - sliceStart >= this.importSliceMs) {
-          // Let the scheduler run a decode step for the sequences already running (the awaits
-          // below are microtasks: without this, a long prefix is imported in one block).
+        // Let the scheduler run a decode step for the sequences already running between slices
+        // of this work (the awaits below are microtasks: without this, a long prefix is imported
+        // in one block).
+        if (req.pace) {
+          await req.pace();
+          if (req.cancelled()) break;
+        } else if (performance.now() - sliceStart >= this.importSliceMs) {
           this.o.metrics.importSlices.inc();
           await yieldToLoop();
           sliceStart = performance.now();
@@ -341,6 +347,7 @@ export class KvcConnectorV1 {
       log.warn(`request ${req.requestId}: loading KV stopped after ${loaded} tokens: ${(e as Error).message}`);
     } finally {
       received?.release();
+      req.paceDone?.();
     }
     if (loaded > 0) this.store.touchPrefix(spans.filter((s) => s.start < loaded).map((s) => s.key));
     if (!req.cancelled()) {

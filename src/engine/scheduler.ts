@@ -18,6 +18,7 @@ import { setImmediate as yieldToLoop } from 'node:timers/promises';
 import { unavailable } from '../common/errors.js';
 import { logger } from '../common/log.js';
 import { threadCpuMicros } from '../common/thread_cpu.js';
+import { ImportPacer } from './import_pacer.js';
 import type { PendingLedger } from './ledger.js';
 import type { KvcConnectorV1 } from './connector.js';
 import type { EngineMetrics } from './metrics.js';
@@ -132,8 +133,39 @@ export interface SchedulerOptions {
   stepTargetMs?: number;
   /** Clock for the step-time budget (default performance.now; tests drive it). */
   now?: () => number;
+  /** Longest KV import work between two steps (ms; default IMPORT_SLICE_MS, src/engine/import_pacer.ts). */
+  importSliceMs?: number;
+  /** Clock of the import slices (default performance.now; tests drive it). */
+  importNow?: () => number;
   /** Told of every sequence that ended, after its KV was released (the request log line). */
   onFinished?: (seq: Sequence) => void;
+}
+
+/**
+ * The prompts of running sequences in the order a step's prompt budget serves them. Prompts whose
+ * rest fits in the step go first (priority, then arrival): a short request that arrives during a
+ * burst of long prompts is computed in the next step instead of after all of them (on a prefiller,
+ * that is the difference between reaching its decoder at once and being held for seconds, then
+ * released together with every other short request of the burst, which makes the decoder's steps
+ * several times longer for every stream). They never take the last MIN_PREFILL_TOKENS of the
+ * budget while a longer prompt is waiting, so the oldest long prompt always progresses. The
+ * other prompts follow in admission order (FIFO), as before.
+ */
+export function prefillOrder(active: readonly Sequence[], budget: number): Sequence[] {
+  const prompts = active.filter((s) => s.state === 'running' && s.prefilling);
+  const rest = (s: Sequence) => s.prompt.length - s.computed;
+  const long = prompts.filter((s) => rest(s) > budget);
+  const fitting = prompts.filter((s) => rest(s) <= budget).sort((a, b) => (a.init.priority ?? 0) - (b.init.priority ?? 0) || a.id - b.id);
+  let left = budget - (long.length ? Math.min(MIN_PREFILL_TOKENS, budget) : 0);
+  const first: Sequence[] = [];
+  const later = new Set(long);
+  for (const s of fitting) {
+    if (rest(s) <= left) {
+      first.push(s);
+      left -= rest(s);
+    } else later.add(s);
+  }
+  return [...first, ...prompts.filter((s) => later.has(s))];
 }
 
 export class Scheduler {
@@ -158,10 +190,18 @@ export class Scheduler {
   private msPerToken = 0;
   private readonly stepTargetMs: number;
   private readonly now: () => number;
+  /** Paces every KV import of this engine against its steps (one slice of import work between two steps). */
+  private readonly imports: ImportPacer;
 
   constructor(private readonly o: SchedulerOptions) {
     this.stepTargetMs = o.stepTargetMs ?? STEP_TARGET_MS;
     this.now = o.now ?? (() => performance.now());
+    this.imports = new ImportPacer({
+      sliceMs: o.importSliceMs,
+      now: o.importNow,
+      busy: () => this.active.some((s) => s.state === 'running'),
+      onSlice: () => o.metrics.importSlices.inc(),
+    });
     this.done = this.loop();
   }
 
@@ -267,7 +307,16 @@ export class Scheduler {
       seq.state = 'loading';
       conn
         .load(
-          { seqId: seq.id, requestId: seq.init.requestId, prompt: seq.prompt, kvTransferParams: seq.init.kvTransferParams, cacheSalt: seq.init.cacheSalt, cancelled: () => seq.state === 'finished' },
+          {
+            seqId: seq.id,
+            requestId: seq.init.requestId,
+            prompt: seq.prompt,
+            kvTransferParams: seq.init.kvTransferParams,
+            cacheSalt: seq.init.cacheSalt,
+            cancelled: () => seq.state === 'finished',
+            pace: () => this.imports.next(seq),
+            paceDone: () => this.imports.done(seq),
+          },
           this.o.kv,
         )
         .then(
@@ -302,16 +351,20 @@ export class Scheduler {
       this.admit();
       const ran = this.step();
       if (ran) {
-        // Let HTTP handlers, timers and store I/O run between steps.
+        // One slice of KV import may run now (the oldest waiting import first), then HTTP
+        // handlers, timers and store I/O, before the next step.
+        this.imports.stepped();
         await yieldToLoop();
         continue;
       }
+      this.imports.idle();
       if (this.closed) break;
       this.lastDecodeEnd = 0; // idle: the next decode step starts a new run of intervals
       await new Promise<void>((r) => {
         this.wake = r;
       });
     }
+    this.imports.idle();
   }
 
   /** Runs one forward over decode rows + prefill chunks. Returns false when there was nothing to run. */
@@ -328,17 +381,17 @@ export class Scheduler {
       budget--;
     }
     const decodeRows = segs.length;
-    // Then prompt chunks, oldest request first, within what is left of the budget and of the
-    // step's time (at the measured cost per token; the first prompt step measures it).
+    // Then prompt chunks (prefillOrder: prompts that finish in this step first, then the oldest),
+    // within what is left of the budget and of the step's time (at the measured cost per token;
+    // the first prompt step measures it).
     if (this.stepTargetMs > 0 && this.msPerToken > 0) {
       const byTime = Math.floor(this.stepTargetMs / this.msPerToken) - decodeRows;
       budget = Math.min(budget, Math.max(MIN_PREFILL_TOKENS, byTime));
     } else if (this.stepTargetMs > 0) {
       budget = Math.min(budget, 4 * MIN_PREFILL_TOKENS);
     }
-    for (const seq of this.active) {
+    for (const seq of prefillOrder(this.active, budget)) {
       if (budget <= 0) break;
-      if (seq.state !== 'running' || !seq.prefilling) continue;
       const n = Math.min(budget, seq.prompt.length - seq.computed);
       const end = seq.computed + n;
       const logits = end === seq.prompt.length;
@@ -422,9 +475,13 @@ export class Scheduler {
       this.lastDecodeEnd = 0;
       return;
     }
-    if (this.lastDecodeEnd) this.o.metrics.decodeStepInterval.observe((now - this.lastDecodeEnd) / 1000);
+    const cpu = threadCpuMicros();
+    if (this.lastDecodeEnd) {
+      this.o.metrics.decodeStepInterval.observe((now - this.lastDecodeEnd) / 1000);
+      this.o.metrics.decodeStepIntervalCpu.observe((cpu - this.lastDecodeCpu) / 1e6);
+    }
     this.lastDecodeEnd = now;
-    this.lastDecodeCpu = threadCpuMicros();
+    this.lastDecodeCpu = cpu;
   }
 
   private emit(seq: Sequence, token: number, now: number): void {

@@ -2,21 +2,26 @@
 // run (short requests, open loop, as in the main bench) while N long prompts arrive within T ms
 // (default 6@1000: six 1,500–3,000-token prompts within one second, as a batch job or a
 // reconnecting client sends them). Three deployments in one run, each started with `kvc up` at its
-// defaults (what the issue measured: round-robin routing, every prompt prefilled on a prefiller):
-// 1P1D (--prefillers 1 --decoders 1), 2P2D (--prefillers 2 --decoders 2) and colocated
-// (--prefillers 0 --decoders 2). For each: an idle
-// window (the streams alone) and a burst window (the same streams, same seed, plus the burst),
-// and the ratio of the client-side ITL p99 of the burst window to the idle one. The deployment's
-// own view of the burst window (decoder step intervals, event-loop lag, prefills by place) says
-// where a stall came from. Plot: bench-results/disagg/burst_itl.svg. Last line:
+// defaults (round-robin routing, every prompt prefilled on a prefiller): 1P1D (--prefillers 1
+// --decoders 1), 2P2D (--prefillers 2 --decoders 2) and colocated (--prefillers 0 --decoders 2).
+// For each: an idle window (the streams alone) and a burst window (the same streams, same seed,
+// plus the burst). Per window, what the streaming clients saw (ITL p99 and max, short TTFT p99)
+// and what the decoders did (summed over every decoder): the decode step interval p99 in the CPU
+// time of the scheduler's thread, which the machine's load does not stretch, and in wall time;
+// the longest event-loop delay; GC time; sequences per decode step; the share of the window the
+// first decoder waited for a CPU other programs held (with the 1-minute load average). Ratios
+// burst ÷ idle of the client ITL p99 and of the decoders' CPU interval p99. Plot:
+// bench-results/disagg/burst_itl.svg. Last line:
 // {"bench":"disagg-burst","burst":{"n":…,"within_ms":…},"1P1D":{…},"2P2D":{…},"colocated":{…}}
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { loadavg } from 'node:os';
 import { writeBarsSvg } from './_plot.js';
+import { histogram, schedstat } from './_disagg_deployment.js';
 
 /** What the burst mode borrows from bench/disagg.ts (one deployment and window machinery for both). */
 export interface BurstParts {
-  up(args: string[], logRoot: string): Promise<{ url: string; decoder: string; engines: string[]; stop(): Promise<void> }>;
+  up(args: string[], logRoot: string): Promise<{ url: string; decoder: string; decoderPid: number | null; engines: string[]; decoders: string[]; stop(): Promise<void> }>;
   warm(url: string): Promise<void>;
   settle(engines: string[]): Promise<void>;
   /** The short requests of a window of `seconds` from `seed` (no long prompts). */
@@ -50,6 +55,16 @@ export function parseBurst(arg: string | undefined): { n: number; withinMs: numb
   return { n, withinMs };
 }
 
+/** `--configs A,B` (a subset of 1P1D, 2P2D, colocated; default all), checked: a clear error naming the flag. */
+export function parseConfigs(arg: string | undefined): string[] {
+  const names = CONFIGS.map(([n]) => n);
+  if (arg === undefined) return names;
+  const want = arg.split(',').map((s) => s.trim());
+  const bad = want.filter((n) => !names.includes(n));
+  if (!want.length || bad.length) throw new Error(`--configs: expected a comma-separated subset of ${names.join(', ')}; found ${JSON.stringify(arg)}`);
+  return want;
+}
+
 const r1 = (x: number) => Math.round(x * 10) / 10;
 
 function metricMax(text: string, name: string): number {
@@ -58,7 +73,57 @@ function metricMax(text: string, name: string): number {
   return max;
 }
 
-export async function burstBench(parts: BurstParts, burst: { n: number; withinMs: number }, outDir: string, logRoot: string): Promise<void> {
+/**
+ * The `q` quantile (0..1) of what a histogram counted between two scrapes of each of several
+ * processes (summed), interpolated linearly inside its bucket; NaN when nothing was counted.
+ */
+export function histogramQuantile(before: string[], after: string[], name: string, q: number): number {
+  const delta = new Map<number, number>();
+  after.forEach((text, i) => {
+    const b = histogram(before[i] ?? '', name);
+    for (const [le, n] of histogram(text, name)) delta.set(le, (delta.get(le) ?? 0) + n - (b.get(le) ?? 0));
+  });
+  const bounds = [...delta.keys()].sort((a, b) => a - b);
+  const total = delta.get(Infinity) ?? 0;
+  if (!total) return NaN;
+  let lo = 0;
+  let below = 0;
+  for (const le of bounds) {
+    const n = delta.get(le)!;
+    if (n >= q * total) return le === Infinity ? lo : lo + ((le - lo) * (q * total - below)) / Math.max(1, n - below);
+    lo = le;
+    below = n;
+  }
+  return lo;
+}
+
+/** What the decoders themselves did in one window (their metrics before and after it). */
+function decoderView(before: string[], after: string[], sched: { before: ReturnType<typeof schedstat>; after: ReturnType<typeof schedstat>; seconds: number }) {
+  const ms = (s: number) => r1(s * 1000);
+  const sum = (texts: string[], re: RegExp) => texts.reduce((a, t) => a + [...t.matchAll(re)].reduce((x, m) => x + Number(m[1]), 0), 0);
+  const gcSum = /^kvc_engine_nodejs_gc_duration_seconds_sum\{[^}]*\} ([\d.e+-]+)$/gm;
+  const rowsSum = /^kvc_engine_step_tokens_sum\{[^}]*phase="decode"[^}]*\} ([\d.e+-]+)$/gm;
+  const rowsCount = /^kvc_engine_step_tokens_count\{[^}]*phase="decode"[^}]*\} ([\d.e+-]+)$/gm;
+  return {
+    // The decode step interval in the CPU time of the scheduler's thread: the engine's own work
+    // per token, which the machine's load does not stretch.
+    cpu_interval_p99_ms: ms(histogramQuantile(before, after, 'kvc_engine_decode_step_interval_cpu_seconds', 0.99)),
+    wall_interval_p99_ms: ms(histogramQuantile(before, after, 'kvc_engine_decode_step_interval_seconds', 0.99)),
+    event_loop_lag_max_ms: ms(Math.max(0, ...after.map((t) => metricMax(t, 'kvc_engine_nodejs_eventloop_lag_max_seconds')))),
+    gc_ms: ms(sum(after, gcSum) - sum(before, gcSum)),
+    // Sequences per decode step (its rows): a stalled stream released with others makes steps longer.
+    decode_rows_mean:
+      Math.round(
+        ((sum(after, rowsSum) - sum(before, rowsSum)) / Math.max(1, sum(after, rowsCount) - sum(before, rowsCount))) * 100,
+      ) / 100,
+    // Share of the window the first decoder waited, runnable, for a CPU another program held.
+    runqueue_wait_share: sched.before && sched.after ? Math.round((100 * (sched.after.wait - sched.before.wait)) / sched.seconds) / 100 : null,
+  };
+}
+
+type WindowFigures = { itl_p99_ms: number; itl_max_ms: number; short_ttft_p99_ms: number; load1: number } & ReturnType<typeof decoderView>;
+
+export async function burstBench(parts: BurstParts, burst: { n: number; withinMs: number }, outDir: string, logRoot: string, only: string[] = parseConfigs(undefined)): Promise<void> {
   const shorts = parts.shortPlan(WINDOW_S, SEED);
   const longs = parts.longPrompts(burst.n, SEED).map((prompt, i) => ({
     atMs: BURST_AT_S * 1000 + (burst.n > 1 ? (i * burst.withinMs) / (burst.n - 1) : 0),
@@ -69,48 +134,73 @@ export async function burstBench(parts: BurstParts, burst: { n: number; withinMs
   const burstPlan = [...shorts, ...longs].sort((a, b) => a.atMs - b.atMs);
   console.log(
     `disagg burst workload: ${shorts.length} short streams over ${WINDOW_S} s (same seeded requests in both windows); burst window adds ${burst.n} long prompts ` +
-      `(${longs.map((l) => l.prompt.length).join(', ')} tokens) within ${burst.withinMs} ms from ${BURST_AT_S} s. Configurations at kvc up defaults: ${CONFIGS.map(([n, a]) => `${n} (${a.join(' ')})`).join('; ')}`,
+      `(${longs.map((l) => l.prompt.length).join(', ')} tokens) within ${burst.withinMs} ms from ${BURST_AT_S} s. Configurations at kvc up defaults: ${CONFIGS.filter(([n]) => only.includes(n)).map(([n, a]) => `${n} (${a.join(' ')})`).join('; ')}`,
   );
-  const out: Record<string, { idle_itl_p99_ms: number; burst_itl_p99_ms: number; ratio: number; burst_itl_max_ms: number; failed: number; long_ttft_p50_ms: number; decoder_lag_max_ms: number }> = {};
-  for (const [name, args] of CONFIGS) {
+  type Result = { idle: WindowFigures; burst: WindowFigures; ratio: number; cpu_ratio: number; failed: number; long_ttft_p50_ms: number };
+  const out: Record<string, Result> = {};
+  for (const [name, args] of CONFIGS.filter(([n]) => only.includes(n))) {
     const dep = await parts.up(args, logRoot);
     try {
       await parts.warm(dep.url);
-      await parts.settle(dep.engines);
-      const idle = await parts.window(dep.url, shorts, WINDOW_S);
-      await parts.settle(dep.engines);
-      await parts.scrape(dep.decoder); // resets the event-loop lag max (per collection)
-      const hit = await parts.window(dep.url, burstPlan, WINDOW_S);
-      const after = await parts.scrape(dep.decoder);
-      const gaps = (ds: typeof idle) => ds.filter((d) => d.kind === 'short').flatMap((d) => d.gaps.map((g) => g.ms));
-      const i99 = parts.pct(gaps(idle), 99);
-      const b99 = parts.pct(gaps(hit), 99);
-      const ttfts = hit.filter((d) => d.kind === 'long' && d.ttftMs !== null).map((d) => d.ttftMs!);
-      out[name] = {
-        idle_itl_p99_ms: r1(i99),
-        burst_itl_p99_ms: r1(b99),
-        ratio: Math.round((b99 / i99) * 100) / 100,
-        burst_itl_max_ms: r1(Math.max(0, ...gaps(hit))),
-        failed: [...idle, ...hit].filter((d) => !d.ok).length,
-        long_ttft_p50_ms: r1(parts.pct(ttfts, 50)),
-        decoder_lag_max_ms: r1(metricMax(after, 'kvc_engine_nodejs_eventloop_lag_max_seconds') * 1000),
+      const measure = async (plan: typeof burstPlan) => {
+        await parts.settle(dep.engines);
+        const load1 = loadavg()[0]!;
+        const before = await Promise.all(dep.decoders.map((d) => parts.scrape(d))); // also resets the event-loop lag max
+        const s0 = schedstat(dep.decoderPid);
+        const t0 = performance.now();
+        const done = await parts.window(dep.url, plan, WINDOW_S);
+        const seconds = (performance.now() - t0) / 1000;
+        const s1 = schedstat(dep.decoderPid);
+        const after = await Promise.all(dep.decoders.map((d) => parts.scrape(d)));
+        const gaps = done.filter((d) => d.kind === 'short').flatMap((d) => d.gaps.map((g) => g.ms));
+        const figures: WindowFigures = {
+          itl_p99_ms: r1(parts.pct(gaps, 99)),
+          itl_max_ms: r1(Math.max(0, ...gaps)),
+          // A short request held behind the burst's long prompts (a prefiller's queue) waits here.
+          short_ttft_p99_ms: r1(parts.pct(done.filter((d) => d.kind === 'short' && d.ttftMs !== null).map((d) => d.ttftMs!), 99)),
+          load1: Math.round(((load1 + loadavg()[0]!) / 2) * 10) / 10,
+          ...decoderView(before, after, { before: s0, after: s1, seconds }),
+        };
+        return { done, figures };
       };
-      console.log(`  ${name}: ITL p99 idle ${out[name]!.idle_itl_p99_ms} ms, burst ${out[name]!.burst_itl_p99_ms} ms: ${out[name]!.ratio} x idle; ${JSON.stringify(out[name])}`);
+      const idle = await measure(shorts);
+      const hit = await measure(burstPlan);
+      const ttfts = hit.done.filter((d) => d.kind === 'long' && d.ttftMs !== null).map((d) => d.ttftMs!);
+      out[name] = {
+        idle: idle.figures,
+        burst: hit.figures,
+        ratio: Math.round((hit.figures.itl_p99_ms / idle.figures.itl_p99_ms) * 100) / 100,
+        cpu_ratio: Math.round((hit.figures.cpu_interval_p99_ms / idle.figures.cpu_interval_p99_ms) * 100) / 100,
+        failed: [...idle.done, ...hit.done].filter((d) => !d.ok).length,
+        long_ttft_p50_ms: r1(parts.pct(ttfts, 50)),
+      };
+      const r = out[name]!;
+      console.log(
+        `  ${name}: client ITL p99 idle ${r.idle.itl_p99_ms} ms, burst ${r.burst.itl_p99_ms} ms: ${r.ratio} x idle; decoder CPU interval p99 idle ${r.idle.cpu_interval_p99_ms} ms, burst ${r.burst.cpu_interval_p99_ms} ms: ${r.cpu_ratio} x idle; ${JSON.stringify(r)}`,
+      );
     } finally {
       await dep.stop();
     }
   }
   const rows = Object.entries(out).flatMap(([config, r]) => [
-    { panel: 'ITL p99 (ms)', series: `${config} idle`, value: r.idle_itl_p99_ms },
-    { panel: 'ITL p99 (ms)', series: `${config} burst`, value: r.burst_itl_p99_ms },
-    { panel: 'burst ÷ idle', series: config, value: r.ratio },
+    { panel: 'client ITL p99 (ms)', series: `${config} idle`, value: r.idle.itl_p99_ms },
+    { panel: 'client ITL p99 (ms)', series: `${config} burst`, value: r.burst.itl_p99_ms },
+    { panel: 'client ITL p99, burst ÷ idle', series: config, value: r.ratio },
+    { panel: 'decoder CPU per step p99 (ms)', series: `${config} idle`, value: r.idle.cpu_interval_p99_ms },
+    { panel: 'decoder CPU per step p99 (ms)', series: `${config} burst`, value: r.burst.cpu_interval_p99_ms },
+    { panel: 'decoder CPU per step p99, burst ÷ idle', series: config, value: r.cpu_ratio },
   ]);
-  const svg = await writeBarsSvg(join(outDir, 'burst_itl.svg'), `ITL p99 seen by streaming clients, ${burst.n} long prompts within ${burst.withinMs} ms`, rows, 'value');
+  const svg = await writeBarsSvg(join(outDir, 'burst_itl.svg'), `${burst.n} long prompts within ${burst.withinMs} ms while streams run: what streaming clients and the decoders saw`, rows, 'value');
   writeFileSync(join(outDir, 'burst_results.json'), JSON.stringify({ burst, results: out }, null, 2));
-  const co = out.colocated?.burst_itl_p99_ms ?? NaN;
+  const co = out.colocated?.burst.itl_p99_ms ?? NaN;
+  const coCpu = out.colocated?.burst.cpu_interval_p99_ms ?? NaN;
   for (const name of ['1P1D', '2P2D']) {
     const r = out[name];
-    if (r) console.log(`targets ${name}: burst ITL p99 ${r.burst_itl_p99_ms} ms <= 1.5 x idle (${r1(1.5 * r.idle_itl_p99_ms)}): ${r.ratio <= 1.5}; <= 0.2 x colocated (${r1(0.2 * co)}): ${r.burst_itl_p99_ms <= 0.2 * co}`);
+    if (!r) continue;
+    console.log(
+      `targets ${name}: client ITL p99 ${r.burst.itl_p99_ms} ms <= 1.5 x idle (${r1(1.5 * r.idle.itl_p99_ms)}): ${r.ratio <= 1.5}; <= 0.2 x colocated (${r1(0.2 * co)}): ${r.burst.itl_p99_ms <= 0.2 * co}` +
+        ` | decoder CPU per step p99 ${r.burst.cpu_interval_p99_ms} ms <= 1.5 x idle (${r1(1.5 * r.idle.cpu_interval_p99_ms)}): ${r.cpu_ratio <= 1.5}; <= 0.2 x colocated (${r1(0.2 * coCpu)}): ${r.burst.cpu_interval_p99_ms <= 0.2 * coCpu}`,
+    );
   }
   console.log(`plot: ${svg}`);
   console.log(JSON.stringify({ bench: 'disagg-burst', burst: { n: burst.n, within_ms: burst.withinMs }, ...out }));

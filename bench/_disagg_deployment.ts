@@ -21,12 +21,14 @@ export interface Deployment {
   logDir: string;
   /** HTTP address of every engine (prefillers, decoders, colocated engines). */
   engines: string[];
+  /** HTTP address of every engine that serves streams (decoders, or colocated engines). */
+  decoders: string[];
   stop(): Promise<void>;
 }
 
 /** Starts `kvc up` with `args` on a free port offset; resolves when it prints "ready". */
 export async function up(args: string[], logRoot: string): Promise<Deployment> {
-  for (let attempt = 0; attempt < 5; attempt++) {
+  for (let attempt = 0; attempt < 20; attempt++) {
     const offset = 20000 + Math.floor(Math.random() * 200) * 100;
     if (!(await isPortFree(9100 + offset, '127.0.0.1')) || !(await isPortFree(7100 + offset, '127.0.0.1'))) continue;
     const logDir = join(logRoot, `up-${offset}`);
@@ -66,18 +68,21 @@ export async function up(args: string[], logRoot: string): Promise<Deployment> {
       // The first decoder's HTTP port is 7200 + offset (docs/proxy.md), engine-0 too when colocated.
       let decoderPid: number | null = null;
       const engines: string[] = [];
+      const decoders: string[] = [];
       try {
         const procs = (JSON.parse(readFileSync(join(logDir, 'deployment.json'), 'utf8')) as { processes: { name: string; pid: number }[] }).processes;
         decoderPid = procs.find((p) => p.name === 'decoder-0' || p.name === 'engine-0')?.pid ?? null;
         // Prefillers listen on 7100 + i, decoders and colocated engines on 7200 + i (+ offset).
         for (const p of procs) {
           const m = /^(prefiller|decoder|engine)-(\d+)$/.exec(p.name);
-          if (m) engines.push(`http://127.0.0.1:${(m[1] === 'prefiller' ? 7100 : 7200) + Number(m[2]) + offset}`);
+          if (!m) continue;
+          engines.push(`http://127.0.0.1:${(m[1] === 'prefiller' ? 7100 : 7200) + Number(m[2]) + offset}`);
+          if (m[1] !== 'prefiller') decoders.push(engines[engines.length - 1]!);
         }
       } catch {
         /* no pid: the run-queue figures are reported as null; no engine list: windows do not wait to settle */
       }
-      return { url: ready, decoder: `http://127.0.0.1:${7200 + offset}`, decoderPid, logDir, engines, stop };
+      return { url: ready, decoder: `http://127.0.0.1:${7200 + offset}`, decoderPid, logDir, engines, decoders, stop };
     }
     await stop();
     // Another program may take a port between the check and the start: try another offset.
@@ -98,7 +103,7 @@ export async function scrape(base: string): Promise<string> {
 }
 
 /** Cumulative buckets (le → count) of one histogram, summed over its label sets (e.g. GC kinds). */
-function histogram(text: string, name: string): Map<number, number> {
+export function histogram(text: string, name: string): Map<number, number> {
   const out = new Map<number, number>();
   const re = new RegExp(`^${name}_bucket\\{[^}]*le="([^"]+)"[^}]*\\} (\\d+)`, 'gm');
   for (const m of text.matchAll(re)) {

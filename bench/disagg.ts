@@ -21,13 +21,14 @@
 // Output folder: bench-results/disagg/ (or --out DIR); `--replot DIR/results.json` redraws the plots
 // of an earlier run without running anything; --keep-logs keeps the deployments' logs;
 // `--probe CONFIG@RATE[xSECONDS]` runs one goodput probe window only (see probeOnly); `--burst [N@T]`
-// runs the burst workload instead (bench/_disagg_burst.ts). Last line:
+// runs the burst workload instead (bench/_disagg_burst.ts; `--configs 1P1D,2P2D,colocated` picks some of
+// its deployments). Last line:
 // {"bench":"disagg","idle_itl_p99_ms":…,"coloc_itl_p99_ms":…,"disagg_itl_p99_ms":…,
 import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { resultsDir } from './_plot.js';
-import { burstBench, parseBurst, type BurstParts } from './_disagg_burst.js';
+import { burstBench, parseBurst, parseConfigs, type BurstParts } from './_disagg_burst.js';
 import { markedDown, prefillsWhere, schedstat, scrape, settle, stepIntervals, up, value } from './_disagg_deployment.js';
 import { goodput, probeSeconds, probeSeed, PROBE_LONGS, PROBE_MIN_S, SEARCH, type CurvePoint } from './_disagg_goodput.js';
 import { plots, type Saved } from './_disagg_plot.js';
@@ -84,7 +85,8 @@ async function main(): Promise<void> {
         pct,
         scrape,
       };
-      await burstBench(parts, parseBurst(process.argv[burstAt + 1]), outDir, logRoot);
+      const configsAt = process.argv.indexOf('--configs');
+      await burstBench(parts, parseBurst(process.argv[burstAt + 1]), outDir, logRoot, parseConfigs(configsAt > 0 ? (process.argv[configsAt + 1] ?? '') : undefined));
     } finally {
       if (process.argv.includes('--keep-logs')) console.log(`logs kept in ${logRoot}`);
       else rmSync(logRoot, { recursive: true, force: true });

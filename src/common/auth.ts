@@ -162,6 +162,10 @@ export function requireSecret(app: FastifyInstance, o: SecretGuardOptions): void
   app.addHook('onRequest', async (req) => {
     if (!o.applies(req.method, req.url.split('?', 1)[0]!)) return;
     if (typeof req.headers[SIGNATURE_HEADERS.signature] === 'string') {
+      // Fail closed: a guarded route registered before this guard would have no signature check.
+      if ((req.routeOptions.config as { kvcSignatureChecked?: boolean } | undefined)?.kvcSignatureChecked !== true) {
+        throw refuse(req, 'invalid_deployment_secret', 'this route does not take signed calls');
+      }
       signed.add(req);
       return;
     }
@@ -170,7 +174,9 @@ export function requireSecret(app: FastifyInstance, o: SecretGuardOptions): void
     const how = o.bearer ? 'a signed call (x-kvc-timestamp, x-kvc-nonce, x-kvc-signature) or "Authorization: Bearer <secret>"' : 'a signed call (x-kvc-timestamp, x-kvc-nonce, x-kvc-signature)';
     throw refuse(req, 'invalid_deployment_secret', got === null && bearer(req) === null ? `this server requires the deployment secret: send ${how}` : `the deployment secret presented is not valid; send ${how}`);
   });
-  app.addHook('preValidation', async (req) => {
+  // The signature check needs the parsed body, so it runs at preValidation, on the guarded routes
+  // only: the other routes (the proxy's OpenAI endpoints) get no extra hook on their hot path.
+  const checkSignature = async (req: FastifyRequest) => {
     if (!signed.has(req)) return;
     const h = (name: string) => {
       const v = req.headers[name];
@@ -183,6 +189,11 @@ export function requireSecret(app: FastifyInstance, o: SecretGuardOptions): void
     }
     const r = memory.admit(/^\d{1,16}$/.test(ts) ? Number(ts) : undefined, nonce);
     if (r) throw refuse(req, r.reason, r.message, true);
+  };
+  app.addHook('onRoute', (route) => {
+    if (![route.method].flat().some((m) => o.applies(m, route.url ?? route.path))) return;
+    route.preValidation = [...[route.preValidation ?? []].flat(), checkSignature];
+    route.config = { ...(route.config as object | undefined), kvcSignatureChecked: true };
   });
 }
 

@@ -80,6 +80,18 @@ describe('replay protection of the internal channels (1P1D, deployment secret)',
     assert.equal((await post(ctl, clearBody, { authorization: `Bearer ${dep.secret}` })).status, 200);
   });
 
+  test('proxy: completions are answered beside the guarded POST /routing/reset, which refuses a replay', async () => {
+    // The guard's signature check runs only on the guarded route: the OpenAI endpoints are untouched.
+    const r = await fetch(`${dep.proxy}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'builtin:tiny', prompt: 'Replay', max_tokens: 2, temperature: 0 }), signal: AbortSignal.timeout(120_000) });
+    assert.equal(r.status, 200);
+    assert.equal(((await r.json()) as { choices: unknown[] }).choices.length, 1);
+    const h = signedHeaders(dep.secret, 'POST', '/routing/reset', {});
+    assert.equal((await post(`${dep.proxy}/routing/reset`, {}, h)).status, 200);
+    const again = await post(`${dep.proxy}/routing/reset`, {}, h);
+    assert.deepEqual([again.status, again.code], [401, 'replayed_nonce'], again.message);
+    assert.equal(await refused(`${dep.proxy}/metrics`, 'proxy-http', 'replayed_nonce'), 1);
+  });
+
   test('a burst of legitimate signed calls is all accepted', async () => {
     const before0 = await refused(`${dep.controller}/metrics`, 'controller-http', 'replayed_nonce');
     const answers = await Promise.all(Array.from({ length: 48 }, () => post(`${dep.controller}/clear`, clearBody, signedHeaders(dep.secret, 'POST', '/clear', clearBody))));

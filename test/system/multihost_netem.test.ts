@@ -106,8 +106,13 @@ describe('bad networks between hosts (delay, loss, bandwidth cap, partition)', {
     });
   };
 
-  /** One round of every kind of traffic; returns when each request has its answer. */
-  const round = async (label: string) => {
+  /**
+   * One round of every kind of traffic; returns when each request has its answer. On a clean
+   * network every path must also be taken (2 transfers, Redis hits); on an impaired one a path may
+   * give up within its bound (a Redis read past remote_timeout_ms, a prefiller marked down and the
+   * prompt computed on the decoder), which the client must not see.
+   */
+  const round = async (label: string, clean: boolean) => {
     const t0 = Date.now();
     // xfer: two requests through the proxy at once (one streamed), each a fresh 5-chunk prompt.
     const a = ids(5 * CHUNK + 7, ++salt), b = ids(5 * CHUNK + 3, ++salt);
@@ -133,12 +138,15 @@ describe('bad networks between hosts (delay, loss, bandwidth cap, partition)', {
     await viaProxy;
     const after = { dec: await metrics(dep.engines['decoder-0']!), reader: await metrics(reader), contract: await contract() };
     const transfers = Object.values(after.contract).reduce((s, v) => s + v, 0) - Object.values(before.contract).reduce((s, v) => s + v, 0);
-    assert.equal(transfers, 2, `${label}: each of the two disaggregated requests' transfers ended exactly once (${JSON.stringify(after.contract)})`);
+    const what = `${label}: each of the two disaggregated requests' transfers ended exactly once (${JSON.stringify(after.contract)})`;
+    if (clean) assert.equal(transfers, 2, what);
+    else assert.ok(transfers <= 2, what);
     const d = (name: string, text: string, was: string, label2 = '') => metricSum(text, name, label2) - metricSum(was, name, label2);
     const p2p = Object.fromEntries(['hit', 'partial', 'failed', 'no_holder'].map((o) => [o, d('kvc_p2p_fetches_total', after.dec, before.dec, `outcome="${o}"`)]));
     assert.ok(Object.values(p2p).reduce((s, v) => s + v, 0) >= 1, `${label}: the decoder tried a P2P fetch (${JSON.stringify(p2p)})`);
-    const remote = { hit: d('kvc_remote_gets_total', after.reader, before.reader, 'outcome="hit"') };
-    assert.ok(remote.hit >= 4, `${label}: the reader loaded the writer's chunks from Redis (${remote.hit} hits)`);
+    const remote = { hit: d('kvc_remote_gets_total', after.reader, before.reader, 'outcome="hit"'), gets: d('kvc_remote_gets_total', after.reader, before.reader) };
+    assert.ok(remote.gets >= 1, `${label}: the reader asked the Redis tier`);
+    if (clean) assert.ok(remote.hit >= 4, `${label}: the reader loaded the writer's chunks from Redis (${remote.hit} hits)`);
     const outcomes = Object.fromEntries(Object.keys(after.contract).map((k) => [k, after.contract[k]! - before.contract[k]!]));
     notes.push(`${label}: ${Date.now() - t0} ms; transfers ${JSON.stringify(outcomes)}, P2P ${JSON.stringify(p2p)}, Redis reader hits ${remote.hit}`);
   };
@@ -199,7 +207,7 @@ describe('bad networks between hosts (delay, loss, bandwidth cap, partition)', {
   });
 
   it('a clean network: the reference round', async () => {
-    await round('clean');
+    await round('clean', true);
     await converged(30_000);
   });
 
@@ -211,7 +219,7 @@ describe('bad networks between hosts (delay, loss, bandwidth cap, partition)', {
     it(`${label}: nothing lost, no wrong token, every transfer ended, the index follows`, async () => {
       await impairAll(spec);
       try {
-        await round(label);
+        await round(label, false);
         await converged(30_000);
       } finally {
         await impairAll(null);
@@ -235,7 +243,7 @@ describe('bad networks between hosts (delay, loss, bandwidth cap, partition)', {
     notes.push(`partition: requests answered after ${ms.map(Math.round).join(', ')} ms, transfers ended ${ended} (${JSON.stringify(afterC)}), packets dropped ${dropped.map((x) => x.dropped).join('/')}`);
     await converged(60_000);
     // And everything works again after the heal.
-    await round('after the partition');
+    await round('after the partition', true);
     await converged(30_000);
     for (const p of [...dep.procs.values(), ...extra]) assert.equal(p.child.exitCode, null, `${p.name} is still running`);
   });

@@ -87,7 +87,7 @@ export async function writeLinesSvg(path: string, title: string, rows: LineRow[]
       mark: { type: 'line', point: true },
       encoding: {
         x: { field: 'x', type: 'quantitative', title: xTitle },
-        y: { field: 'value', type: 'quantitative', title: null },
+        y: { field: 'value', type: 'quantitative', title: null, axis: { format: '~s' } },
         color: { field: 'series', type: 'nominal', title: null },
       },
     },

@@ -9,7 +9,8 @@
 // than the controller's heartbeat timeout (3 s here), so the controller reaps both instances and
 // must take them back. Under each: prefill→decode transfers (xfer) through the proxy, a P2P fetch
 // (the decoder pulls what the prefiller computed), the controller's monitor traffic (admits, the
-// P2P holder query, heartbeats) and a prefix shared through the Redis tier. Checks, on outcomes
+// P2P holder query, heartbeats) and worker traffic (a move from the prefiller to the decoder), and
+// a prefix shared through the Redis tier. Checks, on outcomes
 // only: every request answered 200 within its bound with the greedy tokens of the plain engine;
 // every transfer terminal (counted once in kvc_xfer_transfers_total by outcome, none in flight)
 // and no reservation left; the controller's index equal to what each instance holds once the
@@ -120,7 +121,9 @@ describe('bad networks between hosts (delay, loss, bandwidth cap, partition)', {
     const p = ids(4 * CHUNK + 1, ++salt);
     // Redis: computed by the writer (pre), then read by the reader (dec) from the shared tier.
     const r = ids(4 * CHUNK + 1, ++salt);
-    const [ta, tb, tp, tr] = await Promise.all([a, b, p, r].map(truthOf));
+    // The controller's worker traffic: a prompt computed on the prefiller, moved to the decoder.
+    const mv = ids(4 * CHUNK + 1, ++salt);
+    const [ta, tb, tp, tr, tm] = await Promise.all([a, b, p, r, mv].map(truthOf));
     const before = { dec: await metrics(dep.engines['decoder-0']!), reader: await metrics(reader), contract: await contract() };
     const viaProxy = Promise.all([expectTruth(dep.proxy, a, ta!, `${label}: 1P1D request`), expectTruth(dep.proxy, b, tb!, `${label}: 1P1D streamed request`, true)]);
     await expectTruth(dep.engines['prefiller-0']!, p, tp!, `${label}: prefiller computing the P2P prompt`);
@@ -135,6 +138,18 @@ describe('bad networks between hosts (delay, loss, bandwidth cap, partition)', {
       metricSum(await metrics(writer), 'kvc_remote_puts_total') - metricSum(writerBefore, 'kvc_remote_puts_total') >= 5 &&
       metricSum(await metrics(writer), 'kvc_remote_write_queue_bytes') === 0, 30_000);
     await expectTruth(reader, r, tr!, `${label}: reader engine through the Redis tier`);
+    await expectTruth(dep.engines['prefiller-0']!, mv, tm!, `${label}: prefiller computing the prompt to move`);
+    await eventually(`${label}: the prompt to move in the controller's index`, async () =>
+      (await req('POST', `${dep.controller}/lookup`, { tokens: mv })).json?.layout_detail?.['prefiller-0']?.matched_tokens >= 4 * CHUNK, 30_000);
+    const moved = await dep.client.request('POST', `${dep.controller}/move`, { old_position: ['prefiller-0', 'LocalCPUBackend'], new_position: ['decoder-0', 'LocalCPUBackend'], tokens: mv, copy: true }, 10_000, { authorization: `Bearer ${dep.secret}` });
+    assert.equal(moved.status, 200, `${label}: move: ${moved.text}`);
+    let ev: any;
+    await eventually(`${label}: the move to end (finished or failed)`, async () => {
+      ev = (await req('GET', `${dep.controller}/events/${moved.json.event_id}`)).json;
+      return ev?.status === 'finished' || ev?.status === 'failed';
+    }, 60_000);
+    if (clean) assert.equal(ev.status, 'finished', `${label}: ${JSON.stringify(ev)}`);
+    await expectTruth(dep.engines['decoder-0']!, mv, tm!, `${label}: decoder after the move`);
     await viaProxy;
     const after = { dec: await metrics(dep.engines['decoder-0']!), reader: await metrics(reader), contract: await contract() };
     const transfers = Object.values(after.contract).reduce((s, v) => s + v, 0) - Object.values(before.contract).reduce((s, v) => s + v, 0);
@@ -148,7 +163,7 @@ describe('bad networks between hosts (delay, loss, bandwidth cap, partition)', {
     assert.ok(remote.gets >= 1, `${label}: the reader asked the Redis tier`);
     if (clean) assert.ok(remote.hit >= 4, `${label}: the reader loaded the writer's chunks from Redis (${remote.hit} hits)`);
     const outcomes = Object.fromEntries(Object.keys(after.contract).map((k) => [k, after.contract[k]! - before.contract[k]!]));
-    notes.push(`${label}: ${Date.now() - t0} ms; transfers ${JSON.stringify(outcomes)}, P2P ${JSON.stringify(p2p)}, Redis reader hits ${remote.hit}`);
+    notes.push(`${label}: ${Date.now() - t0} ms; transfers ${JSON.stringify(outcomes)}, P2P ${JSON.stringify(p2p)}, Redis reader hits ${remote.hit}, move ${ev.status}`);
   };
 
   const impairAll = async (spec: Impairment | null) => {

@@ -68,6 +68,7 @@ export class EngineMetrics {
   readonly waiting: Gauge;
   readonly kvUsage: Gauge;
   readonly kvBlocks: Gauge<'state'>;
+  readonly kvResidentBytes: Gauge;
   /** Step time and tokens per phase: one series each for prefill, decode and mixed steps. */
   readonly stepSeconds: Record<StepPhase, HistogramSeries>;
   readonly stepTokens: Record<StepPhase, HistogramSeries>;
@@ -142,6 +143,7 @@ export class EngineMetrics {
     this.waiting = new Gauge({ name: 'kvc_engine_num_requests_waiting', help: 'Requests queued for admission', registers });
     this.kvUsage = new Gauge({ name: 'kvc_engine_kv_cache_usage_ratio', help: 'Fraction of paged KV blocks in use', registers });
     this.kvBlocks = new Gauge({ name: 'kvc_engine_kv_cache_blocks', help: 'Paged KV blocks, by state (used, total)', labelNames: ['state'], registers });
+    this.kvResidentBytes = new Gauge({ name: 'kvc_engine_kv_cache_resident_bytes', help: 'Bytes of the paged KV pool touched so far: its pages are resident from first use and kept (the most blocks ever in use at once)', registers });
     const stepSeconds = new HotHistogram({ name: 'kvc_engine_step_duration_seconds', help: 'Time of one scheduler step (one model forward), by phase (prefill, decode, mixed)', labelNames: ['phase'], buckets: LATENCY_BUCKETS, registers });
     const stepTokens = new HotHistogram({ name: 'kvc_engine_step_tokens', help: 'Tokens computed in one scheduler step, by phase', labelNames: ['phase'], buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192], registers });
     // Every phase's series exists from the start, at zero (a scrape before the first decode step

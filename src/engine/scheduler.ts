@@ -287,6 +287,7 @@ export class Scheduler {
     m.waiting.set(this.waiting.length);
     m.kvBlocks.set({ state: 'used' }, this.o.kv.usedBlocks);
     m.kvBlocks.set({ state: 'total' }, this.o.kv.totalBlocks);
+    m.kvResidentBytes.set(this.o.kv.residentBytes);
     m.kvUsage.set(this.o.kv.usedBlocks / this.o.kv.totalBlocks);
   }
 

@@ -42,6 +42,8 @@ export class PagedKvCache {
   readonly pool: KvElements;
   private readonly poolBytes: Uint8Array;
   private readonly freeList: number[];
+  /** Most blocks ever in use at once: blocks are reused last-freed first, so exactly these are resident. */
+  private peakUsed = 0;
   private readonly seqs = new Map<string | number, SeqState>();
 
   constructor(shape: { numLayers: number; numKvHeads: number; headDim: number; dtype?: DType }, budgetBytes: number) {
@@ -67,6 +69,10 @@ export class PagedKvCache {
   }
   get freeBlocks(): number {
     return this.freeList.length;
+  }
+  /** Bytes of the pool's pages touched so far (resident for good: the pool never hands pages back). */
+  get residentBytes(): number {
+    return this.peakUsed * this.blockBytes;
   }
   /** Positions the whole pool can hold. */
   get capacityTokens(): number {
@@ -110,6 +116,7 @@ export class PagedKvCache {
       this.seqs.set(seqId, s);
     }
     for (let i = 0; i < need; i++) s.blocks.push(this.freeList.pop()!);
+    this.peakUsed = Math.max(this.peakUsed, this.totalBlocks - this.freeList.length);
   }
 
   /** Releases every block of the sequence (no-op for an unknown id). */

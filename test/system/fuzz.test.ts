@@ -7,6 +7,8 @@
 //   - no call hangs (each is bounded), no process dies,
 // and afterwards: every backend still up in the proxy's health, the controller still knows both
 // instances, and the greedy answer to a fixed prompt is unchanged.
+// Each surface's slowest case is printed beside its bounds, so a hang can be told from a loaded
+// machine's slow answer.
 // KVC_FUZZ_SEED picks another seed (printed, so a failure can be replayed); KVC_FUZZ_SCALE
 // multiplies the case counts.
 import { test, before, after, describe } from 'node:test';
@@ -37,6 +39,11 @@ interface HttpCase {
 class Tally {
   readonly counts = new Map<string, Map<string, number>>();
   readonly failures: string[] = [];
+  /** The slowest case per surface (ms): how close the bounds above came to being hit. */
+  readonly slowest = new Map<string, number>();
+  time(surface: string, ms: number): void {
+    if (ms > (this.slowest.get(surface) ?? 0)) this.slowest.set(surface, ms);
+  }
   add(surface: string, outcome: string): void {
     let m = this.counts.get(surface);
     if (!m) this.counts.set(surface, (m = new Map()));
@@ -53,7 +60,8 @@ class Tally {
   lines(): string[] {
     return [...this.counts].map(([s, m]) => {
       const n = [...m.values()].reduce((a, b) => a + b, 0);
-      return `${s}: ${n} cases; ${[...m].sort().map(([k, v]) => `${k}×${v}`).join(' ')}`;
+      const slow = this.slowest.get(s);
+      return `${s}: ${n} cases; ${[...m].sort().map(([k, v]) => `${k}×${v}`).join(' ')}${slow === undefined ? '' : `; slowest ${slow} ms`}`;
     });
   }
 }
@@ -159,10 +167,12 @@ async function fuzzHttp(tally: Tally, surface: string, base: string, arb: fc.Arb
     await pooled(cases, CONCURRENCY, async (c) => {
       let status = 0;
       let text = '';
+      const t1 = Date.now();
       try {
         const r = await pool.request({ method: c.method as 'GET', path: c.path, headers: c.headers, body: c.body, headersTimeout: CALL_TIMEOUT_MS, bodyTimeout: CALL_TIMEOUT_MS });
         status = r.statusCode;
         text = await r.body.text();
+        tally.time(surface, Date.now() - t1);
       } catch (e) {
         tally.add(surface, 'no-answer');
         tally.fail(surface, `${c.method} ${c.path.slice(0, 80)} body ${String(c.body).slice(0, 120)}: ${(e as Error).message}`);
@@ -223,7 +233,9 @@ function tcpCase(port: number, bytes: Buffer): Promise<string> {
 async function fuzzTcp(tally: Tally, surface: string, port: number, runs: number, seed: number): Promise<void> {
   const cases = fc.sample(rawBytes, { numRuns: Math.round(runs * SCALE), seed });
   await pooled(cases, CONCURRENCY, async (b) => {
+    const t1 = Date.now();
     const outcome = await tcpCase(port, b);
+    tally.time(surface, Date.now() - t1);
     tally.add(surface, outcome);
     if (outcome === 'hung') tally.fail(surface, `connection not closed ${TCP_CLOSE_MS / 1000} s after the client ended it (${b.length} bytes sent)`);
   });

@@ -1,4 +1,5 @@
 // Numeric comparisons shared by the model tests.
+import assert from 'node:assert/strict';
 
 /** ‖got − exact‖ / ‖exact‖ over all elements (the tolerances in docs/engine-model.md use it). */
 export function relativeRms(got: ArrayLike<number>, exact: ArrayLike<number>): number {
@@ -21,4 +22,14 @@ export function seededRandom(seed: number): () => number {
     s ^= s << 5;
     return (s >>> 0) / 4294967296;
   };
+}
+
+/** Fails naming `what` and the first element whose bit pattern differs (NaN payloads included). */
+export function bitsEqual(a: Float32Array, b: Float32Array, what: string): void {
+  assert.equal(a.length, b.length, `${what}: lengths differ`);
+  const ua = new Uint32Array(a.buffer, a.byteOffset, a.length);
+  const ub = new Uint32Array(b.buffer, b.byteOffset, b.length);
+  for (let i = 0; i < ua.length; i++) {
+    if (ua[i] !== ub[i]) assert.fail(`${what}: element ${i} differs: ${a[i]} vs ${b[i]}`);
+  }
 }

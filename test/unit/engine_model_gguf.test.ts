@@ -19,7 +19,7 @@ import { writeSafetensors } from '../../src/engine/model/formats/safetensors.js'
 import { Tokenizer } from '../../src/engine/model/tokenizer.js';
 import { loadEngineModel } from '../../src/engine/runtime.js';
 import { tempDir } from '../../harness/temp_dir.js';
-import { relativeRms } from '../../harness/numeric.js';
+import { bitsEqual, relativeRms } from '../../harness/numeric.js';
 
 const SPEC: BuiltinSpec = {
   name: 'gguf-test',
@@ -72,13 +72,6 @@ function greedy(m: LlamaModel, p: number[], steps: number): { tokens: number[]; 
     seg = [t];
   }
   return { tokens, logits };
-}
-
-function bitsEqual(a: Float32Array, b: Float32Array, what: string): void {
-  assert.equal(a.length, b.length);
-  const ua = new Uint32Array(a.buffer, a.byteOffset, a.length);
-  const ub = new Uint32Array(b.buffer, b.byteOffset, b.length);
-  for (let i = 0; i < ua.length; i++) if (ua[i] !== ub[i]) assert.fail(`${what}: logit ${i} differs: ${a[i]} vs ${b[i]}`);
 }
 
 before(async () => {

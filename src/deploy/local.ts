@@ -1,5 +1,6 @@
-// `kvc up` on this machine: start every process of a plan (controller → engines, all at once →
-// proxy, each waited on until healthy within one deadline), print where everything is, then watch
+// `kvc up` on this machine: start every process of a plan (the controller and the engines at once,
+// then the proxy once every engine is healthy and registered with the controller, each waited on
+// within one deadline), print where everything is, then watch
 // them (restarts with backoff) until a signal or the proxy is given up on. Ctrl-C / SIGTERM stops
 // all children: proxy first (no new requests), then engines, controller last.
 import { writeFileSync } from 'node:fs';
@@ -121,9 +122,9 @@ export class LocalDeployment {
           logPath: join(logDir, 'controller.log'),
           healthUrl: `http://${host}:${plan.controller.port}/healthz`,
         }, cli));
-        await guard(c.waitHealthy(deadline));
-        this.r.out(`  controller  ready  http://${host}:${plan.controller.port} (monitor ${plan.controller.monitorPort})`);
       }
+      // The engines start with the controller, not after it: each registers as soon as the
+      // controller's monitor port answers (its connection retries), long before its model is loaded.
       const engines = plan.engines.map((e) =>
         this.launch(new Child({
           name: e.name,
@@ -133,10 +134,17 @@ export class LocalDeployment {
           healthUrl: `http://${host}:${e.port}/health`,
         }, cli)),
       );
+      const controller = this.children.find((c) => c.name === 'controller');
+      if (controller && plan.controller) {
+        await guard(controller.waitHealthy(deadline));
+        this.r.out(`  controller  ready  http://${host}:${plan.controller.port} (monitor ${plan.controller.monitorPort})`);
+      }
       await guard(Promise.all(engines.map(async (c, i) => {
         await c.waitHealthy(deadline);
         this.r.out(`  ${c.name.padEnd(11)} ready  http://${host}:${plan.engines[i]!.port}`);
       })));
+      // Ready means the controller knows every engine (kv-aware routing and P2P read its index).
+      if (controller && plan.controller) await guard(this.waitRegistered(controller, `http://${host}:${plan.controller.port}`, deadline));
       const proxy = this.launch(new Child({
         name: 'proxy',
         args: proxyArgs(plan),
@@ -159,6 +167,25 @@ export class LocalDeployment {
       await this.stopAll();
       return 1;
     }
+  }
+
+  /** Until the controller's GET /instances lists every engine of the plan (its instance id is the engine's name). */
+  private async waitRegistered(controller: Child, base: string, deadline: number): Promise<void> {
+    const want = this.r.plan.engines.map((e) => e.name);
+    let missing = want;
+    while (Date.now() < deadline) {
+      if (controller.exit) throw new StartError(`controller ${controller.describeExit()} before every engine registered`);
+      try {
+        const r = await fetch(`${base}/instances`, { signal: AbortSignal.timeout(2_000) });
+        const ids = new Set(((await r.json()) as { instances?: { instance_id?: string }[] }).instances?.map((i) => i.instance_id) ?? []);
+        missing = want.filter((n) => !ids.has(n));
+        if (r.ok && missing.length === 0) return;
+      } catch {
+        /* asked again below */
+      }
+      await controller.pause(100);
+    }
+    throw new StartError(`the controller has no registration from ${missing.join(', ')} in time (their logs say why)`);
   }
 
   private get proxyUrl(): string {

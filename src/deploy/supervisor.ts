@@ -134,9 +134,14 @@ export class Child {
       } catch (e) {
         last = (e as Error).message;
       }
-      await Promise.race([new Promise((r) => setTimeout(r, 250)), this.exited]);
+      await this.pause(100);
     }
     throw this.startError(`not healthy at ${this.spec.healthUrl} in time (last: ${last})`);
+  }
+
+  /** Waits `ms`, or less when the process exits meanwhile. */
+  async pause(ms: number): Promise<void> {
+    await Promise.race([new Promise((r) => setTimeout(r, ms)), this.exited]);
   }
 
   private startError(what: string): StartError {

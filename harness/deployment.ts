@@ -6,6 +6,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parse as parseYaml } from 'yaml';
 import { freePortOffset } from '../src/deploy/free_offset.js';
+import type { PlanOptions } from '../src/deploy/plan.js';
 import { onFreePorts, startKvc, type Proc } from './proc.js';
 import { tempDir } from './temp_dir.js';
 
@@ -52,32 +53,47 @@ export interface DeployOptions {
 }
 
 /**
- * Starts `kvc up` on a free port offset (below the kernel's ephemeral range: freePortOffset). A
- * port found free can still be taken before the engine binds it, by another process binding it
- * too: then `kvc up` exits naming EADDRINUSE (or, taken before its own check, "ports already in
- * use"), and another offset is tried, at most three times in all.
+ * Starts `kvc up` with the arguments `args(offset)` on a free port offset for `plan` (below the
+ * kernel's ephemeral range: freePortOffset) and waits for "kvc up: ready". A port found free can
+ * still be taken by another process (another run on the machine) before `kvc up` checks it ("ports
+ * already in use") or before its engine binds it (EADDRINUSE): then it is started again on another
+ * offset, at most three times in all (onFreePorts).
  */
-async function upOnFreeOffset(o: DeployOptions, timeout: number): Promise<{ up: Proc; offset: number; logDir: string }> {
-  const pick = () => freePortOffset({ prefillers: o.prefillers, decoders: o.decoders, model: 'builtin:tiny', controller: true, host: '127.0.0.1' });
-  return onFreePorts(pick, async (offset) => {
-    const logDir = tempDir('kvc-deploy-');
-    const up = startKvc(
-      ['up', '--prefillers', String(o.prefillers), '--decoders', String(o.decoders), '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', String(Math.ceil(timeout / 1000)), ...(o.args ?? [])],
-      o.env ?? {},
-    );
-    try {
-      await up.waitFor(/kvc up: ready/, timeout + 20_000);
-      return { up, offset, logDir };
-    } catch (e) {
-      await up.kill('SIGTERM');
-      throw e; // onFreePorts tries another offset when a port was taken (EADDRINUSE, "ports already in use")
-    }
-  });
+export async function upOnFreeOffset(
+  plan: Omit<PlanOptions, 'portOffset'>,
+  args: (offset: number) => string[],
+  readyTimeoutMs: number,
+  env: NodeJS.ProcessEnv = {},
+  shift = 0,
+): Promise<{ up: Proc; offset: number }> {
+  return onFreePorts(
+    () => freePortOffset(plan, shift),
+    async (offset) => {
+      const up = startKvc(args(offset), env);
+      try {
+        await up.waitFor(/kvc up: ready/, readyTimeoutMs);
+        return { up, offset };
+      } catch (e) {
+        await up.kill('SIGTERM');
+        throw e;
+      }
+    },
+  );
 }
 
 export async function startDeployment(o: DeployOptions): Promise<Deployment> {
   const timeout = o.startupTimeoutMs ?? 150_000;
-  const { up, offset, logDir } = await upOnFreeOffset(o, timeout);
+  let logDir = '';
+  const plan = { prefillers: o.prefillers, decoders: o.decoders, model: 'builtin:tiny', controller: true, host: '127.0.0.1' };
+  const { up, offset } = await upOnFreeOffset(
+    plan,
+    (off) => {
+      logDir = tempDir('kvc-deploy-');
+      return ['up', '--prefillers', String(o.prefillers), '--decoders', String(o.decoders), '--port-offset', String(off), '--log-dir', logDir, '--startup-timeout', String(Math.ceil(timeout / 1000)), ...(o.args ?? [])];
+    },
+    timeout + 20_000,
+    o.env ?? {},
+  );
   const readPids = () => {
     const dep = JSON.parse(readFileSync(join(logDir, 'deployment.json'), 'utf8')) as { processes: { name: string; pid: number }[] };
     return new Map(dep.processes.map((p) => [p.name, p.pid]));

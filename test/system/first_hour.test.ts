@@ -11,9 +11,9 @@ import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
-import { CLI, postJson, startKvc, type Proc } from '../../harness/proc.js';
+import { CLI, postJson, type Proc } from '../../harness/proc.js';
 import { tempDir } from '../../harness/temp_dir.js';
-import { freePortOffset } from '../../src/deploy/free_offset.js';
+import { upOnFreeOffset } from '../../harness/deployment.js';
 
 function findRoot(): string {
   let d = dirname(fileURLToPath(import.meta.url));
@@ -52,12 +52,13 @@ describe('the first hour on a kvc up deployment', () => {
   const STATS_S = 1;
 
   before(async () => {
-    offset = await freePortOffset({ prefillers: 1, decoders: 1, model: 'builtin:tiny', controller: true, host: '127.0.0.1' });
-    // The user's working directory holds kvc-logs/, as `npm start` makes it.
-    cwd = tempDir('kvc-first-hour-');
-    logDir = join(cwd, 'kvc-logs');
-    up = startKvc(['up', '--port-offset', String(offset), '--log-dir', logDir, '--max-model-len', String(MAX_LEN), '--stats-interval', String(STATS_S), '--startup-timeout', '200']);
-    await up.waitFor(/kvc up: ready/, 220_000);
+    const plan = { prefillers: 1, decoders: 1, model: 'builtin:tiny', controller: true, host: '127.0.0.1' };
+    ({ up, offset } = await upOnFreeOffset(plan, (off) => {
+      // The user's working directory holds kvc-logs/, as `npm start` makes it.
+      cwd = tempDir('kvc-first-hour-');
+      logDir = join(cwd, 'kvc-logs');
+      return ['up', '--port-offset', String(off), '--log-dir', logDir, '--max-model-len', String(MAX_LEN), '--stats-interval', String(STATS_S), '--startup-timeout', '200'];
+    }, 220_000));
     const dep = JSON.parse(readFileSync(join(logDir, 'deployment.json'), 'utf8')) as { proxy: string; controller: string; processes: { name: string; url: string }[] };
     proxy = dep.proxy;
     ctl = dep.controller;

@@ -21,7 +21,7 @@ import { CLI, postJson, startKvc, waitHttp, waitUntil, type Proc } from '../../h
 import { tempDir } from '../../harness/temp_dir.js';
 import { freePortRange } from '../../src/common/ports.js';
 import { chunkKeys } from '../../src/common/keys.js';
-import { freePortOffset } from '../../src/deploy/free_offset.js';
+import { upOnFreeOffset } from '../../harness/deployment.js';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -156,14 +156,14 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
   }
 
   before(async () => {
-    offset = await freePortOffset(base);
-    logDir = tempDir('kvc-routing-');
-    // 0.005 GiB: about 10 chunks of 256 tokens of the tiny model per engine.
-    up = startKvc(['up', '--prefillers', '2', '--decoders', '2', '--routing', 'kv-aware', '--max-local-cpu-size', '0.005', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150']);
     const refPort = await freePortRange(1, 40000, 50000);
     ref = startKvc(['engine', '--port', String(refPort)]);
     refUrl = `http://127.0.0.1:${refPort}`;
-    await up.waitFor(/kvc up: ready/, 170_000);
+    // 0.005 GiB: about 10 chunks of 256 tokens of the tiny model per engine.
+    ({ up, offset } = await upOnFreeOffset(base, (off) => {
+      logDir = tempDir('kvc-routing-');
+      return ['up', '--prefillers', '2', '--decoders', '2', '--routing', 'kv-aware', '--max-local-cpu-size', '0.005', '--port-offset', String(off), '--log-dir', logDir, '--startup-timeout', '150'];
+    }, 170_000));
     await waitHttp(`${refUrl}/health`, 120_000);
     proxy = `http://127.0.0.1:${9100 + offset}`;
     ctl = `http://127.0.0.1:${9000 + offset}`;

@@ -7,9 +7,9 @@
 // decoder dropped is still served correctly (identical greedy output).
 import { test, before, after, describe } from 'node:test';
 import assert from 'node:assert/strict';
-import { postJson, startKvc, waitUntil, type Proc } from '../../harness/proc.js';
+import { postJson, waitUntil, type Proc } from '../../harness/proc.js';
 import { tempDir } from '../../harness/temp_dir.js';
-import { freePortOffset } from '../../src/deploy/free_offset.js';
+import { upOnFreeOffset } from '../../harness/deployment.js';
 
 /** Two full 256-token chunks of prefix `seed`, then a 24-token question (a partial chunk). */
 function prompt(seed: number, question = 0): number[] {
@@ -51,10 +51,8 @@ describe('evict-first admission of copies and partial chunks, 1P1D (built-in mod
   }
 
   before(async () => {
-    offset = await freePortOffset(base);
     // 0.005 GiB: ten 256-token chunks of the tiny model (and a few partial ones) per engine.
-    up = startKvc(['up', '--prefillers', '1', '--decoders', '1', '--max-local-cpu-size', '0.005', '--port-offset', String(offset), '--log-dir', tempDir('kvc-admission-'), '--startup-timeout', '150']);
-    await up.waitFor(/kvc up: ready/, 170_000);
+    ({ up, offset } = await upOnFreeOffset(base, (off) => ['up', '--prefillers', '1', '--decoders', '1', '--max-local-cpu-size', '0.005', '--port-offset', String(off), '--log-dir', tempDir('kvc-admission-'), '--startup-timeout', '150'], 170_000));
   });
   after(async () => {
     await up?.kill('SIGTERM');

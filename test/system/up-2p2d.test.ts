@@ -9,9 +9,9 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import OpenAI from 'openai';
-import { startKvc, type Proc } from '../../harness/proc.js';
+import type { Proc } from '../../harness/proc.js';
 import { tempDir } from '../../harness/temp_dir.js';
-import { freePortOffset } from '../../src/deploy/free_offset.js';
+import { upOnFreeOffset } from '../../harness/deployment.js';
 
 async function prefillCount(url: string): Promise<number> {
   const text = await (await fetch(`${url}/metrics`, { signal: AbortSignal.timeout(5_000) })).text();
@@ -30,13 +30,14 @@ describe('kvc up 2P2D (built-in model)', () => {
   const decoderUrl = (i: number) => `http://127.0.0.1:${7200 + i + offset}`;
 
   before(async () => {
-    offset = await freePortOffset({ prefillers: 2, decoders: 2, model: 'builtin:tiny', controller: true, host: '127.0.0.1' });
-    logDir = tempDir('kvc-up2p2d-');
     // A seed other than 0 in kvc up's own environment: the children must still get 0.
     // Restarts off: the kill test checks the proxy's view of a dead prefiller (degraded), which a
     // restart could hide on a slow machine; restarting is covered by up_restart.test.ts.
-    up = startKvc(['up', '--prefillers', '2', '--decoders', '2', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150', '--max-restarts', '0'], { PYTHONHASHSEED: '7' });
-    await up.waitFor(/kvc up: ready/, 170_000);
+    const plan = { prefillers: 2, decoders: 2, model: 'builtin:tiny', controller: true, host: '127.0.0.1' };
+    ({ up, offset } = await upOnFreeOffset(plan, (off) => {
+      logDir = tempDir('kvc-up2p2d-');
+      return ['up', '--prefillers', '2', '--decoders', '2', '--port-offset', String(off), '--log-dir', logDir, '--startup-timeout', '150', '--max-restarts', '0'];
+    }, 170_000, { PYTHONHASHSEED: '7' }));
     proxyUrl = `http://127.0.0.1:${9100 + offset}`;
     client = new OpenAI({ baseURL: `${proxyUrl}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });
   });

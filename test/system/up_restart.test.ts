@@ -11,8 +11,8 @@ import { parse as parseYaml } from 'yaml';
 import { makePlan, engineArgs, type PlanOptions } from '../../src/deploy/plan.js';
 import { superviseRestarts } from '../../src/deploy/restart.js';
 import { Child } from '../../src/deploy/supervisor.js';
-import { freePortOffset } from '../../src/deploy/free_offset.js';
-import { postJson, startKvc, type Proc } from '../../harness/proc.js';
+import { upOnFreeOffset } from '../../harness/deployment.js';
+import { postJson, type Proc } from '../../harness/proc.js';
 import { tempDir } from '../../harness/temp_dir.js';
 
 describe('kvc up plan: settings passed through', () => {
@@ -70,19 +70,11 @@ describe('kvc up restarts a killed decoder (built-in model, 1P1D)', () => {
   const base = { prefillers: 1, decoders: 1, model: 'builtin:tiny', controller: false, host: '127.0.0.1' };
 
   before(async () => {
-    // Other test runs share this machine: a port found free can be taken before `kvc up` checks
-    // it (exit 3, nothing started). Then another offset is tried.
-    for (let attempt = 0; ; attempt++) {
-      offset = await freePortOffset(base, 50);
+    // Other test runs share this machine: a port found free can be taken before `kvc up` binds it.
+    ({ up, offset } = await upOnFreeOffset(base, (off) => {
       logDir = tempDir('kvc-up-restart-');
-      up = startKvc(['up', '--no-controller', '--port-offset', String(offset), '--log-dir', logDir, '--startup-timeout', '150', '--max-model-len', '384', '--chunk-size', '32', '--max-local-cpu-size', '0.1', '--served-model-name', 'tiny']);
-      try {
-        await up.waitFor(/kvc up: ready/, 170_000);
-        return;
-      } catch (e) {
-        if (attempt >= 2 || !/ports already in use, nothing started/.test(up.output())) throw e;
-      }
-    }
+      return ['up', '--no-controller', '--port-offset', String(off), '--log-dir', logDir, '--startup-timeout', '150', '--max-model-len', '384', '--chunk-size', '32', '--max-local-cpu-size', '0.1', '--served-model-name', 'tiny'];
+    }, 170_000, {}, 50));
   });
   after(async () => {
     await up?.kill('SIGTERM');

@@ -19,6 +19,11 @@
 //   --max-output-tokens N      max_tokens = min(output_length, N) (default 16)
 //   --seed S                   token ids of each hash id and conversation sampling (default 1)
 //   --kv-up-args "<flags>"     more `kvc up` flags for the kv-aware deployment (A/B of a rule)
+//   --kv-cache-dtypes LIST     comma list of engine KV dtypes (--kv-cache-dtype values), each run at
+//                              the same --max-local-cpu-size (sized for float32 chunks); default
+//                              float32. With more than one, each dtype's pooled bound is simulated
+//                              for the chunks its tiers hold, and its computed ÷ sent is set beside
+//                              the first dtype's: the drop the larger capacity predicts, and the one measured.
 // Prompts are token ids: hash id h becomes B ids drawn from a generator seeded by h, a partial last
 // block proportionally fewer; prompts longer than the model's context (4,096 − max tokens) keep
 // their leading blocks that fit (the references see the same truncated prompts; the number of
@@ -39,7 +44,8 @@ import { fileURLToPath } from 'node:url';
 import { performance } from 'node:perf_hooks';
 import { Agent, fetch as undiciFetch } from 'undici';
 import { BUILTIN_MODELS } from '../src/engine/model/formats/builtin.js';
-import { HEADER_BYTES } from '../src/common/chunk.js';
+import { HEADER_BYTES, payloadBytes } from '../src/common/chunk.js';
+import { headerDtypeOf, KV_DTYPE_FLAGS } from '../harness/kv_dtype.js';
 import { sizeClass } from '../src/common/buffer_pool.js';
 import { clearTiers, startDeployment, type Deployment } from '../harness/deployment.js';
 import { byLabel, pct, scrape, sum } from './_scrape.js';
@@ -62,6 +68,8 @@ const REQUEST_TIMEOUT_MS = 600_000;
 const CLIENT = new Agent({ headersTimeout: REQUEST_TIMEOUT_MS, bodyTimeout: REQUEST_TIMEOUT_MS, connections: null });
 
 interface Options {
+  /** Engine KV dtypes to run, each at the same tier size. */
+  dtypes: string[];
   trace: string;
   prefillers: number;
   decoders: number;
@@ -76,7 +84,7 @@ interface Options {
   kvUpArgs: string[];
 }
 
-const FLAGS = ['--trace', '--prefillers', '--decoders', '--routing', '--window', '--sample-conversations', '--rate', '--block-tokens', '--tier-fraction', '--max-output-tokens', '--seed', '--kv-up-args'];
+const FLAGS = ['--trace', '--prefillers', '--decoders', '--routing', '--window', '--sample-conversations', '--rate', '--block-tokens', '--tier-fraction', '--max-output-tokens', '--seed', '--kv-up-args', '--kv-cache-dtypes'];
 
 function options(argv: string[]): Options {
   const given = new Map<string, string>();
@@ -101,6 +109,9 @@ function options(argv: string[]): Options {
   const routing = (given.get('--routing') ?? MODES.join(',')).split(',').map((m) => m.trim());
   for (const m of routing) if (!(MODES as readonly string[]).includes(m)) throw new Error(`--routing: expected a comma list of ${MODES.join(', ')}, found "${m}"`);
   if (new Set(routing).size !== routing.length) throw new Error('--routing: a mode is listed twice');
+  const dtypes = (given.get('--kv-cache-dtypes') ?? 'float32').split(',').map((d) => d.trim());
+  for (const d of dtypes) if (!(KV_DTYPE_FLAGS as readonly string[]).includes(d)) throw new Error(`--kv-cache-dtypes: expected a comma list of ${KV_DTYPE_FLAGS.join(', ')}, found "${d}"`);
+  if (new Set(dtypes).size !== dtypes.length) throw new Error('--kv-cache-dtypes: a dtype is listed twice');
   const kvUp = given.get('--kv-up-args');
   if (kvUp !== undefined && kvUp.trim() === '') throw new Error('--kv-up-args: expected the flags in one argument, e.g. --kv-up-args "--max-local-prefill-tokens 0"');
   return {
@@ -116,12 +127,14 @@ function options(argv: string[]): Options {
     maxOutputTokens: num('--max-output-tokens', 16, (n) => int(n) && n >= 1 && n <= 1024, 'an integer 1..1024'),
     seed: num('--seed', 1, (n) => int(n) && n >= 0, 'an integer >= 0'),
     kvUpArgs: kvUp === undefined ? [] : kvUp.trim().split(/\s+/),
+    dtypes,
   };
 }
 
-/** Bytes one full chunk takes in a CPU tier (payload + header, rounded up to the pool's size class). */
-function chunkTierBytes(tokens: number): number {
-  return sizeClass(2 * MODEL.numLayers * tokens * MODEL.numKvHeads * MODEL.headDim * 4 + HEADER_BYTES);
+/** Bytes one full chunk of a KV dtype (--kv-cache-dtype value) takes in a CPU tier (payload + header, rounded up to the pool's size class). */
+function chunkTierBytes(tokens: number, dtype = 'float32'): number {
+  const layout = { dtype: headerDtypeOf(dtype), numLayers: MODEL.numLayers, numKvHeads: MODEL.numKvHeads, headDim: MODEL.headDim };
+  return sizeClass(payloadBytes(layout, tokens) + HEADER_BYTES);
 }
 
 /** What the ledger (usage.kvc, docs/ledger.md) says about one request. */
@@ -227,8 +240,8 @@ async function warm(d: Deployment, seed: number): Promise<void> {
   await clearTiers(d.controller, d.secret, d.engines.map((e) => e.name));
 }
 
-async function runMode(o: Options, mode: Mode, reqs: ReplayRequest[], tierGib: number): Promise<ModeResult> {
-  const args = ['--routing', mode, '--chunk-size', String(o.blockTokens), '--max-local-cpu-size', tierGib.toFixed(9), ...(mode === 'kv-aware' ? o.kvUpArgs : [])];
+async function runMode(o: Options, mode: Mode, reqs: ReplayRequest[], tierGib: number, dtype: string): Promise<ModeResult> {
+  const args = ['--routing', mode, '--chunk-size', String(o.blockTokens), '--max-local-cpu-size', tierGib.toFixed(9), '--kv-cache-dtype', dtype, ...(mode === 'kv-aware' ? o.kvUpArgs : [])];
   const d = await startDeployment({ prefillers: o.prefillers, decoders: o.decoders, args, env: { KVC_LOG_LEVEL: 'warn' }, startupTimeoutMs: 240_000 });
   try {
     await warm(d, o.seed);
@@ -345,7 +358,25 @@ async function main(): Promise<void> {
   );
   console.log(`references on the same requests: pooled LRU of ${pooled} chunks computed/sent ${(bound.computed / bound.sent).toFixed(3)}; infinite cache ${(ceiling.computed / ceiling.sent).toFixed(3)}`);
   const results: ModeResult[] = [];
-  for (const mode of o.routing) results.push(await runMode(o, mode, reqs, tierGib));
+  const first = o.dtypes[0]!;
+  const others: { dtype: string; chunks: number; bound: number; results: ModeResult[] }[] = [];
+  for (const dtype of o.dtypes) {
+    if (o.dtypes.length > 1) console.log(`--kv-cache-dtype ${dtype}:`);
+    const rs: ModeResult[] = [];
+    for (const mode of o.routing) rs.push(await runMode(o, mode, reqs, tierGib, dtype));
+    if (dtype === first) results.push(...rs);
+    // The same tier bytes hold more chunks of a smaller dtype: the pooled bound of that capacity.
+    const chunks = engines * Math.floor((tierGib * 2 ** 30) / chunkTierBytes(o.blockTokens, dtype));
+    const sim = simulate(reqs, chunks);
+    others.push({ dtype, chunks, bound: sim.computed / sim.sent, results: rs });
+  }
+  if (others.length > 1) {
+    const base = others[0]!;
+    for (const x of others) {
+      const measured = x.results.map((r, i) => `${r.mode} ${r.computedRatio.toFixed(3)} (${(r.computedRatio / base.results[i]!.computedRatio).toFixed(3)} × ${first}'s)`).join(', ');
+      console.log(`${x.dtype.padEnd(9)} tiers ${x.chunks} chunks: pooled bound ${x.bound.toFixed(3)} (${(x.bound / base.bound).toFixed(3)} × ${first}'s); computed/sent ${measured}`);
+    }
+  }
   const ratio = (s: { computed: number; sent: number }) => s.computed / s.sent;
   // Reuse relative to the bound: (1 − computed/sent) ÷ (1 − bound's computed/sent).
   const reuse = (c: number) => (1 - c) / (1 - ratio(bound));
@@ -380,6 +411,8 @@ async function main(): Promise<void> {
     kv_p90_ms: kv ? Math.round(kv.p90) : null,
     kv_max_share: r3(kv?.maxShare),
     unexplained_miss_share: chunks ? r3(unexplained / chunks) : null,
+    // Per dtype (first = the figures above): tier chunks, pooled bound and computed ÷ sent per mode.
+    dtypes: Object.fromEntries(others.map((x) => [x.dtype, { tier_chunks: x.chunks, pooled_bound: r3(x.bound), ...Object.fromEntries(x.results.map((r) => [r.mode === 'round-robin' ? 'rr_computed' : 'kv_computed', r3(r.computedRatio)])) }])),
   }));
 }
 

@@ -148,7 +148,8 @@ export function requireSecret(app: FastifyInstance, o: SecretGuardOptions): void
   const memory = new NonceMemory(o.channel);
   const signed = new WeakSet<FastifyRequest>();
   const lastWarned = new Map<string, number>();
-  const refuse = (req: FastifyRequest, reason: 'invalid_deployment_secret' | 'stale_timestamp' | 'replayed_nonce' | 'nonce_memory_full', message: string, counted = false) => {
+  /** The 401/429 of `reason`; `tail` follows the where-to-find-the-secret hint. */
+  const refuse = (req: FastifyRequest, reason: 'invalid_deployment_secret' | 'stale_timestamp' | 'replayed_nonce' | 'nonce_memory_full', message: string, counted = false, tail = '') => {
     if (!counted) countRefusal(o.channel, reason);
     const who = req.socket.remoteAddress ?? '?';
     const now = Date.now();
@@ -157,7 +158,7 @@ export function requireSecret(app: FastifyInstance, o: SecretGuardOptions): void
       if (lastWarned.size > 10_000) lastWarned.clear();
       log.warn(`${o.name}: refused ${req.method} ${req.url.split('?', 1)[0]!.slice(0, 100)} from ${who}: ${reason}: ${message}`);
     }
-    return kvcError(ERRORS[reason], `${message}${o.where ? ` (${o.where()})` : ''}`);
+    return kvcError(ERRORS[reason], `${message}${o.where ? ` (${o.where()})` : ''}${tail}`);
   };
   app.addHook('onRequest', async (req) => {
     if (!o.applies(req.method, req.url.split('?', 1)[0]!)) return;
@@ -171,8 +172,10 @@ export function requireSecret(app: FastifyInstance, o: SecretGuardOptions): void
     }
     const got = o.bearer ? bearer(req) : null;
     if (got !== null && safeEqual(got, secret)) return;
-    const how = o.bearer ? 'a signed call (x-kvc-timestamp, x-kvc-nonce, x-kvc-signature) or "Authorization: Bearer <secret>"' : 'a signed call (x-kvc-timestamp, x-kvc-nonce, x-kvc-signature)';
-    throw refuse(req, 'invalid_deployment_secret', got === null && bearer(req) === null ? `this server requires the deployment secret: send ${how}` : `the deployment secret presented is not valid; send ${how}`);
+    const signedCall = 'a signed call (x-kvc-timestamp, x-kvc-nonce, x-kvc-signature; docs/security.md)';
+    const how = o.bearer ? '"Authorization: Bearer <secret>"' : signedCall;
+    const tail = o.bearer ? `, or ${signedCall}` : '';
+    throw refuse(req, 'invalid_deployment_secret', bearer(req) === null ? `this server requires the deployment secret: send ${how}` : `the deployment secret presented is not valid; send ${how}`, false, tail);
   });
   // The signature check needs the parsed body, so it runs at preValidation, on the guarded routes
   // only: the other routes (the proxy's OpenAI endpoints) get no extra hook on their hot path.

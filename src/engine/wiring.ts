@@ -95,6 +95,9 @@ export class EngineWiring {
       const model = await loadEngineModel(s.modelSpec, s.env, s.chatTemplate);
       // The kernel's worker thread; forward() still works single-threaded after this.
       releases.push({ what: "stopping the model's kernel worker", release: () => model.llama.close(), mustSucceed: false });
+      // Long text prompts are tokenized on a worker thread while sequences decode (tokenize_thread.ts).
+      await model.tokenizer.startEncodeThread();
+      releases.push({ what: "stopping the tokenizer's worker", release: () => model.tokenizer.stopEncodeThread(), mustSucceed: false });
       const cfg = model.config;
       log.info(
         `model ${s.modelSpec} loaded in ${Math.round(performance.now() - t0)} ms (${cfg.numLayers} layers, dim ${cfg.dim}, ${cfg.numHeads} heads / ${cfg.numKvHeads} KV heads, vocab ${cfg.vocabSize})`,

@@ -7,6 +7,8 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
 import { Template } from '@huggingface/jinja';
+import { logger } from '../../common/log.js';
+import { EncodeThread, OFF_THREAD_MIN_CHARS, type TokenizerOrigin } from './tokenize_thread.js';
 
 /** Integers below this are V8 small integers (31-bit), cheap Map keys. */
 const SMALL_INT = 1 << 30;
@@ -67,6 +69,8 @@ function isSentencePieceDecoder(d: unknown): boolean {
   if (typeof d !== 'object' || d === null || (d as { type?: unknown }).type !== 'Sequence') return false;
   return JSON.stringify((d as { decoders?: unknown }).decoders) === JSON.stringify(want);
 }
+
+const log = logger('engine.tokenizer');
 
 export class TokenizerError extends Error {
   override name = 'TokenizerError';
@@ -195,6 +199,10 @@ export class Tokenizer {
   private readonly windows = new Map<number, string>();
   /** See maxCharsPerToken (null: no bound from the character count). */
   readonly maxCharsPerToken: number | null;
+  /** What fromJson built this from, until startEncodeThread hands it to the worker (null: not from JSON). */
+  private origin: TokenizerOrigin | null = null;
+  /** The worker that encodes long texts (startEncodeThread), or null: every text is encoded inline. */
+  private thread: EncodeThread | null = null;
   private template: Template | null = null;
   private readonly specialIds: Set<number>;
   /** Ids of added tokens (special or not): their text is their content, not a vocabulary spelling. */
@@ -275,7 +283,46 @@ export class Tokenizer {
     let tpl = cfg.chat_template;
     if (Array.isArray(tpl)) tpl = (tpl as { name?: string; template?: string }[]).find((t) => t.name === 'default')?.template;
     const byteLevel = (tj.decoder as Json | null | undefined)?.type === 'ByteLevel';
-    return new Tokenizer(hf, cfg, typeof tpl === 'string' ? tpl : null, maxCharsPerToken(tj), appends, byteLevel);
+    const tok = new Tokenizer(hf, cfg, typeof tpl === 'string' ? tpl : null, maxCharsPerToken(tj), appends, byteLevel);
+    tok.origin = { tj, cfg, source };
+    return tok;
+  }
+
+  /**
+   * Starts the worker thread that encodeAsync uses for long texts (tokenize_thread.ts); the engine
+   * does so at start, before serving. A tokenizer not built from JSON keeps encoding inline.
+   */
+  async startEncodeThread(): Promise<void> {
+    if (this.thread || !this.origin) return;
+    this.thread = await EncodeThread.start(this.origin);
+    this.origin = null; // the worker has its own copy
+  }
+
+  /** Texts encoded on the worker thread so far (0 without one). */
+  get encodedOffThread(): number {
+    return this.thread?.encoded ?? 0;
+  }
+
+  async stopEncodeThread(): Promise<void> {
+    const t = this.thread;
+    this.thread = null;
+    await t?.close();
+  }
+
+  /**
+   * encode(), on the worker thread when `offThread` (the engine has sequences whose steps a long
+   * tokenization would hold up), the worker runs, and the text is long enough to be worth it; the
+   * same ids either way. Should the worker fail, the text is encoded here (logged once).
+   */
+  async encodeAsync(text: string, opts: { addBos?: boolean }, offThread: boolean): Promise<number[]> {
+    if (!offThread || !this.thread || text.length < OFF_THREAD_MIN_CHARS) return this.encode(text, opts);
+    try {
+      return await this.thread.encode(text, opts.addBos ?? this.addBosDefault);
+    } catch (e) {
+      if (this.thread) log.warn(`${(e as Error).message}; tokenizing on the main thread from now on`);
+      this.thread = null;
+      return this.encode(text, opts);
+    }
   }
 
   /**
@@ -430,8 +477,17 @@ export class Tokenizer {
    * (and `addSpecial` or, unset, the tokenizer's default asks for it).
    */
   encodeChatText(text: string, addSpecial?: boolean): number[] {
+    return this.encode(text, this.chatBos(text, addSpecial));
+  }
+
+  /** encodeChatText through encodeAsync. */
+  encodeChatTextAsync(text: string, addSpecial: boolean | undefined, offThread: boolean): Promise<number[]> {
+    return this.encodeAsync(text, this.chatBos(text, addSpecial), offThread);
+  }
+
+  private chatBos(text: string, addSpecial?: boolean): { addBos: boolean } {
     const startsWithBos = this.bosToken !== null && this.bosToken !== '' && text.startsWith(this.bosToken);
-    return this.encode(text, { addBos: !startsWithBos && (addSpecial ?? this.addBosDefault) });
+    return { addBos: !startsWithBos && (addSpecial ?? this.addBosDefault) };
   }
 
   /** A streaming detokenizer for one sequence; `context` = prompt ids give correct leading spaces. */

@@ -120,7 +120,7 @@ export async function completionRoutes(app: FastifyInstance, ctx: RouteContext):
     let prompt: number[];
     if (typeof p === 'string') {
       rules.boundText(p, 'prompt', maxModelLen, GEN_LIMIT);
-      prompt = tok.encode(p, b.add_special_tokens === false ? { addBos: false } : {});
+      prompt = await tok.encodeAsync(p, b.add_special_tokens === false ? { addBos: false } : {}, rules.offThread());
     } else {
       prompt = p as number[];
       rules.checkIds(prompt, 'prompt');
@@ -139,7 +139,7 @@ export async function completionRoutes(app: FastifyInstance, ctx: RouteContext):
     refuseUnknownFields(chatRequest, body);
     const b = parseBody(chatRequest, body);
     rules.checkModel(b.model);
-    const prompt = rules.encodeChat(b.messages, maxModelLen, GEN_LIMIT, b.add_special_tokens ?? undefined);
+    const prompt = await rules.encodeChat(b.messages, maxModelLen, GEN_LIMIT, b.add_special_tokens ?? undefined);
     const field = b.max_completion_tokens != null ? 'max_completion_tokens' : 'max_tokens';
     const maxTokens = rules.plan(prompt, 'messages', b.max_completion_tokens ?? b.max_tokens, field, maxModelLen - prompt.length);
     if (b.top_logprobs != null && !b.logprobs) throw badRequest('field `top_logprobs`: requires `logprobs: true`');

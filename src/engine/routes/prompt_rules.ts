@@ -13,6 +13,14 @@ export const TOK_LIMIT = 'more than the model can take';
 export class PromptRules {
   constructor(private readonly ctx: RouteContext) {}
 
+  /**
+   * Whether a long text is tokenized on the tokenizer's worker thread: while sequences are
+   * admitted (their steps would wait for it here). An idle engine tokenizes inline, at once.
+   */
+  offThread(): boolean {
+    return this.ctx.scheduler.numActive > 0;
+  }
+
   /** An absent `model` means the served one; any other name is a 404. */
   checkModel(name: string | undefined): void {
     const served = this.ctx.modelName;
@@ -45,7 +53,7 @@ export class PromptRules {
    * `addSpecialTokens` (vLLM's field): true adds BOS when the template did not write it, false
    * never adds one; unset: BOS only when the template did not write it and the tokenizer adds it.
    */
-  encodeChat(messages: ChatMessageBody[], limit: number, what: string, addSpecialTokens?: boolean): number[] {
+  async encodeChat(messages: ChatMessageBody[], limit: number, what: string, addSpecialTokens?: boolean): Promise<number[]> {
     const tok = this.ctx.model.tokenizer;
     // OpenAI's `developer` role (its clients send it for system prompts on newer models) is the
     // system role for every model that has no separate one: chat templates know only `system`.
@@ -58,7 +66,7 @@ export class PromptRules {
       throw e;
     }
     this.boundText(text, 'messages', limit, what);
-    return tok.encodeChatText(text, addSpecialTokens);
+    return tok.encodeChatTextAsync(text, addSpecialTokens, this.offThread());
   }
 
   /**

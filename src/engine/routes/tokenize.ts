@@ -20,12 +20,12 @@ export async function tokenizeRoutes(app: FastifyInstance, ctx: RouteContext): P
     if ('messages' in body) {
       const b = parseBody(tokenizeChatRequest, body);
       rules.checkModel(b.model);
-      tokens = rules.encodeChat(b.messages, maxModelLen + 1, TOK_LIMIT, b.add_special_tokens);
+      tokens = await rules.encodeChat(b.messages, maxModelLen + 1, TOK_LIMIT, b.add_special_tokens);
     } else {
       const b = parseBody(tokenizePromptRequest, body);
       rules.checkModel(b.model);
       rules.boundText(b.prompt, 'prompt', maxModelLen + 1, TOK_LIMIT);
-      tokens = tok.encode(b.prompt, b.add_special_tokens === false ? { addBos: false } : {});
+      tokens = await tok.encodeAsync(b.prompt, b.add_special_tokens === false ? { addBos: false } : {}, rules.offThread());
     }
     return { tokens, count: tokens.length, max_model_len: maxModelLen };
   });

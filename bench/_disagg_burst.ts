@@ -1,7 +1,7 @@
 // `npm run bench -- disagg --burst [N@T]`: the burst workload of the disaggregation bench. Streams
 // run (short requests, open loop, as in the main bench) while N long prompts arrive within T ms
-// (default 6@1000: six 1,500–3,000-token prompts within one second, as a batch job or a
-// reconnecting client sends them). Three deployments in one run, each started with `kvc up` at its
+// (default 6@1000: six texts of 1,500–3,000 words, about as many tokens, within one second, as a
+// batch job or a reconnecting client sends them; the short streams send token ids). Three deployments in one run, each started with `kvc up` at its
 // defaults (round-robin routing, every prompt prefilled on a prefiller): 1P1D (--prefillers 1
 // --decoders 1), 2P2D (--prefillers 2 --decoders 2) and colocated (--prefillers 0 --decoders 2).
 // For each: an idle window (the streams alone) and a burst window (the same streams, same seed,
@@ -25,11 +25,11 @@ export interface BurstParts {
   warm(url: string): Promise<void>;
   settle(engines: string[]): Promise<void>;
   /** The short requests of a window of `seconds` from `seed` (no long prompts). */
-  shortPlan(seconds: number, seed: number): { atMs: number; kind: 'short' | 'long'; prompt: number[]; maxTokens: number }[];
+  shortPlan(seconds: number, seed: number): { atMs: number; kind: 'short' | 'long'; prompt: number[] | string; maxTokens: number }[];
   /** N long prompts (token ids, seeded). */
   longPrompts(n: number, seed: number): number[][];
   longTokens: number;
-  window(url: string, plan: { atMs: number; kind: 'short' | 'long'; prompt: number[]; maxTokens: number }[], seconds: number): Promise<{ kind: 'short' | 'long'; ok: boolean; ttftMs: number | null; gaps: { ms: number }[] }[]>;
+  window(url: string, plan: { atMs: number; kind: 'short' | 'long'; prompt: number[] | string; maxTokens: number }[], seconds: number): Promise<{ kind: 'short' | 'long'; ok: boolean; ttftMs: number | null; gaps: { ms: number }[] }[]>;
   pct(xs: number[], p: number): number;
   /** The decoder's own view of a window (metrics text before and after). */
   scrape(url: string): Promise<string>;
@@ -66,6 +66,20 @@ export function parseConfigs(arg: string | undefined): string[] {
 }
 
 const r1 = (x: number) => Math.round(x * 10) / 10;
+
+/** Common English words: a long prompt's text has one per token id drawn (about one token each). */
+const WORDS = (
+  'the of and to in is that for it as was with be by on not he this are or his from at which but have an they you were her ' +
+  'she there been one all would their we him when who will more no if out so said what up its about into than them can only ' +
+  'other new some could time these two may then do first any my now such like our over man me even most made after also did ' +
+  'many before must through back years where much your way well down should because each just those people how too little state ' +
+  'good very make world still own see men work long get here between both life being under never day same another know while last'
+).split(' ');
+
+/** A long prompt as text, as clients send documents: the engines tokenize it (on the decoder too). */
+function textOf(ids: number[]): string {
+  return ids.map((id, i) => (i % 17 === 16 ? `${WORDS[id % WORDS.length]}.` : WORDS[id % WORDS.length])).join(' ');
+}
 
 function metricMax(text: string, name: string): number {
   let max = 0;
@@ -125,16 +139,17 @@ type WindowFigures = { itl_p99_ms: number; itl_max_ms: number; short_ttft_p99_ms
 
 export async function burstBench(parts: BurstParts, burst: { n: number; withinMs: number }, outDir: string, logRoot: string, only: string[] = parseConfigs(undefined)): Promise<void> {
   const shorts = parts.shortPlan(WINDOW_S, SEED);
-  const longs = parts.longPrompts(burst.n, SEED).map((prompt, i) => ({
+  const longs = parts.longPrompts(burst.n, SEED).map((ids, i) => ({
     atMs: BURST_AT_S * 1000 + (burst.n > 1 ? (i * burst.withinMs) / (burst.n - 1) : 0),
     kind: 'long' as const,
-    prompt,
+    prompt: textOf(ids),
+    words: ids.length,
     maxTokens: parts.longTokens,
   }));
   const burstPlan = [...shorts, ...longs].sort((a, b) => a.atMs - b.atMs);
   console.log(
     `disagg burst workload: ${shorts.length} short streams over ${WINDOW_S} s (same seeded requests in both windows); burst window adds ${burst.n} long prompts ` +
-      `(${longs.map((l) => l.prompt.length).join(', ')} tokens) within ${burst.withinMs} ms from ${BURST_AT_S} s. Configurations at kvc up defaults: ${CONFIGS.filter(([n]) => only.includes(n)).map(([n, a]) => `${n} (${a.join(' ')})`).join('; ')}`,
+      `(texts of ${longs.map((l) => l.words).join(', ')} words, about as many tokens) within ${burst.withinMs} ms from ${BURST_AT_S} s. Configurations at kvc up defaults: ${CONFIGS.filter(([n]) => only.includes(n)).map(([n, a]) => `${n} (${a.join(' ')})`).join('; ')}`,
   );
   type Result = { idle: WindowFigures; burst: WindowFigures; ratio: number; cpu_ratio: number; failed: number; long_ttft_p50_ms: number };
   const out: Record<string, Result> = {};

@@ -53,7 +53,7 @@ const rng = seededRandom;
 const ids = (n: number, r: () => number) => Array.from({ length: n }, () => 100 + Math.floor(r() * 31000));
 
 // ---- one streamed request ---------------------------------------------------------------------
-async function streamOne(url: string, prompt: number[], maxTokens: number, kind: Done['kind'], w0: number, signal: AbortSignal): Promise<Done> {
+async function streamOne(url: string, prompt: number[] | string, maxTokens: number, kind: Done['kind'], w0: number, signal: AbortSignal): Promise<Done> {
   const t0 = performance.now();
   const out: Done = { kind, t0: (t0 - w0) / 1000, ttftMs: null, gaps: [], ok: false };
   try {
@@ -100,7 +100,8 @@ export interface Arrival {
   /** When the request is sent, ms after the window start. */
   atMs: number;
   kind: Done['kind'];
-  prompt: number[];
+  /** Token ids, or text (the burst workload's long prompts: the engines tokenize them). */
+  prompt: number[] | string;
   maxTokens: number;
 }
 

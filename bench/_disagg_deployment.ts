@@ -86,7 +86,7 @@ export async function up(args: string[], logRoot: string): Promise<Deployment> {
     }
     await stop();
     // Another program may take a port between the check and the start: try another offset.
-    if (!/ports already in use|EADDRINUSE/.test(out)) throw new Error(`kvc up ${args.join(' ')} did not start:\n${out.slice(-3000)}`);
+    if (!/already in use|EADDRINUSE/.test(out)) throw new Error(`kvc up ${args.join(' ')} did not start:\n${out.slice(-3000)}`);
   }
   throw new Error('no free port offset found for kvc up');
 }

@@ -21,6 +21,7 @@ import { CLI, postJson, startKvc, waitHttp, waitUntil, type Proc } from '../../h
 import { tempDir } from '../../harness/temp_dir.js';
 import { freePortRange } from '../../src/common/ports.js';
 import { chunkKeys } from '../../src/common/keys.js';
+import { signedHeaders } from '../../src/common/replay.js';
 import { upOnFreeOffset } from '../../harness/deployment.js';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -100,7 +101,7 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
   /**
    * For decoder i and `prompt`: the leading prefix the controller's index says it holds, and the
    * leading prefix its CPU tier really holds, asked of its own worker API (`POST /lookup` on its
-   * kvc_worker_port, with the deployment secret, as the controller asks it), both in tokens of
+   * kvc_worker_port, a call signed with the deployment secret, as the controller asks it), both in tokens of
    * full chunks. A decoder may also hold later chunks of a prefix without its head (its copy of
    * the head, held elsewhere too, was evicted first): those count in neither.
    */
@@ -112,14 +113,17 @@ describe('kv-aware routing, 2P2D (built-in model)', () => {
     const keys = chunkKeys(ids, { modelId: health.model_id, chunkSize: health.chunk_size, seed: 0n })
       .filter((s) => s.end - s.start === health.chunk_size)
       .map((s) => s.key);
-    const r = await postJson(`${worker}/lookup`, { keys, location: 'LocalCPUBackend' }, 10_000, secretHeader());
+    // The worker port takes signed calls only (docs/security.md), as the controller's commands are.
+    const body = { keys, location: 'LocalCPUBackend' };
+    const r = await postJson(`${worker}/lookup`, body, 10_000, signedHeaders(secret(), 'POST', '/lookup', body));
     assert.equal(r.status, 200, JSON.stringify(r.json));
     return [Math.min(indexSays, keys.length * health.chunk_size), r.json.count * health.chunk_size];
   }
 
   // kvc up generates the deployment secret that guards the controller's mutations (/move, /clear).
   let logDir = '';
-  const secretHeader = () => ({ authorization: `Bearer ${readFileSync(join(logDir, 'deployment.secret'), 'utf8').trim()}` });
+  const secret = () => readFileSync(join(logDir, 'deployment.secret'), 'utf8').trim();
+  const secretHeader = () => ({ authorization: `Bearer ${secret()}` });
   const INSTANCES = ['prefiller-0', 'prefiller-1', 'decoder-0', 'decoder-1'];
   /** The proxy's share window from its /metrics: instance → decisions of the last 32 it computed. */
   async function recentDecisions(): Promise<Record<string, number>> {

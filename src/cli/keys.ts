@@ -10,7 +10,7 @@ import { chunkKeys, seedFromEnv } from '../common/keys.js';
 import { modelIdOf } from '../engine/model_spec.js';
 import { addSettings } from './flags.js';
 import { DType, DTYPE_NAMES, dtypeByName } from '../common/dtype.js';
-import { parseKvCacheDtype } from '../common/flags.js';
+import { kvCacheDtypeOf } from '../common/flags.js';
 
 /** The model id for `--model`: a built-in model, a directory or a .gguf file maps to its id; anything else is taken as the id. */
 export function keyModelId(model: string): string {
@@ -37,12 +37,6 @@ async function engineModelId(url: string, served: string | undefined): Promise<{
   return { modelId: card.kvc_model_id, kvDtype: dtypeByName(card.kvc_kv_dtype ?? 'f32') ?? DType.f32 };
 }
 
-/** --kv-cache-dtype's value as the DType chunk keys use (auto = f16, as in the engine). */
-function kvDtypeOf(name: string): DType {
-  const v = parseKvCacheDtype(name);
-  return v === 'float32' ? DType.f32 : v === 'bfloat16' ? DType.bf16 : DType.f16;
-}
-
 export function registerKeys(program: Command): void {
   const cmd = program
     .command('keys')
@@ -55,7 +49,7 @@ export function registerKeys(program: Command): void {
         return Number(t);
       });
       if (opts.engine === undefined && opts.model === undefined) throw new Error('give --model (builtin:tiny, a checkpoint directory or a model id) or --engine <url>');
-      const given = kvDtypeOf(opts.kvCacheDtype);
+      const given = kvCacheDtypeOf(opts.kvCacheDtype);
       const asked = opts.engine !== undefined ? await engineModelId(opts.engine, opts.model) : null;
       const modelId = asked ? asked.modelId : keyModelId(opts.model!);
       // An engine says its own KV dtype; a --kv-cache-dtype given as well must agree with it.

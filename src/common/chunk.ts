@@ -12,13 +12,14 @@
 //   20 u16  codec (Codec)        22 u16 reserved (0)
 // dtype is the KV's element type as the engine holds it (the chunk key depends on it, keys.ts);
 // codec says how the payload encodes those elements:
-//   naive (0): [2 (K,V)][num_layers][num_tokens][num_kv_heads * head_dim] elements of dtype;
+//   naive (0): [2 (K,V)][num_layers][num_tokens][num_kv_heads * head_dim] elements of dtype; for
+//              dtype int8 (its own scales) the int8 codec's layout below, scales first;
 //   int8  (1): the same elements quantised to int8 with one f32 scale per (K/V, layer, token, KV
 //              head) — scales [2][num_layers][num_tokens][num_kv_heads] f32 first, then the values
 //              [2][num_layers][num_tokens][num_kv_heads * head_dim] i8 (src/common/chunk_codec.ts).
 // Decoding an int8 chunk gives a naive chunk of the same dtype, key and shape.
 import { checksum64 } from './keys.js';
-import { DType, DTYPE_BYTES, DTYPE_NAMES } from './dtype.js';
+import { DType, DTYPE_BYTES, DTYPE_NAMES, isEightBit, rowScaleBytes } from './dtype.js';
 
 export const CHUNK_MAGIC = 0x3143564b; // 'KVC1' read as u32le
 export const CHUNK_VERSION = 1;
@@ -53,8 +54,29 @@ export class ChunkFormatError extends Error {
   override name = 'ChunkFormatError';
 }
 
+/** Naive payload bytes: the elements, plus an int8 chunk's f32 scale per (K/V, layer, token, KV head). */
 export function payloadBytes(l: KvLayout, numTokens: number): number {
-  return 2 * l.numLayers * numTokens * l.numKvHeads * l.headDim * DTYPE_BYTES[l.dtype];
+  const rows = 2 * l.numLayers * numTokens * l.numKvHeads;
+  return rows * (l.headDim * DTYPE_BYTES[l.dtype] + rowScaleBytes(l.dtype));
+}
+
+/**
+ * The first `keep` of the `n` tokens of a naive payload, repacked as a payload of `keep` tokens:
+ * each section ([2][L][n][row]: the elements, and before them an int8 chunk's scales) cut per
+ * (K/V, layer) row run.
+ */
+export function payloadPrefix(l: KvLayout, payload: Uint8Array, n: number, keep: number): Uint8Array {
+  if (keep === n) return payload;
+  const parts = 2 * l.numLayers;
+  const out = new Uint8Array(payloadBytes(l, keep));
+  let src = 0;
+  let dst = 0;
+  for (const row of [l.numKvHeads * rowScaleBytes(l.dtype), l.numKvHeads * l.headDim * DTYPE_BYTES[l.dtype]]) {
+    for (let part = 0; part < parts; part++) out.set(payload.subarray(src + part * n * row, src + (part * n + keep) * row), dst + part * keep * row);
+    src += parts * n * row;
+    dst += parts * keep * row;
+  }
+  return out;
 }
 
 /** Payload bytes of `numTokens` positions encoded with `codec`. */
@@ -120,6 +142,7 @@ export function readHeader(buf: Uint8Array): ChunkHeader {
   if (!(dtype in DTYPE_BYTES)) throw new ChunkFormatError(`unknown dtype code ${dtype}`);
   const codec = dv.getUint16(20, true) as Codec;
   if (!(codec in CODEC_NAMES)) throw new ChunkFormatError(`unknown codec code ${codec} (this build reads ${Object.values(CODEC_NAMES).join(', ')})`);
+  if (codec !== Codec.naive && isEightBit(dtype)) throw new ChunkFormatError(`codec ${CODEC_NAMES[codec]} on a ${DTYPE_NAMES[dtype]} chunk: 8-bit chunks are only held naive`);
   const h: ChunkHeader = {
     dtype,
     codec,

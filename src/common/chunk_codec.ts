@@ -4,13 +4,15 @@
 // engine holds. Every encoded chunk is sealed with the xxh64 of its encoded payload, so every hop
 // and disk read verifies it like any other chunk.
 //
-//   naive  the elements as the engine holds them (dtype f32, f16 or bf16);
+//   naive  the elements as the engine holds them (any dtype; the only codec of 8-bit dtypes);
 //   int8   symmetric 8-bit quantisation with one f32 scale per (K/V, layer, token, KV head):
 //          scale = max|x| / 127 over the head's head_dim elements, q = round(x / scale) in
 //          [-127, 127], decoded as q · scale (then rounded to the chunk's dtype). Payload:
 //          scales [2][L][T][H] f32 little-endian, then values [2][L][T][H·head_dim] i8.
 //          Bytes per element 1 + 4 / head_dim: 0.27 × f32 at head_dim 64, 0.53 × f16.
-import { ChunkFormatError, Codec, CODEC_NAMES, DType, HEADER_BYTES, encodedPayloadBytes, readHeader, sealChunk, type ChunkHeader } from './chunk.js';
+import { ChunkFormatError, Codec, CODEC_NAMES, DType, DTYPE_NAMES, HEADER_BYTES, encodedPayloadBytes, readHeader, sealChunk, type ChunkHeader } from './chunk.js';
+import { quantizeInt8Row } from './int8_rows.js';
+import { isEightBit } from './dtype.js';
 import { bf16Table, f16Table, f32ToBf16, f32ToF16 } from './half.js';
 
 /** Codec names as the cache YAML and the controller's /compress take them. */
@@ -63,23 +65,9 @@ function encodeInt8(h: ChunkHeader, payload: Uint8Array, dest: Uint8Array): void
   const scales = new Float32Array(rows);
   const q = new Int8Array(dest.buffer, dest.byteOffset + rows * 4, rows * hd);
   for (let r = 0; r < rows; r++) {
-    const o = r * hd;
-    let m = 0;
-    for (let e = 0; e < hd; e++) {
-      const a = Math.abs(x[o + e]!);
-      if (!(a <= 3.4028234663852886e38)) throw new ChunkFormatError(`int8 codec: chunk ${h.key} holds a non-finite value (row ${r}); kept as it is`);
-      if (a > m) m = a;
-    }
-    const scale = Math.fround(m / 127);
+    const scale = quantizeInt8Row(x, r * hd, hd, q, r * hd);
+    if (Number.isNaN(scale)) throw new ChunkFormatError(`int8 codec: chunk ${h.key} holds a non-finite value (row ${r}); kept as it is`);
     scales[r] = scale;
-    if (scale === 0) {
-      q.fill(0, o, o + hd);
-      continue;
-    }
-    for (let e = 0; e < hd; e++) {
-      const v = Math.round(x[o + e]! / scale);
-      q[o + e] = v > 127 ? 127 : v < -127 ? -127 : v;
-    }
   }
   dest.set(new Uint8Array(scales.buffer), 0);
 }
@@ -107,6 +95,7 @@ function decodeInt8(h: ChunkHeader, payload: Uint8Array): Float32Array {
 export function recodeChunk(chunk: Uint8Array, codec: Codec): Uint8Array {
   const h = readHeader(chunk);
   if (h.codec === codec) return chunk;
+  if (isEightBit(h.dtype)) throw new ChunkFormatError(`chunk ${h.key} holds ${DTYPE_NAMES[h.dtype]} KV: 8-bit chunks are kept as the engine holds them; the ${codecName(codec)} codec applies to f32, f16 and bf16 chunks`);
   if (h.codec !== Codec.naive) chunk = decodeChunk(chunk, h);
   if (codec === Codec.naive) return chunk;
   const naive = readHeader(chunk);

@@ -5,6 +5,7 @@
 // engine's defaults (src/engine/settings.ts), `kvc up`'s pass-through (src/deploy/plan.ts), the
 // defaults in the help text and the tables of docs/configuration.md (checked by a test).
 import { existsSync, readFileSync, statSync } from 'node:fs';
+import { DType } from './dtype.js';
 import { parseChoice, parseNumber, parsePort, parseSeconds, parseText } from './parse_value.js';
 
 export type CommandName = 'engine' | 'controller' | 'proxy' | 'up' | 'keys';
@@ -71,19 +72,27 @@ export function parseDtype(raw: string, name = '--dtype'): (typeof DTYPES_ACCEPT
   const why = HALF_DTYPES.includes(raw) ? ' (this CPU engine computes in float32; bf16/f16 checkpoints are widened on load)' : '';
   return parseChoice(name, raw, DTYPES_ACCEPTED, why);
 }
-/** --kv-cache-dtype: vLLM's flag name and values; what the engine's paged KV and its chunks hold. */
-export const KV_CACHE_DTYPES = ['auto', 'float32', 'float16', 'bfloat16'] as const;
-const KV_CACHE_DTYPES_REFUSED: Record<string, string> = {
-  fp8: 'fp8 KV is not implemented in this engine; for 8-bit storage use the int8 chunk codec of the tiers (local_cpu_serde, local_disk_serde, remote_serde)',
-  fp8_e4m3: 'fp8 KV is not implemented in this engine; for 8-bit storage use the int8 chunk codec of the tiers (local_cpu_serde, local_disk_serde, remote_serde)',
-  fp8_e5m2: 'fp8 KV is not implemented in this engine; for 8-bit storage use the int8 chunk codec of the tiers (local_cpu_serde, local_disk_serde, remote_serde)',
-  int8: 'an int8 paged KV cache is not implemented in this engine; the int8 chunk codec keeps stored chunks in 8 bits (local_cpu_serde, local_disk_serde, remote_serde)',
+/** --kv-cache-dtype: vLLM's flag name and values (int8 is kvc's); what the engine's paged KV and its chunks hold. */
+export const KV_CACHE_DTYPES = ['auto', 'float32', 'float16', 'bfloat16', 'fp8', 'fp8_e4m3', 'fp8_e5m2', 'int8'] as const;
+export type KvCacheDtypeName = (typeof KV_CACHE_DTYPES)[number];
+/** The element type each --kv-cache-dtype value means: auto = float16 (llama.cpp's default), fp8 = fp8_e4m3 (as in vLLM). */
+export const KV_CACHE_DTYPE_OF: Record<KvCacheDtypeName, DType> = {
+  auto: DType.f16,
+  float32: DType.f32,
+  float16: DType.f16,
+  bfloat16: DType.bf16,
+  fp8: DType.fp8_e4m3,
+  fp8_e4m3: DType.fp8_e4m3,
+  fp8_e5m2: DType.fp8_e5m2,
+  int8: DType.int8,
 };
-/** --kv-cache-dtype: the KV element type (auto = float16, llama.cpp's default); 8-bit types are refused with the reason. */
-export function parseKvCacheDtype(raw: string, name = '--kv-cache-dtype'): (typeof KV_CACHE_DTYPES)[number] {
-  const why = KV_CACHE_DTYPES_REFUSED[raw];
-  if (why) throw new Error(`${name}: "${raw}" is not supported: ${why}; expected one of ${KV_CACHE_DTYPES.join(', ')}`);
+/** --kv-cache-dtype: the KV element type's name (KV_CACHE_DTYPE_OF gives its DType). */
+export function parseKvCacheDtype(raw: string, name = '--kv-cache-dtype'): KvCacheDtypeName {
   return parseChoice(name, raw, KV_CACHE_DTYPES);
+}
+/** --kv-cache-dtype's value as the DType the paged KV and chunk keys use. */
+export function kvCacheDtypeOf(raw: string, name = '--kv-cache-dtype'): DType {
+  return KV_CACHE_DTYPE_OF[parseKvCacheDtype(raw, name)];
 }
 export const ROUTING_MODES = ['round-robin', 'kv-aware'] as const;
 /** What `--routing kv-aware` uses for the conditional-disaggregation flags not given. */

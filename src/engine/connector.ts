@@ -20,7 +20,7 @@
 import { setImmediate as yieldToLoop } from 'node:timers/promises';
 import { decodeChunk } from '../common/chunk_codec.js';
 import { DTYPE_NAMES } from '../common/dtype.js';
-import { Codec, HEADER_BYTES, chunkBytes, describeLayout, payloadBytes, sameLayout, sealChunk, verifyChunk, type KvLayout } from '../common/chunk.js';
+import { Codec, HEADER_BYTES, chunkBytes, describeLayout, payloadPrefix, sameLayout, sealChunk, verifyChunk, type KvLayout } from '../common/chunk.js';
 import type { CacheConfig, ConnectorConfig } from '../common/config.js';
 import { chunkKeys, type ChunkSpan } from '../common/keys.js';
 import { logger } from '../common/log.js';
@@ -104,16 +104,6 @@ function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
   ]).finally(() => clearTimeout(t));
 }
 
-/** The first `keep` tokens of a chunk payload [2][L][n][kvDim], repacked as [2][L][keep][kvDim]. */
-function slicePayload(layout: KvLayout, payload: Uint8Array, n: number, keep: number): Uint8Array {
-  if (keep === n) return payload;
-  const row = payloadBytes(layout, 1) / (2 * layout.numLayers);
-  const out = new Uint8Array(payloadBytes(layout, keep));
-  for (let part = 0; part < 2 * layout.numLayers; part++) {
-    out.set(payload.subarray(part * n * row, (part * n + keep) * row), part * keep * row);
-  }
-  return out;
-}
 
 export class KvcConnectorV1 {
   readonly role: ConnectorConfig['kv_role'];
@@ -332,7 +322,7 @@ export class KvcConnectorV1 {
         if (!payload || req.cancelled()) break;
         const n = span.end - span.start;
         const keep = Math.min(n, maxLoad - span.start);
-        kv.importRange(req.seqId, span.start, slicePayload(this.o.layout, payload, n, keep), keep);
+        kv.importRange(req.seqId, span.start, payloadPrefix(this.o.layout, payload, n, keep), keep);
         loaded = span.start + keep;
         if (source === 'transfer') {
           fromTransfer += keep;

@@ -12,8 +12,8 @@ import type { ModelConfig } from './model/config.js';
 import { loadApiKey } from '../common/auth.js';
 import { checkModelSpec } from './model_spec.js';
 import { STEP_TARGET_MS } from './scheduler.js';
-import { DTYPES_ACCEPTED, parseDtype, parseKvCacheDtype, SETTINGS } from '../common/flags.js';
-import { DType } from '../common/dtype.js';
+import { DTYPES_ACCEPTED, parseDtype, kvCacheDtypeOf, SETTINGS } from '../common/flags.js';
+import { DType, isEightBit } from '../common/dtype.js';
 import { checkBindHost, resolveAdvertiseHost } from '../common/address.js';
 
 const log = logger('engine');
@@ -155,8 +155,7 @@ export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
   const modelSpec = nonEmpty('--model', opts.model, SETTINGS.model.default!);
   checkModelSpec(modelSpec);
   parseDtype(opts.dtype ?? SETTINGS.dtype.default!);
-  const kvName = parseKvCacheDtype(opts.kvCacheDtype ?? SETTINGS.kvCacheDtype.default!);
-  const kvDtype = kvName === 'float32' ? DType.f32 : kvName === 'bfloat16' ? DType.bf16 : DType.f16;
+  const kvDtype = kvCacheDtypeOf(opts.kvCacheDtype ?? SETTINGS.kvCacheDtype.default!);
   const modelName = nonEmpty('--served-model-name', opts.servedModelName, modelSpec);
   const host = checkBindHost('--host', nonEmpty('--host', opts.host, SETTINGS.host.default!));
   const advertiseHost = resolveAdvertiseHost('--advertise-host', opts.advertiseHost, host);
@@ -192,6 +191,13 @@ export function resolveEngineSettings(opts: EngineOptions): EngineSettings {
     for (const w of loaded.warnings) log.warn(w);
     for (const n of loaded.notes) log.info(n);
     cacheConfig = loaded.config;
+    if (isEightBit(kvDtype)) {
+      // 8-bit KV chunks are already 8 bits an element: a codec would add error and save nothing.
+      for (const k of ['local_cpu_serde', 'local_disk_serde', 'remote_serde'] as const) {
+        const c = cacheConfig[k];
+        if (c !== undefined && c !== null && c !== 'naive') throw new Error(`${k}: "${c}" with --kv-cache-dtype ${opts.kvCacheDtype ?? SETTINGS.kvCacheDtype.default}: 8-bit KV chunks are stored as the engine holds them; use "naive" (or a 16/32-bit --kv-cache-dtype)`);
+      }
+    }
   } else if (opts.enableP2p) {
     throw new Error('--enable-p2p: needs a cache instance (--kv-transfer-config or --enable-prefix-caching) with the controller (enable_controller in $KVC_CONFIG_FILE)');
   } else if (opts.cacheConfig) {

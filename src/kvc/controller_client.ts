@@ -161,7 +161,7 @@ export async function attachController(store: KvcStore, cfg: CacheConfig, o: Att
       chunk_size: o.chunkSize,
       model_id: o.modelId,
       seed: String(o.seed),
-      kv_dtype: DTYPE_NAMES[o.layout?.dtype ?? DType.f32] as 'f32' | 'f16' | 'bf16',
+      kv_dtype: DTYPE_NAMES[o.layout?.dtype ?? DType.f32],
       locations: store.locations(),
       pid: process.pid,
       ...(o.engineUrl ? { engine_url: o.engineUrl } : {}),

@@ -23,6 +23,7 @@
 //
 // A (re)registration is always followed by a full sync, so a restarted controller rebuilds
 // its index without restarting any engine.
+import { DTYPE_NAME_LIST } from '../common/dtype.js';
 import { decode, encode } from '@msgpack/msgpack';
 import { z } from 'zod';
 import { instanceStatsSchema } from './instance_stats.js';
@@ -57,7 +58,7 @@ export const registerMsgSchema = z.object({
   /** PYTHONHASHSEED of the instance, as a decimal string; one that differs from the controller's is refused. */
   seed: z.string(),
   /** The element type of the engine's KV (DTYPE_NAMES): part of every chunk key. Absent from older instances, which hold f32. */
-  kv_dtype: z.enum(['f32', 'f16', 'bf16'], 'expected f32, f16 or bf16').default('f32'),
+  kv_dtype: z.enum(DTYPE_NAME_LIST, `expected one of ${DTYPE_NAME_LIST.join(', ')}`).default('f32'),
   locations: z.array(z.string().min(1)),
   pid: z.number().int(),
   /**

@@ -116,12 +116,15 @@ test('the fast key derivation equals the naive formula for many shapes, seeds an
   }
 });
 
-test('kvc keys --kv-cache-dtype gives the keys of chunks held in that dtype; 8-bit types are refused', () => {
+test('kvc keys --kv-cache-dtype gives the keys of chunks held in that dtype; fp8 is fp8_e4m3; others are refused', () => {
   const f16 = cliKeys('0', ['--model', 'builtin:tiny', '--chunk-size', '4', '--kv-cache-dtype', 'float16']).trim().split('\n').map((l) => l.split('\t')[2]);
   assert.deepEqual(f16, chunkKeys(tokens, { modelId: 'builtin-tiny-v2', chunkSize: 4, seed: 0n, kvDtype: DType.f16 }).map((s) => s.key));
   const auto = cliKeys('0', ['--model', 'builtin:tiny', '--chunk-size', '4', '--kv-cache-dtype', 'auto']).trim().split('\n').map((l) => l.split('\t')[2]);
   assert.deepEqual(auto, f16, 'auto is float16');
   const f32 = cliKeys('0', ['--model', 'builtin:tiny', '--chunk-size', '4']).trim().split('\n').map((l) => l.split('\t')[2]);
   for (const k of f16) assert.ok(!f32.includes(k));
-  assert.throws(() => cliKeys('0', ['--model', 'builtin:tiny', '--chunk-size', '4', '--kv-cache-dtype', 'fp8_e4m3']), /fp8 KV is not implemented/);
+  const e4m3 = cliKeys('0', ['--model', 'builtin:tiny', '--chunk-size', '4', '--kv-cache-dtype', 'fp8_e4m3']).trim().split('\n').map((l) => l.split('\t')[2]);
+  assert.deepEqual(e4m3, chunkKeys(tokens, { modelId: 'builtin-tiny-v2', chunkSize: 4, seed: 0n, kvDtype: DType.fp8_e4m3 }).map((s) => s.key));
+  assert.deepEqual(cliKeys('0', ['--model', 'builtin:tiny', '--chunk-size', '4', '--kv-cache-dtype', 'fp8']).trim().split('\n').map((l) => l.split('\t')[2]), e4m3, 'fp8 is fp8_e4m3, as in vLLM');
+  assert.throws(() => cliKeys('0', ['--model', 'builtin:tiny', '--chunk-size', '4', '--kv-cache-dtype', 'fp4']), /--kv-cache-dtype/);
 });

@@ -116,12 +116,36 @@ test('chunk keys depend on the KV dtype; f32 keys are the ones without a dtype',
   const f32 = chunkKeys(tokens, { ...p, kvDtype: DType.f32 }).map((s) => s.key);
   const f16 = chunkKeys(tokens, { ...p, kvDtype: DType.f16 }).map((s) => s.key);
   const bf16 = chunkKeys(tokens, { ...p, kvDtype: DType.bf16 }).map((s) => s.key);
+  const eight = [DType.int8, DType.fp8_e4m3, DType.fp8_e5m2].map((d) => chunkKeys(tokens, { ...p, kvDtype: d }).map((s) => s.key));
   assert.deepEqual(f32, plain);
-  for (let i = 0; i < plain.length; i++) assert.equal(new Set([plain[i], f16[i], bf16[i]]).size, 3);
+  for (let i = 0; i < plain.length; i++) assert.equal(new Set([plain[i], f16[i], bf16[i], ...eight.map((k) => k[i])]).size, 6);
   // Interleaving calls with different dtypes (the one-root cache) gives the same answers.
   assert.deepEqual(chunkKeys(tokens, { ...p, kvDtype: DType.f16 }).map((s) => s.key), f16);
   // With a cache salt too: four distinct roots.
   const salted = chunkKeys(tokens, { ...p, salt: 's' }).map((s) => s.key);
   const saltedF16 = chunkKeys(tokens, { ...p, salt: 's', kvDtype: DType.f16 }).map((s) => s.key);
   assert.equal(new Set([plain[0], f16[0], salted[0], saltedF16[0]]).size, 4);
+});
+
+test('8-bit chunks: int8 carries its scales in the naive payload; codecs refuse 8-bit dtypes', () => {
+  const shape = { numLayers: 2, numKvHeads: 3, headDim: 8 };
+  const rows = 2 * 2 * 5 * 3;
+  // int8: scales [2][L][T][H] f32, then the i8 elements; fp8: one byte an element.
+  assert.equal(payloadBytes({ ...shape, dtype: DType.int8 }, 5), rows * 4 + rows * 8);
+  assert.equal(payloadBytes({ ...shape, dtype: DType.fp8_e4m3 }, 5), rows * 8);
+  assert.equal(payloadBytes({ ...shape, dtype: DType.fp8_e5m2 }, 5), rows * 8);
+  for (const dtype of [DType.int8, DType.fp8_e4m3, DType.fp8_e5m2]) {
+    const layout = { ...shape, dtype };
+    const payload = new Uint8Array(payloadBytes(layout, 5)).map((_, i) => (i * 37) & 0x7f);
+    const c = encodeChunk(layout, 5, '00000000000000a1', payload);
+    const h = verifyChunk(c, '00000000000000a1');
+    assert.equal(h.dtype, dtype);
+    assert.equal(h.codec, Codec.naive);
+    assert.throws(() => recodeChunk(c, Codec.int8), /8-bit chunks are kept as the engine holds them/);
+    assert.equal(recodeChunk(c, Codec.naive), c);
+    // A header claiming a codec on an 8-bit dtype is inconsistent.
+    const bad = c.slice();
+    new DataView(bad.buffer).setUint16(20, Codec.int8, true);
+    assert.throws(() => readHeader(bad), /8-bit chunks are only held naive/);
+  }
 });

@@ -1,13 +1,21 @@
 // Paged KV cache: K/V in fixed blocks of BLOCK_TOKENS positions, handed out from one pool
-// sized by a byte budget, held in the KV dtype (--kv-cache-dtype): f32 values, or f16 / bf16 bit
-// patterns (a Uint16Array, rounded to nearest even when the model writes them; attention widens
-// them back to f32 inside the kernel's gather, kernels/wat/gather.ts). A sequence owns a block table; positions map to (block, slot).
-// Block layout: [numLayers][2 (K,V)][BLOCK_TOKENS][numKvHeads*headDim], so one layer's keys of a
-// block are contiguous for attention. exportRange/importRange translate to and from the chunk
-// payload layout of src/common/chunk.ts, [2][numLayers][numTokens][numKvHeads*headDim] (the
-// dtype's elements), copying the exact bytes: imported KV is bitwise what was held.
+// sized by a byte budget, held in the KV dtype (--kv-cache-dtype): f32 values, f16 / bf16 bit
+// patterns (a Uint16Array), or bytes (a Uint8Array: int8 with per-token-per-head f32 scales,
+// fp8_e4m3, fp8_e5m2), rounded to nearest even (int8: quantised, common/int8_rows.ts) when the
+// model writes them; attention widens them back to f32 inside the kernel's gather
+// (kernels/wat/gather.ts). A sequence owns a block table; positions map to (block, slot).
+// Block layout: [numLayers] of one layer's region: K [BLOCK_TOKENS][numKvHeads*headDim], then V
+// likewise (elements of the dtype), then for int8 only the scales, K [BLOCK_TOKENS][numKvHeads]
+// f32 then V likewise. A layer's region of a block is contiguous, so attention stages it with one
+// copy. exportRange/importRange translate to and from the chunk payload layout of
+// src/common/chunk.ts, [2][numLayers][numTokens][numKvHeads*headDim] (the dtype's elements; int8:
+// the scales [2][numLayers][numTokens][numKvHeads] f32 first), copying the exact bytes: imported KV
+// is bitwise what was held.
 import { DType, DTYPE_BYTES, type KvLayout } from '../../common/chunk.js';
+import { rowScaleBytes } from '../../common/dtype.js';
+import { f32ToE4m3, f32ToE5m2 } from '../../common/fp8.js';
 import { f32ToBf16, f32ToF16 } from '../../common/half.js';
+import { quantizeInt8Row } from '../../common/int8_rows.js';
 import type { KvElements } from './kernels/layout.js';
 
 export const BLOCK_TOKENS = 16;
@@ -32,15 +40,24 @@ interface SeqState {
 export class PagedKvCache {
   readonly layout: KvLayout;
   readonly kvDim: number;
-  /** Elements in one block. */
+  /** Pool elements in one block (for the byte dtypes, bytes: int8 scales included). */
   readonly blockFloats: number;
+  /** Pool elements of one layer's region of a block (K, V, and int8's scales). */
+  readonly layerElems: number;
   readonly blockBytes: number;
   readonly totalBlocks: number;
-  /** Bytes of one element (4 for f32, 2 for f16 and bf16). */
+  /** Bytes of one element (4 for f32, 2 for f16 and bf16, 1 for the 8-bit types). */
   readonly elemBytes: number;
+  /** Bytes of scales per (K/V, token, KV head) row: 4 for int8, else 0. */
+  readonly scaleBytes: number;
   /** The whole pool; model.ts writes it through writeRows() and the kernel stages it. */
   readonly pool: KvElements;
   private readonly poolBytes: Uint8Array;
+  /** int8: the pool seen as f32, for the scales (4-byte aligned within every region). */
+  private readonly poolScales: Float32Array | null;
+  /** int8: one head's quantised row before it is copied into the pool (and its bytes). */
+  private readonly qRow: Int8Array;
+  private readonly qRowBytes: Uint8Array;
   private readonly freeList: number[];
   /** Most blocks ever in use at once: blocks are reused last-freed first, so exactly these are resident. */
   private peakUsed = 0;
@@ -51,15 +68,21 @@ export class PagedKvCache {
     this.layout = { dtype, numLayers: shape.numLayers, numKvHeads: shape.numKvHeads, headDim: shape.headDim };
     this.kvDim = shape.numKvHeads * shape.headDim;
     this.elemBytes = DTYPE_BYTES[dtype];
-    this.blockFloats = shape.numLayers * 2 * BLOCK_TOKENS * this.kvDim;
+    this.scaleBytes = rowScaleBytes(dtype);
+    this.layerElems = 2 * BLOCK_TOKENS * this.kvDim + (this.scaleBytes * 2 * BLOCK_TOKENS * shape.numKvHeads) / this.elemBytes;
+    this.blockFloats = shape.numLayers * this.layerElems;
     this.blockBytes = this.blockFloats * this.elemBytes;
     if (!Number.isFinite(budgetBytes) || budgetBytes < this.blockBytes) {
       throw new KvCacheError(`KV cache budget of ${budgetBytes} bytes is smaller than one block (${this.blockBytes} bytes)`);
     }
     this.totalBlocks = Math.floor(budgetBytes / this.blockBytes);
     // Zero-filled pages are only touched when used, so a generous budget costs no RSS up front.
-    this.pool = dtype === DType.f32 ? new Float32Array(this.totalBlocks * this.blockFloats) : new Uint16Array(this.totalBlocks * this.blockFloats);
+    const n = this.totalBlocks * this.blockFloats;
+    this.pool = dtype === DType.f32 ? new Float32Array(n) : this.elemBytes === 2 ? new Uint16Array(n) : new Uint8Array(n);
     this.poolBytes = new Uint8Array(this.pool.buffer);
+    this.poolScales = this.scaleBytes ? new Float32Array(this.pool.buffer, 0, Math.floor(this.pool.byteLength / 4)) : null;
+    this.qRow = new Int8Array(shape.headDim);
+    this.qRowBytes = new Uint8Array(this.qRow.buffer);
     // Pop from the end → blocks are handed out in ascending order.
     this.freeList = Array.from({ length: this.totalBlocks }, (_, i) => this.totalBlocks - 1 - i);
   }
@@ -146,17 +169,29 @@ export class PagedKvCache {
   offset(blocks: readonly number[], layer: number, kv: 0 | 1, pos: number): number {
     const b = blocks[pos >> 4];
     if (b === undefined) throw new KvCacheError(`position ${pos} is beyond the allocated blocks`);
-    return b * this.blockFloats + ((layer * 2 + kv) * BLOCK_TOKENS + (pos & 15)) * this.kvDim;
+    return b * this.blockFloats + layer * this.layerElems + (kv * BLOCK_TOKENS + (pos & 15)) * this.kvDim;
+  }
+
+  /** Element offset of `layer`'s region within a block (what attention stages). */
+  layerOffset(layer: number): number {
+    return layer * this.layerElems;
+  }
+
+  /** int8: byte offset in the pool of the scales of the row at element offset `at` (an offset() value). */
+  private scaleOffset(at: number): number {
+    const rel = at % this.layerElems;
+    return at - rel + 2 * BLOCK_TOKENS * this.kvDim + (rel / this.kvDim) * this.layout.numKvHeads * 4;
   }
 
   /** Chunk payload bytes for `numTokens` positions. */
   payloadBytes(numTokens: number): number {
-    return 2 * this.layout.numLayers * numTokens * this.kvDim * this.elemBytes;
+    return 2 * this.layout.numLayers * numTokens * (this.kvDim * this.elemBytes + this.layout.numKvHeads * this.scaleBytes);
   }
 
   /**
-   * Writes f32 rows src[from..to) at element offset `at` of the pool (offset()), rounding to the
-   * KV dtype (nearest even) for a 16-bit cache.
+   * Writes f32 rows src[from..to) (whole positions of one block, K or V) at element offset `at` of
+   * the pool (offset()), rounding to the KV dtype (nearest even; fp8 saturating; int8 quantised per
+   * head with its scale written beside the block's rows).
    */
   writeRows(src: Float32Array, from: number, to: number, at: number): void {
     const pool = this.pool;
@@ -164,8 +199,26 @@ export class PagedKvCache {
       pool.set(src.subarray(from, to), at);
       return;
     }
-    if (this.layout.dtype === DType.f16) for (let i = from; i < to; i++) pool[at++] = f32ToF16(src[i]!);
-    else for (let i = from; i < to; i++) pool[at++] = f32ToBf16(src[i]!);
+    const dt = this.layout.dtype;
+    if (dt === DType.f16) for (let i = from; i < to; i++) pool[at++] = f32ToF16(src[i]!);
+    else if (dt === DType.bf16) for (let i = from; i < to; i++) pool[at++] = f32ToBf16(src[i]!);
+    else if (dt === DType.fp8_e4m3) for (let i = from; i < to; i++) pool[at++] = f32ToE4m3(src[i]!);
+    else if (dt === DType.fp8_e5m2) for (let i = from; i < to; i++) pool[at++] = f32ToE5m2(src[i]!);
+    else this.writeInt8Rows(src, from, to, at);
+  }
+
+  private writeInt8Rows(src: Float32Array, from: number, to: number, at: number): void {
+    const hd = this.layout.headDim;
+    const q = this.qRow;
+    const pool = this.poolBytes;
+    const scales = this.poolScales!;
+    for (let r = from; r < to; r += this.kvDim, at += this.kvDim) {
+      let so = this.scaleOffset(at) / 4;
+      for (let e = 0; e < this.kvDim; e += hd) {
+        scales[so++] = quantizeInt8Row(src, r + e, hd, q, 0);
+        pool.set(this.qRowBytes, at + e);
+      }
+    }
   }
 
   /**
@@ -180,15 +233,35 @@ export class PagedKvCache {
     }
     const n = end - start;
     if (dest.byteLength < this.payloadBytes(n)) throw new KvCacheError(`exportRange: destination holds ${dest.byteLength} bytes, ${this.payloadBytes(n)} needed`);
+    this.copyRows(s.blocks, start, n, dest, true);
+  }
+
+  /**
+   * The row copies between the pool and a chunk payload `buf` ([2][L][n][kvDim] elements of the
+   * dtype; int8: after the scales [2][L][n][H] f32) for positions start..start+n of `blocks`:
+   * into `buf` when `out`, else out of it.
+   */
+  private copyRows(blocks: readonly number[], start: number, n: number, buf: Uint8Array, out: boolean): void {
     const eb = this.elemBytes;
     const rowBytes = this.kvDim * eb;
+    const sRow = this.layout.numKvHeads * this.scaleBytes;
     const L = this.layout.numLayers;
+    const values = 2 * L * n * sRow; // int8's scales come first
+    const pool = this.poolBytes;
     for (let kv = 0; kv < 2; kv++) {
       for (let l = 0; l < L; l++) {
-        let d = (kv * L + l) * n * rowBytes;
-        for (let p = start; p < end; p++, d += rowBytes) {
-          const o = this.offset(s.blocks, l, kv as 0 | 1, p) * eb;
-          dest.set(this.poolBytes.subarray(o, o + rowBytes), d);
+        const row0 = (kv * L + l) * n;
+        for (let i = 0; i < n; i++) {
+          const at = this.offset(blocks, l, kv as 0 | 1, start + i);
+          const o = at * eb;
+          const d = values + (row0 + i) * rowBytes;
+          if (out) buf.set(pool.subarray(o, o + rowBytes), d);
+          else pool.set(buf.subarray(d, d + rowBytes), o);
+          if (sRow === 0) continue;
+          const so = this.scaleOffset(at);
+          const ds = (row0 + i) * sRow;
+          if (out) buf.set(pool.subarray(so, so + sRow), ds);
+          else pool.set(buf.subarray(ds, ds + sRow), so);
         }
       }
     }
@@ -209,17 +282,7 @@ export class PagedKvCache {
     }
     this.allocate(seqId, start + numTokens);
     const s = this.seqs.get(seqId)!;
-    const eb = this.elemBytes;
-    const rowBytes = this.kvDim * eb;
-    const L = this.layout.numLayers;
-    for (let kv = 0; kv < 2; kv++) {
-      for (let l = 0; l < L; l++) {
-        let src = ((kv * L + l) * numTokens) * rowBytes;
-        for (let p = start; p < start + numTokens; p++, src += rowBytes) {
-          this.poolBytes.set(payload.subarray(src, src + rowBytes), this.offset(s.blocks, l, kv as 0 | 1, p) * eb);
-        }
-      }
-    }
+    this.copyRows(s.blocks, start, numTokens, payload, false);
     s.length = Math.max(s.length, start + numTokens);
   }
 }

@@ -445,8 +445,7 @@ export class LlamaModel {
       const P = seg.startPos + T; // keys 0..P-1
       // This layer's K/V slabs of the sequence's blocks, copied to the kernel in bulk once;
       // each KV head's operands are then gathered inside the kernel (this runs every decode step).
-      const layerBase = l * 2 * BLOCK_TOKENS * kvDim; // K of this layer within a block; V follows
-      this.kernel.stageKv(kv.pool, tables[si]!, Math.ceil(P / BLOCK_TOKENS), kv.blockFloats, layerBase, kvDim, kv.layout.dtype);
+      this.kernel.stageKv(kv.pool, tables[si]!, Math.ceil(P / BLOCK_TOKENS), kv.blockFloats, kv.layerOffset(l), kvDim, kv.layout.dtype, kv.layerElems);
       // Query rows in blocks to bound the score matrix; all KV heads of a block in one kernel
       // call, q and out laid out [head][row][headDim] (the kernel picks one WASM call for small
       // problems such as a decode step, or per-head calls shared with its worker thread).

@@ -7,11 +7,16 @@ import type { KvElements } from './layout.js';
 
 /**
  * JS twin of the WASM gatherkv: kt [hd][Pb] transposed keys, v [Pb][hd] values, zero padding.
- * 16-bit staged KV is widened through `widen` (the f16 or bf16 table, src/common/half.ts).
+ * Narrow staged KV is widened through `widen` (the f16, bf16, E4M3 or E5M2 table, src/common/half.ts
+ * and fp8.ts); int8 (`int8`: true, src the staged bytes) as q · scale with the row's staged scale.
  */
-export function gatherStagedJs(src: KvElements, kvDim: number, off: number, hd: number, P: number, Pb: number, kt: Float32Array, v: Float32Array, widen: Float32Array | null = null): void {
+export function gatherStagedJs(src: KvElements, kvDim: number, off: number, hd: number, P: number, Pb: number, kt: Float32Array, v: Float32Array, widen: Float32Array | null = null, int8 = false): void {
+  if (int8) {
+    gatherInt8Js(src as Uint8Array, kvDim, off, hd, P, Pb, kt, v);
+    return;
+  }
   if (widen) {
-    gatherWidenedJs(src as Uint16Array, kvDim, off, hd, P, Pb, kt, v, widen);
+    gatherWidenedJs(src as Uint16Array | Uint8Array, kvDim, off, hd, P, Pb, kt, v, widen);
     return;
   }
   kt.fill(0, 0, hd * Pb);
@@ -27,7 +32,7 @@ export function gatherStagedJs(src: KvElements, kvDim: number, off: number, hd: 
   }
 }
 
-function gatherWidenedJs(src: Uint16Array, kvDim: number, off: number, hd: number, P: number, Pb: number, kt: Float32Array, v: Float32Array, widen: Float32Array): void {
+function gatherWidenedJs(src: Uint16Array | Uint8Array, kvDim: number, off: number, hd: number, P: number, Pb: number, kt: Float32Array, v: Float32Array, widen: Float32Array): void {
   kt.fill(0, 0, hd * Pb);
   v.fill(0, 0, Pb * hd);
   const slab = BLOCK_TOKENS * kvDim;
@@ -41,12 +46,38 @@ function gatherWidenedJs(src: Uint16Array, kvDim: number, off: number, hd: numbe
   }
 }
 
-/** Copies one layer's K/V slabs of `nBlocks` cache blocks to dest[destOff..] (see Kernel.stageKv); dest and pool of one element type. */
-export function stageInto<T extends KvElements>(dest: T, destOff: number, pool: T, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number): void {
-  const slabs = 2 * BLOCK_TOKENS * kvDim;
+/** int8 staged regions (kv_cache.ts): K and V i8 slabs, then K and V f32 scales [16][heads]. */
+function gatherInt8Js(src: Uint8Array, kvDim: number, off: number, hd: number, P: number, Pb: number, kt: Float32Array, v: Float32Array): void {
+  kt.fill(0, 0, hd * Pb);
+  v.fill(0, 0, Pb * hd);
+  const heads = kvDim / hd;
+  const g = off / hd;
+  const slab = BLOCK_TOKENS * kvDim;
+  const region = 2 * slab + 2 * BLOCK_TOKENS * heads * 4;
+  const q = new Int8Array(src.buffer, src.byteOffset, src.byteLength);
+  const scales = new DataView(src.buffer, src.byteOffset, src.byteLength);
+  for (let j = 0; j < P; j++) {
+    const base = (j >> BLOCK_SHIFT) * region;
+    const slot = j & (BLOCK_TOKENS - 1);
+    const kp = base + slot * kvDim + off;
+    const vp = kp + slab;
+    const ks = scales.getFloat32(base + 2 * slab + (slot * heads + g) * 4, true);
+    const vs = scales.getFloat32(base + 2 * slab + (BLOCK_TOKENS * heads + slot * heads + g) * 4, true);
+    for (let e = 0; e < hd; e++) {
+      kt[e * Pb + j] = Math.fround(q[kp + e]! * ks);
+      v[j * hd + e] = Math.fround(q[vp + e]! * vs);
+    }
+  }
+}
+
+/**
+ * Copies one layer's region (`layerElems` elements: K/V slabs, and int8's scales) of `nBlocks`
+ * cache blocks to dest[destOff..] (see Kernel.stageKv); dest and pool of one element type.
+ */
+export function stageInto<T extends KvElements>(dest: T, destOff: number, pool: T, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, layerElems: number): void {
   for (let b = 0; b < nBlocks; b++) {
     const at = blocks[b]! * blockFloats + layerOffset;
-    dest.set(pool.subarray(at, at + slabs), destOff + b * slabs);
+    dest.set(pool.subarray(at, at + layerElems) as never, destOff + b * layerElems);
   }
 }
 

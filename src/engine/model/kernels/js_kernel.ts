@@ -3,7 +3,8 @@
 // unavailable.
 import { gatherStagedJs, softmaxRowsJs, stageInto, swigluJs } from './attention_js.js';
 import type { KvElements } from './layout.js';
-import { DType } from '../../../common/dtype.js';
+import { DType, DTYPE_BYTES } from '../../../common/dtype.js';
+import { e4m3Table, e5m2Table } from '../../../common/fp8.js';
 import { bf16Table, f16Table } from '../../../common/half.js';
 import { fmaf, fmaSupport } from './fma.js';
 import { kernelEnv } from './env.js';
@@ -13,6 +14,14 @@ import { BLOCK_TOKENS } from '../kv_cache.js';
 import { addIntoJs, copyRowsJs, rmsNormJs, ropeJs } from './ops_js.js';
 import { matmulQ4Js, matmulQ8Js, q4WeightOf, q8WeightOf } from './q8_dot.js';
 import { asQ8_0, checkEncoded, decodeWeight, heldFormat, type EncodedWeight, type Q4Type } from './weight_pack.js';
+
+/** The f32 value of every bit pattern, for the dtypes widened through a table. */
+const WIDEN_TABLES: Partial<Record<DType, () => Float32Array>> = {
+  [DType.f16]: f16Table,
+  [DType.bf16]: bf16Table,
+  [DType.fp8_e4m3]: e4m3Table,
+  [DType.fp8_e5m2]: e5m2Table,
+};
 
 /** Plain-JS kernel with the exact summation order of the WASM kernel (reference and fallback). */
 export class JsKernel implements Kernel {
@@ -131,21 +140,26 @@ export class JsKernel implements Kernel {
 
   private staged = new Float32Array(0);
   private staged16 = new Uint16Array(0);
+  private staged8 = new Uint8Array(0);
   private stagedKvDim = 0;
-  /** Null for f32 KV; the f16 or bf16 → f32 table for 16-bit KV. */
+  private stagedDtype = DType.f32;
+  /** Null for f32 and int8 KV; the f16, bf16, E4M3 or E5M2 → f32 table otherwise. */
   private widen: Float32Array | null = null;
 
-  stageKv(pool: KvElements, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number, dtype: DType = DType.f32): void {
-    const n = nBlocks * 2 * BLOCK_TOKENS * kvDim;
+  stageKv(pool: KvElements, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number, dtype: DType = DType.f32, layerElems = 2 * BLOCK_TOKENS * kvDim): void {
+    const n = nBlocks * layerElems;
     this.stagedKvDim = kvDim;
+    this.stagedDtype = dtype;
+    this.widen = WIDEN_TABLES[dtype]?.() ?? null;
     if (dtype === DType.f32) {
       if (this.staged.length < n) this.staged = new Float32Array(n);
-      this.widen = null;
-      stageInto(this.staged, 0, pool as Float32Array, blocks, nBlocks, blockFloats, layerOffset, kvDim);
-    } else {
+      stageInto(this.staged, 0, pool as Float32Array, blocks, nBlocks, blockFloats, layerOffset, layerElems);
+    } else if (DTYPE_BYTES[dtype] === 2) {
       if (this.staged16.length < n) this.staged16 = new Uint16Array(n);
-      this.widen = dtype === DType.f16 ? f16Table() : bf16Table();
-      stageInto(this.staged16, 0, pool as Uint16Array, blocks, nBlocks, blockFloats, layerOffset, kvDim);
+      stageInto(this.staged16, 0, pool as Uint16Array, blocks, nBlocks, blockFloats, layerOffset, layerElems);
+    } else {
+      if (this.staged8.length < n) this.staged8 = new Uint8Array(n);
+      stageInto(this.staged8, 0, pool as Uint8Array, blocks, nBlocks, blockFloats, layerOffset, layerElems);
     }
   }
 
@@ -153,7 +167,9 @@ export class JsKernel implements Kernel {
     const Pb = padTo(keys, STRIP);
     const kt = new Float32Array(hd * Pb);
     const v = new Float32Array(Pb * hd);
-    gatherStagedJs(this.widen ? this.staged16 : this.staged, this.stagedKvDim, off, hd, keys, Pb, kt, v, this.widen);
+    const dt = this.stagedDtype;
+    const src = dt === DType.f32 ? this.staged : DTYPE_BYTES[dt] === 2 ? this.staged16 : this.staged8;
+    gatherStagedJs(src, this.stagedKvDim, off, hd, keys, Pb, kt, v, this.widen, dt === DType.int8);
     this.attend(q, M, hd, kt, Pb, v, lens, scale, out);
   }
 

@@ -102,12 +102,13 @@ export interface Kernel {
   attend(q: Float32Array, M: number, hd: number, kt: Float32Array, P: number, v: Float32Array, lens: Int32Array, scale: number, out: Float32Array): void;
   /**
    * Stages one layer of a sequence's paged KV for attendStaged: for each of `nBlocks` cache
-   * blocks, the 2*BLOCK_TOKENS*kvDim elements (K slab, then V slab) at
-   * pool[blocks[b] * blockFloats + layerOffset]. Copied in bulk, once per sequence and layer, in
-   * the pool's own dtype (`dtype`: f32, or f16/bf16 bit patterns in a Uint16Array): a 16-bit
-   * cache is widened to f32 by the gather inside the kernel, so its staging moves half the bytes.
+   * blocks, the layer's region of `layerElems` elements (default 2*BLOCK_TOKENS*kvDim: K slab, then
+   * V slab; an int8 cache adds its scales, kv_cache.ts) at pool[blocks[b] * blockFloats +
+   * layerOffset]. Copied in bulk, once per sequence and layer, in the pool's own dtype (`dtype`:
+   * f32, f16/bf16 bit patterns in a Uint16Array, int8/fp8 bytes in a Uint8Array): narrow KV is
+   * widened to f32 by the gather inside the kernel, so its staging moves fewer bytes.
    */
-  stageKv(pool: KvElements, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number, dtype?: DType): void;
+  stageKv(pool: KvElements, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number, dtype?: DType, layerElems?: number): void;
   /**
    * attend() over the staged KV of one KV head (columns [off, off+hd) of each position), using
    * its first `keys` positions (zero-padded to a multiple of STRIP). Same result bits as

@@ -71,5 +71,5 @@ export const Q4_BLOCK_BYTES = 2 * Q4_HALF_BLOCK_BYTES;
  */
 export const ATT_GROUP = 16;
 
-/** The KV pool's element array: f32 values, or 16-bit patterns (f16 or bf16, PagedKvCache.dtype), widened by the kernels. */
-export type KvElements = Float32Array | Uint16Array;
+/** The KV pool's element array: f32 values, 16-bit patterns (f16, bf16) or bytes (int8 with its scales, fp8), widened by the kernels. */
+export type KvElements = Float32Array | Uint16Array | Uint8Array;

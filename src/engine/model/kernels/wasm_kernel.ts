@@ -391,11 +391,12 @@ export class WasmKernel implements Kernel {
   private stagePtr = 0;
   private stageBytes = 0;
   private stageKvDim = 0;
-  /** The staged KV's dtype code for gatherkv/attendheads (0 f32, 1 f16, 2 bf16 = DType). */
+  /** The staged KV's dtype code for gatherkv/attendheads (= DType: 0 f32, 1 f16, 2 bf16, 3 int8, 4 fp8_e4m3, 5 fp8_e5m2). */
   private stageDtype: number = DType.f32;
 
-  stageKv(pool: KvElements, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number, dtype: DType = DType.f32): void {
-    const bytes = nBlocks * 2 * BLOCK_TOKENS * kvDim * DTYPE_BYTES[dtype];
+  stageKv(pool: KvElements, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number, dtype: DType = DType.f32, layerElems = 2 * BLOCK_TOKENS * kvDim): void {
+    const eb = DTYPE_BYTES[dtype];
+    const bytes = nBlocks * layerElems * eb;
     if (bytes > this.stageBytes) {
       const size = Math.max(bytes, this.stageBytes * 2);
       this.stagePtr = this.alloc(size);
@@ -403,8 +404,10 @@ export class WasmKernel implements Kernel {
     }
     this.stageKvDim = kvDim;
     this.stageDtype = dtype;
-    if (dtype === DType.f32) stageInto(this.f32, this.stagePtr / 4, pool as Float32Array, blocks, nBlocks, blockFloats, layerOffset, kvDim);
-    else stageInto(new Uint16Array(this.f32.buffer), this.stagePtr / 2, pool as Uint16Array, blocks, nBlocks, blockFloats, layerOffset, kvDim);
+    const buf = this.mem.buffer;
+    if (eb === 4) stageInto(this.f32, this.stagePtr / 4, pool as Float32Array, blocks, nBlocks, blockFloats, layerOffset, layerElems);
+    else if (eb === 2) stageInto(new Uint16Array(buf), this.stagePtr / 2, pool as Uint16Array, blocks, nBlocks, blockFloats, layerOffset, layerElems);
+    else stageInto(new Uint8Array(buf), this.stagePtr, pool as Uint8Array, blocks, nBlocks, blockFloats, layerOffset, layerElems);
   }
 
   attendStaged(q: Float32Array, M: number, hd: number, off: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {

@@ -60,8 +60,8 @@ export class WasmKernelPool implements Kernel {
     this.parts[0]!.attend(q, M, hd, kt, P, v, lens, scale, out);
   }
 
-  stageKv(pool: KvElements, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number, dtype?: DType): void {
-    this.parts[0]!.stageKv(pool, blocks, nBlocks, blockFloats, layerOffset, kvDim, dtype);
+  stageKv(pool: KvElements, blocks: readonly number[], nBlocks: number, blockFloats: number, layerOffset: number, kvDim: number, dtype?: DType, layerElems?: number): void {
+    this.parts[0]!.stageKv(pool, blocks, nBlocks, blockFloats, layerOffset, kvDim, dtype, layerElems);
   }
 
   attendStaged(q: Float32Array, M: number, hd: number, off: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {

@@ -1,47 +1,67 @@
 // The KV-dtype part of `npm run bench -- engine` (`--only kv-dtype` runs just it): decode batch 1
-// at a long context with the paged KV held in float32, float16 and bfloat16, in process
-// (LlamaModel.forward on the built-in model, so the HTTP path's noise stays out), rounds
-// alternating the dtypes so a busy neighbour hits each alike. Prints ms a step per round and the
-// 16-bit ÷ f32 speed ratios of the same round.
+// at a long context with the paged KV held in each --kv-cache-dtype (float32, float16, bfloat16,
+// int8, fp8_e4m3, fp8_e5m2), in process (LlamaModel.forward on the built-in model, so the HTTP
+// path's noise stays out). Every dtype's sequence is prefilled once; then the decode steps are
+// interleaved, one step of each dtype in turn (the order rotating every step), so a busy
+// neighbour hits every dtype alike: per round, the median ms a step of each dtype and its speed
+// ÷ f32's of the same round. Also the bytes a cached token takes (int8's scales included) ÷ f32.
 import { DType, DTYPE_NAMES } from '../src/common/dtype.js';
+import { payloadBytes } from '../src/common/chunk.js';
 import { LlamaModel } from '../src/engine/model/model.js';
 import { PagedKvCache } from '../src/engine/model/kv_cache.js';
 import { ensureBuiltinModel } from '../src/engine/model/formats/builtin.js';
 
 const ROUNDS = 3;
-const STEPS = 30;
+const STEPS = 40;
+const DTYPES = [DType.f32, DType.f16, DType.bf16, DType.int8, DType.fp8_e4m3, DType.fp8_e5m2];
+
+const median = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[s.length >> 1]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
+};
 
 export async function kvDtypeDecode(contexts = [2048, 4096]): Promise<Record<string, unknown>> {
   const m = await LlamaModel.load(await ensureBuiltinModel('tiny'));
   const out: Record<string, unknown> = {};
+  const f32Bytes = payloadBytes({ ...m.layout, dtype: DType.f32 }, 1);
+  const bytesPerToken = Object.fromEntries(DTYPES.map((d) => [DTYPE_NAMES[d], payloadBytes({ ...m.layout, dtype: d }, 1)]));
+  const bytesRatio = Object.fromEntries(DTYPES.map((d) => [DTYPE_NAMES[d], +(payloadBytes({ ...m.layout, dtype: d }, 1) / f32Bytes).toFixed(4)]));
+  console.log(`KV bytes a cached token (K+V, all layers; int8 with its f32 scales), ÷ f32: ${DTYPES.map((d) => `${DTYPE_NAMES[d]} ${bytesPerToken[DTYPE_NAMES[d]]} B (${bytesRatio[DTYPE_NAMES[d]]})`).join(', ')}`);
+  out.kv_bytes_per_token = bytesPerToken;
+  out.kv_bytes_ratio = bytesRatio;
   try {
     for (const ctx of contexts) {
       const prompt = Array.from({ length: ctx }, (_, i) => 3 + ((i * 7919) % 31000));
       const ms: Record<string, number[]> = {};
       for (let r = 0; r < ROUNDS; r++) {
-        for (const dt of [DType.f32, DType.f16, DType.bf16]) {
-          const kv = new PagedKvCache({ ...m.layout, dtype: dt }, 2 * ctx * kvBytesPerToken(m, dt) + (64 << 20));
+        const caches = DTYPES.map((dt) => {
+          const kv = new PagedKvCache({ ...m.layout, dtype: dt }, (ctx + STEPS + 16) * payloadBytes({ ...m.layout, dtype: dt }, 1) * 1.1 + (1 << 20));
           for (let s = 0; s < ctx; s += 512) m.forward([{ seqId: 's', tokens: prompt.slice(s, s + 512), startPos: s, wantLogits: false }], kv);
-          const t0 = performance.now();
-          for (let t = 0; t < STEPS; t++) m.forward([{ seqId: 's', tokens: [5], startPos: ctx + t, wantLogits: true }], kv);
-          (ms[DTYPE_NAMES[dt]] ??= []).push((performance.now() - t0) / STEPS);
+          return kv;
+        });
+        const steps: number[][] = DTYPES.map(() => []);
+        for (let t = 0; t < STEPS; t++) {
+          for (let k = 0; k < DTYPES.length; k++) {
+            const i = (k + t) % DTYPES.length;
+            const t0 = performance.now();
+            m.forward([{ seqId: 's', tokens: [5], startPos: ctx + t, wantLogits: true }], caches[i]!);
+            steps[i]!.push(performance.now() - t0);
+          }
         }
+        DTYPES.forEach((d, i) => (ms[DTYPE_NAMES[d]] ??= []).push(median(steps[i]!)));
       }
       const ratio = (d: string) => ms.f32!.map((x, i) => +(x / ms[d]![i]!).toFixed(2));
+      const names = DTYPES.map((d) => DTYPE_NAMES[d]);
       console.log(
-        `decode batch 1 at ${ctx} tokens, ms a step per round: f32 ${fmt(ms.f32!)}, f16 ${fmt(ms.f16!)}, bf16 ${fmt(ms.bf16!)}; ` +
-          `speed vs f32: f16 ${ratio('f16').join(' / ')}, bf16 ${ratio('bf16').join(' / ')}; KV bytes a token: f32 ${kvBytesPerToken(m, DType.f32)}, 16-bit ${kvBytesPerToken(m, DType.f16)}`,
+        `decode batch 1 at ${ctx} tokens, median ms a step per round: ${names.map((n) => `${n} ${fmt(ms[n]!)}`).join(', ')}; ` +
+          `speed ÷ f32 per round: ${names.slice(1).map((n) => `${n} ${ratio(n).join(' / ')}`).join(', ')}`,
       );
-      out[`kv_decode_${ctx}`] = { f32_ms: ms.f32, f16_ms: ms.f16, bf16_ms: ms.bf16, f16_speed_ratio: ratio('f16'), bf16_speed_ratio: ratio('bf16') };
+      out[`kv_decode_${ctx}`] = Object.fromEntries(names.flatMap((n) => [[`${n}_ms`, ms[n]!.map((x) => +x.toFixed(2))], ...(n === 'f32' ? [] : [[`${n}_speed_ratio`, ratio(n)]])]));
     }
   } finally {
     m.close();
   }
   return out;
-}
-
-function kvBytesPerToken(m: LlamaModel, dt: DType): number {
-  return 2 * m.layout.numLayers * m.layout.numKvHeads * m.layout.headDim * (dt === DType.f32 ? 4 : 2);
 }
 
 const fmt = (xs: number[]) => xs.map((x) => x.toFixed(1)).join(' / ');

@@ -8,42 +8,48 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { DTYPE_NAMES } from '../../src/common/dtype.js';
-import { BASE_PORTS } from '../../src/deploy/plan.js';
 import { KV_CACHE_DTYPE_OF } from '../../src/common/flags.js';
-import { freePortOffset } from '../../src/deploy/free_offset.js';
-import { postJson, startKvc, type Proc } from '../../harness/proc.js';
-import { tempDir } from '../../harness/temp_dir.js';
+import { freePortRange } from '../../src/common/ports.js';
+import { startDeployment, type Deployment } from '../../harness/deployment.js';
+import { onFreePorts, postJson, startKvc, type Proc } from '../../harness/proc.js';
 
 const prompt = 'An eight-bit cache holds four times the prompts of a float32 one, and the decoder reads it as it is stored.';
 
 for (const name of ['int8', 'fp8_e4m3', 'fp8_e5m2'] as const) {
   const dtype = KV_CACHE_DTYPE_OF[name];
   describe(`--kv-cache-dtype ${name}: kvc up 1P1D`, () => {
-    let up: Proc;
+    let dep: Deployment;
     let ref: Proc;
-    let offset = 0;
     let proxyUrl = '';
     let refUrl = '';
 
     before(async () => {
-      const plan = { prefillers: 1, decoders: 1, model: 'builtin:tiny', controller: true, host: '127.0.0.1' };
-      offset = await freePortOffset(plan);
-      up = startKvc(['up', '--port-offset', String(offset), '--log-dir', tempDir('kvc-up-8bit-'), '--startup-timeout', '150', '--kv-cache-dtype', name]);
-      // Port 0: the engine binds a free port itself (no race with the deployment's ports).
-      ref = startKvc(['engine', '--port', '0', '--kv-cache-dtype', name]);
-      await up.waitFor(/kvc up: ready/, 170_000);
-      refUrl = (await ref.waitFor(/engine listening on (http:\/\/\S+)/, 120_000))[1]!;
-      proxyUrl = `http://127.0.0.1:${BASE_PORTS.proxy + offset}`;
+      dep = await startDeployment({ prefillers: 1, decoders: 1, args: ['--kv-cache-dtype', name] });
+      proxyUrl = dep.proxy;
+      // A free port picked once the deployment holds its own; another one if it is taken first.
+      ref = await onFreePorts(
+        () => freePortRange(1),
+        async (port) => {
+          const p = startKvc(['engine', '--port', String(port), '--kv-cache-dtype', name]);
+          try {
+            refUrl = (await p.waitFor(/engine listening on (http:\/\/\S+)/, 120_000))[1]!;
+            return p;
+          } catch (e) {
+            await p.kill('SIGTERM');
+            throw e;
+          }
+        },
+      );
     });
     after(async () => {
-      await up?.kill('SIGTERM');
+      await dep?.stop();
       await ref?.kill('SIGTERM');
     });
 
     test('greedy tokens through xfer equal a fresh compute; the repeat is a cache read', async () => {
       const models = (await (await fetch(`${refUrl}/v1/models`)).json()) as { data: { kvc_kv_dtype: string; kvc_model_id: string }[] };
       assert.equal(models.data[0]!.kvc_kv_dtype, DTYPE_NAMES[dtype]);
-      const decoderModels = (await (await fetch(`http://127.0.0.1:${BASE_PORTS.decoder + offset}/v1/models`)).json()) as typeof models;
+      const decoderModels = (await (await fetch(`${dep.engines.find((e) => e.role === 'decoder')!.http}/v1/models`)).json()) as typeof models;
       assert.equal(decoderModels.data[0]!.kvc_kv_dtype, DTYPE_NAMES[dtype], 'kvc up passed --kv-cache-dtype to the decoder');
 
       const req = { model: 'builtin:tiny', prompt, max_tokens: 16, temperature: 0 };
@@ -58,7 +64,7 @@ for (const name of ['int8', 'fp8_e4m3', 'fp8_e5m2'] as const) {
 
       // The controller indexes the prompt's chunks under the keys of this dtype.
       const tokens = (await postJson(`${refUrl}/tokenize`, { model: 'builtin:tiny', prompt })).json.tokens as number[];
-      const look = await postJson(`http://127.0.0.1:${BASE_PORTS.controller + offset}/lookup`, { tokens });
+      const look = await postJson(`${dep.controller}/lookup`, { tokens });
       assert.equal(look.status, 200, JSON.stringify(look.json));
       const matched = Math.max(0, ...Object.values(look.json.layout_detail as Record<string, { matched_tokens: number }>).map((d) => d.matched_tokens));
       assert.ok(matched > 0, `lookup finds the ${name} chunks: ${JSON.stringify(look.json)}`);

@@ -20,30 +20,28 @@ function loadAs(dt: Dt, p: string, sc: string): string {
   return `(call $f16tof32 (i32.load16_u ${p}))`;
 }
 
-/** f16 bits → f32 (exact), and E4M3 bits → f32 (exact), for gatherkv's 16- and 8-bit KV. */
-export function f16Func(): string {
+/**
+ * A scalar minifloat → f32 widening: the magnitude bits (`mag`) shifted into f32's exponent and
+ * mantissa fields, read as f32 and times 2^(127 − bias) (exact for normals and subnormals); an
+ * all-ones exponent (`special` bits equal to `special`) maps to f32's Inf/NaN; the sign bit put back last.
+ */
+function widenFunc(name: string, mag: number, sign: number, shift: number, pow: number, special: number): string {
   return `
-  (func $f16tof32 (param $h i32) (result f32)
+  (func $${name} (param $h i32) (result f32)
     (local $m i32)
-    (local.set $m (i32.shl (i32.and (local.get $h) (i32.const 0x7fff)) (i32.const 13)))
+    (local.set $m (i32.shl (i32.and (local.get $h) (i32.const ${mag})) (i32.const ${shift})))
     (f32.reinterpret_i32 (i32.or
-      (i32.shl (i32.and (local.get $h) (i32.const 0x8000)) (i32.const 16))
+      (i32.shl (i32.and (local.get $h) (i32.const ${sign})) (i32.const ${31 - Math.log2(sign)}))
       (select
         (i32.or (local.get $m) (i32.const 0x7f800000))
-        (i32.reinterpret_f32 (f32.mul (f32.reinterpret_i32 (local.get $m)) (f32.const 0x1p112)))
-        (i32.eq (i32.and (local.get $h) (i32.const 0x7c00)) (i32.const 0x7c00)))))
-  )
-  (func $e4m3tof32 (param $b i32) (result f32)
-    (local $m i32)
-    ;; magnitude bits << 20 read as f32, times 2^120 (bias 127 - 7); 0x7f (all ones) is NaN
-    (local.set $m (i32.shl (i32.and (local.get $b) (i32.const 0x7f)) (i32.const 20)))
-    (f32.reinterpret_i32 (i32.or
-      (i32.shl (i32.and (local.get $b) (i32.const 0x80)) (i32.const 24))
-      (select
-        (i32.or (local.get $m) (i32.const 0x7f800000))
-        (i32.reinterpret_f32 (f32.mul (f32.reinterpret_i32 (local.get $m)) (f32.const 0x1p120)))
-        (i32.eq (i32.and (local.get $b) (i32.const 0x7f)) (i32.const 0x7f)))))
+        (i32.reinterpret_f32 (f32.mul (f32.reinterpret_i32 (local.get $m)) (f32.const 0x1p${pow})))
+        (i32.eq (i32.and (local.get $h) (i32.const ${special})) (i32.const ${special})))))
   )`;
+}
+
+/** f16 bits → f32 and E4M3 bits → f32 (exact; E4M3's only special value is 0x7f, NaN), for gatherkv's 16- and 8-bit KV. */
+export function f16Func(): string {
+  return widenFunc('f16tof32', 0x7fff, 0x8000, 13, 112, 0x7c00) + widenFunc('e4m3tof32', 0x7f, 0x80, 20, 120, 0x7f);
 }
 
 const splat = (v: string) => `(v128.const i32x4 ${v} ${v} ${v} ${v})`;

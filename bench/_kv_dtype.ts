@@ -2,7 +2,7 @@
 // at a long context with the paged KV held in each --kv-cache-dtype (float32, float16, bfloat16,
 // int8, fp8_e4m3, fp8_e5m2), in process (LlamaModel.forward on the built-in model, so the HTTP
 // path's noise stays out). Every dtype's sequence is prefilled once; then the decode steps are
-// interleaved, one step of each dtype in turn (the order rotating every step), so a busy
+// interleaved, RUN steps of each dtype in turn (the order rotating every turn), so a busy
 // neighbour hits every dtype alike: per round, the median ms a step of each dtype and its speed
 // ÷ f32's of the same round. Also the bytes a cached token takes (int8's scales included) ÷ f32.
 import { DType, DTYPE_NAMES } from '../src/common/dtype.js';
@@ -13,6 +13,10 @@ import { ensureBuiltinModel } from '../src/engine/model/formats/builtin.js';
 
 const ROUNDS = 3;
 const STEPS = 40;
+/** Consecutive decode steps of one dtype before the next takes over (its first step finds the caches holding another dtype's KV). */
+const RUN = 4;
+/** The context of the reference step with almost no attention. */
+const FLOOR_CTX = 16;
 const DTYPES = [DType.f32, DType.f16, DType.bf16, DType.int8, DType.fp8_e4m3, DType.fp8_e5m2];
 
 const median = (xs: number[]) => {
@@ -34,29 +38,41 @@ export async function kvDtypeDecode(contexts = [2048, 4096]): Promise<Record<str
       const prompt = Array.from({ length: ctx }, (_, i) => 3 + ((i * 7919) % 31000));
       const ms: Record<string, number[]> = {};
       for (let r = 0; r < ROUNDS; r++) {
-        const caches = DTYPES.map((dt) => {
-          const kv = new PagedKvCache({ ...m.layout, dtype: dt }, (ctx + STEPS + 16) * payloadBytes({ ...m.layout, dtype: dt }, 1) * 1.1 + (1 << 20));
-          for (let s = 0; s < ctx; s += 512) m.forward([{ seqId: 's', tokens: prompt.slice(s, s + 512), startPos: s, wantLogits: false }], kv);
+        // The dtypes at ctx, and f32 at FLOOR_CTX tokens: the step without (almost) any attention,
+        // what no KV dtype can go below.
+        const variants = [...DTYPES.map((dt) => ({ name: DTYPE_NAMES[dt], dt, at: ctx })), { name: 'f32_floor', dt: DType.f32, at: FLOOR_CTX }];
+        const caches = variants.map(({ dt, at }) => {
+          const kv = new PagedKvCache({ ...m.layout, dtype: dt }, (at + STEPS + 16) * payloadBytes({ ...m.layout, dtype: dt }, 1) * 1.1 + (1 << 20));
+          for (let s = 0; s < at; s += 512) m.forward([{ seqId: 's', tokens: prompt.slice(s, Math.min(at, s + 512)), startPos: s, wantLogits: false }], kv);
           return kv;
         });
-        const steps: number[][] = DTYPES.map(() => []);
-        for (let t = 0; t < STEPS; t++) {
-          for (let k = 0; k < DTYPES.length; k++) {
-            const i = (k + t) % DTYPES.length;
-            const t0 = performance.now();
-            m.forward([{ seqId: 's', tokens: [5], startPos: ctx + t, wantLogits: true }], caches[i]!);
-            steps[i]!.push(performance.now() - t0);
+        const steps: number[][] = variants.map(() => []);
+        for (let b = 0; b < STEPS / RUN; b++) {
+          for (let k = 0; k < variants.length; k++) {
+            const i = (k + b) % variants.length;
+            for (let t = b * RUN; t < (b + 1) * RUN; t++) {
+              const t0 = performance.now();
+              m.forward([{ seqId: 's', tokens: [5], startPos: variants[i]!.at + t, wantLogits: true }], caches[i]!);
+              steps[i]!.push(performance.now() - t0);
+            }
           }
         }
-        DTYPES.forEach((d, i) => (ms[DTYPE_NAMES[d]] ??= []).push(median(steps[i]!)));
+        variants.forEach((v, i) => (ms[v.name] ??= []).push(median(steps[i]!)));
       }
       const ratio = (d: string) => ms.f32!.map((x, i) => +(x / ms[d]![i]!).toFixed(2));
       const names = DTYPES.map((d) => DTYPE_NAMES[d]);
+      // Attention's share of an f32 step: what the KV dtype can act on at all.
+      const share = ms.f32!.map((x, i) => +(1 - ms.f32_floor![i]! / x).toFixed(2));
       console.log(
-        `decode batch 1 at ${ctx} tokens, median ms a step per round: ${names.map((n) => `${n} ${fmt(ms[n]!)}`).join(', ')}; ` +
-          `speed ÷ f32 per round: ${names.slice(1).map((n) => `${n} ${ratio(n).join(' / ')}`).join(', ')}`,
+        `decode batch 1 at ${ctx} tokens, median ms a step per round: ${names.map((n) => `${n} ${fmt(ms[n]!)}`).join(', ')}, f32 at ${FLOOR_CTX} tokens ${fmt(ms.f32_floor!)}; ` +
+          `speed ÷ f32 per round: ${names.slice(1).map((n) => `${n} ${ratio(n).join(' / ')}`).join(', ')}; ` +
+          `attention's share of the f32 step (1 − ${FLOOR_CTX}-token step ÷ it) ${share.join(' / ')}, so no dtype can exceed ${share.map((x) => (1 / (1 - x)).toFixed(2)).join(' / ')}×`,
       );
-      out[`kv_decode_${ctx}`] = Object.fromEntries(names.flatMap((n) => [[`${n}_ms`, ms[n]!.map((x) => +x.toFixed(2))], ...(n === 'f32' ? [] : [[`${n}_speed_ratio`, ratio(n)]])]));
+      out[`kv_decode_${ctx}`] = {
+        ...Object.fromEntries(names.flatMap((n) => [[`${n}_ms`, ms[n]!.map((x) => +x.toFixed(2))], ...(n === 'f32' ? [] : [[`${n}_speed_ratio`, ratio(n)]])])),
+        f32_floor_ms: ms.f32_floor!.map((x) => +x.toFixed(2)),
+        attention_share: share,
+      };
     }
   } finally {
     m.close();

@@ -3,7 +3,8 @@
 // the same chunks in ~0.28× the bytes; POST /compress re-encodes the CPU tier's chunks in place
 // (lookups keep finding them, the engine serves the prompt from them), /decompress restores the
 // naive bytes; a CPU tier cleared leaves the int8 disk copies, which the engine loads. Once per
-// engine KV dtype (harness/kv_dtype.ts). Bad requests are refused naming the field.
+// 16- or 32-bit engine KV dtype (harness/kv_dtype.ts; 8-bit KV is never re-encoded). Bad requests
+// are refused naming the field.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
@@ -11,13 +12,13 @@ import { join } from 'node:path';
 import { freePortRange } from '../../src/common/ports.js';
 import { postJson, startKvc, waitHttp, waitUntil as waitFor, type Proc } from '../../harness/proc.js';
 import { tempDir } from '../../harness/temp_dir.js';
-import { KV_DTYPE_FLAGS } from '../../harness/kv_dtype.js';
+import { CODEC_DTYPE_FLAGS } from '../../harness/kv_dtype.js';
 
 const CHUNK = 32;
 const CONNECTOR = JSON.stringify({ kv_connector: 'KvcConnectorV1', kv_role: 'kv_both' });
 const ID = 'codec-A';
 
-for (const kvDtype of KV_DTYPE_FLAGS) {
+for (const kvDtype of CODEC_DTYPE_FLAGS) {
   // int8 bytes over naive bytes, with room for the CPU tier's size classes.
   const int8Share = kvDtype === 'float32' ? 0.35 : 0.65;
   const ID = `codec-${kvDtype}`;

@@ -1,5 +1,5 @@
-// Every chunk path on real processes, once per engine KV dtype (every --kv-cache-dtype value but
-// auto, which is float16): a `kvc controller`, a redis-server, and two engines (built-in model) with
+// Every chunk path on real processes, once per engine KV dtype (every --kv-cache-dtype value but the
+// aliases auto and fp8): a `kvc controller`, a redis-server, and two engines (built-in model) with
 // that dtype, A writing through to Redis, both with P2P. Per dtype:
 //   store   A computes a prompt: its CPU tier holds chunks of A's dtype (checked in Redis, which
 //           holds them byte for byte: header dtype and codec);

@@ -149,7 +149,9 @@ export class Flow {
     };
     reply.raw.once('close', onClose);
     // The client may be gone before the listener was attached: its 'close' has fired already.
-    if (reply.raw.destroyed || req.raw.destroyed) onClose();
+    // The socket says so; the request stream does not (it is destroyed as soon as its body has
+    // been read, so testing it would cancel every request that reaches here a tick late).
+    if (reply.raw.destroyed || req.raw.socket?.destroyed === true) onClose();
     let status = 200;
     try {
       const body = requireObject(req.body);

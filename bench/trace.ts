@@ -188,13 +188,55 @@ interface EngineTotals {
   computed: number;
   p2pBytes: number;
   xferBytes: number;
+  /** Its CPU tier when scraped: chunks, of them cold and replicas; copies declined and chunks evicted so far. */
+  tier: number;
+  cold: number;
+  replicas: number;
+  declined: number;
+  evicted: number;
+}
+
+/**
+ * The share of the tiers' chunks that duplicate a chunk held elsewhere, from the controller's index
+ * (1 − distinct keys ÷ copies), sampled every 2 s while the replay runs; `stop()` gives the mean
+ * over the samples taken once the tiers held anything and the last sample.
+ */
+function sampleDuplicates(controller: string): { stop(): Promise<{ mean: number; last: number; samples: number }> } {
+  const shares: number[] = [];
+  let stopped = false;
+  const loop = (async () => {
+    while (!stopped) {
+      try {
+        const m = await scrape(controller);
+        const copies = sum(m, 'kvc_controller_index_copies');
+        if (copies > 0) shares.push(1 - sum(m, 'kvc_controller_index_keys') / copies);
+      } catch { /* a late scrape misses one sample */ }
+      await new Promise((res) => setTimeout(res, 2000));
+    }
+  })();
+  return {
+    async stop() {
+      stopped = true;
+      await loop;
+      return { mean: shares.length ? shares.reduce((a, b) => a + b, 0) / shares.length : 0, last: shares.at(-1) ?? 0, samples: shares.length };
+    },
+  };
 }
 
 async function totals(d: Deployment): Promise<{ engines: Map<string, EngineTotals>; prefills: Map<string, number> }> {
   const engines = new Map<string, EngineTotals>();
   for (const e of d.engines) {
     const m = await scrape(e.http);
-    engines.set(e.name, { computed: sum(m, 'kvc_engine_prompt_tokens_computed_total'), p2pBytes: sum(m, 'kvc_p2p_bytes_total'), xferBytes: sum(m, 'kvc_xfer_sent_bytes_total') });
+    engines.set(e.name, {
+      computed: sum(m, 'kvc_engine_prompt_tokens_computed_total'),
+      p2pBytes: sum(m, 'kvc_p2p_bytes_total'),
+      xferBytes: sum(m, 'kvc_xfer_sent_bytes_total'),
+      tier: sum(m, 'kvc_cache_chunks'),
+      cold: sum(m, 'kvc_cache_cold_chunks'),
+      replicas: sum(m, 'kvc_cache_replica_chunks'),
+      declined: sum(m, 'kvc_cache_declined_copies_total'),
+      evicted: sum(m, 'kvc_cache_evicted_chunks_total'),
+    });
   }
   const pm = await scrape(d.proxy);
   const byInstance = byLabel(pm, 'kvc_proxy_prefills_total', 'instance');
@@ -221,6 +263,8 @@ interface ModeResult {
   reused: number;
   /** Cumulative computed ÷ sent of the requests whose first token had arrived, over time. */
   series: SeriesPoint[];
+  /** Mean share of the tiers' chunks that duplicate one held elsewhere (controller's index, every 2 s). */
+  duplicateShare: number;
 }
 
 async function warm(d: Deployment, seed: number): Promise<void> {
@@ -247,6 +291,7 @@ async function runMode(o: Options, mode: Mode, reqs: ReplayRequest[], tierGib: n
     await warm(d, o.seed);
     const before = await totals(d);
     const prompts = reqs.map((r) => promptIds(r, o.seed));
+    const dup = sampleDuplicates(d.controller);
     const t0 = performance.now();
     const sent = await Promise.all(reqs.map(async (r, i) => {
       const wait = r.at - (performance.now() - t0);
@@ -256,6 +301,7 @@ async function runMode(o: Options, mode: Mode, reqs: ReplayRequest[], tierGib: n
     // Counters reach /metrics at once, but a decoder's last stores may still be under way: a
     // short pause so that the after-scrape sees every prefill the requests caused.
     await new Promise((res) => setTimeout(res, 500));
+    const duplicates = await dup.stop();
     const after = await totals(d);
     const tokensSent = reqs.reduce((a, r) => a + promptTokens(r), 0);
     let computed = 0;
@@ -317,6 +363,7 @@ async function runMode(o: Options, mode: Mode, reqs: ReplayRequest[], tierGib: n
       predicted,
       reused,
       series,
+      duplicateShare: duplicates.mean,
     };
     const mib = (b: number) => (b / 2 ** 20).toFixed(1);
     console.log(
@@ -326,6 +373,10 @@ async function runMode(o: Options, mode: Mode, reqs: ReplayRequest[], tierGib: n
     console.log(
       `${''.padEnd(12)} ledger: predicted cached ${predicted} tokens, reused ${reused}; computed chunks ${computedChunks}: ` +
         `${[...reasons].sort((a, b) => b[1] - a[1]).map(([k, v]) => `${k} ${v}`).join(', ') || 'none'}`,
+    );
+    console.log(
+      `${''.padEnd(12)} duplicates: ${(100 * duplicates.mean).toFixed(1)}% of the tiers' chunks on average (${duplicates.samples} samples of the index), ${(100 * duplicates.last).toFixed(1)}% at the end; tiers at the end: ` +
+        [...after.engines].map(([name, a]) => `${name} ${a.tier} (cold ${a.cold}, replicas ${a.replicas}; declined ${a.declined - before.engines.get(name)!.declined}, evicted ${a.evicted - before.engines.get(name)!.evicted})`).join(', '),
     );
     return res;
   } finally {
@@ -410,6 +461,8 @@ async function main(): Promise<void> {
     rr_p90_ms: rr ? Math.round(rr.p90) : null,
     kv_p90_ms: kv ? Math.round(kv.p90) : null,
     kv_max_share: r3(kv?.maxShare),
+    rr_duplicate_share: r3(rr?.duplicateShare),
+    kv_duplicate_share: r3(kv?.duplicateShare),
     unexplained_miss_share: chunks ? r3(unexplained / chunks) : null,
     // Per dtype (first = the figures above): tier chunks, pooled bound and computed ÷ sent per mode.
     dtypes: Object.fromEntries(others.map((x) => [x.dtype, { tier_chunks: x.chunks, pooled_bound: r3(x.bound), ...Object.fromEntries(x.results.map((r) => [r.mode === 'round-robin' ? 'rr_computed' : 'kv_computed', r3(r.computedRatio)])) }])),

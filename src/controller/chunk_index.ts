@@ -36,6 +36,13 @@ export class ChunkIndex {
     return this.counts.get(holder) ?? 0;
   }
 
+  /** Every (key, holder) pair: each copy of each chunk once; `entries - size` copies are duplicates. */
+  get entries(): number {
+    let n = 0;
+    for (const c of this.counts.values()) n += c;
+    return n;
+  }
+
   private bump(holder: number, d: number): void {
     this.counts.set(holder, (this.counts.get(holder) ?? 0) + d);
   }

@@ -44,6 +44,7 @@ export class ControllerMetrics {
     gauge('kvc_controller_instances', 'Registered cache instances', () => r.instances.size);
     gauge('kvc_controller_workers', 'Registered cache workers', () => r.workers().length);
     gauge('kvc_controller_index_keys', 'Distinct chunk keys in the global index', () => r.index.size);
+    gauge('kvc_controller_index_copies', 'Copies in the global index: every chunk once per instance location holding it (minus kvc_controller_index_keys: the duplicates)', () => r.index.entries);
     counter('kvc_controller_admitted_keys_total', 'Chunk admissions reported by instances', () => r.stats.admitted);
     counter('kvc_controller_evicted_keys_total', 'Chunk evictions and removals reported by instances', () => r.stats.evicted);
     counter('kvc_controller_synced_keys_total', 'Keys received in full syncs', () => r.stats.synced);

@@ -34,6 +34,7 @@ import type { EngineMetrics } from './metrics.js';
 import type { KvTransferPlugin, ReceivedKv, SealedChunk, TransferRequest } from '../common/transfer_seam.js';
 import { REUSED_TOKENS } from '../protocol/disagg_spec.js';
 import { IMPORT_SLICE_MS } from './import_pacer.js';
+import { keeperOf } from '../protocol/keeper.js';
 
 const log = logger('engine.connector');
 
@@ -196,8 +197,11 @@ export class KvcConnectorV1 {
     const m = this.o.metrics;
     const key = span.key;
     const t0 = performance.now();
-    // The prefiller that sent it keeps its own copy (with P2P, fetchable again).
-    const evictFirst = this.peerCopyEvictFirst || (this.partialEvictFirst && this.partial(span));
+    // The prefiller that sent it keeps its own copy (with P2P, fetchable again), unless the proxy
+    // named this decoder the keeper (kvc_keeper): then the prefiller stores none, and this copy
+    // is kept like a chunk computed here.
+    const keeps = keeperOf(req.kvTransferParams) === 'decoder';
+    const evictFirst = (!keeps && this.peerCopyEvictFirst) || (this.partialEvictFirst && this.partial(span));
     try {
       await withTimeout(this.store.put(key, chunk, undefined, { evictFirst, keep }), this.loadTimeoutMs, `storing received chunk ${key}`);
       m.chunksSaved.inc();
@@ -399,7 +403,7 @@ export class KvcConnectorV1 {
     }
     const m = this.o.metrics;
     if (toStore.length) m.lmcache.storeRequests.inc();
-    const storing = (async () => {
+    const store = async (): Promise<void> => {
       for (const c of toStore) {
         const t0 = performance.now();
         try {
@@ -408,7 +412,8 @@ export class KvcConnectorV1 {
           // of what a peer keeps, one the tier declined when it arrived (see load()), and storing
           // it as this instance's own would let it displace the chunks the tier keeps for the
           // deployment.
-          const imported = c.end <= (req.loadedTokens ?? 0);
+          // (A decoder named the keeper keeps what it received as its own: see keepReceived().)
+          const imported = c.end <= (req.loadedTokens ?? 0) && !(this.role === 'kv_consumer' && keeperOf(req.kvTransferParams) === 'decoder');
           await this.store.put(c.key, c.chunk, undefined, { evictFirst: (imported && this.peerCopyEvictFirst) || (this.partialEvictFirst && this.partial(c)), keep: ownKeys });
           m.chunksSaved.inc();
           m.cacheStoredBytes.inc(c.chunk.byteLength);
@@ -427,7 +432,7 @@ export class KvcConnectorV1 {
       // evicted from its tail (the head keeps serving every prompt that shares it). Chunks
       // admitted evict-first stay at the cold end (LruIndex.touchHeadLast skips them).
       if (canStore) this.store.touchPrefix(spans.map((s) => s.key));
-    })();
+    };
     let sending: Promise<Record<string, unknown> | undefined> = Promise.resolve(undefined);
     if (wantSend) {
       m.xferSentChunks.inc(sealed.length);
@@ -449,6 +454,17 @@ export class KvcConnectorV1 {
           },
         );
     }
+    // The decoder keeps this prompt (kvc_keeper, src/protocol/keeper.ts): once it has the chunks,
+    // a second copy here would only take room from chunks nobody else holds. A failed transfer
+    // leaves the decoder without them, so then they are stored here as usual.
+    const decoderKeeps = wantSend && keeperOf(req.kvTransferParams) === 'decoder';
+    const storing = decoderKeeps
+      ? sending.then((params) => {
+          if (params === undefined) return store();
+          if (toStore.length) m.keeperSkippedChunks.inc(toStore.length);
+          if (canStore) this.store.touchPrefix(spans.map((s) => s.key));
+        })
+      : store();
     return Promise.all([storing, sending]).then(([, params]) => params);
   }
 }

@@ -54,6 +54,7 @@ export class EngineMetrics {
   readonly tokensComputed: Counter;
   readonly prefillRequests: Counter;
   readonly chunksSaved: Counter;
+  readonly keeperSkippedChunks: Counter;
   // Histograms observed per token or per step are HotHistograms (common/hot_histogram.ts).
   readonly ttft: HotHistogram;
   readonly itl: HotHistogram;
@@ -110,6 +111,7 @@ export class EngineMetrics {
     this.tokensComputed = new Counter({ name: 'kvc_engine_prompt_tokens_computed_total', help: 'Prompt tokens computed by prefill', registers });
     this.prefillRequests = new Counter({ name: 'kvc_engine_prefill_requests_total', help: 'Requests whose prefill completed on this engine', registers });
     this.chunksSaved = new Counter({ name: 'kvc_engine_chunks_saved_total', help: 'KV chunks saved into the cache instance after prefill', registers });
+    this.keeperSkippedChunks = new Counter({ name: 'kvc_engine_keeper_skipped_chunks_total', help: 'Chunks a prefiller computed, sent and did not store because the proxy named the decoder their keeper (kvc_keeper)', registers });
     this.ttft = new HotHistogram({ name: 'kvc_engine_time_to_first_token_seconds', help: 'Time from request arrival to its first generated token', buckets: LATENCY_BUCKETS, registers });
     this.itl = new HotHistogram({ name: 'kvc_engine_inter_token_latency_seconds', help: 'Time between consecutive generated tokens of a request', buckets: LATENCY_BUCKETS, registers });
     this.e2e = new HotHistogram({ name: 'kvc_engine_request_latency_seconds', help: 'Time from request arrival to its last token', buckets: LATENCY_BUCKETS, registers });

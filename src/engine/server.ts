@@ -61,7 +61,8 @@ function buildApp(s: EngineSettings, w: EngineWiring): FastifyInstance {
     kvcP2p: !!(w.controller && w.connector && s.cacheConfig?.enable_p2p),
     kvProducer: w.connector?.role === 'kv_producer',
     hasConnector: !!w.connector,
-    keySettings: w.connector?.keySettings() ?? null };
+    keySettings: w.connector?.keySettings() ?? null,
+    room: () => w.connector?.store.cpu()?.room() ?? null };
   void app.register(completionRoutes, ctx);
   void app.register(tokenizeRoutes, ctx);
   void app.register(statusRoutes, ctx);

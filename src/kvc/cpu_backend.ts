@@ -246,6 +246,11 @@ export class LocalCPUBackend implements StorageBackend {
     return this.index.stats(this.location, this.capacityBytes);
   }
 
+  /** Room for chunks this instance would keep (LruIndex.room). */
+  room(): { freeBytes: number; tailAgeMs: number | null } {
+    return this.index.room(this.capacityBytes);
+  }
+
   /** Memory the pool holds, including idle recycled buffers (for metrics). */
   heldBytes(): number {
     return this.pool.heldBytes;

@@ -63,6 +63,8 @@ export class LruIndex<E extends Entry> {
   private copyArrivals = 0;
   /** Per entry of `main`: copyArrivals when it last entered or was used there (ascending in `map` order). */
   private readonly usedAt = new Map<ChunkKey, number>();
+  /** Per entry of `main`: the clock (ms) when it last entered or was used there (ascending in `map` order). */
+  private readonly usedMs = new Map<ChunkKey, number>();
   private _bytes = 0;
   private _pinned = 0;
 
@@ -94,7 +96,10 @@ export class LruIndex<E extends Entry> {
 
   /** Removes `key` from whichever segment holds it (no accounting). */
   private unlink(key: ChunkKey): void {
-    if (this.map.delete(key)) this.usedAt.delete(key);
+    if (this.map.delete(key)) {
+      this.usedAt.delete(key);
+      this.usedMs.delete(key);
+    }
     else if (!this.cold.delete(key)) this.replicas.delete(key);
   }
 
@@ -102,6 +107,32 @@ export class LruIndex<E extends Entry> {
   private toMain(key: ChunkKey, e: E): void {
     this.map.set(key, e);
     this.usedAt.set(key, this.copyArrivals);
+    this.usedMs.set(key, this.now());
+  }
+
+  constructor(
+    /** The clock `room()` measures ages with (ms); tests pass their own. */
+    private readonly now: () => number = () => performance.now(),
+  ) {}
+
+  /**
+   * How much this tier could take without losing a chunk of `main` still in use, and how long
+   * ago the chunk an ordinary put would evict next from `main` was last used (docs/storage.md
+   * "Who keeps a transferred chunk"): `freeBytes` counts free room and the room cold, stale and
+   * replica entries hold (an ordinary put evicts those first); `tailAgeMs` is null when no chunk
+   * of `main` is in use. Pinned entries are not room.
+   */
+  room(capacity: number): { freeBytes: number; tailAgeMs: number | null } {
+    let inUse = 0;
+    let pinnedElsewhere = 0;
+    let oldest: number | null = null;
+    for (const [k, e, used] of this.evictionOrder()) {
+      if (used) {
+        inUse += e.bytes;
+        if (oldest === null && !e.pinned) oldest = this.usedMs.get(k)!;
+      } else if (e.pinned) pinnedElsewhere += e.bytes;
+    }
+    return { freeBytes: Math.max(0, capacity - inUse - pinnedElsewhere), tailAgeMs: oldest === null ? null : Math.max(0, this.now() - oldest) };
   }
 
   /**

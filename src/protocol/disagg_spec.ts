@@ -5,6 +5,7 @@
 // what it received. The prefiller answers with its own kv_transfer_params (e.g. `xfer` results),
 // which the proxy forwards to the decoder beside the same disagg_spec.
 import { z } from 'zod';
+import { KEEPER_KEY, keeperSchema } from './keeper.js';
 
 const PORT = 'expected a port between 1 and 65535';
 const port = () => z.number(PORT).int(PORT).min(1, PORT).max(65535, PORT);
@@ -33,8 +34,15 @@ export function reusedTokens(params: Record<string, unknown> | undefined): numbe
   return typeof v === 'number' && Number.isInteger(v) && v > 0 ? v : 0;
 }
 
-/** kv_transfer_params: an object; `disagg_spec` is the one key the transfer reads, others pass through. */
-export const kvTransferParamsSchema = z.record(z.string(), z.unknown(), 'expected an object');
+/**
+ * kv_transfer_params: an object; `disagg_spec` is the one key the transfer reads, `kvc_keeper`
+ * (src/protocol/keeper.ts) is checked here, others pass through.
+ */
+export const kvTransferParamsSchema = z.record(z.string(), z.unknown(), 'expected an object').superRefine((v, ctx) => {
+  if (v[KEEPER_KEY] === undefined) return;
+  const r = keeperSchema.safeParse(v[KEEPER_KEY]);
+  if (!r.success) ctx.addIssue({ code: 'custom', path: [KEEPER_KEY], message: r.error.issues[0]!.message });
+});
 export type KvTransferParams = Record<string, unknown> & { disagg_spec?: DisaggSpec };
 
 export type DisaggSpecResult = { ok: true; spec: DisaggSpec } | { ok: false; error: string };

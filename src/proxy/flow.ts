@@ -15,6 +15,8 @@ import { timedOut, upstreamFailed, unavailable, KvcError } from '../common/error
 import { requireObject } from '../common/http.js';
 import { logger } from '../common/log.js';
 import { kvTransferParams, kvTransferParamsSchema, type DisaggSpec } from '../protocol/disagg_spec.js';
+import { KEEPER_KEY, type Keeper } from '../protocol/keeper.js';
+import { chooseKeeper, type Room } from './keeper.js';
 import { tokenizeLengthSchema } from '../protocol/tokenize.js';
 import type { Backend, RoundRobin } from './backend.js';
 import type { LoadBook } from './load.js';
@@ -57,6 +59,8 @@ export interface FlowDeps {
   /** The controller's routing lookup; null without --controller-url (nothing is looked up). */
   prefix: PrefixClient | null;
   routing: RoutingMetrics;
+  /** A backend's CPU tier room from its last /health (kvc_room), when known: who keeps a prompt (keeper.ts). */
+  roomOf: (b: Backend) => Room | undefined;
 }
 
 interface PrefillResult {
@@ -65,6 +69,8 @@ interface PrefillResult {
   ms: number;
   /** kv_transfer_params the prefiller returned, if any, forwarded to the decoder. */
   params: Record<string, unknown> | null;
+  /** Which of the prefiller and the decoder keeps the prompt's chunks (keeper.ts). */
+  keeper: Keeper;
   /** The router chose to prefill on the decoder (not a fallback after prefillers failed). */
   local: boolean;
 }
@@ -74,7 +80,7 @@ interface PrefillResult {
  * that (conditional disaggregation), not a fallback after the prefillers failed.
  */
 function noPrefill(local: boolean, reqId = `kvc-${randomUUID()}`): PrefillResult {
-  return { prefiller: null, reqId, ms: 0, params: null, local };
+  return { prefiller: null, reqId, ms: 0, params: null, local, keeper: 'prefiller' };
 }
 
 /** One decode attempt: the request, where it goes, what the prefill left, and whom to answer. */
@@ -350,7 +356,8 @@ export class Flow {
       const pbody = prefillBody(body);
       for (const p of order) {
         const reqId = `kvc-${randomUUID()}`;
-        pbody.kv_transfer_params = kvTransferParams(specFor(reqId, ep), predicted(route.cached === null ? null : this.d.router.cachedOn(p, route.cached)));
+        const keeper = chooseKeeper(this.d.roomOf(p), this.d.roomOf(decoder));
+        pbody.kv_transfer_params = kvTransferParams(specFor(reqId, ep), { ...predicted(route.cached === null ? null : this.d.router.cachedOn(p, route.cached)), [KEEPER_KEY]: keeper });
         const t = performance.now();
         const live = this.d.metrics.live.prefills;
         live.set(p.name, (live.get(p.name) ?? 0) + 1);
@@ -369,7 +376,8 @@ export class Flow {
           // The prefiller's own params are forwarded to the decoder; anything but an object is dropped.
           const returned = kvTransferParamsSchema.safeParse(r?.kv_transfer_params);
           const params = returned.success ? returned.data : null;
-          return { prefiller: p, reqId, ms: performance.now() - t, params, local: false };
+          this.d.routing.keeper(keeper);
+          return { prefiller: p, reqId, ms: performance.now() - t, params, local: false, keeper };
         } catch (err) {
           if (!(err instanceof BackendFailure) || err.backend === decoder) throw err; // (the decoder failed, not the prefiller)
           this.prefillFailures(p.name).inc();
@@ -389,7 +397,7 @@ export class Flow {
     if (pre.prefiller) {
       // The client's body is not used after this: extend it instead of copying it.
       const ep = this.d.decoderEndpoint(decoder);
-      body.kv_transfer_params = kvTransferParams(specFor(pre.reqId, ep), pre.params);
+      body.kv_transfer_params = kvTransferParams(specFor(pre.reqId, ep), { ...pre.params, [KEEPER_KEY]: pre.keeper });
     }
     const endpoint = PATHS[kind];
     const tDecode = performance.now();

@@ -6,12 +6,14 @@ import { Counter, Gauge, type Registry } from 'prom-client';
 import { HotHistogram } from '../common/hot_histogram.js';
 import { memoLabels } from './metrics.js';
 import { SHARE_WINDOW, type PrefillWhere, type RouteReason } from './router.js';
+import type { Keeper } from '../protocol/keeper.js';
 
 export class RoutingMetrics {
   readonly decisions: Counter<'reason'>;
   readonly promptTokens: Counter<'instance' | 'kind'>;
   readonly prefills: Counter<'where' | 'instance'>;
   readonly lookups: Counter<'outcome'>;
+  readonly keepers: Counter<'keeper'>;
   readonly decisionSeconds: HotHistogram;
   readonly recentDecisions: Gauge<'instance'>;
   /** Instance name → how many of the router's last SHARE_WINDOW kv-aware decisions it computed. */
@@ -30,6 +32,7 @@ export class RoutingMetrics {
     this.promptTokens = new Counter({ name: 'kvc_proxy_prompt_tokens_total', help: 'Prompt tokens per instance that computes them, by kind: cached (per the controller index) or computed', labelNames: ['instance', 'kind'], registers });
     this.prefills = new Counter({ name: 'kvc_proxy_prefills_total', help: 'Prefills by where they ran: remote (a prefiller, KV transferred) or local_* (the decoder itself, and why), and the instance that ran them', labelNames: ['where', 'instance'], registers });
     this.lookups = new Counter({ name: 'kvc_proxy_prefix_lookups_total', help: "Routing lookups on the controller's index, by outcome (ok, failed)", labelNames: ['outcome'], registers });
+    this.keepers = new Counter({ name: 'kvc_proxy_keepers_total', help: "Disaggregated prompts by the instance named to keep their chunks (prefiller, decoder): docs/storage.md \"Who keeps a transferred chunk\"", labelNames: ['keeper'], registers });
     this.decisionSeconds = new HotHistogram({
       name: 'kvc_proxy_routing_decision_seconds',
       help: 'Time to decide where a request goes (controller lookup included)',
@@ -56,6 +59,11 @@ export class RoutingMetrics {
   /** Where the share-window gauge reads its figures (the router's, by instance name). */
   watchRecent(fn: () => Iterable<[string, number]>): void {
     this.recent = fn;
+  }
+
+  /** A prefill answered: which side was named to keep the prompt's chunks. */
+  keeper(k: Keeper): void {
+    this.keepers.inc({ keeper: k });
   }
 
   lookedUp(ok: boolean): void {

@@ -17,6 +17,7 @@ import { KeySettingsCheck } from './key_settings.js';
 import { ProxyMetrics } from './metrics.js';
 import { NotifyReceiver, type XferNotice } from './notify.js';
 import { TtftStats } from './stats.js';
+import type { Room } from './keeper.js';
 import type { DecoderEndpoint, Topology } from './topology.js';
 import { BackendFailure, PassThrough, call } from './upstream.js';
 import { deploymentSecretWhere, requireBearer, requireSecret } from '../common/auth.js';
@@ -79,6 +80,8 @@ export class ProxyServer {
   readonly instanceIds = new Map<Backend, string>();
   /** Backends whose /health says their cache instance fetches by P2P (kvc_p2p). */
   readonly p2pBackends = new Set<Backend>();
+  /** Backend → its CPU tier's room from its last /health (kvc_room): who keeps a prompt (keeper.ts). */
+  readonly rooms = new Map<Backend, Room>();
   private readonly decoderRR: RoundRobin;
 
   constructor(readonly opts: ProxyOptions) {
@@ -111,6 +114,7 @@ export class ProxyServer {
       load: this.load,
       prefix: this.prefix,
       routing: this.routing,
+      roomOf: (b) => this.rooms.get(b),
       decoderEndpoint: (b) => this.decoderEp.get(b)!,
       metrics: this.metrics,
       stats: this.stats,
@@ -254,6 +258,8 @@ export class ProxyServer {
         } else if (!id && this.instanceIds.has(b)) this.instanceIds.delete(b);
         b.maxModelLen = h.success ? (h.data.max_model_len ?? null) : null;
         if (h.success && h.data.kvc_computed_chunks) this.ledger.observe(b.name, h.data.kvc_computed_chunks);
+        if (h.success && h.data.kvc_room && id) this.rooms.set(b, h.data.kvc_room);
+        else this.rooms.delete(b);
         if (h.success && h.data.kvc_p2p === true && id) this.p2pBackends.add(b);
         else this.p2pBackends.delete(b);
         if (b.markUp()) {

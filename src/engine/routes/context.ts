@@ -24,4 +24,6 @@ export interface RouteContext {
   hasConnector: boolean;
   /** The connector's key settings (model id, chunk size, seed, KV dtype), null without one. */
   keySettings: KeySettings | null;
+  /** Its CPU tier's room for chunks it would keep (LruIndex.room), null without a CPU tier. */
+  room: () => { freeBytes: number; tailAgeMs: number | null } | null;
 }

@@ -20,7 +20,12 @@ export async function statusRoutes(app: FastifyInstance, ctx: RouteContext): Pro
   // max_model_len to refuse a token-id prompt that cannot fit before any prefill.
   const health: EngineHealth = { status: 'ok', kvc_instance_id: ctx.kvcInstanceId, kvc_p2p: ctx.kvcP2p, max_model_len: maxModelLen, ...(ctx.keySettings ? { kvc_key_settings: ctx.keySettings } : {}) };
   // With a cache connector, the ledger's counters too (the proxy's view of every engine's misses).
-  const answer = async () => (ctx.hasConnector ? { ...health, kvc_computed_chunks: await metrics.computedByReason() } : health);
+  // And its CPU tier's room: the proxy picks from it who keeps a disaggregated prompt's chunks.
+  const answer = async () => {
+    if (!ctx.hasConnector) return health;
+    const r = ctx.room();
+    return { ...health, kvc_computed_chunks: await metrics.computedByReason(), ...(r ? { kvc_room: { free_bytes: r.freeBytes, tail_age_ms: r.tailAgeMs === null ? null : Math.round(r.tailAgeMs) } } : {}) };
+  };
   app.get('/health', answer);
   // vLLM's liveness aliases (SageMaker's /ping, GET and POST) and its version route.
   app.get('/ping', answer);

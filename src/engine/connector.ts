@@ -19,6 +19,7 @@
 // bad chunk ends the loaded prefix and the rest is computed, never served wrong.
 import { setImmediate as yieldToLoop } from 'node:timers/promises';
 import { decodeChunk } from '../common/chunk_codec.js';
+import { sizeClass } from '../common/buffer_pool.js';
 import { DTYPE_NAMES } from '../common/dtype.js';
 import { Codec, HEADER_BYTES, chunkBytes, describeLayout, payloadPrefix, sameLayout, sealChunk, verifyChunk, type KvLayout } from '../common/chunk.js';
 import type { CacheConfig, ConnectorConfig } from '../common/config.js';
@@ -137,6 +138,17 @@ export class KvcConnectorV1 {
     this.ledger = new LedgerKeeper(this.chunkSize, o.missReasons ?? null, (r, n) => o.metrics.computedChunks.inc({ reason: r }, n));
     // Without a controller, the engine's own stores are its "stored before".
     if (!o.missReasons) o.store.on('admit', (e: KeyEvent) => this.ledger.stored(e.keys));
+  }
+
+  /**
+   * Its CPU tier's room for chunks it would keep (LruIndex.room), with the prompt tokens that room
+   * holds in whole chunks (the proxy compares it with a prompt: docs/storage.md "Who keeps a
+   * transferred chunk"); null without a CPU tier.
+   */
+  room(): { freeBytes: number; freeTokens: number; tailAgeMs: number | null } | null {
+    const r = this.store.cpu()?.room();
+    if (!r) return null;
+    return { ...r, freeTokens: Math.floor(r.freeBytes / sizeClass(chunkBytes(this.o.layout, this.chunkSize))) * this.chunkSize };
   }
 
   /** The settings its chunk keys and chunks depend on (the controller and the proxy compare them). */

@@ -62,7 +62,7 @@ function buildApp(s: EngineSettings, w: EngineWiring): FastifyInstance {
     kvProducer: w.connector?.role === 'kv_producer',
     hasConnector: !!w.connector,
     keySettings: w.connector?.keySettings() ?? null,
-    room: () => w.connector?.store.cpu()?.room() ?? null };
+    room: () => w.connector?.room() ?? null };
   void app.register(completionRoutes, ctx);
   void app.register(tokenizeRoutes, ctx);
   void app.register(statusRoutes, ctx);

@@ -356,7 +356,7 @@ export class Flow {
       const pbody = prefillBody(body);
       for (const p of order) {
         const reqId = `kvc-${randomUUID()}`;
-        const keeper = chooseKeeper(this.d.roomOf(p), this.d.roomOf(decoder));
+        const keeper = chooseKeeper(route.promptTokens, this.d.roomOf(p), this.d.roomOf(decoder));
         pbody.kv_transfer_params = kvTransferParams(specFor(reqId, ep), { ...predicted(route.cached === null ? null : this.d.router.cachedOn(p, route.cached)), [KEEPER_KEY]: keeper });
         const t = performance.now();
         const live = this.d.metrics.live.prefills;

@@ -14,18 +14,20 @@ import type { Keeper } from '../protocol/keeper.js';
 /** A tier's room as its engine's /health reports it (kvc_room). */
 export interface Room {
   free_bytes: number;
+  /** The prompt tokens free_bytes holds in whole chunks. */
+  free_tokens: number;
   tail_age_ms: number | null;
 }
 
 /**
- * The keeper of a prompt computed on a prefiller with room `p` and sent to a decoder with room
- * `d`: the prefiller while its tier has free room (or either room is unknown), else the decoder
- * when its tier has free room or its oldest chunk in use was used longer ago than the
- * prefiller's. Ties keep the prefiller (the rule of an idle deployment).
+ * The keeper of a `promptTokens` prompt computed on a prefiller with room `p` and sent to a
+ * decoder with room `d`: the prefiller while its tier has room for the prompt (or either room is
+ * unknown), else the decoder when its tier has room for it or its oldest chunk in use was used
+ * longer ago than the prefiller's. Ties keep the prefiller (the rule of an idle deployment).
  */
-export function chooseKeeper(p: Room | undefined, d: Room | undefined): Keeper {
-  if (!p || !d || p.free_bytes > 0) return 'prefiller';
-  if (d.free_bytes > 0) return 'decoder';
+export function chooseKeeper(promptTokens: number, p: Room | undefined, d: Room | undefined): Keeper {
+  if (!p || !d || p.free_tokens >= promptTokens) return 'prefiller';
+  if (d.free_tokens >= promptTokens) return 'decoder';
   // Nothing in use at all is the oldest room there is.
   const age = (r: Room) => r.tail_age_ms ?? Number.POSITIVE_INFINITY;
   return age(d) > age(p) ? 'decoder' : 'prefiller';

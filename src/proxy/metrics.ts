@@ -76,6 +76,12 @@ export class ProxyMetrics {
     labelNames: ['role', 'backend'] as const,
     registers: [this.registry],
   });
+  readonly backendRoom = new Gauge({
+    name: 'kvc_proxy_backend_room_free_tokens',
+    help: "A backend's CPU tier room as its last /health reported it (kvc_room.free_tokens): who keeps a disaggregated prompt's chunks",
+    labelNames: ['backend'] as const,
+    registers: [this.registry],
+  });
   readonly inFlight = new Gauge({
     name: 'kvc_proxy_requests_in_flight',
     help: 'Client requests being served',

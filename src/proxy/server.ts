@@ -258,8 +258,10 @@ export class ProxyServer {
         } else if (!id && this.instanceIds.has(b)) this.instanceIds.delete(b);
         b.maxModelLen = h.success ? (h.data.max_model_len ?? null) : null;
         if (h.success && h.data.kvc_computed_chunks) this.ledger.observe(b.name, h.data.kvc_computed_chunks);
-        if (h.success && h.data.kvc_room && id) this.rooms.set(b, h.data.kvc_room);
-        else this.rooms.delete(b);
+        if (h.success && h.data.kvc_room && id) {
+          this.rooms.set(b, h.data.kvc_room);
+          this.metrics.backendRoom.labels(b.name).set(h.data.kvc_room.free_tokens);
+        } else if (this.rooms.delete(b)) this.metrics.backendRoom.remove(b.name);
         if (h.success && h.data.kvc_p2p === true && id) this.p2pBackends.add(b);
         else this.p2pBackends.delete(b);
         if (b.markUp()) {

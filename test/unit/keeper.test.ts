@@ -1,0 +1,60 @@
+// Who keeps a disaggregated prompt's chunks (src/proxy/keeper.ts, src/protocol/keeper.ts) and the
+// room a tier reports for it (LruIndex.room), on their own (no processes).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { chooseKeeper } from '../../src/proxy/keeper.js';
+import { keeperOf } from '../../src/protocol/keeper.js';
+import { kvTransferParamsSchema } from '../../src/protocol/disagg_spec.js';
+import { LruIndex } from '../../src/kvc/lru_index.js';
+
+test('the prefiller keeps while its tier has room for the prompt, or when a room is unknown', () => {
+  assert.equal(chooseKeeper(64, { free_bytes: 4096, free_tokens: 64, tail_age_ms: 5 }, { free_bytes: 99_999, free_tokens: 1024, tail_age_ms: null }), 'prefiller');
+  // Room for half the prompt is not room for it.
+  assert.equal(chooseKeeper(64, { free_bytes: 2048, free_tokens: 32, tail_age_ms: 5 }, { free_bytes: 99_999, free_tokens: 1024, tail_age_ms: null }), 'decoder');
+  assert.equal(chooseKeeper(64, undefined, { free_bytes: 1000, free_tokens: 1000, tail_age_ms: null }), 'prefiller');
+  assert.equal(chooseKeeper(64, { free_bytes: 0, free_tokens: 0, tail_age_ms: 5 }, undefined), 'prefiller');
+});
+
+test('a full prefiller hands the prompt to a decoder with room, or whose next chunk to go is older', () => {
+  assert.equal(chooseKeeper(64, { free_bytes: 0, free_tokens: 0, tail_age_ms: 100_000 }, { free_bytes: 64, free_tokens: 64, tail_age_ms: 1 }), 'decoder');
+  assert.equal(chooseKeeper(64, { free_bytes: 0, free_tokens: 0, tail_age_ms: 1_000 }, { free_bytes: 0, free_tokens: 0, tail_age_ms: 9_000 }), 'decoder');
+  assert.equal(chooseKeeper(64, { free_bytes: 0, free_tokens: 0, tail_age_ms: 9_000 }, { free_bytes: 0, free_tokens: 0, tail_age_ms: 1_000 }), 'prefiller');
+  // Equal ages keep the prefiller; a decoder with nothing in use is the oldest room.
+  assert.equal(chooseKeeper(64, { free_bytes: 0, free_tokens: 0, tail_age_ms: 5_000 }, { free_bytes: 0, free_tokens: 0, tail_age_ms: 5_000 }), 'prefiller');
+  assert.equal(chooseKeeper(64, { free_bytes: 0, free_tokens: 0, tail_age_ms: 5_000 }, { free_bytes: 0, free_tokens: 0, tail_age_ms: null }), 'decoder');
+});
+
+test('kv_transfer_params.kvc_keeper: read as sent, "prefiller" when absent, a bad value refused naming the field', () => {
+  assert.equal(keeperOf({ kvc_keeper: 'decoder' }), 'decoder');
+  assert.equal(keeperOf({ kvc_keeper: 'prefiller' }), 'prefiller');
+  assert.equal(keeperOf({}), 'prefiller');
+  assert.equal(keeperOf(undefined), 'prefiller');
+  assert.ok(kvTransferParamsSchema.safeParse({ kvc_keeper: 'decoder', other: 1 }).success);
+  const bad = kvTransferParamsSchema.safeParse({ kvc_keeper: 'both' });
+  assert.equal(bad.success, false);
+  assert.deepEqual(bad.error!.issues[0]!.path, ['kvc_keeper']);
+  assert.match(bad.error!.issues[0]!.message, /expected one of prefiller, decoder/);
+});
+
+test('a tier\'s room: free room plus what cold and replica chunks hold; the age of the oldest chunk in use', () => {
+  let now = 1_000;
+  const ix = new LruIndex<{ bytes: number; pinned: boolean }>(() => now);
+  assert.deepEqual(ix.room(100), { freeBytes: 100, tailAgeMs: null });
+  ix.add('a', { bytes: 10, pinned: false });
+  now = 2_000;
+  ix.add('b', { bytes: 10, pinned: false });
+  ix.add('c', { bytes: 10, pinned: false }, { evictFirst: true });
+  now = 5_000;
+  // a and b are in use (30 - 10 cold = 20 bytes), a the oldest, used 4 s ago.
+  assert.deepEqual(ix.room(40), { freeBytes: 20, tailAgeMs: 4_000 });
+  // A read makes a the newest: b is now the next to go.
+  ix.touch('a');
+  assert.deepEqual(ix.room(40), { freeBytes: 20, tailAgeMs: 3_000 });
+  // A replica (another instance keeps the chunk) is room too; a pinned chunk is not.
+  ix.setReplica('b', true);
+  assert.deepEqual(ix.room(40), { freeBytes: 30, tailAgeMs: 0 });
+  ix.pin('c');
+  assert.deepEqual(ix.room(40), { freeBytes: 20, tailAgeMs: 0 });
+  // Full of chunks in use: no room.
+  assert.deepEqual(ix.room(10), { freeBytes: 0, tailAgeMs: 0 });
+});

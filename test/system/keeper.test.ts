@@ -45,7 +45,8 @@ describe('the keeper of a transferred prompt, 1P1D (built-in model)', () => {
   /** The proxy's view of a backend's room (its last health probe), or null when it has none. */
   async function proxyRoom(backend: string): Promise<number | null> {
     const text = await (await fetch(`${proxy()}/metrics`, { signal: AbortSignal.timeout(5_000) })).text();
-    const m = new RegExp(`^kvc_proxy_backend_room_free_tokens\\{backend="${backend}"\\} (\\S+)$`, 'm').exec(text);
+    // (The proxy names a backend by its role, index and address: "prefiller-0(127.0.0.1:7100)".)
+    const m = new RegExp(`^kvc_proxy_backend_room_free_tokens\\{backend="${backend}\\([^"]*"\\} (\\S+)$`, 'm').exec(text);
     return m ? Number(m[1]) : null;
   }
 

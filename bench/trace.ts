@@ -223,7 +223,7 @@ function sampleDuplicates(controller: string): { stop(): Promise<{ mean: number;
   };
 }
 
-async function totals(d: Deployment): Promise<{ engines: Map<string, EngineTotals>; prefills: Map<string, number> }> {
+async function totals(d: Deployment): Promise<{ engines: Map<string, EngineTotals>; prefills: Map<string, number>; keepers: Map<string, number> }> {
   const engines = new Map<string, EngineTotals>();
   for (const e of d.engines) {
     const m = await scrape(e.http);
@@ -242,7 +242,7 @@ async function totals(d: Deployment): Promise<{ engines: Map<string, EngineTotal
   const byInstance = byLabel(pm, 'kvc_proxy_prefills_total', 'instance');
   const prefills = new Map<string, number>();
   for (const e of d.engines) prefills.set(e.name, [...byInstance].filter(([k]) => k.startsWith(`${e.name}(`) || k === e.name).reduce((a, [, v]) => a + v, 0));
-  return { engines, prefills };
+  return { engines, prefills, keepers: byLabel(pm, 'kvc_proxy_keepers_total', 'keeper') };
 }
 
 interface ModeResult {
@@ -378,6 +378,8 @@ async function runMode(o: Options, mode: Mode, reqs: ReplayRequest[], tierGib: n
       `${''.padEnd(12)} duplicates: ${(100 * duplicates.mean).toFixed(1)}% of the tiers' chunks on average (${duplicates.samples} samples of the index), ${(100 * duplicates.last).toFixed(1)}% at the end; tiers at the end: ` +
         [...after.engines].map(([name, a]) => `${name} ${a.tier} (cold ${a.cold}, replicas ${a.replicas}; declined ${a.declined - before.engines.get(name)!.declined}, evicted ${a.evicted - before.engines.get(name)!.evicted})`).join(', '),
     );
+    const kept = (k: string) => (after.keepers.get(k) ?? 0) - (before.keepers.get(k) ?? 0);
+    console.log(`${''.padEnd(12)} keepers of transferred prompts (docs/storage.md): prefiller ${kept('prefiller')}, decoder ${kept('decoder')}`);
     return res;
   } finally {
     await d.stop();

@@ -7,7 +7,8 @@
 // decoder dropped is still served correctly (identical greedy output).
 import { test, before, after, describe } from 'node:test';
 import assert from 'node:assert/strict';
-import { postJson, waitUntil, type Proc } from '../../harness/proc.js';
+import { waitUntil, type Proc } from '../../harness/proc.js';
+import { completeIds, heldBy, metricTotal } from '../../harness/cache_calls.js';
 import { tempDir } from '../../harness/temp_dir.js';
 import { upOnFreeOffset } from '../../harness/deployment.js';
 
@@ -27,28 +28,15 @@ describe('evict-first admission of copies and partial chunks, 1P1D (built-in mod
   const ctl = () => `http://127.0.0.1:${9000 + offset}`;
   const base = { prefillers: 1, decoders: 1, model: 'builtin:tiny', controller: true, host: '127.0.0.1' };
 
-  async function complete(url: string, ids: number[]): Promise<{ text: string; cached: number }> {
-    const r = await postJson(`${url}/v1/completions`, { model: 'builtin:tiny', prompt: ids, max_tokens: 6, temperature: 0 }, 120_000);
-    assert.equal(r.status, 200, JSON.stringify(r.json));
-    return { text: r.json.choices[0].text, cached: r.json.usage.prompt_tokens_details?.cached_tokens ?? 0 };
-  }
-  async function held(ids: number[]): Promise<Record<string, number>> {
-    const r = await postJson(`${ctl()}/prefix_lookup`, { tokens: ids });
-    assert.equal(r.status, 200, JSON.stringify(r.json));
-    return r.json.instances as Record<string, number>;
-  }
+  const complete = (url: string, ids: number[]) => completeIds(url, ids);
+  const held = (ids: number[]) => heldBy(ctl(), ids);
   /** Waits until the controller's index satisfies `ok` for `ids` (events arrive in batches). */
   const heldUntil = (ids: number[], ok: (m: Record<string, number>) => boolean, what: string) =>
     waitUntil(what, async () => {
       const m = await held(ids);
       return ok(m) ? m : undefined;
     }, 15_000, 100).catch(async (e: Error) => assert.fail(`${e.message}: index says ${JSON.stringify(await held(ids))}`));
-  async function metric(url: string, name: string): Promise<number> {
-    const text = await (await fetch(`${url}/metrics`, { signal: AbortSignal.timeout(5_000) })).text();
-    let s = 0;
-    for (const m of text.matchAll(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, 'gm'))) s += Number(m[1]);
-    return s;
-  }
+  const metric = (url: string, name: string) => metricTotal(url, name);
 
   before(async () => {
     // 0.005 GiB: ten 256-token chunks of the tiny model (and a few partial ones) per engine.

@@ -7,10 +7,10 @@
 // for it reuses the decoder's copy with the same greedy output. A bad kvc_keeper is refused.
 import { test, before, after, describe } from 'node:test';
 import assert from 'node:assert/strict';
-import { postJson, startKvc, waitUntil, type Proc } from '../../harness/proc.js';
+import { postJson, waitUntil, type Proc } from '../../harness/proc.js';
+import { upOnFreeOffset } from '../../harness/deployment.js';
 import { completeIds, heldBy, metricTotal, upUrls } from '../../harness/cache_calls.js';
 import { tempDir } from '../../harness/temp_dir.js';
-import { freePortOffset } from '../../src/deploy/free_offset.js';
 
 /** Two full 256-token chunks of prefix `seed`, then a 24-token question (a partial chunk). */
 function prompt(seed: number): number[] {
@@ -33,11 +33,11 @@ describe('the keeper of a transferred prompt, 1P1D (built-in model)', () => {
   }
 
   before(async () => {
-    const offset = await freePortOffset({ prefillers: 1, decoders: 1, model: 'builtin:tiny', controller: true, host: '127.0.0.1' });
-    u = upUrls(offset);
     // 0.005 GiB: ten 256-token chunks of the tiny model (and a few partial ones) per engine.
-    up = startKvc(['up', '--prefillers', '1', '--decoders', '1', '--max-local-cpu-size', '0.005', '--port-offset', String(offset), '--log-dir', tempDir('kvc-keeper-'), '--startup-timeout', '150']);
-    await up.waitFor(/kvc up: ready/, 170_000);
+    const plan = { prefillers: 1, decoders: 1, model: 'builtin:tiny', controller: true, host: '127.0.0.1' };
+    let offset: number;
+    ({ up, offset } = await upOnFreeOffset(plan, (off) => ['up', '--prefillers', '1', '--decoders', '1', '--max-local-cpu-size', '0.005', '--port-offset', String(off), '--log-dir', tempDir('kvc-keeper-'), '--startup-timeout', '150'], 170_000));
+    u = upUrls(offset);
   });
   after(async () => {
     await up?.kill('SIGTERM');

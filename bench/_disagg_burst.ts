@@ -122,6 +122,8 @@ function decoderView(before: string[], after: string[], sched: { before: ReturnT
     // The decode step interval in the CPU time of the scheduler's thread: the engine's own work
     // per token, which the machine's load does not stretch.
     cpu_interval_p99_ms: ms(histogramQuantile(before, after, 'kvc_engine_decode_step_interval_cpu_seconds', 0.99)),
+    // The bucket bound under which every interval fell: the decoders' longest own block per token.
+    cpu_interval_max_le_ms: ms(histogramQuantile(before, after, 'kvc_engine_decode_step_interval_cpu_seconds', 1)),
     wall_interval_p99_ms: ms(histogramQuantile(before, after, 'kvc_engine_decode_step_interval_seconds', 0.99)),
     event_loop_lag_max_ms: ms(Math.max(0, ...after.map((t) => metricMax(t, 'kvc_engine_nodejs_eventloop_lag_max_seconds')))),
     gc_ms: ms(sum(after, gcSum) - sum(before, gcSum)),

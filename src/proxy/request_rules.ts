@@ -8,6 +8,7 @@ import { answerLength, answerOverContext, promptOverContext } from '../protocol/
 import { MAX_TOKENS_FIELDS, PREFILL_DROPS, PREFILL_SETS } from '../protocol/engine_request.js';
 
 export type Kind = 'completion' | 'chat';
+const MAX_TOKEN_ID = 0xffff_ffff;
 export const PATHS: Record<Kind, string> = { completion: '/v1/completions', chat: '/v1/chat/completions' };
 
 const isIds = (p: unknown): p is number[] =>
@@ -27,7 +28,15 @@ export function promptForm(p: unknown): { text: string } | { ids: number[] } | n
 /** Checks the few fields the proxy itself relies on; the engine validates the rest. */
 export function checkRequest(kind: Kind, body: Record<string, unknown>): void {
   if (kind === 'completion') {
-    if (promptForm(body.prompt) === null) throw badRequest('field `prompt`: expected a string or an array of token ids (one prompt per request)');
+    const form = promptForm(body.prompt);
+    if (form === null) throw badRequest('field `prompt`: expected a string or an array of token ids (one prompt per request)');
+    // Chunk keys hash token ids as 32-bit words (src/common/keys.ts): a larger id has no key, so
+    // it is refused here, by position, rather than routed blind (the engine would refuse it too).
+    if ('ids' in form) {
+      const i = form.ids.findIndex((t) => t > MAX_TOKEN_ID);
+      const at = Array.isArray(body.prompt) && Array.isArray(body.prompt[0]) ? `prompt[0][${i}]` : `prompt[${i}]`;
+      if (i >= 0) throw badRequest(`field \`${at}\`: token id ${form.ids[i]} is out of range (token ids are below 2^32)`);
+    }
   } else if (!Array.isArray(body.messages) || body.messages.length === 0) {
     throw badRequest('field `messages`: expected a non-empty array of messages');
   }

@@ -246,14 +246,16 @@ test('a transfer cut in flight is never used and leaves nothing reserved after r
 });
 
 test('a sender process killed between two whole chunks: consumers waiting for the rest wake at once with the usable prefix', async () => {
-  const { p: recv, port, spec } = await startReceiver();
+  // A's reservation must outlive the steps below, whatever the machine's load: its transfer
+  // deadline (floor 5 s by default) would otherwise free chunk 1 and B would send it itself.
+  const { p: recv, port, spec } = await startReceiver({ deadlineFloorMs: 120_000 });
   const via = await relay(port, { holdAfterData: 1 }); // chunk 0 goes through whole, nothing of chunk 1
-  const a = await startSender('prefiller-dies');
+  // Both senders started first: a process start (seconds on a loaded machine) is not part of the steps.
+  const [a, b] = await Promise.all([startSender('prefiller-dies'), startSender('prefiller-shares')]);
   const keys = [0, 1, 2].map((j) => syntheticKey(8, j));
   const sending = a.call('send', { spec: spec('dies-1', via.port), seed: 8, tokens: [CHUNK, CHUNK, CHUNK] }).catch((e: Error) => e);
   await until(async () => (await recv.call('lookup', { keys })) === 1, 'the first chunk');
   // another prefiller's request shares the first two chunks: both reported as held, not sent
-  const b = await startSender('prefiller-shares');
   const rb = await b.call('send', { spec: spec('shares-1'), seed: 8, tokens: [CHUNK, CHUNK] });
   assert.deepEqual([rb.ok, rb.sent, rb.skipped], [true, 0, 2], rb.error);
   // both consumers wait for chunk 1 as the engine does (take with a wait), here for up to 2 minutes

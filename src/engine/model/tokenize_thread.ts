@@ -38,8 +38,13 @@ export class EncodeThread {
   static async start(origin: TokenizerOrigin): Promise<EncodeThread> {
     const t = new EncodeThread(origin);
     await t.spawn();
-    // A first round trip: the worker has built its tokenizer and answers.
-    await t.encode('warm', false);
+    try {
+      // A first round trip: the worker has built its tokenizer and answers.
+      await t.encode('warm', false);
+    } catch (e) {
+      await t.close();
+      throw e;
+    }
     return t;
   }
 

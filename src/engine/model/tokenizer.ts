@@ -290,12 +290,18 @@ export class Tokenizer {
 
   /**
    * Starts the worker thread that encodeAsync uses for long texts (tokenize_thread.ts); the engine
-   * does so at start, before serving. A tokenizer not built from JSON keeps encoding inline.
+   * does so at start, before serving. A tokenizer not built from JSON, or whose worker fails to
+   * start (logged), keeps encoding inline.
    */
   async startEncodeThread(): Promise<void> {
     if (this.thread || !this.origin) return;
-    this.thread = await EncodeThread.start(this.origin);
-    this.origin = null; // the worker has its own copy
+    try {
+      this.thread = await EncodeThread.start(this.origin);
+      this.origin = null; // the worker has its own copy
+    } catch (e) {
+      // Serving works without it: texts are then tokenized on the main thread, as logged.
+      log.warn(`tokenizer worker thread did not start (${(e as Error).message}); tokenizing on the main thread`);
+    }
   }
 
   /** Texts encoded on the worker thread so far (0 without one). */

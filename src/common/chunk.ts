@@ -13,7 +13,8 @@
 // dtype is the KV's element type as the engine holds it (the chunk key depends on it, keys.ts);
 // codec says how the payload encodes those elements:
 //   naive (0): [2 (K,V)][num_layers][num_tokens][num_kv_heads * head_dim] elements of dtype; for
-//              dtype int8 (its own scales) the int8 codec's layout below, scales first;
+//              dtype int8 its f16 scales [2][num_layers][num_tokens][num_kv_heads] first, then
+//              the i8 elements (the int8 codec's layout below with f16 scales);
 //   int8  (1): the same elements quantised to int8 with one f32 scale per (K/V, layer, token, KV
 //              head) — scales [2][num_layers][num_tokens][num_kv_heads] f32 first, then the values
 //              [2][num_layers][num_tokens][num_kv_heads * head_dim] i8 (src/common/chunk_codec.ts).
@@ -54,7 +55,7 @@ export class ChunkFormatError extends Error {
   override name = 'ChunkFormatError';
 }
 
-/** Naive payload bytes: the elements, plus an int8 chunk's f32 scale per (K/V, layer, token, KV head). */
+/** Naive payload bytes: the elements, plus an int8 chunk's f16 scale per (K/V, layer, token, KV head). */
 export function payloadBytes(l: KvLayout, numTokens: number): number {
   const rows = 2 * l.numLayers * numTokens * l.numKvHeads;
   return rows * (l.headDim * DTYPE_BYTES[l.dtype] + rowScaleBytes(l.dtype));

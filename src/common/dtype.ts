@@ -3,7 +3,7 @@
 // keys.ts need it and chunk.ts imports keys.ts.
 //
 // The 8-bit types (docs/engine.md "KV cache dtype"):
-//   int8      symmetric 8-bit with one f32 scale per (K/V, layer, token, KV head): the elements are
+//   int8      symmetric 8-bit with one f16 scale per (K/V, layer, token, KV head): the elements are
 //             i8 q, the value q · scale, scale = max|x| / 127 over the head's head_dim elements;
 //   fp8_e4m3  OCP E4M3 ("fn": bias 7, no infinities, 0x7f/0xff NaN, largest finite 448), no scale;
 //   fp8_e5m2  OCP E5M2 (bias 15, IEEE-like: the high byte of an f16), no scale.
@@ -15,7 +15,7 @@ export enum DType {
   fp8_e4m3 = 4,
   fp8_e5m2 = 5,
 }
-/** Bytes of one element (an int8 cache also keeps a 4-byte scale per head and token: kvScaleBytes). */
+/** Bytes of one element (an int8 cache also keeps a 2-byte scale per head and token: rowScaleBytes). */
 export const DTYPE_BYTES: Record<DType, number> = { [DType.f32]: 4, [DType.f16]: 2, [DType.bf16]: 2, [DType.int8]: 1, [DType.fp8_e4m3]: 1, [DType.fp8_e5m2]: 1 };
 export const DTYPE_NAMES: Record<DType, string> = {
   [DType.f32]: 'f32',
@@ -33,9 +33,9 @@ export function isEightBit(d: DType): boolean {
   return DTYPE_BYTES[d] === 1;
 }
 
-/** Bytes of scales per (K/V, layer, token, KV head) row: 4 (one f32) for int8, none for the others. */
+/** Bytes of scales per (K/V, layer, token, KV head) row: 2 (one f16) for int8, none for the others. */
 export function rowScaleBytes(d: DType): number {
-  return d === DType.int8 ? 4 : 0;
+  return d === DType.int8 ? 2 : 0;
 }
 
 /** DType from its name (f32, f16, bf16, int8, fp8_e4m3, fp8_e5m2), or undefined. */

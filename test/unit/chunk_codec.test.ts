@@ -130,8 +130,8 @@ test('chunk keys depend on the KV dtype; f32 keys are the ones without a dtype',
 test('8-bit chunks: int8 carries its scales in the naive payload; codecs refuse 8-bit dtypes', () => {
   const shape = { numLayers: 2, numKvHeads: 3, headDim: 8 };
   const rows = 2 * 2 * 5 * 3;
-  // int8: scales [2][L][T][H] f32, then the i8 elements; fp8: one byte an element.
-  assert.equal(payloadBytes({ ...shape, dtype: DType.int8 }, 5), rows * 4 + rows * 8);
+  // int8: scales [2][L][T][H] f16, then the i8 elements; fp8: one byte an element.
+  assert.equal(payloadBytes({ ...shape, dtype: DType.int8 }, 5), rows * 2 + rows * 8);
   assert.equal(payloadBytes({ ...shape, dtype: DType.fp8_e4m3 }, 5), rows * 8);
   assert.equal(payloadBytes({ ...shape, dtype: DType.fp8_e5m2 }, 5), rows * 8);
   for (const dtype of [DType.int8, DType.fp8_e4m3, DType.fp8_e5m2]) {

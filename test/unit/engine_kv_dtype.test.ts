@@ -57,10 +57,10 @@ for (const dtype of [DType.f16, DType.bf16, DType.int8, DType.fp8_e4m3, DType.fp
     const kv16 = cache(wasm, dtype);
     const kv32 = cache(wasm, DType.f32);
     const { numLayers, numKvHeads, headDim } = wasm.layout;
-    // int8 adds one f32 scale per (K/V, layer, position, KV head).
-    const scales = dtype === DType.int8 ? 2 * numLayers * 16 * numKvHeads * 4 : 0;
+    // int8 adds one f16 scale per (K/V, layer, position, KV head).
+    const scales = dtype === DType.int8 ? 2 * numLayers * 16 * numKvHeads * 2 : 0;
     assert.equal(kv16.blockBytes, kv32.blockBytes / (4 / kv16.elemBytes) + scales);
-    assert.equal(kv16.payloadBytes(3), 2 * numLayers * 3 * numKvHeads * (headDim * kv16.elemBytes + (dtype === DType.int8 ? 4 : 0)));
+    assert.equal(kv16.payloadBytes(3), 2 * numLayers * 3 * numKvHeads * (headDim * kv16.elemBytes + (dtype === DType.int8 ? 2 : 0)));
     const forced = [11, 230, 4051, 17];
     const a = run(wasm, kv16, 4, forced);
     const b = run(wasm, kv32, 4, forced);

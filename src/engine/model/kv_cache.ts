@@ -1,22 +1,28 @@
 // Paged KV cache: K/V in fixed blocks of BLOCK_TOKENS positions, handed out from one pool
 // sized by a byte budget, held in the KV dtype (--kv-cache-dtype): f32 values, f16 / bf16 bit
-// patterns (a Uint16Array), or bytes (a Uint8Array: int8 with per-token-per-head f32 scales,
+// patterns (a Uint16Array), or bytes (a Uint8Array: int8 with per-token-per-head f16 scales,
 // fp8_e4m3, fp8_e5m2), rounded to nearest even (int8: quantised, common/int8_rows.ts) when the
 // model writes them; attention widens them back to f32 inside the kernel's gather
 // (kernels/wat/gather.ts). A sequence owns a block table; positions map to (block, slot).
 // Block layout: [numLayers] of one layer's region: K [BLOCK_TOKENS][numKvHeads*headDim], then V
 // likewise (elements of the dtype), then for int8 only the scales, K [BLOCK_TOKENS][numKvHeads]
-// f32 then V likewise. A layer's region of a block is contiguous, so attention stages it with one
+// f16 then V likewise. A layer's region of a block is contiguous, so attention stages it with one
 // copy. exportRange/importRange translate to and from the chunk payload layout of
 // src/common/chunk.ts, [2][numLayers][numTokens][numKvHeads*headDim] (the dtype's elements; int8:
-// the scales [2][numLayers][numTokens][numKvHeads] f32 first), copying the exact bytes: imported KV
+// the scales [2][numLayers][numTokens][numKvHeads] f16 first), copying the exact bytes: imported KV
 // is bitwise what was held.
 import { DType, DTYPE_BYTES, type KvLayout } from '../../common/chunk.js';
 import { rowScaleBytes } from '../../common/dtype.js';
 import { f32ToE4m3, f32ToE5m2 } from '../../common/fp8.js';
-import { f32ToBf16, f32ToF16 } from '../../common/half.js';
+import { f16ToF32, f32ToBf16, f32ToF16 } from '../../common/half.js';
 import { quantizeInt8Row } from '../../common/int8_rows.js';
 import type { KvElements } from './kernels/layout.js';
+
+/** A scale rounded to f16 (nearest even), saturating at f16's largest finite value. */
+function f16Scale(s: number): number {
+  const v = f16ToF32(f32ToF16(s));
+  return v === Infinity ? 65504 : v;
+}
 
 export const BLOCK_TOKENS = 16;
 /** log2(BLOCK_TOKENS): position j is in block j >> BLOCK_SHIFT (the attention kernels rely on it). */
@@ -48,13 +54,13 @@ export class PagedKvCache {
   readonly totalBlocks: number;
   /** Bytes of one element (4 for f32, 2 for f16 and bf16, 1 for the 8-bit types). */
   readonly elemBytes: number;
-  /** Bytes of scales per (K/V, token, KV head) row: 4 for int8, else 0. */
+  /** Bytes of scales per (K/V, token, KV head) row: 2 (f16) for int8, else 0. */
   readonly scaleBytes: number;
   /** The whole pool; model.ts writes it through writeRows() and the kernel stages it. */
   readonly pool: KvElements;
   private readonly poolBytes: Uint8Array;
-  /** int8: the pool seen as f32, for the scales (4-byte aligned within every region). */
-  private readonly poolScales: Float32Array | null;
+  /** int8: the pool seen as u16, for the f16 scales (2-byte aligned within every region). */
+  private readonly poolScales: Uint16Array | null;
   /** int8: one head's quantised row before it is copied into the pool (and its bytes). */
   private readonly qRow: Int8Array;
   private readonly qRowBytes: Uint8Array;
@@ -80,7 +86,7 @@ export class PagedKvCache {
     const n = this.totalBlocks * this.blockFloats;
     this.pool = dtype === DType.f32 ? new Float32Array(n) : this.elemBytes === 2 ? new Uint16Array(n) : new Uint8Array(n);
     this.poolBytes = new Uint8Array(this.pool.buffer);
-    this.poolScales = this.scaleBytes ? new Float32Array(this.pool.buffer, 0, Math.floor(this.pool.byteLength / 4)) : null;
+    this.poolScales = this.scaleBytes ? new Uint16Array(this.pool.buffer, 0, Math.floor(this.pool.byteLength / 2)) : null;
     this.qRow = new Int8Array(shape.headDim);
     this.qRowBytes = new Uint8Array(this.qRow.buffer);
     // Pop from the end → blocks are handed out in ascending order.
@@ -180,7 +186,7 @@ export class PagedKvCache {
   /** int8: byte offset in the pool of the scales of the row at element offset `at` (an offset() value). */
   private scaleOffset(at: number): number {
     const rel = at % this.layerElems;
-    return at - rel + 2 * BLOCK_TOKENS * this.kvDim + (rel / this.kvDim) * this.layout.numKvHeads * 4;
+    return at - rel + 2 * BLOCK_TOKENS * this.kvDim + (rel / this.kvDim) * this.layout.numKvHeads * this.scaleBytes;
   }
 
   /** Chunk payload bytes for `numTokens` positions. */
@@ -191,7 +197,7 @@ export class PagedKvCache {
   /**
    * Writes f32 rows src[from..to) (whole positions of one block, K or V) at element offset `at` of
    * the pool (offset()), rounding to the KV dtype (nearest even; fp8 saturating; int8 quantised per
-   * head with its scale written beside the block's rows).
+   * head with its f16 scale written beside the block's rows).
    */
   writeRows(src: Float32Array, from: number, to: number, at: number): void {
     const pool = this.pool;
@@ -213,9 +219,9 @@ export class PagedKvCache {
     const pool = this.poolBytes;
     const scales = this.poolScales!;
     for (let r = from; r < to; r += this.kvDim, at += this.kvDim) {
-      let so = this.scaleOffset(at) / 4;
+      let so = this.scaleOffset(at) / 2;
       for (let e = 0; e < this.kvDim; e += hd) {
-        scales[so++] = quantizeInt8Row(src, r + e, hd, q, 0);
+        scales[so++] = f32ToF16(quantizeInt8Row(src, r + e, hd, q, 0, f16Scale));
         pool.set(this.qRowBytes, at + e);
       }
     }
@@ -238,7 +244,7 @@ export class PagedKvCache {
 
   /**
    * The row copies between the pool and a chunk payload `buf` ([2][L][n][kvDim] elements of the
-   * dtype; int8: after the scales [2][L][n][H] f32) for positions start..start+n of `blocks`:
+   * dtype; int8: after the scales [2][L][n][H] f16) for positions start..start+n of `blocks`:
    * into `buf` when `out`, else out of it.
    */
   private copyRows(blocks: readonly number[], start: number, n: number, buf: Uint8Array, out: boolean): void {

@@ -2,6 +2,7 @@
 // WASM kernel's generators in wat/): staging a sequence's paged KV, gathering one KV head's keys and
 // values, and the softmax with its deterministic f32 exp.
 import { EXP_CONSTS } from './wat/exp.js';
+import { f16Table } from '../../../common/half.js';
 import { BLOCK_SHIFT, BLOCK_TOKENS } from '../kv_cache.js';
 import type { KvElements } from './layout.js';
 
@@ -46,14 +47,15 @@ function gatherWidenedJs(src: Uint16Array | Uint8Array, kvDim: number, off: numb
   }
 }
 
-/** int8 staged regions (kv_cache.ts): K and V i8 slabs, then K and V f32 scales [16][heads]. */
+/** int8 staged regions (kv_cache.ts): K and V i8 slabs, then K and V f16 scales [16][heads]. */
 function gatherInt8Js(src: Uint8Array, kvDim: number, off: number, hd: number, P: number, Pb: number, kt: Float32Array, v: Float32Array): void {
   kt.fill(0, 0, hd * Pb);
   v.fill(0, 0, Pb * hd);
   const heads = kvDim / hd;
   const g = off / hd;
   const slab = BLOCK_TOKENS * kvDim;
-  const region = 2 * slab + 2 * BLOCK_TOKENS * heads * 4;
+  const region = 2 * slab + 2 * BLOCK_TOKENS * heads * 2;
+  const f16 = f16Table();
   const q = new Int8Array(src.buffer, src.byteOffset, src.byteLength);
   const scales = new DataView(src.buffer, src.byteOffset, src.byteLength);
   for (let j = 0; j < P; j++) {
@@ -61,8 +63,8 @@ function gatherInt8Js(src: Uint8Array, kvDim: number, off: number, hd: number, P
     const slot = j & (BLOCK_TOKENS - 1);
     const kp = base + slot * kvDim + off;
     const vp = kp + slab;
-    const ks = scales.getFloat32(base + 2 * slab + (slot * heads + g) * 4, true);
-    const vs = scales.getFloat32(base + 2 * slab + (BLOCK_TOKENS * heads + slot * heads + g) * 4, true);
+    const ks = f16[scales.getUint16(base + 2 * slab + (slot * heads + g) * 2, true)]!;
+    const vs = f16[scales.getUint16(base + 2 * slab + (BLOCK_TOKENS * heads + slot * heads + g) * 2, true)]!;
     for (let e = 0; e < hd; e++) {
       kt[e * Pb + j] = Math.fround(q[kp + e]! * ks);
       v[j * hd + e] = Math.fround(q[vp + e]! * vs);

@@ -133,7 +133,7 @@ function dispatch(dts: Dt[]): string {
  * paged-cache slabs into attention's operands. src holds, per cache block, the layer's region
  * (kv_cache.ts): its K slab then its V slab, each [16 positions][kvDim] elements of the KV dtype dt
  * (0 f32, 1 f16, 2 bf16, 3 int8, 4 fp8_e4m3, 5 fp8_e5m2; the cache's own block layout, copied in
- * bulk), and for int8 the K then V scales, [16 positions][kvDim / hd heads] f32 each; widened to
+ * bulk), and for int8 the K then V scales, [16 positions][kvDim / hd heads] f16 each; widened to
  * f32 here as they are gathered (int8: q · scale).
  * For j < P: kt[e][j] = K[j][off + e] (transposed and strip-packed like the model's weights,
  * [Pb/32][hd][32]: a strip of 32 keys is one contiguous hd·128-byte block, where the dense
@@ -151,10 +151,10 @@ export function gatherFunc(): string {
     ;; element size as a shift: f32 2, 16-bit 1, 8-bit 0
     (local.set $es (select (i32.const 2) (select (i32.const 1) (i32.const 0) (i32.le_u (local.get $dt) (i32.const 2))) (i32.eqz (local.get $dt))))
     (local.set $slab (i32.shl (i32.mul (local.get $kvDim) (i32.const ${BLOCK_TOKENS})) (local.get $es)))
-    ;; a block's region: K and V slabs, and for int8 the K and V scales (16 positions x heads f32 each)
+    ;; a block's region: K and V slabs, and for int8 the K and V scales (16 positions x heads f16 each)
     (local.set $heads (i32.div_u (local.get $kvDim) (local.get $hd)))
     (local.set $region (i32.add (i32.shl (local.get $slab) (i32.const 1))
-      (select (i32.mul (local.get $heads) (i32.const ${BLOCK_TOKENS * 8})) (i32.const 0) (i32.eq (local.get $dt) (i32.const 3)))))
+      (select (i32.mul (local.get $heads) (i32.const ${BLOCK_TOKENS * 4})) (i32.const 0) (i32.eq (local.get $dt) (i32.const 3)))))
     (local.set $j (i32.const 0))
     (block $jdone (loop $jloop
       (br_if $jdone (i32.ge_u (local.get $j) (local.get $Pb)))
@@ -171,12 +171,12 @@ export function gatherFunc(): string {
           (local.set $vp (i32.add (local.get $kp) (local.get $slab)))
           (if (i32.eq (local.get $dt) (i32.const 3))
             (then
-              ;; the row's scales: after both slabs, [16][heads] f32 for K then for V
+              ;; the row's scales: after both slabs, [16][heads] f16 for K then for V
               (local.set $sp (i32.add (local.get $src)
                 (i32.add (i32.add (i32.mul (i32.shr_u (local.get $j) (i32.const ${BLOCK_SHIFT})) (local.get $region)) (i32.shl (local.get $slab) (i32.const 1)))
-                  (i32.shl (i32.add (i32.mul (i32.and (local.get $j) (i32.const ${BLOCK_TOKENS - 1})) (local.get $heads)) (i32.div_u (local.get $off) (local.get $hd))) (i32.const 2)))))
-              (local.set $ks (f32.load (local.get $sp)))
-              (local.set $vs (f32.load (i32.add (local.get $sp) (i32.shl (local.get $heads) (i32.const ${BLOCK_SHIFT + 2})))))))
+                  (i32.shl (i32.add (i32.mul (i32.and (local.get $j) (i32.const ${BLOCK_TOKENS - 1})) (local.get $heads)) (i32.div_u (local.get $off) (local.get $hd))) (i32.const 1)))))
+              (local.set $ks (call $f16tof32 (i32.load16_u (local.get $sp))))
+              (local.set $vs (call $f16tof32 (i32.load16_u (i32.add (local.get $sp) (i32.shl (local.get $heads) (i32.const ${BLOCK_SHIFT + 1}))))))))
           (if (i32.eqz (local.get $dt))
             (then ${rowLoop(0)})
             (else ${dispatch([1, 2, 3, 4, 5])})))

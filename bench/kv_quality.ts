@@ -1,7 +1,8 @@
 // `npm run bench -- kv_quality`: what each KV representation costs in output quality, against f32
 // KV, on the built-in tiny model and the random 156M model (bench/_peer_setup.ts). A representation
 // is an engine KV dtype (--kv-cache-dtype: every dtype the engine holds) alone, or with a tier
-// codec (serde: every codec besides naive) that the prompt's KV went through, as a cache hit from
+// codec (serde: every codec besides naive; 32- and 16-bit dtypes only, 8-bit chunks are stored as
+// held) that the prompt's KV went through, as a cache hit from
 // that tier delivers it. Per representation: bytes per token and their share of f32's, top-1
 // agreement and mean/max KL of the next-token distributions, and greedy agreement over
 // 200-token continuations (bench/_kv_quality.ts says how each is measured).
@@ -14,7 +15,7 @@ import { join } from 'node:path';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { Codec } from '../src/common/chunk.js';
 import { CODECS, codecByName, codecName } from '../src/common/chunk_codec.js';
-import { DType, DTYPE_NAMES } from '../src/common/dtype.js';
+import { DType, DTYPE_NAMES, isEightBit } from '../src/common/dtype.js';
 import { ensureBuiltinModel } from '../src/engine/model/formats/builtin.js';
 import { LlamaModel } from '../src/engine/model/model.js';
 import { bytesPerToken, configName, CONTINUATION, kvcReference, qualityPrompts, referenceMargins, runKvc, Tally, type KvcConfig, type QualityFigures } from './_kv_quality.js';
@@ -44,11 +45,17 @@ function parseOptions(argv: string[]): { models: ModelName[]; prompts: number; g
     .opts<{ models: ModelName[]; prompts: number; group: number }>();
 }
 
-/** Every engine KV dtype alone, and with every compressing codec; f32 alone is the reference. */
+/** Every engine KV dtype alone, and the 32/16-bit ones with every compressing codec (8-bit chunks are stored as held); f32 alone is the reference. */
 function configs(): KvcConfig[] {
   const dtypes = Object.keys(DTYPE_NAMES).map(Number) as DType[];
   const out: KvcConfig[] = [];
-  for (const dtype of dtypes) for (const name of CODECS) if (!(dtype === DType.f32 && name === 'naive')) out.push({ dtype, codec: codecByName(name) });
+  for (const dtype of dtypes) {
+    for (const name of CODECS) {
+      if (dtype === DType.f32 && name === 'naive') continue;
+      if (name !== 'naive' && isEightBit(dtype)) continue;
+      out.push({ dtype, codec: codecByName(name) });
+    }
+  }
   return out;
 }
 

@@ -30,7 +30,7 @@ export async function kvDtypeDecode(contexts = [2048, 4096]): Promise<Record<str
   const f32Bytes = payloadBytes({ ...m.layout, dtype: DType.f32 }, 1);
   const bytesPerToken = Object.fromEntries(DTYPES.map((d) => [DTYPE_NAMES[d], payloadBytes({ ...m.layout, dtype: d }, 1)]));
   const bytesRatio = Object.fromEntries(DTYPES.map((d) => [DTYPE_NAMES[d], +(payloadBytes({ ...m.layout, dtype: d }, 1) / f32Bytes).toFixed(4)]));
-  console.log(`KV bytes a cached token (K+V, all layers; int8 with its f32 scales), ÷ f32: ${DTYPES.map((d) => `${DTYPE_NAMES[d]} ${bytesPerToken[DTYPE_NAMES[d]]} B (${bytesRatio[DTYPE_NAMES[d]]})`).join(', ')}`);
+  console.log(`KV bytes a cached token (K+V, all layers; int8 with its f16 scales), ÷ f32: ${DTYPES.map((d) => `${DTYPE_NAMES[d]} ${bytesPerToken[DTYPE_NAMES[d]]} B (${bytesRatio[DTYPE_NAMES[d]]})`).join(', ')}`);
   out.kv_bytes_per_token = bytesPerToken;
   out.kv_bytes_ratio = bytesRatio;
   try {

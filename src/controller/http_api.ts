@@ -15,6 +15,7 @@ import type { Operations } from './operations.js';
 import { deploymentSecretWhere, requireSecret } from '../common/auth.js';
 import { DEFAULT_BODY_LIMIT } from '../common/limits.js';
 import { installTokenBodyParser, TokenBody } from './token_body_parser.js';
+import { PID_HEADER } from '../protocol/process_header.js';
 
 /** Token arrays are the bulk of every body: check them in one tight loop (zod takes ~1 ms for 8192). */
 function validTokens(t: unknown): t is number[] {
@@ -131,7 +132,10 @@ export async function buildHttpApi(ops: Operations, o: HttpApiOptions = {}): Pro
     const { limit } = parseBody(eventsQuerySchema, requireObject(req.query ?? {}));
     return { events: ops.events.recent(limit), counts: ops.events.counts };
   });
-  app.get('/healthz', async () => ({ status: 'ok', instances: ops.registry.instances.size, index_keys: ops.registry.index.size }));
+  app.get('/healthz', async (_req, reply) => {
+    void reply.header(PID_HEADER, String(process.pid));
+    return { status: 'ok', instances: ops.registry.instances.size, index_keys: ops.registry.index.size };
+  });
   app.get('/metrics', async (_req, reply) => {
     void reply.header('content-type', metrics.registry.contentType);
     return metrics.registry.metrics();

@@ -3,6 +3,7 @@
 // healthy is reported with its exit status, its log path and the end of its log.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { openSync, closeSync, readFileSync, writeSync } from 'node:fs';
+import { PID_HEADER } from '../protocol/process_header.js';
 
 export class StartError extends Error {
   override name = 'StartError';
@@ -129,8 +130,12 @@ export class Child {
       try {
         const r = await fetch(this.spec.healthUrl, { signal: AbortSignal.timeout(2_000) });
         await r.arrayBuffer();
-        if (r.ok) return;
-        last = `HTTP ${r.status}`;
+        const pid = r.headers.get(PID_HEADER);
+        // Another process on the port (it bound it first): not this child; the child's own exit
+        // (address in use) then ends the wait above.
+        if (pid !== String(this.proc?.pid)) last = `answered by another process (${PID_HEADER}: ${pid ?? 'none'})`;
+        else if (r.ok) return;
+        else last = `HTTP ${r.status}`;
       } catch (e) {
         last = (e as Error).message;
       }

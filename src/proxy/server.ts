@@ -22,6 +22,7 @@ import type { DecoderEndpoint, Topology } from './topology.js';
 import { BackendFailure, PassThrough, call } from './upstream.js';
 import { deploymentSecretWhere, requireBearer, requireSecret } from '../common/auth.js';
 import { KVC_VERSION } from '../common/version.js';
+import { PID_HEADER } from '../protocol/process_header.js';
 
 const log = logger('proxy');
 
@@ -137,6 +138,7 @@ export class ProxyServer {
     const health = async (_req: unknown, reply: import('fastify').FastifyReply) => {
       const anyDecoder = this.decoders.some((d) => d.up);
       const allUp = anyDecoder && this.prefillers.every((p) => p.up) && this.decoders.every((d) => d.up);
+      void reply.header(PID_HEADER, String(process.pid));
       void reply.code(anyDecoder ? 200 : 503).send({
         status: allUp ? 'ok' : anyDecoder ? 'degraded' : 'unavailable',
         prefillers: this.prefillers.map((b) => b.status()),

@@ -135,6 +135,19 @@ describe('kvc up 1P1D (built-in model)', () => {
     const dep = JSON.parse(readFileSync(join(logDir, 'deployment.json'), 'utf8'));
     assert.equal(dep.processes.length, 4);
     for (const p of dep.processes) assert.ok(alive(p.pid), `${p.name} alive`);
+  });
+
+  test('each health route names its process, so kvc up never takes another process for its child', async () => {
+    const dep = JSON.parse(readFileSync(join(logDir, 'deployment.json'), 'utf8')) as { processes: { name: string; pid: number; url: string }[] };
+    for (const p of dep.processes) {
+      const r = await fetch(`${p.url}${p.name === 'controller' ? '/healthz' : '/health'}`);
+      await r.arrayBuffer();
+      assert.equal(r.headers.get('kvc-pid'), String(p.pid), p.name);
+    }
+  });
+
+  test('the controller runs with its young generation sized; the decoder config names its ports', () => {
+    const dep = JSON.parse(readFileSync(join(logDir, 'deployment.json'), 'utf8'));
     // The controller runs with its young generation sized (src/common/young_gen.ts).
     const ctlPid = dep.processes.find((p: { name: string }) => p.name === 'controller').pid;
     assert.match(readFileSync(`/proc/${ctlPid}/cmdline`, 'utf8').split('\0').join(' '), /--max-semi-space-size=1 \S*main\.js controller /);

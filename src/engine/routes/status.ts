@@ -1,10 +1,11 @@
 // GET /v1/models (the served model, its max_model_len, kvc_model_id and kvc_kv_dtype: the id and KV dtype its chunk keys use), GET /health (and vLLM's
 // /ping), GET /version and GET /metrics (Prometheus text of this engine's registry). None of them take a body.
 import { DTYPE_NAMES } from '../../common/dtype.js';
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { EngineHealth } from '../../protocol/engine_health.js';
 import type { RouteContext } from './context.js';
 import { KVC_VERSION } from '../../common/version.js';
+import { PID_HEADER } from '../../protocol/process_header.js';
 
 export async function statusRoutes(app: FastifyInstance, ctx: RouteContext): Promise<void> {
   const { modelName, maxModelLen, metrics } = ctx;
@@ -21,7 +22,8 @@ export async function statusRoutes(app: FastifyInstance, ctx: RouteContext): Pro
   const health: EngineHealth = { status: 'ok', kvc_instance_id: ctx.kvcInstanceId, kvc_p2p: ctx.kvcP2p, max_model_len: maxModelLen, ...(ctx.keySettings ? { kvc_key_settings: ctx.keySettings } : {}) };
   // With a cache connector, the ledger's counters too (the proxy's view of every engine's misses).
   // And its CPU tier's room: the proxy picks from it who keeps a disaggregated prompt's chunks.
-  const answer = async () => {
+  const answer = async (_req: unknown, reply: FastifyReply) => {
+    void reply.header(PID_HEADER, String(process.pid));
     if (!ctx.hasConnector) return health;
     const r = ctx.room();
     return { ...health, kvc_computed_chunks: await metrics.computedByReason(), ...(r ? { kvc_room: { free_bytes: r.freeBytes, free_tokens: r.freeTokens, tail_age_ms: r.tailAgeMs === null ? null : Math.round(r.tailAgeMs) } } : {}) };

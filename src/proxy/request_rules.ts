@@ -34,8 +34,10 @@ export function checkRequest(kind: Kind, body: Record<string, unknown>): void {
     // it is refused here, by position, rather than routed blind (the engine would refuse it too).
     if ('ids' in form) {
       const i = form.ids.findIndex((t) => t > MAX_TOKEN_ID);
-      const at = Array.isArray(body.prompt) && Array.isArray(body.prompt[0]) ? `prompt[0][${i}]` : `prompt[${i}]`;
-      if (i >= 0) throw badRequest(`field \`${at}\`: token id ${form.ids[i]} is out of range (token ids are below 2^32)`);
+      if (i >= 0) {
+        const at = Array.isArray(body.prompt) && Array.isArray(body.prompt[0]) ? `prompt[0][${i}]` : `prompt[${i}]`;
+        throw badRequest(`field \`${at}\`: token id ${form.ids[i]} is out of range (token ids are below 2^32)`);
+      }
     }
   } else if (!Array.isArray(body.messages) || body.messages.length === 0) {
     throw badRequest('field `messages`: expected a non-empty array of messages');

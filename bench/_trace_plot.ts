@@ -27,3 +27,32 @@ export async function writeTraceSvg(path: string, title: string, points: SeriesP
   };
   return writeSpecSvg(path, spec);
 }
+
+export interface DtypeBar {
+  dtype: string;
+  /** `pooled bound`, `infinite ceiling` or a routing mode. */
+  series: string;
+  ratio: number;
+}
+
+/** The per-dtype run (`--kv-cache-dtypes`): computed ÷ sent of each mode beside its dtype's own pooled bound, grouped by dtype. */
+export async function writeDtypeSvg(path: string, title: string, bars: DtypeBar[]): Promise<string> {
+  const spec: TopLevelSpec = {
+    $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
+    title,
+    data: { values: bars },
+    encoding: {
+      x: { field: 'dtype', type: 'nominal', title: '--kv-cache-dtype (same --max-local-cpu-size)', sort: null, axis: { labelAngle: 0 } },
+      xOffset: { field: 'series', type: 'nominal', sort: null },
+      y: { field: 'ratio', type: 'quantitative', title: 'prompt tokens computed ÷ sent', scale: { domain: [0, 1] } },
+      color: { field: 'series', type: 'nominal', title: null, sort: null },
+    },
+    layer: [
+      { mark: 'bar' },
+      { mark: { type: 'text', dy: -6, fontSize: 9 }, encoding: { text: { field: 'ratio', type: 'quantitative', format: '.3f' } } },
+    ],
+    width: 480,
+    height: 280,
+  };
+  return writeSpecSvg(path, spec);
+}

@@ -4,15 +4,13 @@
 // (harness/tier_model.ts) with the prefiller always keeping a disaggregated prompt and with the
 // keeper chosen by room (docs/storage.md "Who keeps a transferred chunk"), each against the pooled
 // LRU bound: reuse ÷ the bound's reuse, and the chunks stored per instance.
-import { readFileSync } from 'node:fs';
-import { dirname, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { applyWindow, distinctChunks, mapRequests, parseTrace, parseWindow, sampleConversations, sendTimes, simulate } from '../harness/trace_model.js';
 import { modelTiers, type KeeperPolicy } from '../harness/tier_model.js';
 import { BUILTIN_MODELS } from '../src/engine/model/formats/builtin.js';
+import { DEFAULT_TRACE, loadTrace } from './_trace_source.js';
 
 const DEFAULTS: Record<string, string> = {
-  '--trace': resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', 'shared', 'traces', 'synthetic_trace.jsonl'),
+  '--trace': DEFAULT_TRACE,
   '--sample-conversations': '0.05', '--window': '0:200', '--block-tokens': '64', '--tier-fraction': '0.2', '--prefillers': '2', '--decoders': '2', '--seed': '1',
 };
 
@@ -33,8 +31,10 @@ function main(): void {
   const block = num('--block-tokens', (n) => int(n) && n >= 1 && n <= 512, 'an integer 1..512');
   const prefillers = num('--prefillers', (n) => int(n) && n >= 0 && n <= 8, 'an integer 0..8');
   const decoders = num('--decoders', (n) => int(n) && n >= 1 && n <= 8, 'an integer 1..8');
-  const all = parseTrace(readFileSync(o['--trace']!, 'utf8'), o['--trace']!);
-  const sampled = sampleConversations(all, num('--sample-conversations', (n) => n > 0 && n <= 1, 'a fraction in (0, 1]'), num('--seed', (n) => int(n) && n >= 0, 'an integer >= 0'));
+  const seed = num('--seed', (n) => int(n) && n >= 0, 'an integer >= 0');
+  const src = loadTrace(o['--trace']!, seed);
+  const all = parseTrace(src.text, src.file);
+  const sampled = sampleConversations(all, num('--sample-conversations', (n) => n > 0 && n <= 1, 'a fraction in (0, 1]'), seed);
   const window = applyWindow(sampled, parseWindow(o['--window']!));
   // The bench's own mapping: the built-in model's context less 16 output tokens.
   const reqs = mapRequests(window, sendTimes(window, 1), { blockTokens: block, maxPromptTokens: BUILTIN_MODELS.tiny!.maxPositionEmbeddings - 16, maxOutputTokens: 16 });
@@ -42,7 +42,7 @@ function main(): void {
   const perTier = Math.max(1, Math.ceil((num('--tier-fraction', (n) => n > 0 && n <= 10, 'a fraction > 0') * distinctChunks(reqs)) / engines));
   const bound = simulate(reqs, perTier * engines);
   const reuse = (c: number, s: number) => (1 - c / s) / (1 - bound.computed / bound.sent);
-  console.log(`${o['--trace']}: ${reqs.length} requests, ${distinctChunks(reqs)} distinct chunks, ${prefillers}P${decoders}D tiers of ${perTier} chunks; pooled LRU computed/sent ${(bound.computed / bound.sent).toFixed(3)}`);
+  console.log(`${src.file}: ${reqs.length} requests, ${distinctChunks(reqs)} distinct chunks, ${prefillers}P${decoders}D tiers of ${perTier} chunks; pooled LRU computed/sent ${(bound.computed / bound.sent).toFixed(3)}`);
   const out: Record<string, number> = {};
   for (const keeper of ['prefiller', 'room'] as KeeperPolicy[]) {
     // 256 tokens of local prefill (kv-aware's default) in chunks of this size.

@@ -5,7 +5,9 @@
 // (the bound a cluster of caches can reach) and an infinite cache (the trace's own ceiling).
 //
 // Options (every one validated; a bad value stops the bench naming the flag):
-//   --trace FILE               default ../shared/traces/synthetic_trace.jsonl (relative to the repo)
+//   --trace FILE|generated:NAME   a trace file, or one of the generator's named shapes
+//                              (harness/trace_gen.ts: tenants, sessions) written for --seed to
+//                              bench-results/trace/; default generated:tenants (bench/_trace_source.ts)
 //   --prefillers N --decoders N   default 2 and 2
 //   --routing MODES            comma list of round-robin,kv-aware (default both, in that order)
 //   --window START:COUNT       requests START.. of the (sampled) trace; default 0:200
@@ -38,9 +40,7 @@
 // (docs/ledger.md) gives what that request computed, and why: the plot of computed ÷ sent over time
 // and unexplained_miss_share come from it.
 // Writes bench-results/trace/trace.svg; the last line is one JSON object (see main()).
-import { existsSync, readFileSync } from 'node:fs';
-import { dirname, join, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { Agent, fetch as undiciFetch } from 'undici';
 import { BUILTIN_MODELS } from '../src/engine/model/formats/builtin.js';
@@ -50,14 +50,13 @@ import { sizeClass } from '../src/common/buffer_pool.js';
 import { clearTiers, startDeployment, type Deployment } from '../harness/deployment.js';
 import { byLabel, pct, scrape, sum } from './_scrape.js';
 import { resultsDir } from './_plot.js';
-import { writeTraceSvg, type SeriesPoint } from './_trace_plot.js';
+import { writeTraceSvg, writeDtypeSvg, type DtypeBar, type SeriesPoint } from './_trace_plot.js';
+import { DEFAULT_TRACE, loadTrace } from './_trace_source.js';
 import {
   applyWindow, distinctChunks, mapRequests, parseTrace, parseWindow, promptIds, promptTokens, sampleConversations, sendTimes, simulate,
   type ReplayRequest,
 } from '../harness/trace_model.js';
 
-const REPO = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const DEFAULT_TRACE = resolve(REPO, '..', 'shared', 'traces', 'synthetic_trace.jsonl');
 const MODEL = BUILTIN_MODELS.tiny!;
 const MODES = ['round-robin', 'kv-aware'] as const;
 type Mode = (typeof MODES)[number];
@@ -105,7 +104,6 @@ function options(argv: string[]): Options {
   };
   const int = (n: number) => Number.isInteger(n);
   const trace = given.get('--trace') ?? DEFAULT_TRACE;
-  if (!existsSync(trace)) throw new Error(`--trace: ${trace} does not exist${given.has('--trace') ? '' : ' (the default; pass --trace FILE)'}`);
   const routing = (given.get('--routing') ?? MODES.join(',')).split(',').map((m) => m.trim());
   for (const m of routing) if (!(MODES as readonly string[]).includes(m)) throw new Error(`--routing: expected a comma list of ${MODES.join(', ')}, found "${m}"`);
   if (new Set(routing).size !== routing.length) throw new Error('--routing: a mode is listed twice');
@@ -388,7 +386,8 @@ async function runMode(o: Options, mode: Mode, reqs: ReplayRequest[], tierGib: n
 
 async function main(): Promise<void> {
   const o = options(process.argv.slice(2));
-  const all = parseTrace(readFileSync(o.trace, 'utf8'), o.trace);
+  const src = loadTrace(o.trace, o.seed);
+  const all = parseTrace(src.text, src.file);
   const sampled = sampleConversations(all, o.sample, o.seed);
   const window = applyWindow(sampled, o.window);
   const maxPrompt = MODEL.maxPositionEmbeddings - o.maxOutputTokens;
@@ -405,30 +404,41 @@ async function main(): Promise<void> {
   const ceiling = simulate(reqs, Infinity);
   const span = reqs[reqs.length - 1]!.at / 1000;
   console.log(
-    `trace bench: ${o.trace}: ${all.length} requests${o.sample < 1 ? `, ${sampled.length} in the ${o.sample} of conversations sampled` : ''}; window ${o.window.start}:${o.window.count} = ${reqs.length} requests over ${span.toFixed(0)} s (${o.rate}/s), ` +
+    `trace bench: ${src.file}: ${all.length} requests${o.sample < 1 ? `, ${sampled.length} in the ${o.sample} of conversations sampled` : ''}; window ${o.window.start}:${o.window.count} = ${reqs.length} requests over ${span.toFixed(0)} s (${o.rate}/s), ` +
       `${sentTokens} prompt tokens (${o.blockTokens} a block${dropped ? `; ${dropped} blocks past the ${maxPrompt}-token context dropped` : ''}), ${distinct} distinct chunks; ` +
       `${o.prefillers}P${o.decoders}D, CPU tier ${perEngine} chunks (${(tierGib * 1024).toFixed(1)} MiB) per engine = ${pooled} in all (${((100 * pooled) / distinct).toFixed(0)}% of distinct)`,
   );
   console.log(`references on the same requests: pooled LRU of ${pooled} chunks computed/sent ${(bound.computed / bound.sent).toFixed(3)}; infinite cache ${(ceiling.computed / ceiling.sent).toFixed(3)}`);
   const results: ModeResult[] = [];
   const first = o.dtypes[0]!;
-  const others: { dtype: string; chunks: number; bound: number; results: ModeResult[] }[] = [];
-  for (const dtype of o.dtypes) {
-    if (o.dtypes.length > 1) console.log(`--kv-cache-dtype ${dtype}:`);
-    const rs: ModeResult[] = [];
-    for (const mode of o.routing) rs.push(await runMode(o, mode, reqs, tierGib, dtype));
-    if (dtype === first) results.push(...rs);
-    // The same tier bytes hold more chunks of a smaller dtype: the pooled bound of that capacity.
+  // The same tier bytes hold more chunks of a smaller dtype: each dtype's pooled bound is simulated
+  // for the chunks its tiers hold (printed before the runs: a window where they are all equal is
+  // not capacity-bound and cannot show a dtype's effect).
+  const perDtype = o.dtypes.map((dtype) => {
     const chunks = engines * Math.floor((tierGib * 2 ** 30) / chunkTierBytes(o.blockTokens, dtype));
     const sim = simulate(reqs, chunks);
-    others.push({ dtype, chunks, bound: sim.computed / sim.sent, results: rs });
+    return { dtype, chunks, bound: sim.computed / sim.sent, results: [] as ModeResult[] };
+  });
+  if (perDtype.length > 1) console.log(`pooled bound per dtype at this tier size: ${perDtype.map((x) => `${x.dtype} ${x.chunks} chunks ${x.bound.toFixed(3)}`).join(', ')}`);
+  for (const x of perDtype) {
+    if (perDtype.length > 1) console.log(`--kv-cache-dtype ${x.dtype}:`);
+    for (const mode of o.routing) x.results.push(await runMode(o, mode, reqs, tierGib, x.dtype));
+    if (x.dtype === first) results.push(...x.results);
   }
-  if (others.length > 1) {
-    const base = others[0]!;
-    for (const x of others) {
-      const measured = x.results.map((r, i) => `${r.mode} ${r.computedRatio.toFixed(3)} (${(r.computedRatio / base.results[i]!.computedRatio).toFixed(3)} × ${first}'s)`).join(', ');
+  if (perDtype.length > 1) {
+    const base = perDtype[0]!;
+    for (const x of perDtype) {
+      const own = (c: number) => (1 - c) / (1 - x.bound);
+      const measured = x.results.map((r, i) => `${r.mode} ${r.computedRatio.toFixed(3)} (${(r.computedRatio / base.results[i]!.computedRatio).toFixed(3)} × ${first}'s; reuse ${own(r.computedRatio).toFixed(3)} × its bound's)`).join(', ');
       console.log(`${x.dtype.padEnd(9)} tiers ${x.chunks} chunks: pooled bound ${x.bound.toFixed(3)} (${(x.bound / base.bound).toFixed(3)} × ${first}'s); computed/sent ${measured}`);
     }
+    const bars: DtypeBar[] = perDtype.flatMap((x) => [
+      { dtype: x.dtype, series: 'pooled LRU bound', ratio: x.bound },
+      ...x.results.map((r) => ({ dtype: x.dtype, series: r.mode, ratio: r.computedRatio })),
+    ]);
+    for (const x of perDtype) bars.push({ dtype: x.dtype, series: 'infinite ceiling', ratio: ceiling.computed / ceiling.sent });
+    const dsvg = await writeDtypeSvg(join(resultsDir('trace'), 'trace_dtypes.svg'), `Trace replay per KV dtype: ${reqs.length} requests, ${(tierGib * 1024).toFixed(1)} MiB a tier`, bars);
+    console.log(`plot: ${dsvg}`);
   }
   const ratio = (s: { computed: number; sent: number }) => s.computed / s.sent;
   // Reuse relative to the bound: (1 − computed/sent) ÷ (1 − bound's computed/sent).
@@ -467,7 +477,7 @@ async function main(): Promise<void> {
     kv_duplicate_share: r3(kv?.duplicateShare),
     unexplained_miss_share: chunks ? r3(unexplained / chunks) : null,
     // Per dtype (first = the figures above): tier chunks, pooled bound and computed ÷ sent per mode.
-    dtypes: Object.fromEntries(others.map((x) => [x.dtype, { tier_chunks: x.chunks, pooled_bound: r3(x.bound), ...Object.fromEntries(x.results.map((r) => [r.mode === 'round-robin' ? 'rr_computed' : 'kv_computed', r3(r.computedRatio)])) }])),
+    dtypes: Object.fromEntries(perDtype.map((x) => [x.dtype, { tier_chunks: x.chunks, pooled_bound: r3(x.bound), ...Object.fromEntries(x.results.map((r) => [r.mode === 'round-robin' ? 'rr_computed' : 'kv_computed', r3(r.computedRatio)])) }])),
   }));
 }
 

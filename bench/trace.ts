@@ -54,7 +54,7 @@ import { writeTraceSvg, writeDtypeSvg, type DtypeBar, type SeriesPoint } from '.
 import { DEFAULT_TRACE, loadTrace } from './_trace_source.js';
 import {
   applyWindow, distinctChunks, mapRequests, parseTrace, parseWindow, promptIds, promptTokens, sampleConversations, sendTimes, simulate,
-  type ReplayRequest,
+  type ReplayRequest, type SimResult,
 } from '../harness/trace_model.js';
 
 const MODEL = BUILTIN_MODELS.tiny!;
@@ -192,6 +192,9 @@ interface EngineTotals {
   replicas: number;
   declined: number;
   evicted: number;
+  /** P2P fetches by outcome and attempts ended early by reason. */
+  p2pFetches: Map<string, number>;
+  p2pFailures: Map<string, number>;
 }
 
 /**
@@ -221,7 +224,7 @@ function sampleDuplicates(controller: string): { stop(): Promise<{ mean: number;
   };
 }
 
-async function totals(d: Deployment): Promise<{ engines: Map<string, EngineTotals>; prefills: Map<string, number>; keepers: Map<string, number> }> {
+async function totals(d: Deployment): Promise<{ engines: Map<string, EngineTotals>; prefills: Map<string, number>; keepers: Map<string, number>; decisions: Map<string, number>; where: Map<string, number> }> {
   const engines = new Map<string, EngineTotals>();
   for (const e of d.engines) {
     const m = await scrape(e.http);
@@ -234,14 +237,29 @@ async function totals(d: Deployment): Promise<{ engines: Map<string, EngineTotal
       replicas: sum(m, 'kvc_cache_replica_chunks'),
       declined: sum(m, 'kvc_cache_declined_copies_total'),
       evicted: sum(m, 'kvc_cache_evicted_chunks_total'),
+      p2pFetches: byLabel(m, 'kvc_p2p_fetches_total', 'outcome'),
+      p2pFailures: byLabel(m, 'kvc_p2p_failures_total', 'reason'),
     });
   }
   const pm = await scrape(d.proxy);
   const byInstance = byLabel(pm, 'kvc_proxy_prefills_total', 'instance');
   const prefills = new Map<string, number>();
   for (const e of d.engines) prefills.set(e.name, [...byInstance].filter(([k]) => k.startsWith(`${e.name}(`) || k === e.name).reduce((a, [, v]) => a + v, 0));
-  return { engines, prefills, keepers: byLabel(pm, 'kvc_proxy_keepers_total', 'keeper') };
+  return { engines, prefills, keepers: byLabel(pm, 'kvc_proxy_keepers_total', 'keeper'), decisions: byLabel(pm, 'kvc_proxy_routing_decisions_total', 'reason'), where: byLabel(pm, 'kvc_proxy_prefills_total', 'where') };
 }
+
+/** after − before of every key of two counter maps (keys with no change left out), as "k n, …". */
+function delta(after: Map<string, number>, before: Map<string, number> | undefined): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const [k, v] of after) if (v - (before?.get(k) ?? 0) !== 0) out.set(k, v - (before?.get(k) ?? 0));
+  return out;
+}
+
+function addInto(into: Map<string, number>, from: Map<string, number>): void {
+  for (const [k, v] of from) into.set(k, (into.get(k) ?? 0) + v);
+}
+
+const listed = (m: Map<string, number>) => [...m].sort((a, b) => b[1] - a[1]).map(([k, v]) => `${k} ${v}`).join(', ') || 'none';
 
 interface ModeResult {
   mode: Mode;
@@ -282,7 +300,7 @@ async function warm(d: Deployment, seed: number): Promise<void> {
   await clearTiers(d.controller, d.secret, d.engines.map((e) => e.name));
 }
 
-async function runMode(o: Options, mode: Mode, reqs: ReplayRequest[], tierGib: number, dtype: string): Promise<ModeResult> {
+async function runMode(o: Options, mode: Mode, reqs: ReplayRequest[], tierGib: number, dtype: string, bound: SimResult): Promise<ModeResult> {
   const args = ['--routing', mode, '--chunk-size', String(o.blockTokens), '--max-local-cpu-size', tierGib.toFixed(9), '--kv-cache-dtype', dtype, ...(mode === 'kv-aware' ? o.kvUpArgs : [])];
   const d = await startDeployment({ prefillers: o.prefillers, decoders: o.decoders, args, env: { KVC_LOG_LEVEL: 'warn' }, startupTimeoutMs: 240_000 });
   try {
@@ -378,6 +396,21 @@ async function runMode(o: Options, mode: Mode, reqs: ReplayRequest[], tierGib: n
     );
     const kept = (k: string) => (after.keepers.get(k) ?? 0) - (before.keepers.get(k) ?? 0);
     console.log(`${''.padEnd(12)} keepers of transferred prompts (docs/storage.md): prefiller ${kept('prefiller')}, decoder ${kept('decoder')}`);
+    const fetches = new Map<string, number>();
+    const failures = new Map<string, number>();
+    for (const [name, a] of after.engines) {
+      addInto(fetches, delta(a.p2pFetches, before.engines.get(name)!.p2pFetches));
+      addInto(failures, delta(a.p2pFailures, before.engines.get(name)!.p2pFailures));
+    }
+    console.log(
+      `${''.padEnd(12)} routing decisions: ${listed(delta(after.decisions, before.decisions))}; prefills: ${listed(delta(after.where, before.where))}; ` +
+        `P2P fetches: ${listed(fetches)}; ended early: ${listed(failures)}`,
+    );
+    // Where the reuse the pooled bound has was lost: computed chunks beyond the bound's, by reason.
+    const beyond = new Map<string, number>();
+    for (const [k, v] of reasons) beyond.set(k, v - (k in bound.reasons ? bound.reasons[k as keyof typeof bound.reasons] : 0));
+    for (const k of Object.keys(bound.reasons)) if (!reasons.has(k)) beyond.set(k, -bound.reasons[k as keyof typeof bound.reasons]);
+    console.log(`${''.padEnd(12)} computed chunks beyond the pooled bound's, by reason: ${[...beyond].sort((a, b) => b[1] - a[1]).map(([k, v]) => `${k} ${v >= 0 ? '+' : ''}${v}`).join(', ')}`);
     return res;
   } finally {
     await d.stop();
@@ -408,7 +441,8 @@ async function main(): Promise<void> {
       `${sentTokens} prompt tokens (${o.blockTokens} a block${dropped ? `; ${dropped} blocks past the ${maxPrompt}-token context dropped` : ''}), ${distinct} distinct chunks; ` +
       `${o.prefillers}P${o.decoders}D, CPU tier ${perEngine} chunks (${(tierGib * 1024).toFixed(1)} MiB) per engine = ${pooled} in all (${((100 * pooled) / distinct).toFixed(0)}% of distinct)`,
   );
-  console.log(`references on the same requests: pooled LRU of ${pooled} chunks computed/sent ${(bound.computed / bound.sent).toFixed(3)}; infinite cache ${(ceiling.computed / ceiling.sent).toFixed(3)}`);
+  const why = (x: SimResult) => `computed chunks: cold ${x.reasons.cold}, evicted ${x.reasons.evicted}, partial ${x.reasons.partial}`;
+  console.log(`references on the same requests: pooled LRU of ${pooled} chunks computed/sent ${(bound.computed / bound.sent).toFixed(3)} (${why(bound)}); infinite cache ${(ceiling.computed / ceiling.sent).toFixed(3)} (${why(ceiling)})`);
   const results: ModeResult[] = [];
   const first = o.dtypes[0]!;
   // The same tier bytes hold more chunks of a smaller dtype: each dtype's pooled bound is simulated
@@ -417,12 +451,12 @@ async function main(): Promise<void> {
   const perDtype = o.dtypes.map((dtype) => {
     const chunks = engines * Math.floor((tierGib * 2 ** 30) / chunkTierBytes(o.blockTokens, dtype));
     const sim = simulate(reqs, chunks);
-    return { dtype, chunks, bound: sim.computed / sim.sent, results: [] as ModeResult[] };
+    return { dtype, chunks, bound: sim.computed / sim.sent, sim, results: [] as ModeResult[] };
   });
   if (perDtype.length > 1) console.log(`pooled bound per dtype at this tier size: ${perDtype.map((x) => `${x.dtype} ${x.chunks} chunks ${x.bound.toFixed(3)}`).join(', ')}`);
   for (const x of perDtype) {
     if (perDtype.length > 1) console.log(`--kv-cache-dtype ${x.dtype}:`);
-    for (const mode of o.routing) x.results.push(await runMode(o, mode, reqs, tierGib, x.dtype));
+    for (const mode of o.routing) x.results.push(await runMode(o, mode, reqs, tierGib, x.dtype, x.sim));
     if (x.dtype === first) results.push(...x.results);
   }
   if (perDtype.length > 1) {

@@ -244,6 +244,13 @@ export interface SimResult {
   computed: number;
   /** Per request: prompt tokens computed (for plots over time). */
   perRequest: number[];
+  /**
+   * Computed chunks by the ledger's reason (docs/ledger.md), as the deployment's engines name them:
+   * `partial` (a prompt's unfinished last chunk), else the reason of the miss that broke the
+   * prefix, `cold` (never stored before) or `evicted` (stored before, held no more). A prompt
+   * reused whole but for its last token computes no chunk.
+   */
+  reasons: { cold: number; evicted: number; partial: number };
 }
 
 /**
@@ -257,17 +264,27 @@ export function simulate(reqs: readonly ReplayRequest[], capacity: number): SimR
   if (!(capacity >= 0)) throw new Error(`cache capacity: expected chunks >= 0, found ${capacity}`);
   // A Map iterates in insertion order: delete + set makes a key the most recent; the first key is the LRU.
   const lru = new Map<string, true>();
+  const seen = new Set<string>();
   let sent = 0;
   let computed = 0;
   const perRequest: number[] = [];
+  const reasons = { cold: 0, evicted: 0, partial: 0 };
   for (const r of reqs) {
     const total = promptTokens(r);
     let reused = 0;
-    for (let c = 0; c < r.chunks.length && lru.has(r.chunks[c]!); c++) reused += r.chunkTokens[c]!;
+    let run = 0;
+    for (; run < r.chunks.length && lru.has(r.chunks[run]!); run++) reused += r.chunkTokens[run]!;
     const comp = Math.max(1, total - reused);
     sent += total;
     computed += comp;
     perRequest.push(comp);
+    // The chunks after the break take the first computed chunk's reason (the engines' rule).
+    const first = run < r.chunks.length ? (seen.has(r.chunks[run]!) ? 'evicted' : 'cold') : null;
+    for (let c = run; c < r.chunks.length; c++) {
+      if (r.chunks[c]!.includes('/')) reasons.partial++;
+      else reasons[first!]++;
+    }
+    for (const k of r.chunks) seen.add(k);
     if (capacity === 0) continue;
     for (let c = r.chunks.length - 1; c >= 0; c--) {
       const k = r.chunks[c]!;
@@ -276,5 +293,5 @@ export function simulate(reqs: readonly ReplayRequest[], capacity: number): SimR
     }
     while (lru.size > capacity) lru.delete(lru.keys().next().value!);
   }
-  return { sent, computed, perRequest };
+  return { sent, computed, perRequest, reasons };
 }

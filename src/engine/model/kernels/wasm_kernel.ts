@@ -26,6 +26,8 @@ const SWIGLU_ROWS = 6;
 const GLU = 7;
 /** CTL.PACKED code of argmaxrows (greedy argmax of logits rows). */
 const ARGMAX_ROWS = 8;
+/** Query rows a narrow KV's attention reads the staged rows for (attendnarrow); more share one f32 copy (the GEMMs). */
+const NARROW_MAX_ROWS = 32;
 /** attendrows chunks are whole attention groups (layout.ts ATT_GROUP: rows sharing one key count). */
 const ATTEND_ROW_UNIT = ATT_GROUP;
 
@@ -425,14 +427,18 @@ export class WasmKernel implements Kernel {
     const P = padTo(keys, STRIP);
     const hdPad = padTo(hd, STRIP);
     const rows = M * hd;
-    if (this.helper.running && (M * hd * P >= SPLIT_MIN_MACS || M * P * hdPad >= SPLIT_MIN_MACS)) {
+    const split = this.helper.running && (M * hd * P >= SPLIT_MIN_MACS || M * P * hdPad >= SPLIT_MIN_MACS);
+    // Narrow KV, few rows (decode): the products read the staged rows themselves, same bits.
+    const narrow = this.stageDtype !== DType.f32 && hd % 4 === 0 && M <= NARROW_MAX_ROWS && (M < 8 || !split);
+    if (split && !narrow) {
       for (let g = 0; g < heads; g++) {
         this.attendStaged(q.subarray(g * rows, (g + 1) * rows), M, hd, g * hd, keys, lens, scale, out.subarray(g * rows, (g + 1) * rows));
       }
       return;
     }
     const s = this.attnScratch(q, heads, M, hd, P, lens, out);
-    this.exp.attendheads(this.stagePtr, s.Q, s.KT, s.S, s.V, s.O, s.L, M, hd, s.hdPad, this.stageKvDim, heads, keys, P, scale, this.stageDtype);
+    if (narrow) this.exp.attendnarrow(this.stagePtr, s.Q, s.S, s.O, s.L, M, hd, s.hdPad, this.stageKvDim, heads, keys, P, scale, this.stageDtype, s.KT, s.V);
+    else this.exp.attendheads(this.stagePtr, s.Q, s.KT, s.S, s.V, s.O, s.L, M, hd, s.hdPad, this.stageKvDim, heads, keys, P, scale, this.stageDtype);
     if (s.O !== s.outAt) this.readRows(s.O, heads * M, hd, s.hdPad, out);
   }
 

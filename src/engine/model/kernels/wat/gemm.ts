@@ -79,7 +79,7 @@ function kLoop(label: string, body: string[]): string {
 
 
 /** acc + x*w as a v128 expression: fused (relaxed_madd) in an FMA module, else mul then add. */
-function madd(fma: boolean, acc: string, x: string, w: string): string {
+export function madd(fma: boolean, acc: string, x: string, w: string): string {
   return fma ? `(f32x4.relaxed_madd ${x} ${w} ${acc})` : `(f32x4.add ${acc} (f32x4.mul ${x} ${w}))`;
 }
 

@@ -2,6 +2,7 @@
 // thread call, assembled from the generators of each operation.
 import { argmaxColsFunc, argmaxFunc, argmaxRowsFunc } from './argmax.js';
 import { attendHeadsFunc, attendRowsFunc, attGroupsFunc } from './attention.js';
+import { narrowAttentionFuncs } from './attention_narrow.js';
 import { f16Func, gatherFunc } from './gather.js';
 import { gemmFunc } from './gemm.js';
 import { q4GemmFunc, q8GemmFunc, quantQ8Func } from './quantized.js';
@@ -44,5 +45,6 @@ ${argmaxColsFunc()}
 ${attGroupsFunc()}
 ${attendHeadsFunc()}
 ${attendRowsFunc()}
+${narrowAttentionFuncs(fma)}
 )`;
 }

@@ -163,6 +163,8 @@ export class EngineWiring {
             askHolders: (keys, ms) => ctl.askHolders(keys, ms),
             metrics: new P2pMetrics(metrics.registry),
           });
+          const client = p2p;
+          releases.push({ what: 'closing the P2P connections to holders', release: async () => client.close(), mustSucceed: false });
           log.info(`P2P on: chunks this instance lacks are fetched from the instances the controller names (time bound ${cacheConfig.p2p_timeout_ms ?? P2P_DEFAULTS.p2p_timeout_ms} ms)`);
         }
         const ctl = controller;

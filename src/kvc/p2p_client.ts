@@ -18,6 +18,7 @@ import { transferDeadlineMs } from '../common/transfer_seam.js';
 import { logger } from '../common/log.js';
 import type { P2pHolder } from '../protocol/p2p_holders.js';
 import { fetchFromPeer, type P2pFailure } from './p2p_fetch.js';
+import { PeerConnPool } from './p2p_pool.js';
 import type { P2pMetrics, P2pOutcome } from './p2p_metrics.js';
 import type { KvcStore } from './store.js';
 import type { PutOptions } from './types.js';
@@ -34,6 +35,8 @@ export interface P2pClientOptions {
   /** Asks the controller (rejects when it is not connected or does not answer in time). */
   askHolders: (keys: readonly string[], timeoutMs: number) => Promise<P2pHolder[]>;
   metrics: P2pMetrics;
+  /** Keep connections to holders between fetches (default true; docs/p2p.md "Connection reuse"). */
+  reuseConnections?: boolean;
 }
 
 /** One warning per failure reason per this many ms (a controller that is down would otherwise log once per request). */
@@ -41,8 +44,20 @@ const WARN_EVERY_MS = 10_000;
 
 export class P2pClient {
   private readonly warned = new Map<P2pFailure, { at: number; suppressed: number }>();
+  private readonly pool: PeerConnPool | undefined;
 
-  constructor(private readonly o: P2pClientOptions) {}
+  constructor(private readonly o: P2pClientOptions) {
+    const m = o.metrics;
+    this.pool =
+      o.reuseConnections === false
+        ? undefined
+        : new PeerConnPool({ onConnection: (how) => m.connections.inc({ how }), onIdle: (d) => m.idleConnections.inc(d) });
+  }
+
+  /** Closes the connections kept to holders. */
+  close(): void {
+    this.pool?.close();
+  }
 
   /**
    * Fetches the leading run of `keys` (consecutive chunk keys the local tiers lack) from peers.
@@ -87,7 +102,7 @@ export class P2pClient {
           this.fail('timeout', `no time left for ${h.instance_id} (${next}/${named} chunks arrived)`);
           break;
         }
-        const r = await fetchFromPeer({ peerUrl: h.peer_url, keys: keys.slice(next, end), from: this.o.instanceId, deadline, layout: this.o.layout, chunkSize: this.o.chunkSize });
+        const r = await fetchFromPeer({ peerUrl: h.peer_url, keys: keys.slice(next, end), from: this.o.instanceId, deadline, layout: this.o.layout, chunkSize: this.o.chunkSize, ...(this.pool ? { pool: this.pool } : {}) });
         for (const c of r.chunks) {
           out.set(keys[next]!, c);
           bytes += c.byteLength;

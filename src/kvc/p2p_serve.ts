@@ -1,7 +1,9 @@
 // The holder side of a P2P pull (docs/p2p.md): a FETCH frame on the peer port
 // (src/kvc/worker_peer.ts hands it here) asks for consecutive chunks of one prompt. They are
 // sent in order as CHUNK frames up to the first one this instance no longer holds, then
-// FETCH_END says how many were sent, and the connection closes. A chunk of the CPU tier is written
+// FETCH_END says how many were sent, and the connection closes, unless the FETCH asked to keep it
+// (`keep`) and was served: then FETCH_END says `keep: true` and the connection waits for the
+// requester's next FETCH (src/kvc/p2p_pool.ts), each FETCH checked on its own as below. A chunk of the CPU tier is written
 // from where it lies, pinned until the socket has taken its bytes (so an eviction meanwhile cannot
 // recycle them: chunkForSend, as for a move); one of another tier is read into a copy first. Each
 // is checked against its key; the requester verifies the checksum as the bytes arrive.
@@ -23,9 +25,9 @@ const log = logger('kvc.p2p');
 /** The channel name of the FETCH tag. */
 const CHANNEL = 'p2p-fetch';
 
-/** The FETCH of `keys`: stamped always, and sealed with a deployment secret. */
-export function fetchFrame(from: string, keys: readonly string[]): PeerFetch {
-  const msg: PeerFetch = { v: PEER_PROTOCOL_VERSION, from, keys: [...keys], ...stamp() };
+/** The FETCH of `keys`: stamped always, and sealed with a deployment secret; `keep` asks the holder to keep the connection. */
+export function fetchFrame(from: string, keys: readonly string[], keep = false): PeerFetch {
+  const msg: PeerFetch = { v: PEER_PROTOCOL_VERSION, from, keys: [...keys], ...stamp(), ...(keep ? { keep: true } : {}) };
   const secret = deploymentSecret();
   return secret === null ? msg : { ...msg, auth: sealTag(secret, CHANNEL, msg) };
 }
@@ -62,10 +64,19 @@ function write(sock: net.Socket, b: Uint8Array, written?: () => void): Promise<v
   });
 }
 
-/** Serves one FETCH; resolves when the answer is written (or the connection is gone). */
-export async function serveFetch(sock: net.Socket, store: KvcStore, req: PeerFetch, peerName: string): Promise<void> {
-  const end = (sent: number, error?: string) => {
-    if (!sock.destroyed) sock.end(peerControlFrame(PeerFrame.FetchEnd, error === undefined ? { ok: true, sent } : { ok: false, sent, error }));
+/**
+ * Serves one FETCH; resolves when the answer is written (or the connection is gone), with true
+ * when the connection stays open for the next FETCH (asked with `keep`, and served).
+ */
+export async function serveFetch(sock: net.Socket, store: KvcStore, req: PeerFetch, peerName: string): Promise<boolean> {
+  const end = (sent: number, error?: string): boolean => {
+    if (sock.destroyed) return false;
+    if (error === undefined && req.keep === true) {
+      sock.write(peerControlFrame(PeerFrame.FetchEnd, { ok: true, sent, keep: true }));
+      return true;
+    }
+    sock.end(peerControlFrame(PeerFrame.FetchEnd, error === undefined ? { ok: true, sent } : { ok: false, sent, error }));
+    return false;
   };
   const refused = unseal(deploymentSecret(), fetchNonces, req);
   if (refused) {
@@ -78,7 +89,7 @@ export async function serveFetch(sock: net.Socket, store: KvcStore, req: PeerFet
   const pending = new Set<() => void>();
   try {
     for (const key of req.keys) {
-      if (sock.destroyed) return;
+      if (sock.destroyed) return false;
       const got = await readLocal(store, readers, key);
       if (!got) break; // the run ends here: the requester computes the rest
       const release = () => {
@@ -102,5 +113,5 @@ export async function serveFetch(sock: net.Socket, store: KvcStore, req: PeerFet
   // head-last so eviction takes the prefix from its tail (LruIndex.touchHeadLast).
   if (sent > 0) store.touchPrefix(req.keys.slice(0, sent));
   log.debug(`P2P fetch by ${req.from}: sent ${sent}/${req.keys.length} chunk(s)`);
-  end(sent);
+  return end(sent);
 }

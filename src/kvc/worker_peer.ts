@@ -123,8 +123,10 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
     /** The transfer under way on this connection (between HELLO and COMMIT). */
     let transfer: IncomingTransfer | null = null;
     let storing = false;
-    /** A P2P pull (FETCH) is being answered: the connection carries nothing else. */
+    /** A P2P pull (FETCH) is being answered. */
     let fetching = false;
+    /** The connection has carried a FETCH: it carries nothing else (a kept one waits for the next FETCH). */
+    let fetchConn = false;
     const peerName = `${accepted.remoteAddress}:${accepted.remotePort}`;
     // Frames are handled strictly in order; the socket is paused while one is stored on disk.
     /** Names the reason to the peer and closes (a peer that keeps its side open is cut off shortly after). */
@@ -150,15 +152,22 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
     const stopReading = () => reader.stop(() => scratch.give());
     const onFrame = (type: number, key: string | null, body: Uint8Array | null, digest: bigint | null): void | Promise<void> => {
       if (type === FETCH) {
-        // A P2P pull (src/kvc/p2p_serve.ts): the requester sends nothing after it.
+        // A P2P pull (src/kvc/p2p_serve.ts): the connection carries FETCHes only from now on,
+        // one at a time; one without `keep` is the last.
         if (transfer !== null) return fail('FETCH during a transfer');
+        if (fetching) return fail('FETCH before the previous FETCH_END');
         const req = decodePeerControl(peerFetchSchema, 'FETCH', body!);
         if (!req.ok) return fail(req.error);
         fetching = true;
-        stopReading();
-        void serveFetch(sock, store, req.msg, peerName);
+        fetchConn = true;
+        if (req.msg.keep !== true) stopReading();
+        void serveFetch(sock, store, req.msg, peerName).then((kept) => {
+          fetching = false;
+          if (!kept) stopReading();
+        });
         return;
       }
+      if (fetchConn) return fail(`frame type ${type} on a P2P fetch connection`);
       if (type === HELLO) {
         if (transfer !== null) return fail('second HELLO on one connection');
         const hello = decodePeerControl(peerHelloSchema, 'HELLO', body!);
@@ -217,6 +226,13 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
         // The requester stopped reading what it asked for: nothing to say, just close.
         log.warn(`peer ${peerName}: P2P fetch idle for ${idleMs} ms; connection closed`);
         sock.destroy();
+        return;
+      }
+      if (fetchConn) {
+        // A kept fetch connection nobody used for a while (the requester's pool closes its own earlier).
+        log.debug(`peer ${peerName}: kept P2P fetch connection idle for ${idleMs} ms; closed`);
+        stopReading();
+        sock.end();
         return;
       }
       stopReading(); // nothing more is read from this peer

@@ -12,9 +12,12 @@
 //                      ACK (0x82)       msgpack {key, ok, error?}  once the chunk is STORED
 //                      COMMIT_OK (0x83) msgpack {ok, stored, missing, first_missing}
 // P2P pull (an engine that missed a prefix fetches it from a holder; docs/p2p.md), same port:
-//   requester → holder FETCH (4)        msgpack {v, from, ts, nonce, auth?, keys}  (the only frame it sends)
+//   requester → holder FETCH (4)        msgpack {v, from, ts, nonce, auth?, keys, keep?}  (the only frame it sends)
 //   holder → requester CHUNK (2)        one per key, in order, up to the first key it lacks
-//                      FETCH_END (0x84) msgpack {ok, sent, error?}  then the holder closes
+//                      FETCH_END (0x84) msgpack {ok, sent, error?, keep?}  then the holder closes,
+//                                       unless the FETCH asked to `keep` the connection and the
+//                                       fetch was served: then FETCH_END says `keep: true` and the
+//                                       holder reads the next FETCH on it (one at a time)
 // Control bodies are small msgpack maps described once below (zod); CHUNK bodies are binary and
 // are never parsed beyond the chunk header (the reader hashes the payload as it arrives).
 import { decode, encode } from '@msgpack/msgpack';
@@ -70,10 +73,12 @@ export const peerFetchSchema = z.object({
   nonce: z.string().min(16).max(64),
   auth: z.string().optional(),
   keys: z.array(z.string().regex(/^[0-9a-f]{16}$/, 'expected a 16-digit lowercase hex chunk key')).min(1).max(P2P_MAX_FETCH_KEYS),
+  /** Keep the connection open after FETCH_END for the requester's next FETCH (docs/p2p.md "Connection reuse"). */
+  keep: z.boolean().optional(),
 });
 export type PeerFetch = z.infer<typeof peerFetchSchema>;
-/** FETCH_END: `sent` CHUNK frames preceded it; ok false with `error` when the fetch was refused. */
-export const peerFetchEndSchema = z.object({ ok: z.boolean(), sent: z.number().int().min(0), error: z.string().optional() });
+/** FETCH_END: `sent` CHUNK frames preceded it; ok false with `error` when the fetch was refused; `keep`: the connection stays open for the next FETCH. */
+export const peerFetchEndSchema = z.object({ ok: z.boolean(), sent: z.number().int().min(0), error: z.string().optional(), keep: z.boolean().optional() });
 export type PeerFetchEnd = z.infer<typeof peerFetchEndSchema>;
 
 type PeerControl = {

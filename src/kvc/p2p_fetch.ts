@@ -85,77 +85,97 @@ export async function fetchFromPeer(o: PeerFetchOptions): Promise<PeerFetchResul
 /**
  * One FETCH on `conn`. `staleMs` (a pooled connection): when the connection dies, or stays silent
  * this long, before the first byte of the answer, the result says `stale` instead of failing.
+ * With a pool, a fetch that reaches its deadline resolves with what arrived and then asks the
+ * holder to stop (FETCH_STOP): the rest of the answer, up to FETCH_END, is read and dropped within
+ * a bound as long as the fetch's own, and the connection is parked — its TCP window stays open for
+ * the next fetch instead of a new connection starting over. Past that bound it is closed.
  */
 function fetchOn(conn: PeerConn, o: PeerFetchOptions, staleMs: number | null): Promise<{ result: PeerFetchResult; stale: boolean }> {
   const maxChunk = chunkBytes(o.layout, o.chunkSize);
   const reused = staleMs !== null;
+  const bound = Math.max(0, o.deadline - Date.now());
   return new Promise((resolve) => {
     const chunks: Uint8Array[] = [];
-    let settled = false;
+    /** fetch: answering the caller; drain: resolved at the deadline, the rest read and dropped; over: nothing more may arrive. */
+    let phase: 'fetch' | 'drain' | 'over' = 'fetch';
     let answered = false;
     let sentAt = 0;
+    /** CHUNK frames of this answer, those dropped while draining included. */
+    let received = 0;
     /** FETCH_END said the holder keeps the connection: park it once this read is done, if nothing follows. */
-    let keep = false;
-    const finish = (failure: P2pFailure | null, error: string | null, stale = false) => {
-      if (settled) return;
-      settled = true;
+    let park = false;
+    let drainTimer: NodeJS.Timeout | null = null;
+    const close = () => {
+      phase = 'over';
+      park = false;
+      if (drainTimer) clearTimeout(drainTimer);
+      reader.stop();
+      conn.detach();
+      conn.destroy();
+    };
+    const finish = (failure: P2pFailure | null, error: string | null) => {
+      if (phase !== 'fetch') return;
       clearTimeout(timer);
       if (staleTimer) clearTimeout(staleTimer);
-      reader.stop();
-      if (!keep || failure) {
-        conn.detach();
-        conn.destroy();
-      }
+      // A pooled connection that failed before any answer was dead already (the holder closed it, restarted, or the path is gone).
+      const stale = reused && failure !== null && !answered;
+      if (failure === 'timeout' && o.pool && conn.isConnected && !stale) {
+        phase = 'drain';
+        conn.sock.write(peerControlFrame(PeerFrame.FetchStop, {}));
+        drainTimer = setTimeout(close, Math.max(bound, 1000));
+      } else if (failure !== null) close();
       resolve({ result: { chunks, failure, error }, stale });
     };
-    const done = (failure: P2pFailure | null, error: string | null) => {
-      // A pooled connection that failed before any answer was dead already (the holder closed it, restarted, or the path is gone).
-      finish(failure, error, reused && failure !== null && !answered);
+    /** The answer's FETCH_END, well-formed and counting what came: the connection may be kept. */
+    const ended = (keep: boolean | undefined) => {
+      if (drainTimer) clearTimeout(drainTimer);
+      phase = 'over';
+      park = o.pool !== undefined && keep === true;
+      if (!park) close();
     };
-    const left = Math.max(0, o.deadline - Date.now());
-    const timer = setTimeout(() => done('timeout', `no complete answer from ${o.peerUrl} within the P2P time bound (${chunks.length}/${o.keys.length} chunks arrived)`), left);
+    const timer = setTimeout(() => finish('timeout', `no complete answer from ${o.peerUrl} within the P2P time bound (${chunks.length}/${o.keys.length} chunks arrived)`), bound);
     const staleTimer = reused
       ? setTimeout(() => {
-          if (!answered) done('closed', `pooled connection to ${o.peerUrl} silent for ${Math.round(staleMs)} ms`);
+          if (!answered) finish('closed', `pooled connection to ${o.peerUrl} silent for ${Math.round(staleMs)} ms`);
         }, staleMs)
       : null;
-    const onFrame = (type: number, key: string | null, body: Uint8Array, digest: bigint | null) => {
-      if (settled) {
-        // Anything after FETCH_END: not a connection to keep.
-        keep = false;
-        conn.destroy();
-        return;
+    const onFrame = (type: number, key: string | null, body: Uint8Array | null, digest: bigint | null) => {
+      if (phase === 'over') return close(); // anything after FETCH_END: not a connection to keep
+      if (phase === 'drain') {
+        if (type === PeerFrame.Chunk) return void received++;
+        const r = type === PeerFrame.FetchEnd ? decodePeerControl(peerFetchEndSchema, 'FETCH_END', body!) : null;
+        return r?.ok && r.msg.ok && r.msg.sent === received ? ended(r.msg.keep) : close();
       }
       if (type === PeerFrame.Chunk) {
-        const chunk = body;
+        received++;
         const want = o.keys[chunks.length];
-        if (want === undefined) return done('corrupt', `${o.peerUrl} sent more chunks than asked`);
-        if (key !== want) return done('corrupt', `${o.peerUrl} sent chunk ${key} where ${want} was expected`);
+        if (want === undefined) return finish('corrupt', `${o.peerUrl} sent more chunks than asked`);
+        if (key !== want) return finish('corrupt', `${o.peerUrl} sent chunk ${key} where ${want} was expected`);
         try {
-          if (digest === null) throw new Error('chunk arrived without its checksum computed');
-          const h = verifyStreamed(chunk, want, digest);
+          if (digest === null || body === null) throw new Error('chunk arrived without its checksum computed');
+          const h = verifyStreamed(body, want, digest);
           if (!sameLayout(h, o.layout)) throw new Error(`layout ${describeLayout(h)} differs from this instance's ${describeLayout(o.layout)}`);
           if (h.numTokens < 1 || h.numTokens > o.chunkSize) throw new Error(`chunk of ${h.numTokens} tokens, chunk size is ${o.chunkSize}`);
         } catch (e) {
-          return done('corrupt', `chunk ${want} from ${o.peerUrl} rejected: ${(e as Error).message}`);
+          return finish('corrupt', `chunk ${want} from ${o.peerUrl} rejected: ${(e as Error).message}`);
         }
-        chunks.push(chunk);
+        chunks.push(body);
         return;
       }
       if (type === PeerFrame.FetchEnd) {
-        const r = decodePeerControl(peerFetchEndSchema, 'FETCH_END', body);
-        if (!r.ok) return done('corrupt', `${o.peerUrl}: ${r.error}`);
-        if (r.msg.sent !== chunks.length) return done('corrupt', `${o.peerUrl} says it sent ${r.msg.sent} chunks, ${chunks.length} arrived`);
-        if (!r.msg.ok) return done('refused', `${o.peerUrl} stopped the fetch: ${r.msg.error ?? 'no reason given'}`);
-        keep = o.pool !== undefined && r.msg.keep === true;
-        return done(null, null);
+        const r = decodePeerControl(peerFetchEndSchema, 'FETCH_END', body!);
+        if (!r.ok) return finish('corrupt', `${o.peerUrl}: ${r.error}`);
+        if (r.msg.sent !== chunks.length) return finish('corrupt', `${o.peerUrl} says it sent ${r.msg.sent} chunks, ${chunks.length} arrived`);
+        if (!r.msg.ok) return finish('refused', `${o.peerUrl} stopped the fetch: ${r.msg.error ?? 'no reason given'}`);
+        finish(null, null);
+        return ended(r.msg.keep);
       }
       if (type === PeerFrame.HelloOk) {
         // The peer port's generic refusal (a malformed FETCH, an older instance).
-        const r = decodePeerControl(peerHelloOkSchema, 'refusal', body);
-        return done('refused', `${o.peerUrl} refused the fetch: ${r.ok ? (r.msg.error ?? 'no reason given') : r.error}`);
+        const r = decodePeerControl(peerHelloOkSchema, 'refusal', body!);
+        return finish('refused', `${o.peerUrl} refused the fetch: ${r.ok ? (r.msg.error ?? 'no reason given') : r.error}`);
       }
-      return done('corrupt', `${o.peerUrl} sent an unexpected frame type ${type}`);
+      return finish('corrupt', `${o.peerUrl} sent an unexpected frame type ${type}`);
     };
     const reader = new FrameReader(PEER_KEYED_FRAMES, {
       refuse: (h) => {
@@ -163,11 +183,12 @@ function fetchOn(conn: PeerConn, o: PeerFetchOptions, staleMs: number | null): P
         return h.bodyLen > MAX_CONTROL_BODY ? `reply frame (type ${h.type}) of ${h.bodyLen} bytes exceeds ${MAX_CONTROL_BODY}` : null;
       },
       // Each chunk lands in its own buffer: it is kept (promoted into the CPU tier, imported).
-      // Not zero-filled: the socket writes every byte of it before it is used.
-      sink: (_type, _key, len) => new Uint8Array(Buffer.allocUnsafeSlow(len).buffer, 0, len),
+      // Not zero-filled: the socket writes every byte of it before it is used. While draining, a
+      // chunk's bytes are dropped (no buffer); a control frame's body is always kept.
+      sink: (type, _key, len) => (phase === 'drain' && type === PeerFrame.Chunk ? null : new Uint8Array(Buffer.allocUnsafeSlow(len).buffer, 0, len)),
       hashFrom: (type) => (type === PeerFrame.Chunk ? HEADER_BYTES : null),
-      onFrame: (type, key, body, bodyLen, digest) => onFrame(type, key, body ?? new Uint8Array(bodyLen), digest),
-      onError: (e) => done('corrupt', `bad frame from ${o.peerUrl}: ${e.message}`),
+      onFrame: (type, key, body, _bodyLen, digest) => onFrame(type, key, body, digest),
+      onError: (e) => (phase === 'fetch' ? finish('corrupt', `bad frame from ${o.peerUrl}: ${e.message}`) : close()),
     });
     const arrived = (feed: () => void) => {
       if (!answered) {
@@ -177,15 +198,17 @@ function fetchOn(conn: PeerConn, o: PeerFetchOptions, staleMs: number | null): P
       try {
         feed();
       } catch (e) {
-        done('corrupt', `bad frame from ${o.peerUrl}: ${(e as Error).message}`);
+        if (phase === 'fetch') finish('corrupt', `bad frame from ${o.peerUrl}: ${(e as Error).message}`);
+        close();
       }
-        // A clean FETCH_END with nothing after it: the connection goes back to the pool.
-        if (settled && keep && !conn.dead) {
-          keep = false;
-          conn.detach();
-          if (reader.midFrame) conn.destroy();
-          else o.pool!.put(o.peerUrl, conn);
-        }
+      // A clean FETCH_END with nothing after it: the connection goes back to the pool.
+      if (park && !conn.dead) {
+        park = false;
+        reader.stop();
+        conn.detach();
+        if (reader.midFrame) conn.destroy();
+        else o.pool!.put(o.peerUrl, conn);
+      }
     };
     conn.attach({
       buffer: () => reader.readBuffer(),
@@ -197,8 +220,9 @@ function fetchOn(conn: PeerConn, o: PeerFetchOptions, staleMs: number | null): P
         o.onStarted?.();
       },
       ended: (e) => {
-        if (!conn.isConnected) return done('connect', `cannot connect to ${o.peerUrl}: ${e?.message ?? 'connection closed'}`);
-        done('closed', e ? `connection to ${o.peerUrl}: ${e.message}` : `${o.peerUrl} closed the connection after ${chunks.length}/${o.keys.length} chunks`);
+        if (phase !== 'fetch') return close();
+        if (!conn.isConnected) return finish('connect', `cannot connect to ${o.peerUrl}: ${e?.message ?? 'connection closed'}`);
+        finish('closed', e ? `connection to ${o.peerUrl}: ${e.message}` : `${o.peerUrl} closed the connection after ${chunks.length}/${o.keys.length} chunks`);
       },
     });
   });

@@ -68,7 +68,7 @@ function write(sock: net.Socket, b: Uint8Array, written?: () => void): Promise<v
  * Serves one FETCH; resolves when the answer is written (or the connection is gone), with true
  * when the connection stays open for the next FETCH (asked with `keep`, and served).
  */
-export async function serveFetch(sock: net.Socket, store: KvcStore, req: PeerFetch, peerName: string): Promise<boolean> {
+export async function serveFetch(sock: net.Socket, store: KvcStore, req: PeerFetch, peerName: string, stop: { requested: boolean } = { requested: false }): Promise<boolean> {
   const end = (sent: number, error?: string): boolean => {
     if (sock.destroyed) return false;
     if (error === undefined && req.keep === true) {
@@ -90,6 +90,7 @@ export async function serveFetch(sock: net.Socket, store: KvcStore, req: PeerFet
   try {
     for (const key of req.keys) {
       if (sock.destroyed) return false;
+      if (stop.requested) break; // FETCH_STOP: the requester's bound passed; FETCH_END says how many came
       const got = await readLocal(store, readers, key);
       if (!got) break; // the run ends here: the requester computes the rest
       const release = () => {

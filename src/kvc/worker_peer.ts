@@ -47,7 +47,7 @@ import { isLocationName } from './types.js';
 const log = logger('kvc.peer');
 
 export { MAX_CONTROL_BODY } from '../protocol/peer_frames.js';
-const { Hello: HELLO, Chunk: CHUNK, Commit: COMMIT, Fetch: FETCH, HelloOk: HELLO_OK, Ack: ACK, CommitOk: COMMIT_OK } = PeerFrame;
+const { Hello: HELLO, Chunk: CHUNK, Commit: COMMIT, Fetch: FETCH, FetchStop: FETCH_STOP, HelloOk: HELLO_OK, Ack: ACK, CommitOk: COMMIT_OK } = PeerFrame;
 /** A receiving connection with no traffic for this long is closed. */
 export const DEFAULT_PEER_IDLE_MS = 60_000;
 
@@ -127,6 +127,8 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
     let fetching = false;
     /** The connection has carried a FETCH: it carries nothing else (a kept one waits for the next FETCH). */
     let fetchConn = false;
+    /** The requester's FETCH_STOP for the FETCH being answered. */
+    let fetchStop = { requested: false };
     const peerName = `${accepted.remoteAddress}:${accepted.remotePort}`;
     // Frames are handled strictly in order; the socket is paused while one is stored on disk.
     /** Names the reason to the peer and closes (a peer that keeps its side open is cut off shortly after). */
@@ -138,8 +140,8 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
     };
     const refuse = (type: number, len: number): string | null => {
       if (len > PEER_MAX_BODY) return `frame of ${len} bytes exceeds the limit`;
-      if (type === HELLO || type === COMMIT || type === FETCH) {
-        const name = type === HELLO ? 'HELLO' : type === COMMIT ? 'COMMIT' : 'FETCH';
+      if (type === HELLO || type === COMMIT || type === FETCH || type === FETCH_STOP) {
+        const name = type === HELLO ? 'HELLO' : type === COMMIT ? 'COMMIT' : type === FETCH ? 'FETCH' : 'FETCH_STOP';
         return len > MAX_CONTROL_BODY ? `${name} frame of ${len} bytes exceeds ${MAX_CONTROL_BODY}` : null;
       }
       if (type === CHUNK) {
@@ -161,10 +163,17 @@ export async function startPeerServer(store: KvcStore, host: string, port: numbe
         fetching = true;
         fetchConn = true;
         if (req.msg.keep !== true) stopReading();
-        void serveFetch(sock, store, req.msg, peerName).then((kept) => {
+        const stop = (fetchStop = { requested: false });
+        void serveFetch(sock, store, req.msg, peerName, stop).then((kept) => {
           fetching = false;
           if (!kept) stopReading();
         });
+        return;
+      }
+      if (type === FETCH_STOP && fetchConn) {
+        // The requester's time bound passed: end the answer at the next chunk. After the
+        // FETCH_END (the two crossed) there is nothing to stop.
+        if (fetching) fetchStop.requested = true;
         return;
       }
       if (fetchConn) return fail(`frame type ${type} on a P2P fetch connection`);

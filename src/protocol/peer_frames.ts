@@ -18,6 +18,10 @@
 //                                       unless the FETCH asked to `keep` the connection and the
 //                                       fetch was served: then FETCH_END says `keep: true` and the
 //                                       holder reads the next FETCH on it (one at a time)
+//   requester → holder FETCH_STOP (5)   msgpack {}  on a kept connection, when the requester's time
+//                                       bound has passed: the holder stops after the chunk it is
+//                                       writing and sends FETCH_END; one that arrives after the
+//                                       FETCH_END (they crossed) is ignored
 // Control bodies are small msgpack maps described once below (zod); CHUNK bodies are binary and
 // are never parsed beyond the chunk header (the reader hashes the payload as it arrives).
 import { decode, encode } from '@msgpack/msgpack';
@@ -33,6 +37,7 @@ export const PeerFrame = {
   Chunk: 2,
   Commit: 3,
   Fetch: 4,
+  FetchStop: 5,
   HelloOk: 0x81,
   Ack: 0x82,
   CommitOk: 0x83,
@@ -81,10 +86,15 @@ export type PeerFetch = z.infer<typeof peerFetchSchema>;
 export const peerFetchEndSchema = z.object({ ok: z.boolean(), sent: z.number().int().min(0), error: z.string().optional(), keep: z.boolean().optional() });
 export type PeerFetchEnd = z.infer<typeof peerFetchEndSchema>;
 
+/** FETCH_STOP: no fields. */
+export const peerFetchStopSchema = z.object({});
+export type PeerFetchStop = z.infer<typeof peerFetchStopSchema>;
+
 type PeerControl = {
   [PeerFrame.Hello]: PeerHello;
   [PeerFrame.Commit]: PeerCommit;
   [PeerFrame.Fetch]: PeerFetch;
+  [PeerFrame.FetchStop]: PeerFetchStop;
   [PeerFrame.HelloOk]: PeerHelloOk;
   [PeerFrame.Ack]: PeerAck;
   [PeerFrame.CommitOk]: PeerCommitOk;

@@ -38,7 +38,17 @@ class Relay {
   connections = 0;
   /** What to do with the next client bytes on an already used connection. */
   mode: 'pass' | 'cut' | 'blackhole' = 'pass';
+  /** While set, what the holder sends is held back (a slow link), until release(). */
+  private held: (() => void)[] | null = null;
   readonly sent: Buffer[] = [];
+  hold(): void {
+    this.held = [];
+  }
+  release(): void {
+    const h = this.held ?? [];
+    this.held = null;
+    for (const f of h) f();
+  }
   private readonly server: net.Server;
   private readonly pairs = new Set<[net.Socket, net.Socket]>();
   constructor(private readonly target: () => number) {
@@ -62,7 +72,7 @@ class Relay {
         this.sent.push(Buffer.from(d));
         up.write(d);
       });
-      up.on('data', (d) => c.write(d));
+      up.on('data', (d) => (this.held ? this.held.push(() => c.write(d)) : c.write(d)));
       for (const s of pair) {
         s.on('error', () => {});
         s.on('close', () => {
@@ -151,6 +161,11 @@ test('the second fetch from a holder reuses the first one\'s connection; every F
 async function rawFetches(port: number, frames: Buffer[]) {
   const sock = net.connect({ host: '127.0.0.1', port });
   sock.on('error', () => {});
+  await new Promise<void>((r) => sock.once('connect', () => r()));
+  return rawFetchesOn(sock, frames);
+}
+
+async function rawFetchesOn(sock: net.Socket, frames: Buffer[]) {
   const ends: { ok: boolean; sent: number; error?: string; keep?: boolean }[] = [];
   await new Promise<void>((resolve, reject) => {
     const next = () => (ends.length < frames.length ? sock.write(frames[ends.length]!) : (sock.destroy(), resolve()));
@@ -164,9 +179,10 @@ async function rawFetches(port: number, frames: Buffer[]) {
         next();
       },
     });
+    sock.removeAllListeners('data');
     sock.on('data', (d) => reader.push(d));
     sock.on('close', () => (ends.length < frames.length ? reject(new Error(`closed after ${ends.length} answers: ${JSON.stringify(ends)}`)) : resolve()));
-    sock.on('connect', next);
+    next();
   });
   return ends;
 }
@@ -214,6 +230,55 @@ for (const mode of ['cut', 'blackhole'] as const) {
     }
   });
 }
+
+test('a fetch past its deadline returns what arrived; the rest is stopped and drained, and the connection kept', async () => {
+  const hows: string[] = [];
+  const pool = new PeerConnPool({ onConnection: (h) => hows.push(h) });
+  const url = `127.0.0.1:${relayPort}`;
+  try {
+    relay.hold();
+    // Nothing of the answer can arrive before this deadline: the relay holds it back.
+    const late = await fetchFromPeer({ peerUrl: url, keys: keys.slice(0, 8), from: 't', deadline: Date.now() + 300, layout, chunkSize: 4, pool });
+    assert.equal(late.failure, 'timeout');
+    assert.equal(late.chunks.length, 0);
+    assert.equal(pool.size, 0, 'not kept while the answer is still coming');
+    relay.release();
+    await waitFor(() => pool.size === 1, 'the drained connection to be kept');
+    const r = await fetchFromPeer({ peerUrl: url, keys: keys.slice(0, 8), from: 't', deadline: Date.now() + 30_000, layout, chunkSize: 4, pool });
+    assert.equal(r.failure, null, r.error ?? '');
+    assert.deepEqual(r.chunks.map((x) => x[HEADER_BYTES]), [1, 2, 3, 4, 5, 6, 7, 8]);
+    assert.deepEqual(hows, ['new', 'reused']);
+  } finally {
+    relay.release();
+    pool.close();
+  }
+});
+
+test('a holder told to stop ends its answer early with FETCH_END and keeps the connection', async () => {
+  // FETCH and FETCH_STOP written together: the holder stops before its first chunk (or after one).
+  const sock = net.connect({ host: '127.0.0.1', port: holderPort });
+  sock.on('error', () => {});
+  await new Promise<void>((r) => sock.once('connect', () => r()));
+  sock.write(Buffer.concat([peerControlFrame(PeerFrame.Fetch, fetchFrame('raw', keys.slice(0, 8), true)), peerControlFrame(PeerFrame.FetchStop, {})]));
+  const end = await new Promise<{ ok: boolean; sent: number; keep?: boolean }>((resolve, reject) => {
+    const reader = new FrameReader(PEER_FRAMES, {
+      sink: (_t, _m, len) => Buffer.alloc(len),
+      onFrame: (type, _m, body) => {
+        if (type !== PeerFrame.FetchEnd) return;
+        const r = decodePeerControl(peerFetchEndSchema, 'FETCH_END', body!);
+        return r.ok ? resolve(r.msg) : reject(new Error(r.error));
+      },
+    });
+    sock.on('data', (d) => reader.push(d));
+    sock.on('close', () => reject(new Error('closed before FETCH_END')));
+  });
+  assert.equal(end.ok, true);
+  assert.equal(end.keep, true);
+  assert.ok(end.sent < 8, `stopped early (${end.sent} of 8 sent)`);
+  // A FETCH_STOP with no FETCH under way (it crossed the FETCH_END) is ignored: the connection serves the next FETCH.
+  const again = await rawFetchesOn(sock, [Buffer.concat([peerControlFrame(PeerFrame.FetchStop, {}), peerControlFrame(PeerFrame.Fetch, fetchFrame('raw', keys.slice(0, 2), true))])]);
+  assert.deepEqual(again.map((e) => [e.ok, e.sent]), [[true, 2]]);
+});
 
 test('without a pool the holder closes the connection after FETCH_END, as before', async () => {
   const before = relay.connections;

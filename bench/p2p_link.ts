@@ -1,4 +1,4 @@
-// npm run bench -- p2p_link [--rtt-ms 200] [--tokens 2048] [--chunk-size 256] [--fetches 5] [--gap-ms 1000] [--rounds 3]
+// npm run bench -- p2p_link   (options: --rtt-ms, --tokens, --chunk-size, --fetches, --gap-ms, --rounds; --help)
 // P2P fetches across a slow link, with and without connection reuse (docs/p2p.md "Connection
 // reuse"). Two network namespaces (harness/netns.ts): a holder process with a prompt's chunks
 // (the built-in model's layout, float16: 256 KiB per 256-token chunk) behind its peer port, and a

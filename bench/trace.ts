@@ -53,7 +53,7 @@ import { resultsDir } from './_plot.js';
 import { writeTraceSvg, writeDtypeSvg, type DtypeBar, type SeriesPoint } from './_trace_plot.js';
 import { DEFAULT_TRACE, loadTrace } from './_trace_source.js';
 import {
-  applyWindow, distinctChunks, mapRequests, parseTrace, parseWindow, promptIds, promptTokens, sampleConversations, sendTimes, simulate,
+  applyWindow, distinctChunks, mapRequests, pooledEquivalent, parseTrace, parseWindow, promptIds, promptTokens, sampleConversations, sendTimes, simulate,
   type ReplayRequest, type SimResult,
 } from '../harness/trace_model.js';
 
@@ -477,7 +477,10 @@ async function main(): Promise<void> {
   const ratio = (s: { computed: number; sent: number }) => s.computed / s.sent;
   // Reuse relative to the bound: (1 − computed/sent) ÷ (1 − bound's computed/sent).
   const reuse = (c: number) => (1 - c) / (1 - ratio(bound));
-  for (const r of results) console.log(`${r.mode}: reuse ${reuse(r.computedRatio).toFixed(3)} x the pooled bound's`);
+  for (const r of results) {
+    const eq = pooledEquivalent(reqs, r.computedRatio);
+    console.log(`${r.mode}: reuse ${reuse(r.computedRatio).toFixed(3)} x the pooled bound's; computed what one pooled LRU of ${eq === null ? '(none: below the ceiling)' : `${eq} chunks (${(eq / pooled).toFixed(2)} × the deployment's ${pooled})`} computes`);
+  }
   const rr = results.find((r) => r.mode === 'round-robin');
   const kv = results.find((r) => r.mode === 'kv-aware');
   if (rr && kv) console.log(`kv-aware TTFT p90 ÷ round-robin's: ${(kv.p90 / rr.p90).toFixed(2)}`);

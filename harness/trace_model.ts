@@ -295,3 +295,28 @@ export function simulate(reqs: readonly ReplayRequest[], capacity: number): SimR
   }
   return { sent, computed, perRequest, reasons };
 }
+
+/**
+ * The size of the one pooled LRU cache that computes what a deployment computed: the smallest
+ * capacity in chunks (0..the window's distinct chunks) whose simulated computed ÷ sent is at most
+ * `ratio`, by bisection (LRU's computed ÷ sent falls as it grows). A cluster that caches like one
+ * cache of its total size gives that size; one that loses reuse to copies or to eviction order
+ * gives less. Null when even an infinite cache computes more (the deployment reused more than any
+ * LRU of the window could, or computed below the ceiling).
+ */
+export function pooledEquivalent(reqs: readonly ReplayRequest[], ratio: number): number | null {
+  const at = (c: number) => {
+    const s = simulate(reqs, c);
+    return s.computed / s.sent;
+  };
+  let hi = distinctChunks(reqs);
+  if (at(hi) > ratio) return null;
+  let lo = 0;
+  if (at(lo) <= ratio) return 0;
+  while (hi - lo > 1) {
+    const mid = Math.floor((lo + hi) / 2);
+    if (at(mid) <= ratio) hi = mid;
+    else lo = mid;
+  }
+  return hi;
+}

@@ -4,7 +4,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  applyWindow, blockTokenIds, conversations, distinctChunks, mapRequests, parseTrace, parseWindow, promptIds, sampleConversations, sendTimes, simulate,
+  applyWindow, blockTokenIds, conversations, distinctChunks, mapRequests, parseTrace, parseWindow, pooledEquivalent, promptIds, sampleConversations, sendTimes, simulate,
   type ReplayRequest, type TraceRequest,
 } from '../../harness/trace_model.js';
 
@@ -94,4 +94,16 @@ test('the pooled LRU and the infinite cache reuse leading runs only and evict le
   assert.deepEqual(lru.perRequest, [20, 10, 20, 20, 1]);
   assert.deepEqual(simulate(reqs, 0).perRequest, [20, 30, 20, 30, 10]);
   assert.throws(() => simulate(reqs, -1), /capacity/);
+});
+
+test('pooledEquivalent finds the pooled LRU size that computes what was measured', () => {
+  const r = (index: number, chunks: string[]): ReplayRequest => ({ index, at: index, chunks, chunkTokens: chunks.map(() => 4), maxTokens: 1, droppedBlocks: 0 });
+  // Two prompts of two chunks in turn: a cache of 4 holds both, smaller caches hold less.
+  const reqs = [r(0, ['a', 'b']), r(1, ['c', 'd']), r(2, ['a', 'b']), r(3, ['c', 'd']), r(4, ['a', 'b'])];
+  const ratio = (c: number) => simulate(reqs, c).computed / simulate(reqs, c).sent;
+  assert.equal(pooledEquivalent(reqs, ratio(4)), 4);
+  assert.equal(pooledEquivalent(reqs, ratio(0)), 0);
+  assert.equal(pooledEquivalent(reqs, 1.5), 0);
+  // Below the infinite cache's figure no LRU of the window computes that little.
+  assert.equal(pooledEquivalent(reqs, ratio(Infinity) - 0.01), null);
 });

@@ -10,84 +10,48 @@
 // The disk tier and /compress,/decompress per dtype are in codec_e2e.test.ts.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { writeFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { Codec, verifyChunk } from '../../src/common/chunk.js';
-import { freePortRange } from '../../src/common/ports.js';
-import { postJson, startKvc, waitHttp, waitUntil as waitFor, type Proc } from '../../harness/proc.js';
+import { postJson, waitUntil as waitFor } from '../../harness/proc.js';
+import { completeText, eventDone, matchedOn, metricValue, startControllerEngines, tokenizeOn, type ControllerEngines, type Who } from '../../harness/controller_engines.js';
 import { headerDtypeOf, KV_DTYPE_FLAGS } from '../../harness/kv_dtype.js';
 import { findRedisServer, REDIS_SKIP, startRedisServer, type RedisServer } from '../../harness/redis_server.js';
-import { tempDir } from '../../harness/temp_dir.js';
 
 const CHUNK = 16;
-const CONNECTOR = JSON.stringify({ kv_connector: 'KvcConnectorV1', kv_role: 'kv_both' });
 
 for (const kvDtype of KV_DTYPE_FLAGS) {
   describe(`--kv-cache-dtype ${kvDtype}: store, Redis, P2P and move on real processes`, { skip: findRedisServer() ? false : REDIS_SKIP }, () => {
-    let ctl: Proc;
     let srv: RedisServer;
     let raw: Redis;
-    const engines: Proc[] = [];
-    const url: Record<'A' | 'B', string> = { A: '', B: '' };
-    let ctlUrl = '';
+    let d: ControllerEngines;
 
-    const waitUntil = <T>(what: string, fn: () => Promise<T | undefined | false>) => waitFor(what, fn, 30_000, 100);
-    const complete = async (who: 'A' | 'B', prompt: string) => {
-      const r = await postJson(`${url[who]}/v1/completions`, { model: 'builtin:tiny', prompt, max_tokens: 6, temperature: 0 }, 120_000);
-      assert.equal(r.status, 200, JSON.stringify(r.json));
-      return r.json.choices[0].text as string;
-    };
-    const tokenize = async (prompt: string) => (await postJson(`${url.A}/tokenize`, { model: 'builtin:tiny', prompt })).json.tokens as number[];
-    const metric = async (who: 'A' | 'B', name: string) => {
-      const m = await (await fetch(`${url[who]}/metrics`)).text();
-      return Number(m.match(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\d+(?:\\.\\d+)?)`, 'm'))?.[1] ?? 'NaN');
-    };
-    const held = async (tokens: number[], id: string) => (await postJson(`${ctlUrl}/lookup`, { tokens })).json.layout_detail[id] as { matched_tokens: number } | undefined;
-    const finished = async (event_id: string) =>
-      waitUntil(`event ${event_id}`, async () => {
-        const r = await postJson(`${ctlUrl}/check_finish`, { event_id });
-        return r.json.status === 'finished' || r.json.status === 'failed' ? r.json : undefined;
-      });
+    const waitUntil = <T>(what: string, fn: () => Promise<T | undefined | false>) => waitFor(what, fn, 30_000, 50);
+    const complete = (who: Who, prompt: string) => completeText(d.url[who], prompt, 6);
+    const tokenize = (prompt: string) => tokenizeOn(d.url.A, prompt);
+    const metric = (who: Who, name: string) => metricValue(d.url[who], name);
+    const held = (tokens: number[], id: string) => matchedOn(d.ctlUrl, tokens, id);
+    const finished = (event_id: string) => eventDone(d.ctlUrl, event_id);
 
     before(async () => {
       srv = await startRedisServer();
       raw = new Redis({ host: '127.0.0.1', port: srv.port, lazyConnect: true, maxRetriesPerRequest: 1 });
       raw.on('error', () => undefined);
       await raw.connect();
-      const base = await freePortRange(8);
-      ctlUrl = `http://127.0.0.1:${base}`;
-      ctl = startKvc(['controller', '--port', String(base), '--monitor-port', String(base + 1)]);
-      await ctl.waitFor(/kvc controller ready/, 30_000);
-      const dir = tempDir('kvc-dtype-paths-');
-      for (const [i, who] of (['A', 'B'] as const).entries()) {
-        const yaml = join(dir, `${who}.yaml`);
-        writeFileSync(
-          yaml,
-          [
-            `chunk_size: ${CHUNK}`,
-            'local_cpu: true',
-            'max_local_cpu_size: 0.05',
-            'enable_controller: true',
-            `kvc_instance_id: ${kvDtype}-${who}`,
-            `controller_url: 127.0.0.1:${base + 1}`,
-            `kvc_worker_port: ${base + 2 + 3 * i}`,
-            `distributed_url: 127.0.0.1:${base + 3 + 3 * i}`,
-            'p2p_timeout_ms: 30000',
-            // Only A writes through to Redis, so B's misses go to P2P.
-            ...(who === 'A' ? [`remote_url: "${srv.url}"`] : []),
-          ].join('\n'),
-        );
-        url[who] = `http://127.0.0.1:${base + 4 + 3 * i}`;
-        engines.push(startKvc(['engine', '--port', String(base + 4 + 3 * i), '--kv-transfer-config', CONNECTOR, '--enable-p2p', '--kv-cache-dtype', kvDtype], { KVC_CONFIG_FILE: yaml }));
-      }
-      await Promise.all(Object.values(url).map((u) => waitHttp(`${u}/health`, 120_000)));
-      await waitUntil('both engines registered', async () => (await (await fetch(`${ctlUrl}/instances`)).json()).instances.length === 2);
+      d = await startControllerEngines({
+        chunkSize: CHUNK,
+        instanceId: (who) => `${kvDtype}-${who}`,
+        yaml: (who) => [
+          'max_local_cpu_size: 0.05',
+          'p2p_timeout_ms: 30000',
+          // Only A writes through to Redis, so B's misses go to P2P.
+          ...(who === 'A' ? [`remote_url: "${srv.url}"`] : []),
+        ],
+        engineArgs: ['--enable-p2p', '--kv-cache-dtype', kvDtype],
+      });
     });
 
     after(async () => {
-      for (const e of engines) await e.kill();
-      await ctl?.kill();
+      await d?.stop();
       raw?.disconnect();
       await srv?.stop();
     });
@@ -97,7 +61,7 @@ for (const kvDtype of KV_DTYPE_FLAGS) {
       const textA = await complete('A', prompt);
       const tokens = await tokenize(prompt);
       const full = Math.floor(tokens.length / CHUNK) * CHUNK;
-      await waitUntil('A holds the prompt', async () => ((await held(tokens, `${kvDtype}-A`))?.matched_tokens ?? 0) >= full - CHUNK);
+      await waitUntil('A holds the prompt', async () => (await held(tokens, `${kvDtype}-A`)) >= full - CHUNK);
       const keys = await waitUntil('chunks written to Redis', async () => {
         const k = await raw.keys('kvc:*');
         return k.length >= 2 ? k : undefined;
@@ -114,7 +78,7 @@ for (const kvDtype of KV_DTYPE_FLAGS) {
       assert.ok((await metric('B', 'kvc_p2p_chunks_total')) - p2p0 >= 2, 'B took the prompt over P2P');
 
       // Redis: A's CPU tier cleared; A loads the prompt back from Redis.
-      const cl = await postJson(`${ctlUrl}/clear`, { instance_id: `${kvDtype}-A`, location: 'LocalCPUBackend' });
+      const cl = await postJson(`${d.ctlUrl}/clear`, { instance_id: `${kvDtype}-A`, location: 'LocalCPUBackend' });
       assert.equal((await finished(cl.json.event_id)).status, 'finished');
       const loaded0 = await metric('A', 'kvc_engine_tokens_loaded_total');
       assert.equal(await complete('A', prompt), textA, 'A from Redis generates what it generated');
@@ -126,11 +90,12 @@ for (const kvDtype of KV_DTYPE_FLAGS) {
       const textA = await complete('A', prompt);
       const tokens = await tokenize(prompt);
       const full = Math.floor(tokens.length / CHUNK) * CHUNK;
-      await waitUntil('A holds the prompt', async () => ((await held(tokens, `${kvDtype}-A`))?.matched_tokens ?? 0) >= full - CHUNK);
-      const r = await postJson(`${ctlUrl}/move`, { old_position: [`${kvDtype}-A`, 'LocalCPUBackend'], new_position: [`${kvDtype}-B`, 'LocalCPUBackend'], tokens, copy: true });
+      await waitUntil('A holds the prompt', async () => (await held(tokens, `${kvDtype}-A`)) >= full - CHUNK);
+      const r = await postJson(`${d.ctlUrl}/move`, { old_position: [`${kvDtype}-A`, 'LocalCPUBackend'], new_position: [`${kvDtype}-B`, 'LocalCPUBackend'], tokens, copy: true });
       assert.equal(r.status, 200, JSON.stringify(r.json));
       assert.equal((await finished(r.json.event_id)).status, 'finished');
-      assert.ok(((await held(tokens, `${kvDtype}-B`))?.matched_tokens ?? 0) >= full - CHUNK, 'B holds the copy');
+      // The controller indexes B's copy when B reports it, which can come after the event finished.
+      await waitUntil('B holds the copy', async () => (await held(tokens, `${kvDtype}-B`)) >= full - CHUNK);
       const loaded0 = await metric('B', 'kvc_engine_tokens_loaded_total');
       const p2p0 = await metric('B', 'kvc_p2p_chunks_total');
       assert.equal(await complete('B', prompt), textA, 'B from the copy generates what A generated');

@@ -15,11 +15,8 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
-import { writeFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { Dealer } from 'zeromq';
-import { freePortRange } from '../../src/common/ports.js';
 import { chunkKeys } from '../../src/common/keys.js';
 import { DType } from '../../src/common/dtype.js';
 import { setDeploymentSecret } from '../../src/common/auth.js';
@@ -27,93 +24,46 @@ import { seal, sealTag, stamp } from '../../src/common/replay.js';
 import { decodeMsg, encodeMsg, MONITOR_PROTOCOL_VERSION, packKeys } from '../../src/protocol/monitor.js';
 import { decodePeerControl, PEER_FRAMES, PeerFrame, peerChunkHead, peerControlFrame, peerFetchEndSchema, peerFetchSchema, type PeerFetch } from '../../src/protocol/peer_frames.js';
 import { FrameReader } from '../../src/protocol/frame_reader.js';
-import { postJson, startKvc, waitHttp, waitUntil as waitFor, type Proc } from '../../harness/proc.js';
-import { tempDir } from '../../harness/temp_dir.js';
+import { postJson, waitUntil as waitFor } from '../../harness/proc.js';
+import { completeText, matchedOn, metricValue, startControllerEngines, tokenizeOn, type ControllerEngines, type Who } from '../../harness/controller_engines.js';
 
 const CHUNK = 32;
 const SECRET = 'p2p-test-secret-' + randomBytes(8).toString('hex');
-const CONNECTOR = JSON.stringify({ kv_connector: 'KvcConnectorV1', kv_role: 'kv_both' });
 const AUTH = { authorization: `Bearer ${SECRET}` };
 
-let ctl: Proc;
+let d: ControllerEngines;
 /** The id the engines' chunk keys use (GET /v1/models kvc_model_id). */
 let modelId = '';
-const engines: Record<'A' | 'B', Proc | null> = { A: null, B: null };
-let ctlUrl = '';
-let monitorPort = 0;
-const engineUrl: Record<'A' | 'B', string> = { A: '', B: '' };
-const peerUrl: Record<'A' | 'B', string> = { A: '', B: '' };
 
 const waitUntil = <T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 30_000) => waitFor(what, fn, timeoutMs, 50);
 
-const completion = (who: 'A' | 'B', prompt: string) => postJson(`${engineUrl[who]}/v1/completions`, { model: 'builtin:tiny', prompt, max_tokens: 8, temperature: 0 }, 120_000);
-const complete = async (who: 'A' | 'B', prompt: string) => {
-  const r = await completion(who, prompt);
-  assert.equal(r.status, 200, JSON.stringify(r.json));
-  return r.json.choices[0].text as string;
-};
-const tokenize = async (prompt: string) => {
-  const r = await postJson(`${engineUrl.B}/tokenize`, { model: 'builtin:tiny', prompt });
-  assert.equal(r.status, 200);
-  return r.json.tokens as number[];
-};
-const matched = async (tokens: number[], id: string) => {
-  const r = (await postJson(`${ctlUrl}/lookup`, { tokens })).json as { layout_detail: Record<string, { matched_tokens: number }> };
-  return r.layout_detail[id]?.matched_tokens ?? 0;
-};
+const completion = (who: Who, prompt: string) => postJson(`${d.url[who]}/v1/completions`, { model: 'builtin:tiny', prompt, max_tokens: 8, temperature: 0 }, 120_000);
+const complete = (who: Who, prompt: string) => completeText(d.url[who], prompt);
+const tokenize = (prompt: string) => tokenizeOn(d.url.B, prompt);
+const matched = (tokens: number[], id: string) => matchedOn(d.ctlUrl, tokens, id);
 /** A metric's value on an engine (sum over series matching every label given). */
-async function metric(who: 'A' | 'B', name: string, labels: Record<string, string> = {}): Promise<number> {
-  const text = await (await fetch(`${engineUrl[who]}/metrics`)).text();
-  let sum = 0;
-  for (const line of text.split('\n')) {
-    const m = /^([a-zA-Z0-9_:]+)(\{[^}]*\})? ([0-9.e+-]+)$/.exec(line);
-    if (!m || m[1] !== name) continue;
-    if (Object.entries(labels).every(([k, v]) => (m[2] ?? '').includes(`${k}="${v}"`))) sum += Number(m[3]);
-  }
-  return sum;
-}
-const computed = (who: 'A' | 'B') => metric(who, 'kvc_engine_prompt_tokens_computed_total');
+const metric = (who: Who, name: string, labels: Record<string, string> = {}) => metricValue(d.url[who], name, labels);
+const computed = (who: Who) => metric(who, 'kvc_engine_prompt_tokens_computed_total');
 const prompt = (tag: string, n = 50) => `${tag}: ` + Array.from({ length: n }, (_, i) => `${tag}w${i}`).join(' ');
 
 before(async () => {
   setDeploymentSecret(SECRET);
-  const base = await freePortRange(10);
-  ctlUrl = `http://127.0.0.1:${base}`;
-  monitorPort = base + 1;
-  const env = { KVC_DEPLOYMENT_SECRET: SECRET };
-  ctl = startKvc(['controller', '--port', String(base), '--monitor-port', String(monitorPort)], env);
-  await ctl.waitFor(/kvc controller ready/, 30_000);
-  const dir = tempDir('kvc-p2p-');
-  for (const [i, who] of (['A', 'B'] as const).entries()) {
-    const yaml = join(dir, `${who}.yaml`);
-    peerUrl[who] = `127.0.0.1:${base + 3 + 3 * i}`;
-    writeFileSync(
-      yaml,
-      [
-        `chunk_size: ${CHUNK}`,
-        'local_cpu: true',
-        'max_local_cpu_size: 0.05',
-        'enable_controller: true',
-        `kvc_instance_id: engine-${who}`,
-        `controller_url: 127.0.0.1:${monitorPort}`,
-        `kvc_worker_port: ${base + 2 + 3 * i}`,
-        `distributed_url: ${peerUrl[who]}`,
-        // Long enough that in the kill test the SIGKILL, not the time bound, ends B's fetch.
-        'p2p_timeout_ms: 60000',
-      ].join('\n'),
-    );
-    const port = base + 4 + 3 * i;
-    engineUrl[who] = `http://127.0.0.1:${port}`;
-    engines[who] = startKvc(['engine', '--port', String(port), '--kv-transfer-config', CONNECTOR, '--enable-p2p', '--kv-cache-dtype', 'float16'], { ...env, KVC_CONFIG_FILE: yaml });
-  }
-  await Promise.all(Object.values(engineUrl).map((u) => waitHttp(`${u}/health`, 120_000)));
-  modelId = (await (await fetch(`${engineUrl.B}/v1/models`)).json()).data[0].kvc_model_id;
-  await waitUntil('both engines registered', async () => (await (await fetch(`${ctlUrl}/instances`)).json()).instances.length === 2);
+  d = await startControllerEngines({
+    chunkSize: CHUNK,
+    instanceId: (who) => `engine-${who}`,
+    yaml: () => [
+      'max_local_cpu_size: 0.05',
+      // Long enough that in the kill test the SIGKILL, not the time bound, ends B's fetch.
+      'p2p_timeout_ms: 60000',
+    ],
+    engineArgs: ['--enable-p2p', '--kv-cache-dtype', 'float16'],
+    env: { KVC_DEPLOYMENT_SECRET: SECRET },
+  });
+  modelId = (await (await fetch(`${d.url.B}/v1/models`)).json()).data[0].kvc_model_id;
 });
 
 after(async () => {
-  for (const e of Object.values(engines)) await e?.kill();
-  await ctl?.kill();
+  await d?.stop();
 });
 
 test('a prefix computed by A is a P2P hit on B: fewer tokens computed, same output, same keys in the index', async () => {
@@ -162,7 +112,7 @@ async function hostileHolder(keys: string[], serve: (sock: net.Socket, asked: st
   const port = (server.address() as net.AddressInfo).port;
   const session = randomBytes(8).toString('hex');
   const dealer = new Dealer({ routingId: session, linger: 0 });
-  dealer.connect(`tcp://127.0.0.1:${monitorPort}`);
+  dealer.connect(`tcp://127.0.0.1:${d.monitorPort}`);
   await dealer.send(encodeMsg(seal(SECRET, 'monitor', {
     t: 'register', v: MONITOR_PROTOCOL_VERSION, instance_id: 'engine-hostile', worker_id: 0, session, ip: '127.0.0.1', worker_port: 1,
     distributed_url: `127.0.0.1:${port}`, chunk_size: CHUNK, model_id: modelId, seed: '0', kv_dtype: 'f16', locations: ['LocalCPUBackend'], pid: process.pid,
@@ -222,30 +172,30 @@ test('the peer port serves a FETCH only with the deployment secret', async () =>
   const keys = chunkKeys(t, { modelId, chunkSize: CHUNK, seed: 0n, kvDtype: DType.f16 }).map((s) => s.key);
   await waitUntil('indexed on A', async () => (await matched(t, 'engine-A')) === t.length);
   for (const bad of ['none', 'wrong'] as const) {
-    const r = await rawFetch(peerUrl.A, keys, bad);
+    const r = await rawFetch(d.peerUrl.A, keys, bad);
     assert.equal(r.end.ok, false, `${bad} secret`);
     assert.match(r.end.error ?? '', /deployment secret/);
     assert.equal(r.chunks.size, 0);
   }
   const frame = fetchMsg(keys, 'right');
-  const ok = await rawFetch(peerUrl.A, keys, 'right', frame);
+  const ok = await rawFetch(d.peerUrl.A, keys, 'right', frame);
   assert.equal(ok.end.ok, true);
   assert.equal(ok.end.sent, keys.length);
   assert.deepEqual([...ok.chunks.keys()], keys);
   // The same frame again (a captured FETCH replayed) is refused by its nonce; one whose
   // timestamp is older than the replay window, by its timestamp; one with other keys under a
   // captured tag, by the tag.
-  const replayed = await rawFetch(peerUrl.A, keys, 'right', frame);
+  const replayed = await rawFetch(d.peerUrl.A, keys, 'right', frame);
   assert.deepEqual([replayed.end.ok, replayed.chunks.size], [false, 0]);
   assert.match(replayed.end.error ?? '', /replayed_nonce/);
-  const old = await rawFetch(peerUrl.A, keys, 'right', fetchMsg(keys, 'right', Date.now() - 120_000));
+  const old = await rawFetch(d.peerUrl.A, keys, 'right', fetchMsg(keys, 'right', Date.now() - 120_000));
   assert.deepEqual([old.end.ok, old.chunks.size], [false, 0]);
   assert.match(old.end.error ?? '', /stale_timestamp/);
-  const altered = await rawFetch(peerUrl.A, keys, 'right', { ...fetchMsg(keys, 'right'), keys: keys.slice(1) });
+  const altered = await rawFetch(d.peerUrl.A, keys, 'right', { ...fetchMsg(keys, 'right'), keys: keys.slice(1) });
   assert.deepEqual([altered.end.ok, altered.chunks.size], [false, 0]);
   assert.match(altered.end.error ?? '', /invalid_deployment_secret/);
   // A key A does not hold ends the run there.
-  const part = await rawFetch(peerUrl.A, [keys[0]!, '0123456789abcdef', keys[1]!], 'right');
+  const part = await rawFetch(d.peerUrl.A, [keys[0]!, '0123456789abcdef', keys[1]!], 'right');
   assert.deepEqual([part.end.ok, part.end.sent], [true, 1]);
 });
 
@@ -260,9 +210,9 @@ test('a corrupt or short reply from the holder falls back to computing: verified
   const keys2 = chunkKeys(t2, { modelId, chunkSize: CHUNK, seed: 0n, kvDtype: DType.f16 }).map((s) => s.key);
   await waitUntil('both prompts indexed on A', async () => (await matched(t1, 'engine-A')) === t1.length && (await matched(t2, 'engine-A')) === t2.length);
   // A's real chunk bytes, then A forgets everything: the hostile holder is the only one.
-  const real = new Map([...(await rawFetch(peerUrl.A, keys1, 'right')).chunks, ...(await rawFetch(peerUrl.A, keys2, 'right')).chunks]);
+  const real = new Map([...(await rawFetch(d.peerUrl.A, keys1, 'right')).chunks, ...(await rawFetch(d.peerUrl.A, keys2, 'right')).chunks]);
   assert.equal(real.size, keys1.length + keys2.length);
-  const clr = await postJson(`${ctlUrl}/clear`, { instance_id: 'engine-A', location: 'LocalCPUBackend' }, 30_000, AUTH);
+  const clr = await postJson(`${d.ctlUrl}/clear`, { instance_id: 'engine-A', location: 'LocalCPUBackend' }, 30_000, AUTH);
   assert.equal(clr.status, 200, JSON.stringify(clr.json));
   await waitUntil('A cleared', async () => (await matched(t1, 'engine-A')) === 0 && (await matched(t2, 'engine-A')) === 0);
 
@@ -311,7 +261,7 @@ test('the holder SIGKILLed while B fetches from it: B answers, output identical'
   const t = await tokenize(p);
   const outA = await complete('A', p);
   await waitUntil('indexed on A', async () => (await matched(t, 'engine-A')) === t.length);
-  const a = engines.A!;
+  const a = d.engines.A!;
   const pid = a.child.pid!;
   const failed0 = await metric('B', 'kvc_p2p_fetches_total', { outcome: 'failed' });
   // Frozen, A's kernel still accepts B's connection and FETCH, but nothing is answered.
@@ -332,14 +282,14 @@ test('the holder SIGKILLed while B fetches from it: B answers, output identical'
     if (!killed) process.kill(pid, 'SIGCONT');
   }
   await a.kill();
-  engines.A = null;
+  d.engines.A = null;
   // B keeps serving.
   assert.equal(await complete('B', p), outA);
 });
 
 test('the controller gone: B computes without waiting for the time bound, counted as a controller failure', async () => {
   const p = prompt('no-controller');
-  await ctl.kill('SIGKILL');
+  await d.ctl.kill('SIGKILL');
   const failed0 = await metric('B', 'kvc_p2p_failures_total', { reason: 'controller' });
   const r = await completion('B', p);
   assert.equal(r.status, 200, JSON.stringify(r.json));

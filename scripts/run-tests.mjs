@@ -1,13 +1,20 @@
 // Runs the compiled tests with node's test runner in two tiers, the unit tier first:
 //   unit    dist/test/unit: pure functions, no child process and no socket (.dependency-cruiser.cjs
-//           enforces it), so its files run concurrently, one per core.
-//   system  dist/test/system: real processes and loopback servers. Its files run one at a time: each
-//           starts several processes, and two such files side by side on a 2-core machine would make
-//           the suite's outcome depend on the machine's load.
+//           enforces it), so its files run concurrently in one `node --test`, one per core.
+//   system  dist/test/system: real processes and loopback servers. Its files run as many at a time
+//           as the machine has cores, each in its own `node --test` whose report is printed whole
+//           when it ends. A file whose source has a line `// run-tests: exclusive — <why>` runs
+//           alone, before the others: it shapes time itself (network namespaces with delayed,
+//           lossy or cut links and bounds on what happens then). Every other file must pass with
+//           another beside it: its servers bind ports their own process was given (onFreePorts,
+//           waitListening) and nothing in it waits a fixed time for something to happen.
+// In both tiers the files start longest first, by the last run's times (dist/test/.times.json;
+// the larger file first when there is none), so that no long file starts last.
 // Node 20's --test does not expand globs, so the files are collected here.
 //
-// Usage: node scripts/run-tests.mjs [--unit | --system] [--totals FILE] [substring ...]
+// Usage: node scripts/run-tests.mjs [--unit | --system] [--jobs N] [--totals FILE] [substring ...]
 //   --unit / --system   run one tier only (default: both, unit first)
+//   --jobs N            system files at a time (default: the number of cores; 1 runs them one by one)
 //   --totals FILE       also write the totals and, per file, its tests' names, counts and time as
 //                       JSON (to compare two runs: the same files must run the same tests)
 //   substring           run only the files whose path contains one of them
@@ -16,12 +23,14 @@
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { availableParallelism, tmpdir } from 'node:os';
 import { basename, join, relative } from 'node:path';
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 
 const TIERS = [
-  { name: 'unit', dir: 'dist/test/unit', concurrency: availableParallelism() },
-  { name: 'system', dir: 'dist/test/system', concurrency: 1 },
+  { name: 'unit', dir: 'dist/test/unit' },
+  { name: 'system', dir: 'dist/test/system' },
 ];
+const TIMES = 'dist/test/.times.json';
+const EXCLUSIVE = /^\/\/ run-tests: exclusive\b/m;
 
 function collect(dir) {
   if (!existsSync(dir)) return [];
@@ -37,17 +46,26 @@ function collect(dir) {
 /** test/foo.test.ts for dist/test/foo.test.js: a compiled test whose source is gone is stale build output. */
 const sourceOf = (compiled) => relative('dist', compiled).replace(/\.js$/, '.ts');
 
-const USAGE = 'usage: node scripts/run-tests.mjs [--unit | --system] [--totals FILE] [substring ...]';
+const USAGE = 'usage: node scripts/run-tests.mjs [--unit | --system] [--jobs N] [--totals FILE] [substring ...]';
 const args = process.argv.slice(2);
-let totalsOut = null;
-const ti = args.indexOf('--totals');
-if (ti >= 0) {
-  totalsOut = args[ti + 1];
-  if (!totalsOut || totalsOut.startsWith('--')) {
-    console.error(`--totals needs a file name (${USAGE})`);
+/** Takes `--name VALUE` out of args; undefined when absent. */
+function option(name) {
+  const i = args.indexOf(name);
+  if (i < 0) return undefined;
+  const v = args[i + 1];
+  if (!v || v.startsWith('--')) {
+    console.error(`${name} needs a value (${USAGE})`);
     process.exit(2);
   }
-  args.splice(ti, 2);
+  args.splice(i, 2);
+  return v;
+}
+const totalsOut = option('--totals') ?? null;
+const jobsArg = option('--jobs');
+const jobs = jobsArg === undefined ? availableParallelism() : Number(jobsArg);
+if (!Number.isInteger(jobs) || jobs < 1) {
+  console.error(`--jobs: expected a whole number of at least 1, got ${jobsArg} (${USAGE})`);
+  process.exit(2);
 }
 const only = args.filter((a) => a === '--unit' || a === '--system').map((a) => a.slice(2));
 const unknown = args.filter((a) => a.startsWith('--') && !['--unit', '--system'].includes(a));
@@ -65,6 +83,84 @@ if (misplaced.length) {
   process.exit(2);
 }
 
+const reporters = (totalsFile) => ['--test-reporter=spec', '--test-reporter-destination=stdout',
+  '--test-reporter=./scripts/test-totals.mjs', `--test-reporter-destination=${totalsFile}`];
+const readReport = (file) => (existsSync(file) ? JSON.parse(readFileSync(file, 'utf8') || '{}') : {});
+
+// The last run's time of each file (ms, by source path): files start longest first, so that no
+// long file starts last and runs alone at the end. Without a record, the larger file first.
+const times = existsSync(TIMES) ? JSON.parse(readFileSync(TIMES, 'utf8')) : {};
+const expected = (f) => times[sourceOf(f)] ?? statSync(f).size;
+const longestFirst = (files) => [...files].sort((a, b) => expected(b) - expected(a));
+
+/** The unit tier: one `node --test` over all its files, one per core. */
+function runUnit(files, tmp) {
+  console.log(`\n=== unit tier: ${files.length} files, ${availableParallelism()} at a time\n`);
+  const totalsFile = join(tmp, 'unit.json');
+  const r = spawnSync(process.execPath, ['--test', `--test-concurrency=${availableParallelism()}`, ...reporters(totalsFile), ...longestFirst(files)], { stdio: 'inherit' });
+  const report = readReport(totalsFile);
+  for (const f of files) {
+    const done = Object.entries(report.files ?? {}).find(([k]) => k.endsWith(f));
+    if (done) times[sourceOf(f)] = done[1].ms;
+  }
+  return { status: r.status ?? 1, report };
+}
+
+/** Adds one file's report (test-totals.mjs) into the tier's. */
+function merge(into, report) {
+  into.summary ??= {};
+  into.files ??= {};
+  for (const [k, v] of Object.entries(report.summary ?? {})) into.summary[k] = (into.summary[k] ?? 0) + v;
+  Object.assign(into.files, report.files ?? {});
+}
+
+/**
+ * The system tier: `jobs` files at a time, each in its own `node --test` (its output printed whole
+ * when it ends, so files do not interleave); the exclusive ones first, each alone; longest first.
+ */
+async function runSystem(files, tmp) {
+  const exclusive = new Set(files.filter((f) => EXCLUSIVE.test(readFileSync(sourceOf(f), 'utf8'))));
+  const order = longestFirst(files).sort((a, b) => Number(exclusive.has(b)) - Number(exclusive.has(a)));
+  console.log(`\n=== system tier: ${files.length} files, ${jobs} at a time (${exclusive.size} of them alone: ${[...exclusive].map((f) => basename(f, '.test.js')).join(', ') || 'none'})\n`);
+  const report = {};
+  let status = 0;
+  let running = 0;
+  let next = 0;
+  const verbose = Boolean(process.env.KVC_TEST_VERBOSE);
+  await new Promise((done) => {
+    const start = () => {
+      while (next < order.length && running < jobs) {
+        const f = order[next];
+        // An exclusive file waits until nothing runs and keeps the others waiting while it runs.
+        if (exclusive.has(f) ? running > 0 : [...runningSet].some((r) => exclusive.has(r))) break;
+        next++;
+        running++;
+        runningSet.add(f);
+        const totalsFile = join(tmp, `system-${next}.json`);
+        const t0 = Date.now();
+        const child = spawn(process.execPath, ['--test', ...reporters(totalsFile), f], { stdio: ['ignore', verbose ? 'inherit' : 'pipe', verbose ? 'inherit' : 'pipe'] });
+        let out = '';
+        child.stdout?.on('data', (d) => { out += d; });
+        child.stderr?.on('data', (d) => { out += d; });
+        child.on('close', (code) => {
+          const seconds = (Date.now() - t0) / 1000;
+          process.stdout.write(`--- ${sourceOf(f)} (${seconds.toFixed(1)} s${exclusive.has(f) ? ', alone' : ''})\n${out}`);
+          if (code !== 0) status = 1;
+          merge(report, readReport(totalsFile));
+          times[sourceOf(f)] = seconds * 1000;
+          running--;
+          runningSet.delete(f);
+          if (next >= order.length && running === 0) done();
+          else start();
+        });
+      }
+    };
+    const runningSet = new Set();
+    start();
+  });
+  return { status, report };
+}
+
 const tmp = mkdtempSync(join(tmpdir(), 'kvc-test-run-'));
 const results = [];
 let stale = 0;
@@ -77,21 +173,14 @@ for (const tier of TIERS) {
   });
   if (filter.length) files = files.filter((f) => filter.some((x) => f.includes(x)));
   if (!files.length) continue;
-  console.log(`\n=== ${tier.name} tier: ${files.length} files, ${tier.concurrency} at a time\n`);
-  const totalsFile = join(tmp, `${tier.name}.json`);
   const t0 = Date.now();
-  const r = spawnSync(
-    process.execPath,
-    ['--test', `--test-concurrency=${tier.concurrency}`,
-      '--test-reporter=spec', '--test-reporter-destination=stdout',
-      '--test-reporter=./scripts/test-totals.mjs', `--test-reporter-destination=${totalsFile}`,
-      ...files],
-    { stdio: 'inherit' },
-  );
-  const report = existsSync(totalsFile) ? JSON.parse(readFileSync(totalsFile, 'utf8') || '{}') : {};
-  results.push({ tier, files: files.length, status: r.status ?? 1, seconds: (Date.now() - t0) / 1000, report });
+  const { status, report } = tier.name === 'unit' ? runUnit(files, tmp) : await runSystem(files, tmp);
+  results.push({ tier, files: files.length, status, seconds: (Date.now() - t0) / 1000, report });
 }
 rmSync(tmp, { recursive: true, force: true });
+try {
+  writeFileSync(TIMES, `${JSON.stringify(times, null, 1)}\n`);
+} catch { /* a read-only dist/: the next run orders by size */ }
 if (stale) console.log(`\n(${stale} compiled test files in dist/ have no source any more and were not run; \`rm -rf dist && npm run build\` removes them)`);
 if (!results.length) {
   console.error('no test files matched');

@@ -1,3 +1,4 @@
+// run-tests: exclusive — its links are delayed, lossy and partitioned for set times, and the controller's 3 s heartbeat timeout must fire during the partition and not outside it.
 // Bad networks between hosts. A 1P1D deployment started as over real machines (`kvc up
 // --config-only --hosts`, each printed command run in its host's network namespace), the shared
 // Redis tier on its own host, and two single engines sharing prefixes through it:

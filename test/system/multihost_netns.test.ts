@@ -1,3 +1,4 @@
+// run-tests: exclusive — a request whose link is cut must end within a bound.
 // 1P1D across hosts: every process in its own network namespace ("host") on a private subnet:
 //   ctl   controller + proxy      pre   prefiller-0      dec   decoder-0 + sharer (kv_both)
 //   redis redis-server (the shared remote tier)

@@ -69,6 +69,29 @@ export class BufferPool {
     this.freeBytes += cls;
   }
 
+  /** Bytes of idle buffers kept for reuse. */
+  get idleBytes(): number {
+    return this.freeBytes;
+  }
+
+  /**
+   * Drops idle buffers until at most `keep` remain (the most recently released of each size
+   * class are kept, largest classes dropped first): for a pool whose use comes in bursts, so
+   * the peak of one burst is not held for good.
+   */
+  trimIdle(keep: number): void {
+    let count = 0;
+    for (const l of this.free.values()) count += l.length;
+    for (const [c, l] of [...this.free].sort((a, b) => b[0] - a[0])) {
+      while (count > keep && l.length) {
+        l.shift();
+        this.freeBytes -= c;
+        count--;
+      }
+      if (l.length === 0) this.free.delete(c);
+    }
+  }
+
   /** Drops every idle buffer (memory goes back to the system at the next GC). */
   trim(): void {
     this.free.clear();

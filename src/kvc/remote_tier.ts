@@ -27,6 +27,8 @@ const log = logger('kvc.remote');
 const SUSPEND_AFTER_ERROR_MS = 1_000;
 /** SETs in flight at once (pipelined on the one connection). */
 const MAX_INFLIGHT_SETS = 4;
+/** Idle write buffers kept for reuse once the queue drains (twice what is in flight at once). */
+const IDLE_QUEUE_BUFFERS = 2 * MAX_INFLIGHT_SETS;
 /** GETs in flight at once while reading a prefix. */
 const MAX_INFLIGHT_GETS = 4;
 /** Keys remembered as present on the server, so a chunk read from there is not written back. */
@@ -252,7 +254,12 @@ export class RemoteTier {
           this.pending.delete(item.key);
           this.inflight--;
           this.pump();
-          if (this.inflight === 0 && this.queue.length === 0) for (const w of this.idleWaiters.splice(0)) w();
+          if (this.inflight === 0 && this.queue.length === 0) {
+            // Drained: keep the buffers a steady stream reuses, give back what a backlog (a slow
+            // or unreachable server) made the pool take, so its peak is not held for good.
+            this.pool.trimIdle(IDLE_QUEUE_BUFFERS);
+            for (const w of this.idleWaiters.splice(0)) w();
+          }
         });
     }
   }

@@ -7,19 +7,25 @@
 // after seconds; bench/_soak_targets.ts). Without namespaces it runs on loopback and its first line
 // and its verdict say why there are no network faults.
 //
-// Every minute it prints the requests, errors by status, TTFT p50/p99 and every process's RSS and
-// cache bytes. Memory is judged net of the cache's own bytes: an engine's RSS minus its CPU tier's
-// bytes (kvc_cache_bytes{location="LocalCPUBackend"}) and minus the resident part of its paged KV
-// pool (kvc_engine_kv_cache_resident_bytes: pages touched once stay), sampled with the RSS, since
-// both filling up to their size is the cache doing its job; the controller and the proxy count
-// whole. The verdict compares the deployment's total after the warm-up (the first
-// --warmup-minutes, default 5) with its peak during the warm-up: flat when it grew by at most 10 %. Nothing lost: every request
-// answered (none hit its bound unanswered), no engine left with requests in flight, no transfer
-// reservation left on a decoder. Writes bench-results/soak/soak.svg (RSS, cache bytes, memory net
-// of cache, TTFT p99, errors per minute) and ends with one JSON line.
+// Every minute it prints the requests, errors by status, TTFT p50/p99, every process's RSS and
+// cache bytes, and where each process's memory is (anonymous, file-backed, malloc's brk heap, V8
+// heap in use, V8 external memory); the minutes also go to bench-results/soak/minutes.jsonl.
+// Memory is judged net of the cache's own bytes: an engine's RSS minus its CPU tier's bytes
+// (kvc_cache_bytes{location="LocalCPUBackend"}) and minus the resident part of its paged KV pool
+// (kvc_engine_kv_cache_resident_bytes: pages touched once stay), sampled with the RSS, since both
+// filling up to their size is the cache doing its job; the controller and the proxy count whole.
+// An engine whose /metrics cannot be read that minute (three tries) keeps its last reading if it
+// is the same process (pid), else counts whole; the minute line says so and the JSON counts them
+// (cache_readings_missed). The verdict compares the deployment's peak after the warm-up (the first
+// --warmup-minutes, default 5) with its peak during the warm-up: flat when it grew by at most
+// 10 %. Nothing lost: every request answered (none hit its bound unanswered), no engine left with
+// requests in flight, no transfer reservation left on a decoder. Writes
+// bench-results/soak/soak.svg (RSS, cache bytes, memory net of cache, TTFT p99, errors per
+// minute) and ends with one JSON line.
 // Options: --minutes N (default 1), --concurrency C (default 16), --tier-gib G (the CPU tier per
 // engine, default 0.0625 = 64 MiB, full within minutes), --long-prompt-tokens L (every fifth request's new prompt, default 600),
 // --warmup-minutes W (default 5, at most half the run), --no-faults, --no-netns.
+import { appendFileSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { rssBytes } from '../harness/deployment.js';
 import { eventually, startLoad, type LoadResult } from '../harness/faults.js';
@@ -59,6 +65,34 @@ function pct(sorted: number[], p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
 }
 
+/**
+ * Where a process's resident memory is (MiB): anonymous and file-backed (/proc/PID/status), the
+ * malloc main arena's brk heap ([heap] in /proc/PID/smaps), and for engines the V8 heap in use and
+ * V8's external memory (ArrayBuffers, WASM memories) from their process metrics.
+ */
+function memDetail(pid: number, metrics: string): Record<string, number> {
+  const out: Record<string, number> = {};
+  try {
+    const st = readFileSync(`/proc/${pid}/status`, 'utf8');
+    for (const [k, f] of [['anon', 'RssAnon'], ['file', 'RssFile']] as const) {
+      const m = new RegExp(`^${f}:\\s+(\\d+) kB`, 'm').exec(st);
+      if (m) out[k] = Math.round(Number(m[1]) / 1024);
+    }
+    let inHeap = false;
+    for (const l of readFileSync(`/proc/${pid}/smaps`, 'utf8').split('\n')) {
+      if (/^[0-9a-f]+-[0-9a-f]+ /.test(l)) inHeap = l.endsWith('[heap]');
+      else if (inHeap && l.startsWith('Rss:')) out.brk_heap = Math.round(Number(l.split(/\s+/)[1]) / 1024);
+    }
+  } catch {
+    // the process is gone (a fault killed it): its figures are missing this minute
+  }
+  if (metrics) {
+    out.js_heap_used = Math.round(gauge(metrics, 'kvc_engine_nodejs_heap_size_used_bytes') / MiB);
+    out.external = Math.round(gauge(metrics, 'kvc_engine_nodejs_external_memory_bytes') / MiB);
+  }
+  return out;
+}
+
 function gauge(text: string, name: string, label = ''): number {
   let sum = 0;
   for (const l of text.split('\n')) if ((l.startsWith(`${name}{`) || l.startsWith(`${name} `)) && l.includes(label)) sum += Number(l.slice(l.lastIndexOf(' ') + 1));
@@ -87,6 +121,22 @@ async function main(): Promise<void> {
   const net: Record<string, number>[] = [];
   const perMinute: { minute: number; fault: string | null; requests: number; errors: number; by_status: Record<string, number>; ttft_p50_ms: number; ttft_p99_ms: number; rss_mib: Record<string, number>; cache_mib: Record<string, number> }[] = [];
   let seen = 0;
+  /** Each engine's last cache reading, with the pid it was read from. */
+  const lastCache = new Map<string, { pid: number; bytes: number }>();
+  let cacheUnread = 0;
+  /** /metrics, tried three times (a fault or the load can make one try fail); '' when all fail. */
+  const readMetrics = async (url: string): Promise<string> => {
+    for (let i = 0; i < 3; i++) {
+      const t = await target.metrics(url);
+      if (t !== '') return t;
+      await new Promise((r) => setTimeout(r, 1_000));
+    }
+    return '';
+  };
+  // Every minute's figures, one JSON line each, for a look at where memory went.
+  mkdirSync(resultsDir('soak'), { recursive: true });
+  const minutesFile = join(resultsDir('soak'), 'minutes.jsonl');
+  writeFileSync(minutesFile, '');
   try {
     for (let m = 0; m < minutes; m++) {
       const t0 = Date.now();
@@ -103,23 +153,38 @@ async function main(): Promise<void> {
       const rssNow: Record<string, number> = {};
       const cacheNow: Record<string, number> = {};
       const netNow: Record<string, number> = {};
+      const detailNow: Record<string, Record<string, number>> = {};
+      const unreadNow: string[] = [];
       for (const [name, pid] of target.pids()) {
         const engine = target.engines.find((e) => e.name === name);
-        const text = engine ? await target.metrics(engine.http) : '';
+        const text = engine ? await readMetrics(engine.http) : '';
         // The cache's own bytes: the CPU tier's and the resident part of the paged KV pool.
-        const cache = gauge(text, 'kvc_cache_bytes', 'location="LocalCPUBackend"') + gauge(text, 'kvc_engine_kv_cache_resident_bytes');
+        let cache = gauge(text, 'kvc_cache_bytes', 'location="LocalCPUBackend"') + gauge(text, 'kvc_engine_kv_cache_resident_bytes');
+        if (engine && text === '') {
+          // Unreadable this minute (cut off by a fault, stopped, or too slow under load): an unread
+          // cache is not an empty one. The same process (same pid) holds what it held at its last
+          // reading, since a tier full from the first minutes stays full; a process restarted and
+          // never read counts whole.
+          const known = lastCache.get(name);
+          cache = known && known.pid === pid ? known.bytes : 0;
+          unreadNow.push(name);
+          cacheUnread++;
+        } else if (engine) lastCache.set(name, { pid, bytes: cache });
         const b = rssBytes(pid);
         rssNow[name] = Math.round(b / MiB);
         if (engine) cacheNow[name] = Math.round(cache / MiB);
         netNow[name] = Math.max(0, b - cache);
+        detailNow[name] = memDetail(pid, text);
       }
       net.push(netNow);
-      const line = { minute: m + 1, fault: fault?.what ?? null, requests: batch.length, errors: batch.filter((r) => r.status !== 200).length, by_status: byStatus, ttft_p50_ms: Math.round(pct(ttft, 50)), ttft_p99_ms: Math.round(pct(ttft, 99)), rss_mib: rssNow, cache_mib: cacheNow };
+      const line = { minute: m + 1, fault: fault?.what ?? null, requests: batch.length, errors: batch.filter((r) => r.status !== 200).length, by_status: byStatus, ttft_p50_ms: Math.round(pct(ttft, 50)), ttft_p99_ms: Math.round(pct(ttft, 99)), rss_mib: rssNow, cache_mib: cacheNow, cache_unread: unreadNow, memory_mib: detailNow };
       perMinute.push(line);
+      appendFileSync(minutesFile, JSON.stringify(line) + '\n');
       console.log(
         `minute ${m + 1}: ${batch.length} requests, status ${Object.entries(byStatus).map(([s, n]) => `${s}×${n}`).join(' ')}, TTFT p50 ${line.ttft_p50_ms} ms p99 ${line.ttft_p99_ms} ms; ` +
-          `RSS MiB ${Object.entries(rssNow).map(([k, v]) => `${k} ${v}${k in cacheNow ? ` (cache ${cacheNow[k]})` : ''}`).join(', ')}${fault ? `; fault: ${fault.what}` : ''}`,
+          `RSS MiB ${Object.entries(rssNow).map(([k, v]) => `${k} ${v}${k in cacheNow ? ` (cache ${cacheNow[k]}${unreadNow.includes(k) ? ', unread: last reading' : ''})` : ''}`).join(', ')}${fault ? `; fault: ${fault.what}` : ''}`,
       );
+      console.log(`  memory MiB: ${Object.entries(detailNow).map(([k, d]) => `${k} ${Object.entries(d).map(([f, v]) => `${f} ${v}`).join(' ')}`).join('; ')}`);
     }
   } finally {
     await load.stop();
@@ -189,6 +254,7 @@ async function main(): Promise<void> {
       transfers_by_outcome: transfers,
       memory_net_of_cache_mib: { warmup_peak: Math.round(base / MiB), after_peak: Math.round(later / MiB) },
       memory_growth_pct: Math.round(growth * 1000) / 10,
+      cache_readings_missed: cacheUnread,
       memory_growth_pct_by_process: byProcess,
       memory_flat: growth <= GROWTH_LIMIT,
       nothing_lost: unanswered === 0 && leftInFlight === 0 && leakedReservations === 0,

@@ -17,8 +17,11 @@
 //              the i8 elements (the int8 codec's layout below with f16 scales);
 //   int8  (1): the same elements quantised to int8 with one f32 scale per (K/V, layer, token, KV
 //              head) — scales [2][num_layers][num_tokens][num_kv_heads] f32 first, then the values
-//              [2][num_layers][num_tokens][num_kv_heads * head_dim] i8 (src/common/chunk_codec.ts).
-// Decoding an int8 chunk gives a naive chunk of the same dtype, key and shape.
+//              [2][num_layers][num_tokens][num_kv_heads * head_dim] i8 (src/common/chunk_codec.ts);
+//   int8_asym (2): the same rows quantised to u8 between the row's min and max — f16 steps
+//              [2][L][T][H], then f16 minimums [2][L][T][H], then the values [2][L][T][H * head_dim]
+//              u8: 4 bytes of parameters a row, as int8.
+// Decoding an encoded chunk gives a naive chunk of the same dtype, key and shape.
 import { checksum64 } from './keys.js';
 import { DType, DTYPE_BYTES, DTYPE_NAMES, isEightBit, rowScaleBytes } from './dtype.js';
 
@@ -32,8 +35,9 @@ export { DType, DTYPE_BYTES, DTYPE_NAMES } from './dtype.js';
 export enum Codec {
   naive = 0,
   int8 = 1,
+  int8_asym = 2,
 }
-export const CODEC_NAMES: Record<Codec, string> = { [Codec.naive]: 'naive', [Codec.int8]: 'int8' };
+export const CODEC_NAMES: Record<Codec, string> = { [Codec.naive]: 'naive', [Codec.int8]: 'int8', [Codec.int8_asym]: 'int8_asym' };
 
 /** The shape a model's KV has; two processes exchanging chunks must agree on it. */
 export interface KvLayout {
@@ -84,7 +88,7 @@ export function payloadPrefix(l: KvLayout, payload: Uint8Array, n: number, keep:
 export function encodedPayloadBytes(l: KvLayout, numTokens: number, codec: Codec): number {
   if (codec === Codec.naive) return payloadBytes(l, numTokens);
   const rows = 2 * l.numLayers * numTokens * l.numKvHeads;
-  return rows * 4 + rows * l.headDim; // int8: f32 scale per row, one byte per element
+  return rows * 4 + rows * l.headDim; // int8: an f32 scale a row; int8_asym: an f16 step and an f16 minimum a row; one byte an element
 }
 
 export function chunkBytes(l: KvLayout, numTokens: number): number {

@@ -45,7 +45,7 @@ export const XFER_BACKENDS = ['tcp'] as const;
 
 // A tier's chunk codec (src/common/chunk_codec.ts): chunks are encoded on admission to the tier.
 const serde = z
-  .enum(CODECS, `expected ${CODECS.join(' or ')} (LMCache's cachegen and kivi are GPU codecs kvc does not implement; int8 is kvc's 8-bit codec)`)
+  .enum(CODECS, `expected ${CODECS.join(' or ')} (LMCache's cachegen and kivi are GPU codecs kvc does not implement; int8 and int8_asym are kvc's 8-bit codecs)`)
   .nullable()
   .default('naive')
   .transform((v): CodecName => v ?? 'naive');

@@ -166,7 +166,7 @@ export const SETTINGS = {
   }),
   kvCacheDtype: setting<string>({
     flags: '--kv-cache-dtype <dtype>',
-    help: `element type of the paged KV cache and of every chunk it stores, moves and sends: ${KV_CACHE_DTYPES.join(', ')} (auto = float16, llama.cpp's default; fp8 = fp8_e4m3, as in vLLM; int8 with an f32 scale per token and KV head; narrow KV is widened to f32 inside attention's gather); the default stays float32, bit-identical to earlier releases; chunk keys include it, so every engine of a model needs the same`,
+    help: `element type of the paged KV cache and of every chunk it stores, moves and sends: ${KV_CACHE_DTYPES.join(', ')} (auto = float16, llama.cpp's default; fp8 = fp8_e4m3, as in vLLM; int8 with an f16 scale per token and KV head; narrow KV is widened to f32 inside attention's gather); the default stays float32, bit-identical to earlier releases; chunk keys include it, so every engine of a model needs the same`,
     default: 'float32',
     parse: parseKvCacheDtype,
     commands: ['engine', 'keys'],

@@ -4,6 +4,7 @@
 // with a 400 carrying that message.
 import { z } from 'zod';
 import { tokenIds } from '../common/validate.js';
+import { COMPRESSING_CODECS } from '../common/chunk_codec.js';
 
 const str = (what: string) => z.string(`expected a string (${what})`).min(1, `expected a non-empty string (${what})`);
 const position = z
@@ -50,7 +51,7 @@ export type PinRequest = z.infer<typeof pinSchema>;
 export const compressSchema = z.strictObject({
   instance_id: str('instance id'),
   location: str('location name'),
-  method: z.enum(['int8'], "expected \"int8\" (kvc's 8-bit codec; LMCache's cachegen and kivi are GPU codecs kvc does not implement)"),
+  method: z.enum(COMPRESSING_CODECS, `expected ${COMPRESSING_CODECS.map((c) => `"${c}"`).join(' or ')} (kvc's 8-bit codecs; LMCache's cachegen and kivi are GPU codecs kvc does not implement)`),
   tokens: tokenIds,
 });
 export type CompressRequest = z.infer<typeof compressSchema>;
@@ -63,7 +64,7 @@ export type CompressRequest = z.infer<typeof compressSchema>;
 export const decompressSchema = z.strictObject({
   instance_id: str('instance id'),
   location: str('location name'),
-  method: z.enum(['int8'], "expected \"int8\" (the codec to undo; kvc's only compressing codec)").optional(),
+  method: z.enum(COMPRESSING_CODECS, `expected ${COMPRESSING_CODECS.map((c) => `"${c}"`).join(' or ')} (the codec to undo)`).optional(),
   tokens: tokenIds,
 });
 export type DecompressRequest = z.infer<typeof decompressSchema>;

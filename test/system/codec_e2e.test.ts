@@ -1,6 +1,6 @@
 // Chunk codecs on real processes: a `kvc controller` and a `kvc engine` (built-in model) whose
 // disk tier holds int8 chunks (local_disk_serde) and whose CPU tier is naive. The disk tier holds
-// the same chunks in ~0.28× the bytes; POST /compress re-encodes the CPU tier's chunks in place
+// the same chunks in ~0.28× the bytes; POST /compress re-encodes the CPU tier's chunks in place (int8, then int8_asym)
 // (lookups keep finding them, the engine serves the prompt from them), /decompress restores the
 // naive bytes; a CPU tier cleared leaves the int8 disk copies, which the engine loads. Once per
 // 16- or 32-bit engine KV dtype (harness/kv_dtype.ts; 8-bit KV is never re-encoded). Bad requests
@@ -85,7 +85,7 @@ for (const kvDtype of CODEC_DTYPE_FLAGS) {
     await ctl?.kill();
   });
 
-  test(`${kvDtype} KV: int8 disk tier, /compress and /decompress in place, lookups and loads keep working`, async () => {
+  test(`${kvDtype} KV: int8 disk tier, /compress (int8, then int8_asym) and /decompress in place, lookups and loads keep working`, async () => {
     const prompt = 'Chunk codecs keep more prompts in the same bytes. ' + Array.from({ length: 50 }, (_, i) => `word${i}`).join(' ');
     await complete(prompt);
     const tokens = await tokenize(prompt);
@@ -111,6 +111,16 @@ for (const kvDtype of CODEC_DTYPE_FLAGS) {
     const before = await loadedTokens();
     await complete(prompt);
     assert.ok((await loadedTokens()) - before >= held - CHUNK, 'the prompt is served from the compressed chunks');
+
+    // int8 → int8_asym in place (decoded, then encoded): the same bytes, still found and served.
+    const a = await postJson(`${ctlUrl}/compress`, { instance_id: ID, location: 'LocalCPUBackend', method: 'int8_asym', tokens });
+    assert.equal(a.status, 200, JSON.stringify(a.json));
+    assert.equal((await finished(a.json.event_id)).status, 'finished');
+    assert.equal(await usedBytes('LocalCPUBackend'), cpuInt8, 'int8_asym chunks take int8 chunks\' bytes');
+    assert.equal((await lookup(tokens)).layout_detail[ID]?.locations.LocalCPUBackend, held, 'lookups keep finding int8_asym chunks');
+    const beforeAsym = await loadedTokens();
+    await complete(prompt);
+    assert.ok((await loadedTokens()) - beforeAsym >= held - CHUNK, 'the prompt is served from the int8_asym chunks');
 
     const d = await postJson(`${ctlUrl}/decompress`, { instance_id: ID, location: 'LocalCPUBackend', tokens });
     assert.equal(d.status, 200, JSON.stringify(d.json));

@@ -1,5 +1,6 @@
 // KV dtypes and chunk codecs: 16-bit conversions against exhaustive references, the int8 codec's
-// round trip (checksummed, error bound, layout), and chunk keys that depend on the KV dtype.
+// and int8_asym codecs' round trips (checksummed, error bound, layout), and chunk keys that depend
+// on the KV dtype.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Codec, DType, HEADER_BYTES, encodeChunk, encodedPayloadBytes, payloadBytes, readHeader, verifyChunk, ChunkFormatError } from '../../src/common/chunk.js';
@@ -96,6 +97,61 @@ for (const dtype of [DType.f32, DType.f16, DType.bf16]) {
     assert.throws(() => verifyChunk(bad), /checksum mismatch/);
   });
 }
+
+for (const dtype of [DType.f32, DType.f16, DType.bf16]) {
+  test(`int8_asym codec (${DType[dtype]}): sealed and checksummed, decodes within half an f16 step of each row's range`, () => {
+    const c = naiveChunk(dtype, 5, 3);
+    const h = readHeader(c);
+    const enc = recodeChunk(c, Codec.int8_asym);
+    const eh = verifyChunk(enc, h.key);
+    assert.equal(eh.codec, Codec.int8_asym);
+    assert.deepEqual([eh.dtype, eh.numLayers, eh.numKvHeads, eh.headDim, eh.numTokens], [h.dtype, h.numLayers, h.numKvHeads, h.headDim, h.numTokens]);
+    // Same bytes as int8: 4 bytes of parameters a row (f16 step, f16 minimum), one byte an element.
+    assert.equal(encodedPayloadBytes(h, h.numTokens, Codec.int8_asym), encodedPayloadBytes(h, h.numTokens, Codec.int8));
+    assert.equal(enc.byteLength, HEADER_BYTES + (2 * 2 * 5 * 3) * (4 + 8));
+    const dec = decodeChunk(enc);
+    assert.equal(verifyChunk(dec, h.key).codec, Codec.naive);
+    const a = values(c);
+    const b = values(dec);
+    const sym = values(decodeChunk(recodeChunk(c, Codec.int8)));
+    let errAsym = 0;
+    let errSym = 0;
+    for (let r = 0; r < a.length / 8; r++) {
+      let lo = Infinity;
+      let hi = -Infinity;
+      for (let e = 0; e < 8; e++) (lo = Math.min(lo, a[r * 8 + e]!)), (hi = Math.max(hi, a[r * 8 + e]!));
+      // The step is (max − min) / 255 rounded up to f16 (at most 2^-10 relative), the minimum rounded to f16.
+      const step = ((hi - lo) / 255) * (1 + 2 ** -10) + Math.abs(lo) * 2 ** -11 / 255;
+      const rounding = dtype === DType.f32 ? 0 : Math.max(Math.abs(lo), Math.abs(hi)) * (dtype === DType.f16 ? 2 ** -11 : 2 ** -8);
+      for (let e = 0; e < 8; e++) {
+        const i = r * 8 + e;
+        assert.ok(Math.abs(a[i]! - b[i]!) <= step / 2 + Math.abs(lo) * 2 ** -11 + rounding + 1e-6, `row ${r} element ${e}: ${a[i]} decoded as ${b[i]}`);
+        errAsym += (a[i]! - b[i]!) ** 2;
+        errSym += (a[i]! - sym[i]!) ** 2;
+      }
+    }
+    // This chunk's rows are mostly one-signed, where the row's range is well under 2·max|x|.
+    assert.ok(errAsym < errSym, `int8_asym squared error ${errAsym} not below int8's ${errSym}`);
+    assert.equal(recodeChunk(enc, Codec.int8_asym), enc);
+    // Between codecs: decoded first, then encoded (never one codec's bytes read as another's).
+    const viaInt8 = recodeChunk(recodeChunk(c, Codec.int8), Codec.int8_asym);
+    assert.equal(readHeader(viaInt8).codec, Codec.int8_asym);
+    assert.equal(decodeChunk(viaInt8).byteLength, c.byteLength);
+    const bad = enc.slice();
+    bad[HEADER_BYTES + 70]! ^= 1;
+    assert.throws(() => verifyChunk(bad), /checksum mismatch/);
+  });
+}
+
+test('int8_asym codec: a constant row decodes to its value; rows beyond f16 or non-finite are refused', () => {
+  const layout = { dtype: DType.f32, numLayers: 1, numKvHeads: 1, headDim: 4 };
+  const one = encodeChunk(layout, 1, '0000000000000002', new Uint8Array(new Float32Array([0.5, 0.5, 0.5, 0.5, -3, -3, -3, -3]).buffer));
+  assert.deepEqual([...values(decodeChunk(recodeChunk(one, Codec.int8_asym)))], [0.5, 0.5, 0.5, 0.5, -3, -3, -3, -3]);
+  const big = encodeChunk(layout, 1, '0000000000000003', new Uint8Array(new Float32Array([-1e6, 2, 3, 4, 0, 0, 0, 0]).buffer));
+  assert.throws(() => recodeChunk(big, Codec.int8_asym), /beyond f16's range/);
+  const nan = encodeChunk(layout, 1, '0000000000000004', new Uint8Array(new Float32Array([1, NaN, 3, 4, 0, 0, 0, 0]).buffer));
+  assert.throws(() => recodeChunk(nan, Codec.int8_asym), /non-finite value \(row 0\)/);
+});
 
 test('int8 codec refuses a chunk with a non-finite value', () => {
   const layout = { dtype: DType.f32, numLayers: 1, numKvHeads: 1, headDim: 4 };

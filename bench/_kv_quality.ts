@@ -49,20 +49,7 @@ export function argmaxOf(x: ArrayLike<number>): number {
  * flips the argmax where the gap is tiny). Median gap, and the share of positions under 0.05.
  */
 export function referenceMargins(refs: Reference[]): { medianGap: number; under005: number } {
-  const gaps: number[] = [];
-  for (const r of refs) {
-    for (const lg of r.logits) {
-      let a = -Infinity;
-      let b = -Infinity;
-      for (let i = 0; i < lg.length; i++) {
-        const v = lg[i]!;
-        if (v > a) (b = a), (a = v);
-        else if (v > b) b = v;
-      }
-      gaps.push(a - b);
-    }
-  }
-  gaps.sort((x, y) => x - y);
+  const gaps = refs.flatMap((r) => r.logits.map(top2Gap)).sort((x, y) => x - y);
   return { medianGap: gaps[Math.floor(gaps.length / 2)]!, under005: gaps.filter((g) => g < 0.05).length / gaps.length };
 }
 
@@ -88,6 +75,38 @@ export function klDivergence(p: ArrayLike<number>, q: ArrayLike<number>): number
   return Math.max(0, kl);
 }
 
+/** The largest minus the second-largest of x. */
+export function top2Gap(x: ArrayLike<number>): number {
+  let a = -Infinity;
+  let b = -Infinity;
+  for (let i = 0; i < x.length; i++) {
+    const v = x[i]!;
+    if (v > a) (b = a), (a = v);
+    else if (v > b) b = v;
+  }
+  return a - b;
+}
+
+/**
+ * How far a candidate's logits moved against the reference's choice `a`: max_j (Δ_j − Δ_a), with
+ * Δ = cand − ref. The candidate's argmax differs from `a` exactly when this exceeds the reference's
+ * lead of `a` over some token, so a position flips only if it exceeds the top-1 − top-2 gap: the
+ * flips are where the perturbation (the representation's) outgrows the gap (the model's).
+ */
+export function perturbation(ref: ArrayLike<number>, cand: ArrayLike<number>, a: number): number {
+  let m = -Infinity;
+  for (let j = 0; j < ref.length; j++) {
+    const d = cand[j]! - ref[j]!;
+    if (d > m) m = d;
+  }
+  return m - (cand[a]! - ref[a]!);
+}
+
+/** Upper edges of the reference-gap classes top-1 is broken down by (logits; the last class is open). */
+export const GAP_EDGES = [0.05, 0.2, 0.5, 1] as const;
+
+const quantile = (sorted: number[], q: number) => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!;
+
 /** The agreement of one candidate with the reference, accumulated position by position. */
 export class Tally {
   positions = 0;
@@ -99,6 +118,10 @@ export class Tally {
   private prefixSum = 0;
   /** Per prompt under way (a batch interleaves its prompts' steps): reference tokens matched before its first difference so far. */
   private readonly prefix = new Map<Reference, number>();
+  /** Per position: the reference's top-1 − top-2 gap, the candidate's perturbation, and whether the argmax agreed. */
+  private readonly gaps: number[] = [];
+  private readonly moves: number[] = [];
+  private readonly agreed: boolean[] = [];
 
   /** The candidate's distribution before reference token `step` of a prompt (steps in order from 0). */
   add(ref: Reference, step: number, cand: ArrayLike<number>): void {
@@ -109,6 +132,9 @@ export class Tally {
     if (same) this.top1++;
     this.klSum += kl;
     if (kl > this.klMax) this.klMax = kl;
+    this.gaps.push(top2Gap(ref.logits[step]!));
+    this.moves.push(perturbation(ref.logits[step]!, cand, ref.tokens[step]!));
+    this.agreed.push(same);
     const before = this.prefix.get(ref)!;
     if (before === step) this.prefix.set(ref, same ? step + 1 : step);
     if (step === ref.tokens.length - 1) {
@@ -120,7 +146,22 @@ export class Tally {
     }
   }
 
+  /** Top-1 over the positions whose reference gap passes `keep`, and their share of all positions. */
+  private top1Where(keep: (gap: number) => boolean): { share: number; top1: number } {
+    let n = 0;
+    let same = 0;
+    for (let i = 0; i < this.gaps.length; i++) {
+      if (!keep(this.gaps[i]!)) continue;
+      n++;
+      if (this.agreed[i]) same++;
+    }
+    return { share: n / this.gaps.length, top1: n ? same / n : NaN };
+  }
+
   summary(): QualityFigures {
+    const moves = [...this.moves].sort((x, y) => x - y);
+    const p99 = quantile(moves, 0.99);
+    const edges = [0, ...GAP_EDGES, Infinity];
     return {
       top1: this.top1 / this.positions,
       meanKl: this.klSum / this.positions,
@@ -128,6 +169,9 @@ export class Tally {
       greedyIdentical: this.identical,
       prompts: this.prompts,
       greedyMeanPrefix: this.prefixSum / this.prompts,
+      perturbation: { p50: quantile(moves, 0.5), p99 },
+      byGap: edges.slice(1).map((hi, i) => ({ from: edges[i]!, to: hi, ...this.top1Where((g) => g >= edges[i]! && g < hi) })),
+      beyondP99: this.top1Where((g) => g > p99),
     };
   }
 }
@@ -143,6 +187,12 @@ export interface QualityFigures {
   prompts: number;
   /** Mean tokens generated before the first difference (CONTINUATION when identical). */
   greedyMeanPrefix: number;
+  /** The candidate's perturbation of the reference's choice (see perturbation()): median and 99th percentile, logits. */
+  perturbation: { p50: number; p99: number };
+  /** Top-1 per class of the reference's top-1 − top-2 gap [from, to) and the class's share of the positions. */
+  byGap: { from: number; to: number; share: number; top1: number }[];
+  /** Top-1 over the positions whose reference gap exceeds the candidate's own 99th-percentile perturbation, and their share. */
+  beyondP99: { share: number; top1: number };
 }
 
 /** A kvc KV representation: the engine's KV dtype, and the tier codec the prompt's KV came back through. */
@@ -211,4 +261,46 @@ export function kvcReference(m: LlamaModel, prompts: number[][]): Reference[] {
   const logits: Float32Array[][] = prompts.map(() => []);
   const tokens = runKvc(m, { dtype: DType.f32, codec: Codec.naive }, prompts, null, (i, _s, lg) => logits[i]!.push(lg.slice()));
   return prompts.map((p, i) => ({ prompt: p, tokens: tokens[i]!, logits: logits[i]! }));
+}
+
+/** Largest ÷ median channel RMS over a (layer, KV head)'s head_dim channels: median and max over the (layer, head) pairs, for K and V. */
+export interface ChannelSpread {
+  k: { median: number; max: number };
+  v: { median: number; max: number };
+}
+
+/**
+ * Whether the model's K has outlier channels (a few of a head's head_dim channels far larger than
+ * the rest across tokens), the premise of quantising K per channel (KIVI): the f32 KV of `prompt`,
+ * per (K/V, layer, KV head), the RMS of each channel over the tokens, largest ÷ median.
+ */
+export function channelSpread(m: LlamaModel, prompt: number[]): ChannelSpread {
+  const layout: KvLayout = { ...m.layout, dtype: DType.f32 };
+  const n = prompt.length;
+  const kv = new PagedKvCache(layout, encodedPayloadBytes(layout, n + 32, Codec.naive) + (8 << 20));
+  m.forward([{ seqId: 's', tokens: prompt, startPos: 0, wantLogits: false }], kv);
+  const payload = new Uint8Array(encodedPayloadBytes(layout, n, Codec.naive));
+  kv.exportRange('s', 0, n, payload);
+  const x = new Float32Array(payload.buffer);
+  const { numLayers: L, numKvHeads: H, headDim: D } = layout;
+  const ratios: number[][] = [[], []];
+  for (let part = 0; part < 2; part++) {
+    for (let l = 0; l < L; l++) {
+      for (let h = 0; h < H; h++) {
+        const rms: number[] = [];
+        for (let e = 0; e < D; e++) {
+          let s = 0;
+          for (let t = 0; t < n; t++) s += x[(((part * L + l) * n + t) * H + h) * D + e]! ** 2;
+          rms.push(Math.sqrt(s / n));
+        }
+        rms.sort((a, b) => a - b);
+        ratios[part]!.push(rms[D - 1]! / rms[D >> 1]!);
+      }
+    }
+  }
+  const stat = (r: number[]) => {
+    const s = [...r].sort((a, b) => a - b);
+    return { median: s[s.length >> 1]!, max: s[s.length - 1]! };
+  };
+  return { k: stat(ratios[0]!), v: stat(ratios[1]!) };
 }

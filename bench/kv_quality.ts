@@ -5,11 +5,14 @@
 // held) that the prompt's KV went through, as a cache hit from
 // that tier delivers it. Per representation: bytes per token and their share of f32's, top-1
 // agreement and mean/max KL of the next-token distributions, and greedy agreement over
-// 200-token continuations (bench/_kv_quality.ts says how each is measured).
+// 200-token continuations (bench/_kv_quality.ts says how each is measured); and where the flips
+// are: top-1 per class of the reference's top-1 − top-2 gap, the representation's perturbation of
+// the reference's choice, and the models' K channel spread (whether per-channel K would pay).
 // Target (issue 33): an 8-bit choice at ≤ 0.27 × f32 bytes per token with top-1 ≥ 99 % and mean
 // KL ≤ 0.01 on the 156M model's prompts.
 // Options: --models tiny,big (default both), --prompts N (default 24), --group N (prompts decoded
-// together in one batch, default 6; it bounds the reference's kept logits).
+// together in one batch, default 6; it bounds the reference's kept logits), --configs LIST (the
+// representations to measure, default all).
 // Writes bench-results/kv_quality/{top1,kl}.svg; last line {"bench":"kv_quality",…}.
 import { join } from 'node:path';
 import { Command, InvalidArgumentError, Option } from 'commander';
@@ -18,7 +21,7 @@ import { CODECS, codecByName, codecName } from '../src/common/chunk_codec.js';
 import { DType, DTYPE_NAMES, isEightBit } from '../src/common/dtype.js';
 import { ensureBuiltinModel } from '../src/engine/model/formats/builtin.js';
 import { LlamaModel } from '../src/engine/model/model.js';
-import { bytesPerToken, configName, CONTINUATION, kvcReference, qualityPrompts, referenceMargins, runKvc, Tally, type KvcConfig, type QualityFigures } from './_kv_quality.js';
+import { bytesPerToken, channelSpread, configName, CONTINUATION, kvcReference, qualityPrompts, referenceMargins, runKvc, Tally, type ChannelSpread, type KvcConfig, type QualityFigures } from './_kv_quality.js';
 import { bigModelDir } from './_peer_setup.js';
 import { resultsDir, writeBarsSvg, type BarRow } from './_plot.js';
 
@@ -26,7 +29,14 @@ const MODELS = ['tiny', 'big'] as const;
 type ModelName = (typeof MODELS)[number];
 const MODEL_LABEL: Record<ModelName, string> = { tiny: 'built-in tiny', big: 'random 156M' };
 
-function parseOptions(argv: string[]): { models: ModelName[]; prompts: number; group: number } {
+interface Options {
+  models: ModelName[];
+  prompts: number;
+  group: number;
+  configs: string[] | undefined;
+}
+
+function parseOptions(argv: string[]): Options {
   const int = (lo: number, hi: number) => (v: string) => {
     if (!/^[0-9]+$/.test(v) || Number(v) < lo || Number(v) > hi) throw new InvalidArgumentError(`expected an integer from ${lo} to ${hi}, got "${v}"`);
     return Number(v);
@@ -36,13 +46,20 @@ function parseOptions(argv: string[]): { models: ModelName[]; prompts: number; g
     for (const x of list) if (!(MODELS as readonly string[]).includes(x)) throw new InvalidArgumentError(`"${x}" is not a model; expected a comma-separated subset of ${MODELS.join(', ')}`);
     return list as ModelName[];
   };
+  const names = configs().map((c) => configName(c, codecName));
+  const configList = (v: string): string[] => {
+    const list = v.split(',').map((x) => x.trim());
+    for (const x of list) if (!names.includes(x)) throw new InvalidArgumentError(`"${x}" is not a representation; expected a comma-separated subset of ${names.join(', ')}`);
+    return list;
+  };
   return new Command('kv_quality')
     .description('output quality of each KV dtype and tier codec against f32 KV')
     .addOption(new Option('--models <list>', `models, comma-separated: ${MODELS.join(', ')}`).argParser(models).default([...MODELS]))
     .addOption(new Option('--prompts <n>', 'prompts per model').argParser(int(1, 1000)).default(24))
     .addOption(new Option('--group <n>', 'prompts decoded together in one batch').argParser(int(1, 64)).default(6))
+    .addOption(new Option('--configs <list>', `representations to measure, comma-separated (default all): ${names.join(', ')}`).argParser(configList))
     .parse(argv, { from: 'user' })
-    .opts<{ models: ModelName[]; prompts: number; group: number }>();
+    .opts<Options>();
 }
 
 /** Every engine KV dtype alone, and the 32/16-bit ones with every compressing codec (8-bit chunks are stored as held); f32 alone is the reference. */
@@ -71,18 +88,21 @@ interface Measured {
   skipped: Record<string, string>;
   /** The reference's top-1 − top-2 logit gap: median, and share of positions under 0.05. */
   margin: { medianGap: number; under005: number };
+  spread: ChannelSpread;
 }
 
-async function measure(model: ModelName, promptCount: number, group: number): Promise<Measured> {
+async function measure(model: ModelName, promptCount: number, group: number, only: string[] | undefined): Promise<Measured> {
   const dir = model === 'tiny' ? await ensureBuiltinModel('tiny') : await bigModelDir();
   const m = await LlamaModel.load(dir);
-  const cfgs = configs();
+  const cfgs = configs().filter((c) => !only || only.includes(configName(c, codecName)));
   const tallies = cfgs.map(() => new Tally());
   const seconds = cfgs.map(() => 0);
   const skipped: Record<string, string> = {};
   const prompts = qualityPrompts(promptCount, model === 'tiny' ? 7 : 11);
   const gaps: { medianGap: number; under005: number }[] = [];
+  let spread: ChannelSpread;
   try {
+    spread = channelSpread(m, prompts[0]!);
     for (let g = 0; g < prompts.length; g += group) {
       const ps = prompts.slice(g, g + group);
       const t0 = performance.now();
@@ -116,16 +136,29 @@ async function measure(model: ModelName, promptCount: number, group: number): Pr
   }
   // Per group, weighted alike (groups differ by at most one prompt): a summary, not an exact pooled median.
   const margin = { medianGap: gaps.reduce((a, g) => a + g.medianGap, 0) / gaps.length, under005: gaps.reduce((a, g) => a + g.under005, 0) / gaps.length };
-  return { rows, skipped, margin };
+  return { rows, skipped, margin, spread };
 }
 
-function printTable(model: ModelName, rows: Row[], prompts: number, margin: Measured['margin']): void {
+function printTable(model: ModelName, rows: Row[], prompts: number, margin: Measured['margin'], spread: ChannelSpread): void {
   console.log(`\n${MODEL_LABEL[model]}: ${prompts} prompts × ${CONTINUATION} tokens, against f32 KV`);
   console.log(`reference top-1 − top-2 logit gap: median ${margin.medianGap.toFixed(3)}, ${(100 * margin.under005).toFixed(1)} % of positions under 0.05`);
+  console.log(`channel RMS, largest ÷ median over a (layer, KV head)'s head_dim channels: K median ${spread.k.median.toFixed(2)}, max ${spread.k.max.toFixed(2)}; V median ${spread.v.median.toFixed(2)}, max ${spread.v.max.toFixed(2)}`);
   console.log('config        bytes/token  × f32   top-1 %   mean KL    max KL   greedy identical  mean tokens to 1st diff');
   for (const r of rows) {
     console.log(
       `${r.config.padEnd(12)}  ${String(r.bytesPerToken).padStart(11)}  ${r.bytesRatio.toFixed(3)}  ${(100 * r.top1).toFixed(2).padStart(7)}  ${r.meanKl.toExponential(2).padStart(9)}  ${r.maxKl.toExponential(2).padStart(8)}  ${`${r.greedyIdentical}/${r.prompts}`.padStart(16)}  ${r.greedyMeanPrefix.toFixed(1).padStart(23)}`,
+    );
+  }
+  // Where the flips are: a position flips only where the representation's perturbation exceeds the reference's gap.
+  const byGap = rows[0]?.byGap ?? [];
+  const cls = (b: { from: number; to: number }) => (b.to === Infinity ? `≥ ${b.from}` : `${b.from}–${b.to}`);
+  console.log(`\ntop-1 % by the reference's top-1 − top-2 gap (logits), and the representation's perturbation of the reference's choice (logits)`);
+  console.log(`config        ${byGap.map((b) => cls(b).padStart(10)).join('')}   pert. p50   pert. p99   top-1 where gap > p99 (share)`);
+  console.log(`share of pos. ${byGap.map((b) => `${(100 * b.share).toFixed(1)} %`.padStart(10)).join('')}`);
+  for (const r of rows) {
+    const pct = (x: number) => (Number.isNaN(x) ? '—' : (100 * x).toFixed(2));
+    console.log(
+      `${r.config.padEnd(12)}  ${r.byGap.map((b) => pct(b.top1).padStart(10)).join('')}  ${r.perturbation.p50.toExponential(2).padStart(10)}  ${r.perturbation.p99.toExponential(2).padStart(10)}   ${pct(r.beyondP99.top1)} (${(100 * r.beyondP99.share).toFixed(1)} %)`,
     );
   }
 }
@@ -138,12 +171,14 @@ async function main(): Promise<void> {
   const results: Partial<Record<ModelName, Row[]>> = {};
   const skippedAll: Record<string, Record<string, string>> = {};
   const margins: Record<string, Measured['margin']> = {};
+  const spreads: Record<string, ChannelSpread> = {};
   for (const model of o.models) {
-    const { rows, skipped, margin } = await measure(model, o.prompts, o.group);
+    const { rows, skipped, margin, spread } = await measure(model, o.prompts, o.group, o.configs);
     results[model] = rows;
     skippedAll[model] = skipped;
     margins[model] = margin;
-    printTable(model, rows, o.prompts, margin);
+    spreads[model] = spread;
+    printTable(model, rows, o.prompts, margin, spread);
   }
   const big = results.big;
   const winners = big ? big.filter(meetsTarget).map((r) => r.config) : null;
@@ -173,13 +208,26 @@ async function main(): Promise<void> {
           Object.fromEntries(
             rows.map((r) => [
               r.config,
-              { bytes_per_token: r.bytesPerToken, bytes_ratio: round(r.bytesRatio), top1: round(r.top1), mean_kl: round(r.meanKl), max_kl: round(r.maxKl), greedy_identical: r.greedyIdentical, greedy_mean_prefix: round(r.greedyMeanPrefix) },
+              {
+                bytes_per_token: r.bytesPerToken,
+                bytes_ratio: round(r.bytesRatio),
+                top1: round(r.top1),
+                mean_kl: round(r.meanKl),
+                max_kl: round(r.maxKl),
+                greedy_identical: r.greedyIdentical,
+                greedy_mean_prefix: round(r.greedyMeanPrefix),
+                perturbation_p50: round(r.perturbation.p50),
+                perturbation_p99: round(r.perturbation.p99),
+                top1_by_gap: r.byGap.map((b) => ({ gap_from: b.from, gap_to: b.to === Infinity ? null : b.to, share: round(b.share), top1: Number.isNaN(b.top1) ? null : round(b.top1) })),
+                top1_beyond_p99: { share: round(r.beyondP99.share), top1: Number.isNaN(r.beyondP99.top1) ? null : round(r.beyondP99.top1) },
+              },
             ]),
           ),
         ]),
       ),
       skipped: skippedAll,
       reference_margin: Object.fromEntries(Object.entries(margins).map(([k, v]) => [k, { median_gap: round(v.medianGap), share_under_0_05: round(v.under005) }])),
+      channel_spread: Object.fromEntries(Object.entries(spreads).map(([k, v]) => [k, { k_median: round(v.k.median), k_max: round(v.k.max), v_median: round(v.v.median), v_max: round(v.v.max) }])),
     }),
   );
 }

@@ -143,22 +143,22 @@ function printTable(model: ModelName, rows: Row[], prompts: number, margin: Meas
   console.log(`\n${MODEL_LABEL[model]}: ${prompts} prompts × ${CONTINUATION} tokens, against f32 KV`);
   console.log(`reference top-1 − top-2 logit gap: median ${margin.medianGap.toFixed(3)}, ${(100 * margin.under005).toFixed(1)} % of positions under 0.05`);
   console.log(`channel RMS, largest ÷ median over a (layer, KV head)'s head_dim channels: K median ${spread.k.median.toFixed(2)}, max ${spread.k.max.toFixed(2)}; V median ${spread.v.median.toFixed(2)}, max ${spread.v.max.toFixed(2)}`);
-  console.log('config        bytes/token  × f32   top-1 %   mean KL    max KL   greedy identical  mean tokens to 1st diff');
+  console.log('config          bytes/token  × f32   top-1 %   mean KL    max KL   greedy identical  mean tokens to 1st diff');
   for (const r of rows) {
     console.log(
-      `${r.config.padEnd(12)}  ${String(r.bytesPerToken).padStart(11)}  ${r.bytesRatio.toFixed(3)}  ${(100 * r.top1).toFixed(2).padStart(7)}  ${r.meanKl.toExponential(2).padStart(9)}  ${r.maxKl.toExponential(2).padStart(8)}  ${`${r.greedyIdentical}/${r.prompts}`.padStart(16)}  ${r.greedyMeanPrefix.toFixed(1).padStart(23)}`,
+      `${r.config.padEnd(14)}  ${String(r.bytesPerToken).padStart(11)}  ${r.bytesRatio.toFixed(3)}  ${(100 * r.top1).toFixed(2).padStart(7)}  ${r.meanKl.toExponential(2).padStart(9)}  ${r.maxKl.toExponential(2).padStart(8)}  ${`${r.greedyIdentical}/${r.prompts}`.padStart(16)}  ${r.greedyMeanPrefix.toFixed(1).padStart(23)}`,
     );
   }
   // Where the flips are: a position flips only where the representation's perturbation exceeds the reference's gap.
   const byGap = rows[0]?.byGap ?? [];
   const cls = (b: { from: number; to: number }) => (b.to === Infinity ? `≥ ${b.from}` : `${b.from}–${b.to}`);
   console.log(`\ntop-1 % by the reference's top-1 − top-2 gap (logits), and the representation's perturbation of the reference's choice (logits)`);
-  console.log(`config        ${byGap.map((b) => cls(b).padStart(10)).join('')}   pert. p50   pert. p99   top-1 where gap > p99 (share)`);
-  console.log(`share of pos. ${byGap.map((b) => `${(100 * b.share).toFixed(1)} %`.padStart(10)).join('')}`);
+  console.log(`config          ${byGap.map((b) => cls(b).padStart(10)).join('')}   pert. p50   pert. p99   top-1 where gap > p99 (share)`);
+  console.log(`share of pos.   ${byGap.map((b) => `${(100 * b.share).toFixed(1)} %`.padStart(10)).join('')}`);
   for (const r of rows) {
     const pct = (x: number) => (Number.isNaN(x) ? '—' : (100 * x).toFixed(2));
     console.log(
-      `${r.config.padEnd(12)}  ${r.byGap.map((b) => pct(b.top1).padStart(10)).join('')}  ${r.perturbation.p50.toExponential(2).padStart(10)}  ${r.perturbation.p99.toExponential(2).padStart(10)}   ${pct(r.beyondP99.top1)} (${(100 * r.beyondP99.share).toFixed(1)} %)`,
+      `${r.config.padEnd(14)}  ${r.byGap.map((b) => pct(b.top1).padStart(10)).join('')}  ${r.perturbation.p50.toExponential(2).padStart(10)}  ${r.perturbation.p99.toExponential(2).padStart(10)}   ${pct(r.beyondP99.top1)} (${(100 * r.beyondP99.share).toFixed(1)} %)`,
     );
   }
 }

@@ -1,44 +1,58 @@
-// `npm run bench -- disagg --burst [N@T]`: the burst workload of the disaggregation bench. Streams
-// run (short requests, open loop, as in the main bench) while N long prompts arrive within T ms
-// (default 6@1000: six texts of 1,500–3,000 words, about as many tokens, within one second, as a
-// batch job or a reconnecting client sends them; the short streams send token ids). Three deployments in one run, each started with `kvc up` at its
-// defaults (round-robin routing, every prompt prefilled on a prefiller): 1P1D (--prefillers 1
-// --decoders 1), 2P2D (--prefillers 2 --decoders 2) and colocated (--prefillers 0 --decoders 2).
-// For each: an idle window (the streams alone) and a burst window (the same streams, same seed,
-// plus the burst). Per window, what the streaming clients saw (ITL p99 and max, short TTFT p99)
-// and what the decoders did (summed over every decoder): the decode step interval p99 in the CPU
-// time of the scheduler's thread, which the machine's load does not stretch, and in wall time;
-// the longest event-loop delay; GC time; sequences per decode step; the share of the window the
-// first decoder waited for a CPU other programs held (with the 1-minute load average). Ratios
-// burst ÷ idle of the client ITL p99 and of the decoders' CPU interval p99. Plot:
-// bench-results/disagg/burst_itl.svg. Last line:
+// `npm run bench -- disagg --burst [N@T]`: the burst workload of the disaggregation bench. Four
+// streaming clients run for the whole window, each sending its requests back to back (48 prompt
+// tokens as token ids, 128 tokens streamed), client k from k × 250 ms, so the same four streams are
+// running whenever the burst arrives, in every configuration; at 2 s, N long prompts arrive within
+// T ms (default 6@1000: six texts of 1,500–3,000 words, about as many tokens, within one second, as
+// a batch job or a reconnecting client sends them); the window ends at 8 s (the 6 s after the burst
+// are what one prefiller core needs to compute the default burst). Three deployments in one run,
+// each started with `kvc up` at its defaults (round-robin routing, every prompt prefilled on a
+// prefiller): 1P1D (--prefillers 1 --decoders 1), 2P2D (--prefillers 2 --decoders 2) and
+// colocated (--prefillers 0 --decoders 2). For each: an idle window (the streams alone) and a burst
+// window (the same streams, same seeded prompts, plus the burst). Per window, what the streaming
+// clients saw (ITL p50/p90/p99/p99.9/max over every gap of every stream, how many gaps exceeded
+// 25/50/100 ms, short TTFT p99) and what the decoders did (summed over every decoder): the decode
+// step interval p99 in the CPU time of the scheduler's thread, which the machine's load does not
+// stretch, and in wall time; the longest event-loop delay; GC time; sequences per decode step; the
+// share of the window the first decoder waited for a CPU; and where the CPU time went (every
+// process's CPU share, the share its main thread waited for a CPU, each CPU's busy share;
+// bench/_disagg_cpu.ts). Ratios burst ÷ idle of the client ITL p99 and of the decoders' CPU
+// interval p99. Plot: bench-results/disagg/burst_itl.svg; every stream's gaps in burst_gaps.json.
+// Last line:
 // {"bench":"disagg-burst","burst":{"n":…,"within_ms":…},"1P1D":{…},"2P2D":{…},"colocated":{…}}
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { loadavg } from 'node:os';
 import { writeBarsSvg } from './_plot.js';
 import { histogram, schedstat } from './_disagg_deployment.js';
+import { cpuSnapshot, cpuWindow, type ProcRef } from './_disagg_cpu.js';
+import { seededRandom } from '../harness/numeric.js';
 
 /** What the burst mode borrows from bench/disagg.ts (one deployment and window machinery for both). */
 export interface BurstParts {
-  up(args: string[], logRoot: string): Promise<{ url: string; decoder: string; decoderPid: number | null; engines: string[]; decoders: string[]; stop(): Promise<void> }>;
+  up(args: string[], logRoot: string): Promise<{ url: string; decoder: string; decoderPid: number | null; engines: string[]; decoders: string[]; procs: ProcRef[]; stop(): Promise<void> }>;
   warm(url: string): Promise<void>;
   settle(engines: string[]): Promise<void>;
-  /** The short requests of a window of `seconds` from `seed` (no long prompts). */
-  shortPlan(seconds: number, seed: number): { atMs: number; kind: 'short' | 'long'; prompt: number[] | string; maxTokens: number }[];
   /** N long prompts (token ids, seeded). */
   longPrompts(n: number, seed: number): number[][];
   longTokens: number;
-  window(url: string, plan: { atMs: number; kind: 'short' | 'long'; prompt: number[] | string; maxTokens: number }[], seconds: number): Promise<{ kind: 'short' | 'long'; ok: boolean; ttftMs: number | null; gaps: { ms: number }[] }[]>;
+  streamsWindow(
+    url: string,
+    clients: { count: number; staggerMs: number; request(k: number, i: number): { prompt: number[]; maxTokens: number } },
+    longs: { atMs: number; kind: 'short' | 'long'; prompt: number[] | string; maxTokens: number }[],
+    seconds: number,
+  ): Promise<{ kind: 'short' | 'long'; ok: boolean; ttftMs: number | null; t0: number; gaps: { t: number; ms: number }[] }[]>;
   pct(xs: number[], p: number): number;
   /** The decoder's own view of a window (metrics text before and after). */
   scrape(url: string): Promise<string>;
 }
 
-const WINDOW_S = 12;
-/** When the burst starts within its window (s): streams are running by then. */
+/** Window length (s): the burst's 6 s are what one prefiller core needs to compute the default burst. */
+const WINDOW_S = 8;
+/** When the burst starts within its window (s): every stream is running by then. */
 const BURST_AT_S = 2;
 const SEED = 5;
+/** The streaming clients: how many, their start stagger, and each request's prompt and output length. */
+const CLIENTS = { count: 4, staggerMs: 250, promptTokens: 48, maxTokens: 128 } as const;
 const CONFIGS: [string, string[]][] = [
   ['1P1D', ['--prefillers', '1', '--decoders', '1']],
   ['2P2D', ['--prefillers', '2', '--decoders', '2']],
@@ -137,10 +151,30 @@ function decoderView(before: string[], after: string[], sched: { before: ReturnT
   };
 }
 
-type WindowFigures = { itl_p99_ms: number; itl_max_ms: number; short_ttft_p99_ms: number; load1: number } & ReturnType<typeof decoderView>;
+/** How the clients' gaps are spread: the tail a p99 stands on (how many gaps a stall touched). */
+function gapFigures(gaps: number[]) {
+  const over = (ms: number) => gaps.filter((g) => g > ms).length;
+  return { gaps: gaps.length, itl_p50_ms: r1(pctOf(gaps, 50)), itl_p90_ms: r1(pctOf(gaps, 90)), itl_p999_ms: r1(pctOf(gaps, 99.9)), gaps_over_25ms: over(25), gaps_over_50ms: over(50), gaps_over_100ms: over(100) };
+}
+
+function pctOf(xs: number[], p: number): number {
+  if (!xs.length) return NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))]!;
+}
+
+type WindowFigures = { itl_p99_ms: number; itl_max_ms: number; short_ttft_p99_ms: number; load1: number } & ReturnType<typeof gapFigures> & ReturnType<typeof decoderView> & { cpu: ReturnType<typeof cpuWindow> };
 
 export async function burstBench(parts: BurstParts, burst: { n: number; withinMs: number }, outDir: string, logRoot: string, only: string[] = parseConfigs(undefined)): Promise<void> {
-  const shorts = parts.shortPlan(WINDOW_S, SEED);
+  const clients = {
+    count: CLIENTS.count,
+    staggerMs: CLIENTS.staggerMs,
+    // Client k's i-th prompt: token ids from its own seed, the same in every window and configuration.
+    request: (k: number, i: number) => {
+      const r = seededRandom(SEED * 1_000_003 + k * 10_007 + i);
+      return { prompt: Array.from({ length: CLIENTS.promptTokens }, () => 100 + Math.floor(r() * 31000)), maxTokens: CLIENTS.maxTokens };
+    },
+  };
   const longs = parts.longPrompts(burst.n, SEED).map((ids, i) => ({
     atMs: BURST_AT_S * 1000 + (burst.n > 1 ? (i * burst.withinMs) / (burst.n - 1) : 0),
     kind: 'long' as const,
@@ -148,26 +182,30 @@ export async function burstBench(parts: BurstParts, burst: { n: number; withinMs
     words: ids.length,
     maxTokens: parts.longTokens,
   }));
-  const burstPlan = [...shorts, ...longs].sort((a, b) => a.atMs - b.atMs);
   console.log(
-    `disagg burst workload: ${shorts.length} short streams over ${WINDOW_S} s (same seeded requests in both windows); burst window adds ${burst.n} long prompts ` +
+    `disagg burst workload: ${CLIENTS.count} streaming clients (client k from k x ${CLIENTS.staggerMs} ms, requests back to back: ${CLIENTS.promptTokens} prompt tokens -> ${CLIENTS.maxTokens} streamed, same seeded prompts in both windows) over ${WINDOW_S} s; burst window adds ${burst.n} long prompts ` +
       `(texts of ${longs.map((l) => l.words).join(', ')} words, about as many tokens) within ${burst.withinMs} ms from ${BURST_AT_S} s. Configurations at kvc up defaults: ${CONFIGS.filter(([n]) => only.includes(n)).map(([n, a]) => `${n} (${a.join(' ')})`).join('; ')}`,
   );
   type Result = { idle: WindowFigures; burst: WindowFigures; ratio: number; cpu_ratio: number; failed: number; long_ttft_p50_ms: number };
   const out: Record<string, Result> = {};
+  // Every stream's gaps with their time in the window, per configuration and window (burst_gaps.json).
+  const raw: Record<string, Record<string, { kind: string; t0: number; ttft_ms: number | null; gaps: [number, number][] }[]>> = {};
   for (const [name, args] of CONFIGS.filter(([n]) => only.includes(n))) {
     const dep = await parts.up(args, logRoot);
     try {
       await parts.warm(dep.url);
-      const measure = async (plan: typeof burstPlan) => {
+      const measure = async (plan: typeof longs) => {
         await parts.settle(dep.engines);
         const load1 = loadavg()[0]!;
         const before = await Promise.all(dep.decoders.map((d) => parts.scrape(d))); // also resets the event-loop lag max
+        const procs = [...dep.procs, { name: 'bench-client', pid: process.pid }];
+        const c0 = cpuSnapshot(procs);
         const s0 = schedstat(dep.decoderPid);
         const t0 = performance.now();
-        const done = await parts.window(dep.url, plan, WINDOW_S);
+        const done = await parts.streamsWindow(dep.url, clients, plan, WINDOW_S);
         const seconds = (performance.now() - t0) / 1000;
         const s1 = schedstat(dep.decoderPid);
+        const c1 = cpuSnapshot(procs);
         const after = await Promise.all(dep.decoders.map((d) => parts.scrape(d)));
         const gaps = done.filter((d) => d.kind === 'short').flatMap((d) => d.gaps.map((g) => g.ms));
         const figures: WindowFigures = {
@@ -176,12 +214,16 @@ export async function burstBench(parts: BurstParts, burst: { n: number; withinMs
           // A short request held behind the burst's long prompts (a prefiller's queue) waits here.
           short_ttft_p99_ms: r1(parts.pct(done.filter((d) => d.kind === 'short' && d.ttftMs !== null).map((d) => d.ttftMs!), 99)),
           load1: Math.round(((load1 + loadavg()[0]!) / 2) * 10) / 10,
+          ...gapFigures(gaps),
           ...decoderView(before, after, { before: s0, after: s1, seconds }),
+          cpu: cpuWindow(c0, c1),
         };
         return { done, figures };
       };
-      const idle = await measure(shorts);
-      const hit = await measure(burstPlan);
+      const idle = await measure([]);
+      const hit = await measure(longs);
+      const rawOf = (ds: typeof idle.done) => ds.map((d) => ({ kind: d.kind, t0: Math.round(d.t0 * 1000) / 1000, ttft_ms: d.ttftMs === null ? null : r1(d.ttftMs), gaps: d.gaps.map((g) => [Math.round(g.t * 1000) / 1000, r1(g.ms)] as [number, number]) }));
+      raw[name] = { idle: rawOf(idle.done), burst: rawOf(hit.done) };
       const ttfts = hit.done.filter((d) => d.kind === 'long' && d.ttftMs !== null).map((d) => d.ttftMs!);
       out[name] = {
         idle: idle.figures,
@@ -209,6 +251,7 @@ export async function burstBench(parts: BurstParts, burst: { n: number; withinMs
   ]);
   const svg = await writeBarsSvg(join(outDir, 'burst_itl.svg'), `${burst.n} long prompts within ${burst.withinMs} ms while streams run: what streaming clients and the decoders saw`, rows, 'value');
   writeFileSync(join(outDir, 'burst_results.json'), JSON.stringify({ burst, results: out }, null, 2));
+  writeFileSync(join(outDir, 'burst_gaps.json'), JSON.stringify(raw));
   const co = out.colocated?.burst.itl_p99_ms ?? NaN;
   const coCpu = out.colocated?.burst.cpu_interval_p99_ms ?? NaN;
   for (const name of ['1P1D', '2P2D']) {

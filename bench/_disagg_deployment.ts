@@ -23,6 +23,8 @@ export interface Deployment {
   engines: string[];
   /** HTTP address of every engine that serves streams (decoders, or colocated engines). */
   decoders: string[];
+  /** Every process of the deployment by its `kvc up` name (controller, proxy, engines), with its pid. */
+  procs: { name: string; pid: number }[];
   stop(): Promise<void>;
 }
 
@@ -69,8 +71,9 @@ export async function up(args: string[], logRoot: string): Promise<Deployment> {
       let decoderPid: number | null = null;
       const engines: string[] = [];
       const decoders: string[] = [];
+      let procs: { name: string; pid: number }[] = [];
       try {
-        const procs = (JSON.parse(readFileSync(join(logDir, 'deployment.json'), 'utf8')) as { processes: { name: string; pid: number }[] }).processes;
+        procs = (JSON.parse(readFileSync(join(logDir, 'deployment.json'), 'utf8')) as { processes: { name: string; pid: number }[] }).processes.map((p) => ({ name: p.name, pid: p.pid }));
         decoderPid = procs.find((p) => p.name === 'decoder-0' || p.name === 'engine-0')?.pid ?? null;
         // Prefillers listen on 7100 + i, decoders and colocated engines on 7200 + i (+ offset).
         for (const p of procs) {
@@ -82,7 +85,7 @@ export async function up(args: string[], logRoot: string): Promise<Deployment> {
       } catch {
         /* no pid: the run-queue figures are reported as null; no engine list: windows do not wait to settle */
       }
-      return { url: ready, decoder: `http://127.0.0.1:${7200 + offset}`, decoderPid, logDir, engines, decoders, stop };
+      return { url: ready, decoder: `http://127.0.0.1:${7200 + offset}`, decoderPid, logDir, engines, decoders, procs, stop };
     }
     await stop();
     // Another program may take a port between the check and the start: try another offset.

@@ -155,6 +155,51 @@ export async function window(url: string, plan: Arrival[], seconds: number): Pro
   return done;
 }
 
+/**
+ * A window of the burst workload: `clients` streaming clients, client k starting at k ×
+ * `staggerMs` and sending its requests back to back (the next when the last one ends) until the
+ * window's end, so that the same number of streams is running whenever the long prompts arrive,
+ * in every configuration; and the `longs` (open loop: each sent at its time, whatever is running).
+ * Client k's i-th request is `stream(k, i)` (decided by the caller from a seed). Requests still
+ * running DRAIN_S after the window's end are cut.
+ */
+export async function streamsWindow(
+  url: string,
+  clients: { count: number; staggerMs: number; request(k: number, i: number): { prompt: number[]; maxTokens: number } },
+  longs: Arrival[],
+  seconds: number,
+): Promise<Done[]> {
+  const done: Done[] = [];
+  const cut = new AbortController();
+  const w0 = performance.now();
+  const end = w0 + seconds * 1000;
+  const sleepUntil = async (t: number) => {
+    const wait = t - performance.now();
+    if (wait > 0) await new Promise((res) => setTimeout(res, wait));
+  };
+  const client = async (k: number) => {
+    await sleepUntil(w0 + k * clients.staggerMs);
+    for (let i = 0; performance.now() < end && !cut.signal.aborted; i++) {
+      const r = clients.request(k, i);
+      const d = await streamOne(url, r.prompt, r.maxTokens, 'short', w0, cut.signal);
+      done.push(d);
+      if (!d.ok) await sleepUntil(performance.now() + 100); // a refused request is not retried in a tight loop
+    }
+  };
+  const sendLongs = async () => {
+    const inflight: Promise<void>[] = [];
+    for (const a of longs) {
+      await sleepUntil(w0 + a.atMs);
+      inflight.push(streamOne(url, a.prompt, a.maxTokens, a.kind, w0, cut.signal).then((d) => void done.push(d)));
+    }
+    await Promise.all(inflight);
+  };
+  const drain = setTimeout(() => cut.abort(), seconds * 1000 + DRAIN_S * 1000);
+  await Promise.all([...Array.from({ length: clients.count }, (_, k) => client(k)), sendLongs()]);
+  clearTimeout(drain);
+  return done;
+}
+
 // ---- statistics -------------------------------------------------------------------------------
 export function pct(xs: number[], p: number): number {
   if (!xs.length) return NaN;

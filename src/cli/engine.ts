@@ -4,7 +4,7 @@ import type { Command } from 'commander';
 import { gibToBytes } from '../common/config.js';
 import { logger } from '../common/log.js';
 import { validateCpuList } from '../common/cpu_set.js';
-import { applyCpuSet } from '../engine/placement.js';
+import { applyCpuSet, applyIdlePriority } from '../engine/placement.js';
 import { addSettings } from './flags.js';
 import { hostFlags } from './options.js';
 import { apiKeyFrom, applySecret } from './security.js';
@@ -32,6 +32,7 @@ interface EngineFlags {
   kvCacheMemory?: number;
   kvTransferConfig?: string;
   cpus?: string;
+  cpuPriority: 'normal' | 'idle';
   disableLogRequests?: boolean;
   disableLogStats?: boolean;
   chatTemplate?: string;
@@ -56,6 +57,11 @@ export function registerEngine(program: Command): void {
         // Before the model loads: its GEMM thread count is taken from this process's affinity.
         const n = applyCpuSet(validateCpuList('--cpus', f.cpus));
         log.info(`running on CPUs ${f.cpus.trim()} (${n} available to this process)`);
+      }
+      if (f.cpuPriority === 'idle') {
+        // Before the model loads too: the GEMM workers started then inherit the class.
+        applyIdlePriority();
+        log.info('running at idle CPU priority (SCHED_IDLE): only on CPU time no normal-priority program wants');
       }
       const { startEngine } = await import('../engine/server.js');
       const engine = await startEngine({

@@ -209,6 +209,13 @@ export const SETTINGS = {
     defaultText: 'every CPU',
     commands: ['engine'],
   }),
+  cpuPriority: setting<'normal' | 'idle'>({
+    flags: '--cpu-priority <level>',
+    help: 'CPU priority of every thread of this engine: normal, or idle (Linux SCHED_IDLE: it runs only on CPU time no normal-priority program wants; `kvc up` gives it to prefillers that share CPUs with decoders, so a decode step never waits behind prefill compute)',
+    default: 'normal',
+    parse: choice(['normal', 'idle'] as const),
+    commands: ['engine'],
+  }),
   enablePrefixCaching: setting<boolean>({
     flags: '--enable-prefix-caching',
     help: "reuse the KV of earlier prompts through a cache instance: without --kv-transfer-config, attaches a kv_both connector with the cache of $KVC_CONFIG_FILE (without one: a CPU tier of max_local_cpu_size GiB, taken on demand); on by default, as vLLM's prefix caching",

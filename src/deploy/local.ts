@@ -108,10 +108,15 @@ export class LocalDeployment {
     try {
       const nP = plan.engines.filter((e) => e.role === 'prefiller').length;
       const nD = plan.engines.filter((e) => e.role === 'decoder').length;
-      const where = (role: string) => plan.engines.find((e) => e.role === role)?.cpus ?? 'every CPU';
+      const where = (role: string) => {
+        const es = plan.engines.filter((e) => e.role === role);
+        const lists = [...new Set(es.map((e) => (e.cpus === null ? 'every CPU' : `CPU ${e.cpus}`)))];
+        const on = lists.length === 1 ? `on ${lists[0]!}` : `(${es.map((e) => `${e.name} on CPU ${e.cpus}`).join(', ')})`;
+        return es.some((e) => e.idlePriority) ? `${on} at idle CPU priority` : on;
+      };
       this.r.out(nP === 0
-        ? `kvc up: ${nD} colocated kv_both engine(s) on ${where('decoder')}, model ${this.r.model}; logs and configs in ${logDir}`
-        : `kvc up: ${nP} prefiller(s) on ${where('prefiller')}, ${nD} decoder(s) on ${where('decoder')}, model ${this.r.model}; logs and configs in ${logDir}`);
+        ? `kvc up: ${nD} colocated kv_both engine(s) ${where('decoder')}, model ${this.r.model}; logs and configs in ${logDir}`
+        : `kvc up: ${nP} prefiller(s) ${where('prefiller')}, ${nD} decoder(s) ${where('decoder')}, model ${this.r.model}; logs and configs in ${logDir}`);
       if (plan.controller) {
         const c = this.launch(new Child({
           name: 'controller',

@@ -1,12 +1,18 @@
 // CPU placement of a local deployment (`kvc up --placement`): which cores each engine runs on,
-// handed to every engine as `kvc engine --cpus LIST`. The controller and the proxy are not pinned
-// (they do little work and may run anywhere).
+// handed to every engine as `kvc engine --cpus LIST`, and at which CPU priority prefillers run
+// (`kvc engine --cpu-priority`). The controller and the proxy are not pinned (they do little work
+// and may run anywhere).
 //
-//   split (default)  prefillers and decoders get disjoint halves of the machine's CPUs, in
+//   split (default)  prefillers and decoders get disjoint parts of the machine's CPUs, in
 //                    proportion to their counts (at least one CPU each): a long prompt being
-//                    prefilled never takes a decoder's core. On 2 CPUs: prefillers on CPU 0,
-//                    decoders on CPU 1. With one CPU, or with no prefillers (`--prefillers 0`:
-//                    colocated kv_both engines), every engine runs on every CPU.
+//                    prefilled never takes a decoder's core. On 2 CPUs, 1P1D: prefiller on CPU 0,
+//                    decoder on CPU 1. When that would put several decoders on one CPU while
+//                    the machine has a CPU for each (2P2D or 1P2D on 2 CPUs), each decoder gets a
+//                    CPU of its own instead and the prefillers run on every CPU at idle priority
+//                    (SCHED_IDLE): two decoders sharing a core wait for each other's steps, while a
+//                    prefiller at idle priority gives a decoder's core back the moment the
+//                    decoder has a step to run. With one CPU, or with no prefillers
+//                    (`--prefillers 0`: colocated kv_both engines), every engine runs on every CPU.
 //   shared           no pinning: every engine may run on every CPU.
 //   prefill=LIST/decode=LIST
 //                    explicit cpulists for each role (e.g. `prefill=0/decode=1`,
@@ -16,10 +22,13 @@ import { formatCpuList, machineCpus, validateCpuList } from '../common/cpu_set.j
 
 export type Placement = { kind: 'split' } | { kind: 'shared' } | { kind: 'explicit'; prefill: string | null; decode: string };
 
-/** The cpulist of each role (null: not pinned). */
+/** The cpulist of the prefillers and of each decoder (null: not pinned), and the prefillers' priority. */
 export interface RoleCpus {
   prefill: string | null;
-  decode: string | null;
+  /** Decoder j's cpulist (colocated engines too); its length is the number of decoders. */
+  decoders: (string | null)[];
+  /** Prefillers run at idle priority (they share CPUs with decoders). */
+  prefillIdle: boolean;
 }
 
 const FLAG = '--placement';
@@ -43,14 +52,20 @@ export function parsePlacement(text: string, machine: readonly number[] = machin
 
 /** The CPU lists of prefillers and decoders for `p` prefillers and `d` decoders. */
 export function placeEngines(pl: Placement, p: number, d: number, machine: readonly number[] = machineCpus()): RoleCpus {
-  if (pl.kind === 'shared') return { prefill: null, decode: null };
+  const each = (list: string | null) => Array.from({ length: d }, () => list);
+  if (pl.kind === 'shared') return { prefill: null, decoders: each(null), prefillIdle: false };
   if (pl.kind === 'explicit') {
     if (p === 0 && pl.prefill !== null) throw new Error(`${FLAG}: "prefill=${pl.prefill}" given with --prefillers 0 (there is no prefiller to place)`);
     if (p > 0 && pl.prefill === null) throw new Error(`${FLAG}: "prefill=LIST" is missing (the deployment has ${p} prefiller(s))`);
-    return { prefill: pl.prefill, decode: pl.decode };
+    return { prefill: pl.prefill, decoders: each(pl.decode), prefillIdle: false };
   }
   const cpus = [...machine].sort((a, b) => a - b);
-  if (p === 0 || cpus.length < 2) return { prefill: null, decode: null };
+  if (p === 0 || cpus.length < 2) return { prefill: null, decoders: each(null), prefillIdle: false };
   const nPrefill = Math.max(1, Math.min(cpus.length - 1, Math.round((cpus.length * p) / (p + d))));
-  return { prefill: formatCpuList(cpus.slice(0, nPrefill)), decode: formatCpuList(cpus.slice(nPrefill)) };
+  if (d > cpus.length - nPrefill && d <= cpus.length) {
+    // The decoders' part would hold fewer CPUs than decoders: a CPU each (the last ones), and the
+    // prefillers on every CPU, below any decoder.
+    return { prefill: formatCpuList(cpus), decoders: cpus.slice(cpus.length - d).map((c) => formatCpuList([c])), prefillIdle: true };
+  }
+  return { prefill: formatCpuList(cpus.slice(0, nPrefill)), decoders: each(formatCpuList(cpus.slice(nPrefill))), prefillIdle: false };
 }

@@ -106,6 +106,8 @@ export interface EngineSpec {
   connector: Record<string, unknown>;
   /** `--cpus` of this engine (a cpulist), or null: every CPU. */
   cpus: string | null;
+  /** `--cpu-priority idle` (a prefiller sharing CPUs with decoders; src/deploy/placement.ts). */
+  idlePriority?: boolean;
 }
 
 export interface PortUse {
@@ -237,11 +239,12 @@ export function makePlan(o: PlanOptions): Plan {
         kv_connector_extra_config: { discard_partial_chunks: false, kvc_rpc_port: `producer${i + 1}` },
       },
       cpus: cpus.prefill,
+      ...(cpus.prefillIdle ? { idlePriority: true } : {}),
     });
   }
   for (let j = 0; j < o.decoders; j++) {
     if (colocated) {
-      engines.push(colocatedEngine(j, off(BASE_PORTS.decoder + j), engineCache(`engine-${j}`, MAX_PER_ROLE + j), cpus.decode, at(`engine-${j}`)));
+      engines.push(colocatedEngine(j, off(BASE_PORTS.decoder + j), engineCache(`engine-${j}`, MAX_PER_ROLE + j), cpus.decoders[j] ?? null, at(`engine-${j}`)));
       continue;
     }
     const name = `decoder-${j}`;
@@ -270,7 +273,7 @@ export function makePlan(o: PlanOptions): Plan {
         kv_role: 'kv_consumer',
         kv_connector_extra_config: { discard_partial_chunks: false, kvc_rpc_port: `consumer${j + 1}`, skip_last_n_tokens: 1 },
       },
-      cpus: cpus.decode,
+      cpus: cpus.decoders[j] ?? null,
     });
   }
   const controller = ctlAt ? { port: off(BASE_PORTS.controller), monitorPort: controllerMonitor, ...ctlAt } : null;
@@ -344,6 +347,7 @@ export function engineArgs(plan: Plan, e: EngineSpec, connector: string): string
     '--disable-log-requests',
     ...secretArgs(plan),
     ...(e.cpus !== null ? ['--cpus', e.cpus] : []),
+    ...(e.idlePriority ? ['--cpu-priority', 'idle'] : []),
   ];
 }
 

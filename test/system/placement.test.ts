@@ -1,6 +1,7 @@
 // CPU placement: cpulists (`kvc engine --cpus`), the plans of `kvc up --placement`, and
 // `kvc up --prefillers 0` (colocated kv_both engines behind the proxy). Unknown CPUs and malformed
-// lists are clear start errors naming the flag; a started engine really runs on its set.
+// lists are clear start errors naming the flag; a started engine really runs on its set, and at
+// idle CPU priority when asked (`--cpu-priority idle`, what `kvc up` gives prefillers sharing CPUs).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -27,12 +28,17 @@ test('cpulists parse, format and name what is wrong', () => {
 });
 
 test('kvc up --placement: split (default), shared, explicit, colocated', () => {
-  assert.deepEqual(placeEngines({ kind: 'split' }, 1, 1, [0, 1]), { prefill: '0', decode: '1' });
-  assert.deepEqual(placeEngines({ kind: 'split' }, 2, 2, [0, 1, 2, 3]), { prefill: '0-1', decode: '2-3' });
-  assert.deepEqual(placeEngines({ kind: 'split' }, 3, 1, [0, 1, 2, 3]), { prefill: '0-2', decode: '3' });
-  assert.deepEqual(placeEngines({ kind: 'split' }, 1, 1, [0]), { prefill: null, decode: null }, 'one CPU: nothing to split');
-  assert.deepEqual(placeEngines({ kind: 'split' }, 0, 2, [0, 1]), { prefill: null, decode: null }, 'colocated engines share every CPU');
-  assert.deepEqual(placeEngines({ kind: 'shared' }, 1, 1, [0, 1]), { prefill: null, decode: null });
+  const pl = (prefill: string | null, decoders: (string | null)[], prefillIdle = false) => ({ prefill, decoders, prefillIdle });
+  assert.deepEqual(placeEngines({ kind: 'split' }, 1, 1, [0, 1]), pl('0', ['1']));
+  assert.deepEqual(placeEngines({ kind: 'split' }, 2, 2, [0, 1, 2, 3]), pl('0-1', ['2-3', '2-3']));
+  assert.deepEqual(placeEngines({ kind: 'split' }, 3, 1, [0, 1, 2, 3]), pl('0-2', ['3']));
+  // Two decoders would share CPU 1: a CPU each, the prefillers on both at idle priority.
+  assert.deepEqual(placeEngines({ kind: 'split' }, 2, 2, [0, 1]), pl('0-1', ['0', '1'], true));
+  assert.deepEqual(placeEngines({ kind: 'split' }, 1, 2, [0, 1]), pl('0-1', ['0', '1'], true));
+  assert.deepEqual(placeEngines({ kind: 'split' }, 1, 3, [0, 1]), pl('0', ['1', '1', '1']), 'more decoders than CPUs: they share the decoders\' part');
+  assert.deepEqual(placeEngines({ kind: 'split' }, 1, 1, [0]), pl(null, [null]), 'one CPU: nothing to split');
+  assert.deepEqual(placeEngines({ kind: 'split' }, 0, 2, [0, 1]), pl(null, [null, null]), 'colocated engines share every CPU');
+  assert.deepEqual(placeEngines({ kind: 'shared' }, 1, 1, [0, 1]), pl(null, [null]));
   assert.deepEqual(parsePlacement('prefill=0/decode=1', [0, 1]), { kind: 'explicit', prefill: '0', decode: '1' });
   assert.deepEqual(parsePlacement('split', [0, 1]), { kind: 'split' });
   assert.throws(() => parsePlacement('prefill=0/decode=3', [0, 1]), /--placement decode=3: CPU 3 is not on this machine \(its CPUs are 0-1\)/);
@@ -46,8 +52,14 @@ test('kvc up --placement: split (default), shared, explicit, colocated', () => {
   const byName = Object.fromEntries(plan.engines.map((e) => [e.name, engineArgs(plan, e, '{}')]));
   assert.deepEqual(byName['prefiller-0']!.slice(-2), ['--cpus', '0']);
   assert.deepEqual(byName['decoder-0']!.slice(-2), ['--cpus', '1']);
+  assert.ok(!byName['prefiller-0']!.includes('--cpu-priority'), 'a prefiller on its own CPUs keeps normal priority');
   const shared = makePlan({ ...base, machineCpus: [0, 1], placement: { kind: 'shared' } });
   for (const e of shared.engines) assert.ok(!engineArgs(shared, e, '{}').includes('--cpus'));
+  const twoByTwo = makePlan({ ...base, prefillers: 2, decoders: 2, machineCpus: [0, 1] });
+  const args2 = Object.fromEntries(twoByTwo.engines.map((e) => [e.name, engineArgs(twoByTwo, e, '{}')]));
+  for (const p of ['prefiller-0', 'prefiller-1']) assert.deepEqual(args2[p]!.slice(-4), ['--cpus', '0-1', '--cpu-priority', 'idle']);
+  assert.deepEqual(args2['decoder-0']!.slice(-2), ['--cpus', '0']);
+  assert.deepEqual(args2['decoder-1']!.slice(-2), ['--cpus', '1']);
 });
 
 test('kvc up --prefillers 0: kv_both engines behind a proxy with --num-prefillers 0', () => {
@@ -82,6 +94,28 @@ test('kvc engine --cpus: an unknown CPU is a start error naming the flag (nothin
   const q = startKvc(['engine', '--port', String(port), '--cpus', '0-']);
   assert.equal(await new Promise<number | null>((r) => q.child.once('exit', (c) => r(c))), 1);
   assert.match(q.output(), /--cpus: expected a CPU list/);
+});
+
+test('kvc engine --cpu-priority idle: every thread runs in SCHED_IDLE; a bad level is a start error', async () => {
+  const port = await freePortRange(1);
+  const bad = startKvc(['engine', '--port', String(port), '--cpu-priority', 'low']);
+  assert.notEqual(await new Promise<number | null>((r) => bad.child.once('exit', (c) => r(c))), 0);
+  assert.match(bad.output(), /--cpu-priority/);
+  assert.match(bad.output(), /normal.*idle|idle.*normal/);
+  const p = startKvc(['engine', '--port', String(port), '--cpu-priority', 'idle']);
+  try {
+    await waitHttp(`http://127.0.0.1:${port}/health`, 120_000);
+    assert.match(p.output(), /idle CPU priority \(SCHED_IDLE\)/);
+    const pid = p.child.pid!;
+    const tasks = readdirSync(`/proc/${pid}/task`);
+    assert.ok(tasks.length > 1);
+    for (const t of tasks) {
+      const out = execFileSync('chrt', ['-p', t]).toString();
+      assert.match(out, /SCHED_IDLE/, `thread ${t}: ${out}`);
+    }
+  } finally {
+    await p.kill();
+  }
 });
 
 test('kvc engine --cpus: every thread of the engine runs on the set', async () => {

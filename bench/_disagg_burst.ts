@@ -3,12 +3,14 @@
 // tokens as token ids, 128 tokens streamed), client k from k × 250 ms, so the same four streams are
 // running whenever the burst arrives, in every configuration; at 2 s, N long prompts arrive within
 // T ms (default 6@1000: six texts of 1,500–3,000 words, about as many tokens, within one second, as
-// a batch job or a reconnecting client sends them); the window ends at 8 s (the 6 s after the burst
-// are what one prefiller core needs to compute the default burst). Three deployments in one run,
+// a batch job or a reconnecting client sends them). The streams go on until the last long prompt
+// has ended (at least 8 s), and the clients' figures are taken over the burst's span, from its
+// first prompt's arrival to its last prompt's end: the whole of what the burst does to the streams
+// and only that, however long each configuration takes to serve it. Three deployments in one run,
 // each started with `kvc up` at its defaults (round-robin routing, every prompt prefilled on a
 // prefiller): 1P1D (--prefillers 1 --decoders 1), 2P2D (--prefillers 2 --decoders 2) and
-// colocated (--prefillers 0 --decoders 2). For each: an idle window (the streams alone) and a burst
-// window (the same streams, same seeded prompts, plus the burst). Per window, what the streaming
+// colocated (--prefillers 0 --decoders 2). For each: a burst window and an idle window (the same
+// streams, same seeded prompts, as long, measured over the same span, without the burst). Per window, what the streaming
 // clients saw (ITL p50/p90/p99/p99.9/max over every gap of every stream, how many gaps exceeded
 // 25/50/100 ms, short TTFT p99) and what the decoders did (summed over every decoder): the decode
 // step interval p99 in the CPU time of the scheduler's thread, which the machine's load does not
@@ -40,13 +42,13 @@ export interface BurstParts {
     clients: { count: number; staggerMs: number; request(k: number, i: number): { prompt: number[]; maxTokens: number } },
     longs: { atMs: number; kind: 'short' | 'long'; prompt: number[] | string; maxTokens: number }[],
     seconds: number,
-  ): Promise<{ kind: 'short' | 'long'; ok: boolean; ttftMs: number | null; t0: number; gaps: { t: number; ms: number }[] }[]>;
+  ): Promise<{ kind: 'short' | 'long'; ok: boolean; ttftMs: number | null; t0: number; t1?: number; gaps: { t: number; ms: number }[] }[]>;
   pct(xs: number[], p: number): number;
   /** The decoder's own view of a window (metrics text before and after). */
   scrape(url: string): Promise<string>;
 }
 
-/** Window length (s): the burst's 6 s are what one prefiller core needs to compute the default burst. */
+/** Shortest window (s); a burst window lasts until its last long prompt has ended. */
 const WINDOW_S = 8;
 /** When the burst starts within its window (s): every stream is running by then. */
 const BURST_AT_S = 2;
@@ -163,7 +165,7 @@ function pctOf(xs: number[], p: number): number {
   return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))]!;
 }
 
-type WindowFigures = { itl_p99_ms: number; itl_max_ms: number; short_ttft_p99_ms: number; load1: number } & ReturnType<typeof gapFigures> & ReturnType<typeof decoderView> & { cpu: ReturnType<typeof cpuWindow> };
+type WindowFigures = { span_s: [number, number]; itl_p99_ms: number; itl_max_ms: number; window_s: number; window_itl_p99_ms: number; window_gaps: number; short_ttft_p99_ms: number; load1: number } & ReturnType<typeof gapFigures> & ReturnType<typeof decoderView> & { cpu: ReturnType<typeof cpuWindow> };
 
 export async function burstBench(parts: BurstParts, burst: { n: number; withinMs: number }, outDir: string, logRoot: string, only: string[] = parseConfigs(undefined)): Promise<void> {
   const clients = {
@@ -184,7 +186,7 @@ export async function burstBench(parts: BurstParts, burst: { n: number; withinMs
   }));
   console.log(
     `disagg burst workload: ${CLIENTS.count} streaming clients (client k from k x ${CLIENTS.staggerMs} ms, requests back to back: ${CLIENTS.promptTokens} prompt tokens -> ${CLIENTS.maxTokens} streamed, same seeded prompts in both windows) over ${WINDOW_S} s; burst window adds ${burst.n} long prompts ` +
-      `(texts of ${longs.map((l) => l.words).join(', ')} words, about as many tokens) within ${burst.withinMs} ms from ${BURST_AT_S} s. Configurations at kvc up defaults: ${CONFIGS.filter(([n]) => only.includes(n)).map(([n, a]) => `${n} (${a.join(' ')})`).join('; ')}`,
+      `(texts of ${longs.map((l) => l.words).join(', ')} words, about as many tokens) within ${burst.withinMs} ms from ${BURST_AT_S} s; the streams go on until the last has ended (at least ${WINDOW_S} s) and the clients' figures cover the burst's span (its first arrival to its last end; the idle window: as long, same span). Configurations at kvc up defaults: ${CONFIGS.filter(([n]) => only.includes(n)).map(([n, a]) => `${n} (${a.join(' ')})`).join('; ')}`,
   );
   type Result = { idle: WindowFigures; burst: WindowFigures; ratio: number; cpu_ratio: number; failed: number; long_ttft_p50_ms: number };
   const out: Record<string, Result> = {};
@@ -194,7 +196,9 @@ export async function burstBench(parts: BurstParts, burst: { n: number; withinMs
     const dep = await parts.up(args, logRoot);
     try {
       await parts.warm(dep.url);
-      const measure = async (plan: typeof longs) => {
+      // One window: the streams (and the burst's prompts, if any) for at least `seconds`; the
+      // clients' figures are taken over the gaps that arrived between BURST_AT_S and `spanEnd` (s).
+      const measure = async (plan: typeof longs, seconds: number, spanEnd: (done: Awaited<ReturnType<BurstParts['streamsWindow']>>) => number) => {
         await parts.settle(dep.engines);
         const load1 = loadavg()[0]!;
         const before = await Promise.all(dep.decoders.map((d) => parts.scrape(d))); // also resets the event-loop lag max
@@ -202,26 +206,37 @@ export async function burstBench(parts: BurstParts, burst: { n: number; withinMs
         const c0 = cpuSnapshot(procs);
         const s0 = schedstat(dep.decoderPid);
         const t0 = performance.now();
-        const done = await parts.streamsWindow(dep.url, clients, plan, WINDOW_S);
-        const seconds = (performance.now() - t0) / 1000;
+        const done = await parts.streamsWindow(dep.url, clients, plan, seconds);
+        const windowS = (performance.now() - t0) / 1000;
         const s1 = schedstat(dep.decoderPid);
         const c1 = cpuSnapshot(procs);
         const after = await Promise.all(dep.decoders.map((d) => parts.scrape(d)));
-        const gaps = done.filter((d) => d.kind === 'short').flatMap((d) => d.gaps.map((g) => g.ms));
+        const end = spanEnd(done);
+        const shortsDone = done.filter((d) => d.kind === 'short');
+        const gaps = shortsDone.flatMap((d) => d.gaps.filter((g) => g.t >= BURST_AT_S && g.t <= end).map((g) => g.ms));
+        const all = shortsDone.flatMap((d) => d.gaps.map((g) => g.ms));
         const figures: WindowFigures = {
+          span_s: [BURST_AT_S, r1(end)],
           itl_p99_ms: r1(parts.pct(gaps, 99)),
           itl_max_ms: r1(Math.max(0, ...gaps)),
-          // A short request held behind the burst's long prompts (a prefiller's queue) waits here.
-          short_ttft_p99_ms: r1(parts.pct(done.filter((d) => d.kind === 'short' && d.ttftMs !== null).map((d) => d.ttftMs!), 99)),
-          load1: Math.round(((load1 + loadavg()[0]!) / 2) * 10) / 10,
           ...gapFigures(gaps),
-          ...decoderView(before, after, { before: s0, after: s1, seconds }),
+          // The whole window (the streams' first 2 s and, idle, any time after the span too).
+          window_s: r1(windowS),
+          window_itl_p99_ms: r1(parts.pct(all, 99)),
+          window_gaps: all.length,
+          // A short request held behind the burst's long prompts (a prefiller's queue) waits here.
+          short_ttft_p99_ms: r1(parts.pct(shortsDone.filter((d) => d.ttftMs !== null).map((d) => d.ttftMs!), 99)),
+          load1: Math.round(((load1 + loadavg()[0]!) / 2) * 10) / 10,
+          ...decoderView(before, after, { before: s0, after: s1, seconds: windowS }),
           cpu: cpuWindow(c0, c1),
         };
         return { done, figures };
       };
-      const idle = await measure([]);
-      const hit = await measure(longs);
+      // The burst window first: the burst's span (from its first prompt to the end of its last)
+      // sets the idle window's length and the span measured in it, so both cover the same time.
+      const hit = await measure(longs, WINDOW_S, (ds) => Math.max(...ds.filter((d) => d.kind === 'long').map((d) => d.t1 ?? WINDOW_S)));
+      const span = hit.figures.span_s[1];
+      const idle = await measure([], Math.max(WINDOW_S, span), () => span);
       const rawOf = (ds: typeof idle.done) => ds.map((d) => ({ kind: d.kind, t0: Math.round(d.t0 * 1000) / 1000, ttft_ms: d.ttftMs === null ? null : r1(d.ttftMs), gaps: d.gaps.map((g) => [Math.round(g.t * 1000) / 1000, r1(g.ms)] as [number, number]) }));
       raw[name] = { idle: rawOf(idle.done), burst: rawOf(hit.done) };
       const ttfts = hit.done.filter((d) => d.kind === 'long' && d.ttftMs !== null).map((d) => d.ttftMs!);

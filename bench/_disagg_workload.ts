@@ -40,6 +40,8 @@ export interface Done {
   kind: 'short' | 'long';
   /** Start, relative to the window start (s). */
   t0: number;
+  /** When it ended (its last byte, or its failure), relative to the window start (s). */
+  t1?: number;
   ttftMs: number | null;
   /** Inter-token gaps (ms) with their arrival time relative to the window start (s). */
   gaps: { t: number; ms: number }[];
@@ -86,10 +88,12 @@ async function streamOne(url: string, prompt: number[] | string, maxTokens: numb
         last = now;
       }
     }
+    out.t1 = (performance.now() - w0) / 1000;
     out.ok = out.ttftMs !== null;
     if (!out.ok) out.error = 'the stream ended without a token';
   } catch (e) {
     // Cut at the drain deadline or failed: counted as not meeting the SLO.
+    out.t1 = (performance.now() - w0) / 1000;
     out.error = signal.aborted ? 'cut at the drain deadline' : `${(e as Error).message}${(e as Error & { cause?: Error }).cause ? ` (${(e as Error & { cause?: Error }).cause!.message})` : ''}`.slice(0, 160);
   }
   return out;
@@ -157,11 +161,12 @@ export async function window(url: string, plan: Arrival[], seconds: number): Pro
 
 /**
  * A window of the burst workload: `clients` streaming clients, client k starting at k ×
- * `staggerMs` and sending its requests back to back (the next when the last one ends) until the
- * window's end, so that the same number of streams is running whenever the long prompts arrive,
- * in every configuration; and the `longs` (open loop: each sent at its time, whatever is running).
- * Client k's i-th request is `stream(k, i)` (decided by the caller from a seed). Requests still
- * running DRAIN_S after the window's end are cut.
+ * `staggerMs` and sending its requests back to back (the next when the last one ends), and the
+ * `longs` (open loop: each sent at its time, whatever is running). The clients keep streaming for
+ * at least `seconds` and until every long prompt has ended, so the whole of the burst's service
+ * is inside the window in every configuration, however long it takes. Client k's i-th request is
+ * `request(k, i)` (decided by the caller from a seed). Requests still running DRAIN_S after the
+ * clients stop are cut.
  */
 export async function streamsWindow(
   url: string,
@@ -173,13 +178,14 @@ export async function streamsWindow(
   const cut = new AbortController();
   const w0 = performance.now();
   const end = w0 + seconds * 1000;
+  let longsOver = longs.length === 0;
   const sleepUntil = async (t: number) => {
     const wait = t - performance.now();
     if (wait > 0) await new Promise((res) => setTimeout(res, wait));
   };
   const client = async (k: number) => {
     await sleepUntil(w0 + k * clients.staggerMs);
-    for (let i = 0; performance.now() < end && !cut.signal.aborted; i++) {
+    for (let i = 0; (performance.now() < end || !longsOver) && !cut.signal.aborted; i++) {
       const r = clients.request(k, i);
       const d = await streamOne(url, r.prompt, r.maxTokens, 'short', w0, cut.signal);
       done.push(d);
@@ -193,12 +199,18 @@ export async function streamsWindow(
       inflight.push(streamOne(url, a.prompt, a.maxTokens, a.kind, w0, cut.signal).then((d) => void done.push(d)));
     }
     await Promise.all(inflight);
+    longsOver = true;
   };
-  const drain = setTimeout(() => cut.abort(), seconds * 1000 + DRAIN_S * 1000);
+  // A long prompt that never ends must not keep the clients streaming forever: cut everything
+  // DRAIN_S after the window's length plus the longest a burst may take (LONGS_MAX_S).
+  const drain = setTimeout(() => cut.abort(), (seconds + LONGS_MAX_S + DRAIN_S) * 1000);
   await Promise.all([...Array.from({ length: clients.count }, (_, k) => client(k)), sendLongs()]);
   clearTimeout(drain);
   return done;
 }
+
+/** Longest the clients of a burst window keep streaming past its length while long prompts run (s). */
+const LONGS_MAX_S = 60;
 
 // ---- statistics -------------------------------------------------------------------------------
 export function pct(xs: number[], p: number): number {

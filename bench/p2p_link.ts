@@ -111,9 +111,10 @@ async function main(): Promise<void> {
         console.log(`  round ${r + 1} reuse ${mode.padEnd(3)}: ${fetches.map((f) => `${f.chunks}/${f.of} in ${f.ms} ms (${f.how}${f.stale ? `, ${f.stale} stale` : ''})`).join('; ')}`);
       }
     }
-    const ratio = later.on!.map((x, i) => Number((x / Math.max(1, later.off![i]!)).toFixed(2)));
+    // null where reuse off brought nothing (no ratio to take)
+    const ratio = later.on!.map((x, i) => (later.off![i]! > 0 ? Number((x / later.off![i]!).toFixed(2)) : null));
     console.log(`  tokens fetched within the bound, first fetch: reuse off ${first.off!.join(', ')}; on ${first.on!.join(', ')} (of ${o.tokens})`);
-    console.log(`  tokens fetched within the bound, later fetches (mean): reuse off ${later.off!.join(', ')}; on ${later.on!.join(', ')} (of ${o.tokens}); on ÷ off ${ratio.join(', ')}`);
+    console.log(`  tokens fetched within the bound, later fetches (mean): reuse off ${later.off!.join(', ')}; on ${later.on!.join(', ')} (of ${o.tokens}); on ÷ off ${ratio.map((x) => x ?? 'n/a (off: 0)').join(', ')}`);
     console.log(`  time of a later fetch (mean ms): reuse off ${laterMs.off!.join(', ')}; on ${laterMs.on!.join(', ')}`);
     const rows: BarRow[] = [];
     for (const mode of ['off', 'on']) {

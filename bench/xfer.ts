@@ -8,7 +8,8 @@
 // garbage collections during the measured transfer, beside the raw TCP sink's CPU per GB.
 // Per KV dtype (the engine's --kv-cache-dtype, each dtype chunks can hold): the same Llama-3-8B
 // shape at 256 tokens a chunk in each dtype, in rounds that alternate the dtypes' order, tokens a
-// second moved and their ratio to f32's in the same round (target: float16 ≥ 1.8 × f32); then the
+// second moved and their ratio to f32's in the same round (target: float16 ≥ 1.8 × f32), each dtype's
+// run moving the same bytes (~1 GiB: 16 chunks at f32, 32 at float16, 64 at 8 bits); then the
 // same for P2P fetches from a holder process per dtype (bench/_p2p_dtype.ts).
 // `--only dtype` runs just that part; `--rounds N` sets its rounds (default 3).
 // Last line: {"bench":"xfer","xfer_gbps":…,"tcp_gbps":…,"small_chunks_per_s":…,"recv_cpu_s_per_gb":…,
@@ -28,7 +29,17 @@ const SMALL_PER_REQ = 8;
 const SMALL_REQS = 400;
 
 const DTYPE_PER_REQ = 2;
+/** Requests of the f32 run; the other dtypes move the same bytes (more requests of smaller chunks). */
 const DTYPE_REQS = 8;
+/**
+ * Requests of a dtype's run: as many as move the f32 run's bytes, so every dtype's rate is measured
+ * over the same volume. With the same number of chunks instead, a 16 MiB-chunk run lasted ~0.2 s
+ * and what every run pays once (the first ALLOC, the last ACK, the call into the sender process)
+ * weighed on its tokens a second four times as much as on f32's.
+ */
+function dtypeReqs(d: DType): number {
+  return Math.round((DTYPE_REQS * chunkBytes({ ...LLAMA, dtype: DType.f32 }, TOKENS)) / chunkBytes({ ...LLAMA, dtype: d }, TOKENS));
+}
 
 function parseOptions(argv: string[]): { only: 'all' | 'dtype'; rounds: number } {
   return new Command('xfer')
@@ -50,7 +61,7 @@ async function perDtype(rounds: number): Promise<{ tps: Record<string, number[]>
   const tps: Record<string, number[]> = {};
   for (let r = 0; r < rounds; r++) {
     for (const d of r % 2 === 0 ? dtypes : [...dtypes].reverse()) {
-      const f = await xferRun({ ...LLAMA, dtype: d }, TOKENS, DTYPE_PER_REQ, DTYPE_REQS, `d${d}-${r}`);
+      const f = await xferRun({ ...LLAMA, dtype: d }, TOKENS, DTYPE_PER_REQ, dtypeReqs(d), `d${d}-${r}`);
       (tps[DTYPE_NAMES[d]] ??= []).push(Math.round(f.chunksPerS * TOKENS));
     }
   }
@@ -69,7 +80,7 @@ async function perDtype(rounds: number): Promise<{ tps: Record<string, number[]>
 async function main(): Promise<void> {
   const opts = parseOptions(process.argv.slice(2));
   if (opts.only === 'dtype') {
-    console.log(`xfer per KV dtype: Llama-3-8B shape, ${TOKENS} tokens a chunk, ${DTYPE_PER_REQ} per request, ${DTYPE_REQS} requests, ${opts.rounds} rounds`);
+    console.log(`xfer per KV dtype: Llama-3-8B shape, ${TOKENS} tokens a chunk, ${DTYPE_PER_REQ} per request, ${DTYPE_REQS} requests at f32 and the same bytes at each other dtype, ${opts.rounds} rounds`);
     const d = await perDtype(opts.rounds);
     console.log(JSON.stringify({ bench: 'xfer', dtype_tokens_per_s: d.tps, dtype_ratio_vs_f32: d.ratio, p2p_dtype_tokens_per_s: d.p2p, p2p_dtype_ratio_vs_f32: d.p2pRatio }));
     return;
@@ -98,7 +109,7 @@ async function main(): Promise<void> {
   const sinkCpu = median(tcpRuns.map((x) => x.sinkCpuPerGb));
   const fullGcs = median(xfRuns.map((x) => x.recvFullGcs));
   const smallRun = await xferRun(BUILTIN, TOKENS, SMALL_PER_REQ, SMALL_REQS, 's');
-  console.log(`  per KV dtype (${TOKENS}-token chunks, ${DTYPE_PER_REQ} per request, ${DTYPE_REQS} requests, ${opts.rounds} rounds):`);
+  console.log(`  per KV dtype (${TOKENS}-token chunks, ${DTYPE_PER_REQ} per request, ${DTYPE_REQS} requests at f32 and the same bytes at each other dtype, ${opts.rounds} rounds):`);
   const dt = await perDtype(opts.rounds);
   console.log(`  raw TCP (2 processes)   : ${tcp.map((x) => x.toFixed(2)).join(', ')} Gbit/s`);
   console.log(`  xfer 32 MiB chunks      : ${xf.map((x) => x.toFixed(2)).join(', ')} Gbit/s (${((xferGbps / tcpGbps) * 100).toFixed(0)}% of raw TCP; target >= 80%)`);

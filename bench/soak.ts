@@ -31,6 +31,7 @@ import { rssBytes } from '../harness/deployment.js';
 import { eventually, startLoad, type LoadResult } from '../harness/faults.js';
 import { resultsDir, writeLinesSvg, type LineRow } from './_plot.js';
 import { soakTarget, type Fault } from './_soak_targets.js';
+import { RESERVATION_TTL_MS } from '../src/xfer/receiver.js';
 
 function arg(name: string, def: number): number {
   const i = process.argv.indexOf(name);
@@ -167,7 +168,7 @@ async function main(): Promise<void> {
           // never read counts whole.
           const known = lastCache.get(name);
           cache = known && known.pid === pid ? known.bytes : 0;
-          unreadNow.push(name);
+          unreadNow.push(known && known.pid === pid ? name : `${name} (new process: counted whole)`);
           cacheUnread++;
         } else if (engine) lastCache.set(name, { pid, bytes: cache });
         const b = rssBytes(pid);
@@ -182,7 +183,7 @@ async function main(): Promise<void> {
       appendFileSync(minutesFile, JSON.stringify(line) + '\n');
       console.log(
         `minute ${m + 1}: ${batch.length} requests, status ${Object.entries(byStatus).map(([s, n]) => `${s}×${n}`).join(' ')}, TTFT p50 ${line.ttft_p50_ms} ms p99 ${line.ttft_p99_ms} ms; ` +
-          `RSS MiB ${Object.entries(rssNow).map(([k, v]) => `${k} ${v}${k in cacheNow ? ` (cache ${cacheNow[k]}${unreadNow.includes(k) ? ', unread: last reading' : ''})` : ''}`).join(', ')}${fault ? `; fault: ${fault.what}` : ''}`,
+          `RSS MiB ${Object.entries(rssNow).map(([k, v]) => `${k} ${v}${k in cacheNow ? ` (cache ${cacheNow[k]}${unreadNow.includes(k) ? ', unread: last reading' : unreadNow.some((u) => u.startsWith(`${k} `)) ? ', unread: new process, counted whole' : ''})` : ''}`).join(', ')}${fault ? `; fault: ${fault.what}` : ''}`,
       );
       console.log(`  memory MiB: ${Object.entries(detailNow).map(([k, d]) => `${k} ${Object.entries(d).map(([f, v]) => `${f} ${v}`).join(' ')}`).join('; ')}`);
     }
@@ -196,11 +197,18 @@ async function main(): Promise<void> {
   let leftInFlight = 0;
   let leakedReservations = 0;
   const transfers: Record<string, number> = { done: 0, failed: 0, abandoned: 0 };
+  // Stopping the load aborts the requests in flight; a decoder may hold a reservation for one whose
+  // decode never reached it (its client went away during the prefill). Nothing takes such a
+  // reservation, and the receiver's sweep frees it after RESERVATION_TTL_MS: only one still held
+  // past that bound is leaked.
+  let reservationsAtStop = 0;
+  for (const e of target.engines) reservationsAtStop += gauge(await readMetrics(e.http), 'kvc_xfer_reservations');
+  const stopped = Date.now();
   for (const e of target.engines) {
     await eventually(async () => {
       const t = await target.metrics(e.http);
       return t !== '' && gauge(t, 'kvc_engine_num_requests_running') + gauge(t, 'kvc_engine_num_requests_waiting') + gauge(t, 'kvc_xfer_reservations') === 0;
-    }, 30_000);
+    }, Math.max(0, RESERVATION_TTL_MS + 15_000 - (Date.now() - stopped)));
     const t = await target.metrics(e.http);
     if (t === '') {
       leftInFlight += 1; // an engine that cannot answer at the end is counted as holding work
@@ -210,6 +218,7 @@ async function main(): Promise<void> {
     leakedReservations += gauge(t, 'kvc_xfer_reservations');
     for (const o of Object.keys(transfers)) transfers[o]! += gauge(t, 'kvc_xfer_transfers_total', `outcome="${o}"`);
   }
+  const settledS = Math.round((Date.now() - stopped) / 1000);
   await target.stop();
 
   // Memory net of cache: the deployment's total per minute; the warm-up's peak against the peak after it.
@@ -250,7 +259,9 @@ async function main(): Promise<void> {
       errors_by_status: errors,
       unanswered,
       left_in_flight: leftInFlight,
+      reservations_at_stop: reservationsAtStop,
       leaked_reservations: leakedReservations,
+      settled_after_s: settledS,
       transfers_by_outcome: transfers,
       memory_net_of_cache_mib: { warmup_peak: Math.round(base / MiB), after_peak: Math.round(later / MiB) },
       memory_growth_pct: Math.round(growth * 1000) / 10,

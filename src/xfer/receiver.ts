@@ -17,6 +17,8 @@ export type { ReceiverStats, Taken, TransferOutcome } from './receive_buffer.js'
 export { TRANSFER_OUTCOMES } from './receive_buffer.js';
 
 const log = logger('xfer-recv');
+/** How long a reservation nobody takes (its request ended, or never came) is kept before the sweep frees it. */
+export const RESERVATION_TTL_MS = 120_000;
 
 export interface ReceiverOptions {
   host: string;
@@ -28,7 +30,7 @@ export interface ReceiverOptions {
   chunkSize: number;
   modelId: string;
   receiverId?: string;
-  /** Reservations not taken within this time are freed (default 120 s). */
+  /** Reservations not taken within this time are freed (default RESERVATION_TTL_MS). */
   ttlMs?: number;
   /**
    * xfer_deadline_floor_ms: a transfer not complete within this + its bytes / TRANSFER_MIN_RATE
@@ -64,7 +66,7 @@ export class XferReceiver extends EventEmitter {
   private constructor(readonly opts: ReceiverOptions) {
     super();
     this.receiverId = opts.receiverId ?? `recv-${randomBytes(4).toString('hex')}`;
-    this.ttlMs = opts.ttlMs ?? 120_000;
+    this.ttlMs = opts.ttlMs ?? RESERVATION_TTL_MS;
     this.buffer = new ReceiveBuffer({
       bufferBytes: opts.bufferBytes,
       maxChunkBytes: chunkBytes(opts.layout, opts.chunkSize),

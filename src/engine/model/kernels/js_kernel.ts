@@ -2,6 +2,7 @@
 // q8_dot.ts), used as the bitwise reference in tests and as the fallback where WASM SIMD is
 // unavailable.
 import { gatherStagedJs, softmaxRowsJs, stageInto, swigluJs } from './attention_js.js';
+import { attendInt8Js } from './attention_int8_js.js';
 import type { KvElements } from './layout.js';
 import { DType, DTYPE_BYTES } from '../../../common/dtype.js';
 import { e4m3Table, e5m2Table } from '../../../common/fp8.js';
@@ -168,6 +169,11 @@ export class JsKernel implements Kernel {
     const kt = new Float32Array(hd * Pb);
     const v = new Float32Array(Pb * hd);
     const dt = this.stagedDtype;
+    // int8 (head_dim a multiple of 4, as the WASM kernel's attendnarrow takes it): integer scores.
+    if (dt === DType.int8 && hd % 4 === 0) {
+      attendInt8Js(this.staged8, this.stagedKvDim, off, hd, keys, Pb, q, M, lens, scale, out, (a, m, K, b, N, o) => this.matmulDense(a, m, K, b, N, o));
+      return;
+    }
     const src = dt === DType.f32 ? this.staged : DTYPE_BYTES[dt] === 2 ? this.staged16 : this.staged8;
     gatherStagedJs(src, this.stagedKvDim, off, hd, keys, Pb, kt, v, this.widen, dt === DType.int8);
     this.attend(q, M, hd, kt, Pb, v, lens, scale, out);

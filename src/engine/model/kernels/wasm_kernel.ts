@@ -414,6 +414,13 @@ export class WasmKernel implements Kernel {
 
   attendStaged(q: Float32Array, M: number, hd: number, off: number, keys: number, lens: Int32Array, scale: number, out: Float32Array): void {
     const P = padTo(keys, STRIP);
+    if (this.stageDtype === DType.int8 && hd % 4 === 0 && M > 0) {
+      const s = this.attnScratch(q, 1, M, hd, P, lens, out);
+      const g = off / hd;
+      this.exp.attendnarrow(this.stagePtr, s.Q, s.S, s.O, s.L, M, hd, s.hdPad, this.stageKvDim, this.stageKvDim / hd, g, g + 1, keys, P, scale, DType.int8, s.KT, this.queryScratch(M, hd, s.V));
+      if (s.O !== s.outAt) this.readRows(s.O, M, hd, s.hdPad, out);
+      return;
+    }
     this.attendCore(q, M, hd, P, lens, scale, out, (KT, V, hdPad) => this.exp.gatherkv(this.stagePtr, keys, P, this.stageKvDim, off, hd, KT, V, hdPad, this.stageDtype));
   }
 
@@ -429,7 +436,8 @@ export class WasmKernel implements Kernel {
     const rows = M * hd;
     const split = this.helper.running && (M * hd * P >= SPLIT_MIN_MACS || M * P * hdPad >= SPLIT_MIN_MACS);
     // Narrow KV, few rows (decode): the products read the staged rows themselves, same bits.
-    const narrow = this.stageDtype !== DType.f32 && hd % 4 === 0 && M <= NARROW_MAX_ROWS && (M < 8 || !split);
+    // int8 always (its semantics are attendnarrow's, attention_int8_js.ts).
+    const narrow = this.stageDtype !== DType.f32 && hd % 4 === 0 && ((M <= NARROW_MAX_ROWS && (M < 8 || !split)) || this.stageDtype === DType.int8);
     if (split && !narrow) {
       for (let g = 0; g < heads; g++) {
         this.attendStaged(q.subarray(g * rows, (g + 1) * rows), M, hd, g * hd, keys, lens, scale, out.subarray(g * rows, (g + 1) * rows));
@@ -437,7 +445,7 @@ export class WasmKernel implements Kernel {
       return;
     }
     const s = this.attnScratch(q, heads, M, hd, P, lens, out);
-    if (narrow) this.exp.attendnarrow(this.stagePtr, s.Q, s.S, s.O, s.L, M, hd, s.hdPad, this.stageKvDim, heads, keys, P, scale, this.stageDtype, s.KT, s.V);
+    if (narrow) this.exp.attendnarrow(this.stagePtr, s.Q, s.S, s.O, s.L, M, hd, s.hdPad, this.stageKvDim, heads, 0, heads, keys, P, scale, this.stageDtype, s.KT, this.queryScratch(M, hd, s.V));
     else this.exp.attendheads(this.stagePtr, s.Q, s.KT, s.S, s.V, s.O, s.L, M, hd, s.hdPad, this.stageKvDim, heads, keys, P, scale, this.stageDtype);
     if (s.O !== s.outAt) this.readRows(s.O, heads * M, hd, s.hdPad, out);
   }
@@ -512,6 +520,23 @@ export class WasmKernel implements Kernel {
     if (this.helper.running && M >= 8 && M * P * (hd + hdPad) >= SPLIT_MIN_MACS) this.helper.share(ATTEND_ROWS, this.exp.attendrows, args, M, ATTEND_ROW_UNIT);
     else this.exp.attendrows(this.prm, 0, 0, 0, 0, 0, 0, 0, 0, M);
     if (O !== outAt) this.readRows(O, M, hd, hdPad, out);
+  }
+
+  private qsPtr = 0;
+  private qsBytes = 0;
+
+  /**
+   * attendnarrow's query scratch: f16/fp8's scaled queries (M·hd floats, at most 32 rows: the
+   * unused V operand `V` holds them), int8's int16 queries and scales (any M: a buffer of their own).
+   */
+  private queryScratch(M: number, hd: number, V: number): number {
+    if (this.stageDtype !== DType.int8) return V;
+    const bytes = padTo(M * padTo(hd, 8) * 2, 16) + (M + 4) * 4;
+    if (bytes > this.qsBytes) {
+      this.qsBytes = Math.max(bytes, this.qsBytes * 2);
+      this.qsPtr = this.alloc(this.qsBytes);
+    }
+    return this.qsPtr;
   }
 
   /** Byte address of attendrows' parameter block (allocated at first use). */

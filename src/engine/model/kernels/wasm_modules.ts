@@ -37,11 +37,11 @@ export interface KernelExports {
   argmaxcols(C: number, nPad: number, N: number, M: number, SLOT: number, u5: number, u6: number, u7: number, n0: number, n1: number): void;
   attendheads(stage: number, Q: number, KT: number, S: number, V: number, O: number, L: number, M: number, hd: number, hdPad: number, kvDim: number, heads: number, keys: number, P: number, scale: number, dt: number): void;
   /**
-   * attendheads over a narrow staged KV (dt 1..5, hd a multiple of 4) without the f32 operands: the
-   * products read the staged 16- and 8-bit rows and widen them in registers (wat/attention_narrow.ts);
-   * scr: scratch for 2·keys + 8 floats (int8's scales); qs: scratch for M·hd floats (scaled queries). Same bits as attendheads.
+   * The attention of KV heads [g0, g1) over a narrow staged KV (dt 1..5, hd a multiple of 4) without
+   * the f32 operands: the products read the staged 16- and 8-bit rows and widen them in registers
+   * (wat/attention_narrow.ts). scr: scratch for 2·P + 8 floats; qs: for M·hd + 4 floats.
    */
-  attendnarrow(stage: number, Q: number, S: number, O: number, L: number, M: number, hd: number, hdPad: number, kvDim: number, heads: number, keys: number, P: number, scale: number, dt: number, scr: number, qs: number): void;
+  attendnarrow(stage: number, Q: number, S: number, O: number, L: number, M: number, hd: number, hdPad: number, kvDim: number, heads: number, g0: number, g1: number, keys: number, P: number, scale: number, dt: number, scr: number, qs: number): void;
   /** One head's attention for query rows [r0, r1); prm holds Q, KT, S, V, O, L, M, hd, P, hdPad, scale bits. */
   attendrows(prm: number, u1: number, u2: number, u3: number, u4: number, u5: number, u6: number, u7: number, r0: number, r1: number): void;
 }

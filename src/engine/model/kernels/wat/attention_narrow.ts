@@ -41,11 +41,11 @@ const FAST_EXP: Partial<Record<NarrowDt, number>> = { 1: 112, 5: 112, 4: 120 };
 /**
  * Statements widening the elements in the low lanes of $raw (16-bit: 8 lanes of i16x8; 8-bit:
  * the low 8 bytes) into $w0 (elements 0..3) and $w1 (4..7) — only $w0 when `half` (4 elements).
- * int8 values are times the scales `sc0`/`sc1` (v128 expressions: one per lane or splat). `fast`:
+ * int8: the integers as f32 (their row's scale is folded into p). `fast`:
  * the fast widening (FAST_EXP), and $chk keeps the running max of the magnitude bits (shifted left
  * past the sign).
  */
-function widen8(dt: NarrowDt, half: boolean, sc0: string, sc1: string, fast = false): string {
+function widen8(dt: NarrowDt, half: boolean, fast = false): string {
   const parts = half ? [0] : [0, 1];
   const ext = (i: number) => (i === 0 ? 'low' : 'high');
   if (fast) {
@@ -67,7 +67,8 @@ function widen8(dt: NarrowDt, half: boolean, sc0: string, sc1: string, fast = fa
         const x = signed ? 's' : 'u';
         return `(i32x4.extend_${ext(i)}_i16x8_${x} (i16x8.extend_low_i8x16_${x} (local.get $raw)))`;
       };
-      if (dt === 3) return `(local.set $w${i} (f32x4.mul (f32x4.convert_i32x4_s ${bytes(true)}) ${i === 0 ? sc0 : sc1}))`;
+      // int8: the value itself; its row's scale is folded into p (groupsLoop)
+      if (dt === 3) return `(local.set $w${i} (f32x4.convert_i32x4_s ${bytes(true)}))`;
       if (dt === 5) return `(local.set $w${i} (block (result v128) ${f16Vec(`(i32x4.shl ${bytes(false)} (i32.const 8))`, '$m', '$hv')}))`;
       // E4M3: magnitude bits << 20 read as f32, times 2^120; 0x7f (NaN) kept; the sign put back.
       return `(local.set $hv ${bytes(false)})
@@ -94,7 +95,7 @@ const variant = (fast: boolean) => (fast ? 'f' : 'x');
  * `stride` floats apart). Keys in lanes, eight at a time (a block of 16 holds whole tiles):
  * element e of the tile's eight K rows (kbase + block·region + slot·rowB, the dtype's bytes) is
  * loaded lane by lane, widened, and each row's score accumulates q[e]·k[e] for e ascending —
- * gemmsp's order on gatherkv's Kᵀ. int8: ksc holds the keys' f32 scales. hd is a multiple of 4.
+ * gemmsp's order on gatherkv's Kᵀ (not int8: scoresInt8Func). hd is a multiple of 4.
  * The fast variant (f) reads q scaled by 2^FAST_EXP and keeps the elements' max at chkp.
  */
 function scoresFunc(dt: NarrowDt, R: number, fma: boolean, fast: boolean): string {
@@ -105,7 +106,7 @@ function scoresFunc(dt: NarrowDt, R: number, fma: boolean, fast: boolean): strin
   for (let u = 0; u < 4; u++) {
     const loads = Array.from({ length: 8 }, (_, i) => `(local.set $raw (${lane} offset=${u * eb} ${i} (local.get $p${i}) (local.get $raw)))`);
     body.push(...loads);
-    body.push(widen8(dt, false, '(local.get $s0)', '(local.get $s1)', fast));
+    body.push(widen8(dt, false, fast));
     for (let r = 0; r < R; r++) {
       body.push(`(local.set $x (v128.load32_splat offset=${u * 4} (local.get $q${r})))`);
       for (let k = 0; k < 2; k++) body.push(`(local.set $a${r}${k} ${madd(fma, `(local.get $a${r}${k})`, '(local.get $x)', `(local.get $w${k})`)})`);
@@ -131,8 +132,6 @@ function scoresFunc(dt: NarrowDt, R: number, fma: boolean, fast: boolean): strin
         (i32.mul (i32.and (local.get $j) (i32.const ${BLOCK_TOKENS - 1})) (local.get $rowB)))))
       ${Array.from({ length: 7 }, (_, i) => `(local.set $p${i + 1} (i32.add (local.get $p${i}) (local.get $rowB)))`).join(' ')}
       ${Array.from({ length: R }, (_, r) => `(local.set $q${r} (i32.add (local.get $q) (i32.shl (i32.mul (i32.const ${r}) (local.get $hd)) (i32.const 2))))`).join(' ')}
-      ${dt === 3 ? `(local.set $s0 (v128.load (i32.add (local.get $ksc) (i32.shl (local.get $j) (i32.const 2)))))
-      (local.set $s1 (v128.load offset=16 (i32.add (local.get $ksc) (i32.shl (local.get $j) (i32.const 2)))))` : ''}
       ${zero}
       (local.set $e (i32.const 0))
       (block $edone (loop $eloop
@@ -148,11 +147,11 @@ function scoresFunc(dt: NarrowDt, R: number, fma: boolean, fast: boolean): strin
 }
 
 /**
- * $nv<dt><x|f>_<R>(s, stride, Pg, keys, o, hdPad, hd, vbase, region, rowB, vsc, chkp): O rows of R
+ * $nv<dt><x|f>_<R>(s, stride, Pg, keys, o, hdPad, hd, vbase, region, rowB, chkp): O rows of R
  * query rows (o: the first, rows hdPad floats apart) = Σ_j p[j]·V[j] for j = 0..Pg−1 ascending
  * (gemms' order on gatherkv's V: keys ≥ keys count as zero rows), eight (then four) columns at a
  * time, reading each V row (vbase + block·region + slot·rowB) and widening it in registers, four
- * keys a step. int8: vsc holds the rows' f32 scales. The fast variant (f) reads p scaled by
+ * keys a step (int8: p already times the row's scale). The fast variant (f) reads p scaled by
  * 2^FAST_EXP and keeps the elements' max at chkp.
  */
 function valuesFunc(dt: NarrowDt, R: number, fma: boolean, fast: boolean): string {
@@ -167,8 +166,7 @@ function valuesFunc(dt: NarrowDt, R: number, fma: boolean, fast: boolean): strin
       const lines: string[] = [];
       if (real) {
         lines.push(`(local.set $raw (${load} (local.get $vp)))`);
-        if (dt === 3) lines.push(`(local.set $s0 (v128.load32_splat offset=${u * 4} (local.get $vs)))`);
-        lines.push(widen8(dt, half, '(local.get $s0)', '(local.get $s0)', fast));
+        lines.push(widen8(dt, half, fast));
         lines.push(`(local.set $vp (i32.add (local.get $vp) (local.get $rowB)))`);
       }
       for (let r = 0; r < R; r++) {
@@ -178,7 +176,7 @@ function valuesFunc(dt: NarrowDt, R: number, fma: boolean, fast: boolean): strin
       return lines.join('\n          ');
     };
     const advance = (n: number) =>
-      [...Array.from({ length: R }, (_, r) => `(local.set $r${r} (i32.add (local.get $r${r}) (i32.const ${4 * n})))`), `(local.set $vs (i32.add (local.get $vs) (i32.const ${4 * n})))`, `(local.set $j (i32.add (local.get $j) (i32.const ${n})))`].join(' ');
+      [...Array.from({ length: R }, (_, r) => `(local.set $r${r} (i32.add (local.get $r${r}) (i32.const ${4 * n})))`), `(local.set $j (i32.add (local.get $j) (i32.const ${n})))`].join(' ');
     const zero = Array.from({ length: R }, (_, r) => ks.map((k) => `(local.set $a${r}${k} (local.get $z))`).join(' ')).join(' ');
     const store = Array.from({ length: R }, (_, r) => {
       const at = `(i32.add (local.get $o) (i32.shl (i32.add (i32.mul (i32.const ${r}) (local.get $hdPad)) (local.get $c)) (i32.const 2)))`;
@@ -187,7 +185,6 @@ function valuesFunc(dt: NarrowDt, R: number, fma: boolean, fast: boolean): strin
     return `${zero}
       (local.set $j (i32.const 0))
       ${Array.from({ length: R }, (_, r) => `(local.set $r${r} (i32.add (local.get $s) (i32.shl (i32.mul (i32.const ${r}) (local.get $stride)) (i32.const 2))))`).join(' ')}
-      (local.set $vs (local.get $vsc))
       (block $kdone${h} (loop $kloop${h}
         (br_if $kdone${h} (i32.ge_u (local.get $j) (local.get $jEnd)))
         (local.set $vp (i32.add (i32.add (local.get $vbase) (i32.shl (local.get $c) (i32.const ${es})))
@@ -216,8 +213,8 @@ function valuesFunc(dt: NarrowDt, R: number, fma: boolean, fast: boolean): strin
   };
   return `
   (func $nv${dt}${variant(fast)}_${R} (param $s i32) (param $stride i32) (param $Pg i32) (param $keys i32) (param $o i32) (param $hdPad i32) (param $hd i32)
-      (param $vbase i32) (param $region i32) (param $rowB i32) (param $vsc i32) (param $chkp i32)
-    (local $c i32) (local $j i32) (local $jEnd i32) (local $vp i32) (local $bEnd i32) (local $vs i32)
+      (param $vbase i32) (param $region i32) (param $rowB i32) (param $chkp i32)
+    (local $c i32) (local $j i32) (local $jEnd i32) (local $vp i32) (local $bEnd i32)
     ${Array.from({ length: R }, (_, r) => `(local $r${r} i32)`).join(' ')}
     ${V128_LOCALS} ${accLocals(R)}
     (local.set $jEnd (select (local.get $keys) (local.get $Pg) (i32.lt_u (local.get $keys) (local.get $Pg))))
@@ -229,6 +226,123 @@ function valuesFunc(dt: NarrowDt, R: number, fma: boolean, fast: boolean): strin
     (if (i32.lt_u (local.get $c) (local.get $hd)) (then
       ${pass(true)}))
     ${fast ? keepChk(dt) : ''}
+  )`;
+}
+
+/**
+ * $ns3_<R>(q16, sq, s, stride, len, hd, kbase, region, rowB, ksc): int8 scores of R query rows
+ * (the kernel's int8 KV semantics, attention_js.ts attendInt8Js): each row's queries quantized
+ * to int16 (q16 rows hd values apart, sq their f32 scales, nquant), each key row read as it is
+ * held, the dot products exact in i32 (i32x4.dot_i16x8_s, eight elements a step: |q16·k| ≤ 2^22
+ * per pair, so no sum of a head of fewer than 512 elements can overflow), then
+ * score = f32(sum) · f32(sq_r · ks_j), ks_j the key's scale. One key at a time (its row
+ * contiguous); the R sums reduced into the lanes of one vector.
+ */
+function scoresInt8Func(R: number): string {
+  const dots = Array.from({ length: R }, (_, r) => `(local.set $a${r}0 (i32x4.add (local.get $a${r}0) (i32x4.dot_i16x8_s (local.get $w0) (v128.load (local.get $q${r})))))
+          (local.set $q${r} (i32.add (local.get $q${r}) (i32.const 16)))`).join('\n          ');
+  const acc = (r: number) => (r < R ? `(local.get $a${r}0)` : '(local.get $z)');
+  // [Σa0, Σa1, Σa2, Σa3]: pairs interleaved and added, twice
+  const reduce = `(local.set $w0 (i32x4.add (i8x16.shuffle 0 1 2 3 16 17 18 19 4 5 6 7 20 21 22 23 ${acc(0)} ${acc(1)})
+            (i8x16.shuffle 8 9 10 11 24 25 26 27 12 13 14 15 28 29 30 31 ${acc(0)} ${acc(1)})))
+        (local.set $w1 (i32x4.add (i8x16.shuffle 0 1 2 3 16 17 18 19 4 5 6 7 20 21 22 23 ${acc(2)} ${acc(3)})
+            (i8x16.shuffle 8 9 10 11 24 25 26 27 12 13 14 15 28 29 30 31 ${acc(2)} ${acc(3)})))
+        (local.set $x (i32x4.add (i8x16.shuffle 0 1 2 3 4 5 6 7 16 17 18 19 20 21 22 23 (local.get $w0) (local.get $w1))
+            (i8x16.shuffle 8 9 10 11 12 13 14 15 24 25 26 27 28 29 30 31 (local.get $w0) (local.get $w1))))
+        (local.set $x (f32x4.mul (f32x4.convert_i32x4_s (local.get $x))
+          (f32x4.mul (local.get $s1) (v128.load32_splat (i32.add (local.get $ksc) (i32.shl (local.get $j) (i32.const 2)))))))`;
+  const store = Array.from({ length: R }, (_, r) => `(f32.store (i32.add (local.get $s) (i32.shl (i32.add (i32.mul (i32.const ${r}) (local.get $stride)) (local.get $j)) (i32.const 2)))
+          (f32x4.extract_lane ${r} (local.get $x)))`).join('\n        ');
+  return `
+  (func $ns3_${R} (param $q16 i32) (param $sq i32) (param $s i32) (param $stride i32) (param $len i32) (param $hd i32) (param $kbase i32)
+      (param $region i32) (param $rowB i32) (param $ksc i32)
+    (local $j i32) (local $e i32) (local $p i32) (local $rowQ i32)
+    ${Array.from({ length: R }, (_, r) => `(local $q${r} i32)`).join(' ')}
+    ${V128_LOCALS} ${accLocals(R)}
+    (local.set $rowQ (i32.shl (i32.and (i32.add (local.get $hd) (i32.const 7)) (i32.const -8)) (i32.const 1)))
+    (local.set $s1 (v128.load (local.get $sq)))
+    (block $jdone (loop $jloop
+      (br_if $jdone (i32.ge_u (local.get $j) (local.get $len)))
+      (local.set $p (i32.add (local.get $kbase) (i32.add (i32.mul (i32.shr_u (local.get $j) (i32.const ${BLOCK_SHIFT})) (local.get $region))
+        (i32.mul (i32.and (local.get $j) (i32.const ${BLOCK_TOKENS - 1})) (local.get $rowB)))))
+      ${Array.from({ length: R }, (_, r) => `(local.set $q${r} (i32.add (local.get $q16) (i32.mul (i32.const ${r}) (local.get $rowQ))))`).join(' ')}
+      ${Array.from({ length: R }, (_, r) => `(local.set $a${r}0 (local.get $z))`).join(' ')}
+      (local.set $e (i32.const 0))
+      ;; eight elements a step; a last four come with four zeros (the q16 rows are padded to 8)
+      (block $edone (loop $eloop
+        (br_if $edone (i32.gt_u (i32.add (local.get $e) (i32.const 8)) (local.get $hd)))
+        (local.set $w0 (i16x8.extend_low_i8x16_s (v128.load64_zero (local.get $p))))
+          ${dots}
+        (local.set $p (i32.add (local.get $p) (i32.const 8)))
+        (local.set $e (i32.add (local.get $e) (i32.const 8)))
+        (br $eloop)))
+      (if (i32.lt_u (local.get $e) (local.get $hd)) (then
+        (local.set $w0 (i16x8.extend_low_i8x16_s (v128.load32_zero (local.get $p))))
+          ${dots}))
+      ${reduce}
+        ${store}
+      (local.set $j (i32.add (local.get $j) (i32.const 1)))
+      (br $jloop)))
+  )`;
+}
+
+/**
+ * $nquant(q, M, hd, q16, sq): each of the M query rows (hd floats) as int16, attendInt8Js's rule:
+ * m = max |q|, sq = f32(m / 32767), q16 = q · f32(32767 / m) rounded to nearest even and
+ * saturated (a row of zeros: sq = 0 and zeros; NaN: 0). q16 rows are hd8 = hd rounded up to 8
+ * values apart (zero-padded); sq has M rounded up to 4 entries (zeros past M).
+ */
+function quantFunc(): string {
+  return `
+  (func $nquant (param $q i32) (param $M i32) (param $hd i32) (param $q16 i32) (param $sq i32)
+    (local $r i32) (local $e i32) (local $hd8 i32) (local $m v128) (local $x v128) (local $inv f32) (local $mx f32) (local $qp i32) (local $op i32)
+    (local.set $hd8 (i32.and (i32.add (local.get $hd) (i32.const 7)) (i32.const -8)))
+    (block $rdone (loop $rloop
+      (br_if $rdone (i32.ge_u (local.get $r) (local.get $M)))
+      (local.set $qp (i32.add (local.get $q) (i32.shl (i32.mul (local.get $r) (local.get $hd)) (i32.const 2))))
+      (local.set $op (i32.add (local.get $q16) (i32.shl (i32.mul (local.get $r) (local.get $hd8)) (i32.const 1))))
+      (local.set $m (v128.const i32x4 0 0 0 0))
+      (local.set $e (i32.const 0))
+      (block $mdone (loop $mloop
+        (br_if $mdone (i32.ge_u (local.get $e) (local.get $hd)))
+        (local.set $m (f32x4.max (local.get $m) (f32x4.abs (v128.load (i32.add (local.get $qp) (i32.shl (local.get $e) (i32.const 2)))))))
+        (local.set $e (i32.add (local.get $e) (i32.const 4)))
+        (br $mloop)))
+      (local.set $mx (f32.max (f32.max (f32x4.extract_lane 0 (local.get $m)) (f32x4.extract_lane 1 (local.get $m)))
+        (f32.max (f32x4.extract_lane 2 (local.get $m)) (f32x4.extract_lane 3 (local.get $m)))))
+      (local.set $inv (select (f32.div (f32.const 32767) (local.get $mx)) (f32.const 0) (f32.gt (local.get $mx) (f32.const 0))))
+      (f32.store (i32.add (local.get $sq) (i32.shl (local.get $r) (i32.const 2))) (f32.div (local.get $mx) (f32.const 32767)))
+      (v128.store (i32.add (local.get $op) (i32.shl (i32.sub (local.get $hd8) (i32.const 8)) (i32.const 1))) (v128.const i32x4 0 0 0 0))
+      (local.set $e (i32.const 0))
+      (block $qdone (loop $qloop
+        (br_if $qdone (i32.ge_u (local.get $e) (local.get $hd)))
+        (local.set $x (i32x4.trunc_sat_f32x4_s (f32x4.nearest (f32x4.mul (v128.load (i32.add (local.get $qp) (i32.shl (local.get $e) (i32.const 2)))) (f32x4.splat (local.get $inv))))))
+        (v128.store64_lane 0 (i32.add (local.get $op) (i32.shl (local.get $e) (i32.const 1))) (i16x8.narrow_i32x4_s (local.get $x) (local.get $x)))
+        (local.set $e (i32.add (local.get $e) (i32.const 4)))
+        (br $qloop)))
+      (local.set $r (i32.add (local.get $r) (i32.const 1)))
+      (br $rloop)))
+    (v128.store (i32.add (local.get $sq) (i32.shl (local.get $M) (i32.const 2))) (v128.const i32x4 0 0 0 0))
+  )`;
+}
+
+/** $nscalecols(s, rows, Pg, f): each of `rows` rows of Pg floats (Pg a multiple of 4) times f[j] in place (int8: p_j · vs_j). */
+function scaleColsFunc(): string {
+  return `
+  (func $nscalecols (param $s i32) (param $rows i32) (param $Pg i32) (param $f i32)
+    (local $r i32) (local $j i32) (local $p i32)
+    (block $rdone (loop $rloop
+      (br_if $rdone (i32.ge_u (local.get $r) (local.get $rows)))
+      (local.set $p (i32.add (local.get $s) (i32.shl (i32.mul (local.get $r) (local.get $Pg)) (i32.const 2))))
+      (local.set $j (i32.const 0))
+      (block $jdone (loop $jloop
+        (br_if $jdone (i32.ge_u (local.get $j) (local.get $Pg)))
+        (v128.store (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))
+          (f32x4.mul (v128.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))) (v128.load (i32.add (local.get $f) (i32.shl (local.get $j) (i32.const 2))))))
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br $jloop)))
+      (local.set $r (i32.add (local.get $r) (i32.const 1)))
+      (br $rloop)))
   )`;
 }
 
@@ -270,13 +384,21 @@ function groupsLoop(dt: NarrowDt, fast: boolean): string {
         (br_if $sd${x} (i32.ge_u (local.get $i) (local.get $rows)))
         (local.set $R (i32.sub (local.get $rows) (local.get $i)))
         (if (i32.gt_u (local.get $R) (i32.const 4)) (then (local.set $R (i32.const 4))))
-        ${byRows((R) => `(call $ns${dt}${v}_${R} (i32.add (local.get ${fast ? '$qs' : '$q'}) (i32.shl (i32.mul (i32.add (local.get $rs) (local.get $i)) (local.get $hd)) (i32.const 2)))
+        ${byRows((R) =>
+          dt === 3
+            ? `(call $ns3_${R} (i32.add (local.get $qs) (i32.shl (i32.mul (i32.add (local.get $rs) (local.get $i)) (local.get $hd8)) (i32.const 1)))
+          (i32.add (local.get $sqp) (i32.shl (i32.add (local.get $rs) (local.get $i)) (i32.const 2)))
           (i32.add (local.get $sp) (i32.shl (i32.mul (local.get $i) (local.get $Pg)) (i32.const 2))) (local.get $Pg) (local.get $len) (local.get $hd)
-          (local.get $kbase) (local.get $region) (local.get $rowB) (local.get $scr) (local.get $scr))`)}
+          (local.get $kbase) (local.get $region) (local.get $rowB) (local.get $scr))`
+            : `(call $ns${dt}${v}_${R} (i32.add (local.get ${fast ? '$qs' : '$q'}) (i32.shl (i32.mul (i32.add (local.get $rs) (local.get $i)) (local.get $hd)) (i32.const 2)))
+          (i32.add (local.get $sp) (i32.shl (i32.mul (local.get $i) (local.get $Pg)) (i32.const 2))) (local.get $Pg) (local.get $len) (local.get $hd)
+          (local.get $kbase) (local.get $region) (local.get $rowB) (local.get $scr) (local.get $scr))`,
+        )}
         (local.set $i (i32.add (local.get $i) (local.get $R)))
         (br $sl${x})))
       (call $softmax (local.get $sp) (local.get $rows) (local.get $Pg) (i32.add (local.get $L) (i32.shl (local.get $rs) (i32.const 2))) (local.get $scale))
       ${fast ? `(drop (call $nscale (local.get $sp) (i32.mul (local.get $rows) (local.get $Pg)) (f32.const 0x1p${FAST_EXP[dt]})))` : ''}
+      ${dt === 3 ? '(call $nscalecols (local.get $sp) (local.get $rows) (local.get $Pg) (local.get $vsc))' : ''}
       (local.set $i (i32.const 0))
       (block $vd${x} (loop $vl${x}
         (br_if $vd${x} (i32.ge_u (local.get $i) (local.get $rows)))
@@ -284,7 +406,7 @@ function groupsLoop(dt: NarrowDt, fast: boolean): string {
         (if (i32.gt_u (local.get $R) (i32.const 4)) (then (local.set $R (i32.const 4))))
         ${byRows((R) => `(call $nv${dt}${v}_${R} (i32.add (local.get $sp) (i32.shl (i32.mul (local.get $i) (local.get $Pg)) (i32.const 2))) (local.get $Pg) (local.get $Pg) (local.get $keys)
           (i32.add (local.get $o) (i32.shl (i32.mul (i32.add (local.get $rs) (local.get $i)) (local.get $hdPad)) (i32.const 2))) (local.get $hdPad) (local.get $hd)
-          (local.get $vbase) (local.get $region) (local.get $rowB) (local.get $vsc) (local.get $scr))`)}
+          (local.get $vbase) (local.get $region) (local.get $rowB) (local.get $scr))`)}
         (local.set $i (i32.add (local.get $i) (local.get $R)))
         (br $vl${x})))
       (local.set $gi (i32.add (local.get $gi) (i32.const 1)))
@@ -337,9 +459,15 @@ function headFunc(dt: NarrowDt): string {
         (call $f16tof32 (i32.load16_u (i32.add (local.get $sp) (i32.shl (local.get $heads) (i32.const ${BLOCK_SHIFT + 1}))))))
       (local.set $j (i32.add (local.get $j) (i32.const 1)))
       (br $sloop)))
-    ;; a score tile reads eight keys' scales: the ones past the staged keys are zero
-    (v128.store (i32.add (local.get $scr) (i32.shl (local.get $keys) (i32.const 2))) (v128.const i32x4 0 0 0 0))
-    (v128.store offset=16 (i32.add (local.get $scr) (i32.shl (local.get $keys) (i32.const 2))) (v128.const i32x4 0 0 0 0))`
+    ;; p times the V scale for every column of S up to P: zero past the staged keys
+    (block $zdone (loop $zloop
+      (br_if $zdone (i32.ge_u (local.get $j) (local.get $P)))
+      (f32.store (i32.add (local.get $vsc) (i32.shl (local.get $j) (i32.const 2))) (f32.const 0))
+      (local.set $j (i32.add (local.get $j) (i32.const 1)))
+      (br $zloop)))
+    (local.set $hd8 (i32.and (i32.add (local.get $hd) (i32.const 7)) (i32.const -8)))
+    (local.set $sqp (i32.add (local.get $qs) (i32.and (i32.add (i32.shl (i32.mul (local.get $M) (local.get $hd8)) (i32.const 1)) (i32.const 15)) (i32.const -16))))
+    (call $nquant (local.get $q) (local.get $M) (local.get $hd) (local.get $qs) (local.get $sqp))`
       : '';
   const fastExp = FAST_EXP[dt];
   const run = fastExp
@@ -355,13 +483,14 @@ function headFunc(dt: NarrowDt): string {
       (param $hdPad i32) (param $kvDim i32) (param $heads i32) (param $keys i32) (param $P i32) (param $scale f32) (param $g i32) (param $scr i32) (param $qs i32)
     (local $slab i32) (local $region i32) (local $rowB i32) (local $kbase i32) (local $vbase i32) (local $vsc i32) (local $j i32) (local $sp i32)
     (local $gi i32) (local $G i32) (local $rs i32) (local $rows i32) (local $len i32) (local $i i32) (local $Pg i32) (local $t i32) (local $R i32)
+    (local $hd8 i32) (local $sqp i32)
     (local.set $slab (i32.shl (i32.mul (local.get $kvDim) (i32.const ${BLOCK_TOKENS})) (i32.const ${es})))
     (local.set $region (i32.shl (local.get $slab) (i32.const 1)))
     ${dt === 3 ? `(local.set $region (i32.add (local.get $region) (i32.mul (local.get $heads) (i32.const ${BLOCK_TOKENS * 4}))))` : ''}
     (local.set $rowB (i32.shl (local.get $kvDim) (i32.const ${es})))
     (local.set $kbase (i32.add (local.get $stage) (i32.shl (i32.mul (local.get $g) (local.get $hd)) (i32.const ${es}))))
     (local.set $vbase (i32.add (local.get $kbase) (local.get $slab)))
-    (local.set $vsc (i32.add (local.get $scr) (i32.shl (i32.add (local.get $keys) (i32.const 8)) (i32.const 2))))
+    (local.set $vsc (i32.add (local.get $scr) (i32.shl (i32.add (local.get $P) (i32.const 8)) (i32.const 2))))
     ${scales}
     (local.set $G (i32.shr_u (i32.add (local.get $M) (i32.const ${ATT_GROUP - 1})) (i32.const ${Math.log2(ATT_GROUP)})))
     ${fastExp ? `(memory.copy (local.get $qs) (local.get $q) (i32.shl (i32.mul (local.get $M) (local.get $hd)) (i32.const 2)))` : ''}
@@ -370,16 +499,18 @@ function headFunc(dt: NarrowDt): string {
 }
 
 /**
- * attendnarrow(stage, Q, S, O, L, M, hd, hdPad, kvDim, heads, keys, P, scale, dt, scr, qs): attendheads'
- * arguments without the f32 operands KT and V (scr: scratch of 2·keys + 16 floats; qs: M·hd floats), for
- * a narrow dtype dt (1..5) and hd a multiple of 4: every KV head's attention read from the staged
- * narrow KV, Q_g = Q + g·M·hd floats, O_g = O + g·M·hdPad floats. Same bits as attendheads.
+ * attendnarrow(stage, Q, S, O, L, M, hd, hdPad, kvDim, heads, g0, g1, keys, P, scale, dt, scr, qs):
+ * attendheads' arguments without the f32 operands KT and V (scr: scratch of 2·P + 8 floats; qs:
+ * M·hd + 4 floats), for a narrow dtype dt (1..5) and hd a multiple of 4: the attention of KV heads
+ * [g0, g1) (of `heads`) read from the staged narrow KV, Q_g = Q + (g − g0)·M·hd floats,
+ * O_g = O + (g − g0)·M·hdPad floats. f16, bf16, fp8: the same bits as attendheads; int8: the
+ * kernels' int8 semantics (attention_int8_js.ts).
  */
 export function narrowAttentionFuncs(fma: boolean): string {
-  const parts: string[] = [scaleFunc()];
+  const parts: string[] = [scaleFunc(), quantFunc(), scaleColsFunc()];
   for (const dt of NARROW) {
     for (const fast of FAST_EXP[dt] ? [false, true] : [false]) {
-      for (let R = 1; R <= 4; R++) parts.push(scoresFunc(dt, R, fma, fast), valuesFunc(dt, R, fma, fast));
+      for (let R = 1; R <= 4; R++) parts.push(dt === 3 ? scoresInt8Func(R) : scoresFunc(dt, R, fma, fast), valuesFunc(dt, R, fma, fast));
     }
     parts.push(headFunc(dt));
   }
@@ -391,12 +522,14 @@ export function narrowAttentionFuncs(fma: boolean): string {
   );
   parts.push(`
   (func (export "attendnarrow") (param $stage i32) (param $Q i32) (param $S i32) (param $O i32) (param $L i32) (param $M i32) (param $hd i32)
-      (param $hdPad i32) (param $kvDim i32) (param $heads i32) (param $keys i32) (param $P i32) (param $scale f32) (param $dt i32) (param $scr i32) (param $qs i32)
+      (param $hdPad i32) (param $kvDim i32) (param $heads i32) (param $g0 i32) (param $g1 i32) (param $keys i32) (param $P i32) (param $scale f32) (param $dt i32)
+      (param $scr i32) (param $qs i32)
     (local $g i32) (local $q i32) (local $o i32)
     (local.set $q (local.get $Q))
     (local.set $o (local.get $O))
+    (local.set $g (local.get $g0))
     (block $done (loop $each
-      (br_if $done (i32.ge_u (local.get $g) (local.get $heads)))
+      (br_if $done (i32.ge_u (local.get $g) (local.get $g1)))
       ${dispatch}
       (local.set $q (i32.add (local.get $q) (i32.shl (i32.mul (local.get $M) (local.get $hd)) (i32.const 2))))
       (local.set $o (i32.add (local.get $o) (i32.shl (i32.mul (local.get $M) (local.get $hdPad)) (i32.const 2))))

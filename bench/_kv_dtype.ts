@@ -9,7 +9,8 @@ import { DType, DTYPE_NAMES } from '../src/common/dtype.js';
 import { payloadBytes } from '../src/common/chunk.js';
 import { LlamaModel } from '../src/engine/model/model.js';
 import { PagedKvCache } from '../src/engine/model/kv_cache.js';
-import { ensureBuiltinModel } from '../src/engine/model/formats/builtin.js';
+import { BUILTIN_MODELS, ensureBuiltinModel } from '../src/engine/model/formats/builtin.js';
+import { attentionAlone } from './_kv_attention.js';
 
 const ROUNDS = 3;
 const STEPS = 40;
@@ -68,7 +69,17 @@ export async function kvDtypeDecode(contexts = [2048, 4096]): Promise<Record<str
           `speed ÷ f32 per round: ${names.slice(1).map((n) => `${n} ${ratio(n).join(' / ')}`).join(', ')}; ` +
           `attention's share of the f32 step (1 − ${FLOOR_CTX}-token step ÷ it) ${share.join(' / ')}, so no dtype can exceed ${share.map((x) => (1 / (1 - x)).toFixed(2)).join(' / ')}×`,
       );
+      // The part a dtype acts on, apart: one step's attention (staging + products, all layers) per dtype.
+      const spec = BUILTIN_MODELS.tiny!;
+      const att = await attentionAlone(m.layout, spec.numHeads / spec.numKvHeads, ctx, DTYPES);
+      const attF32 = att.get(DType.f32)!;
+      console.log(
+        `attention alone at ${ctx} tokens (one decode step, all layers: staging + score/softmax/value, one thread), ms: ` +
+          `${DTYPES.map((d) => `${DTYPE_NAMES[d]} ${att.get(d)!.toFixed(3)} (${(attF32 / att.get(d)!).toFixed(2)}× f32)`).join(', ')}; ` +
+          `KV bytes read a step: ${DTYPES.map((d) => `${DTYPE_NAMES[d]} ${((ctx * bytesPerToken[DTYPE_NAMES[d]]!) / 2 ** 20).toFixed(2)} MiB`).join(', ')}`,
+      );
       out[`kv_decode_${ctx}`] = {
+        attention_alone_ms: Object.fromEntries(DTYPES.map((d) => [DTYPE_NAMES[d], +att.get(d)!.toFixed(3)])),
         ...Object.fromEntries(names.flatMap((n) => [[`${n}_ms`, ms[n]!.map((x) => +x.toFixed(2))], ...(n === 'f32' ? [] : [[`${n}_speed_ratio`, ratio(n)]])])),
         f32_floor_ms: ms.f32_floor!.map((x) => +x.toFixed(2)),
         attention_share: share,

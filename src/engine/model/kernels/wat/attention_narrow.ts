@@ -239,20 +239,44 @@ function valuesFunc(dt: NarrowDt, R: number, fma: boolean, fast: boolean): strin
  * contiguous); the R sums reduced into the lanes of one vector.
  */
 function scoresInt8Func(R: number): string {
-  const dots = Array.from({ length: R }, (_, r) => `(local.set $a${r}0 (i32x4.add (local.get $a${r}0) (i32x4.dot_i16x8_s (local.get $w0) (v128.load (local.get $q${r})))))
-          (local.set $q${r} (i32.add (local.get $q${r}) (i32.const 16)))`).join('\n          ');
-  const acc = (r: number) => (r < R ? `(local.get $a${r}0)` : '(local.get $z)');
-  // [Σa0, Σa1, Σa2, Σa3]: pairs interleaved and added, twice
-  const reduce = `(local.set $w0 (i32x4.add (i8x16.shuffle 0 1 2 3 16 17 18 19 4 5 6 7 20 21 22 23 ${acc(0)} ${acc(1)})
-            (i8x16.shuffle 8 9 10 11 24 25 26 27 12 13 14 15 28 29 30 31 ${acc(0)} ${acc(1)})))
-        (local.set $w1 (i32x4.add (i8x16.shuffle 0 1 2 3 16 17 18 19 4 5 6 7 20 21 22 23 ${acc(2)} ${acc(3)})
-            (i8x16.shuffle 8 9 10 11 24 25 26 27 12 13 14 15 28 29 30 31 ${acc(2)} ${acc(3)})))
+  /** The dot products of n keys (rows at $p and $p + rowB) with the R rows, eight elements from `load`. */
+  const step = (n: number, load: string) => {
+    const lines = Array.from({ length: n }, (_, k) => `(local.set $w${k} (i16x8.extend_low_i8x16_s (${load} ${k ? '(i32.add (local.get $p) (local.get $rowB))' : '(local.get $p)'})))`);
+    for (let r = 0; r < R; r++) {
+      lines.push(`(local.set $x (v128.load (local.get $q${r})))`);
+      for (let k = 0; k < n; k++) lines.push(`(local.set $a${r}${k} (i32x4.add (local.get $a${r}${k}) (i32x4.dot_i16x8_s (local.get $w${k}) (local.get $x))))`);
+      lines.push(`(local.set $q${r} (i32.add (local.get $q${r}) (i32.const 16)))`);
+    }
+    return lines.join('\n          ');
+  };
+  const acc = (r: number, k: number) => (r < R ? `(local.get $a${r}${k})` : '(local.get $z)');
+  // [Σa0, Σa1, Σa2, Σa3] of key k: pairs interleaved and added, twice; then times sq_r · ks_j
+  const reduce = (k: number) => `(local.set $w0 (i32x4.add (i8x16.shuffle 0 1 2 3 16 17 18 19 4 5 6 7 20 21 22 23 ${acc(0, k)} ${acc(1, k)})
+            (i8x16.shuffle 8 9 10 11 24 25 26 27 12 13 14 15 28 29 30 31 ${acc(0, k)} ${acc(1, k)})))
+        (local.set $w1 (i32x4.add (i8x16.shuffle 0 1 2 3 16 17 18 19 4 5 6 7 20 21 22 23 ${acc(2, k)} ${acc(3, k)})
+            (i8x16.shuffle 8 9 10 11 24 25 26 27 12 13 14 15 28 29 30 31 ${acc(2, k)} ${acc(3, k)})))
         (local.set $x (i32x4.add (i8x16.shuffle 0 1 2 3 4 5 6 7 16 17 18 19 20 21 22 23 (local.get $w0) (local.get $w1))
             (i8x16.shuffle 8 9 10 11 12 13 14 15 24 25 26 27 28 29 30 31 (local.get $w0) (local.get $w1))))
         (local.set $x (f32x4.mul (f32x4.convert_i32x4_s (local.get $x))
-          (f32x4.mul (local.get $s1) (v128.load32_splat (i32.add (local.get $ksc) (i32.shl (local.get $j) (i32.const 2)))))))`;
-  const store = Array.from({ length: R }, (_, r) => `(f32.store (i32.add (local.get $s) (i32.shl (i32.add (i32.mul (i32.const ${r}) (local.get $stride)) (local.get $j)) (i32.const 2)))
-          (f32x4.extract_lane ${r} (local.get $x)))`).join('\n        ');
+          (f32x4.mul (local.get $s1) (v128.load32_splat offset=${4 * k} (i32.add (local.get $ksc) (i32.shl (local.get $j) (i32.const 2)))))))
+        ${Array.from({ length: R }, (_, r) => `(f32.store offset=${4 * k} (i32.add (local.get $s) (i32.shl (i32.add (i32.mul (i32.const ${r}) (local.get $stride)) (local.get $j)) (i32.const 2)))
+          (f32x4.extract_lane ${r} (local.get $x)))`).join('\n        ')}`;
+  /** n keys from $j: all their products, then their scores stored. */
+  const keys = (n: number) => `(local.set $p (i32.add (local.get $kbase) (i32.add (i32.mul (i32.shr_u (local.get $j) (i32.const ${BLOCK_SHIFT})) (local.get $region))
+        (i32.mul (i32.and (local.get $j) (i32.const ${BLOCK_TOKENS - 1})) (local.get $rowB)))))
+      ${Array.from({ length: R }, (_, r) => `(local.set $q${r} (i32.add (local.get $q16) (i32.mul (i32.const ${r}) (local.get $rowQ))))`).join(' ')}
+      ${Array.from({ length: R }, (_, r) => Array.from({ length: n }, (_, k) => `(local.set $a${r}${k} (local.get $z))`).join(' ')).join(' ')}
+      (local.set $e (i32.const 0))
+      ;; eight elements a step; a last four come with four zeros (the q16 rows are padded to 8)
+      (block $edone${n} (loop $eloop${n}
+        (br_if $edone${n} (i32.gt_u (i32.add (local.get $e) (i32.const 8)) (local.get $hd)))
+          ${step(n, 'v128.load64_zero')}
+        (local.set $p (i32.add (local.get $p) (i32.const 8)))
+        (local.set $e (i32.add (local.get $e) (i32.const 8)))
+        (br $eloop${n})))
+      (if (i32.lt_u (local.get $e) (local.get $hd)) (then
+          ${step(n, 'v128.load32_zero')}))
+      ${Array.from({ length: n }, (_, k) => reduce(k)).join('\n      ')}`;
   return `
   (func $ns3_${R} (param $q16 i32) (param $sq i32) (param $s i32) (param $stride i32) (param $len i32) (param $hd i32) (param $kbase i32)
       (param $region i32) (param $rowB i32) (param $ksc i32)
@@ -261,28 +285,14 @@ function scoresInt8Func(R: number): string {
     ${V128_LOCALS} ${accLocals(R)}
     (local.set $rowQ (i32.shl (i32.and (i32.add (local.get $hd) (i32.const 7)) (i32.const -8)) (i32.const 1)))
     (local.set $s1 (v128.load (local.get $sq)))
+    ;; two keys a step (even j: both in one block), then a last one
     (block $jdone (loop $jloop
-      (br_if $jdone (i32.ge_u (local.get $j) (local.get $len)))
-      (local.set $p (i32.add (local.get $kbase) (i32.add (i32.mul (i32.shr_u (local.get $j) (i32.const ${BLOCK_SHIFT})) (local.get $region))
-        (i32.mul (i32.and (local.get $j) (i32.const ${BLOCK_TOKENS - 1})) (local.get $rowB)))))
-      ${Array.from({ length: R }, (_, r) => `(local.set $q${r} (i32.add (local.get $q16) (i32.mul (i32.const ${r}) (local.get $rowQ))))`).join(' ')}
-      ${Array.from({ length: R }, (_, r) => `(local.set $a${r}0 (local.get $z))`).join(' ')}
-      (local.set $e (i32.const 0))
-      ;; eight elements a step; a last four come with four zeros (the q16 rows are padded to 8)
-      (block $edone (loop $eloop
-        (br_if $edone (i32.gt_u (i32.add (local.get $e) (i32.const 8)) (local.get $hd)))
-        (local.set $w0 (i16x8.extend_low_i8x16_s (v128.load64_zero (local.get $p))))
-          ${dots}
-        (local.set $p (i32.add (local.get $p) (i32.const 8)))
-        (local.set $e (i32.add (local.get $e) (i32.const 8)))
-        (br $eloop)))
-      (if (i32.lt_u (local.get $e) (local.get $hd)) (then
-        (local.set $w0 (i16x8.extend_low_i8x16_s (v128.load32_zero (local.get $p))))
-          ${dots}))
-      ${reduce}
-        ${store}
-      (local.set $j (i32.add (local.get $j) (i32.const 1)))
+      (br_if $jdone (i32.gt_u (i32.add (local.get $j) (i32.const 2)) (local.get $len)))
+      ${keys(2)}
+      (local.set $j (i32.add (local.get $j) (i32.const 2)))
       (br $jloop)))
+    (if (i32.lt_u (local.get $j) (local.get $len)) (then
+      ${keys(1)}))
   )`;
 }
 

@@ -15,39 +15,12 @@ import { SlotArenaPool } from '../common/slot_arena.js';
 import type { StreamHash } from '../common/stream_hash.js';
 import { transferDeadlineMs } from '../common/transfer_seam.js';
 import { allocMetaSchema, describeMeta, type AllocMeta, type DataMeta } from '../protocol/xfer_frames.js';
-import type { AllocReply, AllocWaiter, ArrivedChunk, Entry, ReceiverStats, Reservation, Taken, TransferOutcome } from './receive_types.js';
+import type { AllocReply, AllocWaiter, ArrivedChunk, Entry, ReceiveBufferOptions, ReceiverStats, Reservation, Taken, TransferOutcome } from './receive_types.js';
 
-export type { AllocReply, ArrivedChunk, Entry, ReceiverStats, Taken, TransferOutcome } from './receive_types.js';
+export type { AllocReply, ArrivedChunk, Entry, ReceiveBufferOptions, ReceiverStats, Taken, TransferOutcome } from './receive_types.js';
 export { TRANSFER_OUTCOMES } from './receive_types.js';
 
 const log = logger('xfer-recv');
-
-export interface ReceiveBufferOptions {
-  /** xfer_buffer_size: upper bound of reserved bytes. */
-  bufferBytes: number;
-  /** The largest chunk this layout and chunk size make; an ALLOC naming a larger one is refused. */
-  maxChunkBytes: number;
-  /** Reservations not taken within this time are freed by sweep(). */
-  ttlMs: number;
-  /** Upper bound on how long an ALLOC may wait for space, whatever the sender asks. */
-  maxAllocWaitMs: number;
-  /** The transfer contract's floor: a reservation ends within transferDeadlineMs(floor, its bytes). */
-  deadlineFloorMs: number;
-  /**
-   * The sender `session` was writing a chunk when its transfer's deadline passed: its connection
-   * is stalled (frames on it are in order, so nothing after the chunk can arrive either) and must
-   * be cut; closing it ends in closeSession(), which discards the half-written chunk.
-   */
-  cutSession?: (session: string, why: string) => void;
-  /** See ReceiverOptions.maxReservedPerSender. */
-  maxReservedPerSender?: number;
-  /** See ReceiverOptions.heldLocally. */
-  heldLocally?: (key: string) => boolean;
-  /** Every chunk of request `reqId`'s reservation is here and verified. */
-  onComplete?: (reqId: string, keys: string[]) => void;
-  /** The clock reservations age by (tests pass their own). */
-  now?: () => number;
-}
 
 export class ReceiveBuffer {
   private readonly pool: SlotArenaPool;

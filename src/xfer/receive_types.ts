@@ -1,5 +1,6 @@
-// The receive buffer's records (src/xfer/receive_buffer.ts): chunk entries, reservations (one per
-// transfer, with its deadline and outcome), queued ALLOCs, and what the buffer hands out.
+// The receive buffer's records (src/xfer/receive_buffer.ts): its options, chunk entries,
+// reservations (one per transfer, with its deadline and outcome), queued ALLOCs, and what the
+// buffer hands out.
 import type { AllocMeta, DataMeta } from '../protocol/xfer_frames.js';
 
 export type EntryState = 'pending' | 'ready';
@@ -93,4 +94,31 @@ export interface ArrivedChunk {
   bodyLen: number;
   /** The xxh64 of the payload computed while it arrived, or null if it was not. */
   payloadSum: bigint | null;
+}
+
+export interface ReceiveBufferOptions {
+  /** xfer_buffer_size: upper bound of reserved bytes. */
+  bufferBytes: number;
+  /** The largest chunk this layout and chunk size make; an ALLOC naming a larger one is refused. */
+  maxChunkBytes: number;
+  /** Reservations not taken within this time are freed by sweep(). */
+  ttlMs: number;
+  /** Upper bound on how long an ALLOC may wait for space, whatever the sender asks. */
+  maxAllocWaitMs: number;
+  /** The transfer contract's floor: a reservation ends within transferDeadlineMs(floor, its bytes). */
+  deadlineFloorMs: number;
+  /**
+   * The sender `session` was writing a chunk when its transfer's deadline passed: its connection
+   * is stalled (frames on it are in order, so nothing after the chunk can arrive either) and must
+   * be cut; closing it ends in closeSession(), which discards the half-written chunk.
+   */
+  cutSession?: (session: string, why: string) => void;
+  /** See ReceiverOptions.maxReservedPerSender. */
+  maxReservedPerSender?: number;
+  /** See ReceiverOptions.heldLocally. */
+  heldLocally?: (key: string) => boolean;
+  /** Every chunk of request `reqId`'s reservation is here and verified. */
+  onComplete?: (reqId: string, keys: string[]) => void;
+  /** The clock reservations age by (tests pass their own). */
+  now?: () => number;
 }

@@ -1,10 +1,10 @@
 // Attention over a narrow KV cache read in place (the WASM kernel's attendnarrow: the score and
 // value products load the staged 16- and 8-bit rows and widen them in registers): for every dtype,
 // the built-in model's and the 156M model's head shapes, odd key counts (partial blocks and
-// strips), decode and short multi-token rows, it gives the JS kernel's bits (the reference that
-// widens K and V to f32 first, attention_js.ts) and stays within 1e-5 of a float64 attention over
-// the same widened values. Inf/NaN elements and queries too large for the fast widening take the
-// exact path and still agree.
+// strips), decode and 3-token rows, it gives the JS kernel's bits (attention_js.ts widening K and V
+// to f32 first; int8: attention_int8_js.ts) and stays close to a float64 attention over the same
+// values (TOLERANCE). Inf/NaN values and queries too large for the fast widening take the exact
+// path and still agree.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { DType } from '../../src/common/dtype.js';

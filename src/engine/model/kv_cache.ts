@@ -2,8 +2,9 @@
 // sized by a byte budget, held in the KV dtype (--kv-cache-dtype): f32 values, f16 / bf16 bit
 // patterns (a Uint16Array), or bytes (a Uint8Array: int8 with per-token-per-head f16 scales,
 // fp8_e4m3, fp8_e5m2), rounded to nearest even (int8: quantised, common/int8_rows.ts) when the
-// model writes them; attention widens them back to f32 inside the kernel's gather
-// (kernels/wat/gather.ts). A sequence owns a block table; positions map to (block, slot).
+// model writes them; attention reads them as held and widens them in the kernel's products
+// (kernels/wat/attention_narrow.ts; a prefill's gather, kernels/wat/gather.ts). A sequence owns a
+// block table; positions map to (block, slot).
 // Block layout: [numLayers] of one layer's region: K [BLOCK_TOKENS][numKvHeads*headDim], then V
 // likewise (elements of the dtype), then for int8 only the scales, K [BLOCK_TOKENS][numKvHeads]
 // f16 then V likewise. A layer's region of a block is contiguous, so attention stages it with one

@@ -87,6 +87,7 @@ export async function serveFetch(sock: net.Socket, store: KvcStore, req: PeerFet
   const readers = new Map<LocationName, (key: string) => Promise<OutgoingChunk | null>>();
   /** Releases of chunks whose bytes may still wait in the socket's queue (all run when the fetch ends). */
   const pending = new Set<() => void>();
+  let onClose: (() => void) | null = null;
   try {
     for (const key of req.keys) {
       if (sock.destroyed) return false;
@@ -95,6 +96,7 @@ export async function serveFetch(sock: net.Socket, store: KvcStore, req: PeerFet
       if (!got) break; // the run ends here: the requester computes the rest
       const release = () => {
         if (pending.delete(release)) got.release?.();
+        if (pending.size === 0 && onClose) sock.off('close', onClose);
       };
       pending.add(release);
       checkChunkFor(got.bytes, key);
@@ -107,7 +109,14 @@ export async function serveFetch(sock: net.Socket, store: KvcStore, req: PeerFet
     return end(sent, (e as Error).message);
   } finally {
     if (sock.destroyed) for (const r of [...pending]) r();
-    else if (pending.size) sock.once('close', () => { for (const r of [...pending]) r(); });
+    else if (pending.size) {
+      // Released by the socket's write callbacks, or by its close; a kept connection serves many
+      // fetches, so the listener goes once the last of them is released.
+      onClose = () => {
+        for (const r of [...pending]) r();
+      };
+      sock.once('close', onClose);
+    }
   }
   // A peer's read is a use: this is the recent copy (the requester admits its own evict-first,
   // peer_copy_admission). Read in prompt order, the head became the oldest of the run: order it

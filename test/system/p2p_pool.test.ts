@@ -142,6 +142,9 @@ test('the second fetch from a holder reuses the first one\'s connection; every F
     assert.equal(await value(reg, 'kvc_p2p_connections_total', 'how="new"'), 1);
     assert.equal(await value(reg, 'kvc_p2p_connections_total', 'how="reused"'), 1);
     assert.equal(await value(reg, 'kvc_p2p_fetches_total', 'outcome="hit"'), 2);
+    // Many fetches on the one kept connection (the holder keeps no per-fetch state on it).
+    for (let i = 0; i < 12; i++) assert.equal((await c.fetch(keys.slice(i % 4, 8))).size, 8 - (i % 4));
+    assert.equal(relay.connections - before, 1, 'still one TCP connection');
   } finally {
     c.close();
     await me.close();

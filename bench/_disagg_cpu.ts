@@ -7,7 +7,7 @@
 //   - per CPU of the machine: the share it was busy (/proc/stat), whoever ran on it.
 // A decoder token late by more than its step's own CPU time waited for a CPU; these figures say
 // which programs held the CPUs meanwhile.
-import { readdirSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 
 /** Kernel clock ticks per second of /proc/<pid>/stat's utime and stime (USER_HZ: 100 on Linux). */
 const USER_HZ = 100;
@@ -94,13 +94,4 @@ export function cpuWindow(a: CpuSnapshot, b: CpuSnapshot) {
     main_thread_wait_share: per(a.mainWait, b.mainWait),
     cpu_busy_share: b.cpus.map((c, i) => r2((c.busy - (a.cpus[i]?.busy ?? 0)) / Math.max(1, c.total - (a.cpus[i]?.total ?? 0)))),
   };
-}
-
-/** The threads of a process with their names (for a closer look at one process). */
-export function threadNames(pid: number): { tid: number; comm: string }[] {
-  try {
-    return readdirSync(`/proc/${pid}/task`).map((t) => ({ tid: Number(t), comm: readFileSync(`/proc/${pid}/task/${t}/comm`, 'utf8').trim() }));
-  } catch {
-    return [];
-  }
 }

@@ -9,11 +9,12 @@
 import { applyWindow, distinctChunks, mapRequests, parseTrace, parseWindow, sampleConversations, sendTimes, simulate } from '../harness/trace_model.js';
 import { modelTiers, type KeeperPolicy } from '../harness/tier_model.js';
 import { BUILTIN_MODELS } from '../src/engine/model/formats/builtin.js';
-import { DEFAULT_TRACE, loadTrace } from './_trace_source.js';
+import { DEFAULT_TRACE, loadTrace, TRACE_DEFAULTS } from './_trace_source.js';
 
 const DEFAULTS: Record<string, string> = {
   '--trace': DEFAULT_TRACE,
-  '--sample-conversations': '0.05', '--window': '0:200', '--block-tokens': '64', '--tier-fraction': '0.2', '--prefillers': '2', '--decoders': '2', '--seed': '1', '--seeds': '1',
+  '--sample-conversations': String(TRACE_DEFAULTS.sample), '--window': TRACE_DEFAULTS.window, '--block-tokens': String(TRACE_DEFAULTS.blockTokens),
+  '--tier-fraction': String(TRACE_DEFAULTS.tierFraction), '--prefillers': '2', '--decoders': '2', '--seed': '1', '--seeds': '1',
 };
 const KEEPERS: KeeperPolicy[] = ['prefiller', 'room'];
 

@@ -10,6 +10,13 @@ import { resultsDir } from './_plot.js';
 /** The default `--trace`: the repository's own few-tenant trace. */
 export const DEFAULT_TRACE = 'generated:tenants';
 
+/**
+ * The defaults the trace bench and the tier model share (docs/trace.md "Options"): with them,
+ * `npm run bench -- trace` replays the window docs/trace.md reports for `tenants` at a rate the
+ * built-in model's 2P2D deployment carries on 2 cores.
+ */
+export const TRACE_DEFAULTS = { window: '0:120', sample: 0.05, rate: 1.2, blockTokens: 32, tierFraction: 0.2 } as const;
+
 const PREFIX = 'generated:';
 
 /** The trace's text and where it is (the written file for a generated one). */

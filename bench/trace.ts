@@ -10,12 +10,12 @@
 //                              bench-results/trace/; default generated:tenants (bench/_trace_source.ts)
 //   --prefillers N --decoders N   default 2 and 2
 //   --routing MODES            comma list of round-robin,kv-aware (default both, in that order)
-//   --window START:COUNT       requests START.. of the (sampled) trace; default 0:200
+//   --window START:COUNT       requests START.. of the (sampled) trace; default 0:120
 //   --sample-conversations F   keep a fraction F of the conversations, whole, chosen across the
 //                              whole trace before the window (conversation: see conversations() in
 //                              harness/trace_model.ts); default 0.05 (an hour-long trace of thousands)
-//   --rate R                   the window's own arrival pattern scaled to R requests a second (default 2)
-//   --block-tokens B           tokens per 512-token trace block = the deployment's chunk size (default 64)
+//   --rate R                   the window's own arrival pattern scaled to R requests a second (default 1.2)
+//   --block-tokens B           tokens per 512-token trace block = the deployment's chunk size (default 32)
 //   --tier-fraction F          the engines' CPU tiers together hold F of the window's distinct
 //                              blocks (default 0.2), split evenly
 //   --max-output-tokens N      max_tokens = min(output_length, N) (default 16)
@@ -51,7 +51,7 @@ import { clearTiers, startDeployment, type Deployment } from '../harness/deploym
 import { byLabel, pct, scrape, sum } from './_scrape.js';
 import { resultsDir } from './_plot.js';
 import { writeTraceSvg, writeDtypeSvg, type DtypeBar, type SeriesPoint } from './_trace_plot.js';
-import { DEFAULT_TRACE, loadTrace } from './_trace_source.js';
+import { DEFAULT_TRACE, loadTrace, TRACE_DEFAULTS } from './_trace_source.js';
 import {
   applyWindow, distinctChunks, mapRequests, pooledEquivalent, parseTrace, parseWindow, promptIds, promptTokens, sampleConversations, sendTimes, simulate,
   type ReplayRequest, type SimResult,
@@ -117,11 +117,11 @@ function options(argv: string[]): Options {
     prefillers: num('--prefillers', 2, (n) => int(n) && n >= 0 && n <= 8, 'an integer 0..8'),
     decoders: num('--decoders', 2, (n) => int(n) && n >= 1 && n <= 8, 'an integer 1..8'),
     routing: routing as Mode[],
-    window: parseWindow(given.get('--window') ?? '0:200'),
-    sample: num('--sample-conversations', 0.05, (n) => n > 0 && n <= 1, 'a fraction in (0, 1]'),
-    rate: num('--rate', 2, (n) => n > 0, 'requests a second > 0'),
-    blockTokens: num('--block-tokens', 64, (n) => int(n) && n >= 1 && n <= 512, 'an integer 1..512'),
-    tierFraction: num('--tier-fraction', 0.2, (n) => n > 0 && n <= 10, 'a fraction > 0 (1: the tiers hold every distinct block)'),
+    window: parseWindow(given.get('--window') ?? TRACE_DEFAULTS.window),
+    sample: num('--sample-conversations', TRACE_DEFAULTS.sample, (n) => n > 0 && n <= 1, 'a fraction in (0, 1]'),
+    rate: num('--rate', TRACE_DEFAULTS.rate, (n) => n > 0, 'requests a second > 0'),
+    blockTokens: num('--block-tokens', TRACE_DEFAULTS.blockTokens, (n) => int(n) && n >= 1 && n <= 512, 'an integer 1..512'),
+    tierFraction: num('--tier-fraction', TRACE_DEFAULTS.tierFraction, (n) => n > 0 && n <= 10, 'a fraction > 0 (1: the tiers hold every distinct block)'),
     maxOutputTokens: num('--max-output-tokens', 16, (n) => int(n) && n >= 1 && n <= 1024, 'an integer 1..1024'),
     seed: num('--seed', 1, (n) => int(n) && n >= 0, 'an integer >= 0'),
     kvUpArgs: kvUp === undefined ? [] : kvUp.trim().split(/\s+/),

@@ -1,7 +1,7 @@
 // The cache YAML of a test's in-process cache instance attached to a controller: a CPU tier (and a
 // disk tier when given a directory), its worker and peer ports on fresh loopback ports.
 import { validateCacheConfig, type CacheConfig } from '../src/common/config.js';
-import { freePortRange } from '../src/common/ports.js';
+import { freePortRange } from './ports.js';
 
 export interface InstanceConfigOptions {
   chunkSize: number;

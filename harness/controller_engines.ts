@@ -5,7 +5,7 @@
 // fail each other.
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { freePortRange } from '../src/common/ports.js';
+import { freePortRange } from './ports.js';
 import { onFreePorts, postJson, startKvc, waitHttp, waitListening, waitUntil, type Proc } from './proc.js';
 import { tempDir } from './temp_dir.js';
 

@@ -5,7 +5,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { accessSync, constants } from 'node:fs';
 import { join } from 'node:path';
-import { freePortRange } from '../src/common/ports.js';
+import { freePortRange } from './ports.js';
 import { REDIS_SERVER_SETTINGS } from '../src/common/remote_url.js';
 
 export const REDIS_SKIP = 'redis-server is not installed (Debian package "redis-server": apt-get install -y redis-server)';

@@ -141,7 +141,10 @@ async function runSystem(files, tmp) {
         runningSet.add(f);
         const totalsFile = join(tmp, `system-${next}.json`);
         const t0 = Date.now();
-        const child = spawn(process.execPath, ['--test', ...reporters(totalsFile), f], { stdio: ['ignore', verbose ? 'inherit' : 'pipe', verbose ? 'inherit' : 'pipe'] });
+        // Each file beside others picks its ports in a part of the range of its own (harness/ports.ts).
+        const slot = exclusive.has(f) ? null : freeSlots.shift();
+        const env = slot === null ? process.env : { ...process.env, KVC_TEST_PORT_SLOT: `${slot}/${jobs}` };
+        const child = spawn(process.execPath, ['--test', ...reporters(totalsFile), f], { env, stdio: ['ignore', verbose ? 'inherit' : 'pipe', verbose ? 'inherit' : 'pipe'] });
         let out = '';
         child.stdout?.on('data', (d) => { out += d; });
         child.stderr?.on('data', (d) => { out += d; });
@@ -153,12 +156,14 @@ async function runSystem(files, tmp) {
           times[sourceOf(f)] = seconds * 1000;
           running--;
           runningSet.delete(f);
+          if (slot !== null) freeSlots.push(slot);
           if (next >= order.length && running === 0) done();
           else start();
         });
       }
     };
     const runningSet = new Set();
+    const freeSlots = Array.from({ length: jobs }, (_, i) => i);
     start();
   });
   return { status, report };

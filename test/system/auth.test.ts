@@ -9,7 +9,7 @@ import { Push } from 'zeromq';
 import { setDeploymentSecret } from '../../src/common/auth.js';
 import { seal, signedHeaders } from '../../src/common/replay.js';
 import { DType, type KvLayout } from '../../src/common/chunk.js';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { startController } from '../../src/controller/server.js';
 import { Registry } from '../../src/controller/registry.js';
 import { startEngine } from '../../src/engine/server.js';

@@ -12,7 +12,7 @@ import { Dealer } from 'zeromq';
 import { decode } from '@msgpack/msgpack';
 import { DType, verifyChunk, type KvLayout } from '../../src/common/chunk.js';
 import { chunkKeys } from '../../src/common/keys.js';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { encodeMsg, packKeys, PROTOCOL_VERSION } from '../../src/protocol/monitor.js';
 import { onFreePorts, postJson, startKvc, waitHttp, type Proc } from '../../harness/proc.js';
 import { CHUNK, makeChunk, MODEL, putPrompt, range, startInstance, waitUntil, type ControllerContext, type Instance, type Lookup } from './controller_fixtures.js';

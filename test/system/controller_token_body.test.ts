@@ -9,7 +9,7 @@ import http from 'node:http';
 import net from 'node:net';
 import { Dealer } from 'zeromq';
 import { chunkKeys } from '../../src/common/keys.js';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { encodeMsg, packKeys, PROTOCOL_VERSION } from '../../src/protocol/monitor.js';
 import { decodeTokenBody, encodeTokenBody, TOKEN_BODY_CONTENT_TYPE } from '../../src/protocol/token_body.js';
 import { PrefixClient } from '../../src/proxy/prefix_client.js';

@@ -14,7 +14,7 @@ import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { chromium, type BrowserContext, type Page } from 'playwright-core';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { postJson, startKvc, waitHttp, type Proc } from '../../harness/proc.js';
 import { tempDir } from '../../harness/temp_dir.js';
 

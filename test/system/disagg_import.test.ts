@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import { Pull } from 'zeromq';
 import { stringify } from 'yaml';
 import { machineCpus } from '../../src/common/cpu_set.js';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { startKvc, waitHttp, postJson, type Proc } from '../../harness/proc.js';
 import { tempDir } from '../../harness/temp_dir.js';
 

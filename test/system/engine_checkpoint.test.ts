@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import { readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import OpenAI from 'openai';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { BUILTIN_MODELS, writeBuiltinModel, type BuiltinSpec } from '../../src/engine/model/formats/builtin.js';
 import { LlamaModel, argmax } from '../../src/engine/model/model.js';
 import { Tokenizer } from '../../src/engine/model/tokenizer.js';

@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import OpenAI from 'openai';
 import { HEADER_BYTES, verifyChunk } from '../../src/common/chunk.js';
 import { validateCacheConfig } from '../../src/common/config.js';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { startEngine, type Engine } from '../../src/engine/server.js';
 import { postJson, startKvc, type Proc } from '../../harness/proc.js';
 import { tempDir } from '../../harness/temp_dir.js';

@@ -6,7 +6,7 @@ import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { EventEmitter } from 'node:events';
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { runGeneration, type GenerationRequest } from '../../src/engine/generate.js';
 import { EngineMetrics } from '../../src/engine/metrics.js';
 import { BUILTIN_MODELS, ensureBuiltinModel } from '../../src/engine/model/formats/builtin.js';

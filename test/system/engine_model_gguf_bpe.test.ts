@@ -21,7 +21,7 @@ import { convertToGguf, gpt2VocabFromTokenizerJson } from '../../src/engine/mode
 import { LlamaModel } from '../../src/engine/model/model.js';
 import { writeSafetensors } from '../../src/engine/model/formats/safetensors.js';
 import { Tokenizer } from '../../src/engine/model/tokenizer.js';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { postJson, startKvc, waitHttp } from '../../harness/proc.js';
 import { tempDir } from '../../harness/temp_dir.js';
 import { propertyParams } from '../../harness/property.js';

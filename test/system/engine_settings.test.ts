@@ -6,7 +6,7 @@ import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer, type Server } from 'node:net';
 import { validateCacheConfig } from '../../src/common/config.js';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import type { KvTransferPlugin } from '../../src/common/transfer_seam.js';
 import { startEngine } from '../../src/engine/server.js';
 import { resolveEngineSettings } from '../../src/engine/settings.js';

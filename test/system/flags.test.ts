@@ -9,7 +9,7 @@ import { promisify } from 'node:util';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { chunkKeys } from '../../src/common/keys.js';
-import { freePortRange, isPortFree } from '../../src/common/ports.js';
+import { freePortRange, isPortFree } from '../../harness/ports.js';
 import { startEngine, type Engine } from '../../src/engine/server.js';
 import { resolveEngineSettings } from '../../src/engine/settings.js';
 import { CLI, postJson, startKvc } from '../../harness/proc.js';

@@ -9,7 +9,7 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { DTYPE_NAMES } from '../../src/common/dtype.js';
 import { KV_CACHE_DTYPE_OF } from '../../src/common/flags.js';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { startDeployment, type Deployment } from '../../harness/deployment.js';
 import { onFreePorts, postJson, startKvc, type Proc } from '../../harness/proc.js';
 

@@ -9,7 +9,7 @@ import { Dealer } from 'zeromq';
 import { DType, chunkBytes, type KvLayout } from '../../src/common/chunk.js';
 import { createHttpServer } from '../../src/common/http.js';
 import { jsonDeeperThan } from '../../src/common/limits.js';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { XferReceiver } from '../../src/xfer/index.js';
 import { FrameParser, FrameType, PROTOCOL_VERSION, writeFrame } from '../../src/protocol/xfer_frames.js';
 import { startKvc, waitHttp } from '../../harness/proc.js';

@@ -8,7 +8,7 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { EngineMetrics } from '../../src/engine/metrics.js';
 import { EngineStatsLog } from '../../src/engine/stats_log.js';
 import { postJson, startKvc, type Proc } from '../../harness/proc.js';

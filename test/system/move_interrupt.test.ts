@@ -17,7 +17,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { DType, type KvLayout } from '../../src/common/chunk.js';
 import { chunkKeys } from '../../src/common/keys.js';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { PEER_FRAME_HEAD, PeerFrame } from '../../src/protocol/peer_frames.js';
 import { postJson, startKvc, waitUntil, type Proc } from '../../harness/proc.js';
 

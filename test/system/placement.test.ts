@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { readdirSync } from 'node:fs';
 import { formatCpuList, machineCpus, parseCpuList, validateCpuList } from '../../src/common/cpu_set.js';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { engineArgs, makePlan, proxyArgs, type PlanOptions } from '../../src/deploy/plan.js';
 import { parsePlacement, placeEngines } from '../../src/deploy/placement.js';
 import { parseTopology } from '../../src/proxy/topology.js';

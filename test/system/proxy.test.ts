@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { Push } from 'zeromq';
 import { encode } from '@msgpack/msgpack';
 import { spawn } from 'node:child_process';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { ProxyServer } from '../../src/proxy/server.js';
 import { CLI } from '../../harness/proc.js';
 import { STUB_CONTEXT, startStubEngine, stubWords, type StubEngine } from '../../harness/proxy_stub.js';

@@ -5,7 +5,7 @@
 // whose health answer is slow but which keeps streaming is not marked down.
 import { test, before, after, describe } from 'node:test';
 import assert from 'node:assert/strict';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { ProxyServer } from '../../src/proxy/server.js';
 import { startStubEngine, type StubEngine } from '../../harness/proxy_stub.js';
 

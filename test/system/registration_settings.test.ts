@@ -7,7 +7,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Dealer } from 'zeromq';
 import { decode } from '@msgpack/msgpack';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { encodeMsg, PROTOCOL_VERSION } from '../../src/protocol/monitor.js';
 import { startKvc } from '../../harness/proc.js';
 import { keySettingsDiffer } from '../../src/proxy/key_settings.js';

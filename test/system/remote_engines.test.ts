@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { postJson, startKvc, type Proc } from '../../harness/proc.js';
 import { tempDir } from '../../harness/temp_dir.js';
 import { REDIS_SKIP, findRedisServer, startRedisServer, type RedisServer } from '../../harness/redis_server.js';

@@ -7,7 +7,7 @@ import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { Redis } from 'ioredis';
 import { Codec, DType, encodeChunk, payloadBytes, readHeader, verifyChunk } from '../../src/common/chunk.js';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { ConfigError, validateCacheConfig } from '../../src/common/config.js';
 import { parseRemoteUrl } from '../../src/common/remote_url.js';
 import { KvcStore } from '../../src/kvc/store.js';

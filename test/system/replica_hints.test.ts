@@ -9,7 +9,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { DType, encodeChunk, payloadBytes, type KvLayout } from '../../src/common/chunk.js';
 import { chunkKeys, type ChunkKey } from '../../src/common/keys.js';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { attachController, type ControllerAttachment } from '../../src/kvc/controller_client.js';
 import { LruIndex, type Entry } from '../../src/kvc/lru_index.js';
 import { KvcStore } from '../../src/kvc/store.js';

@@ -19,7 +19,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { CLI, postJson, startKvc, waitHttp, waitUntil, type Proc } from '../../harness/proc.js';
 import { tempDir } from '../../harness/temp_dir.js';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { chunkKeys } from '../../src/common/keys.js';
 import { signedHeaders } from '../../src/common/replay.js';
 import { upOnFreeOffset } from '../../harness/deployment.js';

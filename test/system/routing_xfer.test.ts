@@ -5,7 +5,7 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { DType, chunkBytes, type KvLayout } from '../../src/common/chunk.js';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { XferReceiver, XferSender, type DisaggSpec, type OutChunk } from '../../src/xfer/index.js';
 import { syntheticChunk, syntheticKey } from '../../src/xfer/peer.js';
 

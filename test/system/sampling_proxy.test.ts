@@ -4,7 +4,7 @@
 // field is still a 400 naming it.
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { startEngine, type Engine } from '../../src/engine/server.js';
 import { ProxyServer } from '../../src/proxy/server.js';
 

@@ -13,7 +13,7 @@ import OpenAI from 'openai';
 import { startKvc, waitHttp, type Proc } from '../../harness/proc.js';
 import { tempDir } from '../../harness/temp_dir.js';
 import { repoRoot } from '../../harness/repo_files.js';
-import { freePortRange, isPortFree } from '../../src/common/ports.js';
+import { freePortRange, isPortFree } from '../../harness/ports.js';
 import { makePlan, cacheYaml, connectorJson, type PlanOptions } from '../../src/deploy/plan.js';
 import { freePortOffset } from '../../src/deploy/free_offset.js';
 import { validateCacheConfig, parseConnectorConfig } from '../../src/common/config.js';

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { symlinkSync, writeFileSync, copyFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { ensureBuiltinModel } from '../../src/engine/model/formats/builtin.js';
 import { startEngine, type Engine } from '../../src/engine/server.js';
 import { CLI, postJson, startKvc, type Proc } from '../../harness/proc.js';

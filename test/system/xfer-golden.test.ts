@@ -13,7 +13,7 @@ import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Pull } from 'zeromq';
 import { stringify } from 'yaml';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { decodeNotice } from '../../src/xfer/notify.js';
 import { onFreePorts, startKvc, waitListening, postJson, type Proc } from '../../harness/proc.js';
 import { tempDir } from '../../harness/temp_dir.js';

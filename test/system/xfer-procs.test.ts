@@ -8,7 +8,7 @@ import { fork, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
 import { DType, type KvLayout } from '../../src/common/chunk.js';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { syntheticKey } from '../../src/xfer/peer.js';
 
 const PEER = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'src', 'xfer', 'peer.js');

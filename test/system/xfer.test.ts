@@ -6,7 +6,7 @@ import net from 'node:net';
 import { Pull } from 'zeromq';
 import { DType, chunkBytes, verifyChunk, type KvLayout } from '../../src/common/chunk.js';
 import { validateCacheConfig } from '../../src/common/config.js';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { XferReceiver, XferSender, createXfer, decodeNotice, type DisaggSpec, type OutChunk } from '../../src/xfer/index.js';
 import { syntheticChunk, syntheticKey } from '../../src/xfer/peer.js';
 import { FrameParser, FrameType, PROTOCOL_VERSION, writeFrame } from '../../src/protocol/xfer_frames.js';

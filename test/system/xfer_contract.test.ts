@@ -13,7 +13,7 @@ import { fileURLToPath } from 'node:url';
 import { stringify } from 'yaml';
 import { chunkBytes, DType } from '../../src/common/chunk.js';
 import { chunkKeys } from '../../src/common/keys.js';
-import { freePortRange } from '../../src/common/ports.js';
+import { freePortRange } from '../../harness/ports.js';
 import { modelIdOf } from '../../src/engine/model_spec.js';
 import { BUILTIN_MODELS } from '../../src/engine/model/formats/builtin.js';
 import { postJson, startKvc, waitHttp, type Proc } from '../../harness/proc.js';

@@ -9,8 +9,33 @@ import { execFileSync } from 'node:child_process';
 import { availableParallelism } from 'node:os';
 import { formatCpuList } from '../common/cpu_set.js';
 
-/** Bound on the taskset and chrt calls (they answer in milliseconds; a hung one must not hang start-up). */
-const TASKSET_TIMEOUT_MS = 5_000;
+/**
+ * Bounds on the taskset and chrt calls, tried in turn. They answer in milliseconds, but on an
+ * overloaded machine starting the helper can take seconds (a restarted engine at load average 55
+ * timed out after 5 s and exited): a call that timed out is tried again with the next bound, and
+ * only a hung one (the last bound) stops start-up.
+ */
+const HELPER_TIMEOUTS_MS = [5_000, 30_000, 60_000];
+
+/** Runs a util-linux helper within HELPER_TIMEOUTS_MS; throws its last error. */
+function runHelper(cmd: string, args: string[]): void {
+  for (let i = 0; ; i++) {
+    try {
+      execFileSync(cmd, args, { stdio: ['ignore', 'ignore', 'pipe'], timeout: HELPER_TIMEOUTS_MS[i] });
+      return;
+    } catch (e) {
+      const err = e as NodeJS.ErrnoException;
+      if (err.code !== 'ETIMEDOUT' || i === HELPER_TIMEOUTS_MS.length - 1) throw e;
+    }
+  }
+}
+
+/** Why a helper failed: its own words, or that it did not answer in time. */
+function helperFailure(e: unknown, cmd: string): string {
+  const err = e as NodeJS.ErrnoException & { stderr?: Buffer };
+  if (err.code === 'ETIMEDOUT') return `${cmd} did not answer within ${HELPER_TIMEOUTS_MS.at(-1)! / 1000} s`;
+  return err.stderr?.toString().trim() || err.message;
+}
 
 /**
  * Restricts this process to `cpus` (already validated against the machine). Throws an Error
@@ -20,12 +45,12 @@ const TASKSET_TIMEOUT_MS = 5_000;
 export function applyCpuSet(cpus: readonly number[], flag = '--cpus'): number {
   const list = formatCpuList(cpus);
   try {
-    execFileSync('taskset', ['-a', '-p', '-c', list, String(process.pid)], { stdio: ['ignore', 'ignore', 'pipe'], timeout: TASKSET_TIMEOUT_MS });
+    runHelper('taskset', ['-a', '-p', '-c', list, String(process.pid)]);
   } catch (e) {
-    const err = e as NodeJS.ErrnoException & { stderr?: Buffer };
+    const err = e as NodeJS.ErrnoException;
     if (err.code === 'ENOENT') throw new Error(`${flag} ${list}: needs taskset (util-linux), which is not installed`);
-    const why = err.stderr?.toString().trim() || err.message;
-    throw new Error(`${flag} ${list}: the kernel refused this CPU set: ${why}`);
+    if (err.code === 'ETIMEDOUT') throw new Error(`${flag} ${list}: could not set the CPU set: ${helperFailure(e, 'taskset')}`);
+    throw new Error(`${flag} ${list}: the kernel refused this CPU set: ${helperFailure(e, 'taskset')}`);
   }
   return availableParallelism();
 }
@@ -40,10 +65,11 @@ export function applyCpuSet(cpus: readonly number[], flag = '--cpus'): number {
  */
 export function applyIdlePriority(flag = '--cpu-priority'): void {
   try {
-    execFileSync('chrt', ['--idle', '-a', '-p', '0', String(process.pid)], { stdio: ['ignore', 'ignore', 'pipe'], timeout: TASKSET_TIMEOUT_MS });
+    runHelper('chrt', ['--idle', '-a', '-p', '0', String(process.pid)]);
   } catch (e) {
-    const err = e as NodeJS.ErrnoException & { stderr?: Buffer };
+    const err = e as NodeJS.ErrnoException;
     if (err.code === 'ENOENT') throw new Error(`${flag} idle: needs chrt (util-linux), which is not installed`);
-    throw new Error(`${flag} idle: the kernel refused SCHED_IDLE: ${err.stderr?.toString().trim() || err.message}`);
+    if (err.code === 'ETIMEDOUT') throw new Error(`${flag} idle: could not set SCHED_IDLE: ${helperFailure(e, 'chrt')}`);
+    throw new Error(`${flag} idle: the kernel refused SCHED_IDLE: ${helperFailure(e, 'chrt')}`);
   }
 }

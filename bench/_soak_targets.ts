@@ -64,10 +64,14 @@ export async function localTarget(o: SoakOptions, why: string): Promise<SoakTarg
   // No automatic restarts by kvc up: the schedule restarts what it kills itself.
   const dep = await startDeployment({ prefillers: 2, decoders: 2, args: ['--max-restarts', '0', ...o.upArgs, ...(redis ? ['--remote-url', redis.url] : [])] });
   const restarted: ChildProcess[] = [];
+  // Each process's command line, environment and directory, read while it runs: a process that
+  // has died on its own by the time its fault comes (its /proc entry gone) is still restarted.
+  const images = new Map([...dep.pids].map(([name, pid]) => [name, processImage(pid)]));
   const restart = async (name: string, pauseMs: number) => {
     const pid = dep.pids.get(name)!;
-    const image = processImage(pid);
-    signal(pid, 'SIGKILL');
+    const image = images.get(name)!;
+    if (alive(pid)) signal(pid, 'SIGKILL');
+    else console.log(`soak: ${name} (pid ${pid}) had already exited before its kill; restarting it`);
     await eventually(() => !alive(pid), 10_000, 20);
     if (pauseMs) await sleep(pauseMs);
     const child = respawn(image, join(dep.logDir, `${name}.restarted.log`));

@@ -211,7 +211,7 @@ export const SETTINGS = {
   }),
   cpuPriority: setting<'normal' | 'idle'>({
     flags: '--cpu-priority <level>',
-    help: 'CPU priority of every thread of this engine: normal, or idle (Linux SCHED_IDLE: it runs only on CPU time no normal-priority program wants; `kvc up` gives it to prefillers that share CPUs with decoders, so a decode step never waits behind prefill compute)',
+    help: 'CPU priority of every thread of this engine: normal, or idle (Linux SCHED_IDLE: it runs only on CPU time no normal-priority program wants; `kvc up --placement decode-first` gives it to the prefillers, so a decode step never waits behind prefill compute)',
     default: 'normal',
     parse: choice(['normal', 'idle'] as const),
     commands: ['engine'],
@@ -406,7 +406,7 @@ export const SETTINGS = {
   startupTimeout: setting<number>({ flags: '--startup-timeout <s>', help: 'seconds allowed for all processes to become healthy', default: 300_000, ...seconds, commands: ['up'] }),
   placement: setting<string>({
     flags: '--placement <how>',
-    help: 'CPUs of the engines: split (prefillers and decoders on disjoint CPUs), shared (no pinning) or prefill=LIST/decode=LIST',
+    help: 'CPUs of the engines: split (prefillers and decoders on disjoint CPUs), decode-first (a CPU per decoder, prefillers on every CPU at idle priority), shared (no pinning) or prefill=LIST/decode=LIST',
     default: 'split',
     defaultText: 'split; shared with --hosts',
     commands: ['up'],

@@ -5,14 +5,17 @@
 //
 //   split (default)  prefillers and decoders get disjoint parts of the machine's CPUs, in
 //                    proportion to their counts (at least one CPU each): a long prompt being
-//                    prefilled never takes a decoder's core. On 2 CPUs, 1P1D: prefiller on CPU 0,
-//                    decoder on CPU 1. When that would put several decoders on one CPU while
-//                    the machine has a CPU for each (2P2D or 1P2D on 2 CPUs), each decoder gets a
-//                    CPU of its own instead and the prefillers run on every CPU at idle priority
-//                    (SCHED_IDLE): two decoders sharing a core wait for each other's steps, while a
-//                    prefiller at idle priority gives a decoder's core back the moment the
-//                    decoder has a step to run. With one CPU, or with no prefillers
-//                    (`--prefillers 0`: colocated kv_both engines), every engine runs on every CPU.
+//                    prefilled never takes a decoder's core. On 2 CPUs: prefillers on CPU 0,
+//                    decoders on CPU 1 (2P2D: both decoders share CPU 1). With one CPU, or with
+//                    no prefillers (`--prefillers 0`: colocated kv_both engines), every engine
+//                    runs on every CPU.
+//   decode-first     each decoder gets a CPU of its own (the last D CPUs) and the prefillers run
+//                    on every CPU at idle priority (SCHED_IDLE): a decode step never waits behind
+//                    prefill compute or another decoder's steps. Not the default: a prefiller at
+//                    idle priority gets no CPU at all while normal-priority work fills the
+//                    machine (its start-up and its prefills wait without bound), and short
+//                    prompts' first tokens wait for the decoders' leftover time. Needs at least
+//                    as many CPUs as decoders.
 //   shared           no pinning: every engine may run on every CPU.
 //   prefill=LIST/decode=LIST
 //                    explicit cpulists for each role (e.g. `prefill=0/decode=1`,
@@ -20,7 +23,7 @@
 //                    With --prefillers 0 only `decode=LIST` is accepted.
 import { formatCpuList, machineCpus, validateCpuList } from '../common/cpu_set.js';
 
-export type Placement = { kind: 'split' } | { kind: 'shared' } | { kind: 'explicit'; prefill: string | null; decode: string };
+export type Placement = { kind: 'split' } | { kind: 'decode-first' } | { kind: 'shared' } | { kind: 'explicit'; prefill: string | null; decode: string };
 
 /** The cpulist of the prefillers and of each decoder (null: not pinned), and the prefillers' priority. */
 export interface RoleCpus {
@@ -38,10 +41,11 @@ export function parsePlacement(text: string, machine: readonly number[] = machin
   const s = text.trim();
   if (s === 'split') return { kind: 'split' };
   if (s === 'shared') return { kind: 'shared' };
+  if (s === 'decode-first') return { kind: 'decode-first' };
   const parts = new Map<string, string>();
   for (const item of s.split('/')) {
     const m = /^(prefill|decode)=(.+)$/.exec(item.trim());
-    if (!m) throw new Error(`${FLAG}: expected "split", "shared" or "prefill=LIST/decode=LIST" (e.g. "prefill=0/decode=1"), found "${text}"`);
+    if (!m) throw new Error(`${FLAG}: expected "split", "decode-first", "shared" or "prefill=LIST/decode=LIST" (e.g. "prefill=0/decode=1"), found "${text}"`);
     if (parts.has(m[1]!)) throw new Error(`${FLAG}: "${m[1]}=" is given twice in "${text}"`);
     parts.set(m[1]!, formatCpuList(validateCpuList(`${FLAG} ${m[1]}=${m[2]}`, m[2]!, machine)));
   }
@@ -62,9 +66,9 @@ export function placeEngines(pl: Placement, p: number, d: number, machine: reado
   const cpus = [...machine].sort((a, b) => a - b);
   if (p === 0 || cpus.length < 2) return { prefill: null, decoders: each(null), prefillIdle: false };
   const nPrefill = Math.max(1, Math.min(cpus.length - 1, Math.round((cpus.length * p) / (p + d))));
-  if (d > cpus.length - nPrefill && d <= cpus.length) {
-    // The decoders' part would hold fewer CPUs than decoders: a CPU each (the last ones), and the
-    // prefillers on every CPU, below any decoder.
+  if (pl.kind === 'decode-first') {
+    if (d > cpus.length) throw new Error(`${FLAG} decode-first: ${d} decoders need a CPU each, the machine has ${cpus.length}`);
+    // A CPU each for the decoders (the last ones), the prefillers on every CPU, below any decoder.
     return { prefill: formatCpuList(cpus), decoders: cpus.slice(cpus.length - d).map((c) => formatCpuList([c])), prefillIdle: true };
   }
   return { prefill: formatCpuList(cpus.slice(0, nPrefill)), decoders: each(formatCpuList(cpus.slice(nPrefill))), prefillIdle: false };

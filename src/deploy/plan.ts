@@ -169,8 +169,8 @@ export function makePlan(o: PlanOptions): Plan {
   if (cache.remoteUrl !== undefined) remoteEndpoint({ remote_url: cache.remoteUrl }, '--remote-url');
   const off = (p: number) => p + o.portOffset;
   const colocated = o.prefillers === 0;
-  if (o.hostList && o.placement?.kind === 'split') {
-    throw new Error('--placement split: splits this machine\'s CPUs, which mean nothing on other hosts; with --hosts use shared (the default) or prefill=LIST/decode=LIST (applied on every host)');
+  if (o.hostList && (o.placement?.kind === 'split' || o.placement?.kind === 'decode-first')) {
+    throw new Error(`--placement ${o.placement.kind}: splits this machine's CPUs, which mean nothing on other hosts; with --hosts use shared (the default) or prefill=LIST/decode=LIST (applied on every host)`);
   }
   const cpus = placeEngines(o.placement ?? { kind: o.hostList ? 'shared' : 'split' }, o.prefillers, o.decoders, o.machineCpus);
   const engineNames = [

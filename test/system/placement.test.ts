@@ -1,3 +1,4 @@
+// run-tests: exclusive — an engine at idle CPU priority (SCHED_IDLE) gets no CPU while other files' processes want it, so it starts only when it runs alone.
 // CPU placement: cpulists (`kvc engine --cpus`), the plans of `kvc up --placement`, and
 // `kvc up --prefillers 0` (colocated kv_both engines behind the proxy). Unknown CPUs and malformed
 // lists are clear start errors naming the flag; a started engine really runs on its set, and at
@@ -32,9 +33,14 @@ test('kvc up --placement: split (default), shared, explicit, colocated', () => {
   assert.deepEqual(placeEngines({ kind: 'split' }, 1, 1, [0, 1]), pl('0', ['1']));
   assert.deepEqual(placeEngines({ kind: 'split' }, 2, 2, [0, 1, 2, 3]), pl('0-1', ['2-3', '2-3']));
   assert.deepEqual(placeEngines({ kind: 'split' }, 3, 1, [0, 1, 2, 3]), pl('0-2', ['3']));
-  // Two decoders would share CPU 1: a CPU each, the prefillers on both at idle priority.
-  assert.deepEqual(placeEngines({ kind: 'split' }, 2, 2, [0, 1]), pl('0-1', ['0', '1'], true));
-  assert.deepEqual(placeEngines({ kind: 'split' }, 1, 2, [0, 1]), pl('0-1', ['0', '1'], true));
+  // split keeps the parts disjoint even when two decoders then share a CPU; decode-first gives
+  // each decoder its own and the prefillers every CPU at idle priority.
+  assert.deepEqual(placeEngines({ kind: 'split' }, 2, 2, [0, 1]), pl('0', ['1', '1']));
+  assert.deepEqual(placeEngines({ kind: 'decode-first' }, 2, 2, [0, 1]), pl('0-1', ['0', '1'], true));
+  assert.deepEqual(placeEngines({ kind: 'decode-first' }, 1, 2, [0, 1]), pl('0-1', ['0', '1'], true));
+  assert.deepEqual(placeEngines({ kind: 'decode-first' }, 1, 1, [0, 1, 2]), pl('0-2', ['2'], true));
+  assert.throws(() => placeEngines({ kind: 'decode-first' }, 1, 3, [0, 1]), /--placement decode-first: 3 decoders need a CPU each, the machine has 2/);
+  assert.deepEqual(parsePlacement('decode-first', [0, 1]), { kind: 'decode-first' });
   assert.deepEqual(placeEngines({ kind: 'split' }, 1, 3, [0, 1]), pl('0', ['1', '1', '1']), 'more decoders than CPUs: they share the decoders\' part');
   assert.deepEqual(placeEngines({ kind: 'split' }, 1, 1, [0]), pl(null, [null]), 'one CPU: nothing to split');
   assert.deepEqual(placeEngines({ kind: 'split' }, 0, 2, [0, 1]), pl(null, [null, null]), 'colocated engines share every CPU');
@@ -42,7 +48,7 @@ test('kvc up --placement: split (default), shared, explicit, colocated', () => {
   assert.deepEqual(parsePlacement('prefill=0/decode=1', [0, 1]), { kind: 'explicit', prefill: '0', decode: '1' });
   assert.deepEqual(parsePlacement('split', [0, 1]), { kind: 'split' });
   assert.throws(() => parsePlacement('prefill=0/decode=3', [0, 1]), /--placement decode=3: CPU 3 is not on this machine \(its CPUs are 0-1\)/);
-  assert.throws(() => parsePlacement('half', [0, 1]), /--placement: expected "split", "shared" or "prefill=LIST\/decode=LIST"/);
+  assert.throws(() => parsePlacement('half', [0, 1]), /--placement: expected "split", "decode-first", "shared" or "prefill=LIST\/decode=LIST"/);
   assert.throws(() => parsePlacement('prefill=0', [0, 1]), /"decode=LIST" is missing/);
   assert.throws(() => placeEngines(parsePlacement('prefill=0/decode=1', [0, 1]), 0, 2, [0, 1]), /given with --prefillers 0/);
   assert.throws(() => placeEngines(parsePlacement('decode=1', [0, 1]), 1, 1, [0, 1]), /"prefill=LIST" is missing/);
@@ -55,7 +61,9 @@ test('kvc up --placement: split (default), shared, explicit, colocated', () => {
   assert.ok(!byName['prefiller-0']!.includes('--cpu-priority'), 'a prefiller on its own CPUs keeps normal priority');
   const shared = makePlan({ ...base, machineCpus: [0, 1], placement: { kind: 'shared' } });
   for (const e of shared.engines) assert.ok(!engineArgs(shared, e, '{}').includes('--cpus'));
-  const twoByTwo = makePlan({ ...base, prefillers: 2, decoders: 2, machineCpus: [0, 1] });
+  const twoByTwoSplit = makePlan({ ...base, prefillers: 2, decoders: 2, machineCpus: [0, 1] });
+  for (const e of twoByTwoSplit.engines) assert.ok(!engineArgs(twoByTwoSplit, e, '{}').includes('--cpu-priority'), `${e.name}: split keeps normal priority`);
+  const twoByTwo = makePlan({ ...base, prefillers: 2, decoders: 2, machineCpus: [0, 1], placement: { kind: 'decode-first' } });
   const args2 = Object.fromEntries(twoByTwo.engines.map((e) => [e.name, engineArgs(twoByTwo, e, '{}')]));
   for (const p of ['prefiller-0', 'prefiller-1']) assert.deepEqual(args2[p]!.slice(-4), ['--cpus', '0-1', '--cpu-priority', 'idle']);
   assert.deepEqual(args2['decoder-0']!.slice(-2), ['--cpus', '0']);

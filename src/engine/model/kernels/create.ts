@@ -5,7 +5,8 @@ import { kernelEnv } from './env.js';
 import { JsKernel } from './js_kernel.js';
 import type { Kernel } from './kernel.js';
 import { padTo, STRIP } from './layout.js';
-import { WASM_WEIGHT_CAP, WasmKernel } from './wasm_kernel.js';
+import { WasmKernel } from './wasm_kernel.js';
+import { WASM_WEIGHT_CAP } from './wasm_limits.js';
 import { WasmKernelPool } from './wasm_kernel_pool.js';
 
 /**

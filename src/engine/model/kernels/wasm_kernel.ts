@@ -9,44 +9,13 @@ import { fmaSupport } from './fma.js';
 import { kernelModule, opsModule, type KernelExports, type OpsExports } from './wasm_modules.js';
 import { WorkerHost } from './worker_host.js';
 import { kernelEnv } from './env.js';
-import { ATT_GROUP, padTo, STRIP, type WFmt } from './layout.js';
+import { padTo, STRIP, type WFmt } from './layout.js';
 import { checkArgs, packGluStrips, packStrips, type Kernel, type UploadOptions, type Weight } from './kernel.js';
 import { BLOCK_TOKENS } from '../kv_cache.js';
 import { addIntoJs, copyRowsJs, rmsNormJs, ropeJs } from './ops_js.js';
 import { wasmConverter, type WasmConverter } from './convert_wasm.js';
+import { ACTIVATION_CAP, ARGMAX_ROWS, ATTEND_ROWS, ATTEND_ROW_UNIT, FMT_CODE, GLU, NARROW_MAX_ROWS, PAGE, SPLIT_MIN_MACS, SWIGLU_ROWS, SWIGLU_SPLIT_MIN, WASM_MAX_BYTES, WASM_WEIGHT_CAP } from './wasm_limits.js';
 import { asQ8_0, checkEncoded, heldFormat, kernelFormat, packEncoded, packedBytes, type EncodedWeight } from './weight_pack.js';
-
-/** CTL.PACKED codes: which export a job runs (the worker picks the same). */
-const FMT_CODE: Record<WFmt, number> = { f32: 1, bf16: 2, f16: 3, q8: 4, q4: 9 };
-/** CTL.PACKED code of attendrows (a job over query rows). */
-const ATTEND_ROWS = 5;
-/** CTL.PACKED code of swiglurows (a job over activation rows). */
-const SWIGLU_ROWS = 6;
-/** CTL.PACKED code of gemmpglu (the fused gate|up product and SwiGLU; columns in the packed space). */
-const GLU = 7;
-/** CTL.PACKED code of argmaxrows (greedy argmax of logits rows). */
-const ARGMAX_ROWS = 8;
-/** Query rows a narrow KV's attention reads the staged rows for (attendnarrow); more share one f32 copy (the GEMMs). */
-const NARROW_MAX_ROWS = 32;
-/** attendrows chunks are whole attention groups (layout.ts ATT_GROUP: rows sharing one key count). */
-const ATTEND_ROW_UNIT = ATT_GROUP;
-
-/**
- * Activation buffers stay in kernel memory up to this many bytes in all (beyond, plain arrays
- * that the kernel copies through scratch): weights take most of a large model's address space.
- */
-const ACTIVATION_CAP = 1024 * 1024 * 1024;
-
-const PAGE = 65536;
-/** wasm32 addresses 4 GiB; stay clear of the top for scratch. */
-export const WASM_MAX_BYTES = 4 * 1024 * 1024 * 1024 - 256 * 1024 * 1024;
-/** Weights one instance takes; the rest of its address space is left for scratch. */
-export const WASM_WEIGHT_CAP = WASM_MAX_BYTES - 512 * 1024 * 1024;
-
-/** Below this many multiply-adds a call stays on one thread (hand-off costs ~tens of µs). */
-const SPLIT_MIN_MACS = 1 << 20;
-/** Below this many SwiGLU elements the activation stays on one thread (~10 ns each). */
-const SWIGLU_SPLIT_MIN = 1 << 15;
 
 /**
  * WASM SIMD kernel. Weights live in the module's (shared) memory; inputs and outputs pass

@@ -4,9 +4,7 @@
 // its own scale, each key row used as it is held, the sum exact in i32, then scaled once per
 // (row, key) by the two scales. Values: p times the value row's scale once per (row, key), then
 // the f32 sum over keys of p'·v with v the held integers (the GEMMs' order, attention_js.ts).
-import { f16Table } from '../../../common/half.js';
-import { softmaxRowsJs } from './attention_js.js';
-import { BLOCK_SHIFT, BLOCK_TOKENS } from '../kv_cache.js';
+import { int8Staged, softmaxRowsJs } from './attention_js.js';
 
 const fr = Math.fround;
 
@@ -43,26 +41,18 @@ export function attendInt8Js(
   src: Uint8Array, kvDim: number, off: number, hd: number, keys: number, Pb: number, q: Float32Array, M: number, lens: Int32Array, scale: number, out: Float32Array,
   matmul: (a: Float32Array, m: number, K: number, b: Float32Array, N: number, out: Float32Array) => void,
 ): void {
-  const heads = kvDim / hd;
-  const g = off / hd;
-  const slab = BLOCK_TOKENS * kvDim;
-  const region = 2 * slab + 2 * BLOCK_TOKENS * heads * 2;
-  const f16 = f16Table();
-  const i8 = new Int8Array(src.buffer, src.byteOffset, src.byteLength);
-  const dv = new DataView(src.buffer, src.byteOffset, src.byteLength);
+  const s = int8Staged(src, kvDim, off, hd);
   const ks = new Float32Array(Pb);
   const vs = new Float32Array(Pb);
   const k = new Int8Array(keys * hd);
   const v = new Float32Array(Pb * hd);
   for (let j = 0; j < keys; j++) {
-    const base = (j >> BLOCK_SHIFT) * region;
-    const slot = j & (BLOCK_TOKENS - 1);
-    const kp = base + slot * kvDim + off;
-    ks[j] = f16[dv.getUint16(base + 2 * slab + (slot * heads + g) * 2, true)]!;
-    vs[j] = f16[dv.getUint16(base + 2 * slab + (BLOCK_TOKENS * heads + slot * heads + g) * 2, true)]!;
+    const kp = s.kAt(j);
+    ks[j] = s.kScale(j);
+    vs[j] = s.vScale(j);
     for (let e = 0; e < hd; e++) {
-      k[j * hd + e] = i8[kp + e]!;
-      v[j * hd + e] = i8[kp + slab + e]!;
+      k[j * hd + e] = s.i8[kp + e]!;
+      v[j * hd + e] = s.i8[kp + s.slab + e]!;
     }
   }
   const q16 = new Int16Array(M * hd);

@@ -47,27 +47,40 @@ function gatherWidenedJs(src: Uint16Array | Uint8Array, kvDim: number, off: numb
   }
 }
 
-/** int8 staged regions (kv_cache.ts): K and V i8 slabs, then K and V f16 scales [16][heads]. */
-function gatherInt8Js(src: Uint8Array, kvDim: number, off: number, hd: number, P: number, Pb: number, kt: Float32Array, v: Float32Array): void {
-  kt.fill(0, 0, hd * Pb);
-  v.fill(0, 0, Pb * hd);
+/** Where one KV head's int8 values and scales of staged position j are (kv_cache.ts: per block,
+ * K and V i8 slabs, then K and V f16 scales [16][heads]); the JS kernels' one reading of it. */
+export function int8Staged(src: Uint8Array, kvDim: number, off: number, hd: number) {
   const heads = kvDim / hd;
   const g = off / hd;
   const slab = BLOCK_TOKENS * kvDim;
   const region = 2 * slab + 2 * BLOCK_TOKENS * heads * 2;
   const f16 = f16Table();
-  const q = new Int8Array(src.buffer, src.byteOffset, src.byteLength);
-  const scales = new DataView(src.buffer, src.byteOffset, src.byteLength);
+  const dv = new DataView(src.buffer, src.byteOffset, src.byteLength);
+  const scaleAt = (j: number, which: 0 | 1) =>
+    f16[dv.getUint16((j >> BLOCK_SHIFT) * region + 2 * slab + (which * BLOCK_TOKENS * heads + (j & (BLOCK_TOKENS - 1)) * heads + g) * 2, true)]!;
+  return {
+    /** The values, signed. */
+    i8: new Int8Array(src.buffer, src.byteOffset, src.byteLength),
+    /** Index in `i8` of position j's first K value; its V values start `slab` later. */
+    kAt: (j: number) => (j >> BLOCK_SHIFT) * region + (j & (BLOCK_TOKENS - 1)) * kvDim + off,
+    slab,
+    kScale: (j: number) => scaleAt(j, 0),
+    vScale: (j: number) => scaleAt(j, 1),
+  };
+}
+
+function gatherInt8Js(src: Uint8Array, kvDim: number, off: number, hd: number, P: number, Pb: number, kt: Float32Array, v: Float32Array): void {
+  kt.fill(0, 0, hd * Pb);
+  v.fill(0, 0, Pb * hd);
+  const s = int8Staged(src, kvDim, off, hd);
   for (let j = 0; j < P; j++) {
-    const base = (j >> BLOCK_SHIFT) * region;
-    const slot = j & (BLOCK_TOKENS - 1);
-    const kp = base + slot * kvDim + off;
-    const vp = kp + slab;
-    const ks = f16[scales.getUint16(base + 2 * slab + (slot * heads + g) * 2, true)]!;
-    const vs = f16[scales.getUint16(base + 2 * slab + (BLOCK_TOKENS * heads + slot * heads + g) * 2, true)]!;
+    const kp = s.kAt(j);
+    const vp = kp + s.slab;
+    const ks = s.kScale(j);
+    const vs = s.vScale(j);
     for (let e = 0; e < hd; e++) {
-      kt[e * Pb + j] = Math.fround(q[kp + e]! * ks);
-      v[j * hd + e] = Math.fround(q[vp + e]! * vs);
+      kt[e * Pb + j] = Math.fround(s.i8[kp + e]! * ks);
+      v[j * hd + e] = Math.fround(s.i8[vp + e]! * vs);
     }
   }
 }

@@ -155,7 +155,7 @@ for (const dtype of NARROW) {
     const keys = 45;
     const small = (i: number) => ((i * 7919) % 200) / 100 - 1;
     // V past the dtype's range: Inf (f16, E5M2), saturated (E4M3) or scaled (int8); NaN as is.
-    // (Not K: an Inf or NaN score stops the softmax in either kernel.)
+    // (Inf/NaN K: engine_kernels_nonfinite.test.ts.)
     staged(dtype, s, keys, small, (i) => (i % 97 === 5 ? 1e6 : i % 89 === 3 ? -1e6 : i % 101 === 7 ? NaN : small(i)));
     const q = Float32Array.from({ length: s.heads * s.group * s.hd }, (_, i) => ((i % 13) - 6) * 0.1);
     const { a, b } = attend(s, keys, 1, q);

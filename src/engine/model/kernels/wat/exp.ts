@@ -85,6 +85,9 @@ export function expS(x: string): string {
   ];
   for (let i = 1; i < C.p.length; i++) lines.push(`(local.set $sy (f32.add (f32.mul (local.get $sy) (local.get $sx)) ${sc(C.p[i]!)}))`);
   lines.push(`(local.set $sy (f32.add (f32.add (f32.mul (local.get $sy) (local.get $sz)) (local.get $sx)) ${sc(C.one)}))`);
-  lines.push(`(f32.mul (local.get $sy) (f32.reinterpret_i32 (i32.shl (i32.add (i32.trunc_f32_s (local.get $sfx)) (i32.const 127)) (i32.const 23))))`);
+  // 2^fx as in expV (the magic-number add, no float→int conversion): i32.trunc_f32_s would trap
+  // on a NaN or ±Inf fx — an Inf/NaN score, e.g. from a K value past f16's range — where this
+  // gives y·(some power of two) = NaN, as expV and expf32 do, so the kernels are total.
+  lines.push(`(f32.mul (local.get $sy) (f32.reinterpret_i32 (i32.shl (i32.add (i32.reinterpret_f32 (f32.add (local.get $sfx) ${sc(12582912)})) (i32.const 127)) (i32.const 23))))`);
   return lines.join('\n');
 }

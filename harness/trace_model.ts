@@ -278,11 +278,15 @@ export function simulate(reqs: readonly ReplayRequest[], capacity: number): SimR
     sent += total;
     computed += comp;
     perRequest.push(comp);
-    // The chunks after the break take the first computed chunk's reason (the engines' rule).
-    const first = run < r.chunks.length ? (seen.has(r.chunks[run]!) ? 'evicted' : 'cold') : null;
+    // The ledger's rule (docs/ledger.md): a chunk held nowhere has its own reason (cold: never
+    // stored; evicted: stored before); one still held but after the break takes the reason of the
+    // miss that broke the prefix.
+    const own = (k: string) => (seen.has(k) ? 'evicted' : 'cold');
+    const first = run < r.chunks.length ? own(r.chunks[run]!) : null;
     for (let c = run; c < r.chunks.length; c++) {
-      if (r.chunks[c]!.includes('/')) reasons.partial++;
-      else reasons[first!]++;
+      const k = r.chunks[c]!;
+      if (k.includes('/')) reasons.partial++;
+      else reasons[lru.has(k) ? first! : own(k)]++;
     }
     for (const k of r.chunks) seen.add(k);
     if (capacity === 0) continue;

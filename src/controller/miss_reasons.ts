@@ -20,6 +20,8 @@ export function answerMissLookup(registry: Registry, routingId: string, msg: Rec
   const own = new Set(w.holders.values());
   const reasons = new Uint8Array(n);
   const ids: number[] = [];
+  /** The reason of the first key held nowhere: the prompt's prefix broke there. */
+  let broke: MissReason | null = null;
   for (let i = 0; i < n; i++) {
     const hi = dv.getUint32(8 * i);
     const lo = dv.getUint32(8 * i + 4);
@@ -27,9 +29,15 @@ export function answerMissLookup(registry: Registry, routingId: string, msg: Rec
     registry.index.holdersOf(hi, lo, ids);
     let reason: MissReason;
     if (ids.some((h) => own.has(h))) reason = 'stale_index';
-    else if (ids.some((h) => registry.holder(h) !== undefined)) reason = 'not_fetched';
-    else if (registry.history.has(hi, lo)) reason = 'evicted';
-    else reason = 'cold';
+    // Held elsewhere, but after a chunk held nowhere: no fetch could have used it (a prompt's KV
+    // is imported as one unbroken prefix), so it takes the reason of the miss that broke the
+    // prefix, as a chunk the asker holds itself there does (docs/ledger.md).
+    else if (ids.some((h) => registry.holder(h) !== undefined)) reason = broke ?? 'not_fetched';
+    else {
+      // Held nowhere: its own reason (a chunk never stored is cold whatever came before it).
+      reason = registry.history.has(hi, lo) ? 'evicted' : 'cold';
+      broke ??= reason;
+    }
     reasons[i] = CODE[reason];
     registry.stats.missReasons[reason]++;
   }

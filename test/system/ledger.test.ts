@@ -111,6 +111,20 @@ test('every computed chunk gets its reason: cold, not_fetched, stale_index, evic
     await indexed(d, r, a.name, 0);
     assert.deepEqual((await complete(a.http, r)).computed_chunks, { evicted: 3 });
 
+    // A chunk held elsewhere after the break takes the break's reason: h stored on a, its first
+    // chunk moved to b and pushed out of b's tier there, so a holds h's later chunks without their
+    // head. b computing h cannot use them (a prefix is imported unbroken): evicted, all three.
+    const h = prompt(3 * CHUNK);
+    assert.deepEqual((await complete(a.http, h)).computed_chunks, { cold: 3 });
+    await indexed(d, h, a.name, h.length);
+    const mv = await fetch(`${d.controller}/move`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${d.secret}` }, body: JSON.stringify({ old_position: [a.name, 'LocalDiskBackend'], new_position: [b.name, 'LocalDiskBackend'], tokens: h.slice(0, CHUNK) }) });
+    assert.equal(mv.status, 200, await mv.text());
+    await indexed(d, h, b.name, CHUNK);
+    await indexed(d, h, a.name, 0);
+    for (let i = 0; i < 4; i++) await complete(b.http, prompt(3 * CHUNK));
+    await indexed(d, h, b.name, 0);
+    assert.deepEqual((await complete(b.http, h)).computed_chunks, { evicted: 3 });
+
     // The engines count the same (before b restarts and starts counting from zero).
     const reasons = ['cold', 'not_fetched', 'stale_index', 'evicted', 'partial'];
     for (const reason of reasons) assert.ok((await counter(a.http, 'kvc_engine_computed_chunks_total', reason)) + (await counter(b.http, 'kvc_engine_computed_chunks_total', reason)) > 0, reason);

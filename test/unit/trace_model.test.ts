@@ -96,6 +96,16 @@ test('the pooled LRU and the infinite cache reuse leading runs only and evict le
   assert.throws(() => simulate(reqs, -1), /capacity/);
 });
 
+test('the references name computed chunks as the ledger does: own reason when held nowhere, the break\'s when held after it', () => {
+  // Capacity 3. After [a,b,c] and [b] the order is c, a, b; [x] evicts c, [y] evicts a. Then
+  // [a,b,d]: a was evicted (the break), b is still held but cut off (takes a's reason), d was never
+  // stored (cold on its own, whatever broke before it).
+  const reqs = [rr(['a', 'b', 'c']), rr(['b']), rr(['x']), rr(['y']), rr(['a', 'b', 'd'])];
+  assert.deepEqual(simulate(reqs, 3).reasons, { cold: 3 + 1 + 1 + 1, evicted: 2, partial: 0 });
+  // A partial last chunk is always partial.
+  assert.deepEqual(simulate([rr(['a', 'b/p'])], 3).reasons, { cold: 1, evicted: 0, partial: 1 });
+});
+
 test('pooledEquivalent finds the pooled LRU size that computes what was measured', () => {
   const r = (index: number, chunks: string[]): ReplayRequest => ({ index, at: index, chunks, chunkTokens: chunks.map(() => 4), maxTokens: 1, droppedBlocks: 0 });
   // Two prompts of two chunks in turn: a cache of 4 holds both, smaller caches hold less.

@@ -40,6 +40,7 @@
 // (docs/ledger.md) gives what that request computed, and why: the plot of computed ÷ sent over time
 // and unexplained_miss_share come from it.
 // Writes bench-results/trace/trace.svg; the last line is one JSON object (see main()).
+import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { Agent, fetch as undiciFetch } from 'undici';
@@ -141,10 +142,14 @@ export interface KvcUsage {
   reused_tokens: number;
   computed_tokens: number;
   computed_chunks: Record<string, number>;
+  instance: string | null;
 }
 
 interface Sent {
   ttft: number;
+  /** Times from the start of the run at which the request was sent and its stream ended. */
+  sentAt: number;
+  endAt: number;
   /** Time from the start of the run at which the first token arrived. */
   doneAt: number;
   kvc: KvcUsage | null;
@@ -153,6 +158,7 @@ interface Sent {
 /** One streamed request through the proxy; the TTFT and the ledger of its final usage chunk. */
 async function send(proxy: string, prompt: number[], maxTokens: number, t0: number): Promise<Sent> {
   const start = performance.now();
+  const sentAt = start - t0;
   const res = await undiciFetch(`${proxy}/v1/completions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
@@ -179,7 +185,7 @@ async function send(proxy: string, prompt: number[], maxTokens: number, t0: numb
     const o = JSON.parse(line.slice(6)) as { usage?: { kvc?: KvcUsage } | null };
     if (o.usage?.kvc) kvc = o.usage.kvc;
   }
-  return { ttft: first, doneAt, kvc };
+  return { ttft: first, doneAt, kvc, sentAt, endAt: performance.now() - t0 };
 }
 
 interface EngineTotals {
@@ -283,6 +289,36 @@ interface ModeResult {
   duplicateShare: number;
 }
 
+/**
+ * The requests that set the p90: the slowest tenth, each with where its prompt was computed, what
+ * it computed and reused, and how many requests were in flight at the client when it was sent;
+ * every request is written to bench-results/trace/requests-MODE.jsonl for a closer look.
+ */
+function tail(mode: Mode, reqs: ReplayRequest[], sent: Sent[], engines: string[]): void {
+  const rows = sent.map((s, i) => ({
+    i,
+    at: Math.round(s.sentAt),
+    ttft: Math.round(s.ttft),
+    prompt: promptTokens(reqs[i]!),
+    computed: s.kvc?.computed_tokens ?? null,
+    reused: s.kvc?.reused_tokens ?? null,
+    predicted: s.kvc?.predicted_cached_tokens ?? null,
+    instance: s.kvc?.instance ?? null,
+    inFlight: sent.filter((x, j) => j !== i && x.sentAt <= s.sentAt && x.endAt > s.sentAt).length,
+  }));
+  const file = join(resultsDir('trace'), `requests-${mode}.jsonl`);
+  writeFileSync(file, rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
+  const slow = [...rows].sort((a, b) => b.ttft - a.ttft).slice(0, Math.max(1, Math.ceil(rows.length / 10)));
+  const by = new Map<string, number>();
+  for (const r of slow) by.set(r.instance ?? '?', (by.get(r.instance ?? '?') ?? 0) + 1);
+  const mean = (f: (r: (typeof rows)[number]) => number, xs = rows) => xs.reduce((a, r) => a + f(r), 0) / Math.max(1, xs.length);
+  console.log(
+    `${''.padEnd(12)} slowest tenth (${slow.length}): computed on ${engines.filter((e) => [...by.keys()].some((k) => k.startsWith(e))).map((e) => `${e} ${[...by].filter(([k]) => k.startsWith(e)).reduce((a, [, v]) => a + v, 0)}`).join(', ') || 'unknown'}; ` +
+      `mean computed ${mean((r) => r.computed ?? 0, slow).toFixed(0)} tokens (all ${mean((r) => r.computed ?? 0).toFixed(0)}), in flight at send ${mean((r) => r.inFlight, slow).toFixed(1)} (all ${mean((r) => r.inFlight).toFixed(1)}); ` +
+      `${slow.map((r) => `#${r.i} ${r.ttft}ms ${r.instance ?? '?'} c${r.computed ?? '?'}`).join(', ')} (all: ${file})`,
+  );
+}
+
 async function warm(d: Deployment, seed: number): Promise<void> {
   // Prompts of their own (hash ids past any trace's): short, one chunk, and a few chunks twice.
   const prompts: number[][] = [];
@@ -363,6 +399,7 @@ async function runMode(o: Options, mode: Mode, reqs: ReplayRequest[], tierGib: n
       series.push({ series: mode, t: s.doneAt / 1000, ratio: cc / cs });
     }
     const unexplained = reasons.get('unexplained') ?? 0;
+    tail(mode, reqs, sent, d.engines.map((e) => e.name));
     const res: ModeResult = {
       mode,
       computedRatio: computed / tokensSent,

@@ -210,41 +210,69 @@ export class Router {
     return cool.length === ranked.length || cool.length === 0 ? ranked : [...cool, ...ranked.filter((b) => this.hot(b))];
   }
 
+  /**
+   * Cost of `b` as the decoder of a disaggregated request: it receives by xfer the prompt's KV it
+   * lacks (priced as a fetch, P2P_FETCH_WEIGHT a token) and computes nothing, plus its load. A
+   * decoder holding the prompt still wins when the decoders are equally loaded (it is sent less);
+   * one that is busy prefilling or decoding for others is passed over for one that is not.
+   */
+  receiveCost(b: Backend, promptTokens: number, cached: Record<string, number> | null): number {
+    const l = this.load.of(b);
+    return P2P_FETCH_WEIGHT * (promptTokens - this.cachedOn(b, cached)) + l.queuedTokens + REQUEST_WEIGHT * l.inFlight;
+  }
+
   route(r: RouteInput): Route {
     const kv = this.opts.mode === 'kv-aware';
     const { promptTokens, cached } = r;
     const best = this.best(cached);
+    const ranked = kv ? this.byCost('prefiller', this.prefillers.backends, promptTokens, cached, best) : this.prefillers.order();
+    const prefillers = kv ? this.coolFirst(ranked) : ranked;
+    const { maxLocalPrefillTokens: maxLocal, maxPrefillQueue: maxQueue } = this.opts;
+    /** Short enough for decoder `d` to prefill locally: what it lacks itself (see the top). */
+    const couldBeLocal = (d: Backend) => maxLocal !== null && promptTokens - this.cachedOn(d, cached) <= maxLocal;
     let decoder = r.tokenizer;
     let capped = false;
     /** The cheapest decoder, when the share rule passed it over. */
     let passedOver: Backend | undefined;
+    let where: PrefillWhere = 'remote';
     if (kv) {
-      const ranked = this.byCost('decoder', this.decoders.backends, promptTokens, cached, best);
-      const cool = this.coolFirst(ranked);
-      capped = cool[0] !== ranked[0];
-      if (capped) passedOver = ranked[0];
+      // The decoder that would prefill the prompt: the cheapest by the cost, under its share.
+      const byWork = this.byCost('decoder', this.decoders.backends, promptTokens, cached, best);
+      const cool = this.coolFirst(byWork);
+      capped = cool[0] !== byWork[0];
+      if (capped) passedOver = byWork[0];
       decoder = cool[0] ?? r.tokenizer;
+      const p0 = prefillers[0];
+      const shortHere = couldBeLocal(decoder);
+      /** The share rule declines local prefill on a decoder over its share while a prefiller under its share can take it. */
+      const shareDeclines = p0 !== undefined && this.hot(decoder) && !this.hot(p0);
+      if (!p0) where = 'local_no_prefiller';
+      // Local prefill when it is short, the share rule allows it, and the decoder with its load
+      // costs no more than the first prefiller with its own: a decoder busy with other requests'
+      // prefills or decode steps leaves the prompt to a less loaded prefiller (every step it spends
+      // on a prompt delays its streams' tokens, other requests' first tokens included).
+      else if (shortHere && !shareDeclines && this.cost(decoder, promptTokens, cached, best) <= this.cost(p0, promptTokens, cached, best)) where = 'local_short_uncached';
+      else if (maxQueue !== null && prefillers.every((p) => this.load.of(p).inFlight > maxQueue)) where = 'local_prefill_queue_full';
+      if (where === 'remote') {
+        // share_cap when the share rule changed where the prompt is computed: the cheapest
+        // prefiller was passed over, or a decoder that would have prefilled it locally was.
+        capped = prefillers[0] !== ranked[0] || (shortHere && shareDeclines) || (passedOver !== undefined && couldBeLocal(passedOver));
+        // Disaggregated: the decoder only receives, so it is ranked on receiving and its load.
+        const recv = this.coolFirst(this.decoders.backends.filter((b) => b.up).sort((x, y) => this.receiveCost(x, promptTokens, cached) - this.receiveCost(y, promptTokens, cached)));
+        if (recv[0] && this.receiveCost(recv[0], promptTokens, cached) < this.receiveCost(decoder, promptTokens, cached)) decoder = recv[0];
+      }
+    } else {
+      if (prefillers.length === 0) where = 'local_no_prefiller';
+      else if (couldBeLocal(decoder)) where = 'local_short_uncached';
+      else if (maxQueue !== null && prefillers.every((p) => this.load.of(p).inFlight > maxQueue)) where = 'local_prefill_queue_full';
     }
     const decoderCached = this.cachedOn(decoder, cached);
     // The decoder's work for this request (what it lacks, fetchable tokens priced as a fetch under
     // kv-aware): its queued tokens if it prefills. Whether it prefills locally is decided on what
     // it lacks, fetchable or not (see the top).
     const decoderUncached = kv ? this.work(decoder, promptTokens, cached, best) : promptTokens - decoderCached;
-    const ranked = kv ? this.byCost('prefiller', this.prefillers.backends, promptTokens, cached, best) : this.prefillers.order();
-    const prefillers = kv ? this.coolFirst(ranked) : ranked;
-    let where: PrefillWhere = 'remote';
-    const { maxLocalPrefillTokens: maxLocal, maxPrefillQueue: maxQueue } = this.opts;
-    /** Short enough for decoder `d` to prefill locally: what it lacks itself (see the top). */
-    const couldBeLocal = (d: Backend) => maxLocal !== null && promptTokens - this.cachedOn(d, cached) <= maxLocal;
-    if (prefillers.length === 0) where = 'local_no_prefiller';
-    // (kv-aware: not on a decoder over its share while a prefiller under its share can take it)
-    else if (couldBeLocal(decoder) && !(kv && this.hot(decoder) && !this.hot(prefillers[0]!))) where = 'local_short_uncached';
-    else if (maxQueue !== null && prefillers.every((p) => this.load.of(p).inFlight > maxQueue)) where = 'local_prefill_queue_full';
     const local = where !== 'remote';
     const computes = local ? decoder : prefillers[0]!;
-    // Disaggregated: share_cap when the share rule changed where the prompt is computed (the
-    // cheapest prefiller was passed over, or a decoder that would have prefilled it locally was).
-    if (!local) capped = prefillers[0] !== ranked[0] || couldBeLocal(decoder) || (passedOver !== undefined && couldBeLocal(passedOver));
     if (kv) this.remember(computes);
     const cachedTokens = local ? decoderCached : this.cachedOn(computes, cached);
     let reason: RouteReason;

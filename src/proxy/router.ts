@@ -19,8 +19,10 @@
 //
 // Conditional disaggregation (both modes): the request goes straight to its decoder, which
 // prefills locally, when the part of the prompt the decoder itself lacks is at most
-// maxLocalPrefillTokens, or when every healthy prefiller has more than maxPrefillQueue prefill
-// calls in flight; otherwise it is disaggregated. What the decoder could fetch by P2P counts as
+// maxLocalPrefillTokens (kv-aware: and the decoder's cost, its load included, is no higher than
+// the first prefiller's), or when every healthy prefiller has more than maxPrefillQueue prefill
+// calls in flight; otherwise it is disaggregated, and under kv-aware its decoder is the one that
+// receives the KV cheapest (receiveCost: what it lacks at P2P_FETCH_WEIGHT, plus its load). What the decoder could fetch by P2P counts as
 // lacking here (unlike in the cost): a decoder that fetches a prefix and computes on it shares
 // its CPU with decoding, while a prefiller that holds it (or fetches it) does not (measured:
 // docs/history.md, Routing, "Local prefill only of what the decoder holds"). null disables a rule

@@ -144,3 +144,50 @@ test('the share rule does not apply to round-robin, and one healthy instance is 
     D[1]!.markUp();
   }
 });
+
+test('a busy decoder leaves a short prompt to an idle prefiller; an idle one prefills it (the costs compared)', () => {
+  const cached = { 'decoder-0': 1024, 'prefiller-0': 1024 };
+  const ask = (r: Router) => r.route({ promptTokens: 1088, tokenizer: D[0]!, cached, lookupFailed: false });
+  // Idle: the decoder holding the prefix costs what the prefiller holding it costs (64): local.
+  const idle = ask(router(true).r);
+  assert.equal(idle.where, 'local_short_uncached');
+  assert.equal(idle.decoder, D[0]);
+  // One stream decoding on it: 64 + 1 + REQUEST_WEIGHT > the prefiller's 64, so the prefiller
+  // computes the question; the decoder still receives it (only its 64 tokens cross, and its
+  // receiving cost, 0.15 × 64 + 129, is below the other decoder's 0.15 × 1088).
+  const { r, load } = router(true);
+  const stream = load.begin(D[0]!, 1);
+  const busy = ask(r);
+  assert.equal(busy.where, 'remote');
+  assert.equal(busy.prefillers[0], P[0]);
+  assert.equal(busy.reason, 'prefix_hit');
+  assert.equal(busy.decoder, D[0]);
+  assert.ok(r.receiveCost(D[0]!, 1088, cached) < r.receiveCost(D[1]!, 1088, cached));
+  // Two streams: receiving there costs more than on the idle decoder, which gets the KV.
+  const second = load.begin(D[0]!, 1);
+  const busier = ask(r);
+  assert.equal(busier.where, 'remote');
+  assert.equal(busier.decoder, D[1]);
+  assert.equal(r.receiveCost(D[1]!, 1088, cached), P2P_FETCH_WEIGHT * 1088);
+  stream.end();
+  second.end();
+  assert.equal(ask(r).where, 'local_short_uncached', 'idle again: local');
+});
+
+test('a decoder prefilling another prompt is passed over as the receiver of a disaggregated one', () => {
+  // Without P2P the other decoder would recompute the 640 cached tokens, so decoder-0 is the
+  // cheapest to prefill the prompt even while it prefills 200 tokens of another; the prompt lacks
+  // 260 > 256 there, so it is disaggregated, and only receiving is compared: 0.15 × 260 + 200 + 128
+  // on decoder-0 against 0.15 × 900 on the idle decoder-1.
+  const { r, load } = router(false);
+  const cached = { 'decoder-0': 640 };
+  const prefilling = load.begin(D[0]!, 200);
+  assert.ok(r.cost(D[0]!, 900, cached) < r.cost(D[1]!, 900, cached), 'decoder-0 is the cheapest to prefill it');
+  const route = r.route({ promptTokens: 900, tokenizer: D[0]!, cached, lookupFailed: false });
+  assert.equal(route.where, 'remote');
+  assert.equal(route.decoder, D[1], 'the idle decoder receives');
+  assert.equal(r.receiveCost(D[0]!, 900, cached), P2P_FETCH_WEIGHT * 260 + 200 + REQUEST_WEIGHT);
+  prefilling.end();
+  // Idle again: the decoder holding most of it receives (less crosses the wire).
+  assert.equal(r.route({ promptTokens: 900, tokenizer: D[1]!, cached, lookupFailed: false }).decoder, D[0]);
+});

@@ -3,8 +3,8 @@
 import type { Command } from 'commander';
 import { gibToBytes } from '../common/config.js';
 import { logger } from '../common/log.js';
-import { validateCpuList } from '../common/cpu_set.js';
-import { applyCpuSet, applyIdlePriority } from '../engine/placement.js';
+import { applyIdlePriority } from '../common/cpu_pin.js';
+import { pinTo } from './pin.js';
 import { addSettings } from './flags.js';
 import { hostFlags } from './options.js';
 import { apiKeyFrom, applySecret } from './security.js';
@@ -53,11 +53,8 @@ export function registerEngine(program: Command): void {
       const { host, advertiseHost } = hostFlags(f);
       applySecret(f, host, 'the engine');
       const apiKey = apiKeyFrom(f);
-      if (f.cpus !== undefined) {
-        // Before the model loads: its GEMM thread count is taken from this process's affinity.
-        const n = applyCpuSet(validateCpuList('--cpus', f.cpus));
-        log.info(`running on CPUs ${f.cpus.trim()} (${n} available to this process)`);
-      }
+      // Before the model loads: its GEMM thread count is taken from this process's affinity.
+      pinTo(f.cpus, 'engine');
       if (f.cpuPriority === 'idle') {
         // Before the model loads too: the GEMM workers started then inherit the class.
         applyIdlePriority();

@@ -5,6 +5,7 @@ import type { ProxyServer } from '../proxy/server.js';
 import { parseRoutingFlags } from '../proxy/routing_flags.js';
 import { parseTopology } from '../proxy/topology.js';
 import { addSettings } from './flags.js';
+import { pinTo } from './pin.js';
 import { hostFlags } from './options.js';
 import { checkBindHost, urlHost } from '../common/address.js';
 import { apiKeyFrom, applySecret } from './security.js';
@@ -40,6 +41,7 @@ interface ProxyFlags {
   controllerUrl?: string;
   maxLocalPrefillTokens?: number;
   maxPrefillQueue?: number;
+  cpus?: string;
 }
 
 
@@ -53,6 +55,7 @@ export function registerProxy(program: Command): void {
       try {
         const { host, advertiseHost } = hostFlags(o);
         checkBindHost('--proxy-host', o.proxyHost);
+        pinTo(o.cpus, 'proxy');
         applySecret(o, host, 'the proxy');
         const apiKey = apiKeyFrom(o);
         const topology = parseTopology({

@@ -205,9 +205,9 @@ export const SETTINGS = {
   }),
   cpus: setting<string>({
     flags: '--cpus <list>',
-    help: 'CPUs this engine runs on, as a cpulist ("0-1", "1", "0,2"); GEMM threads follow the set',
+    help: 'CPUs this process runs on, as a cpulist ("0-1", "1", "0,2"); an engine\'s GEMM threads follow the set (`kvc up` keeps the proxy and the controller off the decoders\' CPUs)',
     defaultText: 'every CPU',
-    commands: ['engine'],
+    commands: ['engine', 'proxy', 'controller'],
   }),
   cpuPriority: setting<'normal' | 'idle'>({
     flags: '--cpu-priority <level>',

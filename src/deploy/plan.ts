@@ -128,6 +128,8 @@ export interface Plan {
   controller: ({ port: number; monitorPort: number } & Addresses) | null;
   engines: EngineSpec[];
   proxy: { port: number; notifyPort: number } & Addresses;
+  /** `--cpus` of the proxy and the controller (src/deploy/placement.ts), or null: every CPU. */
+  serviceCpus: string | null;
   ports: PortUse[];
 }
 
@@ -294,7 +296,8 @@ export function makePlan(o: PlanOptions): Plan {
   for (const p of ports) {
     if (p.port < 1 || p.port > 65535) throw new Error(`--port-offset ${o.portOffset} puts ${p.what} on port ${p.port}, outside 1..65535`);
   }
-  return { opts: o, multiHost: assigned !== null, controller, engines, proxy, ports };
+  // On one machine only: with --hosts the proxy and the controller have hosts of their own.
+  return { opts: o, multiHost: assigned !== null, controller, engines, proxy, serviceCpus: assigned ? null : cpus.services, ports };
 }
 
 /**
@@ -346,7 +349,7 @@ export function engineArgs(plan: Plan, e: EngineSpec, connector: string): string
     '--no-enable-prefix-caching',
     '--disable-log-requests',
     ...secretArgs(plan),
-    ...(e.cpus !== null ? ['--cpus', e.cpus] : []),
+    ...cpuArgs(e.cpus),
     ...(e.idlePriority ? ['--cpu-priority', 'idle'] : []),
   ];
 }
@@ -365,9 +368,14 @@ function secretArgs(plan: Plan): string[] {
   ];
 }
 
+/** `--cpus LIST` for a process placed on `cpus` (none: every CPU). */
+function cpuArgs(cpus: string | null): string[] {
+  return cpus !== null ? ['--cpus', cpus] : [];
+}
+
 export function controllerArgs(plan: Plan): string[] {
   const c = plan.controller!;
-  return ['controller', ...hostArgs(plan, c), '--port', String(c.port), '--monitor-port', String(c.monitorPort), ...(plan.opts.replicaHints === false ? ['--replica-hints', 'off'] : []), ...secretArgs(plan)];
+  return ['controller', ...hostArgs(plan, c), '--port', String(c.port), '--monitor-port', String(c.monitorPort), ...(plan.opts.replicaHints === false ? ['--replica-hints', 'off'] : []), ...cpuArgs(plan.serviceCpus), ...secretArgs(plan)];
 }
 
 export function proxyArgs(plan: Plan): string[] {
@@ -409,6 +417,7 @@ export function proxyArgs(plan: Plan): string[] {
     // The notify port binds with the HTTP port; prefillers reach it at xfer_proxy_host (the proxy's advertised address).
     '--proxy-host', plan.proxy.bindHost,
     '--proxy-port', String(plan.proxy.notifyPort),
+    ...cpuArgs(plan.serviceCpus),
     ...secretArgs(plan),
     ...(plan.controller ? ['--controller-url', `http://${urlHost(plan.controller.advertiseHost)}:${plan.controller.port}`] : []),
     ...(plan.opts.routing ? ['--routing', plan.opts.routing] : []),

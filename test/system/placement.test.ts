@@ -9,7 +9,7 @@ import { execFileSync } from 'node:child_process';
 import { readdirSync } from 'node:fs';
 import { formatCpuList, machineCpus, parseCpuList, validateCpuList } from '../../src/common/cpu_set.js';
 import { freePortRange } from '../../harness/ports.js';
-import { engineArgs, makePlan, proxyArgs, type PlanOptions } from '../../src/deploy/plan.js';
+import { controllerArgs, engineArgs, makePlan, proxyArgs, type PlanOptions } from '../../src/deploy/plan.js';
 import { parsePlacement, placeEngines } from '../../src/deploy/placement.js';
 import { parseTopology } from '../../src/proxy/topology.js';
 import { startKvc, waitHttp } from '../../harness/proc.js';
@@ -29,19 +29,21 @@ test('cpulists parse, format and name what is wrong', () => {
 });
 
 test('kvc up --placement: split (default), shared, explicit, colocated', () => {
-  const pl = (prefill: string | null, decoders: (string | null)[], prefillIdle = false) => ({ prefill, decoders, prefillIdle });
-  assert.deepEqual(placeEngines({ kind: 'split' }, 1, 1, [0, 1]), pl('0', ['1']));
-  assert.deepEqual(placeEngines({ kind: 'split' }, 2, 2, [0, 1, 2, 3]), pl('0-1', ['2-3', '2-3']));
-  assert.deepEqual(placeEngines({ kind: 'split' }, 3, 1, [0, 1, 2, 3]), pl('0-2', ['3']));
+  const pl = (prefill: string | null, decoders: (string | null)[], prefillIdle = false, services: string | null = null) => ({ prefill, decoders, prefillIdle, services });
+  // split: the proxy and the controller go with the prefillers, off the decoders' CPUs.
+  const split = (prefill: string, decoders: string[]) => pl(prefill, decoders, false, prefill);
+  assert.deepEqual(placeEngines({ kind: 'split' }, 1, 1, [0, 1]), split('0', ['1']));
+  assert.deepEqual(placeEngines({ kind: 'split' }, 2, 2, [0, 1, 2, 3]), split('0-1', ['2-3', '2-3']));
+  assert.deepEqual(placeEngines({ kind: 'split' }, 3, 1, [0, 1, 2, 3]), split('0-2', ['3']));
   // split keeps the parts disjoint even when two decoders then share a CPU; decode-first gives
   // each decoder its own and the prefillers every CPU at idle priority.
-  assert.deepEqual(placeEngines({ kind: 'split' }, 2, 2, [0, 1]), pl('0', ['1', '1']));
+  assert.deepEqual(placeEngines({ kind: 'split' }, 2, 2, [0, 1]), split('0', ['1', '1']));
   assert.deepEqual(placeEngines({ kind: 'decode-first' }, 2, 2, [0, 1]), pl('0-1', ['0', '1'], true));
   assert.deepEqual(placeEngines({ kind: 'decode-first' }, 1, 2, [0, 1]), pl('0-1', ['0', '1'], true));
   assert.deepEqual(placeEngines({ kind: 'decode-first' }, 1, 1, [0, 1, 2]), pl('0-2', ['2'], true));
   assert.throws(() => placeEngines({ kind: 'decode-first' }, 1, 3, [0, 1]), /--placement decode-first: 3 decoders need a CPU each, the machine has 2/);
   assert.deepEqual(parsePlacement('decode-first', [0, 1]), { kind: 'decode-first' });
-  assert.deepEqual(placeEngines({ kind: 'split' }, 1, 3, [0, 1]), pl('0', ['1', '1', '1']), 'more decoders than CPUs: they share the decoders\' part');
+  assert.deepEqual(placeEngines({ kind: 'split' }, 1, 3, [0, 1]), split('0', ['1', '1', '1']), 'more decoders than CPUs: they share the decoders\' part');
   assert.deepEqual(placeEngines({ kind: 'split' }, 1, 1, [0]), pl(null, [null]), 'one CPU: nothing to split');
   assert.deepEqual(placeEngines({ kind: 'split' }, 0, 2, [0, 1]), pl(null, [null, null]), 'colocated engines share every CPU');
   assert.deepEqual(placeEngines({ kind: 'shared' }, 1, 1, [0, 1]), pl(null, [null]));
@@ -59,8 +61,14 @@ test('kvc up --placement: split (default), shared, explicit, colocated', () => {
   assert.deepEqual(byName['prefiller-0']!.slice(-2), ['--cpus', '0']);
   assert.deepEqual(byName['decoder-0']!.slice(-2), ['--cpus', '1']);
   assert.ok(!byName['prefiller-0']!.includes('--cpu-priority'), 'a prefiller on its own CPUs keeps normal priority');
+  // The proxy and the controller are pinned with the prefillers (split), nowhere else.
+  const cpusOf = (args: string[]) => (args.includes('--cpus') ? args[args.indexOf('--cpus') + 1] : null);
+  assert.equal(cpusOf(proxyArgs(plan)), '0');
+  assert.equal(cpusOf(controllerArgs(plan)), '0');
   const shared = makePlan({ ...base, machineCpus: [0, 1], placement: { kind: 'shared' } });
   for (const e of shared.engines) assert.ok(!engineArgs(shared, e, '{}').includes('--cpus'));
+  assert.equal(cpusOf(proxyArgs(shared)), null);
+  assert.equal(cpusOf(controllerArgs(shared)), null);
   const twoByTwoSplit = makePlan({ ...base, prefillers: 2, decoders: 2, machineCpus: [0, 1] });
   for (const e of twoByTwoSplit.engines) assert.ok(!engineArgs(twoByTwoSplit, e, '{}').includes('--cpu-priority'), `${e.name}: split keeps normal priority`);
   const twoByTwo = makePlan({ ...base, prefillers: 2, decoders: 2, machineCpus: [0, 1], placement: { kind: 'decode-first' } });
@@ -68,6 +76,9 @@ test('kvc up --placement: split (default), shared, explicit, colocated', () => {
   for (const p of ['prefiller-0', 'prefiller-1']) assert.deepEqual(args2[p]!.slice(-4), ['--cpus', '0-1', '--cpu-priority', 'idle']);
   assert.deepEqual(args2['decoder-0']!.slice(-2), ['--cpus', '0']);
   assert.deepEqual(args2['decoder-1']!.slice(-2), ['--cpus', '1']);
+  assert.equal(cpusOf(proxyArgs(twoByTwo)), null, 'decode-first: every CPU runs a decoder, the proxy is not pinned');
+  const colocated = makePlan({ ...base, prefillers: 0, decoders: 2, machineCpus: [0, 1] });
+  assert.equal(cpusOf(proxyArgs(colocated)), null);
 });
 
 test('kvc up --prefillers 0: kv_both engines behind a proxy with --num-prefillers 0', () => {
@@ -136,6 +147,28 @@ test('kvc engine --cpus: every thread of the engine runs on the set', async () =
     assert.match(p.output(), new RegExp(`running on CPUs ${last} \\(1 available to this process\\)`));
     const pid = p.child.pid!;
     const tasks = readdirSync(`/proc/${pid}/task`);
+    assert.ok(tasks.length > 1);
+    for (const t of tasks) {
+      const out = execFileSync('taskset', ['-c', '-p', t]).toString();
+      assert.match(out, new RegExp(`list: ${last}\\s*$`), `thread ${t}: ${out}`);
+    }
+  } finally {
+    await p.kill();
+  }
+});
+
+test('kvc controller and kvc proxy --cpus: every thread runs on the set; an unknown CPU is a start error naming the flag', async () => {
+  const cpus = machineCpus();
+  const last = cpus[cpus.length - 1]!;
+  const [port, monitor] = await freePortRange(2).then((p) => [p, p + 1]);
+  const bad = startKvc(['proxy', '--port', String(port), '--cpus', String(last + 1)]);
+  assert.notEqual(await new Promise<number | null>((r) => bad.child.once('exit', (c) => r(c))), 0);
+  assert.match(bad.output(), new RegExp(`--cpus: CPU ${last + 1} is not on this machine`));
+  const p = startKvc(['controller', '--port', String(port), '--monitor-port', String(monitor), '--cpus', String(last)]);
+  try {
+    await waitHttp(`http://127.0.0.1:${port}/healthz`, 60_000);
+    assert.match(p.output(), new RegExp(`running on CPUs ${last} \\(1 available to this process\\)`));
+    const tasks = readdirSync(`/proc/${p.child.pid!}/task`);
     assert.ok(tasks.length > 1);
     for (const t of tasks) {
       const out = execFileSync('taskset', ['-c', '-p', t]).toString();

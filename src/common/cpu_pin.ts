@@ -7,7 +7,7 @@
 // os.availableParallelism(), which reads this process's affinity, so thread counts follow the set.
 import { execFileSync } from 'node:child_process';
 import { availableParallelism } from 'node:os';
-import { formatCpuList } from '../common/cpu_set.js';
+import { formatCpuList } from './cpu_set.js';
 
 /**
  * Bounds on the taskset and chrt calls, tried in turn. They answer in milliseconds, but on an

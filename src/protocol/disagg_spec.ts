@@ -6,6 +6,7 @@
 // which the proxy forwards to the decoder beside the same disagg_spec.
 import { z } from 'zod';
 import { KEEPER_KEY, keeperSchema } from './keeper.js';
+import { PROMPT_IDS_KEY, promptIdsSchema } from './prompt_ids.js';
 
 const PORT = 'expected a port between 1 and 65535';
 const port = () => z.number(PORT).int(PORT).min(1, PORT).max(65535, PORT);
@@ -36,12 +37,15 @@ export function reusedTokens(params: Record<string, unknown> | undefined): numbe
 
 /**
  * kv_transfer_params: an object; `disagg_spec` is the one key the transfer reads, `kvc_keeper`
- * (src/protocol/keeper.ts) is checked here, others pass through.
+ * (src/protocol/keeper.ts) and `kvc_prompt_token_ids` (src/protocol/prompt_ids.ts) are checked
+ * here, others pass through.
  */
 export const kvTransferParamsSchema = z.record(z.string(), z.unknown(), 'expected an object').superRefine((v, ctx) => {
-  if (v[KEEPER_KEY] === undefined) return;
-  const r = keeperSchema.safeParse(v[KEEPER_KEY]);
-  if (!r.success) ctx.addIssue({ code: 'custom', path: [KEEPER_KEY], message: r.error.issues[0]!.message });
+  for (const [key, schema] of [[KEEPER_KEY, keeperSchema], [PROMPT_IDS_KEY, promptIdsSchema]] as const) {
+    if (v[key] === undefined) continue;
+    const r = schema.safeParse(v[key]);
+    if (!r.success) ctx.addIssue({ code: 'custom', path: [key, ...r.error.issues[0]!.path], message: r.error.issues[0]!.message });
+  }
 });
 export type KvTransferParams = Record<string, unknown> & { disagg_spec?: DisaggSpec };
 

@@ -1,5 +1,7 @@
 // The disaggregated request flow (docs/proxy.md):
-//   1. tokenize on a decoder (round-robin; the first decoder that answers serves the request),
+//   1. tokenize a text prompt on a prefiller (on the decoders when none is up) and choose the
+//      decoder round-robin; the ids go to the prefiller and the decoder in kv_transfer_params
+//      (src/protocol/prompt_ids.ts), so the text is tokenized once and never on a decoder's CPU,
 //   2. prefill on a prefiller (round-robin) with max_tokens=1, stream=false and
 //      kv_transfer_params.disagg_spec naming that decoder's xfer receiver; the prefiller answers
 //      once its KV is on the decoder. A prefiller that fails is marked down and the next one is
@@ -16,9 +18,10 @@ import { requireObject } from '../common/http.js';
 import { logger } from '../common/log.js';
 import { kvTransferParams, kvTransferParamsSchema, type DisaggSpec } from '../protocol/disagg_spec.js';
 import { KEEPER_KEY, type Keeper } from '../protocol/keeper.js';
+import { PROMPT_IDS_KEY } from '../protocol/prompt_ids.js';
 import { chooseKeeper, type Room } from './keeper.js';
 import { tokenizeLengthSchema } from '../protocol/tokenize.js';
-import type { Backend, RoundRobin } from './backend.js';
+import { RoundRobin, type Backend } from './backend.js';
 import type { LoadBook } from './load.js';
 import { memoLabels, type ProxyMetrics } from './metrics.js';
 import type { PrefixClient } from './prefix_client.js';
@@ -96,6 +99,8 @@ interface DecodeCall {
   t0: number;
   /** Called once the decoder's prefill is over (its first token), for the load book. */
   prefilled: () => void;
+  /** kv_transfer_params with the prompt's ids (Tokenized.ids). */
+  ids: Record<string, unknown> | null;
 }
 
 interface Tokenized {
@@ -105,12 +110,27 @@ interface Tokenized {
   count: number;
   /** The request's cache_salt (vLLM's field): the controller's index is looked up with it. */
   salt?: string;
+  /** kv_transfer_params carrying the ids of a text prompt an engine tokenized for the proxy (none for a prompt of ids). */
+  ids: Record<string, unknown> | null;
 }
 
 /** The statistics line of requests whose decoder prefilled alone (no prefiller was left). */
 export const DECODER_ONLY = 'decoder-only';
 /** The statistics line of requests the router sent straight to their decoder (conditional disaggregation). */
 export const DECODER_LOCAL = 'decoder-local';
+
+/**
+ * Texts of at least this many characters are tokenized on a prefiller (Flow.tokenize): about 250
+ * tokens and up, several ms of tokenizer CPU; a shorter text costs its decoder less than the
+ * round trip to another engine is worth, and stays where the decoder's turn puts it.
+ */
+export const LONG_TEXT_CHARS = 1024;
+
+/** The characters of the prompt's text (completions) or of the messages (chat, their JSON). */
+function textChars(kind: Kind, body: Record<string, unknown>, form: ReturnType<typeof promptForm>): number {
+  if (kind === 'chat') return JSON.stringify(body.messages ?? null).length;
+  return form && 'text' in form ? form.text.length : 0;
+}
 
 /** kv_transfer_params carrying the router's prediction for the ledger (src/protocol/ledger.ts), or none without a lookup. */
 function predicted(tokens: number | null): Record<string, unknown> | null {
@@ -129,8 +149,11 @@ export class Flow {
   private readonly ttft: (endpoint: string) => { observe(v: number): void };
   private readonly e2e: (endpoint: string) => { observe(v: number): void };
   private readonly requests: (endpoint: string, status: string) => { inc(): void };
+  /** The prefillers in a turn of their own for tokenizing (the router's turn for prefills is not moved by it). */
+  private readonly tokenizers: RoundRobin;
 
   constructor(private d: FlowDeps) {
+    this.tokenizers = new RoundRobin(d.prefillers.backends);
     const m = d.metrics;
     this.prefillHist = memoLabels(m.prefill);
     this.prefillFailures = memoLabels(m.prefillFailures);
@@ -174,7 +197,7 @@ export class Flow {
       try {
         pre =
           route.where === 'remote'
-            ? await this.prefill(kind, body, decoder, route, abort)
+            ? await this.prefill(kind, body, decoder, route, tok.ids, abort)
             : noPrefill(route.where !== 'local_no_prefiller');
       } catch (err) {
         // The decoder the KV was going to was found hung or dead during the prefill: another
@@ -188,7 +211,10 @@ export class Flow {
       }
       if (!pre.prefiller && !pre.local) this.noPrefiller(decoder);
       // The ledger (docs/ledger.md): what the router expected the decoder to hold when it prefills.
-      if (!pre.prefiller && route.cached !== null) body.kv_transfer_params = predicted(this.d.router.cachedOn(decoder, route.cached));
+      if (!pre.prefiller) {
+        const params = { ...tok.ids, ...(route.cached !== null ? predicted(this.d.router.cachedOn(decoder, route.cached)) : null) };
+        if (Object.keys(params).length) body.kv_transfer_params = params;
+      }
       if (pre.prefiller) {
         this.d.stats.record(pre.prefiller.name, pre.ms);
         this.prefillHist(pre.prefiller.name).observe(pre.ms / 1000);
@@ -201,13 +227,14 @@ export class Flow {
         // The decoder computes what it does not hold when it prefills, else only its recomputed tail.
         const work = this.d.load.begin(decoder, pre.prefiller ? 1 : route.decoderUncached);
         try {
-          status = await this.decode({ kind, body, stream, decoder, pre, reply, signal: abort, t0, prefilled: work.prefilled });
+          status = await this.decode({ kind, body, stream, decoder, pre, reply, signal: abort, t0, prefilled: work.prefilled, ids: tok.ids });
           break;
         } catch (err) {
           const next = this.retryable(err, reply) ? this.d.decoders.order().find((d) => !tried.has(d)) : undefined;
           if (!next) throw err;
           log.warn(`${(err as Error).message}; retrying the request on ${next.name}`);
           delete body.kv_transfer_params;
+          if (tok.ids) body.kv_transfer_params = { ...tok.ids };
           decoder = next;
           pre = noPrefill(false, pre.reqId);
         } finally {
@@ -259,10 +286,16 @@ export class Flow {
   }
 
   /**
-   * Tokenizes on the decoders in round-robin order; the first that answers is the request's
-   * decoder. The count lets a request that cannot fit the model's context (the prompt, or the
-   * prompt plus max_tokens) be refused before any prefill work, with the engine's own rule and
-   * code. Token ids are counted as sent, against the context the decoder's /health gave.
+   * Counts the prompt's tokens and chooses the request's decoder (round-robin: the decoders are
+   * asked in turn, the first that answers serves the request). A long text prompt (at least
+   * LONG_TEXT_CHARS) is tokenized by a prefiller when one is up, in a turn of its own: it computes
+   * the prompt anyway, and a decoder's CPU belongs to its running streams (a 3,000-token text is
+   * 75–100 ms of tokenizer CPU); the decoder is then the first of the decoders' turn. The count
+   * lets a request that cannot fit the model's context (the prompt, or the prompt plus
+   * max_tokens, against the smaller of the tokenizing engine's and the decoder's context) be
+   * refused before any prefill work, with the engine's own rule and code; the ids go on to the
+   * prefiller and the decoder (`ids`), which do not tokenize the text again. Token ids are
+   * counted as sent, against the context the decoder's /health gave.
    */
   private async tokenize(kind: Kind, body: Record<string, unknown>, signal: CancelSignal): Promise<Tokenized> {
     const candidates = this.d.decoders.orderOrAny();
@@ -273,29 +306,47 @@ export class Flow {
     // The engine tokenizes the prompt with the same special tokens the request asks for.
     if (body.add_special_tokens !== undefined) tokBody.add_special_tokens = body.add_special_tokens;
     const salt = typeof body.cache_salt === 'string' && body.cache_salt !== '' ? body.cache_salt : undefined;
+    const ask = async (b: Backend, decoder: Backend): Promise<Tokenized> => {
+      const reply = await callJson(b, {
+        method: 'POST',
+        path: '/tokenize',
+        body: tokBody,
+        signal,
+        headersTimeoutMs: this.d.timeouts.tokenizeMs,
+        bodyTimeoutMs: this.d.timeouts.tokenizeMs,
+      });
+      // A reply of another shape skips the length check; the decoder still enforces it.
+      const r = tokenizeLengthSchema.safeParse(reply);
+      if (r.success) checkContext(kind, body, r.data.count, Math.min(r.data.max_model_len, decoder.maxModelLen ?? Infinity));
+      // The token ids route the request (kv-aware); the controller validates them on lookup.
+      const ids = (reply as { tokens?: unknown } | null)?.tokens;
+      const tokens = Array.isArray(ids) && ids.length > 0 ? (ids as number[]) : null;
+      return { decoder, tokens, count: tokens ? tokens.length : r.success ? r.data.count : 0, salt, ids: tokens ? { [PROMPT_IDS_KEY]: tokens } : null };
+    };
+    if (form && 'ids' in form) {
+      const dec = candidates[0];
+      if (!dec) throw unavailable('no decoder configured');
+      // Already token ids: no call; the context is known from the decoder's health probe.
+      if (dec.maxModelLen !== null) checkContext(kind, body, form.ids.length, dec.maxModelLen);
+      return { decoder: dec, tokens: form.ids, count: form.ids.length, salt, ids: null };
+    }
+    const first = candidates[0];
+    if (first && textChars(kind, body, form) >= LONG_TEXT_CHARS) {
+      for (const p of this.tokenizers.order()) {
+        try {
+          return await ask(p, first);
+        } catch (err) {
+          if (!(err instanceof BackendFailure)) throw err;
+          // The prefill would have failed there too: the next prefiller, else the decoders, tokenize.
+          this.prefillFailures(p.name).inc();
+          this.down(p, err);
+        }
+      }
+    }
     let last: BackendFailure | null = null;
     for (const dec of candidates) {
       try {
-        if (form && 'ids' in form) {
-          // Already token ids: no call; the context is known from the decoder's health probe.
-          if (dec.maxModelLen !== null) checkContext(kind, body, form.ids.length, dec.maxModelLen);
-          return { decoder: dec, tokens: form.ids, count: form.ids.length, salt };
-        }
-        const reply = await callJson(dec, {
-          method: 'POST',
-          path: '/tokenize',
-          body: tokBody,
-          signal,
-          headersTimeoutMs: this.d.timeouts.tokenizeMs,
-          bodyTimeoutMs: this.d.timeouts.tokenizeMs,
-        });
-        // A reply of another shape skips the length check; the decoder still enforces it.
-        const r = tokenizeLengthSchema.safeParse(reply);
-        if (r.success) checkContext(kind, body, r.data.count, r.data.max_model_len);
-        // The token ids route the request (kv-aware); the controller validates them on lookup.
-        const ids = (reply as { tokens?: unknown } | null)?.tokens;
-        const tokens = Array.isArray(ids) ? (ids as number[]) : null;
-        return { decoder: dec, tokens, count: tokens ? tokens.length : r.success ? r.data.count : 0, salt };
+        return await ask(dec, dec);
       } catch (err) {
         if (!(err instanceof BackendFailure)) throw err;
         last = err;
@@ -346,7 +397,7 @@ export class Flow {
     log.warn(`no prefiller available; ${decoder.name} prefills the request itself`);
   }
 
-  private async prefill(kind: Kind, body: Record<string, unknown>, decoder: Backend, route: Route, signal: CancelSignal): Promise<PrefillResult> {
+  private async prefill(kind: Kind, body: Record<string, unknown>, decoder: Backend, route: Route, ids: Record<string, unknown> | null, signal: CancelSignal): Promise<PrefillResult> {
     const ep = this.d.decoderEndpoint(decoder);
     const order = route.prefillers;
     if (order.length) {
@@ -357,7 +408,7 @@ export class Flow {
       for (const p of order) {
         const reqId = `kvc-${randomUUID()}`;
         const keeper = chooseKeeper(route.promptTokens, this.d.roomOf(p), this.d.roomOf(decoder));
-        pbody.kv_transfer_params = kvTransferParams(specFor(reqId, ep), { ...predicted(route.cached === null ? null : this.d.router.cachedOn(p, route.cached)), [KEEPER_KEY]: keeper });
+        pbody.kv_transfer_params = kvTransferParams(specFor(reqId, ep), { ...ids, ...predicted(route.cached === null ? null : this.d.router.cachedOn(p, route.cached)), [KEEPER_KEY]: keeper });
         const t = performance.now();
         const live = this.d.metrics.live.prefills;
         live.set(p.name, (live.get(p.name) ?? 0) + 1);
@@ -393,11 +444,11 @@ export class Flow {
   }
 
   private async decode(c: DecodeCall): Promise<number> {
-    const { kind, body, stream, decoder, pre, reply, signal, t0, prefilled } = c;
+    const { kind, body, stream, decoder, pre, reply, signal, t0, prefilled, ids } = c;
     if (pre.prefiller) {
       // The client's body is not used after this: extend it instead of copying it.
       const ep = this.d.decoderEndpoint(decoder);
-      body.kv_transfer_params = kvTransferParams(specFor(pre.reqId, ep), { ...pre.params, [KEEPER_KEY]: pre.keeper });
+      body.kv_transfer_params = kvTransferParams(specFor(pre.reqId, ep), { ...ids, ...pre.params, [KEEPER_KEY]: pre.keeper });
     }
     const endpoint = PATHS[kind];
     const tDecode = performance.now();

@@ -10,6 +10,7 @@ import { encode } from '@msgpack/msgpack';
 import { spawn } from 'node:child_process';
 import { freePortRange } from '../../harness/ports.js';
 import { ProxyServer } from '../../src/proxy/server.js';
+import { LONG_TEXT_CHARS } from '../../src/proxy/flow.js';
 import { CLI } from '../../harness/proc.js';
 import { STUB_CONTEXT, startStubEngine, stubWords, type StubEngine } from '../../harness/proxy_stub.js';
 
@@ -97,7 +98,25 @@ describe('proxy against stub engines', () => {
     assert.equal(db.max_tokens, 5);
     assert.deepEqual((db.kv_transfer_params as any).disagg_spec, spec, 'decoder gets the same disagg_spec');
     assert.equal((db.kv_transfer_params as any).evil, undefined, "client's kv_transfer_params are dropped");
-    assert.equal(dec.requests.filter((q) => q.path === '/tokenize').length, 1, 'tokenized on the decoder');
+    assert.equal(dec.requests.filter((q) => q.path === '/tokenize').length, 1, 'a short text is tokenized on its decoder');
+    // The ids go to the prefiller and the decoder, which do not tokenize the text again.
+    assert.deepEqual((pb.kv_transfer_params as any).kvc_prompt_token_ids, [1, 2, 3]);
+    assert.deepEqual((db.kv_transfer_params as any).kvc_prompt_token_ids, [1, 2, 3]);
+  });
+
+  test('a long text is tokenized on a prefiller, in turns, never on a decoder', async () => {
+    reset();
+    const text = Array.from({ length: 400 }, (_, i) => `w${i}`).join(' ');
+    assert.ok(text.length >= LONG_TEXT_CHARS);
+    for (let i = 0; i < 4; i++) {
+      const r = await post('/v1/completions', { model: 'stub', prompt: text, max_tokens: 2 });
+      assert.equal(r.status, 200, r.text);
+    }
+    assert.deepEqual(D.map((d) => d.requests.filter((q) => q.path === '/tokenize').length), [0, 0]);
+    assert.deepEqual(P.map((p) => p.requests.filter((q) => q.path === '/tokenize').length), [2, 2]);
+    // The prefills still take turns over both prefillers, and every decoder got its ids.
+    assert.deepEqual(P.map((p) => completions(p).length), [2, 2]);
+    for (const q of D.flatMap(completions)) assert.equal((q.body.kv_transfer_params as any).kvc_prompt_token_ids.length, 400);
   });
 
   test('streamed completion and chat relay the SSE unchanged', async () => {
@@ -191,7 +210,9 @@ describe('proxy against stub engines', () => {
     assert.equal(JSON.parse(r.text).choices[0].text, stubWords('alone', 3).join(''));
     const dreq = D.flatMap(completions);
     assert.equal(dreq.length, 1);
-    assert.equal(dreq[0]!.body.kv_transfer_params, undefined, 'no transfer announced to the decoder');
+    const params = dreq[0]!.body.kv_transfer_params as Record<string, unknown>;
+    assert.equal(params.disagg_spec, undefined, 'no transfer announced to the decoder');
+    assert.deepEqual(params.kvc_prompt_token_ids, [1], 'the ids its /tokenize gave go with the request');
     const m = await (await fetch(base + '/metrics')).text();
     assert.match(m, /kvc_proxy_decoder_only_total [1-9]/);
     P[0]!.mode = 'ok';
@@ -270,7 +291,8 @@ describe('proxy against stub engines', () => {
     assert.equal((await fetch(base + '/nope')).status, 404);
     // Requests that cannot fit the context are refused before any prefill, with the engine's
     // own code and message (src/protocol/context_limit.ts).
-    for (const d of D) d.maxModelLen = 2048;
+    // (Every engine of a deployment serves the same context; a long text is tokenized by a prefiller.)
+    for (const d of [...P, ...D]) d.maxModelLen = 2048;
     const long = Array.from({ length: 3000 }, () => 'w').join(' ');
     r = await post('/v1/completions', { prompt: long });
     assert.equal(r.status, 400);
@@ -281,7 +303,7 @@ describe('proxy against stub engines', () => {
     assert.match(JSON.parse(r.text).error.message, /field `max_tokens`: 100 tokens requested with a 2000-token prompt/);
     r = await post('/v1/chat/completions', { messages: [{ role: 'user', content: 'a b' }], max_tokens: 10, max_completion_tokens: 2047 });
     assert.match(JSON.parse(r.text).error.message, /field `max_completion_tokens`: 2047 tokens requested/);
-    for (const s of D) s.maxModelLen = STUB_CONTEXT;
+    for (const s of [...P, ...D]) s.maxModelLen = STUB_CONTEXT;
     assert.equal(P.flatMap(completions).length, 0, 'nothing reached a prefiller');
     // The engine's own 400 (here from the prefiller) reaches the client unchanged.
     r = await post('/v1/completions', { prompt: 'a', max_tokens: -1 });

@@ -11,6 +11,7 @@ import type { SamplingParams } from '../sampler.js';
 import { REQUEST_ID, chatRequest, completionRequest, refuseUnknownFields, type ChatRequest, type CompletionRequest } from './completions.schema.js';
 import { PromptRules } from './prompt_rules.js';
 import { GEN_LIMIT } from '../../protocol/context_limit.js';
+import { PROMPT_IDS_KEY, promptIdsOf } from '../../protocol/prompt_ids.js';
 
 type Body = ChatRequest | CompletionRequest;
 /**
@@ -118,7 +119,12 @@ export async function completionRoutes(app: FastifyInstance, ctx: RouteContext):
     // A one-element array of a prompt is that prompt (clients batch; this engine takes one).
     const p = Array.isArray(b.prompt) && b.prompt.length === 1 && (typeof b.prompt[0] === 'string' || Array.isArray(b.prompt[0])) ? b.prompt[0]! : b.prompt;
     let prompt: number[];
-    if (typeof p === 'string') {
+    const given = promptIdsOf(b.kv_transfer_params);
+    if (typeof p === 'string' && given) {
+      // The proxy had this text tokenized once and sends its ids (src/protocol/prompt_ids.ts).
+      prompt = given;
+      rules.checkIds(prompt, `kv_transfer_params.${PROMPT_IDS_KEY}`);
+    } else if (typeof p === 'string') {
       rules.boundText(p, 'prompt', maxModelLen, GEN_LIMIT);
       prompt = await tok.encodeAsync(p, b.add_special_tokens === false ? { addBos: false } : {}, rules.offThread());
     } else {
@@ -139,7 +145,10 @@ export async function completionRoutes(app: FastifyInstance, ctx: RouteContext):
     refuseUnknownFields(chatRequest, body);
     const b = parseBody(chatRequest, body);
     rules.checkModel(b.model);
-    const prompt = await rules.encodeChat(b.messages, maxModelLen, GEN_LIMIT, b.add_special_tokens ?? undefined);
+    // The proxy's ids of the rendered messages, when it sends them (src/protocol/prompt_ids.ts).
+    const given = promptIdsOf(b.kv_transfer_params);
+    if (given) rules.checkIds(given, `kv_transfer_params.${PROMPT_IDS_KEY}`);
+    const prompt = given ?? (await rules.encodeChat(b.messages, maxModelLen, GEN_LIMIT, b.add_special_tokens ?? undefined));
     const field = b.max_completion_tokens != null ? 'max_completion_tokens' : 'max_tokens';
     const maxTokens = rules.plan(prompt, 'messages', b.max_completion_tokens ?? b.max_tokens, field, maxModelLen - prompt.length);
     if (b.top_logprobs != null && !b.logprobs) throw badRequest('field `top_logprobs`: requires `logprobs: true`');

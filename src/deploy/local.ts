@@ -116,7 +116,7 @@ export class LocalDeployment {
       };
       this.r.out(nP === 0
         ? `kvc up: ${nD} colocated kv_both engine(s) ${where('decoder')}, model ${this.r.model}; logs and configs in ${logDir}`
-        : `kvc up: ${nP} prefiller(s) ${where('prefiller')}, ${nD} decoder(s) ${where('decoder')}, model ${this.r.model}; logs and configs in ${logDir}`);
+        : `kvc up: ${nP} prefiller(s) ${where('prefiller')}, ${nD} decoder(s) ${where('decoder')}${plan.serviceCpus !== null ? `, proxy and controller on CPU ${plan.serviceCpus}` : ''}, model ${this.r.model}; logs and configs in ${logDir}`);
       if (plan.controller) {
         const c = this.launch(new Child({
           name: 'controller',

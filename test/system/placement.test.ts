@@ -137,6 +137,17 @@ test('kvc engine --cpu-priority idle: every thread runs in SCHED_IDLE; a bad lev
   }
 });
 
+/** The process said it runs on `cpu` alone, and every one of its threads has that affinity. */
+function assertPinned(p: ReturnType<typeof startKvc>, cpu: number): void {
+  assert.match(p.output(), new RegExp(`running on CPUs ${cpu} \\(1 available to this process\\)`));
+  const tasks = readdirSync(`/proc/${p.child.pid!}/task`);
+  assert.ok(tasks.length > 1);
+  for (const t of tasks) {
+    const out = execFileSync('taskset', ['-c', '-p', t]).toString();
+    assert.match(out, new RegExp(`list: ${cpu}\\s*$`), `thread ${t}: ${out}`);
+  }
+}
+
 test('kvc engine --cpus: every thread of the engine runs on the set', async () => {
   const cpus = machineCpus();
   const last = cpus[cpus.length - 1]!;
@@ -144,14 +155,7 @@ test('kvc engine --cpus: every thread of the engine runs on the set', async () =
   const p = startKvc(['engine', '--port', String(port), '--cpus', String(last)]);
   try {
     await waitHttp(`http://127.0.0.1:${port}/health`, 120_000);
-    assert.match(p.output(), new RegExp(`running on CPUs ${last} \\(1 available to this process\\)`));
-    const pid = p.child.pid!;
-    const tasks = readdirSync(`/proc/${pid}/task`);
-    assert.ok(tasks.length > 1);
-    for (const t of tasks) {
-      const out = execFileSync('taskset', ['-c', '-p', t]).toString();
-      assert.match(out, new RegExp(`list: ${last}\\s*$`), `thread ${t}: ${out}`);
-    }
+    assertPinned(p, last);
   } finally {
     await p.kill();
   }
@@ -167,13 +171,7 @@ test('kvc controller and kvc proxy --cpus: every thread runs on the set; an unkn
   const p = startKvc(['controller', '--port', String(port), '--monitor-port', String(monitor), '--cpus', String(last)]);
   try {
     await waitHttp(`http://127.0.0.1:${port}/healthz`, 60_000);
-    assert.match(p.output(), new RegExp(`running on CPUs ${last} \\(1 available to this process\\)`));
-    const tasks = readdirSync(`/proc/${p.child.pid!}/task`);
-    assert.ok(tasks.length > 1);
-    for (const t of tasks) {
-      const out = execFileSync('taskset', ['-c', '-p', t]).toString();
-      assert.match(out, new RegExp(`list: ${last}\\s*$`), `thread ${t}: ${out}`);
-    }
+    assertPinned(p, last);
   } finally {
     await p.kill();
   }

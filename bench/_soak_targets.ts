@@ -26,6 +26,8 @@ export interface SoakTarget {
   logDir: string;
   proxy: string;
   engines: { name: string; http: string }[];
+  /** Process name → base URL of its /metrics, for every process that has one (engines, controller, proxy). */
+  metricsUrls: Map<string, string>;
   /** Process name → pid now (restarts change them). */
   pids(): Map<string, number>;
   send: LoadSend;
@@ -89,6 +91,7 @@ export async function localTarget(o: SoakOptions, why: string): Promise<SoakTarg
     logDir: dep.logDir,
     proxy: dep.proxy,
     engines: dep.engines.map((e) => ({ name: e.name, http: e.http })),
+    metricsUrls: new Map([...dep.engines.map((e) => [e.name, e.http] as [string, string]), ['controller', dep.controller], ['proxy', dep.proxy]]),
     pids: () => dep.pids,
     send: fetchSend(dep.proxy),
     async metrics(url) {
@@ -156,6 +159,7 @@ export async function netnsTarget(o: SoakOptions): Promise<SoakTarget> {
       logDir: dep.dir,
       proxy: dep.proxy,
       engines: Object.entries(dep.engines).map(([name, http]) => ({ name, http })),
+      metricsUrls: new Map([...Object.entries(dep.engines), ['controller', dep.controller], ['proxy', dep.proxy]]),
       pids: () => new Map([...dep.procs].map(([name, p]) => [name, p.child.pid!] as [string, number])),
       send: async (path, body, timeoutMs) => {
         const r = await dep.client.request('POST', `${dep.proxy}${path}`, body, timeoutMs);

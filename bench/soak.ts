@@ -1,64 +1,97 @@
 // `npm run soak -- --minutes N`: a 2P2D deployment (built-in model, a small CPU tier, the Redis tier
-// when redis-server is installed) under steady mixed load through the proxy for N minutes, with one
-// fault a minute, in turn: process faults (kill -9 + restart of a prefiller, of a decoder, of the
+// when redis-server is installed) under mixed load through the proxy for N minutes, with one fault
+// a minute, in turn: process faults (kill -9 + restart of a prefiller, of a decoder, of the
 // controller; SIGSTOP of a decoder for 5 s) and, when this machine can run network namespaces
 // (root, iproute2, python3, /dev/net/tun), network faults on the hosts' links between them (50 ms
 // delay, 3 % loss, a 4 Mbit/s cap, partitions of a prefiller's host and of the Redis host healed
 // after seconds; bench/_soak_targets.ts). Without namespaces it runs on loopback and its first line
 // and its verdict say why there are no network faults.
 //
-// Every minute it prints the requests, errors by status, TTFT p50/p99, every process's RSS and
-// cache bytes, and where each process's memory is (anonymous, file-backed, malloc's brk heap, V8
-// heap in use, V8 external memory); the minutes also go to bench-results/soak/minutes.jsonl.
-// Memory is judged net of the cache's own bytes: an engine's RSS minus its CPU tier's bytes
-// (kvc_cache_bytes{location="LocalCPUBackend"}) and minus the resident part of its paged KV pool
-// (kvc_engine_kv_cache_resident_bytes: pages touched once stay), sampled with the RSS, since both
-// filling up to their size is the cache doing its job; the controller and the proxy count whole.
-// An engine whose /metrics cannot be read that minute (three tries) keeps its last reading if it
-// is the same process (pid), else counts whole; the minute line says so and the JSON counts them
-// (cache_readings_missed). The verdict compares the deployment's peak after the warm-up (the first
-// --warmup-minutes, default 5) with its peak during the warm-up: flat when it grew by at most
-// 10 %. Nothing lost: every request answered (none hit its bound unanswered), no engine left with
-// requests in flight, no transfer reservation left on a decoder. Writes
-// bench-results/soak/soak.svg (RSS, cache bytes, memory net of cache, TTFT p99, errors per
-// minute) and ends with one JSON line.
-// Options: --minutes N (default 1), --concurrency C (default 16), --tier-gib G (the CPU tier per
-// engine, default 0.0625 = 64 MiB, full within minutes), --long-prompt-tokens L (every fifth request's new prompt, default 600),
-// --warmup-minutes W (default 5, at most half the run), --no-faults, --no-netns.
-import { appendFileSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+// The load is open at a fixed rate by default (--rate arrivals a minute, Poisson; at most
+// --max-in-flight outstanding, arrivals beyond shed and counted: harness/rate_load.ts), so every
+// minute carries the same load and memory is compared at equal load; --closed C runs C clients
+// each sending its next request when its last ends instead (the rate then follows the CPU the
+// deployment gets: a capacity probe, not a memory verdict).
+//
+// Every minute it prints the arrivals, answers by status, lost and shed, TTFT p50/p99, the load
+// average, every process's RSS and cache bytes, and where each process's memory is (anonymous,
+// file-backed, malloc's brk heap, V8 heap in use, V8 young generation, V8 external memory); the
+// minutes also go to bench-results/soak/minutes.jsonl. Memory is judged net of the cache's own
+// bytes (bench/_soak_memory.ts), sampled with the RSS. An engine whose /metrics cannot be read
+// that minute (three tries) keeps its last reading if it is the same process (pid), else counts
+// whole; the minute line says so and the JSON counts them (cache_readings_missed). The verdict
+// compares the deployment's peak after the warm-up (the first --warmup-minutes, default 5) with
+// its peak during the warm-up: flat when it grew by at most 10 %. Nothing lost: every request sent
+// was answered or failed with a reason within its bound (harness/faults.ts LostHow says what is
+// lost), no engine left with requests in flight, no transfer reservation left on a decoder. Writes
+// bench-results/soak/soak.svg and ends with one JSON line.
+import { appendFileSync, mkdirSync, writeFileSync } from 'node:fs';
+import { loadavg } from 'node:os';
 import { join } from 'node:path';
 import { rssBytes } from '../harness/deployment.js';
 import { eventually, startLoad, type LoadResult } from '../harness/faults.js';
+import { startRateLoad, type Arrivals } from '../harness/rate_load.js';
 import { resultsDir, writeLinesSvg, type LineRow } from './_plot.js';
+import { cacheBytes, gauge, memDetail } from './_soak_memory.js';
 import { soakTarget, type Fault } from './_soak_targets.js';
 import { RESERVATION_TTL_MS } from '../src/xfer/receiver.js';
 
-function arg(name: string, def: number): number {
-  const i = process.argv.indexOf(name);
-  if (i < 0) return def;
-  const v = Number(process.argv[i + 1]);
-  if (!Number.isFinite(v) || v <= 0) {
-    process.stderr.write(`soak: ${name} expects a positive number, found ${process.argv[i + 1]}\n`);
-    process.exit(2);
+/** The soak's options: flag → [default, help]; each is read from here only. */
+const OPTIONS = {
+  '--minutes': [1, 'minutes to run'],
+  '--rate': [600, 'open load: arrivals a minute (the default load)'],
+  '--max-in-flight': [64, 'open load: requests outstanding at most; arrivals beyond are shed'],
+  '--arrivals': ['poisson', 'open load: poisson (seeded exponential gaps) or even'],
+  '--closed': [0, 'closed load instead: this many clients, each sending its next request when its last ends'],
+  '--tier-gib': [0.0625, 'CPU tier per engine (GiB; 64 MiB is full within minutes)'],
+  '--long-prompt-tokens': [600, "every fifth request's new token-id prompt"],
+  '--warmup-minutes': [5, 'minutes whose peak memory is the baseline (at most half the run)'],
+  '--no-faults': [false, 'run the load alone'],
+  '--no-netns': [false, 'run on loopback (no network faults)'],
+} as const;
+type Option = keyof typeof OPTIONS;
+const usage = () => Object.entries(OPTIONS).map(([f, [d, h]]) => `  ${f}${typeof d === 'boolean' ? '' : ` (default ${d})`}: ${h}`).join('\n');
+function fail(msg: string): never {
+  process.stderr.write(`soak: ${msg}\noptions:\n${usage()}\n`);
+  process.exit(2);
+}
+const given = new Map<string, string | true>();
+{
+  const argv = process.argv.slice(2);
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]!;
+    if (a === '--concurrency') fail('--concurrency is now --closed C (a closed load); the default load is open at --rate arrivals a minute');
+    if (!(a in OPTIONS)) fail(`unknown argument ${a}`);
+    if (given.has(a)) fail(`${a} given twice`);
+    if (typeof OPTIONS[a as Option][0] === 'boolean') given.set(a, true);
+    else if (i + 1 >= argv.length || argv[i + 1]!.startsWith('--')) fail(`${a} expects a value`);
+    else given.set(a, argv[++i]!);
+  }
+}
+function num(name: Option, opts: { integer?: boolean; zero?: boolean } = {}): number {
+  const raw = given.get(name);
+  if (raw === undefined) return OPTIONS[name][0] as number;
+  const v = Number(raw);
+  if (!Number.isFinite(v) || v < 0 || (v === 0 && !opts.zero) || (opts.integer && !Number.isInteger(v))) {
+    fail(`${name} expects a ${opts.integer ? 'whole ' : ''}number ${opts.zero ? '≥ 0' : '> 0'}, found ${raw}`);
   }
   return v;
 }
-const KNOWN = new Set(['--minutes', '--concurrency', '--tier-gib', '--long-prompt-tokens', '--warmup-minutes', '--no-faults', '--no-netns']);
-for (const a of process.argv.slice(2)) {
-  if (a.startsWith('--') && !KNOWN.has(a)) {
-    process.stderr.write(`soak: unknown option ${a} (known: ${[...KNOWN].join(', ')})\n`);
-    process.exit(2);
-  }
-}
-
-const minutes = Math.round(arg('--minutes', 1));
-const concurrency = Math.round(arg('--concurrency', 16));
-const tierGib = arg('--tier-gib', 0.0625);
-const longPromptTokens = Math.round(arg('--long-prompt-tokens', 600));
-const warmup = Math.min(Math.round(arg('--warmup-minutes', 5)), Math.floor(minutes / 2));
-const faults = !process.argv.includes('--no-faults');
+const minutes = num('--minutes', { integer: true });
+const closed = num('--closed', { integer: true, zero: true });
+if (closed > 0 && (given.has('--rate') || given.has('--max-in-flight') || given.has('--arrivals'))) fail('--closed runs a closed load: --rate, --max-in-flight and --arrivals are for the open one');
+const rate = num('--rate');
+const maxInFlight = num('--max-in-flight', { integer: true });
+const arrivals = (given.get('--arrivals') ?? OPTIONS['--arrivals'][0]) as string;
+if (arrivals !== 'poisson' && arrivals !== 'even') fail(`--arrivals expects poisson or even, found ${arrivals}`);
+const tierGib = num('--tier-gib');
+const longPromptTokens = num('--long-prompt-tokens', { integer: true });
+const warmup = Math.min(num('--warmup-minutes', { integer: true }), Math.floor(minutes / 2));
+const faults = !given.has('--no-faults');
 const MINUTE_MS = Number(process.env.KVC_SOAK_MINUTE_MS ?? 60_000);
 const GROWTH_LIMIT = 0.1;
+/** Each request's bound: unanswered by then, it is lost. */
+const REQUEST_BOUND_MS = 120_000;
 const MiB = 1048576;
 
 function pct(sorted: number[], p: number): number {
@@ -66,44 +99,22 @@ function pct(sorted: number[], p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
 }
 
-/**
- * Where a process's resident memory is (MiB): anonymous and file-backed (/proc/PID/status), the
- * malloc main arena's brk heap ([heap] in /proc/PID/smaps), and for engines the V8 heap in use and
- * V8's external memory (ArrayBuffers, WASM memories) from their process metrics.
- */
-function memDetail(pid: number, metrics: string): Record<string, number> {
-  const out: Record<string, number> = {};
-  try {
-    const st = readFileSync(`/proc/${pid}/status`, 'utf8');
-    for (const [k, f] of [['anon', 'RssAnon'], ['file', 'RssFile']] as const) {
-      const m = new RegExp(`^${f}:\\s+(\\d+) kB`, 'm').exec(st);
-      if (m) out[k] = Math.round(Number(m[1]) / 1024);
-    }
-    let inHeap = false;
-    for (const l of readFileSync(`/proc/${pid}/smaps`, 'utf8').split('\n')) {
-      if (/^[0-9a-f]+-[0-9a-f]+ /.test(l)) inHeap = l.endsWith('[heap]');
-      else if (inHeap && l.startsWith('Rss:')) out.brk_heap = Math.round(Number(l.split(/\s+/)[1]) / 1024);
-    }
-  } catch {
-    // the process is gone (a fault killed it): its figures are missing this minute
-  }
-  if (metrics) {
-    out.js_heap_used = Math.round(gauge(metrics, 'kvc_engine_nodejs_heap_size_used_bytes') / MiB);
-    out.external = Math.round(gauge(metrics, 'kvc_engine_nodejs_external_memory_bytes') / MiB);
-  }
-  return out;
-}
-
-function gauge(text: string, name: string, label = ''): number {
-  let sum = 0;
-  for (const l of text.split('\n')) if ((l.startsWith(`${name}{`) || l.startsWith(`${name} `)) && l.includes(label)) sum += Number(l.slice(l.lastIndexOf(' ') + 1));
-  return sum;
+/** The open or the closed load, seen the same way by the minutes. */
+interface SoakLoad {
+  results: LoadResult[];
+  /** When each shed arrival came (the closed load sheds none). */
+  shed: number[];
+  offered(): number;
+  inFlight(): number;
+  peakInFlight(): number;
+  lateMs(): number;
+  stop(): Promise<LoadResult[]>;
 }
 
 async function main(): Promise<void> {
   const target = await soakTarget(
     { upArgs: ['--max-local-cpu-size', String(tierGib), '--chunk-size', '64'], networkFaultMs: Math.min(20_000, MINUTE_MS / 3), partitionMs: Math.min(5_000, MINUTE_MS / 6) },
-    !process.argv.includes('--no-netns'),
+    !given.has('--no-netns'),
   );
   const network = typeof target.networkFaults === 'string' ? [] : target.networkFaults;
   const noNetwork = typeof target.networkFaults === 'string' ? target.networkFaults : null;
@@ -113,15 +124,25 @@ async function main(): Promise<void> {
     if (target.processFaults[i]) schedule.push(target.processFaults[i]!);
     if (network[i]) schedule.push(network[i]!);
   }
+  const loadWhat = closed > 0 ? `closed load of ${closed} clients` : `open load of ${rate} requests a minute (${arrivals}, at most ${maxInFlight} in flight, arrivals beyond shed)`;
   console.log(
-    `soak: ${minutes} min (warm-up ${warmup}), 2P2D, ${concurrency} concurrent requests (every fifth a new ${longPromptTokens}-token prompt), CPU tier ${tierGib} GiB per engine, ` +
+    `soak: ${minutes} min (warm-up ${warmup}), 2P2D, ${loadWhat}, every fifth a new ${longPromptTokens}-token prompt, each bounded by ${REQUEST_BOUND_MS / 1000} s; CPU tier ${tierGib} GiB per engine, ` +
       `faults ${faults ? `on (${schedule.length} in turn, one a minute)` : 'off'}; ${target.where}${noNetwork ? `; ${noNetwork}` : ''}; logs in ${target.logDir}`,
   );
-  const load = startLoad(target.proxy, concurrency, { timeoutMs: 120_000, maxTokens: 8, send: target.send, longPromptTokens });
+  const loadOptions = { timeoutMs: REQUEST_BOUND_MS, maxTokens: 8, send: target.send, longPromptTokens };
+  let load: SoakLoad;
+  if (closed > 0) {
+    const l = startLoad(target.proxy, closed, loadOptions);
+    load = { results: l.results, shed: [], offered: () => l.results.length + l.pending.size, inFlight: () => l.pending.size, peakInFlight: () => l.pending.size, lateMs: () => 0, stop: l.stop };
+  } else {
+    load = startRateLoad(target.proxy, { ...loadOptions, perMinute: rate, maxInFlight, arrivals: arrivals as Arrivals });
+  }
   /** Per minute: process → bytes net of its cache. */
   const net: Record<string, number>[] = [];
-  const perMinute: { minute: number; fault: string | null; requests: number; errors: number; by_status: Record<string, number>; ttft_p50_ms: number; ttft_p99_ms: number; rss_mib: Record<string, number>; cache_mib: Record<string, number> }[] = [];
+  const perMinute: { minute: number; load1: number; offered: number; shed: number; requests: number; answered: number; failed_with_reason: number; lost: number; ttft_p99_ms: number; net_mib: number; rss_mib: Record<string, number>; cache_mib: Record<string, number> }[] = [];
   let seen = 0;
+  let shedSeen = 0;
+  let offeredSeen = 0;
   /** Each engine's last cache reading, with the pid it was read from. */
   const lastCache = new Map<string, { pid: number; bytes: number }>();
   let cacheUnread = 0;
@@ -140,7 +161,7 @@ async function main(): Promise<void> {
   writeFileSync(minutesFile, '');
   try {
     // Minutes on the wall clock from the start: the readings at a minute's end (slow under load,
-    // up to three tries per engine) eat into the next minute instead of stretching the run.
+    // up to three tries per process) eat into the next minute instead of stretching the run.
     const start = Date.now();
     for (let m = 0; m < minutes; m++) {
       const end = start + (m + 1) * MINUTE_MS;
@@ -151,19 +172,29 @@ async function main(): Promise<void> {
       await faultRun;
       const batch: LoadResult[] = load.results.slice(seen);
       seen = load.results.length;
+      const shed = load.shed.length - shedSeen;
+      shedSeen = load.shed.length;
+      const offered = load.offered() - offeredSeen;
+      offeredSeen += offered;
       const byStatus: Record<string, number> = {};
-      for (const r of batch) byStatus[r.status] = (byStatus[r.status] ?? 0) + 1;
-      const ttft = batch.filter((r) => r.status === 200).map((r) => r.ttftMs).sort((a, b) => a - b);
+      const lostHow: Record<string, number> = {};
+      for (const r of batch) {
+        byStatus[r.status] = (byStatus[r.status] ?? 0) + 1;
+        if (r.lost) lostHow[r.lost] = (lostHow[r.lost] ?? 0) + 1;
+      }
+      const lost = batch.filter((r) => r.lost).length;
+      const answered = batch.filter((r) => !r.lost && r.status === 200).length;
+      const ttft = batch.filter((r) => !r.lost && r.status === 200).map((r) => r.ttftMs).sort((a, b) => a - b);
       const rssNow: Record<string, number> = {};
       const cacheNow: Record<string, number> = {};
       const netNow: Record<string, number> = {};
       const detailNow: Record<string, Record<string, number>> = {};
       const unreadNow: string[] = [];
       for (const [name, pid] of target.pids()) {
-        const engine = target.engines.find((e) => e.name === name);
-        const text = engine ? await readMetrics(engine.http) : '';
-        // The cache's own bytes: the CPU tier's and the resident part of the paged KV pool.
-        let cache = gauge(text, 'kvc_cache_bytes', 'location="LocalCPUBackend"') + gauge(text, 'kvc_engine_kv_cache_resident_bytes');
+        const url = target.metricsUrls.get(name);
+        const text = url ? await readMetrics(url) : '';
+        const engine = target.engines.some((e) => e.name === name);
+        let cache = engine ? cacheBytes(text) : 0;
         if (engine && text === '') {
           // Unreadable this minute (cut off by a fault, stopped, or too slow under load): an unread
           // cache is not an empty one. The same process (same pid) holds what it held at its last
@@ -181,11 +212,34 @@ async function main(): Promise<void> {
         detailNow[name] = memDetail(pid, text);
       }
       net.push(netNow);
-      const line = { minute: m + 1, fault: fault?.what ?? null, requests: batch.length, errors: batch.filter((r) => r.status !== 200).length, by_status: byStatus, ttft_p50_ms: Math.round(pct(ttft, 50)), ttft_p99_ms: Math.round(pct(ttft, 99)), rss_mib: rssNow, cache_mib: cacheNow, cache_unread: unreadNow, memory_mib: detailNow };
+      const line = {
+        minute: m + 1,
+        fault: fault?.what ?? null,
+        load1: Math.round(loadavg()[0]! * 10) / 10,
+        offered,
+        shed,
+        in_flight: load.inFlight(),
+        peak_in_flight: load.peakInFlight(),
+        generator_late_ms: Math.round(load.lateMs()),
+        requests: batch.length,
+        answered,
+        failed_with_reason: batch.length - answered - lost,
+        lost,
+        lost_by_how: lostHow,
+        by_status: byStatus,
+        ttft_p50_ms: Math.round(pct(ttft, 50)),
+        ttft_p99_ms: Math.round(pct(ttft, 99)),
+        rss_mib: rssNow,
+        cache_mib: cacheNow,
+        net_mib: Math.round(Object.values(netNow).reduce((x, v) => x + v, 0) / MiB),
+        cache_unread: unreadNow,
+        memory_mib: detailNow,
+      };
       perMinute.push(line);
       appendFileSync(minutesFile, JSON.stringify(line) + '\n');
       console.log(
-        `minute ${m + 1}: ${batch.length} requests, status ${Object.entries(byStatus).map(([s, n]) => `${s}×${n}`).join(' ')}, TTFT p50 ${line.ttft_p50_ms} ms p99 ${line.ttft_p99_ms} ms; ` +
+        `minute ${m + 1} (load ${line.load1}): ${offered} arrived, ${shed} shed, ${batch.length} ended: status ${Object.entries(byStatus).map(([s, n]) => `${s}×${n}`).join(' ')}, lost ${lost}${lost ? ` (${Object.entries(lostHow).map(([h, n]) => `${h} ${n}`).join(', ')})` : ''}; ` +
+          `in flight ${line.in_flight} (peak ${line.peak_in_flight}); TTFT p50 ${line.ttft_p50_ms} ms p99 ${line.ttft_p99_ms} ms; net of cache ${line.net_mib} MiB; ` +
           `RSS MiB ${Object.entries(rssNow).map(([k, v]) => `${k} ${v}${k in cacheNow ? ` (cache ${cacheNow[k]}${unreadNow.includes(k) ? ', unread: last reading' : unreadNow.some((u) => u.startsWith(`${k} `)) ? ', unread: new process, counted whole' : ''})` : ''}`).join(', ')}${fault ? `; fault: ${fault.what}` : ''}`,
       );
       console.log(`  memory MiB: ${Object.entries(detailNow).map(([k, d]) => `${k} ${Object.entries(d).map(([f, v]) => `${f} ${v}`).join(' ')}`).join('; ')}`);
@@ -193,17 +247,23 @@ async function main(): Promise<void> {
   } finally {
     await load.stop();
   }
-  // Nothing lost: every request answered, no engine left holding requests, no reservation left.
-  const unanswered = load.results.filter((r) => r.status === 0).length;
+  // Nothing lost: every request sent answered or failed with a reason within its bound, no engine
+  // left holding requests, no reservation left. The requests still out when the minutes ended
+  // finished (each within its bound) in load.stop() and are counted here.
+  const lostByHow: Record<string, number> = {};
   const errors: Record<string, number> = {};
-  for (const r of load.results) if (r.status !== 200) errors[r.status] = (errors[r.status] ?? 0) + 1;
+  for (const r of load.results) {
+    if (r.lost) lostByHow[r.lost] = (lostByHow[r.lost] ?? 0) + 1;
+    if (r.status !== 200) errors[r.status] = (errors[r.status] ?? 0) + 1;
+  }
+  const lost = load.results.filter((r) => r.lost).length;
+  const lostExamples = load.results.filter((r) => r.lost).slice(0, 5).map((r) => `${r.lost} after ${Math.round(r.ttftMs)} ms: ${r.error ?? ''}`.slice(0, 200));
   let leftInFlight = 0;
   let leakedReservations = 0;
   const transfers: Record<string, number> = { done: 0, failed: 0, abandoned: 0 };
-  // Stopping the load aborts the requests in flight; a decoder may hold a reservation for one whose
-  // decode never reached it (its client went away during the prefill). Nothing takes such a
-  // reservation, and the receiver's sweep frees it after RESERVATION_TTL_MS: only one still held
-  // past that bound is leaked.
+  // A decoder may hold a reservation for a request whose decode never reached it (its client went
+  // away during the prefill). Nothing takes such a reservation, and the receiver's sweep frees it
+  // after RESERVATION_TTL_MS: only one still held past that bound is leaked.
   let reservationsAtStop = 0;
   for (const e of target.engines) reservationsAtStop += gauge(await readMetrics(e.http), 'kvc_xfer_reservations');
   const stopped = Date.now();
@@ -236,31 +296,42 @@ async function main(): Promise<void> {
     const l = xs.length > warmup ? Math.max(...xs.slice(warmup)) : b;
     byProcess[name] = Math.round((b > 0 ? l / b - 1 : 0) * 1000) / 10;
   }
+  const loads = perMinute.map((p) => p.load1).sort((a, b) => a - b);
 
   const rows: LineRow[] = [];
   for (const p of perMinute) {
     const x = p.minute;
     rows.push({ panel: 'RSS (MiB)', series: 'all processes', x, value: Object.values(p.rss_mib).reduce((s, v) => s + v, 0) });
     rows.push({ panel: 'cache bytes (MiB, CPU tiers + resident paged KV)', series: 'all engines', x, value: Object.values(p.cache_mib).reduce((s, v) => s + v, 0) });
-    rows.push({ panel: 'RSS net of cache (MiB)', series: 'all processes', x, value: Math.round(total[x - 1]! / MiB) });
+    rows.push({ panel: 'RSS net of cache (MiB)', series: 'all processes', x, value: p.net_mib });
     rows.push({ panel: 'TTFT p99 (ms)', series: 'proxy clients', x, value: Number.isFinite(p.ttft_p99_ms) ? p.ttft_p99_ms : 0 });
-    rows.push({ panel: 'errors per minute', series: 'non-200 answers', x, value: p.errors });
+    rows.push({ panel: 'requests per minute', series: 'answered', x, value: p.answered });
+    rows.push({ panel: 'errors per minute', series: 'failed with a reason', x, value: p.failed_with_reason });
+    rows.push({ panel: 'errors per minute', series: 'lost', x, value: p.lost });
+    rows.push({ panel: 'errors per minute', series: 'shed (not sent)', x, value: p.shed });
   }
-  const svg = await writeLinesSvg(join(resultsDir('soak'), 'soak.svg'), `soak: ${minutes} min, 2P2D, ${concurrency} concurrent, faults ${faults ? 'on' : 'off'}${noNetwork ? ' (no network faults)' : ''}`, rows, 'minute');
+  const svg = await writeLinesSvg(join(resultsDir('soak'), 'soak.svg'), `soak: ${minutes} min, 2P2D, ${closed > 0 ? `closed load, ${closed} clients` : `${rate} requests a minute`}, faults ${faults ? 'on' : 'off'}${noNetwork ? ' (no network faults)' : ''}`, rows, 'minute');
   console.log(`plot: ${svg}`);
+  const shedTotal = load.shed.length;
   console.log(
     JSON.stringify({
       bench: 'soak',
       minutes,
       warmup_minutes: warmup,
-      concurrency,
+      load: closed > 0 ? { kind: 'closed', clients: closed } : { kind: 'open', per_minute: rate, arrivals, max_in_flight: maxInFlight },
       tier_gib: tierGib,
       faults,
       network_faults: faults && !noNetwork,
       ...(noNetwork ? { network_faults_reason: noNetwork } : {}),
+      load_average: { min: loads[0], median: pct(loads, 50), max: loads[loads.length - 1] },
+      offered: load.offered(),
+      shed: shedTotal,
       requests: load.results.length,
+      answered: load.results.filter((r) => !r.lost && r.status === 200).length,
       errors_by_status: errors,
-      unanswered,
+      lost,
+      lost_by_how: lostByHow,
+      ...(lost ? { lost_examples: lostExamples } : {}),
       left_in_flight: leftInFlight,
       reservations_at_stop: reservationsAtStop,
       leaked_reservations: leakedReservations,
@@ -271,7 +342,8 @@ async function main(): Promise<void> {
       cache_readings_missed: cacheUnread,
       memory_growth_pct_by_process: byProcess,
       memory_flat: growth <= GROWTH_LIMIT,
-      nothing_lost: unanswered === 0 && leftInFlight === 0 && leakedReservations === 0,
+      ...(closed > 0 ? {} : { rate_held: shedTotal === 0 }),
+      nothing_lost: lost === 0 && leftInFlight === 0 && leakedReservations === 0,
     }),
   );
 }

@@ -89,7 +89,7 @@ module.exports = {
       to: {
         path: [
           '^(node:)?(child_process|net|http|https|http2|dgram|cluster)$',
-          '^harness/(?!numeric\\.ts$|temp_dir\\.ts$|repo_files\\.ts$|property\\.ts$|trace_model\\.ts$|trace_gen\\.ts$|tier_model\\.ts$|kv_quality_metrics\\.ts$)',
+          '^harness/(?!numeric\\.ts$|temp_dir\\.ts$|repo_files\\.ts$|property\\.ts$|trace_model\\.ts$|trace_gen\\.ts$|tier_model\\.ts$|kv_quality_metrics\\.ts$|load\\.ts$|rate_load\\.ts$)',
           '^test/system/',
         ],
       },

@@ -9,7 +9,8 @@
 import type { ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
 import { alive, startDeployment } from '../harness/deployment.js';
-import { eventually, fetchSend, processImage, respawn, signal, type LoadSend } from '../harness/faults.js';
+import { eventually, fetchSend, processImage, respawn, signal } from '../harness/faults.js';
+import type { LoadSend } from '../harness/load.js';
 import { createHosts, impairUnavailable, type Hosts, type Impairment } from '../harness/netns.js';
 import { startNsDeployment } from '../harness/netns_deployment.js';
 import { findRedisServer, startRedisServer, type RedisServer } from '../harness/redis_server.js';

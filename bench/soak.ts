@@ -22,14 +22,15 @@
 // whole; the minute line says so and the JSON counts them (cache_readings_missed). The verdict
 // compares the deployment's peak after the warm-up (the first --warmup-minutes, default 5) with
 // its peak during the warm-up: flat when it grew by at most 10 %. Nothing lost: every request sent
-// was answered or failed with a reason within its bound (harness/faults.ts LostHow says what is
+// was answered or failed with a reason within its bound (harness/load.ts LostHow says what is
 // lost), no engine left with requests in flight, no transfer reservation left on a decoder. Writes
 // bench-results/soak/soak.svg and ends with one JSON line.
 import { appendFileSync, mkdirSync, writeFileSync } from 'node:fs';
 import { loadavg } from 'node:os';
 import { join } from 'node:path';
 import { rssBytes } from '../harness/deployment.js';
-import { eventually, startLoad, type LoadResult } from '../harness/faults.js';
+import { eventually } from '../harness/faults.js';
+import { startLoad, type LoadResult } from '../harness/load.js';
 import { startRateLoad, type Arrivals } from '../harness/rate_load.js';
 import { resultsDir, writeLinesSvg, type LineRow } from './_plot.js';
 import { cacheBytes, gauge, memDetail } from './_soak_memory.js';
@@ -132,10 +133,10 @@ async function main(): Promise<void> {
   const loadOptions = { timeoutMs: REQUEST_BOUND_MS, maxTokens: 8, send: target.send, longPromptTokens };
   let load: SoakLoad;
   if (closed > 0) {
-    const l = startLoad(target.proxy, closed, loadOptions);
+    const l = startLoad(closed, loadOptions);
     load = { results: l.results, shed: [], offered: () => l.results.length + l.pending.size, inFlight: () => l.pending.size, peakInFlight: () => l.pending.size, lateMs: () => 0, stop: l.stop };
   } else {
-    load = startRateLoad(target.proxy, { ...loadOptions, perMinute: rate, maxInFlight, arrivals: arrivals as Arrivals });
+    load = startRateLoad({ ...loadOptions, perMinute: rate, maxInFlight, arrivals: arrivals as Arrivals });
   }
   /** Per minute: process → bytes net of its cache. */
   const net: Record<string, number>[] = [];

@@ -4,7 +4,7 @@
 // many is shed: not sent, and counted with its time (never dropped unseen), so a deployment that
 // falls behind shows as shed arrivals instead of a generator piling up requests without bound.
 import { performance } from 'node:perf_hooks';
-import { fetchSend, loadRequest, type LoadOptions, type LoadResult } from './faults.js';
+import { loadRequest, type LoadOptions, type LoadResult } from './load.js';
 import { seededRandom } from './numeric.js';
 
 export type Arrivals = 'poisson' | 'even';
@@ -19,12 +19,12 @@ export interface RateLoadOptions extends LoadOptions {
   seed?: number;
 }
 
-export function startRateLoad(proxy: string, o: RateLoadOptions) {
+export function startRateLoad(o: RateLoadOptions) {
   const results: LoadResult[] = [];
   /** When each shed arrival came (Date.now()). */
   const shed: number[] = [];
   const inFlight = new Set<Promise<void>>();
-  const request = loadRequest({ ...o, send: o.send ?? fetchSend(proxy) });
+  const request = loadRequest(o);
   const random = seededRandom(o.seed ?? 35);
   const meanGapMs = 60_000 / o.perMinute;
   const gap = () => (o.arrivals === 'even' ? meanGapMs : -Math.log(1 - random()) * meanGapMs);

@@ -8,7 +8,8 @@ import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import type { ChildProcess } from 'node:child_process';
 import { alive, startDeployment, type Deployment } from '../../harness/deployment.js';
-import { eventually, getJson, processImage, respawn, signal, startLoad, type LoadResult } from '../../harness/faults.js';
+import { eventually, fetchSend, getJson, processImage, respawn, signal } from '../../harness/faults.js';
+import { startLoad, type LoadOptions, type LoadResult } from '../../harness/load.js';
 
 const summary = (rs: LoadResult[]) => {
   const by = new Map<number, number>();
@@ -22,8 +23,8 @@ describe('faults under load (1P2D)', () => {
   const restarted: ChildProcess[] = [];
   /** Every load started, stopped at the end even when a test failed half way. */
   const loads: ReturnType<typeof startLoad>[] = [];
-  const startLoadHere = (concurrency: number, o?: Parameters<typeof startLoad>[2]) => {
-    const l = startLoad(dep.proxy, concurrency, o);
+  const startLoadHere = (concurrency: number, o: Omit<LoadOptions, 'send'> = {}) => {
+    const l = startLoad(concurrency, { ...o, send: fetchSend(dep.proxy) });
     loads.push(l);
     return l;
   };

@@ -57,7 +57,7 @@ export function memDetail(pid: number, metrics: string): Record<string, number> 
       if (Number.isFinite(v)) out[k] = Math.round(v / MiB);
     };
     put('js_heap_used', nodeGauge(metrics, 'nodejs_heap_size_used_bytes'));
-    put('new_space', nodeGauge(metrics, 'nodejs_heap_space_size_total_bytes', 'space="new_space"'));
+    put('new_space', nodeGauge(metrics, 'nodejs_heap_space_size_total_bytes', 'space="new"'));
     put('external', nodeGauge(metrics, 'nodejs_external_memory_bytes'));
   }
   return out;

@@ -94,6 +94,7 @@ const GROWTH_LIMIT = 0.1;
 /** Each request's bound: unanswered by then, it is lost. */
 const REQUEST_BOUND_MS = 120_000;
 const MiB = 1048576;
+const TRANSFER_OUTCOMES = ['done', 'failed', 'abandoned'] as const;
 
 function pct(sorted: number[], p: number): number {
   if (!sorted.length) return NaN;
@@ -144,6 +145,15 @@ async function main(): Promise<void> {
   let seen = 0;
   let shedSeen = 0;
   let offeredSeen = 0;
+  /**
+   * Each engine process's (pid's) last reading of its transfer counters: a restarted decoder starts
+   * them again from zero, so the run's transfers are the sum over every process of its last
+   * reading (what a killed process did after its last reading is not counted).
+   */
+  const transfersByPid = new Map<number, Record<string, number>>();
+  const readTransfers = (pid: number, text: string) => {
+    if (text) transfersByPid.set(pid, Object.fromEntries(TRANSFER_OUTCOMES.map((o) => [o, gauge(text, 'kvc_xfer_transfers_total', `outcome="${o}"`)])));
+  };
   /** Each engine's last cache reading, with the pid it was read from. */
   const lastCache = new Map<string, { pid: number; bytes: number }>();
   let cacheUnread = 0;
@@ -205,7 +215,10 @@ async function main(): Promise<void> {
           cache = known && known.pid === pid ? known.bytes : 0;
           unreadNow.push(known && known.pid === pid ? name : `${name} (new process: counted whole)`);
           cacheUnread++;
-        } else if (engine) lastCache.set(name, { pid, bytes: cache });
+        } else if (engine) {
+          lastCache.set(name, { pid, bytes: cache });
+          readTransfers(pid, text);
+        }
         const b = rssBytes(pid);
         rssNow[name] = Math.round(b / MiB);
         if (engine) cacheNow[name] = Math.round(cache / MiB);
@@ -261,7 +274,6 @@ async function main(): Promise<void> {
   const lostExamples = load.results.filter((r) => r.lost).slice(0, 5).map((r) => `${r.lost} after ${Math.round(r.ttftMs)} ms: ${r.error ?? ''}`.slice(0, 200));
   let leftInFlight = 0;
   let leakedReservations = 0;
-  const transfers: Record<string, number> = { done: 0, failed: 0, abandoned: 0 };
   // A decoder may hold a reservation for a request whose decode never reached it (its client went
   // away during the prefill). Nothing takes such a reservation, and the receiver's sweep frees it
   // after RESERVATION_TTL_MS: only one still held past that bound is leaked.
@@ -280,8 +292,10 @@ async function main(): Promise<void> {
     }
     leftInFlight += gauge(t, 'kvc_engine_num_requests_running') + gauge(t, 'kvc_engine_num_requests_waiting');
     leakedReservations += gauge(t, 'kvc_xfer_reservations');
-    for (const o of Object.keys(transfers)) transfers[o]! += gauge(t, 'kvc_xfer_transfers_total', `outcome="${o}"`);
+    const pid = target.pids().get(e.name);
+    if (pid !== undefined) readTransfers(pid, t);
   }
+  const transfers = Object.fromEntries(TRANSFER_OUTCOMES.map((o) => [o, [...transfersByPid.values()].reduce((x, r) => x + r[o]!, 0)]));
   const settledS = Math.round((Date.now() - stopped) / 1000);
   await target.stop();
 

@@ -21,20 +21,24 @@ export function nodeGauge(text: string, suffix: string, label = ''): number {
 }
 
 /**
- * The cache's own bytes in an engine: its CPU tier's (kvc_cache_bytes of LocalCPUBackend; the
- * disk tier is not resident, the Redis tier is another process) and the resident part of its paged
- * KV pool (pages touched once stay resident). Filling both up to their size is the cache doing
- * its job, so memory is judged net of them.
+ * The KV cache's own bytes in an engine, each bounded by its configured size: its CPU tier's
+ * (kvc_cache_bytes of LocalCPUBackend; the disk tier is not resident, the Redis tier is another
+ * process), the resident part of its paged KV pool (pages touched once stay resident), and on a
+ * decoder the receive buffer's held slots (kvc_xfer_buffer_held_bytes: KV on its way in; slots
+ * used once stay resident until the receiver is idle, so a slow link that made many transfers
+ * wait at once leaves them held). Filling these up to their size is the cache doing its job, so
+ * memory is judged net of them; the soak prints each.
  */
 export function cacheBytes(metrics: string): number {
-  return gauge(metrics, 'kvc_cache_bytes', 'location="LocalCPUBackend"') + gauge(metrics, 'kvc_engine_kv_cache_resident_bytes');
+  return gauge(metrics, 'kvc_cache_bytes', 'location="LocalCPUBackend"') + gauge(metrics, 'kvc_engine_kv_cache_resident_bytes') + gauge(metrics, 'kvc_xfer_buffer_held_bytes');
 }
 
 /**
  * Where a process's resident memory is (MiB): anonymous and file-backed (/proc/PID/status), the
  * malloc main arena's brk heap ([heap] in /proc/PID/smaps), and from its /metrics the V8 heap in
  * use, the V8 young generation's size (new_space: it grows with the allocation rate, 1 to 16 MiB
- * per semi-space, and costs RSS without holding anything) and V8's external memory.
+ * per semi-space, and costs RSS without holding anything), V8's external memory, and an engine's
+ * cache bytes one by one (tier, kv_resident, and on a decoder xfer_held; see cacheBytes).
  */
 export function memDetail(pid: number, metrics: string): Record<string, number> {
   const out: Record<string, number> = {};
@@ -59,6 +63,12 @@ export function memDetail(pid: number, metrics: string): Record<string, number> 
     put('js_heap_used', nodeGauge(metrics, 'nodejs_heap_size_used_bytes'));
     put('new_space', nodeGauge(metrics, 'nodejs_heap_space_size_total_bytes', 'space="new"'));
     put('external', nodeGauge(metrics, 'nodejs_external_memory_bytes'));
+    // An engine's cache bytes, each (cacheBytes): CPU tier, resident paged KV, held receive buffer.
+    if (metrics.includes('kvc_engine_kv_cache_resident_bytes')) {
+      put('tier', gauge(metrics, 'kvc_cache_bytes', 'location="LocalCPUBackend"'));
+      put('kv_resident', gauge(metrics, 'kvc_engine_kv_cache_resident_bytes'));
+    }
+    if (metrics.includes('kvc_xfer_buffer_held_bytes')) put('xfer_held', gauge(metrics, 'kvc_xfer_buffer_held_bytes'));
   }
   return out;
 }

@@ -317,7 +317,7 @@ async function main(): Promise<void> {
   for (const p of perMinute) {
     const x = p.minute;
     rows.push({ panel: 'RSS (MiB)', series: 'all processes', x, value: Object.values(p.rss_mib).reduce((s, v) => s + v, 0) });
-    rows.push({ panel: 'cache bytes (MiB, CPU tiers + resident paged KV)', series: 'all engines', x, value: Object.values(p.cache_mib).reduce((s, v) => s + v, 0) });
+    rows.push({ panel: 'cache bytes (MiB: CPU tiers, resident paged KV, held receive buffers)', series: 'all engines', x, value: Object.values(p.cache_mib).reduce((s, v) => s + v, 0) });
     rows.push({ panel: 'RSS net of cache (MiB)', series: 'all processes', x, value: p.net_mib });
     rows.push({ panel: 'TTFT p99 (ms)', series: 'proxy clients', x, value: Number.isFinite(p.ttft_p99_ms) ? p.ttft_p99_ms : 0 });
     rows.push({ panel: 'requests per minute', series: 'answered', x, value: p.answered });

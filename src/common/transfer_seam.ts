@@ -55,6 +55,12 @@ export interface TransferStats {
   /** Reservations held (in flight, or ended and not yet taken by their request). */
   reservations: number;
   reservedBytes: number;
+  /**
+   * Memory the receive buffer holds: slots handed out at least once, in arenas still held. Their
+   * pages stay resident until an idle receiver trims them, so this is a high-water mark of the
+   * transfers received at once, bounded by xfer_buffer_size (about twice it at most).
+   */
+  heldBytes: number;
   /** Transfers by how they ended (done, failed, abandoned), and those not ended yet. */
   transfers: { done: number; failed: number; abandoned: number; inFlight: number };
 }

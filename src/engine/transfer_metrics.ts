@@ -20,4 +20,12 @@ export function registerTransferMetrics(registry: Registry, stats: () => Transfe
   new Gauge({ name: 'kvc_xfer_transfers_in_flight', help: 'Transfers whose reservation was granted and that have not ended yet', registers, collect() { this.set(stats().transfers.inFlight); } });
   new Gauge({ name: 'kvc_xfer_reservations', help: 'Reservations the receiver holds (in flight, or ended and not yet taken by their request)', registers, collect() { this.set(stats().reservations); } });
   new Gauge({ name: 'kvc_xfer_reserved_bytes', help: 'Receive buffer bytes reserved (size-class accounted)', registers, collect() { this.set(stats().reservedBytes); } });
+  new Gauge({
+    name: 'kvc_xfer_buffer_held_bytes',
+    help: 'Memory the receive buffer holds: slots used at least once, in arenas still held (resident until an idle receiver trims them; bounded by about twice xfer_buffer_size)',
+    registers,
+    collect() {
+      this.set(stats().heldBytes);
+    },
+  });
 }

@@ -51,7 +51,7 @@ export const createKvTransfer: TransferFactory = async (ctx) => {
   const plugin: KvTransferPlugin = {
     stats() {
       const s = receiver.stats();
-      return { reservations: s.reservations, reservedBytes: s.reservedBytes, transfers: s.transfers };
+      return { reservations: s.reservations, reservedBytes: s.reservedBytes, heldBytes: s.poolBytes, transfers: s.transfers };
     },
     async received(req: TransferRequest): Promise<ReceivedKv | null> {
       const reqId = transferReqId(req.kvTransferParams);

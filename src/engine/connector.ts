@@ -35,7 +35,7 @@ import type { EngineMetrics } from './metrics.js';
 import type { KvTransferPlugin, ReceivedKv, SealedChunk, TransferRequest } from '../common/transfer_seam.js';
 import { REUSED_TOKENS } from '../protocol/disagg_spec.js';
 import { IMPORT_SLICE_MS } from './import_pacer.js';
-import { keeperOf } from '../protocol/keeper.js';
+import { keeperAt, keeperSplitOf } from '../protocol/keeper.js';
 
 const log = logger('engine.connector');
 
@@ -142,13 +142,15 @@ export class KvcConnectorV1 {
 
   /**
    * Its CPU tier's room for chunks it would keep (LruIndex.room), with the prompt tokens that room
-   * holds in whole chunks (the proxy compares it with a prompt: docs/storage.md "Who keeps a
-   * transferred chunk"); null without a CPU tier.
+   * and the whole tier hold in whole chunks (the proxy compares them with a prompt: docs/storage.md
+   * "Who keeps a transferred chunk"); null without a CPU tier.
    */
-  room(): { freeBytes: number; freeTokens: number; tailAgeMs: number | null } | null {
-    const r = this.store.cpu()?.room();
-    if (!r) return null;
-    return { ...r, freeTokens: Math.floor(r.freeBytes / sizeClass(chunkBytes(this.o.layout, this.chunkSize))) * this.chunkSize };
+  room(): { freeBytes: number; freeTokens: number; capacityTokens: number; tailAgeMs: number | null } | null {
+    const cpu = this.store.cpu();
+    const r = cpu?.room();
+    if (!cpu || !r) return null;
+    const tokens = (bytes: number) => Math.floor(bytes / sizeClass(chunkBytes(this.o.layout, this.chunkSize))) * this.chunkSize;
+    return { ...r, freeTokens: tokens(r.freeBytes), capacityTokens: tokens(cpu.capacityBytes) };
   }
 
   /** The settings its chunk keys and chunks depend on (the controller and the proxy compare them). */
@@ -211,8 +213,12 @@ export class KvcConnectorV1 {
     const t0 = performance.now();
     // The prefiller that sent it keeps its own copy (with P2P, fetchable again), unless the proxy
     // named this decoder the keeper (kvc_keeper): then the prefiller stores none, and this copy
-    // is kept like a chunk computed here.
-    const keeps = keeperOf(req.kvTransferParams) === 'decoder';
+    // is kept like a chunk computed here. An over-long prompt is split (kvc_keeper_split): each
+    // side stores only its part, since a copy of the other part here would only take the room
+    // this side's part needs.
+    const keeper = keeperAt(req.kvTransferParams, span.start);
+    if (keeper === 'prefiller' && keeperSplitOf(req.kvTransferParams) !== null) return;
+    const keeps = keeper === 'decoder';
     const evictFirst = (!keeps && this.peerCopyEvictFirst) || (this.partialEvictFirst && this.partial(span));
     try {
       await withTimeout(this.store.put(key, chunk, undefined, { evictFirst, keep }), this.loadTimeoutMs, `storing received chunk ${key}`);
@@ -397,6 +403,7 @@ export class KvcConnectorV1 {
     const wantSend = this.role === 'kv_producer' && !!this.transfer?.send && req.kvTransferParams?.disagg_spec !== undefined;
     const sealed: SealedChunk[] = [];
     const toStore: SealedChunk[] = [];
+    const split = keeperSplitOf(req.kvTransferParams);
     try {
       for (const span of spans) {
         const stored = canStore && this.store.has(span.key);
@@ -407,7 +414,8 @@ export class KvcConnectorV1 {
         kv.exportRange(req.seqId, span.start, span.end, buf.subarray(HEADER_BYTES));
         const c: SealedChunk = { key: span.key, start: span.start, end: span.end, chunk: sealChunk(buf, this.o.layout, n, span.key) };
         if (wantSend) sealed.push(c);
-        if (canStore && !stored) toStore.push(c);
+        // A decoder given part of an over-long prompt (kvc_keeper_split) stores only its part.
+        if (canStore && !stored && !(this.role === 'kv_consumer' && split !== null && keeperAt(req.kvTransferParams, c.start) !== 'decoder')) toStore.push(c);
       }
     } catch (e) {
       log.warn(`request ${req.requestId}: exporting KV failed: ${(e as Error).message}`);
@@ -415,8 +423,8 @@ export class KvcConnectorV1 {
     }
     const m = this.o.metrics;
     if (toStore.length) m.lmcache.storeRequests.inc();
-    const store = async (): Promise<void> => {
-      for (const c of toStore) {
+    const store = async (chunks: readonly SealedChunk[]): Promise<void> => {
+      for (const c of chunks) {
         const t0 = performance.now();
         try {
           // The partial last chunk goes in evict-first (partial_chunk_admission); so does a chunk
@@ -425,7 +433,7 @@ export class KvcConnectorV1 {
           // it as this instance's own would let it displace the chunks the tier keeps for the
           // deployment.
           // (A decoder named the keeper keeps what it received as its own: see keepReceived().)
-          const imported = c.end <= (req.loadedTokens ?? 0) && !(this.role === 'kv_consumer' && keeperOf(req.kvTransferParams) === 'decoder');
+          const imported = c.end <= (req.loadedTokens ?? 0) && !(this.role === 'kv_consumer' && keeperAt(req.kvTransferParams, c.start) === 'decoder');
           await this.store.put(c.key, c.chunk, undefined, { evictFirst: (imported && this.peerCopyEvictFirst) || (this.partialEvictFirst && this.partial(c)), keep: ownKeys });
           m.chunksSaved.inc();
           m.cacheStoredBytes.inc(c.chunk.byteLength);
@@ -466,17 +474,18 @@ export class KvcConnectorV1 {
           },
         );
     }
-    // The decoder keeps this prompt (kvc_keeper, src/protocol/keeper.ts): once it has the chunks,
-    // a second copy here would only take room from chunks nobody else holds. A failed transfer
-    // leaves the decoder without them, so then they are stored here as usual.
-    const decoderKeeps = wantSend && keeperOf(req.kvTransferParams) === 'decoder';
-    const storing = decoderKeeps
+    // The decoder keeps this prompt, or the part of it past kvc_keeper_split (src/protocol/keeper.ts):
+    // once it has those chunks, a second copy here would only take room from chunks nobody else
+    // holds. A failed transfer leaves the decoder without them, so then they are stored here as usual.
+    const decoderKeeps = wantSend ? toStore.filter((c) => keeperAt(req.kvTransferParams, c.start) === 'decoder') : [];
+    const storing = decoderKeeps.length
       ? sending.then((params) => {
-          if (params === undefined) return store();
-          if (toStore.length) m.keeperSkippedChunks.inc(toStore.length);
-          if (canStore) this.store.touchPrefix(spans.map((s) => s.key));
+          if (params === undefined) return store(toStore);
+          m.keeperSkippedChunks.inc(decoderKeeps.length);
+          const skipped = new Set(decoderKeeps);
+          return store(toStore.filter((c) => !skipped.has(c)));
         })
-      : store();
+      : store(toStore);
     return Promise.all([storing, sending]).then(([, params]) => params);
   }
 }

@@ -5,7 +5,7 @@
 // what it received. The prefiller answers with its own kv_transfer_params (e.g. `xfer` results),
 // which the proxy forwards to the decoder beside the same disagg_spec.
 import { z } from 'zod';
-import { KEEPER_KEY, keeperSchema } from './keeper.js';
+import { KEEPER_KEY, KEEPER_SPLIT_KEY, keeperSchema, keeperSplitSchema } from './keeper.js';
 import { PROMPT_IDS_KEY, promptIdsSchema } from './prompt_ids.js';
 
 const PORT = 'expected a port between 1 and 65535';
@@ -37,11 +37,11 @@ export function reusedTokens(params: Record<string, unknown> | undefined): numbe
 
 /**
  * kv_transfer_params: an object; `disagg_spec` is the one key the transfer reads, `kvc_keeper`
- * (src/protocol/keeper.ts) and `kvc_prompt_token_ids` (src/protocol/prompt_ids.ts) are checked
- * here, others pass through.
+ * and `kvc_keeper_split` (src/protocol/keeper.ts) and `kvc_prompt_token_ids` (src/protocol/prompt_ids.ts)
+ * are checked here, others pass through.
  */
 export const kvTransferParamsSchema = z.record(z.string(), z.unknown(), 'expected an object').superRefine((v, ctx) => {
-  for (const [key, schema] of [[KEEPER_KEY, keeperSchema], [PROMPT_IDS_KEY, promptIdsSchema]] as const) {
+  for (const [key, schema] of [[KEEPER_KEY, keeperSchema], [KEEPER_SPLIT_KEY, keeperSplitSchema], [PROMPT_IDS_KEY, promptIdsSchema]] as const) {
     if (v[key] === undefined) continue;
     const r = schema.safeParse(v[key]);
     if (!r.success) ctx.addIssue({ code: 'custom', path: [key, ...r.error.issues[0]!.path], message: r.error.issues[0]!.message });

@@ -46,11 +46,12 @@ export const engineHealthSchema = z.object({
   /**
    * The room its CPU tier has for chunks it would keep (docs/storage.md "Who keeps a transferred
    * chunk"): `free_bytes` without evicting a chunk it keeps that is still in use (`free_tokens`:
-   * the prompt tokens that room holds in whole chunks), `tail_age_ms` since the next such chunk to
+   * the prompt tokens that room holds in whole chunks; `capacity_tokens`: those the whole tier
+   * holds), `tail_age_ms` since the next such chunk to
    * go was last used (null: none in use). The proxy picks from it
    * which of a prefiller and its decoder keeps a disaggregated prompt's chunks. Absent without a
    * CPU tier.
    */
-  kvc_room: z.object({ free_bytes: z.number().min(0), free_tokens: z.number().int().min(0), tail_age_ms: z.number().min(0).nullable() }).optional(),
+  kvc_room: z.object({ free_bytes: z.number().min(0), free_tokens: z.number().int().min(0), capacity_tokens: z.number().int().min(0).optional(), tail_age_ms: z.number().min(0).nullable() }).optional(),
 });
 export type EngineHealth = z.infer<typeof engineHealthSchema>;

@@ -17,9 +17,9 @@ import { timedOut, upstreamFailed, unavailable, KvcError } from '../common/error
 import { requireObject } from '../common/http.js';
 import { logger } from '../common/log.js';
 import { kvTransferParams, kvTransferParamsSchema, type DisaggSpec } from '../protocol/disagg_spec.js';
-import { KEEPER_KEY, type Keeper } from '../protocol/keeper.js';
+import { KEEPER_KEY, KEEPER_SPLIT_KEY } from '../protocol/keeper.js';
 import { PROMPT_IDS_KEY } from '../protocol/prompt_ids.js';
-import { chooseKeeper, type Room } from './keeper.js';
+import { chooseKeeperSplit, type KeeperChoice, type Room } from './keeper.js';
 import { tokenizeLengthSchema } from '../protocol/tokenize.js';
 import { RoundRobin, type Backend } from './backend.js';
 import type { LoadBook } from './load.js';
@@ -72,8 +72,8 @@ interface PrefillResult {
   ms: number;
   /** kv_transfer_params the prefiller returned, if any, forwarded to the decoder. */
   params: Record<string, unknown> | null;
-  /** Which of the prefiller and the decoder keeps the prompt's chunks (keeper.ts). */
-  keeper: Keeper;
+  /** Which of the prefiller and the decoder keeps the prompt's chunks, and where a split gives the rest to the other (keeper.ts). */
+  keeper: KeeperChoice;
   /** The router chose to prefill on the decoder (not a fallback after prefillers failed). */
   local: boolean;
 }
@@ -83,7 +83,7 @@ interface PrefillResult {
  * that (conditional disaggregation), not a fallback after the prefillers failed.
  */
 function noPrefill(local: boolean, reqId = `kvc-${randomUUID()}`): PrefillResult {
-  return { prefiller: null, reqId, ms: 0, params: null, local, keeper: 'prefiller' };
+  return { prefiller: null, reqId, ms: 0, params: null, local, keeper: { keeper: 'prefiller', split: null } };
 }
 
 /** One decode attempt: the request, where it goes, what the prefill left, and whom to answer. */
@@ -130,6 +130,11 @@ export const LONG_TEXT_CHARS = 1024;
 function textChars(kind: Kind, body: Record<string, unknown>, form: ReturnType<typeof promptForm>): number {
   if (kind === 'chat') return JSON.stringify(body.messages ?? null).length;
   return form && 'text' in form ? form.text.length : 0;
+}
+
+/** The keeper fields of kv_transfer_params (src/protocol/keeper.ts) for a choice. */
+function keeperParams(k: KeeperChoice): Record<string, unknown> {
+  return k.split === null ? { [KEEPER_KEY]: k.keeper } : { [KEEPER_KEY]: k.keeper, [KEEPER_SPLIT_KEY]: k.split };
 }
 
 /** kv_transfer_params carrying the router's prediction for the ledger (src/protocol/ledger.ts), or none without a lookup. */
@@ -407,8 +412,8 @@ export class Flow {
       const pbody = prefillBody(body);
       for (const p of order) {
         const reqId = `kvc-${randomUUID()}`;
-        const keeper = chooseKeeper(route.promptTokens, this.d.roomOf(p), this.d.roomOf(decoder));
-        pbody.kv_transfer_params = kvTransferParams(specFor(reqId, ep), { ...ids, ...predicted(route.cached === null ? null : this.d.router.cachedOn(p, route.cached)), [KEEPER_KEY]: keeper });
+        const keeper = chooseKeeperSplit(route.promptTokens, this.d.roomOf(p), this.d.roomOf(decoder));
+        pbody.kv_transfer_params = kvTransferParams(specFor(reqId, ep), { ...ids, ...predicted(route.cached === null ? null : this.d.router.cachedOn(p, route.cached)), ...keeperParams(keeper) });
         const t = performance.now();
         const live = this.d.metrics.live.prefills;
         live.set(p.name, (live.get(p.name) ?? 0) + 1);
@@ -448,7 +453,7 @@ export class Flow {
     if (pre.prefiller) {
       // The client's body is not used after this: extend it instead of copying it.
       const ep = this.d.decoderEndpoint(decoder);
-      body.kv_transfer_params = kvTransferParams(specFor(pre.reqId, ep), { ...ids, ...pre.params, [KEEPER_KEY]: pre.keeper });
+      body.kv_transfer_params = kvTransferParams(specFor(pre.reqId, ep), { ...ids, ...pre.params, ...keeperParams(pre.keeper) });
     }
     const endpoint = PATHS[kind];
     const tDecode = performance.now();

@@ -16,7 +16,15 @@ export interface Room {
   free_bytes: number;
   /** The prompt tokens free_bytes holds in whole chunks. */
   free_tokens: number;
+  /** The prompt tokens the whole tier holds in whole chunks (absent: never split onto it). */
+  capacity_tokens?: number | undefined;
   tail_age_ms: number | null;
+}
+
+/** The keeper of a disaggregated prompt, and where the other side's part starts (null: none). */
+export interface KeeperChoice {
+  keeper: Keeper;
+  split: number | null;
 }
 
 /**
@@ -31,4 +39,20 @@ export function chooseKeeper(promptTokens: number, p: Room | undefined, d: Room 
   // Nothing in use at all is the oldest room there is.
   const age = (r: Room) => r.tail_age_ms ?? Number.POSITIVE_INFINITY;
   return age(d) > age(p) ? 'decoder' : 'prefiller';
+}
+
+/**
+ * The keeper by chooseKeeper(), and a split when the prompt is longer than the keeper's whole
+ * tier: a tier can hold a prompt's leading chunks only up to its size (a prompt never evicts its
+ * own chunks), so without a split the tail would be stored nowhere, while one pooled cache of
+ * both tiers' size keeps it. The keeper then keeps the chunks that start before its tier's size
+ * in tokens and the other side those that start at or after it. Only when the other side's tier
+ * is known and could hold some of it.
+ */
+export function chooseKeeperSplit(promptTokens: number, p: Room | undefined, d: Room | undefined): KeeperChoice {
+  const keeper = chooseKeeper(promptTokens, p, d);
+  const [mine, other] = keeper === 'prefiller' ? [p, d] : [d, p];
+  const at = mine?.capacity_tokens;
+  if (at === undefined || !(at > 0) || promptTokens <= at || !((other?.capacity_tokens ?? 0) > 0)) return { keeper, split: null };
+  return { keeper, split: at };
 }

@@ -6,7 +6,7 @@ import { Counter, Gauge, type Registry } from 'prom-client';
 import { HotHistogram } from '../common/hot_histogram.js';
 import { memoLabels } from './metrics.js';
 import { SHARE_WINDOW, type PrefillWhere, type RouteReason } from './router.js';
-import type { Keeper } from '../protocol/keeper.js';
+import type { KeeperChoice } from './keeper.js';
 
 export class RoutingMetrics {
   readonly decisions: Counter<'reason'>;
@@ -14,6 +14,7 @@ export class RoutingMetrics {
   readonly prefills: Counter<'where' | 'instance'>;
   readonly lookups: Counter<'outcome'>;
   readonly keepers: Counter<'keeper'>;
+  readonly keeperSplits: Counter;
   readonly decisionSeconds: HotHistogram;
   readonly recentDecisions: Gauge<'instance'>;
   /** Instance name → how many of the router's last SHARE_WINDOW kv-aware decisions it computed. */
@@ -33,6 +34,7 @@ export class RoutingMetrics {
     this.prefills = new Counter({ name: 'kvc_proxy_prefills_total', help: 'Prefills by where they ran: remote (a prefiller, KV transferred) or local_* (the decoder itself, and why), and the instance that ran them', labelNames: ['where', 'instance'], registers });
     this.lookups = new Counter({ name: 'kvc_proxy_prefix_lookups_total', help: "Routing lookups on the controller's index, by outcome (ok, failed)", labelNames: ['outcome'], registers });
     this.keepers = new Counter({ name: 'kvc_proxy_keepers_total', help: "Disaggregated prompts by the instance named to keep their chunks (prefiller, decoder): docs/storage.md \"Who keeps a transferred chunk\"", labelNames: ['keeper'], registers });
+    this.keeperSplits = new Counter({ name: 'kvc_proxy_keeper_splits_total', help: 'Disaggregated prompts longer than their keeper\'s tier, the chunks past it kept by the other side (kvc_keeper_split): docs/storage.md "Who keeps a transferred chunk"', registers });
     this.decisionSeconds = new HotHistogram({
       name: 'kvc_proxy_routing_decision_seconds',
       help: 'Time to decide where a request goes (controller lookup included)',
@@ -62,8 +64,9 @@ export class RoutingMetrics {
   }
 
   /** A prefill answered: which side was named to keep the prompt's chunks. */
-  keeper(k: Keeper): void {
-    this.keepers.inc({ keeper: k });
+  keeper(k: KeeperChoice): void {
+    this.keepers.inc({ keeper: k.keeper });
+    if (k.split !== null) this.keeperSplits.inc();
   }
 
   lookedUp(ok: boolean): void {

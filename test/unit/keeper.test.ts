@@ -2,8 +2,8 @@
 // room a tier reports for it (LruIndex.room), on their own (no processes).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { chooseKeeper } from '../../src/proxy/keeper.js';
-import { keeperOf } from '../../src/protocol/keeper.js';
+import { chooseKeeper, chooseKeeperSplit } from '../../src/proxy/keeper.js';
+import { keeperAt, keeperOf, keeperSplitOf } from '../../src/protocol/keeper.js';
 import { kvTransferParamsSchema } from '../../src/protocol/disagg_spec.js';
 import { LruIndex } from '../../src/kvc/lru_index.js';
 
@@ -34,6 +34,38 @@ test('kv_transfer_params.kvc_keeper: read as sent, "prefiller" when absent, a ba
   assert.equal(bad.success, false);
   assert.deepEqual(bad.error!.issues[0]!.path, ['kvc_keeper']);
   assert.match(bad.error!.issues[0]!.message, /expected one of prefiller, decoder/);
+});
+
+test('a prompt longer than its keeper\'s whole tier is split: the chunks past the tier\'s size go to the other side', () => {
+  const full = (capacity: number, age: number) => ({ free_bytes: 0, free_tokens: 0, capacity_tokens: capacity, tail_age_ms: age });
+  // The prefiller keeps (older tail); its tier holds 576 tokens, the prompt has 1,000: split at 576.
+  assert.deepEqual(chooseKeeperSplit(1_000, full(576, 9_000), full(576, 1_000)), { keeper: 'prefiller', split: 576 });
+  // The decoder keeps; the split is at the decoder's own size.
+  assert.deepEqual(chooseKeeperSplit(1_000, full(576, 1_000), full(320, 9_000)), { keeper: 'decoder', split: 320 });
+  // A prompt that fits the keeper's tier is not split, nor one whose other side has no tier, nor
+  // one whose tier sizes are not reported (an engine that does not say it is never given a part).
+  assert.deepEqual(chooseKeeperSplit(576, full(576, 9_000), full(576, 1_000)), { keeper: 'prefiller', split: null });
+  assert.deepEqual(chooseKeeperSplit(1_000, full(576, 9_000), full(0, 1_000)), { keeper: 'prefiller', split: null });
+  assert.deepEqual(chooseKeeperSplit(1_000, { free_bytes: 0, free_tokens: 0, tail_age_ms: 9_000 }, full(576, 1_000)), { keeper: 'prefiller', split: null });
+  assert.deepEqual(chooseKeeperSplit(1_000, undefined, full(576, 1_000)), { keeper: 'prefiller', split: null });
+});
+
+test('kv_transfer_params.kvc_keeper_split: who keeps each chunk; a bad value refused naming the field', () => {
+  const p = { kvc_keeper: 'prefiller', kvc_keeper_split: 64 };
+  assert.equal(keeperSplitOf(p), 64);
+  assert.equal(keeperAt(p, 0), 'prefiller');
+  assert.equal(keeperAt(p, 32), 'prefiller');
+  assert.equal(keeperAt(p, 64), 'decoder');
+  assert.equal(keeperAt({ kvc_keeper: 'decoder', kvc_keeper_split: 64 }, 96), 'prefiller');
+  assert.equal(keeperAt({ kvc_keeper: 'decoder' }, 96), 'decoder');
+  assert.equal(keeperSplitOf({}), null);
+  assert.ok(kvTransferParamsSchema.safeParse(p).success);
+  for (const v of [0, -32, 1.5, '64', null]) {
+    const bad = kvTransferParamsSchema.safeParse({ kvc_keeper: 'decoder', kvc_keeper_split: v });
+    assert.equal(bad.success, false, String(v));
+    assert.deepEqual(bad.error!.issues[0]!.path, ['kvc_keeper_split']);
+    assert.match(bad.error!.issues[0]!.message, /expected a token position \(an integer > 0\)/);
+  }
 });
 
 test('a tier\'s room: free room plus what cold and replica chunks hold; the age of the oldest chunk in use', () => {

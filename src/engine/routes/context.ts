@@ -25,5 +25,5 @@ export interface RouteContext {
   /** The connector's key settings (model id, chunk size, seed, KV dtype), null without one. */
   keySettings: KeySettings | null;
   /** Its CPU tier's room for chunks it would keep (LruIndex.room), null without a CPU tier. */
-  room: () => { freeBytes: number; freeTokens: number; tailAgeMs: number | null } | null;
+  room: () => { freeBytes: number; freeTokens: number; capacityTokens: number; tailAgeMs: number | null } | null;
 }

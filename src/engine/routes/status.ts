@@ -26,7 +26,7 @@ export async function statusRoutes(app: FastifyInstance, ctx: RouteContext): Pro
     void reply.header(PID_HEADER, String(process.pid));
     if (!ctx.hasConnector) return health;
     const r = ctx.room();
-    return { ...health, kvc_computed_chunks: await metrics.computedByReason(), ...(r ? { kvc_room: { free_bytes: r.freeBytes, free_tokens: r.freeTokens, tail_age_ms: r.tailAgeMs === null ? null : Math.round(r.tailAgeMs) } } : {}) };
+    return { ...health, kvc_computed_chunks: await metrics.computedByReason(), ...(r ? { kvc_room: { free_bytes: r.freeBytes, free_tokens: r.freeTokens, capacity_tokens: r.capacityTokens, tail_age_ms: r.tailAgeMs === null ? null : Math.round(r.tailAgeMs) } } : {}) };
   };
   app.get('/health', answer);
   // vLLM's liveness aliases (SageMaker's /ping, GET and POST) and its version route.

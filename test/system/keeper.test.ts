@@ -4,7 +4,9 @@
 // decoder's received copies are evict-first; once its tier is full of chunks in use and the
 // decoder's is not, the proxy names the decoder the keeper: the prefiller sends the prompt and
 // does not store it, the decoder keeps it as its own, the index says so, and the next request
-// for it reuses the decoder's copy with the same greedy output. A bad kvc_keeper is refused.
+// for it reuses the decoder's copy with the same greedy output. A prompt longer than the keeper's
+// tier is split (kvc_keeper_split): the keeper keeps its tier's worth of the head, the other side
+// the rest, and the prompt is reused from both (the tail by P2P). A bad kvc_keeper is refused.
 import { test, before, after, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { postJson, waitUntil, type Proc } from '../../harness/proc.js';
@@ -78,12 +80,54 @@ describe('the keeper of a transferred prompt, 1P1D (built-in model)', () => {
     assert.equal(again.text, out.text, 'greedy output identical from the kept copy');
   });
 
-  test('a kvc_keeper other than prefiller or decoder is refused naming the field, and nothing is computed', async () => {
+  test('a prompt longer than the keeper\'s tier is split: the keeper keeps its head, the other side its tail, and both parts are reused', async () => {
+    /** The prompt tokens an engine's whole CPU tier holds (its /health kvc_room). */
+    const capacity = async (url: string): Promise<number> => {
+      const h = (await (await fetch(`${url}/health`, { signal: AbortSignal.timeout(5_000) })).json()) as { kvc_room?: { capacity_tokens?: number } };
+      assert.ok(typeof h.kvc_room?.capacity_tokens === 'number' && h.kvc_room.capacity_tokens > 0, `${url}/health: kvc_room.capacity_tokens ${JSON.stringify(h.kvc_room)}`);
+      return h.kvc_room.capacity_tokens;
+    };
+    const tier = await capacity(u.prefiller);
+    assert.equal(await capacity(u.decoder), tier);
+    // Two chunks and a partial one longer than either tier (and within the model's context).
+    const y = Array.from({ length: tier + 512 + 24 }, (_, i) => 300 + ((i * 104723 + 77) % 29000));
+    const splits0 = await metric(u.proxy, 'kvc_proxy_keeper_splits_total');
+    const byKeeper0 = { prefiller: await metric(u.proxy, 'kvc_proxy_keepers_total', 'keeper="prefiller"'), decoder: await metric(u.proxy, 'kvc_proxy_keepers_total', 'keeper="decoder"') };
+    const skipped0 = await metric(u.prefiller, 'kvc_engine_keeper_skipped_chunks_total');
+    const out = await complete(u.proxy, y);
+    assert.equal(await metric(u.proxy, 'kvc_proxy_keeper_splits_total'), splits0 + 1);
+    const keeper = (await metric(u.proxy, 'kvc_proxy_keepers_total', 'keeper="decoder"')) > byKeeper0.decoder ? 'decoder' : 'prefiller';
+    assert.equal(await metric(u.proxy, 'kvc_proxy_keepers_total', `keeper="${keeper}"`), byKeeper0[keeper] + 1);
+    const [mine, other] = keeper === 'decoder' ? ['decoder-0', 'prefiller-0'] : ['prefiller-0', 'decoder-0'];
+    // The keeper holds the leading tier's worth; the other side none of the head (it stores only its part).
+    const m = await waitUntil('the head of y on its keeper', async () => {
+      const h = await held(y);
+      return (h[mine] ?? 0) >= tier ? h : undefined;
+    }, 15_000, 100);
+    assert.equal(m[mine], tier, `the keeper holds exactly its tier's worth of y: ${JSON.stringify(m)}`);
+    assert.equal(m[other] ?? 0, 0, `the other side keeps no copy of y's head: ${JSON.stringify(m)}`);
+    // The prefiller did not store the part it does not keep (past the split when it keeps the head; the head when the decoder does).
+    await waitUntil('the prefiller counted the chunks it did not keep', async () => ((await metric(u.prefiller, 'kvc_engine_keeper_skipped_chunks_total')) - skipped0 >= 2 ? true : undefined), 15_000, 100);
+    // The keeper serves y again: its head from its own tier, the tail fetched from the other side
+    // by P2P (not recomputed), with the same greedy output.
+    const keeperUrl = keeper === 'decoder' ? u.decoder : u.prefiller;
+    const p2p0 = await metric(keeperUrl, 'kvc_p2p_bytes_total');
+    const again = await complete(keeperUrl, y);
+    assert.ok(again.cached >= tier + 512, `the head and the tail's two full chunks reused (cached_tokens ${again.cached} of ${y.length})`);
+    assert.ok((await metric(keeperUrl, 'kvc_p2p_bytes_total')) > p2p0, 'the tail came from the other side by P2P');
+    assert.equal(again.text, out.text, 'greedy output identical from the split copies');
+  });
+
+  test('a kvc_keeper other than prefiller or decoder, or a kvc_keeper_split that is not a token position, is refused naming the field, and nothing is computed', async () => {
     const computed0 = await metric(u.prefiller, 'kvc_engine_prompt_tokens_computed_total');
     const r = await postJson(`${u.prefiller}/v1/completions`, { model: 'builtin:tiny', prompt: prompt(20), max_tokens: 1, kv_transfer_params: { kvc_keeper: 'both' } }, 30_000);
     assert.equal(r.status, 400, JSON.stringify(r.json));
     assert.match(JSON.stringify(r.json), /kv_transfer_params\.kvc_keeper/);
     assert.match(JSON.stringify(r.json), /expected one of prefiller, decoder/);
+    const r2 = await postJson(`${u.prefiller}/v1/completions`, { model: 'builtin:tiny', prompt: prompt(20), max_tokens: 1, kv_transfer_params: { kvc_keeper: 'decoder', kvc_keeper_split: -256 } }, 30_000);
+    assert.equal(r2.status, 400, JSON.stringify(r2.json));
+    assert.match(JSON.stringify(r2.json), /kv_transfer_params\.kvc_keeper_split/);
+    assert.match(JSON.stringify(r2.json), /expected a token position/);
     assert.equal(await metric(u.prefiller, 'kvc_engine_prompt_tokens_computed_total'), computed0);
   });
 });

@@ -201,6 +201,17 @@ export class KvcConnectorV1 {
     }
   }
 
+  /**
+   * The prompt's chunk keys its puts never evict (PutOptions.keep): all of them, or with a split
+   * (kvc_keeper_split) only the part this side keeps, so that storing that part may evict copies
+   * of the other side's part (it keeps them).
+   */
+  private keptKeys(req: ConnectorRequest, spans: readonly ChunkSpan[]): Set<string> {
+    if (keeperSplitOf(req.kvTransferParams) === null) return new Set(spans.map((s) => s.key));
+    const me = this.role === 'kv_consumer' ? 'decoder' : 'prefiller';
+    return new Set(spans.filter((s) => keeperAt(req.kvTransferParams, s.start) === me).map((s) => s.key));
+  }
+
   /** A prompt's partial last chunk (fewer tokens than a chunk): reused only by the same prompt again. */
   private partial(span: { start: number; end: number }): boolean {
     return span.end - span.start < this.chunkSize;
@@ -242,7 +253,7 @@ export class KvcConnectorV1 {
   async load(req: ConnectorRequest, kv: PagedKvCache): Promise<LoadResult> {
     const spans = this.spans(req.prompt, req.cacheSalt);
     // What this prompt stores or fetches never evicts its own other chunks (PutOptions.keep).
-    const ownKeys = new Set(spans.map((s) => s.key));
+    const ownKeys = this.keptKeys(req, spans);
     // Positions that may be imported: all but the recomputed tail.
     const recompute = Math.max(1, this.role === 'kv_consumer' ? this.skipLastN : 0);
     const maxLoad = req.prompt.length - recompute;
@@ -398,7 +409,7 @@ export class KvcConnectorV1 {
    */
   save(req: ConnectorRequest, kv: PagedKvCache): Promise<Record<string, unknown> | undefined> {
     const spans = this.spans(req.prompt, req.cacheSalt);
-    const ownKeys = new Set(spans.map((s) => s.key));
+    const ownKeys = this.keptKeys(req, spans);
     const canStore = this.store.locations().length > 0 || this.store.remote !== null;
     const wantSend = this.role === 'kv_producer' && !!this.transfer?.send && req.kvTransferParams?.disagg_spec !== undefined;
     const sealed: SealedChunk[] = [];

@@ -412,7 +412,7 @@ export class Flow {
       const pbody = prefillBody(body);
       for (const p of order) {
         const reqId = `kvc-${randomUUID()}`;
-        const keeper = chooseKeeperSplit(route.promptTokens, this.d.roomOf(p), this.d.roomOf(decoder));
+        const keeper = chooseKeeperSplit(route.promptTokens, this.d.roomOf(p), this.d.roomOf(decoder), route.cached === null ? undefined : { p: this.d.router.cachedOn(p, route.cached), d: this.d.router.cachedOn(decoder, route.cached) });
         pbody.kv_transfer_params = kvTransferParams(specFor(reqId, ep), { ...ids, ...predicted(route.cached === null ? null : this.d.router.cachedOn(p, route.cached)), ...keeperParams(keeper) });
         const t = performance.now();
         const live = this.d.metrics.live.prefills;

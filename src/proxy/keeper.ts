@@ -45,12 +45,17 @@ export function chooseKeeper(promptTokens: number, p: Room | undefined, d: Room 
  * The keeper by chooseKeeper(), and a split when the prompt is longer than the keeper's whole
  * tier: a tier can hold a prompt's leading chunks only up to its size (a prompt never evicts its
  * own chunks), so without a split the tail would be stored nowhere, while one pooled cache of
- * both tiers' size keeps it. The keeper then keeps the chunks that start before its tier's size
- * in tokens and the other side those that start at or after it. Only when the other side's tier
- * is known and could hold some of it.
+ * both tiers' size keeps it. The head then goes to the side that already holds more of the
+ * prompt (`held`: the leading tokens each holds per the controller's index; the prefiller on a
+ * tie or when unknown, else the keeper by room), which keeps the chunks that start before its
+ * tier's size in tokens, and the other side those that start at or after it. Only when both
+ * tiers' sizes are known and the other side has one.
  */
-export function chooseKeeperSplit(promptTokens: number, p: Room | undefined, d: Room | undefined): KeeperChoice {
-  const keeper = chooseKeeper(promptTokens, p, d);
+export function chooseKeeperSplit(promptTokens: number, p: Room | undefined, d: Room | undefined, held?: { p: number; d: number }): KeeperChoice {
+  let keeper = chooseKeeper(promptTokens, p, d);
+  const fits = (r: Room | undefined) => r?.capacity_tokens !== undefined && r.capacity_tokens > 0 && promptTokens <= r.capacity_tokens;
+  if (fits(keeper === 'prefiller' ? p : d)) return { keeper, split: null };
+  if (held && held.p !== held.d) keeper = held.p > held.d ? 'prefiller' : 'decoder';
   const [mine, other] = keeper === 'prefiller' ? [p, d] : [d, p];
   const at = mine?.capacity_tokens;
   if (at === undefined || !(at > 0) || promptTokens <= at || !((other?.capacity_tokens ?? 0) > 0)) return { keeper, split: null };

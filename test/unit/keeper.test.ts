@@ -48,6 +48,12 @@ test('a prompt longer than its keeper\'s whole tier is split: the chunks past th
   assert.deepEqual(chooseKeeperSplit(1_000, full(576, 9_000), full(0, 1_000)), { keeper: 'prefiller', split: null });
   assert.deepEqual(chooseKeeperSplit(1_000, { free_bytes: 0, free_tokens: 0, tail_age_ms: 9_000 }, full(576, 1_000)), { keeper: 'prefiller', split: null });
   assert.deepEqual(chooseKeeperSplit(1_000, undefined, full(576, 1_000)), { keeper: 'prefiller', split: null });
+  // The head goes to the side that already holds more of the prompt (it need not store it again).
+  assert.deepEqual(chooseKeeperSplit(1_000, full(576, 9_000), full(320, 1_000), { p: 0, d: 320 }), { keeper: 'decoder', split: 320 });
+  assert.deepEqual(chooseKeeperSplit(1_000, full(576, 1_000), full(320, 9_000), { p: 64, d: 0 }), { keeper: 'prefiller', split: 576 });
+  // Equal holdings leave the keeper by room; so does a prompt that fits its keeper's tier.
+  assert.deepEqual(chooseKeeperSplit(1_000, full(576, 1_000), full(320, 9_000), { p: 64, d: 64 }), { keeper: 'decoder', split: 320 });
+  assert.deepEqual(chooseKeeperSplit(500, full(576, 9_000), full(576, 1_000), { p: 0, d: 320 }), { keeper: 'prefiller', split: null });
 });
 
 test('kv_transfer_params.kvc_keeper_split: who keeps each chunk; a bad value refused naming the field', () => {

@@ -59,6 +59,12 @@ export class LruIndex<E extends Entry> {
   private readonly cold = new Map<ChunkKey, E>();
   /** Entries another instance holds too (controller hint): victims after `cold`, newest first. */
   private readonly replicas = new NewestFirst<ChunkKey, E>();
+  /**
+   * Entries admitted evict-first (copies of what a peer keeps) and not made ordinary here since
+   * (cold ones, and those the controller then marked replicas): a chunk the same prompt keeps may
+   * take their room (victims()).
+   */
+  private readonly copies = new Set<ChunkKey>();
   /** Evict-first chunks that arrived so far, admitted or declined (the clock that ages `main`). */
   private copyArrivals = 0;
   /** Per entry of `main`: copyArrivals when it last entered or was used there (ascending in `map` order). */
@@ -96,6 +102,7 @@ export class LruIndex<E extends Entry> {
 
   /** Removes `key` from whichever segment holds it (no accounting). */
   private unlink(key: ChunkKey): void {
+    this.copies.delete(key);
     if (this.map.delete(key)) {
       this.usedAt.delete(key);
       this.usedMs.delete(key);
@@ -105,6 +112,7 @@ export class LruIndex<E extends Entry> {
 
   /** Puts `key` at the recent end of `main` (after unlink), stamped with the arrival clock. */
   private toMain(key: ChunkKey, e: E): void {
+    this.copies.delete(key);
     this.map.set(key, e);
     this.usedAt.set(key, this.copyArrivals);
     this.usedMs.set(key, this.now());
@@ -163,8 +171,10 @@ export class LruIndex<E extends Entry> {
     const e = this.get(key);
     if (!e) return false;
     if (elsewhere) {
+      const copy = this.copies.has(key);
       this.unlink(key);
       this.replicas.set(key, e);
+      if (copy) this.copies.add(key);
     } else if (!this.map.has(key)) {
       this.unlink(key);
       this.toMain(key, e);
@@ -216,6 +226,7 @@ export class LruIndex<E extends Entry> {
     if (this.get(key)) this.delete(key);
     if (opts.evictFirst) {
       this.cold.set(key, e);
+      this.copies.add(key);
       this.copyArrivals++;
     } else this.toMain(key, e);
     this._bytes += e.bytes;
@@ -275,7 +286,12 @@ export class LruIndex<E extends Entry> {
     const out: ChunkKey[] = [];
     for (const [k, e, inUse] of this.evictionOrder()) {
       if (inUse && opts.evictFirst) return null;
-      if (e.pinned || opts.keep?.has(k)) continue;
+      // `keep` (the prompt's own chunks) protects them from the prompt's other puts, except that a
+      // chunk this instance keeps (an ordinary put) may take the room of the prompt's copies
+      // (admitted evict-first: fetched or received, cold or since marked replicas): a peer keeps
+      // those, so the deployment still has them, while a chunk computed here that found no room
+      // would be stored nowhere.
+      if (e.pinned || (opts.keep?.has(k) && (opts.evictFirst || !this.copies.has(k)))) continue;
       out.push(k);
       excess -= e.bytes;
       if (excess <= 0) return out;

@@ -10,7 +10,9 @@
 import { test, before, after, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { postJson, waitUntil, type Proc } from '../../harness/proc.js';
-import { upOnFreeOffset } from '../../harness/deployment.js';
+import { clearTiers, upOnFreeOffset } from '../../harness/deployment.js';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { completeIds, heldBy, metricTotal, upUrls } from '../../harness/cache_calls.js';
 import { tempDir } from '../../harness/temp_dir.js';
 
@@ -23,6 +25,7 @@ function prompt(seed: number): number[] {
 describe('the keeper of a transferred prompt, 1P1D (built-in model)', () => {
   let up: Proc;
   let u = upUrls(0);
+  let logDir = '';
   const complete = (url: string, ids: number[]) => completeIds(url, ids);
   const held = (ids: number[]) => heldBy(u.controller, ids);
   const metric = metricTotal;
@@ -38,7 +41,8 @@ describe('the keeper of a transferred prompt, 1P1D (built-in model)', () => {
     // 0.005 GiB: ten 256-token chunks of the tiny model (and a few partial ones) per engine.
     const plan = { prefillers: 1, decoders: 1, model: 'builtin:tiny', controller: true, host: '127.0.0.1' };
     let offset: number;
-    ({ up, offset } = await upOnFreeOffset(plan, (off) => ['up', '--prefillers', '1', '--decoders', '1', '--max-local-cpu-size', '0.005', '--port-offset', String(off), '--log-dir', tempDir('kvc-keeper-'), '--startup-timeout', '150'], 170_000));
+    logDir = tempDir('kvc-keeper-');
+    ({ up, offset } = await upOnFreeOffset(plan, (off) => ['up', '--prefillers', '1', '--decoders', '1', '--max-local-cpu-size', '0.005', '--port-offset', String(off), '--log-dir', logDir, '--startup-timeout', '150'], 170_000));
     u = upUrls(offset);
   });
   after(async () => {
@@ -116,6 +120,34 @@ describe('the keeper of a transferred prompt, 1P1D (built-in model)', () => {
     assert.ok(again.cached >= tier + 512, `the head and the tail's two full chunks reused (cached_tokens ${again.cached} of ${y.length})`);
     assert.ok((await metric(keeperUrl, 'kvc_p2p_bytes_total')) > p2p0, 'the tail came from the other side by P2P');
     assert.equal(again.text, out.text, 'greedy output identical from the split copies');
+  });
+
+  test('chunks an engine computes take the room of the same prompt\'s fetched copies rather than being declined', async () => {
+    await clearTiers(u.controller, readFileSync(join(logDir, 'deployment.secret'), 'utf8').trim(), ['prefiller-0', 'decoder-0']);
+    const h = (await (await fetch(`${u.prefiller}/health`, { signal: AbortSignal.timeout(5_000) })).json()) as { kvc_room: { capacity_tokens: number } };
+    const tier = h.kvc_room.capacity_tokens;
+    // z: a head of one chunk less than a tier, two more chunks and a partial one.
+    const z = Array.from({ length: tier - 256 + 512 + 24 }, (_, i) => 500 + ((i * 7907 + 13) % 28000));
+    const head = tier - 256;
+    // 1. The decoder computes the head (asked directly) and keeps it.
+    await complete(u.decoder, z.slice(0, head + 24));
+    await waitUntil('the head on the decoder', async () => ((await held(z))['decoder-0'] ?? 0) >= head ? true : undefined, 15_000, 100);
+    // 2. The prefiller, asked directly for z, fetches the head by P2P (copies admitted evict-first,
+    //    the decoder keeps the original) and computes the two chunks after it: its tier cannot hold
+    //    the copies and both, so the second computed chunk takes a copy's room (it was declined
+    //    before, and stored nowhere).
+    const admitted0 = await metric(u.controller, 'kvc_controller_admitted_keys_total');
+    const p2p0 = await metric(u.prefiller, 'kvc_p2p_bytes_total');
+    const out = await complete(u.prefiller, z);
+    assert.ok((await metric(u.prefiller, 'kvc_p2p_bytes_total')) > p2p0, 'the prefiller fetched the head by P2P');
+    const copies = head / 256;
+    await waitUntil('the fetched copies and both computed chunks indexed', async () =>
+      (await metric(u.controller, 'kvc_controller_admitted_keys_total')) - admitted0 >= copies + 2 ? true : undefined, 15_000, 100,
+    ).catch(async (e: Error) => assert.fail(`${e.message}: ${(await metric(u.controller, 'kvc_controller_admitted_keys_total')) - admitted0} admitted, expected ${copies + 2}`));
+    // 3. The decoder serves z: its head from its tier, both later chunks fetched from the prefiller.
+    const again = await complete(u.decoder, z);
+    assert.ok(again.cached >= head + 512, `the head and both computed chunks reused (cached_tokens ${again.cached}, head ${head})`);
+    assert.equal(again.text, out.text, 'greedy output identical');
   });
 
   test('a kvc_keeper other than prefiller or decoder, or a kvc_keeper_split that is not a token position, is refused naming the field, and nothing is computed', async () => {

@@ -254,6 +254,29 @@ test('a prompt being stored never evicts its own earlier chunks (keep): its head
   }
 });
 
+test('a chunk the prompt keeps may take the room of the same prompt\'s cold copies; a copy may not', async () => {
+  // A prefiller fetched a prompt's head by P2P (copies admitted evict-first: the holder keeps the
+  // original) and computed the rest: the computed chunks evict those copies rather than being
+  // declined, so the deployment holds the whole prompt (head there, tail here).
+  const cap = 4 * 36 * 1024; // four chunks
+  for (const kind of ['cpu', 'disk'] as const) {
+    const store = await oneTierStore(kind, cap, 'kvc-keep-cold-');
+    const prompt = [keyOf(30), keyOf(31), keyOf(32), keyOf(33), keyOf(34), keyOf(35)];
+    const keep = new Set(prompt);
+    for (const k of prompt.slice(0, 3)) await store.put(k, makeChunk(k, 30), undefined, { evictFirst: true, keep });
+    // The controller's hint that the holder has them marks one a replica: still a copy.
+    store.markReplicas(store.locations()[0]!, [keyOf(31)], [1]);
+    await store.put(keyOf(40), makeChunk(keyOf(40), 40));
+    // Another copy of the prompt finds no room it may take: the prompt's own copies stay.
+    await assert.rejects(store.put(keyOf(39), makeChunk(keyOf(39), 39), undefined, { evictFirst: true, keep: new Set([...keep, keyOf(39)]) }), (e: unknown) => e instanceof CopyDeclinedError);
+    for (const k of prompt.slice(3)) await store.put(k, makeChunk(k, 33), undefined, { keep });
+    for (const k of prompt.slice(3)) assert.ok(store.has(k), `${kind}: computed chunk ${k} stored`);
+    assert.equal(prompt.slice(0, 3).filter((k) => store.has(k)).length, 0, `${kind}: the prompt's cold copies made the room`);
+    assert.ok(store.has(keyOf(40)), `${kind}: the other prompt's chunk in use stays (the copies went first)`);
+    await store.close();
+  }
+});
+
 test('a put whose chunk header does not carry its key is refused, in every location and in the store', async () => {
   const good = makeChunk(keyOf(1), 1);
   const wrongKey = makeChunk(keyOf(2), 2);

@@ -106,13 +106,26 @@ export async function tcpBaseline(total: number, size: number): Promise<{ gbps: 
 export interface XferFigures {
   gbps: number;
   chunksPerS: number;
+  chunks: number;
+  seconds: number;
   bytes: number;
   /** receiver process CPU seconds per GB received, and its full GCs, during the measured part */
   recvCpuPerGb: number;
   recvFullGcs: number;
 }
 
-export async function xferRun(layout: KvLayout, tokensPerChunk: number, perReq: number, reqs: number, tag: string): Promise<XferFigures> {
+/** A warm xfer sender and receiver pair (two processes) for one layout: runs of repeated requests. */
+export interface XferPair {
+  /** `reqs` requests of `perReq` chunks (fresh keys), LANES in flight, timed in the sender process. */
+  run(reqs: number): Promise<XferFigures>;
+  close(): void;
+}
+
+/**
+ * Starts a receiver and a sender process for `layout`, connected and warmed (first touch of the
+ * receiver's pooled buffers, the connection, the code paths) by 2 × LANES requests.
+ */
+export async function xferPair(layout: KvLayout, tokensPerChunk: number, perReq: number, tag: string): Promise<XferPair> {
   const port = await freePortRange(2);
   const chunk = chunkBytes(layout, tokensPerChunk);
   const recv = await startPeer({
@@ -126,28 +139,49 @@ export async function xferRun(layout: KvLayout, tokensPerChunk: number, perReq: 
     modelId: 'bench',
     autoRelease: true,
   });
-  const send = await startPeer({ role: 'sender', layout, chunkSize: tokensPerChunk, modelId: 'bench', bufferBytes: Math.max(16 << 20, LANES * perReq * chunk) });
-  try {
-    const specs = (n: number, p: string) =>
-      Array.from({ length: n }, (_, i) => ({ req_id: `${tag}-${p}-${i}`, receiver_host: '127.0.0.1', receiver_init_port: port, receiver_alloc_port: port + 1 }));
-    const tokens = Array(perReq).fill(tokensPerChunk);
-    // warm-up: first-touch of the receiver's pooled buffers and the connection
-    await send.call('sendRepeated', { specs: specs(2 * LANES, 'warm'), tokens, seed: 1, lanes: LANES });
+  const send = await startPeer({ role: 'sender', layout, chunkSize: tokensPerChunk, modelId: 'bench', bufferBytes: Math.max(16 << 20, LANES * perReq * chunk) }).catch((e) => {
+    recv.child.kill('SIGKILL');
+    throw e;
+  });
+  const close = () => {
+    recv.child.kill('SIGKILL');
+    send.child.kill('SIGKILL');
+  };
+  let n = 0;
+  const specs = (k: number) =>
+    Array.from({ length: k }, () => ({ req_id: `${tag}-${n++}`, receiver_host: '127.0.0.1', receiver_init_port: port, receiver_alloc_port: port + 1 }));
+  const tokens = Array(perReq).fill(tokensPerChunk);
+  const run = async (reqs: number, seed: number): Promise<XferFigures> => {
     const u0 = await recv.call('usage');
-    const r = await send.call('sendRepeated', { specs: specs(reqs, 'run'), tokens, seed: 1000, lanes: LANES });
+    const r = await send.call('sendRepeated', { specs: specs(reqs), tokens, seed, lanes: LANES });
     const u1 = await recv.call('usage');
     const st = await recv.call('stats');
     if (st.chunksRejected) throw new Error(`${st.chunksRejected} chunks rejected during the benchmark`);
     return {
       gbps: (r.bytes * 8) / r.seconds / 1e9,
       chunksPerS: r.chunks / r.seconds,
+      chunks: r.chunks,
+      seconds: r.seconds,
       bytes: r.bytes,
       recvCpuPerGb: (u1.cpuMicros - u0.cpuMicros) / 1e6 / (r.bytes / 1e9),
       recvFullGcs: u1.gcFull - u0.gcFull,
     };
-  } finally {
-    recv.child.kill('SIGKILL');
-    send.child.kill('SIGKILL');
+  };
+  try {
+    await run(2 * LANES, 1);
+  } catch (e) {
+    close();
+    throw e;
   }
+  return { run: (reqs) => run(reqs, 1000), close };
 }
 
+/** One measured run on a fresh, warmed pair. */
+export async function xferRun(layout: KvLayout, tokensPerChunk: number, perReq: number, reqs: number, tag: string): Promise<XferFigures> {
+  const pair = await xferPair(layout, tokensPerChunk, perReq, tag);
+  try {
+    return await pair.run(reqs);
+  } finally {
+    pair.close();
+  }
+}

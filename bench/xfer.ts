@@ -7,18 +7,19 @@
 // would, so its buffer is recycled. Also reported: the receiver's CPU time per GB received and its
 // garbage collections during the measured transfer, beside the raw TCP sink's CPU per GB.
 // Per KV dtype (the engine's --kv-cache-dtype, each dtype chunks can hold): the same Llama-3-8B
-// shape at 256 tokens a chunk in each dtype, in rounds that alternate the dtypes' order, tokens a
-// second moved and their ratio to f32's in the same round (target: float16 ≥ 1.8 × f32), each dtype's
-// run moving the same bytes (~1 GiB: 16 chunks at f32, 32 at float16, 64 at 8 bits); then the
-// same for P2P fetches from a holder process per dtype (bench/_p2p_dtype.ts).
+// shape at 256 tokens a chunk in each dtype, a warm sender/receiver pair per dtype, tokens a second
+// moved and their ratio to f32's in the same round (target: float16 ≥ 1.8 × f32). A round is three
+// slices; in each, every dtype moves the same bytes (1 GiB: 16 chunks at f32, 32 at float16, 64 at
+// 8 bits), the dtypes' order rotating from slice to slice. Then the same for P2P fetches of a
+// 1,536-token prompt from a holder process per dtype (bench/_p2p_dtype.ts).
 // `--only dtype` runs just that part; `--rounds N` sets its rounds (default 3).
 // Last line: {"bench":"xfer","xfer_gbps":…,"tcp_gbps":…,"small_chunks_per_s":…,"recv_cpu_s_per_gb":…,
 //             "tcp_sink_cpu_s_per_gb":…,"recv_full_gcs":…,"dtype_tokens_per_s":{…},"dtype_ratio_vs_f32":{…}}
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { DType, chunkBytes, type KvLayout } from '../src/common/chunk.js';
 import { DTYPE_NAMES } from '../src/common/dtype.js';
-import { p2pPerDtype } from './_p2p_dtype.js';
-import { LANES, tcpBaseline, xferRun, type XferFigures } from './_xfer_run.js';
+import { P2P_FETCHES_PER_ROUND, P2P_TOKENS, p2pPerDtype } from './_p2p_dtype.js';
+import { LANES, tcpBaseline, xferPair, xferRun, type XferFigures, type XferPair } from './_xfer_run.js';
 
 const LLAMA: KvLayout = { dtype: DType.f16, numLayers: 32, numKvHeads: 8, headDim: 128 };
 const BUILTIN: KvLayout = { dtype: DType.f32, numLayers: 4, numKvHeads: 2, headDim: 32 };
@@ -29,8 +30,10 @@ const SMALL_PER_REQ = 8;
 const SMALL_REQS = 400;
 
 const DTYPE_PER_REQ = 2;
-/** Requests of the f32 run; the other dtypes move the same bytes (more requests of smaller chunks). */
+/** Requests of an f32 slice (1 GiB); the other dtypes move the same bytes (more requests of smaller chunks). */
 const DTYPE_REQS = 8;
+/** Slices of a round: each dtype moves DTYPE_SLICES × 1 GiB a round. */
+const DTYPE_SLICES = 3;
 /**
  * Requests of a dtype's run: as many as move the f32 run's bytes, so every dtype's rate is measured
  * over the same volume. With the same number of chunks instead, a 16 MiB-chunk run lasted ~0.2 s
@@ -55,15 +58,35 @@ function parseOptions(argv: string[]): { only: 'all' | 'dtype'; rounds: number }
     .opts<{ only: 'all' | 'dtype'; rounds: number }>();
 }
 
-/** Tokens a second moved per dtype, per round (the dtypes' order alternating), and the ratios to f32 of each round. */
+/**
+ * Tokens a second moved per dtype, per round, and the ratios to f32 of each round. One warm
+ * sender/receiver pair per dtype serves every round (as a running deployment's would). A round is
+ * DTYPE_SLICES slices; in each slice every dtype moves the same bytes (DTYPE_REQS requests' worth
+ * at f32), in an order that rotates from slice to slice, so each dtype's share of a round is spread
+ * over the whole round and a second of a busy machine falls on all of them alike. A dtype's round
+ * figure is its tokens over its seconds, summed over the slices.
+ */
 async function perDtype(rounds: number): Promise<{ tps: Record<string, number[]>; ratio: Record<string, number[]>; p2p: Record<string, number[]>; p2pRatio: Record<string, number[]> }> {
   const dtypes = Object.keys(DTYPE_NAMES).map(Number) as DType[];
   const tps: Record<string, number[]> = {};
-  for (let r = 0; r < rounds; r++) {
-    for (const d of r % 2 === 0 ? dtypes : [...dtypes].reverse()) {
-      const f = await xferRun({ ...LLAMA, dtype: d }, TOKENS, DTYPE_PER_REQ, dtypeReqs(d), `d${d}-${r}`);
-      (tps[DTYPE_NAMES[d]] ??= []).push(Math.round(f.chunksPerS * TOKENS));
+  const pairs: XferPair[] = [];
+  try {
+    for (const d of dtypes) pairs.push(await xferPair({ ...LLAMA, dtype: d }, TOKENS, DTYPE_PER_REQ, `d${d}`));
+    for (let r = 0; r < rounds; r++) {
+      const sum = dtypes.map(() => ({ chunks: 0, seconds: 0 }));
+      for (let s = 0; s < DTYPE_SLICES; s++) {
+        const k = r * DTYPE_SLICES + s;
+        for (let j = 0; j < dtypes.length; j++) {
+          const i = (j + k) % dtypes.length;
+          const f = await pairs[i]!.run(dtypeReqs(dtypes[i]!));
+          sum[i]!.chunks += f.chunks;
+          sum[i]!.seconds += f.seconds;
+        }
+      }
+      dtypes.forEach((d, i) => (tps[DTYPE_NAMES[d]] ??= []).push(Math.round((sum[i]!.chunks * TOKENS) / sum[i]!.seconds)));
     }
+  } finally {
+    for (const p of pairs) p.close();
   }
   const ratios = (t: Record<string, number[]>) => Object.fromEntries(Object.entries(t).map(([n, xs]) => [n, xs.map((x, i) => Number((x / t.f32![i]!).toFixed(2)))]));
   const ratio = ratios(tps);
@@ -73,14 +96,14 @@ async function perDtype(rounds: number): Promise<{ tps: Record<string, number[]>
   }
   const p2p = await p2pPerDtype(rounds);
   const p2pRatio = ratios(p2p);
-  for (const [n, xs] of Object.entries(p2p)) console.log(`  P2P  ${n.padEnd(5)} fetch of 24 × 64-token chunks: ${xs.join(', ')} tokens/s; ÷ f32 of the same round: ${p2pRatio[n]!.join(', ')}`);
+  for (const [n, xs] of Object.entries(p2p)) console.log(`  P2P  ${n.padEnd(5)} fetches of ${P2P_TOKENS} tokens (${P2P_FETCHES_PER_ROUND} a round): ${xs.join(', ')} tokens/s; ÷ f32 of the same round: ${p2pRatio[n]!.join(', ')}`);
   return { tps, ratio, p2p, p2pRatio };
 }
 
 async function main(): Promise<void> {
   const opts = parseOptions(process.argv.slice(2));
   if (opts.only === 'dtype') {
-    console.log(`xfer per KV dtype: Llama-3-8B shape, ${TOKENS} tokens a chunk, ${DTYPE_PER_REQ} per request, ${DTYPE_REQS} requests at f32 and the same bytes at each other dtype, ${opts.rounds} rounds`);
+    console.log(`xfer per KV dtype: Llama-3-8B shape, ${TOKENS} tokens a chunk, ${DTYPE_PER_REQ} per request, ${opts.rounds} rounds of ${DTYPE_SLICES} slices, each slice ${DTYPE_REQS} requests at f32 and the same bytes at each other dtype`);
     const d = await perDtype(opts.rounds);
     console.log(JSON.stringify({ bench: 'xfer', dtype_tokens_per_s: d.tps, dtype_ratio_vs_f32: d.ratio, p2p_dtype_tokens_per_s: d.p2p, p2p_dtype_ratio_vs_f32: d.p2pRatio }));
     return;
@@ -109,7 +132,7 @@ async function main(): Promise<void> {
   const sinkCpu = median(tcpRuns.map((x) => x.sinkCpuPerGb));
   const fullGcs = median(xfRuns.map((x) => x.recvFullGcs));
   const smallRun = await xferRun(BUILTIN, TOKENS, SMALL_PER_REQ, SMALL_REQS, 's');
-  console.log(`  per KV dtype (${TOKENS}-token chunks, ${DTYPE_PER_REQ} per request, ${DTYPE_REQS} requests at f32 and the same bytes at each other dtype, ${opts.rounds} rounds):`);
+  console.log(`  per KV dtype (${TOKENS}-token chunks, ${DTYPE_PER_REQ} per request, ${opts.rounds} rounds of ${DTYPE_SLICES} slices, each slice ${DTYPE_REQS} requests at f32 and the same bytes at each other dtype):`);
   const dt = await perDtype(opts.rounds);
   console.log(`  raw TCP (2 processes)   : ${tcp.map((x) => x.toFixed(2)).join(', ')} Gbit/s`);
   console.log(`  xfer 32 MiB chunks      : ${xf.map((x) => x.toFixed(2)).join(', ')} Gbit/s (${((xferGbps / tcpGbps) * 100).toFixed(0)}% of raw TCP; target >= 80%)`);

@@ -83,11 +83,58 @@ function widen8(dt: NarrowDt, half: boolean, fast = false): string {
     .join('\n');
 }
 
-const V128_LOCALS = '(local $raw v128) (local $hv v128) (local $m v128) (local $w0 v128) (local $w1 v128) (local $x v128) (local $z v128) (local $s0 v128) (local $s1 v128) (local $chk v128)';
+const V128_LOCALS = '(local $u0 v128) (local $u1 v128) (local $ta v128) (local $tb v128) (local $tc v128) (local $td v128) (local $raw v128) (local $hv v128) (local $m v128) (local $w0 v128) (local $w1 v128) (local $x v128) (local $z v128) (local $s0 v128) (local $s1 v128) (local $chk v128)';
 const accLocals = (rows: number) => Array.from({ length: rows }, (_, r) => `(local $a${r}0 v128) (local $a${r}1 v128)`).join(' ');
 /** A fast variant's last statement: the running max of its elements' magnitude bits into the head's (at $chkp). */
 const keepChk = (dt: NarrowDt) => `(v128.store (local.get $chkp) (${dt === 1 ? 'i16x8' : 'i8x16'}.max_u (v128.load (local.get $chkp)) (local.get $chk)))`;
 const variant = (fast: boolean) => (fast ? 'f' : 'x');
+
+/** i8x16.shuffle lanes interleaving the low 16-bit (then 32-bit) halves of two vectors: x86's punpcklwd / punpckldq / punpckhdq. */
+const LO16 = '0 1 16 17 2 3 18 19 4 5 20 21 6 7 22 23';
+const LO32 = '0 1 2 3 16 17 18 19 4 5 6 7 20 21 22 23';
+const HI32 = '8 9 10 11 24 25 26 27 12 13 14 15 28 29 30 31';
+
+/**
+ * A 16-bit dtype's score step of four elements for eight keys, the tile transposed in registers:
+ * each key's four elements in one 8-byte load, two rounds of interleaving, so $ta holds
+ * element e of keys 0..3 and e+1 in its halves ($tb: e+2, e+3; $tc, $td: keys 4..7). Two loads
+ * and two interleaves per key a step, where loading lane by lane took four loads (the same
+ * elements, products and order: each lane's score still adds q[e]·k[e] for e ascending). The
+ * caller advances the row and query pointers.
+ */
+function transposedBody(dt: NarrowDt, R: number, fma: boolean, fast: boolean): string[] {
+  const body: string[] = [];
+  const pair = (a: number) => `(i8x16.shuffle ${LO16} (v128.load64_zero (local.get $p${a})) (v128.load64_zero (local.get $p${a + 1})))`;
+  for (const [lo, hi, a] of [['$ta', '$tb', 0], ['$tc', '$td', 4]] as const) {
+    body.push(`(local.set $u0 ${pair(a)})`, `(local.set $u1 ${pair(a + 2)})`);
+    body.push(`(local.set ${lo} (i8x16.shuffle ${LO32} (local.get $u0) (local.get $u1)))`, `(local.set ${hi} (i8x16.shuffle ${HI32} (local.get $u0) (local.get $u1)))`);
+  }
+  if (fast) {
+    // the running max of the magnitude bits, as widen8 keeps it for the lane-loaded tile
+    for (const t of ['$ta', '$tb', '$tc', '$td']) body.push(`(local.set $chk (i16x8.max_u (local.get $chk) (i16x8.shl (local.get ${t}) (i32.const 1))))`);
+  }
+  for (let u = 0; u < 4; u++) {
+    const half = u & 1 ? 'high' : 'low';
+    const [k0, k1] = u < 2 ? ['$ta', '$tc'] : ['$tb', '$td'];
+    body.push(`(local.set $w0 ${widen16(dt, fast, `(i32x4.extend_${half}_i16x8_${fast ? 's' : 'u'} (local.get ${k0}))`)})`);
+    body.push(`(local.set $w1 ${widen16(dt, fast, `(i32x4.extend_${half}_i16x8_${fast ? 's' : 'u'} (local.get ${k1}))`)})`);
+    for (let r = 0; r < R; r++) {
+      body.push(`(local.set $x (v128.load32_splat offset=${u * 4} (local.get $q${r})))`);
+      for (let k = 0; k < 2; k++) body.push(`(local.set $a${r}${k} ${madd(fma, `(local.get $a${r}${k})`, '(local.get $x)', `(local.get $w${k})`)})`);
+    }
+  }
+  return body;
+}
+
+/**
+ * f32x4 of four 16-bit elements already extended to i32 lanes (`x`: zero-extended, or
+ * sign-extended for the fast f16 widening), widen8's conversions for f16 and bf16.
+ */
+function widen16(dt: NarrowDt, fast: boolean, x: string): string {
+  if (dt === 2) return `(i32x4.shl ${x} (i32.const 16))`;
+  if (fast) return `(v128.and (i32x4.shl ${x} (i32.const 13)) ${splat('0x8fffffff')})`;
+  return `(block (result v128) ${f16Vec(x, '$m', '$hv')})`;
+}
 
 /**
  * $ns<dt><x|f>_<R>(q, s, stride, len, hd, kbase, region, rowB, ksc, chkp): scores of R query rows
@@ -103,7 +150,8 @@ function scoresFunc(dt: NarrowDt, R: number, fma: boolean, fast: boolean): strin
   const eb = 1 << es;
   const lane = dt <= 2 ? 'v128.load16_lane' : 'v128.load8_lane';
   const body: string[] = [];
-  for (let u = 0; u < 4; u++) {
+  if (eb === 2) body.push(...transposedBody(dt, R, fma, fast));
+  else for (let u = 0; u < 4; u++) {
     const loads = Array.from({ length: 8 }, (_, i) => `(local.set $raw (${lane} offset=${u * eb} ${i} (local.get $p${i}) (local.get $raw)))`);
     body.push(...loads);
     body.push(widen8(dt, false, fast));
@@ -458,17 +506,33 @@ function headFunc(dt: NarrowDt): string {
   const es = elemShift(dt);
   const scales =
     dt === 3
-      ? `;; the head's K and V scales as f32, [keys] each (after both slabs: [16][heads] f16 for K, then for V)
-    (local.set $j (i32.const 0))
+      ? `;; the head's K and V scales as f32, [keys] each (after both slabs: [16][heads] f16 for K, then for V),
+    ;; eight keys a step (eight is within one block): lane by lane, then widened as f16Vec does
+    (local.set $hs (i32.shl (local.get $heads) (i32.const 1)))
+    (local.set $vo (i32.shl (local.get $heads) (i32.const ${BLOCK_SHIFT + 1})))
     (block $sdone (loop $sloop
       (br_if $sdone (i32.ge_u (local.get $j) (local.get $keys)))
       (local.set $sp (i32.add (local.get $stage) (i32.add (i32.add (i32.mul (i32.shr_u (local.get $j) (i32.const ${BLOCK_SHIFT})) (local.get $region)) (i32.shl (local.get $slab) (i32.const 1)))
         (i32.shl (i32.add (i32.mul (i32.and (local.get $j) (i32.const ${BLOCK_TOKENS - 1})) (local.get $heads)) (local.get $g)) (i32.const 1)))))
-      (f32.store (i32.add (local.get $scr) (i32.shl (local.get $j) (i32.const 2))) (call $f16tof32 (i32.load16_u (local.get $sp))))
-      (f32.store (i32.add (local.get $vsc) (i32.shl (local.get $j) (i32.const 2)))
-        (call $f16tof32 (i32.load16_u (i32.add (local.get $sp) (i32.shl (local.get $heads) (i32.const ${BLOCK_SHIFT + 1}))))))
-      (local.set $j (i32.add (local.get $j) (i32.const 1)))
+      ${Array.from({ length: 8 }, (_, i) => `${i ? '(local.set $sp (i32.add (local.get $sp) (local.get $hs)))' : ''}
+      (local.set $kh (v128.load16_lane ${i} (local.get $sp) (local.get $kh)))
+      (local.set $vh (v128.load16_lane ${i} (i32.add (local.get $sp) (local.get $vo)) (local.get $vh)))`).join('')}
+      ${[
+        ['$scr', '$kh'],
+        ['$vsc', '$vh'],
+      ]
+        .map(([to, from]) =>
+          ['low', 'high']
+            .map(
+              (half, k) => `(v128.store offset=${16 * k} (i32.add (local.get ${to}) (i32.shl (local.get $j) (i32.const 2)))
+        (block (result v128) ${f16Vec(`(i32x4.extend_${half}_i16x8_u (local.get ${from}))`, '$sm', '$sx')}))`,
+            )
+            .join('\n      '),
+        )
+        .join('\n      ')}
+      (local.set $j (i32.add (local.get $j) (i32.const 8)))
       (br $sloop)))
+    (local.set $j (local.get $keys))
     ;; p times the V scale for every column of S up to P: zero past the staged keys
     (block $zdone (loop $zloop
       (br_if $zdone (i32.ge_u (local.get $j) (local.get $P)))
@@ -493,7 +557,7 @@ function headFunc(dt: NarrowDt): string {
       (param $hdPad i32) (param $kvDim i32) (param $heads i32) (param $keys i32) (param $P i32) (param $scale f32) (param $g i32) (param $scr i32) (param $qs i32)
     (local $slab i32) (local $region i32) (local $rowB i32) (local $kbase i32) (local $vbase i32) (local $vsc i32) (local $j i32) (local $sp i32)
     (local $gi i32) (local $G i32) (local $rs i32) (local $rows i32) (local $len i32) (local $i i32) (local $Pg i32) (local $t i32) (local $R i32)
-    (local $hd8 i32) (local $sqp i32)
+    (local $hd8 i32) (local $sqp i32) (local $hs i32) (local $vo i32) (local $kh v128) (local $vh v128) (local $sm v128) (local $sx v128)
     (local.set $slab (i32.shl (i32.mul (local.get $kvDim) (i32.const ${BLOCK_TOKENS})) (i32.const ${es})))
     (local.set $region (i32.shl (local.get $slab) (i32.const 1)))
     ${dt === 3 ? `(local.set $region (i32.add (local.get $region) (i32.mul (local.get $heads) (i32.const ${BLOCK_TOKENS * 4}))))` : ''}

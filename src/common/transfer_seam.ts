@@ -63,7 +63,12 @@ export interface TransferStats {
   heldBytes: number;
   /** Transfers by how they ended (done, failed, abandoned), and those not ended yet. */
   transfers: { done: number; failed: number; abandoned: number; inFlight: number };
+  /** Reservations freed, by how: taken (by their request), released (their request ended without them), expired (the TTL). */
+  reservationsEnded: { taken: number; released: number; expired: number };
 }
+
+/** What ending a request did to its reservation (KvTransferPlugin.ended). */
+export type EndedReservation = 'released' | 'taken' | 'none';
 
 export interface KvTransferPlugin {
   /** kv_consumer: the receiver's accounting, read at each metrics scrape. */
@@ -73,6 +78,17 @@ export interface KvTransferPlugin {
    * Resolve null when nothing was received (the engine then computes the prompt itself).
    */
   received?(req: TransferRequest): Promise<ReceivedKv | null>;
+  /**
+   * kv_consumer: the request whose transfer id is `reqId` ended without (further) use of its
+   * transfer (its client left, it failed, or it went elsewhere): free its reservation now unless
+   * a request took it, and refuse a transfer for it that arrives later.
+   */
+  ended?(reqId: string, own?: boolean): EndedReservation;
+  /**
+   * kv_consumer: the request whose transfer id is `reqId` reached the engine: its reservation
+   * waits for it (freed when it ends, by `ended(reqId, true)` or once it imported).
+   */
+  claim?(reqId: string): void;
   /**
    * kv_producer: called after the prefill with every chunk of the prompt. The HTTP answer is
    * held until this settles. The resolved object (if any) is merged into the response's

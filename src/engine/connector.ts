@@ -33,7 +33,7 @@ import type { P2pClient } from '../kvc/p2p_client.js';
 import type { PagedKvCache } from './model/kv_cache.js';
 import type { EngineMetrics } from './metrics.js';
 import type { KvTransferPlugin, ReceivedKv, SealedChunk, TransferRequest } from '../common/transfer_seam.js';
-import { REUSED_TOKENS } from '../protocol/disagg_spec.js';
+import { REUSED_TOKENS, transferReqId } from '../protocol/disagg_spec.js';
 import { IMPORT_SLICE_MS } from './import_pacer.js';
 import { keeperAt, keeperSplitOf } from '../protocol/keeper.js';
 
@@ -138,6 +138,26 @@ export class KvcConnectorV1 {
     this.ledger = new LedgerKeeper(this.chunkSize, o.missReasons ?? null, (r, n) => o.metrics.computedChunks.inc({ reason: r }, n));
     // Without a controller, the engine's own stores are its "stored before".
     if (!o.missReasons) o.store.on('admit', (e: KeyEvent) => this.ledger.stored(e.keys));
+  }
+
+  /**
+   * kv_consumer: a request ended before load() ran (cancelled while queued): the reservation its
+   * transfer holds would otherwise wait for the TTL, since only load() takes and frees it.
+   */
+  endedUnloaded(kvTransferParams: Record<string, unknown> | undefined): void {
+    if (this.role !== 'kv_consumer' || !this.transfer?.ended) return;
+    const reqId = transferReqId(kvTransferParams);
+    if (reqId !== undefined) this.transfer.ended(reqId, true);
+  }
+
+  /**
+   * kv_consumer: a request arrived (queued for admission): its transfer's reservation waits for
+   * it however long the queue is, instead of being freed by the claim window.
+   */
+  arrived(kvTransferParams: Record<string, unknown> | undefined): void {
+    if (this.role !== 'kv_consumer' || !this.transfer?.claim) return;
+    const reqId = transferReqId(kvTransferParams);
+    if (reqId !== undefined) this.transfer.claim(reqId);
   }
 
   /**

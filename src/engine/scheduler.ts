@@ -225,6 +225,7 @@ export class Scheduler {
       throw unavailable(`the engine's queue is full (${this.o.maxQueue} requests waiting); retry later`);
     }
     const seq = new Sequence(this.nextId++, init);
+    this.o.connector?.arrived(init.kvTransferParams);
     // Ordered by priority (lower first), then arrival: insert after every waiting sequence of
     // the same or a lower value. All at 0 (the default) this is the FIFO queue.
     const p = init.priority ?? 0;
@@ -243,6 +244,7 @@ export class Scheduler {
     if (seq.state === 'waiting') {
       const i = this.waiting.indexOf(seq);
       if (i >= 0) this.waiting.splice(i, 1);
+      this.o.connector?.endedUnloaded(seq.init.kvTransferParams);
     }
     // A loading sequence keeps its blocks until the load returns (it may be writing them).
     this.finish(seq, reason, undefined, seq.state !== 'loading');

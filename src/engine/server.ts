@@ -12,6 +12,7 @@ import type { CacheConfig, ConnectorConfig } from '../common/config.js';
 import { createHttpServer } from '../common/http.js';
 import type { ControllerAttachment } from '../kvc/controller_client.js';
 import type { KvcStore } from '../kvc/store.js';
+import { xferReleaseRoute } from './routes/xfer_release.js';
 import type { KvcConnectorV1 } from './connector.js';
 import type { EngineMetrics } from './metrics.js';
 import type { PagedKvCache } from './model/kv_cache.js';
@@ -66,6 +67,7 @@ function buildApp(s: EngineSettings, w: EngineWiring): FastifyInstance {
   void app.register(completionRoutes, ctx);
   void app.register(tokenizeRoutes, ctx);
   void app.register(statusRoutes, ctx);
+  xferReleaseRoute(app, w.transfer);
   return app;
 }
 

@@ -8,14 +8,19 @@
 //      tried; with none left the decoder prefills by itself,
 //   3. forward the client's request to the decoder and relay its answer (SSE or JSON) unchanged,
 //      so the client sees one engine's OpenAI response.
-// A client that disconnects aborts whatever upstream call is running. The request rules live in
+// A client that disconnects aborts whatever upstream call is running; a transfer the request will
+// not use (client gone, prefill failed, another decoder) is released on its decoder at once
+// (POST /xfer/release), not left to the reservation TTL. The request rules live in
 // request_rules.ts, the SSE reading in sse.ts.
 import { randomUUID } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { timedOut, upstreamFailed, unavailable, KvcError } from '../common/errors.js';
 import { requireObject } from '../common/http.js';
+import { deploymentSecret } from '../common/auth.js';
 import { logger } from '../common/log.js';
+import { signedHeaders } from '../common/replay.js';
+import { XFER_RELEASE_PATH, type XferReleaseReply } from '../protocol/xfer_release.js';
 import { kvTransferParams, kvTransferParamsSchema, type DisaggSpec } from '../protocol/disagg_spec.js';
 import { KEEPER_KEY, KEEPER_SPLIT_KEY } from '../protocol/keeper.js';
 import { PROMPT_IDS_KEY } from '../protocol/prompt_ids.js';
@@ -35,6 +40,8 @@ import { FirstContent } from './sse.js';
 import { BackendFailure, Cancelled, CancelSignal, PassThrough, callJson, callStream, callWhole } from './upstream.js';
 
 const log = logger('proxy');
+/** How long the proxy waits for a decoder to answer a transfer release (it never holds a client up). */
+const RELEASE_TIMEOUT_MS = 5000;
 
 
 export interface Timeouts {
@@ -187,6 +194,9 @@ export class Flow {
     // been read, so testing it would cancel every request that reaches here a tick late).
     if (reply.raw.destroyed || req.raw.socket?.destroyed === true) onClose();
     let status = 200;
+    /** Every transfer a prefill attempt named (its req_id, the decoder it went to), and the one a decoder used. */
+    const transfers: { reqId: string; decoder: Backend }[] = [];
+    let used: string | null = null;
     try {
       const body = requireObject(req.body);
       checkRequest(kind, body);
@@ -202,7 +212,7 @@ export class Flow {
       try {
         pre =
           route.where === 'remote'
-            ? await this.prefill(kind, body, decoder, route, tok.ids, abort)
+            ? await this.prefill(kind, body, decoder, route, tok.ids, abort, transfers)
             : noPrefill(route.where !== 'local_no_prefiller');
       } catch (err) {
         // The decoder the KV was going to was found hung or dead during the prefill: another
@@ -233,6 +243,8 @@ export class Flow {
         const work = this.d.load.begin(decoder, pre.prefiller ? 1 : route.decoderUncached);
         try {
           status = await this.decode({ kind, body, stream, decoder, pre, reply, signal: abort, t0, prefilled: work.prefilled, ids: tok.ids });
+          // Answered whole: the decoder took the transfer (and freed it) when it loaded the prompt.
+          if (pre.prefiller && status === 200) used = pre.reqId;
           break;
         } catch (err) {
           const next = this.retryable(err, reply) ? this.d.decoders.order().find((d) => !tried.has(d)) : undefined;
@@ -250,6 +262,8 @@ export class Flow {
       status = this.fail(err, reply);
     } finally {
       reply.raw.off('close', onClose);
+      // Transfers this request will not use hold room on their decoder until its TTL: free them now.
+      for (const t of transfers) if (t.reqId !== used) this.releaseTransfer(t.decoder, t.reqId);
       m.live.requests--;
       this.requests(endpoint, String(status)).inc();
       this.e2e(endpoint).observe((performance.now() - t0) / 1000);
@@ -402,7 +416,32 @@ export class Flow {
     log.warn(`no prefiller available; ${decoder.name} prefills the request itself`);
   }
 
-  private async prefill(kind: Kind, body: Record<string, unknown>, decoder: Backend, route: Route, ids: Record<string, unknown> | null, signal: CancelSignal): Promise<PrefillResult> {
+  /**
+   * Tells `decoder` that transfer `reqId` will not be used (POST /xfer/release, signed): it frees
+   * the reservation now and refuses the transfer if it arrives later (a prefiller still finishing
+   * the prompt). In the background: the client is never held up; a decoder that does not answer
+   * frees it at its TTL.
+   */
+  private releaseTransfer(decoder: Backend, reqId: string): void {
+    const body = { req_id: reqId };
+    const releases = this.d.metrics.xferReleases;
+    callJson(decoder, {
+      method: 'POST',
+      path: XFER_RELEASE_PATH,
+      body,
+      headers: signedHeaders(deploymentSecret(), 'POST', XFER_RELEASE_PATH, body),
+      headersTimeoutMs: RELEASE_TIMEOUT_MS,
+      bodyTimeoutMs: RELEASE_TIMEOUT_MS,
+    }).then(
+      (r) => releases.inc({ result: (r as XferReleaseReply | null)?.reservation ?? 'none' }),
+      (err: unknown) => {
+        releases.inc({ result: 'failed' });
+        log.warn(`releasing transfer ${reqId} on ${decoder.name} failed (${(err as Error).message}); it is freed at its TTL`);
+      },
+    );
+  }
+
+  private async prefill(kind: Kind, body: Record<string, unknown>, decoder: Backend, route: Route, ids: Record<string, unknown> | null, signal: CancelSignal, transfers: { reqId: string; decoder: Backend }[]): Promise<PrefillResult> {
     const ep = this.d.decoderEndpoint(decoder);
     const order = route.prefillers;
     if (order.length) {
@@ -413,6 +452,7 @@ export class Flow {
       for (const p of order) {
         const reqId = `kvc-${randomUUID()}`;
         const keeper = chooseKeeperSplit(route.promptTokens, this.d.roomOf(p), this.d.roomOf(decoder), route.cached === null ? undefined : { p: this.d.router.cachedOn(p, route.cached), d: this.d.router.cachedOn(decoder, route.cached) });
+        transfers.push({ reqId, decoder });
         pbody.kv_transfer_params = kvTransferParams(specFor(reqId, ep), { ...ids, ...predicted(route.cached === null ? null : this.d.router.cachedOn(p, route.cached)), ...keeperParams(keeper) });
         const t = performance.now();
         const live = this.d.metrics.live.prefills;

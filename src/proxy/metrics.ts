@@ -45,6 +45,12 @@ export class ProxyMetrics {
     labelNames: ['prefiller'] as const,
     registers: [this.registry],
   });
+  readonly xferReleases = new Counter({
+    name: 'kvc_proxy_xfer_releases_total',
+    help: 'Transfers a disaggregated request ended without using (client gone, failed, sent to another decoder), released on their decoder, by result: released, taken (its decode holds it), none (nothing held yet; a later transfer is refused), failed (the decoder did not answer)',
+    labelNames: ['result'] as const,
+    registers: [this.registry],
+  });
   /**
    * Live counts behind the two in-flight gauges, kept as plain numbers on the request path and
    * copied into the gauges when /metrics is scraped.

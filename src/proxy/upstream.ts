@@ -112,6 +112,8 @@ export interface CallOptions {
    * is aborted too when that one is found hung or dead, with its failure.
    */
   dependsOn?: Backend;
+  /** Headers added to the backend's own (e.g. an internal call's signature). */
+  headers?: Record<string, string>;
 }
 
 
@@ -370,7 +372,7 @@ function dispatchOptions(o: CallOptions, b: Backend): Dispatcher.DispatchOptions
   return {
     method: o.method,
     path: o.path,
-    headers: o.body === undefined ? b.getHeaders : b.postHeaders,
+    headers: o.headers ? { ...(o.body === undefined ? b.getHeaders : b.postHeaders), ...o.headers } : o.body === undefined ? b.getHeaders : b.postHeaders,
     body: o.body === undefined ? undefined : JSON.stringify(o.body),
     headersTimeout: o.headersTimeoutMs,
     bodyTimeout: o.bodyTimeoutMs,

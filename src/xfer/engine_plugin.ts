@@ -51,8 +51,16 @@ export const createKvTransfer: TransferFactory = async (ctx) => {
   const plugin: KvTransferPlugin = {
     stats() {
       const s = receiver.stats();
-      return { reservations: s.reservations, reservedBytes: s.reservedBytes, heldBytes: s.poolBytes, transfers: s.transfers };
+      return {
+        reservations: s.reservations,
+        reservedBytes: s.reservedBytes,
+        heldBytes: s.poolBytes,
+        transfers: s.transfers,
+        reservationsEnded: { taken: s.reservationsTaken, released: s.reservationsReleased, expired: s.reservationsExpired },
+      };
     },
+    ended: (reqId, own) => receiver.endRequest(reqId, own),
+    claim: (reqId) => void receiver.claim(reqId),
     async received(req: TransferRequest): Promise<ReceivedKv | null> {
       const reqId = transferReqId(req.kvTransferParams);
       // The request's own transfer, still in flight, is waited for until it ends (by its deadline

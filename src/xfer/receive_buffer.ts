@@ -21,6 +21,8 @@ export type { AllocReply, ArrivedChunk, Entry, ReceiveBufferOptions, ReceiverSta
 export { TRANSFER_OUTCOMES } from './receive_types.js';
 
 const log = logger('xfer-recv');
+/** Most ended request ids remembered (endRequest); ~100 bytes each. */
+const ENDED_CAPACITY = 50_000;
 
 export class ReceiveBuffer {
   private readonly pool: SlotArenaPool;
@@ -29,7 +31,13 @@ export class ReceiveBuffer {
   private readonly sessions = new Set<string>();
   private readonly allocQueue: AllocWaiter[] = [];
   private reserved = 0;
-  private readonly counters = { chunksReceived: 0, bytesReceived: 0, chunksRejected: 0, allocRefused: 0, reservationsExpired: 0 };
+  private readonly counters = { chunksReceived: 0, bytesReceived: 0, chunksRejected: 0, allocRefused: 0, reservationsExpired: 0, reservationsReleased: 0, reservationsTaken: 0 };
+  /**
+   * Requests that ended before their transfer was granted or used (endRequest), until their TTL:
+   * an ALLOC that arrives for one later (a prefiller still finishing the prompt of a client that
+   * left) is refused instead of reserving room nobody will take. Insertion order is expiry order.
+   */
+  private readonly ended = new Map<string, number>();
   private readonly outcomes: Record<TransferOutcome, number> = { done: 0, failed: 0, abandoned: 0 };
   /** ALLOC / DATA frames seen; the sweep gives idle pool memory back when this did not move. */
   private activity = 0;
@@ -132,7 +140,10 @@ export class ReceiveBuffer {
         if (released) return;
         released = true;
         for (const e of held) this.unref(e);
-        if (claimed && this.reservations.get(claimed.reqId) === claimed) this.dropReservation(claimed);
+        if (claimed && this.reservations.get(claimed.reqId) === claimed) {
+          this.counters.reservationsTaken++;
+          this.dropReservation(claimed);
+        }
         this.pumpAllocQueue();
       },
     };
@@ -152,9 +163,53 @@ export class ReceiveBuffer {
   release(reqId: string): boolean {
     const r = this.reservations.get(reqId);
     if (!r) return false;
+    this.counters.reservationsReleased++;
     this.dropReservation(r);
     this.pumpAllocQueue();
     return true;
+  }
+
+  /**
+   * Request `reqId` reached the engine: its reservation (if any) is now freed by that request
+   * (take's release, or endRequest with `own`), not by the claim window or the TTL.
+   */
+  claim(reqId: string): boolean {
+    const r = this.reservations.get(reqId);
+    if (r) r.claimed = true;
+    return r !== undefined;
+  }
+
+  /**
+   * Request `reqId` ended without using its transfer (its client left, it failed, or it went to
+   * another decoder): its reservation is freed now unless a consumer took it (that one frees it
+   * when done), a queued ALLOC for it is refused, and so is any ALLOC for it arriving within the
+   * TTL (`own`: the request that claimed it ends it itself). `released`: a reservation or queued
+   * ALLOC was freed; `taken`: its request holds it;
+   * `none`: nothing here (yet: a later ALLOC is refused).
+   */
+  endRequest(reqId: string, own = false): 'released' | 'taken' | 'none' {
+    this.remember(reqId);
+    const r = this.reservations.get(reqId);
+    if (r?.claimed && !own) return 'taken';
+    const queued = this.dropQueued((w) => w.meta.req_id === reqId, `request ${reqId} ended before its reservation was granted`);
+    if (!r) return queued ? 'released' : 'none';
+    // Chunks it reserved and that have not started arriving: its sender's DATA is refused from now on.
+    if (r.outcome === null) this.abandon(r.session, reqId, `request ${reqId} ended before its transfer`, 'abandoned');
+    this.counters.reservationsReleased++;
+    this.dropReservation(r);
+    this.pumpAllocQueue();
+    return 'released';
+  }
+
+  private remember(reqId: string): void {
+    const now = this.now();
+    this.ended.delete(reqId);
+    this.ended.set(reqId, now + this.opts.ttlMs);
+    // Bounded: expired ids go first (the oldest come first), then the oldest even if not expired.
+    for (const [id, until] of this.ended) {
+      if (until > now && this.ended.size <= ENDED_CAPACITY) break;
+      this.ended.delete(id);
+    }
   }
 
   stats(): ReceiverStats {
@@ -222,6 +277,10 @@ export class ReceiveBuffer {
     const checked = this.validateAlloc(meta);
     if (typeof checked === 'string') return reply({ ok: false, error: checked });
     const m = checked;
+    if ((this.ended.get(m.req_id) ?? 0) > this.now()) {
+      this.counters.allocRefused++;
+      return reply({ ok: false, error: `request ${m.req_id} has ended: its decoder will not take a transfer for it` });
+    }
     if (this.reservations.has(m.req_id) || this.allocQueue.some((w) => w.meta.req_id === m.req_id)) {
       return reply({ ok: false, error: `req_id "${m.req_id}" already has a reservation` });
     }
@@ -271,6 +330,7 @@ export class ReceiveBuffer {
     const n = this.discardUnsent(session, reqId);
     this.dropQueued((w) => w.meta.session === session && w.meta.req_id === reqId, `request ${reqId} cancelled by the sender`);
     if (res && res.session === session && !res.claimed) {
+      this.counters.reservationsReleased++;
       this.dropReservation(res);
       this.pumpAllocQueue();
     }
@@ -286,14 +346,21 @@ export class ReceiveBuffer {
     const now = this.now();
     let n = 0;
     for (const r of [...this.reservations.values()]) {
-      if (!r.claimed && now - r.createdAt > this.opts.ttlMs) {
+      // Never claimed: its request did not reach this engine within the TTL, or has not come
+      // within the claim window after the transfer ended (the proxy calls the decoder as soon as
+      // the prefiller answers, which it does when the transfer ends: a proxy that died then).
+      if (!r.claimed && (now - r.createdAt > this.opts.ttlMs || (r.endedAt !== null && now - r.endedAt > this.opts.claimWindowMs))) {
         this.dropReservation(r);
         n++;
       }
     }
+    for (const [id, until] of this.ended) {
+      if (until > now) break;
+      this.ended.delete(id);
+    }
     if (n) {
       this.counters.reservationsExpired += n;
-      log.warn(`${n} reservation(s) expired unused after ${this.opts.ttlMs} ms`);
+      log.warn(`${n} reservation(s) expired unused (no request claimed them ${this.opts.claimWindowMs} ms after their transfer ended, or ${this.opts.ttlMs} ms after they were made)`);
       this.pumpAllocQueue();
     }
     if (this.activity === this.activityAtSweep && this.pool.heldBytes > this.pool.inUseBytes) {
@@ -394,6 +461,7 @@ export class ReceiveBuffer {
   private settle(r: Reservation, outcome: TransferOutcome): void {
     if (r.outcome !== null) return;
     r.outcome = outcome;
+    r.endedAt = this.now();
     this.outcomes[outcome]++;
     if (r.timer) clearTimeout(r.timer);
     r.timer = null;
@@ -459,15 +527,18 @@ export class ReceiveBuffer {
   }
 
   /** Removes queued ALLOCs matching `pred`, answering them with `error`. */
-  private dropQueued(pred: (w: AllocWaiter) => boolean, error: string): void {
+  private dropQueued(pred: (w: AllocWaiter) => boolean, error: string): number {
+    let n = 0;
     for (let i = this.allocQueue.length - 1; i >= 0; i--) {
       const w = this.allocQueue[i]!;
       if (!pred(w)) continue;
       this.allocQueue.splice(i, 1);
       clearTimeout(w.timer);
       w.reply({ ok: false, error });
+      n++;
     }
     this.pumpAllocQueue();
+    return n;
   }
 
   /** Space a reservation for `meta` still needs (keys not already held). */
@@ -532,6 +603,7 @@ export class ReceiveBuffer {
       keys,
       entries: held,
       createdAt: this.now(),
+      endedAt: null,
       session: meta.session,
       claimed: false,
       deadline: this.now() + transferDeadlineMs(this.opts.deadlineFloorMs, bytes),

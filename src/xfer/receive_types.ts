@@ -41,7 +41,10 @@ export interface Reservation {
   /** the entries this reservation holds a reference on (not looked up by key: a failed key may be re-reserved) */
   entries: Entry[];
   createdAt: number;
+  /** When it reached its outcome (this.now's clock), null while in flight. */
+  endedAt: number | null;
   session: string;
+  /** Its request arrived at the engine (claim) or took it (take): the request frees it. */
   claimed: boolean;
 }
 
@@ -69,6 +72,10 @@ export interface ReceiverStats {
   chunksRejected: number;
   allocRefused: number;
   reservationsExpired: number;
+  /** Reservations freed unused because their request ended first (endRequest, release, or the sender withdrew the ALLOC). */
+  reservationsReleased: number;
+  /** Reservations freed by the request that took them (its import done or given up). */
+  reservationsTaken: number;
   sessions: number;
   /** Transfers (reservations) by how they ended; `inFlight` have not ended yet. */
   transfers: Record<TransferOutcome | 'inFlight', number>;
@@ -103,6 +110,8 @@ export interface ReceiveBufferOptions {
   maxChunkBytes: number;
   /** Reservations not taken within this time are freed by sweep(). */
   ttlMs: number;
+  /** An unclaimed reservation is freed this long after its transfer ended (its request never came). */
+  claimWindowMs: number;
   /** Upper bound on how long an ALLOC may wait for space, whatever the sender asks. */
   maxAllocWaitMs: number;
   /** The transfer contract's floor: a reservation ends within transferDeadlineMs(floor, its bytes). */

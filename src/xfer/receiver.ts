@@ -19,6 +19,12 @@ export { TRANSFER_OUTCOMES } from './receive_buffer.js';
 const log = logger('xfer-recv');
 /** How long a reservation nobody takes (its request ended, or never came) is kept before the sweep frees it. */
 export const RESERVATION_TTL_MS = 120_000;
+/**
+ * How long after its transfer ended a reservation waits for its request to arrive: the proxy calls
+ * the decoder as soon as the prefiller answers, which it does when the transfer ends, so only a
+ * request whose proxy died (or is stalled) in between misses it; the decoder then computes.
+ */
+export const RESERVATION_CLAIM_MS = 10_000;
 
 export interface ReceiverOptions {
   host: string;
@@ -32,6 +38,8 @@ export interface ReceiverOptions {
   receiverId?: string;
   /** Reservations not taken within this time are freed (default RESERVATION_TTL_MS). */
   ttlMs?: number;
+  /** Unclaimed reservations are freed this long after their transfer ended (default RESERVATION_CLAIM_MS). */
+  claimWindowMs?: number;
   /**
    * xfer_deadline_floor_ms: a transfer not complete within this + its bytes / TRANSFER_MIN_RATE
    * after its reservation was granted is abandoned (default 5 s).
@@ -71,6 +79,7 @@ export class XferReceiver extends EventEmitter {
       bufferBytes: opts.bufferBytes,
       maxChunkBytes: chunkBytes(opts.layout, opts.chunkSize),
       ttlMs: this.ttlMs,
+      claimWindowMs: opts.claimWindowMs ?? RESERVATION_CLAIM_MS,
       maxAllocWaitMs: opts.maxAllocWaitMs ?? 30_000,
       deadlineFloorMs: opts.deadlineFloorMs ?? XFER_DEADLINE_FLOOR_DEFAULT_MS,
       cutSession: (session, why) => this.ports?.cut(session, why),
@@ -98,7 +107,7 @@ export class XferReceiver extends EventEmitter {
       r.buffer,
     );
     r.buffer.prepare();
-    const every = Math.max(50, Math.min(5000, Math.floor(r.ttlMs / 4)));
+    const every = Math.max(50, Math.min(5000, Math.floor(r.ttlMs / 4), Math.floor((opts.claimWindowMs ?? RESERVATION_CLAIM_MS) / 4)));
     r.sweepTimer = setInterval(() => r.buffer.sweep(), every);
     r.sweepTimer.unref();
     log.info(
@@ -131,6 +140,19 @@ export class XferReceiver extends EventEmitter {
   /** Frees a request's reservation (e.g. the consumer decided not to use it). */
   release(reqId: string): boolean {
     return this.buffer.release(reqId);
+  }
+
+  /**
+   * Request `reqId` ended without using its transfer: frees its reservation unless a consumer
+   * took it, and refuses an ALLOC for it arriving later (ReceiveBuffer.endRequest).
+   */
+  endRequest(reqId: string, own = false): 'released' | 'taken' | 'none' {
+    return this.buffer.endRequest(reqId, own);
+  }
+
+  /** Request `reqId` reached the engine: its reservation waits for it (ReceiveBuffer.claim). */
+  claim(reqId: string): boolean {
+    return this.buffer.claim(reqId);
   }
 
   stats(): ReceiverStats {

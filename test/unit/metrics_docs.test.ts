@@ -43,7 +43,7 @@ test('docs/metrics.md lists every exported metric with its type, and only those'
   registerRemoteMetrics(engine.registry, remote);
   // An engine with enable_p2p also exports the P2P counters.
   new P2pMetrics(engine.registry);
-  registerTransferMetrics(engine.registry, () => ({ reservations: 0, reservedBytes: 0, heldBytes: 0, transfers: { done: 0, failed: 0, abandoned: 0, inFlight: 0 } }));
+  registerTransferMetrics(engine.registry, () => ({ reservations: 0, reservedBytes: 0, heldBytes: 0, transfers: { done: 0, failed: 0, abandoned: 0, inFlight: 0 }, reservationsEnded: { taken: 0, released: 0, expired: 0 } }));
   const proxy = new ProxyMetrics();
   new RoutingMetrics(proxy.registry); // the proxy server registers its routing counters in the same registry
   new LedgerMetrics(proxy.registry); // and the ledger's sums

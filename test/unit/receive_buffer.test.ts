@@ -24,7 +24,7 @@ function chunk(k: string, tokens = CHUNK_TOKENS): Uint8Array {
 }
 
 function makeBuffer(o: Partial<ReceiveBufferOptions> = {}): ReceiveBuffer {
-  return new ReceiveBuffer({ bufferBytes: 4 * COST, maxChunkBytes: FULL, ttlMs: 1000, maxAllocWaitMs: 60_000, deadlineFloorMs: 60_000, ...o });
+  return new ReceiveBuffer({ bufferBytes: 4 * COST, maxChunkBytes: FULL, ttlMs: 1000, claimWindowMs: 100_000, maxAllocWaitMs: 60_000, deadlineFloorMs: 60_000, ...o });
 }
 
 /** ALLOC and its reply; `settled` tells whether the reply has come yet (queued ALLOCs answer later). */
@@ -295,5 +295,55 @@ test('receive buffer: every transfer ends done, failed or abandoned, and its roo
   b.release('killed');
   assert.equal(b.stats().reservedBytes, 0);
   assert.equal(b.stats().reservations, 0);
+  b.close();
+});
+
+test('receive buffer: a request that ended frees its reservation at once, refuses a later ALLOC for it, and leaves a claimed one to its request', async () => {
+  const b = makeBuffer();
+  const s = b.openSession();
+  // ended after its transfer: released, counted, room back
+  assert.equal((await alloc(b, s, 'gone', [[key(1), FULL]]).reply).ok, true);
+  assert.deepEqual(deliver(b, s, 'gone', chunk(key(1))), { ok: true });
+  assert.equal(b.endRequest('gone'), 'released');
+  assert.deepEqual([b.stats().reservations, b.stats().reservedBytes, b.stats().reservationsReleased], [0, 0, 1]);
+  // ended before its ALLOC: the ALLOC that comes later is refused, nothing reserved
+  assert.equal(b.endRequest('early'), 'none');
+  const late = await alloc(b, s, 'early', [[key(2), FULL]]).reply;
+  assert.equal(late.ok, false);
+  assert.match(late.error!, /request early has ended/);
+  assert.equal(b.stats().reservations, 0);
+  // ended mid-transfer: abandoned, its unsent chunk discarded, its later DATA refused
+  assert.equal((await alloc(b, s, 'mid', [[key(3), FULL], [key(4), FULL]]).reply).ok, true);
+  assert.deepEqual(deliver(b, s, 'mid', chunk(key(3))), { ok: true });
+  assert.equal(b.endRequest('mid'), 'released');
+  assert.equal(deliver(b, s, 'mid', chunk(key(4))).ok, false);
+  assert.deepEqual(b.stats().transfers, { done: 1, failed: 0, abandoned: 1, inFlight: 0 });
+  // claimed by its request (it arrived at the engine): the proxy's release leaves it; the request frees it
+  assert.equal((await alloc(b, s, 'mine', [[key(5), FULL]]).reply).ok, true);
+  assert.equal(b.claim('mine'), true);
+  assert.equal(b.endRequest('mine'), 'taken');
+  assert.equal(b.stats().reservations, 1);
+  assert.equal(b.endRequest('mine', true), 'released');
+  assert.deepEqual([b.stats().reservations, b.stats().reservedBytes], [0, 0]);
+  b.close();
+});
+
+test('receive buffer: a reservation whose transfer ended is freed after the claim window when its request never came; a claimed one waits', async () => {
+  let now = 1_000;
+  const b = makeBuffer({ ttlMs: 100_000, claimWindowMs: 300, now: () => now });
+  const s = b.openSession();
+  for (const [r, k] of [['orphan', key(7)], ['queued', key(8)]] as const) {
+    assert.equal((await alloc(b, s, r, [[k, FULL]]).reply).ok, true);
+    assert.deepEqual(deliver(b, s, r, chunk(k)), { ok: true });
+  }
+  b.claim('queued'); // its request waits in the engine's queue
+  now += 300;
+  b.sweep();
+  assert.equal(b.stats().reservations, 2, 'within the window');
+  now += 1;
+  b.sweep();
+  assert.deepEqual([b.stats().reservations, b.stats().reservationsExpired], [1, 1]);
+  (await b.take([key(8)], 'queued')).release();
+  assert.deepEqual([b.stats().reservations, b.stats().reservedBytes, b.stats().reservationsTaken], [0, 0, 1]);
   b.close();
 });

@@ -55,6 +55,8 @@ export const ERRORS = catalog({
   context_length_exceeded: bad,
   /** The prompt (plus max_tokens) needs more KV than the engine's cache holds. */
   kv_capacity_exceeded: bad,
+  /** The prompt drove the model's activations out of range: its logits are NaN or infinite, so no token is meaningful. */
+  numeric_overflow: bad,
   /** A request field this server knows and does not implement (tools, response_format json, …). */
   unsupported_field: bad,
   /** A request field this server does not know (a typo gets a did-you-mean). */

@@ -15,7 +15,7 @@
 // is in the batch), so greedy output is identical alone or among other requests, and a
 // prompt computed in chunks or loaded from the cache gives the same tokens.
 import { setImmediate as yieldToLoop } from 'node:timers/promises';
-import { unavailable } from '../common/errors.js';
+import { ERRORS, kvcError, unavailable } from '../common/errors.js';
 import { logger } from '../common/log.js';
 import { threadCpuMicros } from '../common/thread_cpu.js';
 import { ImportPacer } from './import_pacer.js';
@@ -460,8 +460,17 @@ export class Scheduler {
           );
         }
       }
+      const token = seq.init.sampler.sample(logits, this.o.model.argmax);
+      // A row that overflowed (a key past the KV dtype's range, an activation past f32's) is NaN
+      // through and through: the kernels are total (a NaN score makes its attention row NaN), and
+      // argmax would answer token 0 for it. No token is meaningful, so the request ends with a
+      // 400 naming the position; the other rows of the step are independent and go on.
+      if (!Number.isFinite(logits[token])) {
+        this.finish(seq, 'error', kvcError(ERRORS.numeric_overflow, `the model's activations overflowed at position ${seq.prompt.length + seq.output.length - 1}: its logits are ${logits[token]}, so no next token is meaningful (the prompt drives them past the range of the KV dtype or of f32)`));
+        continue;
+      }
       emitted++;
-      this.emit(seq, seq.init.sampler.sample(logits, this.o.model.argmax), now);
+      this.emit(seq, token, now);
     }
     if (emitted) this.o.metrics.generatedTokens.inc(emitted);
     return true;

@@ -292,6 +292,8 @@ describe('fuzzing every surface of a 1P1D deployment', () => {
       ...gen,
       { method: 'POST', path: '/tokenize', body: fc.oneof(fc.record({ model: sampling.model, prompt: shortText, add_special_tokens: fc.oneof(fc.boolean(), junkValue) }, { requiredKeys: [] }), fc.record({ model: sampling.model, messages: fc.array(message, { maxLength: 3 }) }, { requiredKeys: [] })) },
       { method: 'POST', path: '/detokenize', body: fc.record({ model: sampling.model, tokens: fc.oneof(tokenArray, fc.constant([]), junkValue) }, { requiredKeys: [] }) },
+      // internal (signed): an unsigned or malformed call is refused, never a 5xx
+      { method: 'POST', path: '/xfer/release', body: fc.record({ req_id: fc.oneof(shortText, junkValue) }, { requiredKeys: [] }) },
       ...gets,
     ];
     const ctlRoutes = [

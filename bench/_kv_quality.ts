@@ -33,6 +33,45 @@ export function qualityPrompts(count: number, salt: number): number[][] {
   });
 }
 
+/** Tokens of each story opening, BOS included (40 + 200 generated fit the trained model's 256-token context). */
+export const STORY_PROMPT_TOKENS = 40;
+
+const NAMES = { She: ['Lily', 'Sara', 'Mia', 'Anna', 'Lucy', 'Emma'], He: ['Tom', 'Ben', 'Max', 'Sam', 'Jack', 'Tim'] };
+const BEINGS = ['little girl', 'little boy', 'small dog', 'curious cat', 'friendly bird', 'tiny bunny', 'brave mouse', 'happy frog'];
+const PLACES = ['a big house near the woods', 'a small town by the sea', 'a farm with many animals', 'a busy city', 'a quiet village', 'a garden full of flowers'];
+const LIKES = ['play with a red ball', 'look at the stars', 'help mom in the kitchen', 'run in the park', 'read books with pictures', 'build towers with blocks', 'sing songs', 'draw pictures of trees'];
+const TURNS = [
+  'One day, something strange happened.',
+  'But one morning, the sky was dark and grey.',
+  'One day, a new friend came to visit.',
+  'Then, a loud noise came from the garden.',
+  'One day, the toy was gone and nobody knew where.',
+  'Suddenly, there was a knock at the door.',
+];
+
+/** Story opening `k` (deterministic): a character, a place, a habit and a turn of events. */
+export function storyText(k: number): string {
+  const being = BEINGS[(k * 5 + 1) % BEINGS.length]!;
+  const she = being === 'little girl' ? 'She' : being === 'little boy' ? 'He' : k % 2 ? 'She' : 'He';
+  const name = NAMES[she][(k >> 1) % 6]!;
+  return (
+    `Once upon a time, there was a ${being} named ${name}. ${she} lived in ${PLACES[(k * 7 + 2) % PLACES.length]!}. ` +
+    `Every day, ${name} liked to ${LIKES[(k * 3 + k / 8) % LIKES.length | 0]!}. ${TURNS[(k * 11 + 3) % TURNS.length]!} ${name} felt ${k % 2 ? 'sad' : 'surprised'} and went to see what it was. There`
+  );
+}
+
+/**
+ * `count` story openings in the style of the trained model's training text (children's stories),
+ * each cut to STORY_PROMPT_TOKENS tokens by the model's own tokenizer (`encode` adds BOS).
+ */
+export function storyPrompts(count: number, encode: (text: string) => number[]): number[][] {
+  return Array.from({ length: count }, (_, k) => {
+    const ids = encode(storyText(k));
+    if (ids.length < STORY_PROMPT_TOKENS) throw new Error(`story prompt ${k} has ${ids.length} tokens, fewer than ${STORY_PROMPT_TOKENS}`);
+    return ids.slice(0, STORY_PROMPT_TOKENS);
+  });
+}
+
 /** A kvc KV representation: the engine's KV dtype, and the tier codec the prompt's KV came back through. */
 export interface KvcConfig {
   dtype: DType;

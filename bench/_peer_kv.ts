@@ -54,8 +54,8 @@ async function withPeerContext<T>(pm: LlamaModelH, kv: PeerKv, contextSize: numb
   }
 }
 
-async function peerGreedy(pm: LlamaModelH, kv: PeerKv, p: number[], n: number): Promise<number[]> {
-  return withPeerContext(pm, kv, 1024, async (ctx) => {
+async function peerGreedy(pm: LlamaModelH, kv: PeerKv, p: number[], n: number, contextSize: number): Promise<number[]> {
+  return withPeerContext(pm, kv, contextSize, async (ctx) => {
     const out: number[] = [];
     for await (const t of ctx.getSequence().evaluate(p, { temperature: 0 })) {
       out.push(t);
@@ -81,8 +81,8 @@ function kvcGreedy(m: LlamaModel, dtype: DType, p: number[], n: number): number[
 }
 
 /** llama.cpp's distributions before each reference token, teacher-forced in one evaluation. */
-async function peerRows(pm: LlamaModelH, kv: PeerKv, ref: Reference, vocab: number): Promise<Float32Array[]> {
-  return withPeerContext(pm, kv, 1024, async (ctx) => {
+async function peerRows(pm: LlamaModelH, kv: PeerKv, ref: Reference, vocab: number, contextSize: number): Promise<Float32Array[]> {
+  return withPeerContext(pm, kv, contextSize, async (ctx) => {
     const input = [...ref.prompt, ...ref.tokens.slice(0, -1)];
     const first = ref.prompt.length - 1;
     const res = await ctx.getSequence().controlledEvaluate(input.map((t, j) => (j >= first ? [t, { generateNext: { probabilities: true } }] : t)));
@@ -94,30 +94,49 @@ async function peerRows(pm: LlamaModelH, kv: PeerKv, ref: Reference, vocab: numb
   });
 }
 
-/** The kv part on one checkpoint directory (GGUF F32 written by kvc's converter, kept). */
-export async function peerKvCompare(llama: Llama, label: string, dir: string, promptOf: (n: number, salt: number) => number[], promptCount: number): Promise<PeerKvResult> {
-  const gguf = join(PEER_DIR, 'gguf', `${label}-f32.gguf`);
-  if (!existsSync(gguf)) {
-    await mkdir(dirname(gguf), { recursive: true });
-    await convertToGguf(dir, gguf, 'F32', { name: label });
+/**
+ * What the kv part runs on: a checkpoint directory (converted to an F32 GGUF by kvc's converter,
+ * kept; greedy on prompts of 20 and 200 tokens, 16 generated; quality on qualityPrompts), or a
+ * GGUF file with its own prompts (the trained model: story openings, 200 tokens generated).
+ */
+export type PeerKvSource =
+  | { kind: 'dir'; dir: string; promptOf: (n: number, salt: number) => number[] }
+  | { kind: 'gguf'; file: string; model: LlamaModel; greedyPrompts: number[][]; greedyTokens: number; qualityPrompts: (count: number) => number[][] };
+
+/** The kv part on one model. */
+export async function peerKvCompare(llama: Llama, label: string, src: PeerKvSource, promptCount: number): Promise<PeerKvResult> {
+  let gguf: string;
+  let m: LlamaModel;
+  if (src.kind === 'dir') {
+    gguf = join(PEER_DIR, 'gguf', `${label}-f32.gguf`);
+    if (!existsSync(gguf)) {
+      await mkdir(dirname(gguf), { recursive: true });
+      await convertToGguf(src.dir, gguf, 'F32', { name: label });
+    }
+    m = await LlamaModel.load(src.dir);
+  } else {
+    gguf = src.file;
+    m = src.model;
   }
-  const m = await LlamaModel.load(dir);
+  const greedyPrompts = src.kind === 'dir' ? [20, 200].map((n) => src.promptOf(n, n)) : src.greedyPrompts;
+  const greedyTokens = src.kind === 'dir' ? 16 : src.greedyTokens;
+  const contextSize = Math.min(1024, m.config.maxPositionEmbeddings);
   const pm = await llama.loadModel({ modelPath: gguf, gpuLayers: 0 });
   try {
     let f16 = true;
     let f32 = true;
-    for (const n of [20, 200]) {
-      const p = promptOf(n, n);
+    for (const p of greedyPrompts) {
+      const n = p.length;
       for (const [dtype, peerKv] of [
         [DType.f16, 'F16'],
         [DType.f32, 'F32'],
       ] as const) {
-        const a = kvcGreedy(m, dtype, p, 16);
-        const b = await peerGreedy(pm, peerKv, p, 16);
+        const a = kvcGreedy(m, dtype, p, greedyTokens);
+        const b = await peerGreedy(pm, peerKv, p, greedyTokens, contextSize);
         const same = a.length === b.length && a.every((x, i) => x === b[i]);
         if (dtype === DType.f16) f16 &&= same;
         else f32 &&= same;
-        console.log(`[${label} kv] greedy, ${n}-token prompt, kvc ${DTYPE_NAMES[dtype]} KV vs llama.cpp ${peerKv} KV: ${same ? 'identical' : 'DIFFERENT'} (kvc ${a.slice(0, 6).join(',')}… llama.cpp ${b.slice(0, 6).join(',')}…)`);
+        console.log(`[${label} kv] greedy, ${n}-token prompt, ${greedyTokens} tokens, kvc ${DTYPE_NAMES[dtype]} KV vs llama.cpp ${peerKv} KV: ${same ? 'identical' : 'DIFFERENT'} (kvc ${a.slice(0, 6).join(',')}… llama.cpp ${b.slice(0, 6).join(',')}…)`);
       }
     }
     const vocab = m.config.vocabSize;
@@ -125,10 +144,10 @@ export async function peerKvCompare(llama: Llama, label: string, dir: string, pr
     const vsPeer = new Map<string, Tally>();
     const tally = (t: Map<string, Tally>, k: string) => t.get(k) ?? t.set(k, new Tally()).get(k)!;
     const dtypes = (Object.keys(DTYPE_NAMES).map(Number) as DType[]).filter((d) => d !== DType.f32);
-    for (const [i, p] of qualityPrompts(promptCount, 23).entries()) {
+    for (const [i, p] of (src.kind === 'dir' ? qualityPrompts(promptCount, 23) : src.qualityPrompts(promptCount)).entries()) {
       const [ref] = kvcReference(m, [p]);
       const rows = new Map<PeerKv, Float32Array[]>();
-      for (const kv of PEER_KV_TYPES) rows.set(kv, await peerRows(pm, kv, ref!, vocab));
+      for (const kv of PEER_KV_TYPES) rows.set(kv, await peerRows(pm, kv, ref!, vocab, contextSize));
       for (const kv of PEER_KV_TYPES) rows.get(kv)!.forEach((r, s) => tally(vsKvc, `llama.cpp ${kv}`).add(ref!, s, r));
       const peerRef: Reference = { prompt: p, tokens: rows.get('F32')!.map(argmaxOf), logits: rows.get('F32')! };
       for (const kv of ['F16', 'Q8_0'] as const) rows.get(kv)!.forEach((r, s) => tally(vsPeer, `llama.cpp ${kv}`).add(peerRef, s, r));

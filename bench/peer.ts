@@ -38,9 +38,12 @@
 //      tokens with its F16 KV (and float32 with F32) on the prompts of 3; then, on --kv-prompts
 //      prompts × 200 tokens, llama.cpp's F32, F16 and Q8_0 KV and kvc's KV dtypes against kvc's
 //      f32 KV: top-1 agreement, KL divergence, greedy agreement (kv_quality in the last line).
+//   9. The trained model (part `stories`, bench/_peer_stories.ts): stories15M's GGUF from kvc's
+//      llama2.c converter; llama.cpp must tokenize story texts as kvc does, and part 8 runs on
+//      it with story openings (greedy over 200 tokens).
 // Last line: {"bench":"peer","match":…,"prefill_ratio":…,…} — ratios are kvc ÷ llama.cpp.
 // Parts for targeted runs (the default is the whole benchmark, ~15 min on 2 cores at 7 runs):
-//   --only tiny,big,q8,kquant,bytelevel,kv   any subset (figures of parts not run are null, "parts" lists those run)
+//   --only tiny,big,q8,kquant,bytelevel,kv,stories   any subset (figures of parts not run are null, "parts" lists those run)
 //   --reps N             timed runs per figure and configuration (the best counts; default 7)
 //   --kv-prompts N       prompts per model in part kv's quality comparison (default 8)
 import { mkdir, writeFile } from 'node:fs/promises';
@@ -57,9 +60,10 @@ import { LlamaModel } from '../src/engine/model/model.js';
 import { resultsDir } from './_plot.js';
 import type { QualityFigures } from './_kv_quality.js';
 import { peerKvCompare, type PeerKvResult } from './_peer_kv.js';
+import { peerStories } from './_peer_stories.js';
 import { bigModelDir, peer, PEER_DIR, ROOT, type Llama } from './_peer_setup.js';
 
-const PARTS = ['tiny', 'big', 'q8', 'kquant', 'bytelevel', 'kv'] as const;
+const PARTS = ['tiny', 'big', 'q8', 'kquant', 'bytelevel', 'kv', 'stories'] as const;
 type Part = (typeof PARTS)[number];
 
 function parseOptions(argv: string[]): { only: Set<Part>; reps: number; kvPrompts: number } {
@@ -371,7 +375,7 @@ async function main(): Promise<void> {
   const { only } = OPTS;
   // KVC_WASM_FMA=0 measures the mul+add kernel; unset uses FMA where the platform has it.
   console.log(`kvc GEMM: ${fmaSupport().fma ? 'fused multiply-add' : 'mul+add'} (${fmaSupport().reason})`);
-  const llama = only.has('tiny') || only.has('big') || only.has('kquant') || only.has('bytelevel') || only.has('kv') ? await peer() : null;
+  const llama = only.has('tiny') || only.has('big') || only.has('kquant') || only.has('bytelevel') || only.has('kv') || only.has('stories') ? await peer() : null;
   try {
     const tiny = llama && only.has('tiny') ? await compare(llama, 'tiny', await ensureBuiltinModel('tiny')) : null;
     const bigDir = only.has('big') || only.has('q8') || only.has('kquant') || only.has('kv') ? await bigModelDir() : '';
@@ -382,8 +386,9 @@ async function main(): Promise<void> {
     const q4km = llama && only.has('kquant') ? await q4kmCompare(llama, bigDir) : null;
     const bl = new Map<string, Awaited<ReturnType<typeof byteLevelCompare>>>();
     if (llama && only.has('bytelevel')) for (const c of BYTE_LEVEL_CASES) bl.set(c.label, await byteLevelCompare(llama, c));
-    const kvTiny = llama && only.has('kv') ? await peerKvCompare(llama, 'tiny', await ensureBuiltinModel('tiny'), prompt, OPTS.kvPrompts) : null;
-    const kvBig = llama && only.has('kv') ? await peerKvCompare(llama, 'big', bigDir, prompt, OPTS.kvPrompts) : null;
+    const kvTiny = llama && only.has('kv') ? await peerKvCompare(llama, 'tiny', { kind: 'dir', dir: await ensureBuiltinModel('tiny'), promptOf: prompt }, OPTS.kvPrompts) : null;
+    const kvBig = llama && only.has('kv') ? await peerKvCompare(llama, 'big', { kind: 'dir', dir: bigDir, promptOf: prompt }, OPTS.kvPrompts) : null;
+    const stories = llama && only.has('stories') ? await peerStories(llama, OPTS.kvPrompts) : null;
     const l3 = bl.get('llama3');
     const g2 = bl.get('gpt2');
     if (q4km) {
@@ -441,6 +446,11 @@ async function main(): Promise<void> {
         kv_greedy_f16_match: kvTiny && kvBig ? kvTiny.greedyF16Match && kvBig.greedyF16Match : null,
         kv_greedy_f32_match: kvTiny && kvBig ? kvTiny.greedyF32Match && kvBig.greedyF32Match : null,
         kv_quality: kvTiny && kvBig ? { tiny: kvJson(kvTiny), big: kvJson(kvBig) } : null,
+        // Part stories: the trained model's vocabulary and KV types in llama.cpp.
+        stories_tokens_match: stories ? stories.tokensMatch : null,
+        stories_greedy_f16_match: stories ? stories.kv.greedyF16Match : null,
+        stories_greedy_f32_match: stories ? stories.kv.greedyF32Match : null,
+        stories_kv_quality: stories ? kvJson(stories.kv) : null,
         // Prefill tok/s per configuration (best of the runs), to judge the ratios by.
         prefill_tps: Object.fromEntries(
           [['tiny', tiny], ['big', big]].filter(([, c]) => c !== null).map(([m, c]) => [m, Object.fromEntries((c as Comparison).configs.map((x) => [x.name, Math.round(x.best.prefill)]))]),

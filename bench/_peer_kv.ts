@@ -34,6 +34,8 @@ export interface PeerKvResult {
   /** llama.cpp F16 and Q8_0 against llama.cpp F32. */
   vsPeerF32: Record<string, QualityFigures>;
   prompts: number;
+  /** llama.cpp KV types not measured on this model, and why. */
+  skipped: Record<string, string>;
 }
 
 /** Log-probabilities from llama.cpp's token → probability map (a floor for underflowed entries). */
@@ -140,6 +142,14 @@ export async function peerKvCompare(llama: Llama, label: string, src: PeerKvSour
       }
     }
     const vocab = m.config.vocabSize;
+    // llama.cpp quantizes K in blocks of 32 along a head: a head_dim it does not divide has no Q8_0 KV.
+    const skipped: Record<string, string> = {};
+    const kvTypes = PEER_KV_TYPES.filter((kv) => {
+      if (kv !== 'Q8_0' || m.config.headDim % 32 === 0) return true;
+      skipped[`llama.cpp ${kv}`] = `llama.cpp refuses a Q8_0 K cache when its block of 32 does not divide head_dim (${m.config.headDim})`;
+      console.log(`[${label} kv] llama.cpp Q8_0 KV: not measured: ${skipped[`llama.cpp ${kv}`]}`);
+      return false;
+    });
     const vsKvc = new Map<string, Tally>();
     const vsPeer = new Map<string, Tally>();
     const tally = (t: Map<string, Tally>, k: string) => t.get(k) ?? t.set(k, new Tally()).get(k)!;
@@ -147,15 +157,15 @@ export async function peerKvCompare(llama: Llama, label: string, src: PeerKvSour
     for (const [i, p] of (src.kind === 'dir' ? qualityPrompts(promptCount, 23) : src.qualityPrompts(promptCount)).entries()) {
       const [ref] = kvcReference(m, [p]);
       const rows = new Map<PeerKv, Float32Array[]>();
-      for (const kv of PEER_KV_TYPES) rows.set(kv, await peerRows(pm, kv, ref!, vocab, contextSize));
-      for (const kv of PEER_KV_TYPES) rows.get(kv)!.forEach((r, s) => tally(vsKvc, `llama.cpp ${kv}`).add(ref!, s, r));
+      for (const kv of kvTypes) rows.set(kv, await peerRows(pm, kv, ref!, vocab, contextSize));
+      for (const kv of kvTypes) rows.get(kv)!.forEach((r, s) => tally(vsKvc, `llama.cpp ${kv}`).add(ref!, s, r));
       const peerRef: Reference = { prompt: p, tokens: rows.get('F32')!.map(argmaxOf), logits: rows.get('F32')! };
-      for (const kv of ['F16', 'Q8_0'] as const) rows.get(kv)!.forEach((r, s) => tally(vsPeer, `llama.cpp ${kv}`).add(peerRef, s, r));
+      for (const kv of kvTypes.filter((x) => x !== 'F32')) rows.get(kv)!.forEach((r, s) => tally(vsPeer, `llama.cpp ${kv}`).add(peerRef, s, r));
       for (const d of dtypes) runKvc(m, { dtype: d, codec: Codec.naive }, [p], [ref!], (_, s, lg) => tally(vsKvc, `kvc ${configName({ dtype: d, codec: Codec.naive }, codecName)}`).add(ref!, s, lg));
       console.log(`[${label} kv] prompt ${i + 1}/${promptCount} (${p.length} tokens) done`);
     }
     const summary = (t: Map<string, Tally>) => Object.fromEntries([...t].map(([k, v]) => [k, v.summary()]));
-    const out: PeerKvResult = { greedyF16Match: f16, greedyF32Match: f32, vsKvcF32: summary(vsKvc), vsPeerF32: summary(vsPeer), prompts: promptCount };
+    const out: PeerKvResult = { greedyF16Match: f16, greedyF32Match: f32, vsKvcF32: summary(vsKvc), vsPeerF32: summary(vsPeer), prompts: promptCount, skipped };
     const line = (name: string, q: QualityFigures) =>
       `  ${name.padEnd(16)} top-1 ${(100 * q.top1).toFixed(2).padStart(6)} %  mean KL ${q.meanKl.toExponential(2)}  max KL ${q.maxKl.toExponential(2)}  greedy identical ${q.greedyIdentical}/${q.prompts}, mean tokens to 1st diff ${q.greedyMeanPrefix.toFixed(1)}`;
     console.log(`[${label} kv] against kvc f32 KV (${promptCount} prompts × ${CONTINUATION} tokens):`);

@@ -474,6 +474,7 @@ function kvJson(r: PeerKvResult): Record<string, unknown> {
     prompts: r.prompts,
     vs_kvc_f32: Object.fromEntries(Object.entries(r.vsKvcF32).map(([k, v]) => [k, q(v, true)])),
     vs_llama_f32: Object.fromEntries(Object.entries(r.vsPeerF32).map(([k, v]) => [k, q(v, false)])),
+    skipped: r.skipped,
   };
 }
 

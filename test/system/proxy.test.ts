@@ -75,7 +75,7 @@ describe('proxy against stub engines', () => {
 
   test('non-streamed completion: prefiller gets max_tokens=1/stream=false/disagg_spec, decoder the original request', async () => {
     reset();
-    const r = await post('/v1/completions', { model: 'stub', prompt: 'hello there world', max_tokens: 5, stream_options: { include_usage: true }, kv_transfer_params: { evil: true } });
+    const r = await post('/v1/completions', { model: 'stub', prompt: 'hello there world', max_tokens: 5, stream_options: { include_usage: true } });
     assert.equal(r.status, 200, r.text);
     const j = JSON.parse(r.text);
     assert.equal(j.choices[0].text, stubWords('hello there world', 5).join(''));
@@ -97,7 +97,6 @@ describe('proxy against stub engines', () => {
     const db = completions(dec)[0]!.body;
     assert.equal(db.max_tokens, 5);
     assert.deepEqual((db.kv_transfer_params as any).disagg_spec, spec, 'decoder gets the same disagg_spec');
-    assert.equal((db.kv_transfer_params as any).evil, undefined, "client's kv_transfer_params are dropped");
     assert.equal(dec.requests.filter((q) => q.path === '/tokenize').length, 1, 'a short text is tokenized on its decoder');
     // The ids go to the prefiller and the decoder, which do not tokenize the text again.
     assert.deepEqual((pb.kv_transfer_params as any).kvc_prompt_token_ids, [1, 2, 3]);
@@ -286,6 +285,11 @@ describe('proxy against stub engines', () => {
     assert.match(JSON.parse(r.text).error.message, /`messages`/);
     r = await post('/v1/completions', { prompt: 'a', stream: 'yes' });
     assert.match(JSON.parse(r.text).error.message, /`stream`/);
+    // The proxy writes kv_transfer_params itself: a client's is refused by name, never dropped.
+    r = await post('/v1/completions', { prompt: 'a', kv_transfer_params: { disagg_spec: { req_id: 'x' } } });
+    assert.equal(r.status, 400);
+    assert.match(JSON.parse(r.text).error.message, /`kv_transfer_params`/);
+    assert.equal([...P, ...D].flatMap(completions).length, 0, 'nothing reached an engine');
     const raw = await fetch(base + '/v1/completions', { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"prompt": ' });
     assert.equal(raw.status, 400);
     assert.equal((await fetch(base + '/nope')).status, 404);

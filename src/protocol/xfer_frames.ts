@@ -191,20 +191,3 @@ export class FrameParser extends FrameReader<any> {
     });
   }
 }
-
-/** Resolves when the socket drains, rejects after `ms` or when it closes. */
-export function waitDrain(sock: Socket, ms: number): Promise<void> {
-  return new Promise((resolve, reject) => {
-    const done = (err?: Error) => {
-      clearTimeout(t);
-      sock.off('drain', onDrain);
-      sock.off('close', onClose);
-      err ? reject(err) : resolve();
-    };
-    const onDrain = () => done();
-    const onClose = () => done(new Error('connection closed while sending'));
-    const t = setTimeout(() => done(new Error(`peer did not read for ${ms} ms`)), ms);
-    sock.on('drain', onDrain);
-    sock.on('close', onClose);
-  });
-}

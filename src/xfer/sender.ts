@@ -25,7 +25,6 @@ import {
   helloReplyMetaSchema,
   ProtocolError,
   PROTOCOL_VERSION,
-  waitDrain,
   writeFrame,
   type AckMeta,
   type AllocReplyMeta,
@@ -438,10 +437,14 @@ export class XferSender {
           });
         ack.catch(() => undefined); // observed below; avoid unhandled rejections meanwhile
         acks.push(ack);
-        const flowing = writeFrame(link.init, FrameType.Data, { req_id: spec.req_id, key: c.key }, data);
+        // Queued at once, not after the socket drains: the in-flight budget above already bounds
+        // what is written and not acked (the queue holds the chunk's own buffer, no copy). Waiting
+        // for a drain put every request in flight on this connection in step — all of them wrote
+        // their last chunk at the same drain, then waited for ACKs and for the next ALLOC while
+        // the connection stood empty (~2 ms a request under prio, 5–8 % of a 16 MiB-chunk run).
+        writeFrame(link.init, FrameType.Data, { req_id: spec.req_id, key: c.key }, data);
         res.sent++;
         res.bytes += size;
-        if (!flowing) await waitDrain(link.init, Math.max(1, deadline - Date.now()));
       }
     } finally {
       // Whatever happened, wait for what was written so in-flight accounting stays exact.

@@ -5,7 +5,8 @@
 //                consuming each request as soon as it is complete, as a decoder would.
 // This module is also the program of the raw TCP processes (`tcp-sink`, `tcp-source`).
 import net from 'node:net';
-import { fork, type ChildProcess } from 'node:child_process';
+import { execFileSync, fork, type ChildProcess } from 'node:child_process';
+import { availableParallelism } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
 import { chunkBytes, type KvLayout } from '../src/common/chunk.js';
@@ -123,9 +124,13 @@ export interface XferPair {
 
 /**
  * Starts a receiver and a sender process for `layout`, connected and warmed (first touch of the
- * receiver's pooled buffers, the connection, the code paths) by 2 × LANES requests.
+ * receiver's pooled buffers, the connection, the code paths) by 2 × LANES requests. `pin`: the
+ * sender on CPU 0 and the receiver on CPU 1 (taskset, every thread), as a deployment places a
+ * prefiller and a decoder on CPU sets of their own (`kvc engine --cpus`); unpinned on a 2-core
+ * machine, the scheduler sometimes runs both ends on one core (a loopback wake-up pulls the woken
+ * process next to its waker) and a pair's rate halves for as long as that lasts.
  */
-export async function xferPair(layout: KvLayout, tokensPerChunk: number, perReq: number, tag: string): Promise<XferPair> {
+export async function xferPair(layout: KvLayout, tokensPerChunk: number, perReq: number, tag: string, pin = false): Promise<XferPair> {
   const port = await freePortRange(2);
   const chunk = chunkBytes(layout, tokensPerChunk);
   const recv = await startPeer({
@@ -147,6 +152,15 @@ export async function xferPair(layout: KvLayout, tokensPerChunk: number, perReq:
     recv.child.kill('SIGKILL');
     send.child.kill('SIGKILL');
   };
+  if (pin && availableParallelism() >= 2) {
+    try {
+      execFileSync('taskset', ['-a', '-p', '-c', '0', String(send.child.pid)], { stdio: 'ignore', timeout: 30_000 });
+      execFileSync('taskset', ['-a', '-p', '-c', '1', String(recv.child.pid)], { stdio: 'ignore', timeout: 30_000 });
+    } catch (e) {
+      close();
+      throw new Error(`cannot pin the xfer pair with taskset: ${(e as Error).message}`);
+    }
+  }
   let n = 0;
   const specs = (k: number) =>
     Array.from({ length: k }, () => ({ req_id: `${tag}-${n++}`, receiver_host: '127.0.0.1', receiver_init_port: port, receiver_alloc_port: port + 1 }));

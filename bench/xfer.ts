@@ -7,7 +7,8 @@
 // would, so its buffer is recycled. Also reported: the receiver's CPU time per GB received and its
 // garbage collections during the measured transfer, beside the raw TCP sink's CPU per GB.
 // Per KV dtype (the engine's --kv-cache-dtype, each dtype chunks can hold): the same Llama-3-8B
-// shape at 256 tokens a chunk in each dtype, a warm sender/receiver pair per dtype, tokens a second
+// shape at 256 tokens a chunk in each dtype, a warm sender/receiver pair per dtype (sender on CPU 0,
+// receiver on CPU 1, as a deployment's CPU sets place a prefiller and a decoder), tokens a second
 // moved and their ratio to f32's in the same round (target: float16 ≥ 1.8 × f32). A round is three
 // slices; in each, every dtype moves the same bytes (1 GiB: 16 chunks at f32, 32 at float16, 64 at
 // 8 bits), the dtypes' order rotating from slice to slice. Then the same for P2P fetches of a
@@ -71,7 +72,7 @@ async function perDtype(rounds: number): Promise<{ tps: Record<string, number[]>
   const tps: Record<string, number[]> = {};
   const pairs: XferPair[] = [];
   try {
-    for (const d of dtypes) pairs.push(await xferPair({ ...LLAMA, dtype: d }, TOKENS, DTYPE_PER_REQ, `d${d}`));
+    for (const d of dtypes) pairs.push(await xferPair({ ...LLAMA, dtype: d }, TOKENS, DTYPE_PER_REQ, `d${d}`, true));
     for (let r = 0; r < rounds; r++) {
       const sum = dtypes.map(() => ({ chunks: 0, seconds: 0 }));
       for (let s = 0; s < DTYPE_SLICES; s++) {

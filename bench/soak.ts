@@ -21,7 +21,8 @@
 // that minute (three tries) keeps its last reading if it is the same process (pid), else counts
 // whole; the minute line says so and the JSON counts them (cache_readings_missed). The verdict
 // compares the deployment's peak after the warm-up (the first --warmup-minutes, default 5) with
-// its peak during the warm-up: flat when it grew by at most 10 %. Nothing lost: every request sent
+// its peak during the warm-up: flat when it grew by at most 10 %; the processes no fault restarted
+// are judged the same way on their own (a restart's fresh process lowers the total). Nothing lost: every request sent
 // was answered or failed with a reason within its bound (harness/load.ts LostHow says what is
 // lost), no engine left with requests in flight, no transfer reservation left on a decoder. Writes
 // bench-results/soak/soak.svg and ends with one JSON line.
@@ -141,6 +142,8 @@ async function main(): Promise<void> {
   }
   /** Per minute: process → bytes net of its cache. */
   const net: Record<string, number>[] = [];
+  /** Per minute: process → its pid then (a restart changes it). */
+  const pidsSeen: Record<string, number>[] = [];
   const perMinute: { minute: number; load1: number; offered: number; shed: number; requests: number; answered: number; failed_with_reason: number; lost: number; ttft_p99_ms: number; net_mib: number; rss_mib: Record<string, number>; cache_mib: Record<string, number> }[] = [];
   let seen = 0;
   let shedSeen = 0;
@@ -226,6 +229,7 @@ async function main(): Promise<void> {
         detailNow[name] = memDetail(pid, text);
       }
       net.push(netNow);
+      pidsSeen.push(Object.fromEntries(target.pids()));
       const line = {
         minute: m + 1,
         fault: fault?.what ?? null,
@@ -300,17 +304,20 @@ async function main(): Promise<void> {
   await target.stop();
 
   // Memory net of cache: the deployment's total per minute; the warm-up's peak against the peak after it.
-  const total = net.map((m) => Object.values(m).reduce((s, v) => s + v, 0));
-  const base = warmup > 0 ? Math.max(...total.slice(0, warmup)) : total[0] ?? 0;
-  const later = total.length > warmup ? Math.max(...total.slice(warmup)) : base;
-  const growth = base > 0 ? later / base - 1 : 0;
-  const byProcess: Record<string, number> = {};
-  for (const name of Object.keys(net[0] ?? {})) {
-    const xs = net.map((m) => m[name] ?? 0);
-    const b = warmup > 0 ? Math.max(...xs.slice(0, warmup)) : xs[0]!;
+  const growthOf = (xs: number[]) => {
+    const b = warmup > 0 ? Math.max(...xs.slice(0, warmup)) : xs[0] ?? 0;
     const l = xs.length > warmup ? Math.max(...xs.slice(warmup)) : b;
-    byProcess[name] = Math.round((b > 0 ? l / b - 1 : 0) * 1000) / 10;
-  }
+    return { base: b, later: l, growth: b > 0 ? l / b - 1 : 0 };
+  };
+  const total = net.map((m) => Object.values(m).reduce((s, v) => s + v, 0));
+  const { base, later, growth } = growthOf(total);
+  // A fault's restart gives the killed process a fresh, smaller memory, which lowers the
+  // deployment's total and can hide growth elsewhere: the processes that ran the whole soak as one
+  // process (the same pid every minute) are judged on their own as well.
+  const steady = Object.keys(net[0] ?? {}).filter((name) => pidsSeen.every((p) => p[name] === pidsSeen[0]![name]));
+  const steadyGrowth = growthOf(net.map((m) => steady.reduce((s, n) => s + (m[n] ?? 0), 0))).growth;
+  const byProcess: Record<string, number> = {};
+  for (const name of Object.keys(net[0] ?? {})) byProcess[name] = Math.round(growthOf(net.map((m) => m[name] ?? 0)).growth * 1000) / 10;
   const loads = perMinute.map((p) => p.load1).sort((a, b) => a - b);
 
   const rows: LineRow[] = [];
@@ -356,6 +363,9 @@ async function main(): Promise<void> {
       memory_growth_pct: Math.round(growth * 1000) / 10,
       cache_readings_missed: cacheUnread,
       memory_growth_pct_by_process: byProcess,
+      never_restarted: steady,
+      memory_growth_pct_never_restarted: Math.round(steadyGrowth * 1000) / 10,
+      memory_flat_never_restarted: steadyGrowth <= GROWTH_LIMIT,
       memory_flat: growth <= GROWTH_LIMIT,
       ...(closed > 0 ? {} : { rate_held: shedTotal === 0 }),
       nothing_lost: lost === 0 && leftInFlight === 0 && leakedReservations === 0,

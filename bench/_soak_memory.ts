@@ -36,9 +36,10 @@ export function cacheBytes(metrics: string): number {
 /**
  * Where a process's resident memory is (MiB): anonymous and file-backed (/proc/PID/status), the
  * malloc main arena's brk heap ([heap] in /proc/PID/smaps), and from its /metrics the V8 heap in
- * use, the V8 young generation's size (new_space: it grows with the allocation rate, 1 to 16 MiB
- * per semi-space, and costs RSS without holding anything), V8's external memory, and an engine's
- * cache bytes one by one (tier, kv_resident, and on a decoder xfer_held; see cacheBytes).
+ * use and committed (js_heap_total), the V8 young generation's size (new_space: it grows with
+ * the allocation rate, 1 to 16 MiB per semi-space, and costs RSS without holding anything), V8's
+ * external memory, and an engine's cache bytes one by one (tier, kv_resident, and on a decoder
+ * xfer_held; see cacheBytes).
  */
 export function memDetail(pid: number, metrics: string): Record<string, number> {
   const out: Record<string, number> = {};
@@ -61,6 +62,9 @@ export function memDetail(pid: number, metrics: string): Record<string, number> 
       if (Number.isFinite(v)) out[k] = Math.round(v / MiB);
     };
     put('js_heap_used', nodeGauge(metrics, 'nodejs_heap_size_used_bytes'));
+    // V8's committed heap (every space): above js_heap_used by what V8 keeps for later and the
+    // fragmentation; resident once touched.
+    put('js_heap_total', nodeGauge(metrics, 'nodejs_heap_size_total_bytes'));
     put('new_space', nodeGauge(metrics, 'nodejs_heap_space_size_total_bytes', 'space="new"'));
     put('external', nodeGauge(metrics, 'nodejs_external_memory_bytes'));
     // An engine's cache bytes, each (cacheBytes): CPU tier, resident paged KV, held receive buffer.

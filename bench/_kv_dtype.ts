@@ -4,13 +4,17 @@
 // path's noise stays out). Every dtype's sequence is prefilled once; then the decode steps are
 // interleaved, RUN steps of each dtype in turn (the order rotating every turn), so a busy
 // neighbour hits every dtype alike: per round, the median ms a step of each dtype and its speed
-// ÷ f32's of the same round. Also the bytes a cached token takes (int8's scales included) ÷ f32.
+// ÷ f32's of the same round. Also the bytes a cached token takes (int8's scales included) ÷ f32,
+// and, in the same run, llama.cpp's own decode step on the same model with F32, F16 and Q8_0 KV
+// (bench/_kv_dtype_peer.ts): its F16 ÷ F32 and Q8_0 ÷ F32 beside kvc's (skipped, by name, when
+// the peer is not installed).
 import { DType, DTYPE_NAMES } from '../src/common/dtype.js';
 import { payloadBytes } from '../src/common/chunk.js';
 import { LlamaModel } from '../src/engine/model/model.js';
 import { PagedKvCache } from '../src/engine/model/kv_cache.js';
 import { BUILTIN_MODELS, ensureBuiltinModel } from '../src/engine/model/formats/builtin.js';
 import { attentionAlone } from './_kv_attention.js';
+import { peerDecode, peerDecodeSetup } from './_kv_dtype_peer.js';
 
 const ROUNDS = 3;
 const STEPS = 40;
@@ -34,6 +38,9 @@ export async function kvDtypeDecode(contexts = [2048, 4096]): Promise<Record<str
   console.log(`KV bytes a cached token (K+V, all layers; int8 with its f16 scales), ÷ f32: ${DTYPES.map((d) => `${DTYPE_NAMES[d]} ${bytesPerToken[DTYPE_NAMES[d]]} B (${bytesRatio[DTYPE_NAMES[d]]})`).join(', ')}`);
   out.kv_bytes_per_token = bytesPerToken;
   out.kv_bytes_ratio = bytesRatio;
+  const pd = await peerDecodeSetup();
+  if (!pd.ok) console.log(`llama.cpp reference: skipped: ${pd.why}`);
+  out.peer_skipped = pd.ok ? null : pd.why;
   try {
     for (const ctx of contexts) {
       const prompt = Array.from({ length: ctx }, (_, i) => 3 + ((i * 7919) % 31000));
@@ -84,9 +91,20 @@ export async function kvDtypeDecode(contexts = [2048, 4096]): Promise<Record<str
         f32_floor_ms: ms.f32_floor!.map((x) => +x.toFixed(2)),
         attention_share: share,
       };
+      if (pd.ok) {
+        const p = await peerDecode(pd.model, prompt, ROUNDS, STEPS, RUN);
+        console.log(
+          `llama.cpp (same model as GGUF, ${ROUNDS} rounds of ${STEPS} steps, 2 threads) decode batch 1 at ${ctx} tokens, median ms a step per round: ` +
+            `${Object.entries(p.ms).map(([k, v]) => `${k} ${fmt(v)}`).join(', ')} (_fa: flash attention on; llama.cpp's Q8_0 V cache needs it); ` +
+            `speed ÷ F32 per round: F16 ${p.ratios.f16!.join(' / ')}, with flash attention F16 ${p.ratios.f16_fa!.join(' / ')}, Q8_0 ${p.ratios.q8_0_fa!.join(' / ')} ` +
+            `— kvc in this run: f16 ${ratio('f16').join(' / ')}, int8 ${ratio('int8').join(' / ')} (targets: 16-bit ≥ 1.3, 8-bit ≥ 1.5 at 2,048 tokens)`,
+        );
+        (out[`kv_decode_${ctx}`] as Record<string, unknown>).peer = { ms: Object.fromEntries(Object.entries(p.ms).map(([k, v]) => [k, v.map((x) => +x.toFixed(2))])), speed_ratio: p.ratios };
+      }
     }
   } finally {
     m.close();
+    if (pd.ok) await pd.close();
   }
   return out;
 }

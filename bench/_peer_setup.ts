@@ -18,8 +18,8 @@ export const PEER_DIR = join(ROOT, 'bench', '.peer');
 
 export interface LlamaSeq {
   evaluate(tokens: number[], opts: { temperature: number }): AsyncIterable<number>;
-  /** Used with `generateNext.probabilities` on the last token: the next token's distribution. */
-  controlledEvaluate(input: (number | [number, { generateNext: { probabilities: true } }])[]): Promise<(undefined | { next?: { probabilities?: Map<number, number> } })[]>;
+  /** With `generateNext.probabilities`: the next token's distribution; with `generateNext.token`: the next token (logits computed, one sampled). */
+  controlledEvaluate(input: (number | [number, { generateNext: { probabilities?: true; token?: true } }])[]): Promise<(undefined | { next?: { probabilities?: Map<number, number>; token?: number | null } })[]>;
   evaluateWithoutGeneratingNewTokens(tokens: number[]): Promise<void>;
   clearHistory(): Promise<void>;
   dispose(): void;
@@ -51,10 +51,16 @@ export interface Llama {
   dispose(): Promise<void>;
 }
 
+const entry = join(PEER_DIR, 'node_modules', 'node-llama-cpp', 'dist', 'index.js');
+const bin = join(PEER_DIR, 'node_modules', '@node-llama-cpp', 'linux-x64', 'package.json');
+
+/** Whether the peer is installed (benchmarks that only compare against it skip it when not, rather than install it). */
+export function peerInstalled(): boolean {
+  return existsSync(entry) && existsSync(bin);
+}
+
 export async function peer(): Promise<Llama> {
-  const entry = join(PEER_DIR, 'node_modules', 'node-llama-cpp', 'dist', 'index.js');
-  const bin = join(PEER_DIR, 'node_modules', '@node-llama-cpp', 'linux-x64', 'package.json');
-  if (!existsSync(entry) || !existsSync(bin)) {
+  if (!peerInstalled()) {
     if (process.platform !== 'linux' || process.arch !== 'x64') throw new Error(`the peer benchmark uses node-llama-cpp's linux-x64 CPU binary; this is ${process.platform}-${process.arch}`);
     console.log(`installing node-llama-cpp ${PEER_VERSION} (CPU binary) into ${PEER_DIR} …`);
     await mkdir(PEER_DIR, { recursive: true });

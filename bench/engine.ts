@@ -9,7 +9,7 @@
 //                      plain loop (bench/_http_step.ts); with `--baseline DIR` (a built older checkout) the
 //                      same figure for that tree, alternated in the same run, and the ratio
 // Options: `--baseline DIR`; `--only http-step` runs just the step-cost part, `--only kv-dtype` just
-// decode at 2,048 and 4,096 tokens with f32, f16 and bf16 KV (bench/_kv_dtype.ts).
+// decode at 2,048 and 4,096 tokens per KV dtype, with llama.cpp's own F32/F16/Q8_0 KV beside (bench/_kv_dtype.ts).
 // Last line: one JSON object with every figure (targets: docs/engine.md).
 import { kvDtypeDecode } from './_kv_dtype.js';
 import { validateCacheConfig } from '../src/common/config.js';

@@ -26,8 +26,10 @@ import { join } from 'node:path';
 import { loadavg } from 'node:os';
 import { writeBarsSvg } from './_plot.js';
 import { histogram, schedstat } from './_disagg_deployment.js';
-import { cpuSnapshot, cpuWindow, type ProcRef } from './_disagg_cpu.js';
+import { execFileSync } from 'node:child_process';
+import { cpuSnapshot, cpusAllowed, cpuWindow, type ProcRef } from './_disagg_cpu.js';
 import { seededRandom } from '../harness/numeric.js';
+import { formatCpuList, machineCpus } from '../src/common/cpu_set.js';
 
 /** What the burst mode borrows from bench/disagg.ts (one deployment and window machinery for both). */
 export interface BurstParts {
@@ -165,7 +167,7 @@ function pctOf(xs: number[], p: number): number {
   return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))]!;
 }
 
-type WindowFigures = { span_s: [number, number]; itl_p99_ms: number; itl_max_ms: number; window_s: number; window_itl_p99_ms: number; window_gaps: number; short_ttft_p99_ms: number; load1: number } & ReturnType<typeof gapFigures> & ReturnType<typeof decoderView> & { cpu: ReturnType<typeof cpuWindow> };
+type WindowFigures = { span_s: [number, number]; itl_p99_ms: number; itl_max_ms: number; window_s: number; window_itl_p99_ms: number; window_gaps: number; short_ttft_p50_ms: number; short_ttft_p99_ms: number; load1: number } & ReturnType<typeof gapFigures> & ReturnType<typeof decoderView> & { cpu: ReturnType<typeof cpuWindow> & { cpus_allowed: Record<string, string | null> } };
 
 export async function burstBench(parts: BurstParts, burst: { n: number; withinMs: number }, outDir: string, logRoot: string, only: string[] = parseConfigs(undefined)): Promise<void> {
   const clients = {
@@ -194,6 +196,12 @@ export async function burstBench(parts: BurstParts, burst: { n: number; withinMs
   const raw: Record<string, Record<string, { kind: string; t0: number; ttft_ms: number | null; gaps: [number, number][] }[]>> = {};
   for (const [name, args] of CONFIGS.filter(([n]) => only.includes(n))) {
     const dep = await parts.up(args, logRoot);
+    // The streaming clients stand in for users on other machines: the bench runs them where
+    // `kvc up` placed the proxy (off the decoders' CPUs with the default split; everywhere for
+    // colocated engines), so that they do not take a decoder's core as no remote client would.
+    const proxyPid = dep.procs.find((p) => p.name === 'proxy')?.pid;
+    const clientCpus = (proxyPid !== undefined ? cpusAllowed(proxyPid) : null) ?? formatCpuList(machineCpus());
+    execFileSync('taskset', ['-a', '-p', '-c', clientCpus, String(process.pid)], { stdio: 'ignore' });
     try {
       await parts.warm(dep.url);
       // One window: the streams (and the burst's prompts, if any) for at least `seconds`; the
@@ -225,10 +233,11 @@ export async function burstBench(parts: BurstParts, burst: { n: number; withinMs
           window_itl_p99_ms: r1(parts.pct(all, 99)),
           window_gaps: all.length,
           // A short request held behind the burst's long prompts (a prefiller's queue) waits here.
+          short_ttft_p50_ms: r1(parts.pct(shortsDone.filter((d) => d.ttftMs !== null).map((d) => d.ttftMs!), 50)),
           short_ttft_p99_ms: r1(parts.pct(shortsDone.filter((d) => d.ttftMs !== null).map((d) => d.ttftMs!), 99)),
           load1: Math.round(((load1 + loadavg()[0]!) / 2) * 10) / 10,
           ...decoderView(before, after, { before: s0, after: s1, seconds: windowS }),
-          cpu: cpuWindow(c0, c1),
+          cpu: { ...cpuWindow(c0, c1), cpus_allowed: Object.fromEntries(procs.map((p) => [p.name, cpusAllowed(p.pid)])) },
         };
         return { done, figures };
       };

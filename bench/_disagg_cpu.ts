@@ -4,7 +4,9 @@
 //     threads (/proc/<pid>/stat utime + stime), as a share of the window;
 //   - per decoder: seconds its scheduler's thread (the main thread, which runs the decode steps)
 //     waited, runnable, for a CPU (/proc/<pid>/task/<pid>/schedstat), as a share of the window;
-//   - per CPU of the machine: the share it was busy (/proc/stat), whoever ran on it.
+//   - per CPU of the machine: the share it was busy (/proc/stat), whoever ran on it;
+//   - per process, the CPUs it may run on (/proc/<pid>/status Cpus_allowed_list: where `kvc up`
+//     placed it).
 // A decoder token late by more than its step's own CPU time waited for a CPU; these figures say
 // which programs held the CPUs meanwhile.
 import { readFileSync } from 'node:fs';
@@ -84,6 +86,15 @@ const r2 = (x: number) => Math.round(x * 100) / 100;
  * The window between two snapshots: per process its CPU share (1 = one whole CPU for the window),
  * per process the share its main thread waited runnable for a CPU, and per CPU its busy share.
  */
+/** The CPUs a process may run on (its affinity, as a cpulist), or null when it is gone. */
+export function cpusAllowed(pid: number): string | null {
+  try {
+    return /^Cpus_allowed_list:\s*(\S+)$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] ?? null;
+  } catch {
+    return null;
+  }
+}
+
 export function cpuWindow(a: CpuSnapshot, b: CpuSnapshot) {
   const seconds = (b.t - a.t) / 1000;
   const per = (x: Map<string, number>, y: Map<string, number>) =>

@@ -195,13 +195,16 @@ export async function burstBench(parts: BurstParts, burst: { n: number; withinMs
   // Every stream's gaps with their time in the window, per configuration and window (burst_gaps.json).
   const raw: Record<string, Record<string, { kind: string; t0: number; ttft_ms: number | null; gaps: [number, number][] }[]>> = {};
   for (const [name, args] of CONFIGS.filter(([n]) => only.includes(n))) {
+    // `kvc up` and its processes inherit this process's CPUs: every CPU, whatever the last
+    // configuration's clients were given.
+    const pinSelf = (cpus: string) => execFileSync('taskset', ['-a', '-p', '-c', cpus, String(process.pid)], { stdio: 'ignore' });
+    pinSelf(formatCpuList(machineCpus()));
     const dep = await parts.up(args, logRoot);
     // The streaming clients stand in for users on other machines: the bench runs them where
     // `kvc up` placed the proxy (off the decoders' CPUs with the default split; everywhere for
     // colocated engines), so that they do not take a decoder's core as no remote client would.
     const proxyPid = dep.procs.find((p) => p.name === 'proxy')?.pid;
-    const clientCpus = (proxyPid !== undefined ? cpusAllowed(proxyPid) : null) ?? formatCpuList(machineCpus());
-    execFileSync('taskset', ['-a', '-p', '-c', clientCpus, String(process.pid)], { stdio: 'ignore' });
+    pinSelf((proxyPid !== undefined ? cpusAllowed(proxyPid) : null) ?? formatCpuList(machineCpus()));
     try {
       await parts.warm(dep.url);
       // One window: the streams (and the burst's prompts, if any) for at least `seconds`; the

@@ -96,7 +96,7 @@ export async function kvDtypeDecode(contexts = [2048, 4096]): Promise<Record<str
         console.log(
           `llama.cpp (same model as GGUF, ${ROUNDS} rounds of ${STEPS} steps, 2 threads) decode batch 1 at ${ctx} tokens, median ms a step per round: ` +
             `${Object.entries(p.ms).map(([k, v]) => `${k} ${fmt(v)}`).join(', ')} (_fa: flash attention on; llama.cpp's Q8_0 V cache needs it); ` +
-            `speed ÷ F32 per round: F16 ${p.ratios.f16!.join(' / ')}, with flash attention F16 ${p.ratios.f16_fa!.join(' / ')}, Q8_0 ${p.ratios.q8_0_fa!.join(' / ')} ` +
+            `speed ÷ F32 per round: F16 ${p.ratios.f16!.join(' / ')}, with flash attention F16 ${p.ratios.f16_fa!.join(' / ')}, Q8_0 ${p.ratios.q8_0_fa!.join(' / ')}; against the faster F32 of the round: the faster F16 ${p.ratios.f16_best_vs_best_f32!.join(' / ')}, Q8_0 ${p.ratios.q8_0_vs_best_f32!.join(' / ')} ` +
             `— kvc in this run: f16 ${ratio('f16').join(' / ')}, int8 ${ratio('int8').join(' / ')} (targets: 16-bit ≥ 1.3, 8-bit ≥ 1.5 at 2,048 tokens)`,
         );
         (out[`kv_decode_${ctx}`] as Record<string, unknown>).peer = { ms: Object.fromEntries(Object.entries(p.ms).map(([k, v]) => [k, v.map((x) => +x.toFixed(2))])), speed_ratio: p.ratios };

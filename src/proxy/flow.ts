@@ -447,11 +447,14 @@ export class Flow {
       // The prefiller only computes the prompt's KV: one sequence of one token. Fields about
       // the answer's shape are the decoder's (it validates every field of the client's body).
       const pbody = prefillBody(body);
+      // What the index says the decoder holds: the same for every prefiller tried.
+      const onDecoder = route.cached === null ? null : this.d.router.cachedOn(decoder, route.cached);
       for (const p of order) {
         const reqId = `kvc-${randomUUID()}`;
-        const keeper = chooseKeeperSplit(route.promptTokens, this.d.roomOf(p), this.d.roomOf(decoder), route.cached === null ? undefined : { p: this.d.router.cachedOn(p, route.cached), d: this.d.router.cachedOn(decoder, route.cached) });
+        const onPrefiller = route.cached === null ? null : this.d.router.cachedOn(p, route.cached);
+        const keeper = chooseKeeperSplit(route.promptTokens, this.d.roomOf(p), this.d.roomOf(decoder), onPrefiller === null || onDecoder === null ? undefined : { p: onPrefiller, d: onDecoder });
         transfers.push({ reqId, decoder });
-        pbody.kv_transfer_params = kvTransferParams(specFor(reqId, ep), { ...ids, ...predicted(route.cached === null ? null : this.d.router.cachedOn(p, route.cached)), ...keeperParams(keeper) });
+        pbody.kv_transfer_params = kvTransferParams(specFor(reqId, ep), { ...ids, ...predicted(onPrefiller), ...keeperParams(keeper) });
         const t = performance.now();
         const live = this.d.metrics.live.prefills;
         live.set(p.name, (live.get(p.name) ?? 0) + 1);
